@@ -1,0 +1,36 @@
+"""Command-line arguments shared by subcommands that take a run config: ``[CONFIG.yaml] [key=value ...]``."""
+
+from __future__ import annotations
+
+import argparse
+
+from asyncrl.config.base import ConfigError
+from asyncrl.config.run import RunConfig, load_run_config
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the positional ``CONFIG [KEY=VALUE ...]``: an optional YAML file, then dotted overrides."""
+    parser.add_argument(
+        "config_args",
+        nargs="*",
+        metavar="[CONFIG.yaml] [KEY=VALUE ...]",
+        help="an optional YAML run config, then overrides such as trainer.lr=1e-5 or engine.seed=3 "
+        "(values are YAML: 1e-5, true, null, [1, 2]); an argument holding '=' is an override",
+    )
+
+
+def split_config_args(items: list[str]) -> tuple[str | None, list[str]]:
+    """Split positional arguments into the config file (at most one, given first) and the overrides."""
+    path = None
+    if items and "=" not in items[0]:
+        path, items = items[0], items[1:]
+    stray = [item for item in items if "=" not in item]
+    if stray:
+        raise ConfigError(f"expected key=value overrides after the config file, got {stray[0]!r}")
+    return path, items
+
+
+def run_config_from_args(args: argparse.Namespace) -> RunConfig:
+    """The resolved ``RunConfig`` of arguments added by ``add_config_arguments``."""
+    path, overrides = split_config_args(args.config_args)
+    return load_run_config(path, overrides)

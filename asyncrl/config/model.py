@@ -1,0 +1,30 @@
+"""Configuration of the policy model: where its weights live, their dtype, and the device to run on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+DTYPES = ("float32", "bfloat16", "float16")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """Which causal LM to load and how; the same model serves the engine and the trainer."""
+
+    path: str = ""
+    """Hugging Face model directory (config, safetensors weights, tokenizer). Empty: the embedded default tiny
+    model that the project builds (see ``asyncrl tiny build``)."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Parameter dtype after loading. float32 on CPU; bfloat16 is the usual choice on GPUs."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the model runs: auto takes cuda when a GPU is visible, else cpu."""
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"model.dtype must be one of {', '.join(map(repr, DTYPES))}, got {self.dtype!r}")
+        if self.device not in DEVICES:
+            raise ValueError(
+                f"model.device must be one of {', '.join(map(repr, DEVICES))}, got {self.device!r}"
+            )
