@@ -1,0 +1,398 @@
+"""SampleBuffer: finished groups tagged with their start version, bounded by the async ratio α.
+
+Key decision: freshness is enforced twice. Admission control (a capacity rule on versions) keeps work from
+being started that could not be trained fresh; a straggler that breaks the bound anyway is reclaimed, never
+trained. All arithmetic lives in ``staleness``; this module only counts and waits. One asyncio loop, no
+threads: every method that changes state runs to completion without awaiting, so no snapshot goes stale.
+
+::
+
+    producers                         SampleBuffer                              trainer
+    ─────────                         ────────────                              ───────
+    acquire_admission() ──ticket──►  in flight {ticket: version}
+       (generate, reward, filter)        │
+    put(ticket, group)  ────────────►  buffered (fresh, oldest first) ──get_batch(n)──► B groups
+    release(ticket, filtered|aborted|failed) ─► dropped[kind]    stale ─► dropped[stale]
+                                         ▲                                     │
+                                         └──────── on_trainer_version(n+1) ◄───┘ (after train + weight sync)
+
+Back-pressure:
+
+=====================  ===============================================  ==========================================
+waiter                 waits for                                        unblocked by
+=====================  ===============================================  ==========================================
+acquire_admission      trained + buffered + fresh in-flight < capacity  on_trainer_version (which also turns
+                       ``(n + ⌊α⌋ + 1)·B + redundant``                  old in-flight groups stale), release,
+                                                                        a stale put, close (else its timeout)
+get_batch              ``num_groups`` fresh groups buffered             put, close (else its timeout)
+=====================  ===============================================  ==========================================
+
+Every wait has a timeout whose error names the work still out (which producer holds which ticket, for how
+long) and ``close()`` wakes every waiter with ``BufferClosedError``, so nothing hangs.
+
+Invariants (asserted after every change):
+
+* **Freshness** — every buffered group, hence every trained one, started at version ``>= n - ⌊α⌋``, where
+  a group counts as started at the older of its ticket's version and its own ``start_version``.
+* **Conservation** — ``admitted = trained + dropped(kind) + in flight + buffered``; a ticket ends once.
+* **Bound** — at most ``(⌊α⌋ + 1)·B`` groups buffered (<= (1 + α)·B); admitted work within capacity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from asyncrl.buffer import staleness
+from asyncrl.buffer.records import Admission, BufferAccounting, DropKind, DroppedGroup
+from asyncrl.config.buffer import BufferConfig
+from asyncrl.types import Group
+
+T = TypeVar("T")
+
+
+class BufferClosedError(RuntimeError):
+    """The buffer was closed; raised to every waiter and to any later admission or batch request."""
+
+
+class BatchTimeoutError(TimeoutError):
+    """``get_batch`` waited its timeout; the message names the producers whose groups have not arrived."""
+
+
+class AdmissionTimeoutError(TimeoutError):
+    """``acquire_admission`` waited its timeout; the message shows why capacity never opened."""
+
+
+class SampleBuffer:
+    """Bounded, version-aware store of finished groups between rollout producers and the trainer.
+
+    ``groups_per_batch`` (B) is the number of groups one training step consumes and ``group_size`` the
+    samples per group, so a batch is ``B·group_size`` samples. ``max_redundant_groups`` extra admissions
+    let a producer over-start for dynamic filtering; what they add beyond the bound is dropped as surplus.
+    """
+
+    def __init__(
+        self, config: BufferConfig, *, groups_per_batch: int, group_size: int, max_redundant_groups: int = 0
+    ) -> None:
+        if group_size < 1 or max_redundant_groups < 0:
+            raise ValueError(
+                f"group_size must be >= 1 and max_redundant_groups >= 0, got {group_size}, {max_redundant_groups}"
+            )
+        self.config = config
+        self.groups_per_batch = groups_per_batch
+        self.group_size = group_size
+        self.max_redundant_groups = max_redundant_groups
+        self.max_buffered_groups = staleness.max_buffered_groups(config.async_ratio, groups_per_batch)
+        self._version = 0
+        self._in_flight: dict[int, Admission] = {}
+        self._buffered: list[tuple[Admission, Group]] = []
+        self._dropped_log: list[DroppedGroup] = []
+        self._counts: collections.Counter[str] = collections.Counter()
+        self._dropped: collections.Counter[DropKind] = collections.Counter()
+        self._min_fresh_version = 0
+        self._waiters: list[asyncio.Future[None]] = []
+        self._num_admission_waiters = 0
+        self._consumer_waiting = False
+        self._closed_reason: str | None = None
+
+    # ---- producers ---------------------------------------------------------------------------------
+
+    def try_acquire_admission(self, producer: str, key: str = "") -> Admission | None:
+        """A ticket to start one group now, or None when starting it could break the freshness bound."""
+        self._raise_if_closed()
+        if self._room() == 0:
+            return None
+        ticket = Admission(
+            ticket_id=self._counts["admitted"],
+            start_version=self._version,
+            producer=producer,
+            key=key,
+            admitted_at=_now(),
+        )
+        self._counts["admitted"] += 1
+        self._in_flight[ticket.ticket_id] = ticket
+        self._check_invariants()
+        return ticket
+
+    async def acquire_admission(
+        self, producer: str, key: str = "", timeout_s: float | None = None
+    ) -> Admission:
+        """Wait until one more group may be started, then take its ticket (see the back-pressure table)."""
+        timeout = self.config.admission_timeout_s if timeout_s is None else timeout_s
+        self._num_admission_waiters += 1
+        try:
+            return await self._wait_until(
+                lambda: self.try_acquire_admission(producer, key),
+                timeout,
+                lambda: AdmissionTimeoutError(self._describe_admission_timeout(producer, timeout)),
+            )
+        finally:
+            self._num_admission_waiters -= 1
+
+    def put(self, admission: Admission, group: Group) -> bool:
+        """Hand in the finished group of ``admission``; False when it was dropped (stale, surplus, closed)."""
+        if not 1 <= len(group) <= self.group_size:
+            raise ValueError(
+                f"group {group.prompt_uid!r} has {len(group)} samples, expected 1..{self.group_size}"
+            )
+        self._end_flight(admission)
+        self._counts["put"] += 1
+        kind, reason = self._rejection(admission, group)
+        if kind is None:
+            self._buffered.append((admission, group))
+            self._counts["max_buffered"] = max(self._counts["max_buffered"], len(self._buffered))
+        else:
+            self._drop(admission, kind, reason, group)
+        self._changed()
+        return kind is None
+
+    def release(self, admission: Admission, kind: DropKind, reason: str = "") -> None:
+        """End ``admission`` without a trainable group (filtered, aborted or failed), returning its capacity."""
+        if not kind.by_producer:
+            raise ValueError(f"release kind must be filtered, aborted or failed, got {kind.value!r}")
+        self._end_flight(admission)
+        self._drop(admission, kind, reason)
+        self._changed()
+
+    def stale_in_flight(self) -> list[Admission]:
+        """Tickets still generating that can no longer be trained: worth aborting, reclaimed when they report."""
+        return [a for a in self._in_flight.values() if not self._is_fresh(a.start_version)]
+
+    # ---- trainer -----------------------------------------------------------------------------------
+
+    def on_trainer_version(self, version: int) -> None:
+        """The trainer (and the engines) moved to ``version``: reclaim stragglers and widen admission."""
+        if version < self._version:
+            raise ValueError(f"trainer version went backwards: {self._version} -> {version}")
+        if version == self._version:
+            return
+        self._version = version
+        self._min_fresh_version = staleness.min_fresh_version(version, self.config.async_ratio)
+        stale = [(a, g) for a, g in self._buffered if not self._is_fresh(_start_version(a, g))]
+        self._buffered = [(a, g) for a, g in self._buffered if self._is_fresh(_start_version(a, g))]
+        for admission, group in stale:
+            self._drop(admission, DropKind.STALE, self._stale_reason(admission, group), group)
+        self._changed()
+
+    def take_batch(self, trainer_version: int, num_groups: int | None = None) -> list[Group] | None:
+        """The ``num_groups`` (default B) oldest fresh groups for the trainer at ``trainer_version``, or None."""
+        self._raise_if_closed()
+        wanted = self._check_num_groups(num_groups)
+        self.on_trainer_version(trainer_version)
+        if len(self._buffered) < wanted:
+            return None
+        self._buffered.sort(key=lambda entry: (_start_version(*entry), entry[0].ticket_id))
+        taken, self._buffered = self._buffered[:wanted], self._buffered[wanted:]
+        self._counts["trained"] += len(taken)
+        self._counts["trained_samples"] += sum(len(group) for _, group in taken)
+        self._changed()
+        return [group for _, group in taken]
+
+    async def get_batch(
+        self, trainer_version: int, num_groups: int | None = None, timeout_s: float | None = None
+    ) -> list[Group]:
+        """Wait for and take the oldest fresh batch; raises ``BatchTimeoutError`` naming what is stuck."""
+        wanted = self._check_num_groups(num_groups)
+        timeout = self.config.get_batch_timeout_s if timeout_s is None else timeout_s
+        if self._consumer_waiting:
+            raise RuntimeError("get_batch is already waiting: the buffer serves one trainer")
+        self._consumer_waiting = True
+        try:
+            return await self._wait_until(
+                lambda: self.take_batch(trainer_version, wanted),
+                timeout,
+                lambda: BatchTimeoutError(self._describe_batch_timeout(trainer_version, wanted, timeout)),
+            )
+        finally:
+            self._consumer_waiting = False
+
+    # ---- lifecycle and observation -----------------------------------------------------------------
+
+    def close(self, reason: str = "closed") -> None:
+        """Stop: buffered groups are dropped as closed and every waiter gets ``BufferClosedError``."""
+        if self._closed_reason is not None:
+            return
+        self._closed_reason = reason
+        buffered, self._buffered = self._buffered, []
+        for admission, group in buffered:
+            self._drop(admission, DropKind.CLOSED, reason, group)
+        self._changed()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed_reason is not None
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def take_dropped(self) -> list[DroppedGroup]:
+        """The drop records since the last call (for metrics and ledgers); counts stay in ``accounting()``."""
+        dropped, self._dropped_log = self._dropped_log, []
+        return dropped
+
+    def accounting(self) -> BufferAccounting:
+        """A consistent snapshot of every counter."""
+        counts = self._counts
+        return BufferAccounting(
+            trainer_version=self._version,
+            capacity=self._capacity(),
+            num_admitted=counts["admitted"],
+            num_put=counts["put"],
+            num_trained=counts["trained"],
+            num_in_flight=len(self._in_flight),
+            num_stale_in_flight=len(self.stale_in_flight()),
+            num_buffered=len(self._buffered),
+            num_trained_samples=counts["trained_samples"],
+            num_buffered_samples=sum(len(group) for _, group in self._buffered),
+            max_buffered_seen=counts["max_buffered"],
+            num_waiting_producers=self._num_admission_waiters,
+            num_dropped={kind.value: count for kind, count in self._dropped.items()},
+            in_flight_by_producer=dict(collections.Counter(a.producer for a in self._in_flight.values())),
+        )
+
+    # ---- internals ---------------------------------------------------------------------------------
+
+    def _is_fresh(self, start_version: int) -> bool:
+        """``staleness.is_fresh`` at the current version, with its threshold computed once per version."""
+        return start_version >= self._min_fresh_version
+
+    def _capacity(self) -> int:
+        return staleness.admission_capacity(
+            self._version, self.config.async_ratio, self.groups_per_batch, self.max_redundant_groups
+        )
+
+    def _num_live(self) -> int:
+        """Groups holding capacity: buffered ones and in-flight ones that can still be trained."""
+        return len(self._buffered) + len(self._in_flight) - len(self.stale_in_flight())
+
+    def _room(self) -> int:
+        return staleness.num_admittable(self._capacity(), self._counts["trained"], self._num_live())
+
+    def _rejection(self, admission: Admission, group: Group) -> tuple[DropKind | None, str]:
+        """Why a finished group cannot be buffered, or (None, "") when it can."""
+        if self.closed:
+            return DropKind.CLOSED, self._closed_reason or ""
+        if not self._is_fresh(_start_version(admission, group)):
+            return DropKind.STALE, self._stale_reason(admission, group)
+        if len(self._buffered) >= self.max_buffered_groups:
+            return DropKind.SURPLUS, f"buffer already holds {self.max_buffered_groups} groups"
+        return None, ""
+
+    def _stale_reason(self, admission: Admission, group: Group) -> str:
+        started = _start_version(admission, group)
+        return f"started at v{started}, trainer at v{self._version}, async_ratio {self.config.async_ratio}"
+
+    def _end_flight(self, admission: Admission) -> None:
+        if self._in_flight.pop(admission.ticket_id, None) is None:
+            raise ValueError(
+                f"admission #{admission.ticket_id} ({admission.producer!r}, {admission.key!r}) is not in flight: "
+                "it was already put or released"
+            )
+
+    def _drop(self, admission: Admission, kind: DropKind, reason: str, group: Group | None = None) -> None:
+        self._dropped[kind] += 1
+        record = DroppedGroup(
+            admission=admission, kind=kind, reason=reason, trainer_version=self._version, group=group
+        )
+        self._dropped_log.append(record)
+
+    def _changed(self) -> None:
+        """Check the invariants and wake every waiter to re-test its condition."""
+        self._check_invariants()
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _check_invariants(self) -> None:
+        """Conservation, the bound, freshness and capacity; the snapshot is built only to explain a failure."""
+        trained = self._counts["trained"]
+        ended = trained + sum(self._dropped.values()) + len(self._in_flight) + len(self._buffered)
+        ok = (
+            ended == self._counts["admitted"]
+            and len(self._buffered) <= self.max_buffered_groups
+            and all(self._is_fresh(_start_version(a, g)) for a, g in self._buffered)
+            and trained + self._num_live() <= self._capacity()
+        )
+        assert ok, f"SampleBuffer invariant broken: {self.accounting()}"
+
+    def _check_num_groups(self, num_groups: int | None) -> int:
+        wanted = self.groups_per_batch if num_groups is None else num_groups
+        if not 1 <= wanted <= self.max_buffered_groups:
+            raise ValueError(
+                f"num_groups must be in 1..{self.max_buffered_groups} (the buffer bound), got {wanted}"
+            )
+        return wanted
+
+    def _raise_if_closed(self) -> None:
+        if self._closed_reason is not None:
+            raise BufferClosedError(f"sample buffer closed: {self._closed_reason}")
+
+    async def _wait_until(
+        self, attempt: Callable[[], T | None], timeout_s: float, timeout_error: Callable[[], Exception]
+    ) -> T:
+        """Retry ``attempt`` after every state change until it returns a value, the deadline or close."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while (result := attempt()) is None:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise timeout_error()
+            waiter = loop.create_future()
+            self._waiters.append(waiter)
+            try:
+                await asyncio.wait([waiter], timeout=remaining)  # on timeout: re-test once, then raise
+            finally:
+                waiter.cancel()  # no-op when it was woken; otherwise _changed skips it
+        return result
+
+    def _describe_batch_timeout(self, trainer_version: int, wanted: int, timeout_s: float) -> str:
+        head = (
+            f"get_batch({wanted} groups at version {trainer_version}) timed out after {timeout_s:g}s "
+            f"with {len(self._buffered)} fresh groups buffered; "
+        )
+        if not self._in_flight and not self._num_admission_waiters:
+            return (
+                head + "no group is in flight and no producer is waiting for admission: is rollout running?"
+            )
+        return (
+            head
+            + self._describe_in_flight()
+            + f"; {self._num_admission_waiters} producers waiting for admission"
+        )
+
+    def _describe_in_flight(self) -> str:
+        now = _now()
+        by_producer: dict[str, list[str]] = collections.defaultdict(list)
+        for a in sorted(self._in_flight.values(), key=lambda a: a.ticket_id):
+            stale = "" if self._is_fresh(a.start_version) else ", stale"
+            by_producer[a.producer].append(
+                f"#{a.ticket_id} {a.key!r} (v{a.start_version}, {now - a.admitted_at:.1f}s{stale})"
+            )
+        parts = [f"{producer!r}: {', '.join(items)}" for producer, items in by_producer.items()]
+        return f"{len(self._in_flight)} admitted groups have not reported: " + "; ".join(parts)
+
+    def _describe_admission_timeout(self, producer: str, timeout_s: float) -> str:
+        return (
+            f"producer {producer!r} got no admission in {timeout_s:g}s: trainer at version {self._version}, "
+            f"capacity {self._capacity()} groups, {self._counts['trained']} trained + {len(self._buffered)} "
+            f"buffered + {len(self._in_flight)} in flight; the trainer has not taken a batch or advanced its version"
+        )
+
+
+def _start_version(admission: Admission, group: Group) -> int:
+    """How old a buffered group counts as: the older of its ticket's version (when its capacity was charged)
+    and its own start version (the policy that began it), so a group never outlives the capacity it held."""
+    return min(admission.start_version, group.start_version)
+
+
+def _now() -> float:
+    """The running loop's clock (virtual under test loops), or the monotonic clock outside a loop."""
+    try:
+        return asyncio.get_running_loop().time()
+    except RuntimeError:
+        return time.monotonic()
