@@ -1,0 +1,110 @@
+"""Configuration of the trainer: optimiser, schedule, PPO epochs and mini-batches, micro-batching, checkpoints.
+
+Key decision: the learning-rate schedule counts train steps (policy versions), not optimizer steps, so changing
+``ppo_epochs`` or ``num_mini_batches`` does not stretch the warm-up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+SCHEDULES = ("constant", "cosine")
+COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainerConfig:
+    """How the trainer turns a batch of groups into optimizer steps."""
+
+    lr: float = 1e-5
+    """Peak learning rate of AdamW (reached at the end of the warm-up)."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay; biases and normalisation weights (1-D parameters) never decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW (beta1, beta2)."""
+    eps: float = 1e-8
+    """AdamW epsilon."""
+    warmup_steps: int = 0
+    """Train steps over which the learning rate rises linearly from lr/(warmup_steps+1) to lr."""
+    schedule: Literal["constant", "cosine"] = "constant"
+    """After the warm-up: keep lr constant, or decay it along a half cosine to min_lr_ratio·lr at total_steps."""
+    total_steps: int | None = None
+    """Train steps of the whole run; required by the cosine schedule (its end point)."""
+    min_lr_ratio: float = 0.0
+    """Final learning rate of the cosine schedule as a fraction of lr."""
+    max_grad_norm: float | None = 1.0
+    """Clip the global gradient norm to this before each optimizer step; None only measures it."""
+    ppo_epochs: int = 1
+    """Passes over each batch; every pass does num_mini_batches optimizer steps."""
+    num_mini_batches: int = 1
+    """Optimizer steps per pass: the batch's samples are split into this many mini-batches."""
+    shuffle_mini_batches: bool = True
+    """Shuffle samples before splitting them into mini-batches (seeded by seed, step and epoch)."""
+    max_tokens_per_microbatch: int = 8192
+    """Token budget of one forward/backward: rows × longest row of a micro-batch stays within it (a single
+    longer sample gets a micro-batch of its own). Gradients accumulate over the micro-batches."""
+    logprob_chunk_size: int = 1024
+    """Token positions whose vocabulary log-softmax is computed at once; bounds the [tokens, vocab] buffer."""
+    temperature: float = 1.0
+    """Logits are divided by this before the log-softmax; set it to the rollout sampling temperature so the
+    trainer's log-probs describe the same distribution as the behaviour log-probs."""
+    compute_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Forward passes run under torch.autocast in this dtype (float32: no autocast). Log-probs are always
+    computed in float32."""
+    checkpoint_every: int = 0
+    """Save a checkpoint every this many train steps; 0 never saves periodically."""
+    keep_last_checkpoints: int | None = 3
+    """Older checkpoints beyond this many are deleted after a save; None keeps all."""
+    seed: int = 0
+    """Seed of the mini-batch shuffling."""
+
+    def __post_init__(self) -> None:
+        self._check_optimizer()
+        self._check_schedule()
+        self._check_batching()
+
+    def _check_optimizer(self) -> None:
+        if self.lr <= 0:
+            raise ValueError(f"trainer.lr must be > 0, got {self.lr}")
+        if self.weight_decay < 0:
+            raise ValueError(f"trainer.weight_decay must be >= 0, got {self.weight_decay}")
+        if not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"trainer.betas must both be in [0, 1), got {self.betas}")
+        if self.eps <= 0:
+            raise ValueError(f"trainer.eps must be > 0, got {self.eps}")
+        if self.max_grad_norm is not None and self.max_grad_norm <= 0:
+            raise ValueError(f"trainer.max_grad_norm must be > 0 or null, got {self.max_grad_norm}")
+
+    def _check_schedule(self) -> None:
+        if self.warmup_steps < 0:
+            raise ValueError(f"trainer.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(
+                f"trainer.schedule must be one of {', '.join(map(repr, SCHEDULES))}, got {self.schedule!r}"
+            )
+        if self.schedule == "cosine" and (self.total_steps is None or self.total_steps <= self.warmup_steps):
+            raise ValueError(
+                "trainer.total_steps must be set and > trainer.warmup_steps for schedule 'cosine', "
+                f"got {self.total_steps}"
+            )
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"trainer.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+
+    def _check_batching(self) -> None:
+        for name in ("ppo_epochs", "num_mini_batches", "max_tokens_per_microbatch", "logprob_chunk_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"trainer.{name} must be >= 1, got {getattr(self, name)}")
+        if self.temperature <= 0:
+            raise ValueError(f"trainer.temperature must be > 0, got {self.temperature}")
+        if self.compute_dtype not in COMPUTE_DTYPES:
+            raise ValueError(
+                f"trainer.compute_dtype must be one of {', '.join(map(repr, COMPUTE_DTYPES))}, "
+                f"got {self.compute_dtype!r}"
+            )
+        if self.checkpoint_every < 0:
+            raise ValueError(f"trainer.checkpoint_every must be >= 0, got {self.checkpoint_every}")
+        if self.keep_last_checkpoints is not None and self.keep_last_checkpoints < 1:
+            raise ValueError(
+                f"trainer.keep_last_checkpoints must be >= 1 or null, got {self.keep_last_checkpoints}"
+            )

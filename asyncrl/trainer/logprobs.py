@@ -1,0 +1,121 @@
+"""Per-token log-probs of the taken tokens (and the policy's entropy) without the full [B, T, V] log-softmax.
+
+Key decision: the decoder body runs once; the vocabulary projection and log-softmax run on chunks of
+``chunk_size`` token positions, and only at positions that are trained (loss mask 1). With gradients on, each
+chunk is activation-checkpointed, so backward recomputes one chunk's logits at a time instead of keeping all
+of them: peak memory holds one [chunk, V] block, whatever the vocabulary or sequence length.
+
+Alignment (see batching.py): ``logprobs[b, t]`` is log p(input_ids[b, t] | input_ids[b, :t]), from the logits at
+position t - 1; column 0 is always 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class TokenLogProbs:
+    """Log-probs and entropies aligned with ``input_ids``; 0 wherever the loss mask is 0."""
+
+    logprobs: torch.Tensor  # [B, T] float32; carries gradients when computed with grad enabled
+    entropy: torch.Tensor  # [B, T] float32, detached: a metric, never a loss term here
+
+
+def compute_token_logprobs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    loss_mask: torch.Tensor,
+    *,
+    chunk_size: int,
+    temperature: float = 1.0,
+) -> TokenLogProbs:
+    """Run ``model`` on a right-padded batch and return log-probs of its own tokens where ``loss_mask`` is 1."""
+    hidden = hidden_states(model, input_ids, attention_mask)
+    return logprobs_from_hidden(
+        hidden,
+        model.get_output_embeddings(),
+        input_ids,
+        loss_mask,
+        chunk_size=chunk_size,
+        temperature=temperature,
+    )
+
+
+def hidden_states(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Final hidden states [B, T, H] of a Hugging Face causal LM's decoder body (no vocabulary projection)."""
+    body = model.base_model
+    if body is model:
+        raise TypeError(
+            f"{type(model).__name__} exposes no decoder body (base_model) separate from its LM head"
+        )
+    return body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+
+
+def logprobs_from_hidden(
+    hidden: torch.Tensor,
+    lm_head: nn.Module,
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    *,
+    chunk_size: int,
+    temperature: float = 1.0,
+) -> TokenLogProbs:
+    """Project ``hidden`` [B, T, H] to the vocabulary chunk by chunk and take the log-prob of each next token."""
+    batch_size, seq_len = input_ids.shape
+    trained = loss_mask[:, 1:] > 0  # [B, T-1]: positions t >= 1 whose token is trained
+    hidden_n = hidden[:, :-1][trained]  # [N, H]: the logits at t - 1 predict token t
+    targets_n = input_ids[:, 1:][trained]  # [N]
+    pieces = [
+        _chunk(lm_head, hidden_n[s : s + chunk_size], targets_n[s : s + chunk_size], temperature)
+        for s in range(0, hidden_n.shape[0], chunk_size)
+    ]
+    logprobs_n = torch.cat([p[0] for p in pieces]) if pieces else hidden_n.new_zeros(0, dtype=torch.float32)
+    entropy_n = torch.cat([p[1] for p in pieces]) if pieces else logprobs_n.detach()
+    return TokenLogProbs(
+        logprobs=_scatter_aligned(logprobs_n, trained, batch_size, seq_len),
+        entropy=_scatter_aligned(entropy_n, trained, batch_size, seq_len),
+    )
+
+
+def _chunk(
+    lm_head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-probs [n], entropies [n]) of one chunk; checkpointed when gradients flow."""
+    if torch.is_grad_enabled() and hidden.requires_grad:
+        return checkpoint(_chunk_forward, lm_head, hidden, targets, temperature, use_reentrant=False)
+    return _chunk_forward(lm_head, hidden, targets, temperature)
+
+
+def _chunk_forward(
+    lm_head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = lm_head(hidden).float() / temperature  # [n, V]
+    log_norm = logits.logsumexp(dim=-1)  # [n]
+    logprobs = logits.gather(-1, targets[:, None]).squeeze(-1) - log_norm
+    with torch.no_grad():
+        entropy = log_norm - (logits.softmax(dim=-1) * logits).sum(dim=-1)
+    return logprobs, entropy
+
+
+def _scatter_aligned(
+    values_n: torch.Tensor, trained: torch.Tensor, batch_size: int, seq_len: int
+) -> torch.Tensor:
+    """Place per-position values [N] back into [B, T] (column 0 and untrained positions stay 0)."""
+    shifted = values_n.new_zeros(batch_size, seq_len - 1).masked_scatter(trained, values_n)
+    return torch.cat([values_n.new_zeros(batch_size, 1), shifted], dim=1)
+
+
+def autocast(device: torch.device, compute_dtype: str) -> contextlib.AbstractContextManager:
+    """torch.autocast in ``compute_dtype`` on ``device``; a no-op for float32."""
+    if compute_dtype == "float32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=_DTYPES[compute_dtype])

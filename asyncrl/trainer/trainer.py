@@ -1,0 +1,315 @@
+"""The trainer: one ``train_step`` turns groups of trajectories into PPO-style optimizer steps.
+
+    groups ─► advantages [B] ─► TrainBatch ─► step-start log-probs (no grad: proximal / train-behaviour / ref,
+    only those the loss config needs) ─► for each PPO epoch, for each mini-batch:
+        micro-batches by token budget ─► forward + registered loss ─► backward (accumulate) ─► clip ─► AdamW step
+    ─► scheduler step ─► version + 1
+
+Key decisions: the trainer never branches on the loss name, only on which inputs the loss config says it needs
+(``LossConfig.needs_*``). Gradient accumulation weights each micro-batch's loss by its share of the mini-batch's
+aggregation denominator (its mask count for token-mean, its counted sequences for the sequence means), so the
+accumulated gradient equals the gradient of the whole mini-batch's loss. Dropout stays off (eval mode), so the
+recomputed step-start log-probs equal the first forward's exactly and π_θ/π_prox starts at 1.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from asyncrl.config.algorithm import AdvantageConfig, LossConfig
+from asyncrl.config.trainer import TrainerConfig
+from asyncrl.trainer.advantages import compute_advantages
+from asyncrl.trainer.batching import (
+    build_train_batch,
+    flatten_groups,
+    plan_micro_batches,
+    plan_mini_batches,
+    select_rows,
+    sequence_lengths,
+)
+from asyncrl.trainer.logprobs import TokenLogProbs, autocast, compute_token_logprobs
+from asyncrl.trainer.losses import PolicyLossInputs, compute_policy_loss
+from asyncrl.trainer.mismatch import compute_mismatch_correction
+from asyncrl.trainer.optim import build_optimizer, build_scheduler, clip_gradients
+from asyncrl.types import Group, TrainBatch
+
+_AGGREGATION_MASK = "aggregation_mask"
+"""Key of the step tensor holding the mask the loss aggregates over (not a loss input)."""
+
+
+class Trainer:
+    """Owns the policy model's optimisation: optimizer, schedule, step counter and policy version.
+
+    ``version`` is the policy version of the current weights; ``train_step(groups, version)`` trains them and
+    moves to ``version + 1``. ``step`` counts train steps (the schedule's clock).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        config: TrainerConfig,
+        loss_config: LossConfig,
+        advantage_config: AdvantageConfig,
+        ref_model: nn.Module | None = None,
+        *,
+        pad_token_id: int = 0,
+        version: int = 0,
+    ) -> None:
+        if loss_config.needs_reference and ref_model is None:
+            raise ValueError("loss.kl.beta > 0 needs a reference model (Trainer(ref_model=...)), got none")
+        self.model = model.eval()
+        self.config = config
+        self.loss_config = loss_config
+        self.advantage_config = advantage_config
+        self.ref_model = ref_model.eval().requires_grad_(False) if ref_model is not None else None
+        self.pad_token_id = pad_token_id
+        self.optimizer = build_optimizer(model, config)
+        self.scheduler = build_scheduler(self.optimizer, config)
+        self.step = 0
+        self.version = version
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def train_step(self, groups: Sequence[Group], policy_version: int) -> dict[str, float]:
+        """Train on ``groups`` (generated up to ``policy_version``, the current weights) and return metrics."""
+        if policy_version != self.version:
+            raise ValueError(
+                f"train_step got policy_version {policy_version}, but the trainer is at {self.version}"
+            )
+        started = time.perf_counter()
+        lr = self.scheduler.get_last_lr()[0]
+        batch = self.make_batch(groups)
+        fixed = self._step_start_logprobs(batch)
+        fixed[_AGGREGATION_MASK] = self._aggregation_mask(batch, fixed)
+        metrics = _MetricMerger()
+        for epoch in range(self.config.ppo_epochs):
+            for rows in plan_mini_batches(
+                batch.num_samples, self.config.num_mini_batches, self._shuffle(epoch)
+            ):
+                metrics.add(self._optimizer_step(batch, fixed, rows), weight=1.0)
+        self.scheduler.step()
+        self.step += 1
+        self.version = policy_version + 1
+        return {**metrics.result(), **self._step_metrics(batch, lr, time.perf_counter() - started)}
+
+    def make_batch(self, groups: Sequence[Group]) -> TrainBatch:
+        """Advantages of ``groups``' rewards and the padded batch, on the model's device."""
+        trajectories, group_ids = flatten_groups(groups)
+        rewards_b = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
+        advantages_b = compute_advantages(
+            self.advantage_config.name, rewards_b, torch.tensor(group_ids), self.advantage_config
+        )
+        batch = build_train_batch(groups, advantages_b, pad_token_id=self.pad_token_id)
+        return _to_device(batch, self.device)
+
+    def _step_metrics(self, batch: TrainBatch, lr: float, elapsed: float) -> dict[str, float]:
+        num_tokens = float(batch.attention_mask.sum())
+        return {
+            "lr": lr,
+            "num_samples": float(batch.num_samples),
+            "num_tokens": num_tokens,
+            "num_trained_tokens": float(batch.loss_mask.sum()),
+            "train_time_s": elapsed,
+            "train_tokens_per_s": num_tokens * self.config.ppo_epochs / max(elapsed, 1e-9),
+            "version": float(self.version),
+        }
+
+    def state_for_sync(self) -> dict[str, torch.Tensor]:
+        """A snapshot of every weight by name, for the engines; the output layer is always included.
+
+        With tied embeddings ``lm_head.weight`` is the input embedding, and a receiver that skips it keeps a
+        stale output layer (MACHINE-NOTES); listing it explicitly makes every receiver update it.
+        """
+        state = {name: t.detach().clone() for name, t in self.model.state_dict().items()}
+        head = self.model.get_output_embeddings()
+        if head is not None:
+            head_name = next(n for n, m in self.model.named_modules(remove_duplicate=False) if m is head)
+            state.setdefault(f"{head_name}.weight", head.weight.detach().clone())
+        return state
+
+    def state_dict(self) -> dict:
+        """Everything but the model weights needed to resume training exactly (see checkpoint.py)."""
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "step": self.step,
+            "version": self.version,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step = int(state["step"])
+        self.version = int(state["version"])
+
+    def _shuffle(self, epoch: int) -> torch.Generator | None:
+        """Mini-batch shuffling seeded by (seed, step, epoch): resumes reproduce it without saved RNG state."""
+        if not self.config.shuffle_mini_batches or self.config.num_mini_batches == 1:
+            return None
+        seed = np.random.SeedSequence([self.config.seed, self.step, epoch]).generate_state(1)[0]
+        return torch.Generator().manual_seed(int(seed))
+
+    def _step_start_logprobs(self, batch: TrainBatch) -> dict[str, torch.Tensor]:
+        """The no-grad [B, T] log-prob inputs the loss config asks for, from the weights at step start."""
+        fixed: dict[str, torch.Tensor] = {}
+        loss_config = self.loss_config
+        if loss_config.needs_proximal_forward or loss_config.needs_train_behaviour:
+            # One forward serves both: at step start the proximal policy is the trainer's behaviour recompute.
+            policy = self._logprobs_no_grad(self.model, batch)
+            if loss_config.needs_proximal_forward:
+                fixed["proximal_logprobs"] = policy
+            if loss_config.needs_train_behaviour:
+                fixed["train_behaviour_logprobs"] = policy
+        if self.ref_model is not None:
+            fixed["ref_logprobs"] = self._logprobs_no_grad(self.ref_model, batch)
+        return fixed
+
+    def _aggregation_mask(self, batch: TrainBatch, fixed: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The mask the loss aggregates over: the loss mask, less what mismatch correction drops.
+
+        The correction is computed per row from step-start tensors, so it is the same whichever micro-batch a
+        row lands in; accumulation weights use it so that dropped tokens leave every denominator.
+        """
+        if self.loss_config.mismatch is None:
+            return batch.loss_mask
+        correction = compute_mismatch_correction(
+            fixed["train_behaviour_logprobs"],
+            batch.behaviour_logprobs,
+            batch.loss_mask,
+            self.loss_config.mismatch,
+        )
+        return batch.loss_mask * correction.mask
+
+    @torch.no_grad()
+    def _logprobs_no_grad(self, model: nn.Module, batch: TrainBatch) -> torch.Tensor:
+        out = torch.zeros_like(batch.loss_mask)
+        for rows in plan_micro_batches(sequence_lengths(batch), self.config.max_tokens_per_microbatch):
+            micro = select_rows(batch, rows)
+            width = micro.input_ids.shape[1]
+            out[torch.tensor(rows, device=out.device), :width] = self._forward(model, micro).logprobs
+        return out
+
+    def _forward(self, model: nn.Module, micro: TrainBatch) -> TokenLogProbs:
+        with autocast(self.device, self.config.compute_dtype):
+            return compute_token_logprobs(
+                model,
+                micro.input_ids,
+                micro.attention_mask,
+                micro.loss_mask,
+                chunk_size=self.config.logprob_chunk_size,
+                temperature=self.config.temperature,
+            )
+
+    def _optimizer_step(
+        self, batch: TrainBatch, fixed: dict[str, torch.Tensor], rows: list[int]
+    ) -> dict[str, float]:
+        """Accumulate the gradient of one mini-batch over its micro-batches, clip it and step the optimizer."""
+        mini, mini_fixed = _take(batch, fixed, rows)
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics, loss = _MetricMerger(), 0.0
+        for micro_rows in plan_micro_batches(sequence_lengths(mini), self.config.max_tokens_per_microbatch):
+            micro, micro_fixed = _take(mini, mini_fixed, micro_rows)
+            loss += self._accumulate(micro, micro_fixed, mini_fixed[_AGGREGATION_MASK], metrics)
+        grad_norm = clip_gradients(self.model.parameters(), self.config.max_grad_norm)
+        self.optimizer.step()
+        return {**metrics.result(), "loss": loss, "grad_norm": grad_norm}
+
+    def _accumulate(
+        self,
+        micro: TrainBatch,
+        fixed: dict[str, torch.Tensor],
+        mini_mask: torch.Tensor,
+        metrics: _MetricMerger,
+    ) -> float:
+        """Forward and backward one micro-batch with its loss scaled to its share of the mini-batch's loss;
+        return that share. Metrics are weighted by the micro-batch's trained tokens."""
+        out = self._forward(self.model, micro)
+        loss_tensors = {k: v for k, v in fixed.items() if k != _AGGREGATION_MASK}
+        inputs = self._loss_inputs(micro, loss_tensors, out)
+        loss, loss_metrics = compute_policy_loss(self.loss_config.name, inputs, self.loss_config)
+        weight = accumulation_weight(self.loss_config, fixed[_AGGREGATION_MASK], mini_mask)
+        if loss.requires_grad:  # a micro-batch with no trained token has nothing to differentiate
+            (loss * weight).backward()
+        num_tokens = float(micro.loss_mask.sum())
+        entropy = float(out.entropy.sum()) / max(num_tokens, 1.0)
+        metrics.add({**loss_metrics, "entropy": entropy}, weight=num_tokens)
+        return float(loss.detach()) * weight
+
+    def _loss_inputs(
+        self, micro: TrainBatch, fixed: dict[str, torch.Tensor], out: TokenLogProbs
+    ) -> PolicyLossInputs:
+        return PolicyLossInputs(
+            logprobs=out.logprobs,
+            behaviour_logprobs=micro.behaviour_logprobs,
+            advantages=micro.advantages,
+            loss_mask=micro.loss_mask,
+            token_versions=micro.token_versions,
+            current_version=self.version,
+            sequence_rewards=micro.rewards,
+            **fixed,
+        )
+
+
+def accumulation_weight(loss_config: LossConfig, micro_mask: torch.Tensor, mini_mask: torch.Tensor) -> float:
+    """Factor on a micro-batch's aggregated loss so that the weighted sum over micro-batches equals the loss
+    of the whole mini-batch (masks are [rows, width] of the micro- and the mini-batch).
+
+    token-mean divides by the mask count, so a micro-batch weighs its share of the mini-batch's masked tokens;
+    the sequence means divide by the counted (non-empty) sequences, so it weighs its share of those; and
+    seq-mean-token-sum-norm without a fixed norm_length also divides by the batch width T, which differs
+    between a micro-batch and its mini-batch.
+    """
+    if loss_config.aggregation == "token-mean":
+        return float(micro_mask.sum()) / max(float(mini_mask.sum()), 1.0)
+    weight = float((micro_mask.sum(-1) > 0).sum()) / max(float((mini_mask.sum(-1) > 0).sum()), 1.0)
+    if loss_config.aggregation == "seq-mean-token-sum-norm" and loss_config.norm_length is None:
+        weight *= micro_mask.shape[-1] / mini_mask.shape[-1]
+    return weight
+
+
+class _MetricMerger:
+    """Combines per-part metrics: keys ending in ``_min``/``_max`` take the min/max, others a weighted mean."""
+
+    def __init__(self) -> None:
+        self._sums: dict[str, float] = {}
+        self._weights: dict[str, float] = {}
+        self._extremes: dict[str, float] = {}
+
+    def add(self, metrics: dict[str, float], weight: float) -> None:
+        for key, value in metrics.items():
+            if key.endswith(("_min", "_max")):
+                pick = min if key.endswith("_min") else max
+                self._extremes[key] = pick(self._extremes.get(key, value), value)
+            else:
+                self._sums[key] = self._sums.get(key, 0.0) + weight * value
+                self._weights[key] = self._weights.get(key, 0.0) + weight
+
+    def result(self) -> dict[str, float]:
+        means = {k: s / self._weights[k] if self._weights[k] > 0 else 0.0 for k, s in self._sums.items()}
+        return {**means, **self._extremes}
+
+
+def _take(
+    batch: TrainBatch, tensors: dict[str, torch.Tensor], rows: list[int]
+) -> tuple[TrainBatch, dict[str, torch.Tensor]]:
+    """Rows ``rows`` of ``batch`` and of the [B, T] tensors aligned with it, trimmed to the same width."""
+    sub = select_rows(batch, rows)
+    index = torch.tensor(rows, dtype=torch.long, device=batch.input_ids.device)
+    width = sub.input_ids.shape[1]
+    return sub, {name: t[index, :width] for name, t in tensors.items()}
+
+
+def _to_device(batch: TrainBatch, device: torch.device) -> TrainBatch:
+    moved = {
+        name: getattr(batch, name).to(device)
+        for name in batch.__dataclass_fields__
+        if isinstance(getattr(batch, name), torch.Tensor)
+    }
+    return TrainBatch(**moved, sample_uids=batch.sample_uids)
