@@ -1,0 +1,56 @@
+"""Configuration of the LLMProxy: routing, timeouts, engine health and the weight-update policy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+UPDATE_POLICIES = ("in_flight", "drain")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProxyConfig:
+    """How the proxy spreads requests over engine workers and moves them to new weights."""
+
+    update_policy: Literal["in_flight", "drain"] = "drain"
+    """``drain``: each engine applies an update once its in-flight requests have finished, so every
+    generation comes from exactly one version (``sync``, ``one_step_off``, ``async`` modes). ``in_flight``:
+    suspend pauses every engine, the update lands mid-generation and in-flight requests continue under the new
+    weights with per-token versions (``partial_rollout`` mode)."""
+    affinity_slack: int = 2
+    """A request whose ``affinity_key`` is already served by an engine goes there if that engine has at most
+    this many more in-flight requests than the least-loaded one; 0 keeps affinity only on ties."""
+    request_timeout_s: float | None = None
+    """Longest one engine call of a request may take; on expiry the request is aborted on the engine and
+    ``RequestTimeout`` is raised. Time held at the proxy does not count; time the engine spends paused for an
+    in-flight update does, so keep it well above an update's duration. None: no timeout."""
+    control_timeout_s: float = 300.0
+    """Longest an engine may take to answer pause, update_weights, resume or abort before it is declared
+    failed (and unhealthy)."""
+    max_consecutive_failures: int = 3
+    """An engine whose requests fail (raise or time out) this many times in a row is marked unhealthy and no
+    longer receives requests."""
+    retry_on_engine_failure: bool = False
+    """Re-run a request whose engine failed on another healthy engine, whose version the proxy knows. Off by
+    default: a failure then reaches the caller as ``EngineFailure``."""
+    max_continuations: int = 32
+    """Most times one request is transparently continued after an abort it did not ask for (``in_flight``
+    policy); past it, the partial generation is returned with ``finish_reason="abort"``."""
+
+    def __post_init__(self) -> None:
+        if self.update_policy not in UPDATE_POLICIES:
+            raise ValueError(
+                f"proxy.update_policy must be one of {UPDATE_POLICIES}, got {self.update_policy!r}"
+            )
+        if self.affinity_slack < 0:
+            raise ValueError(f"proxy.affinity_slack must be >= 0, got {self.affinity_slack}")
+        if self.request_timeout_s is not None and self.request_timeout_s <= 0:
+            raise ValueError(f"proxy.request_timeout_s must be > 0 or None, got {self.request_timeout_s}")
+        if self.control_timeout_s <= 0:
+            raise ValueError(f"proxy.control_timeout_s must be > 0, got {self.control_timeout_s}")
+        if self.max_consecutive_failures < 1:
+            raise ValueError(
+                f"proxy.max_consecutive_failures must be >= 1, got {self.max_consecutive_failures}"
+            )
+        if self.max_continuations < 0:
+            raise ValueError(f"proxy.max_continuations must be >= 0, got {self.max_continuations}")

@@ -1,0 +1,513 @@
+"""LLMProxy: one ``await generate(request)`` over N engine workers, and the weight-update protocol across them.
+
+Key decision: the proxy owns every wait. A request is *held* at the proxy (suspended, or every engine it may
+use is draining) or *on an engine* (one engine call in flight); nothing else. Both states end on a named event.
+
+```
+ callers ── generate(req) ──► [admission gate]──► routing ──► engine call ──► Generation ──► caller
+   ▲                            │ held while         │ least loaded,   │ timeout → abort, RequestTimeout
+   │                            │ suspended or       │ newest ready,   │ raise  → EngineFailure (+health)
+   │                            │ target draining    │ affinity, pin   │ unasked abort (in_flight policy)
+   │                            ▼                    ▼                 └─► continuation: prefix = output so
+   └─ abort(id) ──────────► wake held call / abort on its engine            far, back to the gate ──┘
+ controller ── suspend() ─► gate closed (in_flight: pause every engine)
+            ── model_update(w, v) ─► in_flight: update every paused engine now
+                                     drain: snapshot w; each engine applies it once its calls have returned
+            ── resume() ─► (in_flight: resume engines) gate open;  update_applied(v) ─► waits for the drains
+```
+
+Back-pressure (every wait ends on the event in the last column, or on ``close()`` with ``ProxyClosed``):
+
+| wait                        | waits for                                | unblocked by                      |
+|-----------------------------|------------------------------------------|-----------------------------------|
+| held call (admission)       | proxy not suspended, routed engine ready | ``resume()``, an update landing,  |
+|                             |                                          | ``abort(id)``, a health change    |
+| engine call                 | the engine's Generation                  | its return; ``request_timeout_s``;|
+|                             |                                          | caller cancel (abort sent after)  |
+| drain (per engine)          | that engine's in-flight calls returned   | each call's return (timeouts)     |
+| control call (pause/update/ | the engine's answer                      | answer, or ``control_timeout_s``  |
+| resume/abort)               |                                          | → engine unhealthy                |
+| ``update_applied(v)``       | every healthy engine at version >= v     | updates landing, failures, timeout|
+
+Invariants (tests/unit/proxy):
+1. Every ``generate`` call ends exactly once: a Generation, or an exception naming the request
+   (``EngineFailure``, ``RequestTimeout``, ``NoHealthyEngine``, ``ProxyClosed``). An abort the caller did
+   not ask for is continued under ``in_flight`` and returned as is under ``drain`` (a continuation there
+   would mix versions).
+2. ``drain`` policy: an engine never receives a request while an update is pending or being applied on
+   it, and applies an update only with no call in flight, so every Generation carries one version.
+3. ``in_flight`` policy: a caller never sees an abort it did not ask for (within ``max_continuations``);
+   the stitched Generation equals the concatenation of its pieces, versions non-decreasing.
+4. No silent re-run: a failed engine call is re-run elsewhere only with ``retry_on_engine_failure``, and
+   only on a healthy engine whose version the proxy knows.
+5. Weight ownership: in ``drain`` the proxy snapshots (clones) the weights inside ``model_update`` before it
+   returns, so the trainer may keep updating its tensors in place; in ``in_flight`` every engine holds the
+   update before ``model_update`` returns, so no copy is made.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from asyncrl.config.proxy import ProxyConfig
+from asyncrl.proxy.continuation import check_continued, continuation_request, empty_abort, needs_continuation
+from asyncrl.proxy.errors import EngineFailure, NoHealthyEngine, ProxyClosed, RequestTimeout
+from asyncrl.proxy.routing import AffinityTable, make_routing_policy
+from asyncrl.proxy.wakeup import Wakeup
+from asyncrl.proxy.worker import (
+    EngineClient,
+    EngineWorker,
+    NamedTensors,
+    PendingUpdate,
+    snapshot_named_tensors,
+)
+from asyncrl.types import FinishReason, Generation, Request
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True)
+class _Call:
+    """One ``generate`` call: held at the proxy when ``task`` is None, else on engine ``worker``."""
+
+    request: Request
+    abort_requested: bool = False
+    worker: EngineWorker | None = None
+    task: asyncio.Task[Generation] | None = None
+    partial: Generation | None = None
+    """Output so far, from engine calls that ended in an abort the caller did not ask for."""
+    num_continuations: int = 0
+    excluded: set[int] = field(default_factory=set)
+    """Engines that failed this call (skipped by retries)."""
+
+
+class LLMProxy:
+    """Routes requests over engine workers and moves them to new weights (contract: module docstring)."""
+
+    def __init__(
+        self,
+        engines: Sequence[EngineClient],
+        config: ProxyConfig | None = None,
+        *,
+        initial_version: int = 0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not engines:
+            raise ValueError("LLMProxy needs at least one engine")
+        self.config = config or ProxyConfig()
+        self._clock = clock
+        now = clock()
+        self._workers = [
+            EngineWorker(index=i, client=engine, version=initial_version, started_at=now)
+            for i, engine in enumerate(engines)
+        ]
+        self._routing = make_routing_policy(self.config)
+        self._affinity = AffinityTable()
+        self._calls: dict[str, _Call] = {}
+        self._wakeup = Wakeup()
+        self._closed_event = asyncio.Event()
+        self._background: set[asyncio.Task[Any]] = set()
+        self._attempt_ids = itertools.count()
+        self._suspended = False
+        self._closed = False
+        self._updating = False
+        self._latest_version = initial_version
+        self._counts = {"num_continuations": 0, "num_retries": 0, "num_timeouts": 0}
+
+    # ----------------------------------------------------------------------------------------------- requests
+
+    async def generate(self, request: Request) -> Generation:
+        """Serve ``request`` on one engine (or a chain of them, see the module docstring) and return its output."""
+        self._check_open()
+        if request.request_id in self._calls:
+            raise ValueError(f"request {request.request_id!r} is already in flight in this proxy")
+        call = _Call(request=request)
+        self._calls[request.request_id] = call
+        try:
+            return await self._serve(call)
+        finally:
+            del self._calls[request.request_id]
+
+    async def abort(self, request_id: str) -> Generation | None:
+        """End a request now; its partial Generation, or None if it is not in flight here.
+
+        Exactly when the call's own ``generate`` returns a Generation with finish_reason ``abort``, this returns
+        an equal one; when the request ended otherwise at the same moment (stop, length, failure), None.
+        """
+        call = self._calls.get(request_id)
+        if call is None or call.abort_requested:
+            return None
+        call.abort_requested = True
+        self._wakeup.notify()
+        task, worker = call.task, call.worker
+        if task is None or worker is None:
+            return replace(self._held_abort_result(call))
+        if not task.done():
+            partial = await self._control(worker, "abort", request_id, request_id=request_id)
+            await asyncio.wait({task}, timeout=self.config.control_timeout_s)  # let the engine call return
+            if not task.done():
+                return partial
+        return _abort_result_of(task)
+
+    async def _serve(self, call: _Call) -> Generation:
+        while True:
+            worker = await self._acquire_engine(call)
+            if worker is None:
+                return self._held_abort_result(call)
+            try:
+                generation = await self._attempt(call, worker)
+            except EngineFailure:
+                if not self._may_retry(call, worker):
+                    raise
+                call.excluded.add(worker.index)
+                self._counts["num_retries"] += 1
+                continue
+            if not self._continues(call, generation):
+                return generation
+            call.partial = generation
+            call.num_continuations += 1
+            self._counts["num_continuations"] += 1
+
+    async def _acquire_engine(self, call: _Call) -> EngineWorker | None:
+        """Hold the call until an engine may take it now; that engine, or None if the caller aborted meanwhile.
+
+        The caller starts the engine call without awaiting in between, so the engine is still ready then.
+        """
+        await self._wakeup.wait_until(lambda: self._closed or call.abort_requested or self._submittable(call))
+        self._check_open()
+        if call.abort_requested:
+            return None
+        return self._route(call)
+
+    def _submittable(self, call: _Call) -> bool:
+        if self._suspended:
+            return False
+        index = self._choose(call, call.excluded)
+        return index is None or self._workers[index].ready
+
+    def _choose(self, call: _Call, excluded: set[int]) -> int | None:
+        return self._routing.choose(
+            [worker.load() for worker in self._workers],
+            affinity_owner=self._affinity.owner(call.request.affinity_key),
+            pinned_version=call.request.version,
+            excluded=frozenset(excluded),
+        )
+
+    def _route(self, call: _Call) -> EngineWorker:
+        index = self._choose(call, call.excluded)
+        if index is None:
+            pin = "" if call.request.version is None else f" at version {call.request.version}"
+            raise NoHealthyEngine(f"request {call.request.request_id!r}: no healthy engine{pin} can serve it")
+        return self._workers[index]
+
+    async def _attempt(self, call: _Call, worker: EngineWorker) -> Generation:
+        """One engine call; synchronous up to the first await, so the routed engine is still ready when counted."""
+        assert worker.ready and not self._suspended, "submitting to an engine that is not ready"
+        request = continuation_request(call.request, call.partial)
+        attempt_id = next(self._attempt_ids)
+        worker.start(attempt_id, request, self._clock())
+        self._affinity.add(request.affinity_key, worker.index)
+        task = self._spawn(self._engine_call(worker, request, attempt_id))
+        task.add_done_callback(lambda done: self._on_attempt_done(worker, request, attempt_id, done))
+        call.worker, call.task = worker, task
+        try:
+            return await self._await_engine(worker, task, request.request_id)
+        finally:
+            call.worker, call.task = None, None
+
+    async def _engine_call(self, worker: EngineWorker, request: Request, attempt_id: int) -> Generation:
+        try:
+            generation = await worker.client.generate(request)
+            check_continued(generation, request)
+        except Exception as error:
+            worker.record_failure(self.config.max_consecutive_failures)
+            logger.warning("engine %d failed request %s: %r", worker.index, request.request_id, error)
+            raise EngineFailure(worker.index, "generate", request.request_id) from error
+        finally:
+            self._finish_attempt(worker, request, attempt_id)
+        if generation.finish_reason is not FinishReason.ABORT:
+            worker.record_success()
+        worker.total_tokens += len(generation.token_ids) - len(request.prefix_token_ids)
+        return generation
+
+    async def _await_engine(
+        self, worker: EngineWorker, task: asyncio.Task[Generation], request_id: str
+    ) -> Generation:
+        closed = asyncio.ensure_future(self._closed_event.wait())
+        try:
+            timeout = self.config.request_timeout_s
+            done, _ = await asyncio.wait({task, closed}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            self._spawn(self._abort_and_reap(worker, request_id, task))
+            raise
+        finally:
+            closed.cancel()
+        if task in done and not task.cancelled():
+            return task.result()
+        if self._closed or task.cancelled():
+            task.cancel()
+            raise ProxyClosed(
+                f"request {request_id!r}: the proxy was closed while engine {worker.index} served it"
+            )
+        return await self._time_out(worker, task, request_id)
+
+    async def _time_out(
+        self, worker: EngineWorker, task: asyncio.Task[Generation], request_id: str
+    ) -> Generation:
+        timeout = self.config.request_timeout_s
+        assert timeout is not None
+        self._counts["num_timeouts"] += 1
+        logger.warning("request %s timed out after %s s on engine %d", request_id, timeout, worker.index)
+        await self._abort_and_reap(worker, request_id, task)
+        worker.record_failure(self.config.max_consecutive_failures)
+        self._wakeup.notify()
+        raise RequestTimeout(request_id, worker.index, timeout)
+
+    async def _abort_and_reap(
+        self, worker: EngineWorker, request_id: str, task: asyncio.Task[Generation]
+    ) -> None:
+        """Abort an abandoned engine call and give it ``control_timeout_s`` to return; cancel it after.
+
+        Until it has returned (or its cancellation has landed) the call stays counted in flight: under the
+        drain policy an engine must not be updated while it may still be generating.
+        """
+        try:
+            await self._control(worker, "abort", request_id, request_id=request_id)
+        except EngineFailure as failure:
+            logger.warning("%s: %r", failure, failure.__cause__)
+        done, _ = await asyncio.wait({task}, timeout=self.config.control_timeout_s)
+        if not done:
+            task.cancel()
+            await asyncio.wait({task}, timeout=self.config.control_timeout_s)
+
+    def _finish_attempt(self, worker: EngineWorker, request: Request, attempt_id: int) -> None:
+        if worker.finish(attempt_id, self._clock()):
+            self._affinity.remove(request.affinity_key, worker.index)
+            self._maybe_apply(worker)
+            self._wakeup.notify()
+
+    def _on_attempt_done(
+        self, worker: EngineWorker, request: Request, attempt_id: int, task: asyncio.Task[Generation]
+    ) -> None:
+        """Finish an engine call cancelled before it ran, and retrieve an exception nobody awaited."""
+        self._finish_attempt(worker, request, attempt_id)
+        if not task.cancelled():
+            task.exception()
+
+    def _continues(self, call: _Call, generation: Generation) -> bool:
+        return (
+            self.config.update_policy == "in_flight"
+            and not call.abort_requested
+            and call.num_continuations < self.config.max_continuations
+            and needs_continuation(generation, call.request)
+        )
+
+    def _may_retry(self, call: _Call, failed: EngineWorker) -> bool:
+        if not self.config.retry_on_engine_failure or call.abort_requested or self._closed:
+            return False
+        return self._choose(call, call.excluded | {failed.index}) is not None
+
+    def _held_abort_result(self, call: _Call) -> Generation:
+        return call.partial if call.partial is not None else empty_abort(call.request)
+
+    # ------------------------------------------------------------------------------------------ weight update
+
+    async def suspend(self) -> None:
+        """Hold new generate calls at the proxy; ``in_flight`` policy: also pause the engines."""
+        self._check_open()
+        self._suspended = True
+        self._wakeup.notify()
+        if self.config.update_policy == "in_flight":
+            await self._on_reachable_engines(lambda worker: self._control(worker, "pause"))
+
+    async def model_update(self, named_tensors: NamedTensors, version: int) -> None:
+        """Send weights of ``version`` (greater than any before) to every engine that still answers.
+
+        ``in_flight``: needs ``suspend()`` first; returns once every engine holds the update.
+        ``drain``: snapshots the weights and returns at once; each engine applies them after its in-flight
+        calls have returned (await ``update_applied(version)`` to wait for that).
+        """
+        self._check_open()
+        if version <= self._latest_version:
+            raise ValueError(f"model_update: version must exceed {self._latest_version}, got {version}")
+        if self.config.update_policy == "drain":
+            self._latest_version = version
+            self._schedule_drain(
+                PendingUpdate(named_tensors=snapshot_named_tensors(named_tensors), version=version)
+            )
+            return
+        if not self._suspended or self._updating:
+            raise RuntimeError(
+                "update_policy 'in_flight': call suspend() before model_update(), one at a time"
+            )
+        self._latest_version = version
+        await self._update_in_flight(dict(_items(named_tensors)), version)
+
+    async def resume(self) -> None:
+        """``in_flight`` policy: resume the engines; then release the held generate calls."""
+        self._check_open()
+        try:
+            if self.config.update_policy == "in_flight":
+                await self._on_reachable_engines(lambda worker: self._control(worker, "resume"))
+        finally:
+            self._suspended = False
+            self._wakeup.notify()
+
+    async def update_applied(self, version: int, timeout_s: float | None = None) -> None:
+        """Wait until every healthy engine serves ``version`` or newer; the failure of any that could not."""
+        if version > self._latest_version:
+            raise ValueError(
+                f"update_applied: version {version} was never sent (latest {self._latest_version})"
+            )
+        try:
+            settled = self._wakeup.wait_until(lambda: self._closed or self._update_settled(version))
+            await asyncio.wait_for(settled, timeout_s)
+        except (TimeoutError, asyncio.TimeoutError):  # distinct classes before Python 3.11
+            lagging = [w.index for w in self._workers if w.healthy and w.version < version]
+            raise TimeoutError(
+                f"version {version} not applied after {timeout_s} s on engines {lagging}"
+            ) from None
+        self._check_open()
+        failure = next(
+            (w.control_error for w in self._workers if w.control_error and w.version < version), None
+        )
+        if failure is not None:
+            raise failure
+        if not self.healthy_engines():
+            raise NoHealthyEngine(f"no healthy engine serves version {version}")
+
+    def _update_settled(self, version: int) -> bool:
+        return all(worker.version >= version or not worker.healthy for worker in self._workers)
+
+    async def _update_in_flight(self, named_tensors: dict[str, Any], version: int) -> None:
+        async def update(worker: EngineWorker) -> None:
+            await self._control(worker, "update_weights", named_tensors, version)
+            worker.version = version
+
+        self._updating = True
+        try:
+            await self._on_reachable_engines(update)
+        finally:
+            self._updating = False
+
+    def _schedule_drain(self, update: PendingUpdate) -> None:
+        for worker in self._workers:
+            if worker.control_error is None:
+                worker.pending = update
+                self._maybe_apply(worker)
+        self._wakeup.notify()
+
+    def _maybe_apply(self, worker: EngineWorker) -> None:
+        """Start applying ``worker``'s pending update if it has drained (no call in flight, nothing applying)."""
+        if worker.pending is None or worker.in_flight or worker.applying is not None or self._closed:
+            return
+        update, worker.pending = worker.pending, None
+        worker.applying = update.version
+        self._spawn(self._apply(worker, update))
+
+    async def _apply(self, worker: EngineWorker, update: PendingUpdate) -> None:
+        try:
+            await self._control(worker, "pause")
+            await self._control(worker, "update_weights", update.named_tensors, update.version)
+            await self._control(worker, "resume")
+        except EngineFailure as failure:
+            self._mark_unhealthy(worker, failure)
+        else:
+            worker.version = update.version
+        finally:
+            worker.applying = None
+            self._maybe_apply(worker)
+            self._wakeup.notify()
+
+    # ---------------------------------------------------------------------------------------------- control
+
+    async def _control(
+        self, worker: EngineWorker, operation: str, *args: Any, request_id: str | None = None
+    ) -> Any:
+        """Call ``operation`` on an engine within ``control_timeout_s``; any error becomes ``EngineFailure``."""
+        try:
+            method = getattr(worker.client, operation)
+            return await asyncio.wait_for(method(*args), self.config.control_timeout_s)
+        except Exception as error:
+            raise EngineFailure(worker.index, operation, request_id) from error
+
+    async def _on_reachable_engines(self, action: Callable[[EngineWorker], Coroutine[Any, Any, Any]]) -> None:
+        """Run ``action`` on every engine whose control calls work, at once; first error raised.
+
+        An engine made unhealthy by failing *requests* is still paused, updated and resumed, so calls it still
+        holds never stay paused and its version stays known; one whose control call fails is dropped for good.
+        """
+        workers = [worker for worker in self._workers if worker.control_error is None]
+        results = await asyncio.gather(*(action(worker) for worker in workers), return_exceptions=True)
+        failures = [(w, r) for w, r in zip(workers, results, strict=True) if isinstance(r, BaseException)]
+        for worker, failure in failures:
+            self._mark_unhealthy(worker, failure)
+        self._wakeup.notify()
+        if failures:
+            raise failures[0][1]
+
+    def _mark_unhealthy(self, worker: EngineWorker, failure: BaseException) -> None:
+        logger.error("engine %d is unhealthy from now on: %s (%r)", worker.index, failure, failure.__cause__)
+        worker.healthy = False
+        worker.control_error = failure
+        worker.pending = None
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ProxyClosed("the LLMProxy is closed")
+
+    # ------------------------------------------------------------------------------------------ inspection
+
+    def versions(self) -> list[int]:
+        """The version each engine serves now (an engine still draining reports its old version)."""
+        return [worker.version for worker in self._workers]
+
+    def healthy_engines(self) -> list[int]:
+        """Indices of the engines that still receive requests."""
+        return [worker.index for worker in self._workers if worker.healthy]
+
+    def stats(self) -> dict[str, Any]:
+        """Per-engine load, version, health, busy time, idle fraction and tokens; proxy-wide counts."""
+        now = self._clock()
+        return {
+            "engines": [worker.stats(now) for worker in self._workers],
+            "suspended": self._suspended,
+            "latest_version": self._latest_version,
+            "num_calls": len(self._calls),
+            "num_held": sum(1 for call in self._calls.values() if call.task is None),
+            **self._counts,
+        }
+
+    def close(self) -> None:
+        """Fail every waiting call with ``ProxyClosed`` and cancel the proxy's own tasks; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._closed_event.set()
+        self._wakeup.notify()
+        for task in list(self._background):
+            task.cancel()
+
+
+def _items(named_tensors: NamedTensors) -> Any:
+    return named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
+
+
+def _abort_result_of(task: asyncio.Task[Generation]) -> Generation | None:
+    """The aborted Generation a finished engine call returned, None if it ended otherwise."""
+    if task.cancelled() or task.exception() is not None:
+        return None
+    generation = task.result()
+    return generation if generation.finish_reason is FinishReason.ABORT else None

@@ -1,0 +1,163 @@
+"""The proxy's view of one engine: the ``EngineClient`` seam and the bookkeeping the proxy keeps beside it.
+
+``EngineClient`` is exactly what the proxy calls: the in-process ``AsyncEngine`` and the Ray actor workers
+both provide it. ``EngineWorker`` is plain state (no awaits): in-flight requests, the served and pending
+versions, health, and busy time for the idle fraction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from asyncrl.proxy.routing import EngineLoad
+from asyncrl.types import Generation, Request
+
+NamedTensors = Mapping[str, Any] | Iterable[tuple[str, Any]]
+
+
+class EngineClient(Protocol):
+    """One engine replica as the proxy drives it.
+
+    ``generate`` returns when the request ends: stop, length, or abort (``finish_reason="abort"``, partial
+    output) when ``abort`` is called or the engine drops it. A request with a prefix resumes after it and its
+    generation starts with it (see proxy/continuation.py). In-flight requests may survive ``update_weights``;
+    every token carries the version of the weights that produced it.
+    """
+
+    async def generate(self, request: Request) -> Generation: ...
+
+    async def abort(self, request_id: str) -> Generation | None: ...
+
+    async def pause(self) -> None: ...
+
+    async def update_weights(self, named_tensors: NamedTensors, version: int) -> None: ...
+
+    async def resume(self) -> None: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class PendingUpdate:
+    """Weights waiting for an engine to drain: an immutable snapshot (see ``snapshot_named_tensors``)."""
+
+    named_tensors: Mapping[str, Any]
+    version: int
+
+
+def snapshot_named_tensors(named_tensors: NamedTensors) -> dict[str, Any]:
+    """A copy of the weights the caller may keep mutating: tensors are cloned, numpy arrays copied.
+
+    Values with neither ``clone`` nor ``copy`` (e.g. Ray object refs, bytes) are immutable and kept as is.
+    """
+    items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
+    return {name: _copy_value(value) for name, value in items}
+
+
+def _copy_value(value: Any) -> Any:
+    if hasattr(value, "detach") and hasattr(value, "clone"):
+        return value.detach().clone()
+    if hasattr(value, "copy") and hasattr(value, "shape"):
+        return value.copy()
+    return value
+
+
+@dataclass(kw_only=True)
+class EngineWorker:
+    """Proxy-side state of engine ``index``; mutated only by the proxy, on its event loop."""
+
+    index: int
+    client: EngineClient
+    version: int
+    started_at: float
+    healthy: bool = True
+    consecutive_failures: int = 0
+    in_flight: dict[int, int] = field(default_factory=dict)
+    """attempt id (one per engine call) → tokens its request may occupy (prompt + max_new_tokens)."""
+    num_in_flight_tokens: int = 0
+    """Sum of ``in_flight``'s values, kept incrementally: routing reads it for every held call on every wake."""
+    pending: PendingUpdate | None = None
+    applying: int | None = None
+    """Version being applied right now (drain policy), None otherwise."""
+    control_error: BaseException | None = None
+    """Why a pause / update / resume failed on this engine (it is then unhealthy at an unknown version)."""
+    busy_seconds: float = 0.0
+    busy_since: float | None = None
+    total_tokens: int = 0
+    num_requests: int = 0
+    num_failures: int = 0
+
+    @property
+    def ready(self) -> bool:
+        """No update is pending or being applied: a request sent now starts at once, on ``version``."""
+        return self.pending is None and self.applying is None
+
+    @property
+    def effective_version(self) -> int:
+        """The version this engine will serve next: that of its pending or applying update, else its own."""
+        if self.pending is not None:
+            return self.pending.version
+        return self.applying if self.applying is not None else self.version
+
+    def load(self) -> EngineLoad:
+        return EngineLoad(
+            index=self.index,
+            num_in_flight=len(self.in_flight),
+            num_in_flight_tokens=self.num_in_flight_tokens,
+            version=self.effective_version,
+            ready=self.ready,
+            healthy=self.healthy,
+        )
+
+    def start(self, attempt_id: int, request: Request, now: float) -> None:
+        """Count engine call ``attempt_id`` (serving ``request``) as in flight on this engine from ``now``."""
+        if not self.in_flight:
+            self.busy_since = now
+        num_tokens = len(request.prompt_token_ids) + request.sampling.max_new_tokens
+        self.in_flight[attempt_id] = num_tokens
+        self.num_in_flight_tokens += num_tokens
+        self.num_requests += 1
+
+    def finish(self, attempt_id: int, now: float) -> bool:
+        """Engine call ``attempt_id`` returned, failed or was abandoned; False if it was already finished."""
+        num_tokens = self.in_flight.pop(attempt_id, None)
+        if num_tokens is None:
+            return False
+        self.num_in_flight_tokens -= num_tokens
+        if not self.in_flight and self.busy_since is not None:
+            self.busy_seconds += now - self.busy_since
+            self.busy_since = None
+        return True
+
+    def record_failure(self, max_consecutive_failures: int) -> None:
+        self.num_failures += 1
+        self.consecutive_failures += 1
+        if self.consecutive_failures >= max_consecutive_failures:
+            self.healthy = False
+
+    def record_success(self) -> None:
+        self.consecutive_failures = 0
+
+    def busy_time(self, now: float) -> float:
+        """Seconds since the proxy started during which this engine had at least one request in flight."""
+        return self.busy_seconds + (now - self.busy_since if self.busy_since is not None else 0.0)
+
+    def idle_fraction(self, now: float) -> float:
+        """Share of the time since the proxy started during which this engine had no request in flight."""
+        elapsed = now - self.started_at
+        return 0.0 if elapsed <= 0 else 1.0 - self.busy_time(now) / elapsed
+
+    def stats(self, now: float) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "healthy": self.healthy,
+            "version": self.version,
+            "pending_version": None if self.ready else self.effective_version,
+            "in_flight": len(self.in_flight),
+            "in_flight_tokens": self.num_in_flight_tokens,
+            "busy_seconds": self.busy_time(now),
+            "idle_fraction": self.idle_fraction(now),
+            "total_tokens": self.total_tokens,
+            "num_requests": self.num_requests,
+            "num_failures": self.num_failures,
+        }
