@@ -1,0 +1,19 @@
+"""The built-in continuous-batching engine: ``LLMEngine`` (synchronous core) and ``AsyncEngine`` (asyncio API)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from asyncrl.config.engine import EngineConfig
+    from asyncrl.engine.async_engine import AsyncEngine
+
+
+def make_engine(model: torch.nn.Module, tokenizer: Any, config: EngineConfig) -> AsyncEngine:
+    """An ``AsyncEngine`` serving ``model`` on its own device; call ``shutdown()`` when done."""
+    from asyncrl.engine.async_engine import AsyncEngine
+    from asyncrl.engine.llm_engine import LLMEngine
+
+    return AsyncEngine(LLMEngine(model, tokenizer, config))

@@ -1,0 +1,223 @@
+"""The asyncio face of the engine: ``await generate(request)`` with the step loop on its own thread.
+
+    caller coroutines ──commands──▶ [queue + condition] ──▶ engine thread: run commands, then core.step()
+            ▲                                                        │
+            └──────── futures resolved via loop.call_soon_threadsafe ◀┘
+
+Only the engine thread touches the ``LLMEngine`` core, and commands (add, abort, pause, update, resume) run
+between steps, so ``await pause()`` returns with no step in flight. The thread sleeps on the condition when
+it has no commands and nothing to step (no busy spin). Invariants: every ``generate`` future is resolved
+exactly once (a generation, a ValueError for its own bad input, or the loop's failure); a failure in the step
+loop or a shutdown reaches every waiting caller, and later calls fail at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from asyncrl.engine.llm_engine import LLMEngine
+from asyncrl.engine.weights import NamedTensors
+from asyncrl.types import Generation, Request
+
+logger = logging.getLogger(__name__)
+
+
+class EngineStoppedError(RuntimeError):
+    """The engine was shut down or its step loop failed; carries the cause as ``__cause__``."""
+
+
+class AsyncEngine:
+    """Serve an ``LLMEngine`` to asyncio callers from a background thread."""
+
+    def __init__(self, core: LLMEngine) -> None:
+        self.core = core
+        self._cond = threading.Condition()
+        self._commands: deque[_Command] = deque()
+        self._pending: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
+        self._stopped: BaseException | None = None
+        self._started_at = time.perf_counter()
+        self._idle_seconds = 0.0
+        self._idle_since: float | None = None
+        self._thread = threading.Thread(target=self._run, name="asyncrl-engine", daemon=True)
+        self._thread.start()
+
+    async def generate(self, request: Request) -> Generation:
+        """The finished generation; an abort returns the partial one. Cancelling the call aborts the request."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._submit(_Command(lambda: self._add(request, loop, future), loop, future, settles=False))
+        try:
+            return await future
+        except asyncio.CancelledError:
+            with self._cond:
+                if self._stopped is None:
+                    self._commands.append(_Command(lambda: self._abort(request.request_id), loop, None))
+                    self._cond.notify()
+            raise
+
+    async def abort(self, request_id: str) -> Generation | None:
+        return await self._call(lambda: self._abort(request_id))
+
+    async def pause(self) -> None:
+        await self._call(self.core.pause)
+
+    async def resume(self) -> None:
+        await self._call(self.core.resume)
+
+    async def update_weights(
+        self, named_tensors: NamedTensors, version: int, *, partial: bool = False
+    ) -> None:
+        await self._call(lambda: self.core.update_weights(named_tensors, version, partial=partial))
+
+    def stats(self) -> dict[str, Any]:
+        """The core's counters plus, since construction, uptime, idle seconds, idle fraction and tokens/s.
+
+        Read without locking (a snapshot may be a step old); difference two snapshots for a window.
+        """
+        now = time.perf_counter()
+        uptime = max(now - self._started_at, 1e-9)
+        idle_since = self._idle_since
+        idle = self._idle_seconds + (0.0 if idle_since is None else now - idle_since)
+        stats = self.core.stats()
+        stats["uptime_s"] = uptime
+        stats["idle_seconds"] = idle
+        stats["idle_fraction"] = min(idle / uptime, 1.0)
+        stats["tokens_per_s"] = stats["num_generated_tokens"] / uptime
+        return stats
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Stop the thread after its current step; every waiting caller gets ``EngineStoppedError``."""
+        with self._cond:
+            if self._stopped is None:
+                self._stopped = EngineStoppedError("engine was shut down")
+            self._cond.notify()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"engine thread did not stop within {timeout} s")
+
+    async def _call(self, fn: Callable[[], Any]) -> Any:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._submit(_Command(fn, loop, future))
+        return await future
+
+    def _submit(self, command: _Command) -> None:
+        with self._cond:
+            if self._stopped is not None:
+                raise EngineStoppedError("engine is not running") from self._stopped
+            self._commands.append(command)
+            self._cond.notify()
+
+    def _add(self, request: Request, loop: asyncio.AbstractEventLoop, future: asyncio.Future) -> None:
+        self.core.add_request(request)
+        self._pending[request.request_id] = (loop, future)
+
+    def _abort(self, request_id: str) -> Generation | None:
+        generation = self.core.abort(request_id)
+        if generation is not None:
+            self._deliver(generation)
+        return generation
+
+    def _deliver(self, generation: Generation) -> None:
+        loop, future = self._pending.pop(generation.request_id)
+        _resolve(loop, future, result=generation)
+
+    def _run(self) -> None:
+        try:
+            while self._next_commands():
+                for generation in self.core.step():
+                    self._deliver(generation)
+        except (
+            Exception
+        ) as exc:  # deliberate: the failure must reach every waiting caller, not kill them silently
+            logger.exception("engine step loop failed; failing all pending requests")
+            with self._cond:
+                self._stopped = EngineStoppedError(f"engine step loop failed: {exc!r}")
+                self._stopped.__cause__ = exc
+        finally:
+            self._fail_pending()
+
+    def _next_commands(self) -> bool:
+        """Run queued commands, sleeping while there is nothing to do; False once the engine must stop."""
+        while True:
+            with self._cond:
+                self._idle_since = time.perf_counter()
+                while self._stopped is None and not self._commands and not self._can_step():
+                    self._cond.wait()
+                self._idle_seconds += time.perf_counter() - self._idle_since
+                self._idle_since = None
+                if self._stopped is not None:
+                    return False
+                commands, self._commands = self._commands, deque()
+            for command in commands:
+                command.run()
+            if self._can_step():
+                return True
+
+    def _can_step(self) -> bool:
+        return not self.core.paused and self.core.has_work()
+
+    def _fail_pending(self) -> None:
+        with self._cond:
+            error, commands = self._stopped, self._commands
+            self._commands = deque()
+        for command in commands:
+            command.fail(error)
+        for loop, future in self._pending.values():
+            _resolve(loop, future, exception=error)
+        self._pending.clear()
+
+
+class _Command:
+    """Work for the engine thread and the future (if any) that hears how it went."""
+
+    def __init__(
+        self,
+        fn: Callable[[], Any],
+        loop: asyncio.AbstractEventLoop,
+        future: asyncio.Future | None,
+        *,
+        settles: bool = True,
+    ) -> None:
+        self.fn, self.loop, self.future, self.settles = fn, loop, future, settles
+
+    def run(self) -> None:
+        """Call ``fn``; its error (e.g. the caller's bad request or state dict) goes back to the caller only."""
+        try:
+            result = self.fn()
+        except Exception as exc:
+            self.fail(exc)
+        else:
+            if self.settles and self.future is not None:
+                _resolve(self.loop, self.future, result=result)
+
+    def fail(self, exception: BaseException | None) -> None:
+        if self.future is not None:
+            _resolve(self.loop, self.future, exception=exception)
+
+
+def _resolve(
+    loop: asyncio.AbstractEventLoop,
+    future: asyncio.Future,
+    *,
+    result: Any = None,
+    exception: BaseException | None = None,
+) -> None:
+    """Settle ``future`` on its own loop, unless the caller already gave up on it (cancelled, loop closed)."""
+
+    def settle() -> None:
+        if future.done():
+            return
+        if exception is not None:
+            future.set_exception(exception)
+        else:
+            future.set_result(result)
+
+    if not loop.is_closed():
+        loop.call_soon_threadsafe(settle)

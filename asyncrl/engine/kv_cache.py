@@ -1,0 +1,56 @@
+"""A preallocated pool of KV slots: one slot per running request, each holding up to ``max_len`` positions.
+
+Layout per layer: ``[num_slots, num_kv_heads, max_len + 1, head_dim]``. A request keeps its slot from
+admission to finish, so joining, leaving, aborting or re-prefilling one request touches only its own slot and
+never rebuilds a batch cache. The extra last position is scratch: idle rows of a decode batch write there, so
+a decode step can span a range of slots with plain views instead of gathering the active ones.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    """Key and value pools for every layer, plus the writes and reads the model runner needs."""
+
+    def __init__(
+        self,
+        *,
+        num_layers: int,
+        num_slots: int,
+        max_len: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        shape = (num_slots, num_kv_heads, max_len + 1, head_dim)
+        self.max_len = max_len
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+
+    @property
+    def scratch_position(self) -> int:
+        return self.max_len
+
+    def write_rows(self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Decode write: row ``i`` of ``k``/``v`` ``[n, kv_heads, 1, head_dim]`` goes to slot ``i`` at ``positions[i]``."""
+        rows = torch.arange(k.shape[0], device=k.device)
+        self.keys[layer][rows, :, positions] = k[:, :, 0]
+        self.values[layer][rows, :, positions] = v[:, :, 0]
+
+    def write_chunk(self, layer: int, slot: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Prefill write: ``k``/``v`` ``[1, kv_heads, T, head_dim]`` go to ``slot`` at ``[start, start + T)``."""
+        end = start + k.shape[2]
+        self.keys[layer][slot, :, start:end] = k[0]
+        self.values[layer][slot, :, start:end] = v[0]
+
+    def move(self, src: int, dst: int, num_positions: int) -> None:
+        """Copy one request's KV to another slot (slot compaction); positions past ``num_positions`` are junk."""
+        for pool in (*self.keys, *self.values):
+            pool[dst, :, :num_positions] = pool[src, :, :num_positions]
+
+    def view(self, layer: int, slots: slice, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of ``slots`` over positions ``[0, length)``, as views (no copy)."""
+        return self.keys[layer][slots, :, :length], self.values[layer][slots, :, :length]

@@ -1,0 +1,167 @@
+"""The synchronous engine core: add requests, step, abort, pause / update weights / resume.
+
+One ``step()`` = schedule (admit + plan chunks) → run the model over the slot KV cache → sample the tokens
+that are due → finish what stopped. Every sampled token is tagged with ``self.version``, the policy version
+of the weights that produced it. Nothing here is thread-safe: ``AsyncEngine`` drives it from one thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from asyncrl.config.engine import EngineConfig
+from asyncrl.engine.model_runner import ModelRunner
+from asyncrl.engine.requests import check_request, sampling_params_from_dict
+from asyncrl.engine.sampler import sample
+from asyncrl.engine.scheduler import Scheduler
+from asyncrl.engine.sequence import Sequence
+from asyncrl.engine.weights import NamedTensors, copy_into, resolve_update
+from asyncrl.types import FinishReason, Generation, Request
+
+
+class LLMEngine:
+    """Continuous batching over one model replica (Qwen2 or Llama architecture, on the model's device)."""
+
+    def __init__(
+        self, model: torch.nn.Module, tokenizer: Any = None, config: EngineConfig | None = None
+    ) -> None:
+        self.config = config or EngineConfig()
+        self.model = model
+        self.tokenizer = tokenizer
+        model_len = self.config.max_model_len or model.config.max_position_embeddings
+        self.max_model_len = min(model_len, self.config.max_kv_tokens)
+        self.scheduler = Scheduler(
+            max_running_requests=self.config.max_running_requests,
+            max_kv_tokens=self.config.max_kv_tokens,
+            max_prefill_tokens_per_step=self.config.max_prefill_tokens_per_step,
+            max_model_len=self.max_model_len,
+        )
+        self.runner = ModelRunner(
+            model, num_slots=self.config.max_running_requests, max_len=self.max_model_len
+        )
+        self.eos_token_ids = eos_token_ids(model, tokenizer)
+        self.version = 0
+        self.paused = False
+        self.num_generated_tokens = 0
+        self.busy_seconds = 0.0
+        self._sequences: dict[str, Sequence] = {}
+
+    def add_request(self, request: Request) -> None:
+        """Queue a request; ``ValueError`` naming it if it is malformed or its id is already in flight."""
+        if isinstance(request.sampling, Mapping):
+            sampling = sampling_params_from_dict(request.sampling, request_id=request.request_id)
+            request = dataclasses.replace(request, sampling=sampling)
+        if request.request_id in self._sequences:
+            raise ValueError(f"request {request.request_id}: a request with this id is already in flight")
+        check_request(
+            request,
+            max_model_len=self.max_model_len,
+            vocab_size=self.model.config.vocab_size,
+            has_tokenizer=self.tokenizer is not None,
+        )
+        seq = Sequence.from_request(request, self.config.seed)
+        seq.timings["arrival"] = time.perf_counter()
+        self.scheduler.add(seq)
+        self._sequences[request.request_id] = seq
+
+    def step(self) -> list[Generation]:
+        """Advance every running request by one scheduled chunk; return the generations that finished."""
+        if self.paused or not self.scheduler.has_work:
+            return []
+        started = time.perf_counter()
+        moves, chunks = self.scheduler.schedule()
+        logits = self.runner.run(moves, chunks, self.scheduler.num_slots_in_use)
+        finished = self._append_tokens(self.scheduler.commit(chunks), logits)
+        self.busy_seconds += time.perf_counter() - started
+        return finished
+
+    def abort(self, request_id: str) -> Generation | None:
+        """End the request now; its partial generation (``finish_reason="abort"``), or None if not in flight."""
+        seq = self.scheduler.abort(request_id)
+        return None if seq is None else self._release(seq)
+
+    def pause(self) -> None:
+        """Stop stepping; requests stay queued or running with their KV until ``resume()``."""
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+
+    def update_weights(self, named_tensors: NamedTensors, version: int, *, partial: bool = False) -> None:
+        """Copy new weights into the model and tag later tokens with ``version`` (contract: engine/weights.py).
+
+        In-flight requests survive: with ``kv_on_update="recompute"`` their whole context is prefilled again
+        under the new weights before they continue; with ``"keep"`` they continue on their old KV.
+        """
+        copy_into(resolve_update(self.model, named_tensors, partial=partial))
+        self.version = version
+        if self.config.kv_on_update == "recompute":
+            self.scheduler.reset_kv()
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "running": len(self.scheduler.running),
+            "waiting": len(self.scheduler.waiting),
+            "kv_tokens_reserved": self.scheduler.kv_tokens_reserved,
+            "kv_tokens_cached": self.scheduler.kv_tokens_cached,
+            "kv_tokens_capacity": self.config.max_kv_tokens,
+            "num_generated_tokens": self.num_generated_tokens,
+            "busy_seconds": self.busy_seconds,
+            "version": self.version,
+            "paused": self.paused,
+        }
+
+    def _append_tokens(self, due: list[Sequence], logits: torch.Tensor) -> list[Generation]:
+        if not due:
+            return []
+        out = sample(logits, [seq.request.sampling for seq in due], [seq.rng.random() for seq in due])
+        self.num_generated_tokens += len(due)
+        now = time.perf_counter()
+        finished = []
+        for seq, token_id, logprob in zip(due, out.token_ids, out.logprobs, strict=True):
+            seq.append(token_id, logprob, self.version)
+            seq.timings.setdefault("ttft_s", now - seq.timings["arrival"])
+            reason = self._finish_reason(seq)
+            if reason is not None:
+                self.scheduler.finish(seq, reason)
+                finished.append(self._release(seq))
+        return finished
+
+    def _finish_reason(self, seq: Sequence) -> FinishReason | None:
+        params, token_id = seq.request.sampling, seq.token_ids[-1]
+        if token_id in params.stop_token_ids or (token_id in self.eos_token_ids and not params.ignore_eos):
+            return FinishReason.STOP
+        if params.stop_strings and any(s in self._decode(seq.output_token_ids) for s in params.stop_strings):
+            return FinishReason.STOP
+        if seq.num_output_tokens >= params.max_new_tokens or seq.num_tokens >= self.max_model_len:
+            return FinishReason.LENGTH
+        return None
+
+    def _release(self, seq: Sequence) -> Generation:
+        del self._sequences[seq.request_id]
+        seq.timings["latency_s"] = time.perf_counter() - seq.timings.pop("arrival")
+        text = (
+            None if self.tokenizer is None else self._decode(seq.output_token_ids, skip_special_tokens=True)
+        )
+        return seq.to_generation(text)
+
+    def _decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+
+def eos_token_ids(model: torch.nn.Module, tokenizer: Any = None) -> frozenset[int]:
+    """EOS ids from the generation config, else the model config, else the tokenizer (int or list)."""
+    generation_config = getattr(model, "generation_config", None)
+    for source in (generation_config, model.config, tokenizer):
+        value = getattr(source, "eos_token_id", None)
+        if value is not None:
+            return frozenset([value] if isinstance(value, int) else value)
+    return frozenset()

@@ -1,0 +1,80 @@
+"""Batched sampling with per-request parameters, and the log-prob of each sampled token.
+
+Which distribution the log-prob describes (the SamplingParams contract):
+- temperature > 0: the distribution actually sampled from — logits / temperature, restricted to the top-k
+  tokens (k = 0: all), then to the smallest set of most likely tokens whose mass reaches top_p (the token
+  that crosses top_p is kept), renormalised. With temperature 1, top_p 1, top_k 0 it is the model's own.
+- temperature = 0 (greedy): the argmax token, with its log-prob under the temperature-1 model distribution.
+
+Randomness comes from each request's own generator as one uniform per token (inverse-CDF sampling), so a
+request's draws do not depend on which other requests share its batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from asyncrl.types import SamplingParams
+
+
+@dataclass(frozen=True)
+class SampleOutput:
+    token_ids: list[int]
+    logprobs: list[float]
+
+
+def sample(logits: torch.Tensor, params: list[SamplingParams], uniforms: list[float]) -> SampleOutput:
+    """Sample one token per row of ``logits [rows, vocab]`` with that row's params and uniform in [0, 1).
+
+    A row's result depends only on its own logits, params and uniform: rows that truncate are sampled in
+    sorted order, the others in vocabulary order, whatever the rest of the batch needs.
+    """
+    logits = logits.float()
+    device = logits.device
+    temperature = torch.tensor([p.temperature for p in params], device=device)
+    greedy = temperature == 0
+    logprobs = torch.log_softmax(logits / torch.where(greedy, 1.0, temperature)[:, None], dim=-1)
+    u = torch.tensor(uniforms, device=device, dtype=torch.float32)
+    chosen, chosen_logprob = _draw(logprobs, u)
+    truncates = [p.top_k > 0 or p.top_p < 1 for p in params]
+    if any(truncates):
+        sorted_logprobs, order = _truncate(logprobs, params)
+        rank, rank_logprob = _draw(sorted_logprobs, u)
+        mask = torch.tensor(truncates, device=device)
+        chosen = torch.where(mask, order.gather(1, rank[:, None])[:, 0], chosen)
+        chosen_logprob = torch.where(mask, rank_logprob, chosen_logprob)
+    if bool(greedy.any()):
+        full = torch.log_softmax(logits, dim=-1)
+        argmax = full.argmax(dim=-1)
+        chosen = torch.where(greedy, argmax, chosen)
+        chosen_logprob = torch.where(greedy, full.gather(1, argmax[:, None])[:, 0], chosen_logprob)
+    return SampleOutput(chosen.tolist(), chosen_logprob.tolist())
+
+
+def _draw(logprobs: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse-CDF draw per row: the chosen column and its log-prob."""
+    chosen = _inverse_cdf(logprobs.exp(), u)
+    return chosen, logprobs.gather(1, chosen[:, None])[:, 0]
+
+
+def _truncate(logprobs: torch.Tensor, params: list[SamplingParams]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sort each row, drop tokens outside top-k / top-p, renormalise; returns (sorted log-probs, sort order)."""
+    device = logprobs.device
+    sorted_logprobs, order = logprobs.sort(dim=-1, descending=True)
+    vocab = logprobs.shape[-1]
+    ranks = torch.arange(vocab, device=device)[None, :]
+    top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=device)
+    top_p = torch.tensor([p.top_p for p in params], device=device)
+    mass_before = sorted_logprobs.exp().cumsum(dim=-1) - sorted_logprobs.exp()
+    drop = (ranks >= top_k[:, None]) | ((mass_before >= top_p[:, None]) & (ranks > 0))
+    kept = sorted_logprobs.masked_fill(drop, float("-inf"))
+    return torch.log_softmax(kept, dim=-1), order
+
+
+def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Index of the first token whose cumulative mass exceeds ``u`` (scaled by the row's total mass)."""
+    cdf = probs.cumsum(dim=-1)
+    chosen = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0]
+    return torch.where(chosen >= probs.shape[-1], probs.argmax(dim=-1), chosen)

@@ -1,0 +1,169 @@
+"""Which requests run at each engine step, and how many of their pending tokens each one feeds (no torch).
+
+Admission reserves KV up front: a request enters the running batch only when a slot is free
+(``max_running_requests``) and its worst-case length, ``min(prompt + max_new_tokens, max_model_len)``, fits in
+what is left of ``max_kv_tokens``. A running request therefore never runs out of KV and is never preempted;
+the price is that short outputs hold more budget than they use. Waiting requests are admitted strictly first
+come, first served, so a large request at the head of the queue is not starved by small ones behind it.
+
+Slots stay compact: when requests end and nothing waits to take their slots, the requests in the highest
+slots move down into the free ones (a one-off copy of their KV), so a decode step spans exactly as many slots
+as there are running requests, even in the long tail where a few long requests outlive all the others.
+
+Each step every running request in decode (one pending token) advances by one token, and requests still in
+prefill share ``max_prefill_tokens_per_step`` tokens in admission order (chunked prefill), so new prompts are
+prefilled between decode steps without stalling the running batch.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass
+
+from asyncrl.engine.sequence import Sequence, SequenceStatus
+from asyncrl.types import FinishReason
+
+
+@dataclass(frozen=True)
+class SlotMove:
+    """Copy the first ``num_positions`` KV positions of slot ``src`` to slot ``dst`` before this step runs."""
+
+    src: int
+    dst: int
+    num_positions: int
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """``num_tokens`` pending tokens of ``seq`` starting at position ``start``, fed to the model this step."""
+
+    seq: Sequence
+    start: int
+    num_tokens: int
+
+    @property
+    def completes(self) -> bool:
+        """True when the chunk reaches the end of the sequence, so its last logits yield the next token."""
+        return self.start + self.num_tokens == self.seq.num_tokens
+
+
+class Scheduler:
+    """Admission, the per-step token plan, abort and finishing over a waiting queue and a running list."""
+
+    def __init__(
+        self,
+        *,
+        max_running_requests: int,
+        max_kv_tokens: int,
+        max_prefill_tokens_per_step: int,
+        max_model_len: int,
+    ) -> None:
+        self.max_running_requests = max_running_requests
+        self.max_kv_tokens = max_kv_tokens
+        self.max_prefill_tokens_per_step = max_prefill_tokens_per_step
+        self.max_model_len = max_model_len
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.kv_tokens_reserved = 0
+        self._free_slots = list(range(max_running_requests))
+
+    def reservation(self, seq: Sequence) -> int:
+        """KV tokens held for ``seq`` while it runs: its longest possible length."""
+        return min(seq.num_prompt_tokens + seq.request.sampling.max_new_tokens, self.max_model_len)
+
+    def add(self, seq: Sequence) -> None:
+        if self.reservation(seq) > self.max_kv_tokens:
+            raise ValueError(
+                f"request {seq.request_id}: needs {self.reservation(seq)} KV tokens, more than "
+                f"engine.max_kv_tokens={self.max_kv_tokens}"
+            )
+        self.waiting.append(seq)
+
+    def schedule(self) -> tuple[list[SlotMove], list[Chunk]]:
+        """Admit what fits, compact the slots, then plan this step: one token per decoding request, prefill
+        chunks within budget."""
+        self._admit()
+        moves = self._compact()
+        chunks = []
+        prefill_budget = self.max_prefill_tokens_per_step
+        for seq in self.running:
+            assert seq.num_pending >= 1, f"request {seq.request_id} has no token to feed"
+            if seq.num_pending == 1:
+                chunks.append(Chunk(seq, seq.num_cached, 1))
+            elif prefill_budget > 0:
+                num_tokens = min(seq.num_pending, prefill_budget)
+                prefill_budget -= num_tokens
+                chunks.append(Chunk(seq, seq.num_cached, num_tokens))
+        return moves, chunks
+
+    def commit(self, chunks: list[Chunk]) -> list[Sequence]:
+        """Record that the chunks' KV is now cached; return the sequences that must sample a token."""
+        for chunk in chunks:
+            chunk.seq.num_cached = chunk.start + chunk.num_tokens
+        return [chunk.seq for chunk in chunks if chunk.completes]
+
+    def finish(self, seq: Sequence, reason: FinishReason) -> None:
+        """End a running or waiting sequence and give back its slot and KV reservation."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+            self._release(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+
+    def abort(self, request_id: str) -> Sequence | None:
+        """Finish the request with ``abort`` wherever it is; None if it is not here (unknown or already ended)."""
+        for seq in (*self.running, *self.waiting):
+            if seq.request_id == request_id:
+                self.finish(seq, FinishReason.ABORT)
+                return seq
+        return None
+
+    def reset_kv(self) -> None:
+        """Forget every running request's KV, so its whole context is prefilled again (weights changed)."""
+        for seq in self.running:
+            seq.num_cached = 0
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    @property
+    def kv_tokens_cached(self) -> int:
+        return sum(seq.num_cached for seq in self.running)
+
+    @property
+    def num_slots_in_use(self) -> int:
+        """One past the highest slot held: decode batches span slots ``[0, num_slots_in_use)``."""
+        return max((seq.slot for seq in self.running), default=-1) + 1
+
+    def _admit(self) -> None:
+        while self.waiting and self._free_slots:
+            head = self.waiting[0]
+            if self.kv_tokens_reserved + self.reservation(head) > self.max_kv_tokens:
+                return
+            self.waiting.popleft()
+            head.slot = heapq.heappop(self._free_slots)
+            head.status = SequenceStatus.RUNNING
+            self.kv_tokens_reserved += self.reservation(head)
+            self.running.append(head)
+
+    def _compact(self) -> list[SlotMove]:
+        """Move the requests in the highest slots into the lowest free ones until slots 0..n-1 are in use."""
+        moves = []
+        while self.running and self.num_slots_in_use > len(self.running):
+            seq = max(self.running, key=lambda s: s.slot)
+            dst = heapq.heappop(self._free_slots)
+            moves.append(SlotMove(seq.slot, dst, seq.num_cached))
+            heapq.heappush(self._free_slots, seq.slot)
+            seq.slot = dst
+        return moves
+
+    def _release(self, seq: Sequence) -> None:
+        assert seq.slot is not None, f"running request {seq.request_id} holds no slot"
+        heapq.heappush(self._free_slots, seq.slot)
+        self.kv_tokens_reserved -= self.reservation(seq)
+        seq.slot = None
+        seq.num_cached = 0

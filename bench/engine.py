@@ -1,0 +1,213 @@
+"""Benchmark: asyncrl's continuous-batching engine against Hugging Face ``generate`` in static batches.
+
+Both serve the same tiny random Qwen2 model (hidden 256, 4 layers, ~3.4 M parameters) and the same requests,
+side by side in one run. Output lengths are imposed with ``ignore_eos`` and per-request ``max_new_tokens``:
+a long-tailed workload (lognormal, clipped to [4, 512], as reasoning outputs are) and a uniform one.
+HF runs static batches of ``max_running_requests`` requests in arrival order, each until its longest member
+is done; only the tokens each request asked for count towards its throughput.
+
+    python bench/engine.py [--quick] [--out bench/results/engine.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+
+from asyncrl.config.engine import EngineConfig
+from asyncrl.engine import make_engine
+from asyncrl.types import Request, SamplingParams
+
+VOCAB = 4096
+MAX_OUTPUT = 512
+
+
+def tiny_model() -> transformers.Qwen2ForCausalLM:
+    torch.manual_seed(0)
+    config = transformers.Qwen2Config(
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=VOCAB,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+    )
+    return transformers.Qwen2ForCausalLM(config).eval()
+
+
+def workload(kind: str, num_requests: int, seed: int) -> list[tuple[list[int], int]]:
+    """(prompt, output length) pairs: prompts of 16-64 tokens; outputs long-tailed or all 64."""
+    rng = np.random.default_rng(seed)
+    prompts = [rng.integers(3, VOCAB, size=int(rng.integers(16, 65))).tolist() for _ in range(num_requests)]
+    if kind == "long_tail":
+        lengths = np.clip(rng.lognormal(mean=np.log(24), sigma=1.3, size=num_requests), 4, MAX_OUTPUT).astype(
+            int
+        )
+    else:
+        lengths = np.full(num_requests, 64)
+    return list(zip(prompts, lengths.tolist(), strict=True))
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    return {"p50": float(np.percentile(values, 50)), "p99": float(np.percentile(values, 99))}
+
+
+async def _serve_all(engine, requests: list[Request]):
+    return await asyncio.gather(*(engine.generate(r) for r in requests))
+
+
+def run_engine(model, work, batch_size: int) -> dict:
+    config = EngineConfig(
+        max_running_requests=batch_size,
+        max_kv_tokens=batch_size * (64 + MAX_OUTPUT),
+        max_prefill_tokens_per_step=512,
+        max_model_len=64 + MAX_OUTPUT,
+    )
+    engine = make_engine(model, None, config)
+    requests = [
+        Request(
+            request_id=str(i),
+            prompt_token_ids=prompt,
+            sampling=SamplingParams(max_new_tokens=n, ignore_eos=True, seed=i),
+        )
+        for i, (prompt, n) in enumerate(work)
+    ]
+    before = engine.stats()
+    start = time.perf_counter()
+    generations = asyncio.run(_serve_all(engine, requests))
+    seconds = time.perf_counter() - start
+    after = engine.stats()
+    engine.shutdown()
+    num_tokens = sum(g.num_tokens for g in generations)
+    assert num_tokens == sum(n for _, n in work), "the engine must produce exactly the imposed lengths"
+    return {
+        "seconds": seconds,
+        "tokens": num_tokens,
+        "tokens_per_s": num_tokens / seconds,
+        "ttft_s": percentiles([g.timings["ttft_s"] for g in generations]),
+        "idle_fraction": (after["idle_seconds"] - before["idle_seconds"])
+        / (after["uptime_s"] - before["uptime_s"]),
+        "step_time_fraction": (after["busy_seconds"] - before["busy_seconds"]) / seconds,
+    }
+
+
+class _FirstCall(transformers.LogitsProcessor):
+    """Records when generate() first asks for logits processing: the first token of the batch is ready."""
+
+    def __init__(self) -> None:
+        self.at: float | None = None
+
+    def __call__(self, input_ids, scores):
+        if self.at is None:
+            self.at = time.perf_counter()
+        return scores
+
+
+@torch.inference_mode()
+def run_hf(model, work, batch_size: int) -> dict:
+    start = time.perf_counter()
+    ttfts = []
+    for first in range(0, len(work), batch_size):
+        batch = work[first : first + batch_size]
+        width = max(len(p) for p, _ in batch)
+        ids = torch.tensor([[0] * (width - len(p)) + p for p, _ in batch])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in batch])
+        marker = _FirstCall()
+        model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=max(n for _, n in batch),
+            min_new_tokens=max(n for _, n in batch),
+            do_sample=True,
+            top_k=0,
+            eos_token_id=None,
+            pad_token_id=0,
+            logits_processor=transformers.LogitsProcessorList([marker]),
+        )
+        ttfts += [marker.at - start] * len(batch)
+    seconds = time.perf_counter() - start
+    num_tokens = sum(n for _, n in work)
+    return {
+        "seconds": seconds,
+        "tokens": num_tokens,
+        "tokens_per_s": num_tokens / seconds,
+        "ttft_s": percentiles(ttfts),
+    }
+
+
+def compare(model, kind: str, num_requests: int, batch_size: int) -> dict:
+    work = workload(kind, num_requests, seed=1)
+    lengths = [n for _, n in work]
+    engine = run_engine(model, work, batch_size)
+    hf = run_hf(model, work, batch_size)
+    return {
+        "num_requests": num_requests,
+        "output_len": {
+            "median": statistics.median(lengths),
+            "p99": float(np.percentile(lengths, 99)),
+            "max": max(lengths),
+            "total": sum(lengths),
+        },
+        "p99_over_median": float(np.percentile(lengths, 99)) / statistics.median(lengths),
+        "engine": engine,
+        "hf_generate": hf,
+        "throughput_ratio": engine["tokens_per_s"] / hf["tokens_per_s"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 32 requests, batch 8")
+    parser.add_argument("--out", default="bench/results/engine.json")
+    parser.add_argument(
+        "--threads", type=int, default=0, help="torch intra-op threads; 0 keeps torch's default"
+    )
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    num_requests, batch_size = (32, 8) if args.quick else (256, 64)
+    model = tiny_model()
+    results = {
+        "model": {
+            "arch": "qwen2",
+            "hidden": 256,
+            "layers": 4,
+            "params": sum(p.numel() for p in model.parameters()),
+        },
+        "batch_size": batch_size,
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+        },
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "quick": args.quick,
+    }
+    for kind in ("long_tail", "uniform"):
+        results[kind] = compare(model, kind, num_requests, batch_size)
+        print(
+            kind,
+            json.dumps({k: results[kind][k] for k in ("p99_over_median", "throughput_ratio")}),
+            flush=True,
+        )
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""Helpers shared by the engine tests: building requests, draining the core, reference log-probs."""
+
+from __future__ import annotations
+
+import torch
+import transformers
+
+from asyncrl.config.engine import EngineConfig
+from asyncrl.engine.llm_engine import LLMEngine
+from asyncrl.types import Generation, Request, SamplingParams
+
+VOCAB = 300
+
+
+def tiny_qwen2(seed: int = 0) -> transformers.Qwen2ForCausalLM:
+    torch.manual_seed(seed)
+    config = transformers.Qwen2Config(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=VOCAB,
+        max_position_embeddings=128,
+        tie_word_embeddings=True,
+        initializer_range=0.1,
+        eos_token_id=2,
+    )
+    return transformers.Qwen2ForCausalLM(config).eval()
+
+
+def tiny_llama(seed: int = 0) -> transformers.LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        vocab_size=VOCAB,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+        initializer_range=0.1,
+        eos_token_id=2,
+    )
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+class CharTokenizer:
+    """A fake tokenizer for stop strings: token t decodes to one letter."""
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str:
+        return "".join(chr(ord("a") + t % 26) for t in token_ids)
+
+
+def request(rid: str, prompt: list[int], **sampling) -> Request:
+    return Request(request_id=rid, prompt_token_ids=prompt, sampling=SamplingParams(**sampling))
+
+
+def engine(model, tokenizer=None, **config) -> LLMEngine:
+    defaults = {"max_running_requests": 4, "max_kv_tokens": 1024, "max_prefill_tokens_per_step": 16}
+    return LLMEngine(model, tokenizer, EngineConfig(**{**defaults, **config}))
+
+
+def drain(core: LLMEngine, max_steps: int = 10_000) -> dict[str, Generation]:
+    finished = {}
+    for _ in range(max_steps):
+        if not core.has_work():
+            return finished
+        finished.update({g.request_id: g for g in core.step()})
+    raise AssertionError("engine did not drain")
+
+
+@torch.inference_mode()
+def reference_logprobs(model, prompt: list[int], output: list[int], temperature: float = 1.0) -> list[float]:
+    """Log-probs of ``output`` after ``prompt`` under one full HF forward pass."""
+    logits = model(torch.tensor([prompt + output])).logits[0].float() / temperature
+    logprobs = torch.log_softmax(logits, dim=-1)
+    return [logprobs[len(prompt) - 1 + i, t].item() for i, t in enumerate(output)]
+
+
+@torch.inference_mode()
+def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
+    out = model.generate(
+        torch.tensor([prompt]),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    return out[0, len(prompt) :].tolist()
