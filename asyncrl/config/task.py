@@ -1,0 +1,74 @@
+"""Configuration of the task: which prompts RL trains and evaluates on, and how they are drawn.
+
+Key decision: one flat section whose ``type`` picks a built-in procedural task, a user dataset file, or a
+``reasoning-gym`` dataset; fields that a type does not use are ignored by it (each is documented with the
+types it applies to).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+TASK_TYPES = ("count", "copy", "reverse", "running_sum", "file", "reasoning_gym")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskConfig:
+    """The prompts of a run: a built-in long-tail task, a user dataset, or a reasoning-gym dataset."""
+
+    type: Literal["count", "copy", "reverse", "running_sum", "file", "reasoning_gym"] = "count"
+    """Built-in procedural tasks: count (count from a to b), copy / reverse (a word list), running_sum
+    (prefix sums of a digit list, then the total). file: a user JSONL/Parquet dataset. reasoning_gym: a
+    procedural dataset from the reasoning-gym package."""
+    seed: int = 0
+    """Seed of the procedural generators; the same seed always gives the same splits."""
+    num_train: int = 20000
+    """Prompts in the train split (procedural tasks and reasoning_gym)."""
+    num_eval: int = 256
+    """Prompts in the held-out eval split (procedural tasks and reasoning_gym)."""
+    median_items: float = 3.0
+    """Procedural tasks: median number of items (numbers to count, words, digits) of a prompt."""
+    length_sigma: float = 1.0
+    """Procedural tasks: sigma of the log-normal number of items; larger makes the length tail longer."""
+    max_items: int = 40
+    """Procedural tasks: items are clipped to [1, max_items]; bounds the longest response."""
+    eval_fraction: float = 0.1
+    """Procedural tasks: share of the prompt space reserved for the eval split (by a stable prompt hash),
+    which makes the splits disjoint by construction."""
+    train_path: str = ""
+    """file: JSONL (``.jsonl``) or Parquet (``.parquet``) file of training rows."""
+    eval_path: str = ""
+    """file: file of held-out rows; empty holds out ``eval_fraction`` of the train file's rows instead."""
+    prompt_field: str = "prompt"
+    """file: column holding the plain-text prompt (rows need it unless they have ``messages_field``)."""
+    answer_field: str = "answer"
+    """file: column holding the reference answer."""
+    messages_field: str = ""
+    """file: optional column holding chat messages (a list of {role, content}); empty: plain prompts only."""
+    answer_delimiter: str = ""
+    """file: the final answer is the text after the last occurrence of this marker; empty: the whole
+    response."""
+    dataset_name: str = "basic_arithmetic"
+    """reasoning_gym: name of the dataset (``reasoning_gym.create_dataset(name, ...)``)."""
+    dataset_kwargs: dict[str, int | float | str | bool] = field(default_factory=dict)
+    """reasoning_gym: extra keyword arguments of the dataset's config."""
+
+    def __post_init__(self) -> None:
+        if self.type not in TASK_TYPES:
+            raise ValueError(
+                f"task.type must be one of {', '.join(map(repr, TASK_TYPES))}, got {self.type!r}"
+            )
+        for name in ("num_train", "num_eval", "max_items"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"task.{name} must be >= 1, got {getattr(self, name)}")
+        if not 1.0 <= self.median_items <= self.max_items:
+            raise ValueError(f"task.median_items must be in [1, max_items], got {self.median_items}")
+        if self.length_sigma < 0:
+            raise ValueError(f"task.length_sigma must be >= 0, got {self.length_sigma}")
+        if not 0.0 < self.eval_fraction < 1.0:
+            raise ValueError(f"task.eval_fraction must be in (0, 1), got {self.eval_fraction}")
+        if self.type == "file" and not self.train_path:
+            raise ValueError("task.train_path must be set when task.type is 'file'")
+        if self.type == "file" and not (self.prompt_field or self.messages_field):
+            raise ValueError("task.prompt_field or task.messages_field must be set when task.type is 'file'")

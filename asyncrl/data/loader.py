@@ -1,0 +1,128 @@
+"""User datasets: JSONL and Parquet rows into ``TaskSample``s, with strict per-row validation.
+
+Key decision: a malformed row stops loading with a ``ValueError`` naming the file, the 1-based row number
+(the line number for JSONL) and the reason, instead of being skipped: a silently shrunken dataset is a
+worse surprise than an error at start-up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from asyncrl.tasks.base import TaskSample
+
+SUFFIXES = (".jsonl", ".parquet")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FieldSpec:
+    """Which columns of a row hold what, and how its answers are verified."""
+
+    prompt_field: str = "prompt"
+    """Column with the plain-text prompt; may be absent in a row that has ``messages_field``."""
+    answer_field: str = "answer"
+    """Column with the reference answer (a string or a number)."""
+    messages_field: str = ""
+    """Column with chat messages ({role, content}); empty: plain prompts only."""
+    answer_delimiter: str = ""
+    """The final answer follows the last occurrence of this marker in a response; empty: the whole response."""
+    reward: str = "exact_match"
+    """Reward that verifies the rows."""
+
+
+def read_rows(path: str | os.PathLike[str]) -> Iterator[tuple[int, Any]]:
+    """(1-based row number, row) for each row of a ``.jsonl`` or ``.parquet`` file; blank JSONL lines skipped."""
+    path = Path(path)
+    if path.suffix not in SUFFIXES:
+        raise ValueError(f"{path}: unsupported dataset file type {path.suffix!r}; expected one of {SUFFIXES}")
+    if not path.is_file():
+        raise ValueError(f"{path}: dataset file not found")
+    return _read_jsonl(path) if path.suffix == ".jsonl" else _read_parquet(path)
+
+
+def load_samples(path: str | os.PathLike[str], fields: FieldSpec, uid_prefix: str) -> list[TaskSample]:
+    """Every row of ``path`` as a sample with uid ``{uid_prefix}-{row}``; the first malformed row raises."""
+    samples = []
+    for row_number, row in read_rows(path):
+        try:
+            samples.append(row_to_sample(row, fields, uid=f"{uid_prefix}-{row_number:06d}"))
+        except ValueError as err:
+            raise ValueError(f"{path}: row {row_number}: {err}") from err
+    if not samples:
+        raise ValueError(f"{path}: the dataset has no rows")
+    return samples
+
+
+def row_to_sample(row: Any, fields: FieldSpec, *, uid: str) -> TaskSample:
+    """One validated row as a sample; ValueError with the reason when a field is missing or ill-typed."""
+    if not isinstance(row, Mapping):
+        raise ValueError(f"a row must be an object, got {type(row).__name__}")
+    messages = _messages(row, fields.messages_field)
+    prompt = _prompt(row, fields.prompt_field, messages)
+    return TaskSample(
+        uid=uid,
+        prompt=prompt,
+        answer=_answer(row, fields.answer_field),
+        messages=messages,
+        answer_delimiter=fields.answer_delimiter or None,
+        reward=fields.reward,
+        metadata={k: v for k, v in row.items() if k not in (fields.prompt_field, fields.messages_field)},
+    )
+
+
+def _read_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
+    with path.open(encoding="utf-8") as f:
+        for line_number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield line_number, json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}: row {line_number}: invalid JSON ({err.msg})") from err
+
+
+def _read_parquet(path: Path) -> Iterator[tuple[int, Any]]:
+    import pyarrow.parquet as pq  # heavy import, only when a Parquet file is actually read
+
+    yield from enumerate(pq.read_table(path).to_pylist(), start=1)
+
+
+def _messages(row: Mapping[str, Any], field: str) -> tuple[dict[str, str], ...] | None:
+    if not field or row.get(field) is None:
+        return None
+    messages = row[field]
+    if not isinstance(messages, list) or not messages:
+        raise ValueError(f"field {field!r} must be a non-empty list of messages, got {messages!r}")
+    for i, message in enumerate(messages):
+        ok = isinstance(message, Mapping) and all(
+            isinstance(message.get(k), str) for k in ("role", "content")
+        )
+        if not ok:
+            raise ValueError(f"field {field!r}[{i}] must be an object with string 'role' and 'content'")
+    return tuple({"role": m["role"], "content": m["content"]} for m in messages)
+
+
+def _prompt(row: Mapping[str, Any], field: str, messages: tuple[dict[str, str], ...] | None) -> str:
+    if messages is not None:
+        user_turns = [m["content"] for m in messages if m["role"] == "user"]
+        if not user_turns:
+            raise ValueError("chat messages must contain a 'user' message")
+        return row[field] if isinstance(row.get(field), str) and row[field] else user_turns[-1]
+    prompt = row.get(field)
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError(f"field {field!r} must be a non-empty string, got {prompt!r}")
+    return prompt
+
+
+def _answer(row: Mapping[str, Any], field: str) -> str:
+    answer = row.get(field)
+    if isinstance(answer, bool) or not isinstance(answer, str | int | float):
+        raise ValueError(f"field {field!r} must be a string or a number, got {answer!r}")
+    if isinstance(answer, str) and not answer.strip():
+        raise ValueError(f"field {field!r} must not be empty")
+    return str(answer)

@@ -1,0 +1,54 @@
+"""Built-in rewards: exact answer match, math equivalence (math-verify), format, and reasoning-gym scoring."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from asyncrl.rewards.registry import register_reward
+from asyncrl.tasks.base import TaskSample, extract_answer, normalize_answer
+
+
+@register_reward("exact_match")
+def exact_match(response_text: str, sample: TaskSample) -> float:
+    """1.0 when the response's final answer equals the reference (whitespace-normalised), else 0.0."""
+    return float(extract_answer(response_text, sample) == normalize_answer(sample.answer))
+
+
+@register_reward("format")
+def format_reward(response_text: str, sample: TaskSample) -> float:
+    """1.0 when the response is well formed: it fully matches the sample's ``format_regex``; without one, it
+    holds the answer delimiter (if any) followed by a non-empty answer, or is non-empty."""
+    if sample.format_regex is not None:
+        return float(re.fullmatch(sample.format_regex, response_text) is not None)
+    return float(extract_answer(response_text, sample) != "")
+
+
+@register_reward("math_equiv")
+def math_equiv(response_text: str, sample: TaskSample) -> tuple[float, dict[str, Any]]:
+    """1.0 when math-verify finds the response's final answer equivalent to the reference.
+
+    math-verify's own timeouts use ``signal.alarm``, which only works on the main thread, so they are turned
+    off here; the reward service enforces the timeout instead.
+    """
+    from math_verify import parse, verify  # heavy import (sympy), only when used
+
+    candidate = (
+        response_text.rpartition(sample.answer_delimiter)[2] if sample.answer_delimiter else response_text
+    )
+    gold = parse(sample.answer, parsing_timeout=None)
+    predicted = parse(candidate, parsing_timeout=None)
+    correct = verify(gold, predicted, timeout_seconds=None)
+    return float(correct), {"parsed": [str(p) for p in predicted]}
+
+
+@register_reward("reasoning_gym")
+def reasoning_gym_score(response_text: str, sample: TaskSample) -> float:
+    """The reasoning-gym dataset's own ``score_answer`` on the stripped response (entry from the metadata)."""
+    import reasoning_gym
+
+    entry = sample.metadata.get("entry")
+    if not isinstance(entry, dict):
+        raise ValueError(f"sample {sample.uid} has no reasoning-gym 'entry' in its metadata")
+    score_answer = reasoning_gym.get_score_answer_fn(entry["metadata"]["source_dataset"])
+    return float(score_answer(extract_answer(response_text, sample), entry))
