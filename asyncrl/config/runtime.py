@@ -1,0 +1,75 @@
+"""Configuration of the runtime: where the roles live (one process, or Ray actors) and their CPU shares.
+
+Key decision on colocation: ``sync`` alternates rollout and training behind a barrier, so there both roles are
+*colocated*: their actors reserve no Ray CPUs and each gets threads for every core (the trainer all of them,
+each engine its share), relying on the barrier so that they never compute at once. Async modes give rollout
+and training disjoint shares (``rollout_num_cpus`` / ``train_num_cpus``), so neither slows the other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+RUNTIME_TYPES = ("inline", "local", "cluster")
+COLOCATE_CHOICES = ("auto", "always", "never")
+_POSITIVE_FIELDS = (
+    "rollout_num_cpus",
+    "train_num_cpus",
+    "startup_timeout_s",
+    "control_timeout_s",
+    "generate_timeout_s",
+    "train_step_timeout_s",
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RuntimeConfig:
+    """Where the trainer and the engine replicas run, with which resources and how long calls may take."""
+
+    type: Literal["inline", "local", "cluster"] = "inline"
+    """inline: every part in this process (tests, debugging). local: one Ray actor per role on this machine,
+    Ray started in-process (no external service). cluster: the same actors on an existing Ray cluster at
+    ``address``."""
+    address: str = ""
+    """Address of the existing Ray cluster (``type: cluster`` only), e.g. ``ray://head:10001`` or ``auto``."""
+    rollout_num_cpus: float = 1.0
+    """CPUs of the rollout role, split evenly over the engine replicas: each engine actor reserves its share
+    as a Ray resource and runs torch with that many threads (at least 1)."""
+    train_num_cpus: float = 1.0
+    """CPUs of the trainer actor: its Ray resource and its torch threads (at least 1)."""
+    colocate: Literal["auto", "always", "never"] = "auto"
+    """auto: colocate rollout and training in ``sync`` mode only (module docstring); always / never force it."""
+    startup_timeout_s: float = 300.0
+    """Longest an actor may take to start and load its model."""
+    control_timeout_s: float = 120.0
+    """Longest an actor may take to answer a short call (pause, resume, abort, weight update, stats,
+    checkpoint); past it the call fails with a timeout naming the actor."""
+    generate_timeout_s: float = 3600.0
+    """Longest one generate call may stay on an engine actor before it is cancelled (request aborted there)
+    and fails with a timeout naming the engine: a hung but live actor never blocks the run forever."""
+    train_step_timeout_s: float = 3600.0
+    """Longest one train step may take on the trainer actor."""
+
+    def __post_init__(self) -> None:
+        if self.type not in RUNTIME_TYPES:
+            raise ValueError(
+                f"runtime.type must be one of {', '.join(map(repr, RUNTIME_TYPES))}, got {self.type!r}"
+            )
+        if (self.type == "cluster") != bool(self.address):
+            raise ValueError(
+                f"runtime.address is required for runtime.type 'cluster' and only then, got type {self.type!r} "
+                f"and address {self.address!r}"
+            )
+        if self.colocate not in COLOCATE_CHOICES:
+            raise ValueError(
+                f"runtime.colocate must be one of {', '.join(map(repr, COLOCATE_CHOICES))}, got {self.colocate!r}"
+            )
+        for name in _POSITIVE_FIELDS:
+            if getattr(self, name) <= 0:
+                raise ValueError(f"runtime.{name} must be > 0, got {getattr(self, name)}")
+
+    @property
+    def num_cpus(self) -> float:
+        """CPUs of the whole run: rollout plus training (a local Ray is started with this many)."""
+        return self.rollout_num_cpus + self.train_num_cpus

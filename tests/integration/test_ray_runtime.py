@@ -1,0 +1,302 @@
+"""The Ray runtime on this machine: engine and trainer actors, weight sync through the object store, failures.
+
+Actor processes take seconds to start (torch and transformers imports), so one Ray session (2 CPUs) and one
+``build_ray_parts`` (an engine on 1 CPU, the trainer on 1 CPU) serve the whole module. Each test pushes the
+weights it needs, so the order of the tests does not matter, except that the kill test comes last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import time
+
+import pytest
+import ray
+import torch
+
+from asyncrl.config.controller import ControllerConfig
+from asyncrl.config.engine import EngineConfig
+from asyncrl.config.model import ModelConfig
+from asyncrl.config.proxy import ProxyConfig
+from asyncrl.config.rollout import RolloutConfig
+from asyncrl.config.run import RunConfig
+from asyncrl.config.runtime import RuntimeConfig
+from asyncrl.config.trainer import TrainerConfig
+from asyncrl.engine import make_engine
+from asyncrl.models.corpus import sample_texts
+from asyncrl.models.loading import load_model_and_tokenizer, save_tiny
+from asyncrl.models.tiny import build_tiny
+from asyncrl.proxy.llm_proxy import LLMProxy
+from asyncrl.runtime.placement import Placement
+from asyncrl.runtime.ray_runtime import (
+    ActorCallError,
+    ActorCallTimeout,
+    RayEngineClient,
+    build_ray_parts,
+    ray_session,
+    wait_ready,
+)
+from asyncrl.trainer.logprobs import compute_token_logprobs
+from asyncrl.types import Generation, Group, Request, SamplingParams, Trajectory
+from asyncrl.weight_sync import pack_state, packed_handle, packed_payload, unpack_state
+
+pytestmark = pytest.mark.ray
+
+RUNTIME = RuntimeConfig(type="local", rollout_num_cpus=1, train_num_cpus=1, control_timeout_s=60)
+ENGINE = EngineConfig(max_running_requests=8, max_kv_tokens=4096)
+PROMPTS = [[5, 17, 42], [7, 7, 9, 100, 3], [250, 1, 64]]
+
+
+@pytest.fixture(scope="module")
+def session():
+    with ray_session(RUNTIME) as live:
+        yield live
+
+
+@pytest.fixture(scope="module")
+def model_config(tmp_path_factory) -> ModelConfig:
+    model, tokenizer = build_tiny(
+        sample_texts(200), vocab_size=300, hidden_size=64, num_heads=2, num_layers=2
+    )
+    path = save_tiny(model, tokenizer, tmp_path_factory.mktemp("ray-tiny"))
+    return ModelConfig(path=str(path), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def parts(session, model_config):
+    built = build_ray_parts(run_config(model_config), RUNTIME)
+    yield built
+    built.close()
+
+
+@pytest.fixture(scope="module")
+def engine(parts) -> RayEngineClient:
+    return parts.engines[0]
+
+
+def push(engine: RayEngineClient, state: dict[str, torch.Tensor]) -> int:
+    """Give ``engine`` these weights through the object store at its next version; return that version."""
+    version = engine.stats()["version"] + 1
+    asyncio.run(engine.update_weights(packed_payload(ray.put(pack_state(state, version))), version))
+    return version
+
+
+def greedy(index: int, max_new_tokens: int = 12) -> Request:
+    sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, ignore_eos=True)
+    return Request(request_id=f"r{index}", prompt_token_ids=PROMPTS[index], sampling=sampling)
+
+
+async def generate_all(engine, requests):
+    return await asyncio.gather(*(engine.generate(request) for request in requests))
+
+
+def in_process_generations(model_config, requests, state=None):
+    model, tokenizer = load_model_and_tokenizer(model_config.path, "float32", "cpu")
+    if state is not None:
+        model.load_state_dict(state, strict=False)
+    local = make_engine(model, tokenizer, ENGINE)
+    try:
+        return asyncio.run(generate_all(local, requests))
+    finally:
+        local.shutdown()
+
+
+def base_state(model_config, noise: float = 0.0, seed: int = 0) -> dict[str, torch.Tensor]:
+    """The saved model's weights, plus seeded Gaussian noise; tied: one matrix under both names."""
+    model, _ = load_model_and_tokenizer(model_config.path, "float32", "cpu")
+    gen = torch.Generator().manual_seed(seed)
+    state = {name: t + noise * torch.randn(t.shape, generator=gen) for name, t in model.state_dict().items()}
+    state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    return state
+
+
+def test_engine_actor_generates_exactly_what_an_in_process_engine_does(engine, model_config):
+    version = push(engine, base_state(model_config))
+    requests = [greedy(i) for i in range(len(PROMPTS))]
+    remote = asyncio.run(generate_all(engine, requests))
+    local = in_process_generations(model_config, requests)
+    for got, want in zip(remote, local, strict=True):
+        assert got.token_ids == want.token_ids
+        assert got.versions == [version] * 12
+        assert got.logprobs == pytest.approx(want.logprobs, abs=1e-4)
+
+
+def test_weight_update_through_the_object_store_changes_outputs_and_versions(engine, model_config):
+    requests = [greedy(i) for i in range(len(PROMPTS))]
+    push(engine, base_state(model_config))
+    before = asyncio.run(generate_all(engine, requests))
+    state = base_state(model_config, noise=0.5)
+    version = push(engine, state)
+    after = asyncio.run(generate_all(engine, requests))
+    expected = in_process_generations(model_config, requests, state)
+    assert [g.token_ids for g in after] == [g.token_ids for g in expected]
+    assert [g.token_ids for g in after] != [g.token_ids for g in before]
+    assert all(g.versions == [version] * 12 for g in after)
+
+    ref = ray.put(pack_state(state, version + 1))
+    with pytest.raises(
+        ValueError, match=f"packed weights are version {version + 1}, the update says {version + 2}"
+    ):
+        asyncio.run(engine.update_weights(packed_payload(ref), version + 2))
+    asyncio.run(engine.update_weights(base_state(model_config, 0.5, seed=1), version + 3))  # plain tensors
+    assert engine.stats()["version"] == version + 3
+
+
+def test_a_call_on_a_stuck_engine_times_out_naming_it_and_aborts_there(engine):
+    impatient = RayEngineClient(
+        engine.handle, "engine-0", dataclasses.replace(RUNTIME, generate_timeout_s=0.5)
+    )
+    asyncio.run(engine.pause())
+    try:
+        with pytest.raises(
+            ActorCallTimeout, match=r"engine engine-0: generate\(r0\): no answer within 0.5 s"
+        ):
+            asyncio.run(impatient.generate(greedy(0)))
+        deadline = time.monotonic() + 10
+        while engine.stats()["waiting"] + engine.stats()["running"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert engine.stats()["waiting"] + engine.stats()["running"] == 0
+    finally:
+        asyncio.run(engine.resume())
+
+
+def run_config(model_config: ModelConfig) -> RunConfig:
+    return RunConfig(
+        model=model_config,
+        engine=ENGINE,
+        rollout=RolloutConfig(num_engines=1),
+        controller=ControllerConfig(mode="async"),
+        trainer=TrainerConfig(lr=1e-2),
+    )
+
+
+def groups_from(generations, rewards, version: int) -> list[Group]:
+    trajectories = [
+        Trajectory(
+            prompt_uid="p",
+            sample_index=i,
+            token_ids=g.prompt_token_ids + g.token_ids,
+            loss_mask=[0] * len(g.prompt_token_ids) + [1] * g.num_tokens,
+            logprobs=[0.0] * len(g.prompt_token_ids) + g.logprobs,
+            versions=[-1] * len(g.prompt_token_ids) + g.versions,
+            start_version=version,
+            num_prompt_tokens=len(g.prompt_token_ids),
+            reward=reward,
+        )
+        for i, (g, reward) in enumerate(zip(generations, rewards, strict=True))
+    ]
+    return [Group(prompt_uid="p", trajectories=trajectories)]
+
+
+def trainer_logprobs(state, model_config, generation) -> list[float]:
+    model, _ = load_model_and_tokenizer(model_config.path, "float32", "cpu")
+    model.load_state_dict(state)
+    ids = torch.tensor([generation.prompt_token_ids + generation.token_ids])
+    mask = torch.ones_like(ids)
+    loss_mask = mask.clone().float()
+    loss_mask[0, : len(generation.prompt_token_ids)] = 0
+    with torch.no_grad():
+        logprobs = compute_token_logprobs(model, ids, mask, loss_mask, chunk_size=64).logprobs
+    return logprobs[0, len(generation.prompt_token_ids) :].tolist()
+
+
+def sampled(num: int) -> list[Request]:
+    return [
+        Request(
+            request_id=f"s{i}", prompt_token_ids=PROMPTS[0], sampling=SamplingParams(max_new_tokens=8, seed=i)
+        )
+        for i in range(num)
+    ]
+
+
+def test_trainer_step_then_sync_through_the_proxy_makes_engine_and_trainer_agree(
+    parts, model_config, tmp_path
+):
+    start = parts.trainer.version
+    initial = unpack_state(ray.get(packed_handle(parts.trainer.state_for_sync())))
+
+    async def rollout_train_sync() -> tuple[Generation, dict[str, float]]:
+        proxy = LLMProxy(parts.engines, ProxyConfig(), initial_version=start)
+        generations = await asyncio.gather(*(proxy.generate(r) for r in sampled(4)))
+        groups = groups_from(generations, [1.0, 0.0, 0.0, 1.0], start)
+        metrics = await asyncio.to_thread(parts.trainer.train_step, groups, start)
+        await proxy.model_update(parts.trainer.state_for_sync(), start + 1)
+        await proxy.update_applied(start + 1, timeout_s=60)
+        generation = await proxy.generate(greedy(1))
+        proxy.close()
+        return generation, metrics
+
+    generation, metrics = asyncio.run(rollout_train_sync())
+    assert (parts.trainer.version, metrics["version"]) == (start + 1, start + 1.0)
+    flat = ray.get(packed_handle(parts.trainer.state_for_sync()))
+    assert flat.version == start + 1
+    trained = unpack_state(flat)
+    name = "model.layers.0.mlp.up_proj.weight"
+    assert not torch.equal(trained[name], initial[name])
+    assert torch.equal(trained["lm_head.weight"], trained["model.embed_tokens.weight"])
+    assert generation.versions == [start + 1] * 12
+    assert generation.logprobs == pytest.approx(trainer_logprobs(trained, model_config, generation), abs=1e-4)
+
+
+def test_trainer_checkpoint_round_trip_through_the_actor(parts, tmp_path):
+    step, version = parts.trainer.step, parts.trainer.version
+    saved = unpack_state(ray.get(packed_handle(parts.trainer.state_for_sync())))
+    path = parts.trainer.save_checkpoint(tmp_path / "ckpt", extra={"consumed": 4})
+    assert path == tmp_path / "ckpt" / f"step_{step:08d}" and path.is_dir()
+    generation = asyncio.run(parts.engines[0].generate(sampled(1)[0]))
+    parts.trainer.train_step(groups_from([generation, generation], [1.0, 0.0], version), version)
+    assert (parts.trainer.step, parts.trainer.version) == (step + 1, version + 1)
+    assert parts.trainer.load_checkpoint(path) == {"consumed": 4}
+    assert (parts.trainer.step, parts.trainer.version) == (step, version)
+    restored = unpack_state(ray.get(packed_handle(parts.trainer.state_for_sync())))
+    assert all(torch.equal(restored[name], tensor) for name, tensor in saved.items())
+
+
+def test_actors_are_separate_processes_threaded_as_placed(parts):
+    assert parts.placement == Placement(
+        colocated=False,
+        engine_num_cpus=1.0,
+        engine_threads=1,
+        trainer_num_cpus=1.0,
+        trainer_threads=1,
+    )
+    (engine,) = wait_ready(parts.engines, RUNTIME)
+    trainer = ray.get(parts.trainer.handle.progress.remote())
+    assert len({engine["pid"], trainer["pid"], os.getpid()}) == 3
+    assert engine["num_threads"] == trainer["num_threads"] == 1
+
+
+def test_a_second_session_in_the_same_process_reuses_ray_and_leaves_it_running(session):
+    with ray_session(RUNTIME) as inner:
+        assert not inner.owns_ray
+    assert ray.is_initialized()
+
+
+def test_killing_an_engine_actor_mid_request_fails_the_request_naming_the_engine(engine):
+    """Last in the module: it ends the module's engine actor."""
+
+    async def scenario() -> None:
+        long = Request(
+            request_id="r-long",
+            prompt_token_ids=PROMPTS[0],
+            sampling=SamplingParams(max_new_tokens=2000, ignore_eos=True),
+        )
+        call = asyncio.create_task(engine.generate(long))
+        await asyncio.sleep(0.5)
+        engine.shutdown()
+        async with asyncio.timeout(30):
+            with pytest.raises(ActorCallError, match=r"engine engine-0: generate\(r-long\)"):
+                await call
+        with pytest.raises(ActorCallError, match="engine engine-0: pause"):
+            await engine.pause()
+
+    asyncio.run(scenario())
+
+
+def test_killing_the_trainer_actor_fails_its_next_call_naming_it(parts):
+    """Last in the module too: it ends the module's trainer actor."""
+    parts.trainer.shutdown()
+    with pytest.raises(ActorCallError, match=r"trainer: train_step\(v"):
+        parts.trainer.train_step([], parts.trainer.version)
