@@ -12,11 +12,12 @@ UPDATE_POLICIES = ("in_flight", "drain")
 class ProxyConfig:
     """How the proxy spreads requests over engine workers and moves them to new weights."""
 
-    update_policy: Literal["in_flight", "drain"] = "drain"
+    update_policy: Literal["in_flight", "drain"] | None = None
     """``drain``: each engine applies an update once its in-flight requests have finished, so every
     generation comes from exactly one version (``sync``, ``one_step_off``, ``async`` modes). ``in_flight``:
     suspend pauses every engine, the update lands mid-generation and in-flight requests continue under the new
-    weights with per-token versions (``partial_rollout`` mode)."""
+    weights with per-token versions (``partial_rollout`` mode). None: the policy ``controller.mode`` needs
+    (a proxy built outside a run drains)."""
     affinity_slack: int = 2
     """A request whose ``affinity_key`` is already served by an engine goes there if that engine has at most
     this many more in-flight requests than the least-loaded one; 0 keeps affinity only on ties."""
@@ -38,7 +39,7 @@ class ProxyConfig:
     policy); past it, the partial generation is returned with ``finish_reason="abort"``."""
 
     def __post_init__(self) -> None:
-        if self.update_policy not in UPDATE_POLICIES:
+        if self.update_policy is not None and self.update_policy not in UPDATE_POLICIES:
             raise ValueError(
                 f"proxy.update_policy must be one of {UPDATE_POLICIES}, got {self.update_policy!r}"
             )

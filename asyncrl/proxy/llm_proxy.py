@@ -101,6 +101,7 @@ class LLMProxy:
         if not engines:
             raise ValueError("LLMProxy needs at least one engine")
         self.config = config or ProxyConfig()
+        self.update_policy = self.config.update_policy or "drain"
         self._clock = clock
         now = clock()
         self._workers = [
@@ -302,7 +303,7 @@ class LLMProxy:
 
     def _continues(self, call: _Call, generation: Generation) -> bool:
         return (
-            self.config.update_policy == "in_flight"
+            self.update_policy == "in_flight"
             and not call.abort_requested
             and call.num_continuations < self.config.max_continuations
             and needs_continuation(generation, call.request)
@@ -323,7 +324,7 @@ class LLMProxy:
         self._check_open()
         self._suspended = True
         self._wakeup.notify()
-        if self.config.update_policy == "in_flight":
+        if self.update_policy == "in_flight":
             await self._on_reachable_engines(lambda worker: self._control(worker, "pause"))
 
     async def model_update(self, named_tensors: NamedTensors, version: int) -> None:
@@ -336,7 +337,7 @@ class LLMProxy:
         self._check_open()
         if version <= self._latest_version:
             raise ValueError(f"model_update: version must exceed {self._latest_version}, got {version}")
-        if self.config.update_policy == "drain":
+        if self.update_policy == "drain":
             self._latest_version = version
             self._schedule_drain(
                 PendingUpdate(named_tensors=snapshot_named_tensors(named_tensors), version=version)
@@ -353,7 +354,7 @@ class LLMProxy:
         """``in_flight`` policy: resume the engines; then release the held generate calls."""
         self._check_open()
         try:
-            if self.config.update_policy == "in_flight":
+            if self.update_policy == "in_flight":
                 await self._on_reachable_engines(lambda worker: self._control(worker, "resume"))
         finally:
             self._suspended = False

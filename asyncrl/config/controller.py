@@ -1,0 +1,70 @@
+"""Configuration of the training loop: which paradigm runs, for how long, and how it evaluates and saves."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+MODES = ("sync", "one_step_off", "async", "partial_rollout")
+
+UPDATE_POLICY_OF_MODE = {
+    "sync": "drain",
+    "one_step_off": "drain",
+    "async": "drain",
+    "partial_rollout": "in_flight",
+}
+"""How engines take new weights in each mode: ``drain`` keeps one version per trajectory, ``in_flight``
+updates mid-generation (see ``asyncrl.config.proxy``)."""
+
+ASYNC_RATIO_OF_MODE = {"sync": 0.0, "one_step_off": 1.0}
+"""Modes that fix the async ratio α; the others take ``buffer.async_ratio`` as given."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ControllerConfig:
+    """The training loop ``get_batch → train_step → suspend → model_update → resume``, parameterised by mode."""
+
+    mode: Literal["sync", "one_step_off", "async", "partial_rollout"] = "sync"
+    """sync: rollout and training alternate (α = 0). one_step_off: batch k+1 generates while batch k trains
+    (α = 1). async: rollout runs ahead up to α versions, one version per trajectory. partial_rollout: weights
+    change mid-generation, per-token versions recorded, staleness bounded by start version. See docs/modes.md."""
+    num_steps: int = 20
+    """Training steps (policy updates) to run."""
+    eval_prompts: int = 128
+    """Held-out prompts scored before and after training (0 disables the evaluation)."""
+    eval_temperature: float = 1.0
+    """Sampling temperature of the held-out evaluation (1: the policy's own distribution; 0: greedy)."""
+    wait_for_weight_sync: bool = True
+    """Wait until every engine runs the new weights before the next get_batch. Under the drain policy False
+    lets the trainer go on while engines finish in-flight requests on the old version."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(
+                f"controller.mode must be one of {', '.join(map(repr, MODES))}, got {self.mode!r}"
+            )
+        if self.num_steps < 1:
+            raise ValueError(f"controller.num_steps must be >= 1, got {self.num_steps}")
+        if self.eval_prompts < 0:
+            raise ValueError(f"controller.eval_prompts must be >= 0, got {self.eval_prompts}")
+        if self.eval_temperature < 0:
+            raise ValueError(f"controller.eval_temperature must be >= 0, got {self.eval_temperature}")
+
+
+def check_mode_async_ratio(mode: str, async_ratio: float) -> None:
+    """Raise ValueError when ``buffer.async_ratio`` contradicts a mode that fixes it."""
+    fixed_ratio = ASYNC_RATIO_OF_MODE.get(mode)
+    if fixed_ratio is not None and async_ratio != fixed_ratio:
+        raise ValueError(
+            f"controller.mode={mode!r} needs buffer.async_ratio={fixed_ratio:g}, got {async_ratio:g} "
+            "(use mode 'async' for other ratios)"
+        )
+
+
+def check_mode_update_policy(mode: str, update_policy: str | None) -> None:
+    """Raise ValueError when an explicit ``proxy.update_policy`` contradicts the mode (None follows the mode)."""
+    if update_policy is not None and update_policy != UPDATE_POLICY_OF_MODE[mode]:
+        raise ValueError(
+            f"controller.mode={mode!r} needs proxy.update_policy={UPDATE_POLICY_OF_MODE[mode]!r} (or null), "
+            f"got {update_policy!r}"
+        )

@@ -1,0 +1,185 @@
+"""The training loop. Every paradigm is this one loop; they differ only in where the barriers are.
+
+::
+
+    RLVRProducer ──put──► SampleBuffer ──get_batch(version)──► Controller ──train_step──► Trainer
+         ▲   (admission: α bound)                                    │
+         │                                                           ▼
+         └──── LLMProxy ◄── suspend → model_update(weights, v+1) → resume
+
+Back-pressure:
+
+================  ==========================================  ===========================================
+loop              waits for                                   unblocked by
+================  ==========================================  ===========================================
+controller        a fresh batch (``get_batch``, timeout)       producers' ``put``
+                  the trainer thread (``train_step``)          the step finishing
+                  engines at v+1 (``wait_for_weight_sync``)    drains landing (drain policy) / at once
+producer          admission (``acquire_admission``)            the version advancing, drops
+request           the proxy gate while suspended               ``resume``
+================  ==========================================  ===========================================
+
+Where the modes differ:
+- ``sync`` (α = 0): admission closes once a batch is admitted, so rollout idles while training — the barrier.
+- ``one_step_off`` (α = 1) and ``async`` (α): admission stays open up to α versions ahead, so rollout keeps
+  generating while the trainer trains; the drain policy keeps one version per trajectory.
+- ``partial_rollout``: the in-flight policy moves running requests onto the new weights mid-generation.
+
+Invariants (tests/unit/controller, tests/integration): freshness (every trained sample started at version
+>= n - ⌊α⌋, from the buffer), conservation (every admitted prompt trained or dropped with a reason, counted
+by the buffer and the producer), and one version per trajectory under the drain policy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from asyncrl.buffer import staleness
+from asyncrl.buffer.sample_buffer import SampleBuffer
+from asyncrl.config.controller import ControllerConfig
+from asyncrl.metrics.tracker import length_stats
+from asyncrl.rollout.prompt_source import PromptSource
+from asyncrl.rollout.rlvr_producer import RLVRProducer
+from asyncrl.types import Group, TrajectoryStatus
+
+
+class TrainerClient(Protocol):
+    """The trainer as the controller sees it: awaitable, so it may live in a thread, an actor or a simulator."""
+
+    async def train_step(self, groups: Sequence[Group], policy_version: int) -> dict[str, float]: ...
+
+    async def state_for_sync(self) -> Any:
+        """A snapshot of the weights for ``model_update`` (named tensors, or a packed object reference)."""
+        ...
+
+
+class WeightReceiver(Protocol):
+    async def suspend(self) -> None: ...
+
+    async def model_update(self, named_tensors: Any, version: int) -> None: ...
+
+    async def resume(self) -> None: ...
+
+    async def update_applied(self, version: int, timeout_s: float | None = None) -> None: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+
+@dataclass
+class StepRecord:
+    """What one step trained and how long each phase took (the controller's metrics come from these)."""
+
+    step: int
+    version: int
+    groups: list[Group]
+    train_metrics: dict[str, float]
+    wait_s: float
+    train_s: float
+    sync_s: float
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class Controller:
+    """Runs ``get_batch → train_step → suspend → model_update → resume`` for ``num_steps`` steps."""
+
+    def __init__(
+        self,
+        *,
+        config: ControllerConfig,
+        buffer: SampleBuffer,
+        producer: RLVRProducer,
+        source: PromptSource,
+        trainer: TrainerClient,
+        proxy: WeightReceiver,
+        on_step: Callable[[StepRecord], None] = lambda record: None,
+        start_version: int = 0,
+    ) -> None:
+        self.config = config
+        self.buffer = buffer
+        self.producer = producer
+        self.source = source
+        self.trainer = trainer
+        self.proxy = proxy
+        self.on_step = on_step
+        self.version = start_version
+        self._producer_task: asyncio.Task[None] | None = None
+
+    async def run(self, num_steps: int) -> None:
+        """Train ``num_steps`` steps; the producer runs alongside and is stopped (buffer closed) at the end."""
+        self._producer_task = asyncio.create_task(self.producer.run())
+        try:
+            for _ in range(num_steps):
+                await self._step()
+        finally:
+            self.buffer.close("training finished")
+            await self._producer_task
+
+    async def _step(self) -> None:
+        started = time.perf_counter()
+        groups = await self._get_batch()
+        got_batch = time.perf_counter()
+        trained_version = self.version
+        metrics = await self.trainer.train_step(groups, trained_version)
+        trained = time.perf_counter()
+        for group in groups:
+            self.source.finish(group.prompt_uid)
+        await self._sync_weights()
+        record = StepRecord(
+            step=trained_version + 1,
+            version=trained_version,
+            groups=groups,
+            train_metrics=metrics,
+            wait_s=got_batch - started,
+            train_s=trained - got_batch,
+            sync_s=time.perf_counter() - trained,
+        )
+        self.on_step(record)
+
+    async def _get_batch(self) -> list[Group]:
+        """The next batch; a producer that crashed surfaces here instead of leaving the trainer waiting."""
+        assert self._producer_task is not None
+        batch = asyncio.ensure_future(self.buffer.get_batch(self.version))
+        done, _ = await asyncio.wait([batch, self._producer_task], return_when=asyncio.FIRST_COMPLETED)
+        if batch not in done:
+            batch.cancel()
+            self._producer_task.result()  # re-raises the producer's error, if it had one
+            raise RuntimeError("the rollout producer stopped before the batch was complete")
+        return batch.result()
+
+    async def _sync_weights(self) -> None:
+        """suspend → version+1 (stale work aborted) → model_update → resume."""
+        await self.proxy.suspend()
+        self.version += 1
+        self.buffer.on_trainer_version(self.version)
+        await self.producer.abort_stale()
+        await self.proxy.model_update(await self.trainer.state_for_sync(), self.version)
+        await self.proxy.resume()
+        if self.config.wait_for_weight_sync:
+            await self.proxy.update_applied(self.version)
+
+
+def staleness_metrics(groups: Sequence[Group], trainer_version: int) -> dict[str, float]:
+    """How many trained samples were started 0, 1, 2, ... versions before the trainer's version."""
+    starts = [t.start_version for g in groups for t in g.trajectories]
+    histogram = staleness.staleness_histogram(starts, trainer_version)
+    return {f"staleness/age_{age}": float(n) for age, n in histogram.items()} | {
+        "staleness/max": float(max(histogram, default=0))
+    }
+
+
+def rollout_metrics(groups: Sequence[Group], trainer_version: int) -> dict[str, float]:
+    """Reward, response length and staleness statistics of one trained batch."""
+    samples = [t for g in groups for t in g.trajectories]
+    rewards = [t.reward for t in samples]
+    metrics = {
+        "reward/mean": sum(rewards) / len(rewards),
+        "samples": float(len(samples)),
+        "tokens/response": float(sum(t.num_response_tokens for t in samples)),
+        "truncated_fraction": sum(t.status is TrajectoryStatus.TRUNCATED for t in samples) / len(samples),
+    }
+    metrics |= length_stats("response_length", [t.num_response_tokens for t in samples])
+    return metrics | staleness_metrics(groups, trainer_version)

@@ -1,0 +1,1 @@
+"""Rollout: where prompts come from and how they become scored groups."""

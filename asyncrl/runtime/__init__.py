@@ -1,0 +1,1 @@
+"""Where the parts live: ``inline`` (one process) or Ray actors (``local``/``cluster``); the only package importing ray."""

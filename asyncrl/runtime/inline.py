@@ -1,0 +1,173 @@
+"""The inline runtime: every part in one process — engines on their own threads, the trainer on another.
+
+Key decision: the trainer and each engine hold their own copy of the model, exactly as they would in separate
+processes, so weights reach the engines only through ``model_update`` (the seam every runtime shares) and a
+test of this runtime exercises the real weight-sync path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from asyncrl.buffer.sample_buffer import SampleBuffer
+from asyncrl.config.controller import UPDATE_POLICY_OF_MODE
+from asyncrl.config.run import RunConfig
+from asyncrl.controller.controller import Controller
+from asyncrl.engine import make_engine
+from asyncrl.models.loading import load_model_and_tokenizer
+from asyncrl.proxy.llm_proxy import LLMProxy
+from asyncrl.rewards.service import RewardService
+from asyncrl.rollout.prompt_source import PromptSource
+from asyncrl.rollout.rlvr_producer import RLVRProducer
+from asyncrl.tasks.base import Task
+from asyncrl.tasks.registry import make_task
+from asyncrl.trainer.checkpoint import load_checkpoint, save_checkpoint
+from asyncrl.trainer.trainer import Trainer
+from asyncrl.types import Group
+
+
+class LocalTrainer:
+    """The in-process trainer behind the same facade as the Ray trainer client (blocking calls; the controller
+    runs them in a worker thread through ``AwaitableTrainer``)."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+
+    @property
+    def step(self) -> int:
+        return self.trainer.step
+
+    @property
+    def version(self) -> int:
+        return self.trainer.version
+
+    def train_step(self, groups: Sequence[Group], policy_version: int) -> dict[str, float]:
+        return self.trainer.train_step(groups, policy_version)
+
+    def state_for_sync(self) -> dict[str, Any]:
+        return self.trainer.state_for_sync()
+
+    def save_checkpoint(self, root: str | Path, *, extra: dict[str, Any], keep_last: int | None) -> Path:
+        return save_checkpoint(root, self.trainer, extra=extra, keep_last=keep_last)
+
+    def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
+        return load_checkpoint(path, self.trainer)
+
+    def shutdown(self) -> None:
+        """Nothing to stop: the trainer lives in this process."""
+
+
+class AwaitableTrainer:
+    """Adapts a blocking trainer facade (local or Ray) to the controller's awaitable ``TrainerClient`` seam:
+    steps run in a worker thread so the event loop (producers, proxy) keeps running meanwhile."""
+
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer
+
+    async def train_step(self, groups: Sequence[Group], policy_version: int) -> dict[str, float]:
+        return await asyncio.to_thread(self.trainer.train_step, groups, policy_version)
+
+    async def state_for_sync(self) -> Any:
+        return await asyncio.to_thread(self.trainer.state_for_sync)
+
+
+@dataclass
+class InlineParts:
+    """The long-lived parts of a run (built once, reused by every controller run and evaluation)."""
+
+    config: RunConfig
+    task: Task
+    tokenizer: Any
+    trainer: LocalTrainer
+    engines: list[Any]
+    rewards: RewardService
+
+    def close(self) -> None:
+        for engine in self.engines:
+            engine.shutdown()
+        self.rewards.close()
+
+
+class Parts(Protocol):
+    """What a runtime builds (``InlineParts`` here, ``RayParts`` in ``ray_runtime``): the controller and the
+    training driver see only this."""
+
+    config: RunConfig
+    task: Task
+    tokenizer: Any
+    trainer: Any
+    engines: list[Any]
+    rewards: RewardService
+
+    def close(self) -> None: ...
+
+
+def build_parts(config: RunConfig) -> InlineParts:
+    """Load the model once, then give the trainer and every engine its own copy."""
+    model, tokenizer = load_model_and_tokenizer(config.model.path, config.model.dtype, config.model.device)
+    ref_model = copy.deepcopy(model) if config.loss.needs_reference else None
+    engines = [
+        make_engine(copy.deepcopy(model), tokenizer, config.engine) for _ in range(config.rollout.num_engines)
+    ]
+    trainer = Trainer(
+        model,
+        config.trainer,
+        config.loss,
+        config.advantage,
+        ref_model,
+        pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
+    )
+    return InlineParts(
+        config=config,
+        task=make_task(config.task),
+        tokenizer=tokenizer,
+        trainer=LocalTrainer(trainer),
+        engines=engines,
+        rewards=RewardService.from_config(config.reward),
+    )
+
+
+def make_proxy(parts: Parts) -> LLMProxy:
+    """A proxy over the engines, with the weight-update policy the mode needs. Engines start from the loaded
+    model, version 0; a resumed trainer's weights reach them through the first ``model_update``."""
+    policy = parts.config.proxy.update_policy or UPDATE_POLICY_OF_MODE[parts.config.controller.mode]
+    proxy_config = replace(parts.config.proxy, update_policy=policy)
+    return LLMProxy(parts.engines, proxy_config, initial_version=0)
+
+
+def make_controller(
+    parts: Parts, proxy: LLMProxy, source: PromptSource, on_step: Any = lambda record: None
+) -> Controller:
+    """The buffer, producer and controller of one training run over already-built parts."""
+    cfg = parts.config
+    buffer = SampleBuffer(
+        cfg.buffer,
+        groups_per_batch=cfg.rollout.rollout_batch_size,
+        group_size=cfg.rollout.num_return_sequences,
+        max_redundant_groups=cfg.rollout.max_additional_running_prompts,
+    )
+    buffer.on_trainer_version(parts.trainer.version)
+    producer = RLVRProducer(
+        source=source,
+        proxy=proxy,
+        rewards=parts.rewards,
+        buffer=buffer,
+        tokenizer=parts.tokenizer,
+        config=cfg.rollout,
+        seed=cfg.seed,
+    )
+    return Controller(
+        config=cfg.controller,
+        buffer=buffer,
+        producer=producer,
+        source=source,
+        trainer=AwaitableTrainer(parts.trainer),
+        proxy=proxy,
+        on_step=on_step,
+        start_version=parts.trainer.version,
+    )
