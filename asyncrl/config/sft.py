@@ -1,0 +1,73 @@
+"""Configuration of the supervised warm start (``asyncrl sft``): task, tiny model shape, budget, evaluation.
+
+Key decision: the budget is deliberately small. The warm start must leave RL something to do: the shipped
+checkpoint should solve roughly 10-60 % of held-out prompts when sampling at temperature 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from asyncrl.config.task import TaskConfig
+
+
+@dataclass(frozen=True, kw_only=True)
+class SFTConfig:
+    """Tokenizer, tiny model and training budget of a warm start on task demonstrations."""
+
+    task: TaskConfig = field(default_factory=TaskConfig)
+    """The task whose demonstrations (prompt + correct response + EOS) are trained on."""
+    output_dir: str = "asyncrl/assets/tiny-count"
+    """Where the checkpoint (safetensors, config, tokenizer) and its README are written."""
+    seed: int = 0
+    """Seed of model initialisation, data order and evaluation sampling."""
+    vocab_size: int = 384
+    """Target vocabulary of the byte-level BPE trained on the built-in tasks' texts."""
+    hidden_size: int = 128
+    """Model width."""
+    num_layers: int = 4
+    """Transformer blocks."""
+    num_heads: int = 4
+    """Attention heads (hidden_size must be divisible by it)."""
+    max_steps: int = 500
+    """Optimizer steps of training (the budget that sets how good the warm start gets)."""
+    max_minutes: float = 30.0
+    """Wall-clock cap on training, in minutes; training stops at whichever of the two comes first."""
+    batch_size: int = 32
+    """Demonstrations per optimizer step."""
+    lr: float = 2e-3
+    """Peak AdamW learning rate."""
+    warmup_steps: int = 50
+    """Linear warm-up steps; the rate then decays along a half cosine to 10 % at max_steps."""
+    weight_decay: float = 0.01
+    """AdamW weight decay on matrices."""
+    label_smoothing: float = 0.0
+    """Share of each target's probability spread over the vocabulary. A converged model then puts about
+    1 - label_smoothing on the right token at every step: its argmax is right but temperature-1 samples of
+    long responses often slip, which is exactly the headroom RL sharpening removes."""
+    log_every: int = 50
+    """Print the training loss every this many steps."""
+    eval_prompts: int = 128
+    """Held-out prompts sampled after training to measure mean reward and pass@k; 0 skips evaluation."""
+    eval_samples_per_prompt: int = 8
+    """Samples per held-out prompt (k of pass@k); mean reward averages over all of them."""
+    max_new_tokens: int = 192
+    """Generation limit of evaluation samples."""
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "max_steps", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"sft.{name} must be >= 1, got {getattr(self, name)}")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"sft.hidden_size ({self.hidden_size}) must be divisible by sft.num_heads")
+        if self.max_minutes <= 0 or self.lr <= 0:
+            raise ValueError("sft.max_minutes and sft.lr must be > 0")
+        for name in ("warmup_steps", "eval_prompts", "log_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"sft.{name} must be >= 0, got {getattr(self, name)}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"sft.label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        if self.eval_samples_per_prompt < 1 or self.max_new_tokens < 1:
+            raise ValueError("sft.eval_samples_per_prompt and sft.max_new_tokens must be >= 1")
+        if not self.output_dir:
+            raise ValueError("sft.output_dir must not be empty")
