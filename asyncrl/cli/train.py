@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from asyncrl.cli.args import add_config_arguments, run_config_from_args
+
+DEFAULT_EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "default.yaml"
+"""The config ``asyncrl train`` runs when given no arguments (shipped inside the package)."""
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "train",
         help="train a policy with RL",
-        description="Train with RL. With no arguments, runs the default example: the shipped tiny model on "
+        description="Train with RL. Without a config file, runs the default example (overrides apply to it): the shipped tiny model on "
         "the built-in long-tail counting task, evaluated on held-out prompts before and after. Metrics go to "
         "OUTPUT_DIR/metrics.jsonl, checkpoints to OUTPUT_DIR/checkpoints; resume with resume=PATH.",
     )
@@ -23,6 +27,9 @@ def run(args: argparse.Namespace) -> int:
 
     from asyncrl.controller.training import train
 
+    if not args.config_args or "=" in args.config_args[0]:  # no config file: overrides apply to the default
+        args.config_args = [str(DEFAULT_EXAMPLE), *args.config_args]
+        print(f"running the default example {DEFAULT_EXAMPLE}", flush=True)
     config = run_config_from_args(args)
     summary = asyncio.run(train(config))
     print(format_summary(summary))
@@ -33,9 +40,17 @@ def format_summary(summary) -> str:
     """The closing lines of a run: held-out reward before → after, and throughput."""
     before = summary.eval_before.get("eval/reward_mean")
     after = summary.eval_after.get("eval/reward_mean")
-    lines = [f"mode {summary.mode}: {summary.steps} steps, {summary.trained_samples} samples trained "
-             f"in {summary.train_wall_s:.1f}s ({summary.trained_samples / max(summary.train_wall_s, 1e-9):.1f} "
-             f"samples/s); total {summary.wall_s:.1f}s"]
+    lines = [
+        f"mode {summary.mode}: {summary.steps} steps, {summary.trained_samples} samples trained "
+        f"in {summary.train_wall_s:.1f}s ({summary.trained_samples / max(summary.train_wall_s, 1e-9):.1f} "
+        f"samples/s); total {summary.wall_s:.1f}s"
+    ]
+    if summary.mode != "sync":
+        lines.append(
+            f"a sync run of the same work, phases back to back at the measured speeds: ~{summary.sync_estimate_s:.1f}s "
+            f"(~{summary.sync_estimate_s / max(summary.train_wall_s, 1e-9):.2f}x this run's {summary.train_wall_s:.1f}s; "
+            "an estimate, see docs/modes.md)"
+        )
     if before is not None and after is not None:
         lines.append(f"held-out reward: {before:.3f} -> {after:.3f} ({after - before:+.3f})")
     lines.append(f"metrics: {summary.metrics_path}\ncheckpoint: {summary.checkpoint}")

@@ -36,8 +36,6 @@ class RunConfig:
     """A checkpoint directory to continue from (model, optimizer, step, data position); empty starts fresh."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The policy model."""
-    model: ModelConfig = field(default_factory=ModelConfig)
-    """The policy model."""
     engine: EngineConfig = field(default_factory=EngineConfig)
     """The built-in rollout engine (each replica)."""
     proxy: ProxyConfig = field(default_factory=ProxyConfig)

@@ -33,7 +33,6 @@ by the buffer and the producer), and one version per trajectory under the drain 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -119,12 +118,15 @@ class Controller:
             await self._producer_task
 
     async def _step(self) -> None:
-        started = time.perf_counter()
+        clock = (
+            asyncio.get_running_loop().time
+        )  # loop time, so phases are measured on a simulator's clock too
+        started = clock()
         groups = await self._get_batch()
-        got_batch = time.perf_counter()
+        got_batch = clock()
         trained_version = self.version
         metrics = await self.trainer.train_step(groups, trained_version)
-        trained = time.perf_counter()
+        trained = clock()
         for group in groups:
             self.source.finish(group.prompt_uid)
         await self._sync_weights()
@@ -135,7 +137,7 @@ class Controller:
             train_metrics=metrics,
             wait_s=got_batch - started,
             train_s=trained - got_batch,
-            sync_s=time.perf_counter() - trained,
+            sync_s=clock() - trained,
         )
         self.on_step(record)
 

@@ -35,6 +35,10 @@ class TrainingSummary:
     wall_s: float
     train_wall_s: float
     trained_samples: int
+    sync_estimate_s: float
+    """What a synchronous run of the same work would take if its phases had run back to back at the measured
+    speeds: engine busy time + training + weight sync. An estimate: where rollout and training share cores,
+    overlapped phases each ran slower than alone, so it overstates; bench/async_vs_sync.py measures side by side."""
     eval_before: dict[str, float]
     eval_after: dict[str, float]
     checkpoint: str
@@ -88,12 +92,21 @@ async def _train(parts: Parts, out: Path, started: float, console: TextIO | None
     before = await _evaluate(parts, proxy, "before")
     _say(console, f"held-out reward before: {before.get('eval/reward_mean', float('nan')):.3f}")
     remaining = config.controller.num_steps - parts.trainer.step
-    tracker = MetricsTracker(out / "metrics.jsonl", total_steps=config.controller.num_steps, console=console)
+    tracker = MetricsTracker(
+        out / "metrics.jsonl",
+        total_steps=config.controller.num_steps,
+        append=bool(config.resume),
+        console=console,
+    )
     samples = [0]
+    phase_s = {"train": 0.0, "sync": 0.0}
+    busy_at_start = _engine_busy_s(proxy.stats())
     train_started = time.perf_counter()
 
     def on_step(record: StepRecord) -> None:
         samples[0] += sum(len(g) for g in record.groups)
+        phase_s["train"] += record.train_s
+        phase_s["sync"] += record.sync_s
         tracker.log(parts.trainer.step, step_metrics(record, proxy.stats(), train_started))
         if checkpoint_due(parts.trainer.step, config.trainer.checkpoint_every):
             _save(parts, source, out)
@@ -104,6 +117,7 @@ async def _train(parts: Parts, out: Path, started: float, console: TextIO | None
     finally:
         tracker.close()
     train_wall = time.perf_counter() - train_started
+    generation_busy = _engine_busy_s(proxy.stats()) - busy_at_start
     checkpoint = _save(parts, source, out)
     after = await _evaluate(parts, proxy, "after")
     proxy.close()
@@ -113,6 +127,7 @@ async def _train(parts: Parts, out: Path, started: float, console: TextIO | None
         wall_s=time.perf_counter() - started,
         train_wall_s=train_wall,
         trained_samples=samples[0],
+        sync_estimate_s=generation_busy + phase_s["train"] + phase_s["sync"],
         eval_before=before,
         eval_after=after,
         checkpoint=str(checkpoint),
@@ -120,6 +135,11 @@ async def _train(parts: Parts, out: Path, started: float, console: TextIO | None
     )
     (out / "summary.json").write_text(json.dumps(asdict(summary), indent=1))
     return summary
+
+
+def _engine_busy_s(proxy_stats: dict) -> float:
+    """Wall time during which any engine was generating, approximated by the busiest engine's busy time."""
+    return max((engine["busy_seconds"] for engine in proxy_stats["engines"]), default=0.0)
 
 
 def step_metrics(record: StepRecord, proxy_stats: dict, train_started: float) -> dict[str, float]:

@@ -19,10 +19,14 @@ CONSOLE_KEYS = ("reward/mean", "response_length/mean", "samples_per_s", "time/st
 class MetricsTracker:
     """Appends per-step metrics to a JSONL file and echoes a short progress line."""
 
-    def __init__(self, path: str | Path, *, total_steps: int, console: TextIO | None = sys.stdout) -> None:
+    def __init__(
+        self, path: str | Path, *, total_steps: int, append: bool = False, console: TextIO | None = sys.stdout
+    ) -> None:
+        """``append`` continues an existing file (a resumed run); otherwise it is started afresh, so a rerun
+        into the same directory never mixes two runs' records."""
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = self.path.open("a", encoding="utf-8")
+        self._file = self.path.open("a" if append else "w", encoding="utf-8")
         self._total_steps = total_steps
         self._console = console
 

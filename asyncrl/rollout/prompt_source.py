@@ -44,6 +44,11 @@ class PromptSource:
         self._outstanding[prompt.key] = prompt
         return prompt
 
+    def give_back(self, prompt: Prompt) -> None:
+        """Return a prompt that was drawn but never admitted: it is the next one handed out."""
+        del self._outstanding[prompt.key]
+        self._redo.insert(0, prompt.key)
+
     def finish(self, key: str) -> None:
         """Mark a prompt as ended (trained or dropped with a reason): it is never handed out again."""
         del self._outstanding[key]

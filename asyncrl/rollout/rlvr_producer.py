@@ -136,6 +136,15 @@ class RLVRProducer:
         prompt = self.source.next()
         return await self.buffer.acquire_admission(self.name, key=prompt.key), prompt
 
+    def _try_admit(self) -> tuple[Admission, Prompt] | None:
+        """The next prompt and its ticket if capacity allows now, else None (the prompt goes back)."""
+        prompt = self.source.next()
+        admission = self.buffer.try_acquire_admission(self.name, key=prompt.key)
+        if admission is None:
+            self.source.give_back(prompt)
+            return None
+        return admission, prompt
+
     async def _produce_group(self, admission: Admission, prompt: Prompt) -> None:
         try:
             trajectories = await asyncio.gather(
@@ -198,8 +207,11 @@ class RLVRProducer:
     # ---- the naive baseline ----------------------------------------------------------------------------
 
     async def _produce_batch(self) -> None:
-        """``generation: batch``: admit a whole step's prompts, generate everything, then score everything."""
-        admitted = [await self._admit() for _ in range(self.buffer.groups_per_batch)]
+        """``generation: batch``: admit a step's prompts (all that capacity allows, at most a batch: after
+        filtering only the dropped groups' places are free), generate everything, then score everything."""
+        admitted = [await self._admit()]
+        while len(admitted) < self.buffer.groups_per_batch and (more := self._try_admit()) is not None:
+            admitted.append(more)
         n = self.config.num_return_sequences
         try:
             generations = await asyncio.gather(
