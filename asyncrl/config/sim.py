@@ -1,0 +1,207 @@
+"""Configuration of the simulator: a workload, cost models of engines, trainer and rewards, and the run.
+
+The run itself (mode, batch shape, async ratio, routing) reuses the real sections (``rollout``, ``buffer``,
+``controller``, ``proxy``), so a simulated run and a real one are described by the same keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from asyncrl.config.buffer import BufferConfig
+from asyncrl.config.controller import ControllerConfig, check_mode_update_policy
+from asyncrl.config.proxy import ProxyConfig
+from asyncrl.config.rollout import RolloutConfig
+
+LENGTH_DISTRIBUTIONS = ("constant", "lognormal", "pareto", "empirical")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LengthConfig:
+    """Response lengths in tokens: a per-response draw times a per-prompt factor, clipped to
+    [1, rollout.max_new_tokens] (a response reaching the limit ends as truncated)."""
+
+    distribution: Literal["constant", "lognormal", "pareto", "empirical"] = "lognormal"
+    """constant: every response is ``mean`` tokens. lognormal: mean ``mean``, log-space σ ``sigma``.
+    pareto: scale ``mean·(shape-1)/shape`` and shape ``pareto_shape`` (mean ``mean``, a heavy tail).
+    empirical: uniform draws from the lengths in ``path``."""
+    mean: float = 1000.0
+    """Mean response length in tokens, before clipping."""
+    sigma: float = 1.0
+    """Log-space standard deviation of the lognormal distribution (1.0: the longest of a few hundred
+    responses is ~15× the median)."""
+    pareto_shape: float = 2.0
+    """Tail index of the Pareto distribution (> 1; smaller is heavier-tailed)."""
+    prompt_sigma: float = 0.0
+    """Log-space σ of a per-prompt factor (mean 1) shared by all responses of a prompt: hard prompts get
+    long answers; 0 makes responses independent of their prompt."""
+    path: str = ""
+    """JSONL file for ``empirical``: one length per line, as a number or an object with a ``length`` key."""
+
+    def __post_init__(self) -> None:
+        if self.distribution not in LENGTH_DISTRIBUTIONS:
+            raise ValueError(
+                f"lengths.distribution must be one of {', '.join(map(repr, LENGTH_DISTRIBUTIONS))}, "
+                f"got {self.distribution!r}"
+            )
+        if not self.mean >= 1:
+            raise ValueError(f"lengths.mean must be >= 1, got {self.mean}")
+        if self.sigma < 0 or self.prompt_sigma < 0:
+            raise ValueError(
+                f"lengths.sigma and prompt_sigma must be >= 0, got {self.sigma}, {self.prompt_sigma}"
+            )
+        if not self.pareto_shape > 1:
+            raise ValueError(f"lengths.pareto_shape must be > 1 (finite mean), got {self.pareto_shape}")
+        if self.distribution == "empirical" and not self.path:
+            raise ValueError(
+                "lengths.path must name a JSONL file of lengths when distribution is 'empirical'"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimEngineConfig:
+    """Cost model of one engine replica (one serving group of ``gpus_per_engine`` accelerators).
+
+    Decode step time = ``decode_step_s · max(1, running / knee_batch) + kv_s_per_token · KV tokens``:
+    memory-bound decoding costs about the same for any batch up to the knee, then grows linearly; attention
+    over the cached context adds a term per KV token. Newly admitted prompts are prefilled in the first step
+    they join, at ``prefill_s_per_token`` per prompt token.
+    """
+
+    gpus_per_engine: int = 1
+    """Accelerators behind one engine (tensor/pipeline parallel group); counts toward the cluster size."""
+    decode_step_s: float = 0.02
+    """Time of one decode step with at most ``knee_batch`` running requests and an empty KV cache."""
+    knee_batch: int = 64
+    """Running requests up to which a decode step costs the same (memory-bound regime)."""
+    kv_s_per_token: float = 0.0
+    """Extra decode-step time per cached KV token of the running batch (attention reads)."""
+    prefill_s_per_token: float = 0.0
+    """Prefill time per prompt token, paid in the step a request joins."""
+    max_running_requests: int = 256
+    """Most requests decoding at once; the rest wait in the engine's FIFO queue."""
+    max_kv_tokens: int = 10_000_000
+    """KV budget: a request is admitted only when prompt + max_new_tokens fits in what is left."""
+    weight_update_s: float = 1.0
+    """Time to receive and load new weights (the engine is paused meanwhile)."""
+    recompute_kv_on_update: bool = False
+    """After an in-flight update, re-prefill every running request's context (prompt + output so far)."""
+
+    def __post_init__(self) -> None:
+        for name in ("gpus_per_engine", "knee_batch", "max_running_requests", "max_kv_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"engine.{name} must be >= 1, got {getattr(self, name)}")
+        if not self.decode_step_s > 0:
+            raise ValueError(f"engine.decode_step_s must be > 0, got {self.decode_step_s}")
+        for name in ("kv_s_per_token", "prefill_s_per_token", "weight_update_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"engine.{name} must be >= 0, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimTrainerConfig:
+    """Cost model of the trainer: ``step_overhead_s + epochs · tokens · gpu_s_per_token / num_gpus``."""
+
+    num_gpus: int = 8
+    """Accelerators training (ignored when ``colocated``: training then uses every rollout accelerator)."""
+    colocated: bool = False
+    """Training runs on the rollout accelerators (the classic synchronous placement)."""
+    gpu_s_per_token: float = 1e-4
+    """Accelerator-seconds to train on one token (forward, backward and the log-prob passes)."""
+    epochs: int = 1
+    """E: how many times each sample is trained on (PPO epochs)."""
+    step_overhead_s: float = 5.0
+    """Fixed time per step: optimizer step, model load/offload, bookkeeping."""
+
+    def __post_init__(self) -> None:
+        if self.num_gpus < 1 or self.epochs < 1:
+            raise ValueError(
+                f"trainer.num_gpus and trainer.epochs must be >= 1, got {self.num_gpus}, {self.epochs}"
+            )
+        if self.gpu_s_per_token < 0 or self.step_overhead_s < 0:
+            raise ValueError(
+                f"trainer.gpu_s_per_token and step_overhead_s must be >= 0, got "
+                f"{self.gpu_s_per_token}, {self.step_overhead_s}"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimRewardConfig:
+    """Rewards: a Bernoulli outcome per response with a per-prompt pass rate, after a latency."""
+
+    latency_s: float = 0.0
+    """Time to score one response (run concurrently with generation)."""
+    pass_rate_alpha: float = 1.0
+    """Per-prompt pass rate ~ Beta(alpha, beta); small values make many prompts all-correct or all-wrong,
+    which dynamic filtering (``rollout.filter: zero_variance``) then drops."""
+    pass_rate_beta: float = 1.0
+    """See ``pass_rate_alpha``."""
+
+    def __post_init__(self) -> None:
+        if self.latency_s < 0:
+            raise ValueError(f"reward.latency_s must be >= 0, got {self.latency_s}")
+        if not (self.pass_rate_alpha > 0 and self.pass_rate_beta > 0):
+            raise ValueError(
+                f"reward.pass_rate_alpha and pass_rate_beta must be > 0, got "
+                f"{self.pass_rate_alpha}, {self.pass_rate_beta}"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimConfig:
+    """One simulated run: the real producer, buffer, proxy and controller on a virtual clock."""
+
+    seed: int = 0
+    """Seed of the workload (lengths, pass rates) and the data order."""
+    num_prompts: int = 10_000
+    """Distinct prompts in the simulated dataset (it cycles through epochs)."""
+    prompt_tokens: int = 256
+    """Tokens of every prompt."""
+    lengths: LengthConfig = field(default_factory=LengthConfig)
+    """Response-length distribution."""
+    engine: SimEngineConfig = field(default_factory=SimEngineConfig)
+    """Cost model of each engine replica; ``rollout.num_engines`` sets how many."""
+    trainer: SimTrainerConfig = field(default_factory=SimTrainerConfig)
+    """Cost model of the trainer."""
+    reward: SimRewardConfig = field(default_factory=SimRewardConfig)
+    """Reward latency and outcomes."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Batch shape, replication, queue/batch generation, filtering and redundancy (as in a real run)."""
+    buffer: BufferConfig = field(default_factory=BufferConfig)
+    """Async ratio α of the ``async`` and ``partial_rollout`` modes (``sync`` runs at 0 and
+    ``one_step_off`` at 1 whatever it says, so one sweep can cover every mode). Its timeouts are ignored: the simulator waits without limit (deadlocks are detected)."""
+    controller: ControllerConfig = field(default_factory=ControllerConfig)
+    """Mode and number of steps (evaluation keys are ignored)."""
+    proxy: ProxyConfig = field(default_factory=ProxyConfig)
+    """Routing and update policy (None follows the mode); ``control_timeout_s`` is ignored."""
+    timeline: Literal["full", "none"] = "full"
+    """Record every worker's busy spans (for the Gantt chart); 'none' saves memory at scale."""
+
+    def __post_init__(self) -> None:
+        if self.num_prompts < 1 or self.prompt_tokens < 1:
+            raise ValueError(
+                f"num_prompts and prompt_tokens must be >= 1, got {self.num_prompts}, {self.prompt_tokens}"
+            )
+        if self.timeline not in ("full", "none"):
+            raise ValueError(f"timeline must be one of 'full', 'none', got {self.timeline!r}")
+        check_mode_update_policy(self.controller.mode, self.proxy.update_policy)
+        worst = self.prompt_tokens + self.rollout.max_new_tokens
+        if worst > self.engine.max_kv_tokens:
+            raise ValueError(
+                f"engine.max_kv_tokens={self.engine.max_kv_tokens} cannot hold one request of prompt_tokens + "
+                f"rollout.max_new_tokens = {worst} tokens"
+            )
+
+    @property
+    def num_rollout_gpus(self) -> int:
+        return self.rollout.num_engines * self.engine.gpus_per_engine
+
+    @property
+    def num_train_gpus(self) -> int:
+        return self.num_rollout_gpus if self.trainer.colocated else self.trainer.num_gpus
+
+    @property
+    def num_gpus(self) -> int:
+        """Accelerators the run occupies: rollout plus training (once when colocated)."""
+        return self.num_rollout_gpus + (0 if self.trainer.colocated else self.trainer.num_gpus)

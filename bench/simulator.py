@@ -1,0 +1,103 @@
+"""Simulator scale benchmark: wall time of 100 simulated training steps at 256, 1,024 and 4,096 accelerators.
+
+The workload grows with the cluster (weak scaling): a quarter of the accelerators train, the rest serve in
+engines of ``GPUS_PER_ENGINE``, and each step trains one sample per training accelerator... see ``config_for``.
+Writes bench/results/simulator.json. Run: ``python bench/simulator.py [--steps 100] [--sizes 256,1024,4096]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+from asyncrl.config.loader import from_dict
+from asyncrl.config.sim import SimConfig
+from asyncrl.sim.simulate import simulate
+
+GPUS_PER_ENGINE = 16
+GROUP_SIZE = 8
+
+
+def config_for(num_gpus: int, num_steps: int, mode: str) -> SimConfig:
+    """A quarter of ``num_gpus`` trains; the rest serve in engines of 16; num_gpus/4 samples per step."""
+    num_train = num_gpus // 4
+    return from_dict(
+        SimConfig,
+        {
+            "seed": 0,
+            "timeline": "none",
+            "prompt_tokens": 512,
+            "lengths": {"distribution": "lognormal", "mean": 2000.0, "sigma": 1.0},
+            "engine": {
+                "gpus_per_engine": GPUS_PER_ENGINE,
+                "decode_step_s": 0.03,
+                "knee_batch": 128,
+                "max_running_requests": 256,
+                "prefill_s_per_token": 1e-5,
+                "weight_update_s": 5.0,
+            },
+            "trainer": {"num_gpus": num_train, "gpu_s_per_token": 0.02, "step_overhead_s": 10.0},
+            "rollout": {
+                "num_engines": (num_gpus - num_train) // GPUS_PER_ENGINE,
+                "rollout_batch_size": num_train // GROUP_SIZE,
+                "num_return_sequences": GROUP_SIZE,
+                "max_new_tokens": 16384,
+            },
+            "buffer": {"async_ratio": 2.0},
+            "controller": {"mode": mode, "num_steps": num_steps, "wait_for_weight_sync": False},
+        },
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--sizes", default="256,1024,4096")
+    parser.add_argument("--mode", default="async")
+    parser.add_argument("--out", default="bench/results/simulator.json")
+    args = parser.parse_args()
+    rows = []
+    for num_gpus in [int(s) for s in args.sizes.split(",")]:
+        config = config_for(num_gpus, args.steps, args.mode)
+        start = time.perf_counter()
+        result = simulate(config)
+        wall = time.perf_counter() - start
+        rows.append(
+            {
+                "num_gpus": num_gpus,
+                "num_engines": config.rollout.num_engines,
+                "wall_s": round(wall, 2),
+                "requests": result.totals["requests"],
+                "us_per_request": round(1e6 * wall / result.totals["requests"], 1),
+                **{
+                    k: round(result.totals[k], 3)
+                    for k in (
+                        "sim_time_s",
+                        "mean_step_s",
+                        "tokens_per_s",
+                        "engine_busy_fraction",
+                        "mean_staleness",
+                    )
+                },
+            }
+        )
+        print(json.dumps(rows[-1]), flush=True)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(
+        json.dumps(
+            {
+                "machine": platform.processor() or platform.machine(),
+                "steps": args.steps,
+                "mode": args.mode,
+                "runs": rows,
+            },
+            indent=1,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""SimEngine on the virtual clock: exact finish times, admission, abort, in-flight updates; and the CLIs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from asyncrl.cli.main import main
+from asyncrl.config.sim import SimEngineConfig
+from asyncrl.sim.engine import SimEngine
+from asyncrl.testing.event_loop import run_shuffled
+from asyncrl.types import FinishReason, Request, SamplingParams
+
+CONFIG = SimEngineConfig(
+    decode_step_s=1.0, knee_batch=4, max_running_requests=2, prefill_s_per_token=0.5, weight_update_s=3.0
+)
+
+
+def request(request_id: str, max_new_tokens: int = 100) -> Request:
+    return Request(
+        request_id=request_id, prompt_token_ids=[1, 1], sampling=SamplingParams(max_new_tokens=max_new_tokens)
+    )
+
+
+def lengths(table: dict[str, int]):
+    return lambda request_id: table[request_id]
+
+
+def test_finish_times_follow_prefill_steps_and_slots():
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        engine = SimEngine(CONFIG, lengths({"a": 3, "b": 5, "c": 1}))
+        done = {}
+
+        async def run(rid):
+            generation = await engine.generate(request(rid))
+            done[rid] = (loop.time(), generation.num_tokens, generation.finish_reason)
+
+        await asyncio.gather(run("a"), run("b"), run("c"))
+        return done
+
+    done = run_shuffled(scenario, seed=None)
+    # a and b join together: prefill 4 tokens = 2 s, then a ends after 3 steps (t=5); c waits for a's slot,
+    # joins with its 1 s prefill: b's 4th step and c's only step end at t=7; b's 5th at t=8.
+    assert done["a"] == (5.0, 3, FinishReason.STOP)
+    assert done["c"] == (7.0, 1, FinishReason.STOP)
+    assert done["b"] == (8.0, 5, FinishReason.STOP)
+
+
+def test_length_limit_truncates_and_abort_returns_the_partial_output():
+    async def scenario():
+        engine = SimEngine(CONFIG, lengths({"long": 50, "cut": 50}))
+        capped = asyncio.ensure_future(engine.generate(request("long", max_new_tokens=4)))
+        cut = asyncio.ensure_future(engine.generate(request("cut")))
+        await asyncio.sleep(3.5)  # prefill 2 s, one step done at t=3, the second in progress
+        aborted = await engine.abort("cut")
+        aborted_at = asyncio.get_running_loop().time()
+        return await capped, aborted, await cut, aborted_at
+
+    capped, aborted, cut, now = run_shuffled(scenario, seed=None)
+    assert capped.finish_reason is FinishReason.LENGTH and capped.num_tokens == 4
+    assert aborted.finish_reason is FinishReason.ABORT and aborted.num_tokens == 2 and now == 4.0
+    assert cut.num_tokens == 2
+
+
+def test_in_flight_update_changes_the_version_of_later_tokens():
+    async def scenario():
+        engine = SimEngine(CONFIG, lengths({"a": 4}))
+        pending = asyncio.ensure_future(engine.generate(request("a")))
+        await asyncio.sleep(3.5)
+        await engine.pause()  # prefill 1 s, steps end at t=2, 3: pauses at the end of step 3 (t=4)
+        await engine.update_weights({}, 1)  # 3 s
+        await engine.resume()
+        return await pending, asyncio.get_running_loop().time()
+
+    generation, now = run_shuffled(scenario, seed=None)
+    assert generation.versions == [0, 0, 0, 1]
+    assert now == 4.0 + 3.0 + 1.0
+
+
+def test_plan_cli_prints_the_split_and_checks_it(capsys):
+    assert (
+        main(
+            [
+                "plan",
+                "--mu-gen",
+                "2",
+                "--l-gen",
+                "10",
+                "--mu-train",
+                "0.5",
+                "--E",
+                "2",
+                "--K",
+                "8",
+                "--N",
+                "64",
+                "--alpha",
+                "1",
+                "--steps",
+                "3",
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "beta* = 0.276: 2 workers train, 6 generate" in out
+    assert "sync 34.00 s, async 29.00 s" in out and "simulated mean step" in out
+
+
+def test_simulate_cli_writes_json_steps_and_timeline(tmp_path, capsys):
+    args = [
+        "simulate",
+        "rollout.num_engines=2",
+        "rollout.rollout_batch_size=2",
+        "rollout.num_return_sequences=2",
+        "controller.num_steps=2",
+        "lengths.mean=20",
+        "rollout.max_new_tokens=64",
+        "--out",
+        str(tmp_path),
+    ]
+    assert main(args) == 0
+    assert "mean_step_s" in capsys.readouterr().out
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["totals"]["num_steps"] == 2 and len(result["steps"]) == 2
+    assert len((tmp_path / "steps.jsonl").read_text().splitlines()) == 2
+    assert (tmp_path / "timeline.png").stat().st_size > 0
+    assert (
+        main([*args[:-2], "--out", str(tmp_path / "sw"), "--sweep", "controller.mode=sync,one_step_off"]) == 0
+    )
+    assert len(json.loads((tmp_path / "sw" / "sweep.json").read_text())["runs"]) == 2
