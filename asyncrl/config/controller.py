@@ -5,16 +5,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-MODES = ("sync", "one_step_off", "async", "partial_rollout")
+MODES = ("sync", "one_step_off", "async", "partial_rollout", "multi_version")
 
 UPDATE_POLICY_OF_MODE = {
     "sync": "drain",
     "one_step_off": "drain",
     "async": "drain",
     "partial_rollout": "in_flight",
+    "multi_version": "multi_version",
 }
 """How engines take new weights in each mode: ``drain`` keeps one version per trajectory, ``in_flight``
-updates mid-generation (see ``asyncrl.config.proxy``)."""
+updates mid-generation (see ``asyncrl.config.proxy``), ``multi_version`` is the orchestrator of
+``asyncrl.proxy.multi_version``: engines serve several versions at once and are re-partitioned after every
+update (``proxy.update_policy`` must stay null in that mode; the orchestrator replaces the LLMProxy)."""
 
 ASYNC_RATIO_OF_MODE = {"sync": 0.0, "one_step_off": 1.0}
 """Modes that fix the async ratio α; the others take ``buffer.async_ratio`` as given."""
@@ -24,19 +27,23 @@ ASYNC_RATIO_OF_MODE = {"sync": 0.0, "one_step_off": 1.0}
 class ControllerConfig:
     """The training loop ``get_batch → train_step → suspend → model_update → resume``, parameterised by mode."""
 
-    mode: Literal["sync", "one_step_off", "async", "partial_rollout"] = "sync"
+    mode: Literal["sync", "one_step_off", "async", "partial_rollout", "multi_version"] = "sync"
     """sync: rollout and training alternate (α = 0). one_step_off: batch k+1 generates while batch k trains
     (α = 1). async: rollout runs ahead up to α versions, one version per trajectory. partial_rollout: weights
-    change mid-generation, per-token versions recorded, staleness bounded by start version. See docs/modes.md."""
+    change mid-generation, per-token versions recorded, staleness bounded by start version. multi_version
+    (DORA): engines serve up to ⌊α⌋ + 1 versions at once, one version per trajectory; after every update they
+    are re-partitioned across versions by pending work and requests migrate with their KV cache; new prompts go
+    to the newest version. See docs/modes.md."""
     num_steps: int = 20
     """Training steps (policy updates) to run."""
     eval_prompts: int = 128
     """Held-out prompts scored before and after training (0 disables the evaluation)."""
     eval_temperature: float = 1.0
     """Sampling temperature of the held-out evaluation (1: the policy's own distribution; 0: greedy)."""
-    wait_for_weight_sync: bool = True
-    """Wait until every engine runs the new weights before the next get_batch. Under the drain policy False
-    lets the trainer go on while engines finish in-flight requests on the old version."""
+    wait_for_weight_sync: bool = False
+    """Wait until every engine runs the new weights before the next get_batch. Never needed for correctness
+    (a request routed to an engine with a pending update waits for it); under the drain policy True makes every
+    step wait for the longest in-flight response, the very tail asynchrony removes."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

@@ -137,6 +137,10 @@ async def _train(parts: Parts, out: Path, started: float, console: TextIO | None
     return summary
 
 
+MULTI_VERSION_STATS = ("num_migrations", "kv_bytes_moved", "versions_alive", "num_switches")
+"""Cumulative counters of the multi_version orchestrator copied into every step's metrics."""
+
+
 def _engine_busy_s(proxy_stats: dict) -> float:
     """Wall time during which any engine was generating, approximated by the busiest engine's busy time."""
     return max((engine["busy_seconds"] for engine in proxy_stats["engines"]), default=0.0)
@@ -160,6 +164,9 @@ def step_metrics(record: StepRecord, proxy_stats: dict, train_started: float) ->
     for index, engine in enumerate(proxy_stats.get("engines", [])):
         if "idle_fraction" in engine:
             metrics[f"engine{index}/idle_fraction"] = float(engine["idle_fraction"])
+    for key in MULTI_VERSION_STATS:  # only the multi_version orchestrator reports these
+        if key in proxy_stats:
+            metrics[f"multi_version/{key}"] = float(proxy_stats[key])
     return metrics
 
 

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from asyncrl.engine.llm_engine import LLMEngine
+from asyncrl.engine.migration import RequestState
 from asyncrl.engine.weights import NamedTensors
 from asyncrl.types import Generation, Request
 
@@ -49,15 +50,27 @@ class AsyncEngine:
 
     async def generate(self, request: Request) -> Generation:
         """The finished generation; an abort returns the partial one. Cancelling the call aborts the request."""
+        return await self._serve(request.request_id, lambda: self.core.add_request(request))
+
+    async def export_request(self, request_id: str) -> RequestState | None:
+        """Take an in-flight request out with its KV (engine/migration.py); its ``generate`` call returns the
+        partial output with ``finish_reason="abort"``. None if the request is not here (e.g. already done)."""
+        return await self._call(lambda: self._export(request_id))
+
+    async def import_request(self, state: RequestState) -> Generation:
+        """Continue an exported request here (same version) and return its finished generation, like ``generate``."""
+        return await self._serve(state.request_id, lambda: self.core.import_request(state))
+
+    async def _serve(self, request_id: str, add: Callable[[], Any]) -> Generation:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._submit(_Command(lambda: self._add(request, loop, future), loop, future, settles=False))
+        self._submit(_Command(lambda: self._add(request_id, add, loop, future), loop, future, settles=False))
         try:
             return await future
         except asyncio.CancelledError:
             with self._cond:
                 if self._stopped is None:
-                    self._commands.append(_Command(lambda: self._abort(request.request_id), loop, None))
+                    self._commands.append(_Command(lambda: self._abort(request_id), loop, None))
                     self._cond.notify()
             raise
 
@@ -114,9 +127,17 @@ class AsyncEngine:
             self._commands.append(command)
             self._cond.notify()
 
-    def _add(self, request: Request, loop: asyncio.AbstractEventLoop, future: asyncio.Future) -> None:
-        self.core.add_request(request)
-        self._pending[request.request_id] = (loop, future)
+    def _add(
+        self, request_id: str, add: Callable[[], Any], loop: asyncio.AbstractEventLoop, future: asyncio.Future
+    ) -> None:
+        add()
+        self._pending[request_id] = (loop, future)
+
+    def _export(self, request_id: str) -> RequestState | None:
+        state = self.core.export_request(request_id)
+        if state is not None:
+            self._deliver(state.partial_generation())
+        return state
 
     def _abort(self, request_id: str) -> Generation | None:
         generation = self.core.abort(request_id)

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from asyncrl.config.engine import EngineConfig
+from asyncrl.engine import migration
 from asyncrl.engine.model_runner import ModelRunner
 from asyncrl.engine.requests import check_request, sampling_params_from_dict
 from asyncrl.engine.sampler import sample
@@ -84,6 +85,20 @@ class LLMEngine:
         """End the request now; its partial generation (``finish_reason="abort"``), or None if not in flight."""
         seq = self.scheduler.abort(request_id)
         return None if seq is None else self._release(seq)
+
+    def export_request(self, request_id: str) -> migration.RequestState | None:
+        """Take the request out of this engine with its KV (contract: engine/migration.py); None if not here."""
+        seq = self._sequences.pop(request_id, None)
+        return None if seq is None else migration.export_request(self, seq)
+
+    def import_request(self, state: migration.RequestState) -> bool:
+        """Continue an exported request here; True when its KV was reused, False when it must be prefilled
+        again (no slot or KV budget free now). ``ValueError`` on a version mismatch or a duplicate id."""
+        if state.request_id in self._sequences:
+            raise ValueError(f"request {state.request_id}: a request with this id is already in flight")
+        seq = migration.import_request(self, state)
+        self._sequences[state.request_id] = seq
+        return seq.num_cached > 0
 
     def pause(self) -> None:
         """Stop stepping; requests stay queued or running with their KV until ``resume()``."""

@@ -21,6 +21,7 @@ from asyncrl.controller.controller import Controller
 from asyncrl.engine import make_engine
 from asyncrl.models.loading import load_model_and_tokenizer
 from asyncrl.proxy.llm_proxy import LLMProxy
+from asyncrl.proxy.multi_version import MultiVersionProxy
 from asyncrl.rewards.service import RewardService
 from asyncrl.rollout.prompt_source import PromptSource
 from asyncrl.rollout.rlvr_producer import RLVRProducer
@@ -132,16 +133,28 @@ def build_parts(config: RunConfig) -> InlineParts:
     )
 
 
-def make_proxy(parts: Parts) -> LLMProxy:
-    """A proxy over the engines, with the weight-update policy the mode needs. Engines start from the loaded
-    model, version 0; a resumed trainer's weights reach them through the first ``model_update``."""
+def make_proxy(parts: Parts) -> LLMProxy | MultiVersionProxy:
+    """A proxy over the engines, with the weight-update policy the mode needs (``multi_version``: the
+    orchestrator, whose engines must support request export/import). Engines start from the loaded model,
+    version 0; a resumed trainer's weights reach them through the first ``model_update``."""
+    cfg = parts.config
+    if UPDATE_POLICY_OF_MODE[cfg.controller.mode] == "multi_version":
+        return MultiVersionProxy(
+            parts.engines,
+            cfg.proxy,
+            async_ratio=cfg.buffer.async_ratio,
+            slots_per_engine=cfg.engine.max_running_requests,
+        )
     policy = parts.config.proxy.update_policy or UPDATE_POLICY_OF_MODE[parts.config.controller.mode]
     proxy_config = replace(parts.config.proxy, update_policy=policy)
     return LLMProxy(parts.engines, proxy_config, initial_version=0)
 
 
 def make_controller(
-    parts: Parts, proxy: LLMProxy, source: PromptSource, on_step: Any = lambda record: None
+    parts: Parts,
+    proxy: LLMProxy | MultiVersionProxy,
+    source: PromptSource,
+    on_step: Any = lambda record: None,
 ) -> Controller:
     """The buffer, producer and controller of one training run over already-built parts."""
     cfg = parts.config

@@ -10,11 +10,13 @@ Generation starts with the prefix.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from asyncrl.engine.migration import RequestState
 from asyncrl.types import FinishReason, Generation, Request, SamplingParams
 
 
@@ -91,6 +93,8 @@ class FakeEngine:
         self.updates: list[tuple[int, dict[str, Any]]] = []
         self.running_at_update: list[int] = []
         self.calls: list[str] = []
+        self.exported: list[str] = []
+        self.imported: list[str] = []
 
     def length_of(self, request_id: str) -> int:
         if isinstance(self._lengths, int):
@@ -167,6 +171,36 @@ class FakeEngine:
         await self._control("abort")
         run = self.running.get(request_id)
         return None if run is None else self._finish(run, FinishReason.ABORT)
+
+    async def export_request(self, request_id: str) -> RequestState | None:
+        """Take a running request out (its ``generate`` returns the partial output, aborted); no KV is modelled."""
+        await self._control("export_request")
+        run = self.running.get(request_id)
+        if run is None:
+            return None
+        partial = self._finish(run, FinishReason.ABORT)
+        self.exported.append(request_id)
+        return RequestState(
+            request=run.request,
+            token_ids=list(run.request.prompt_token_ids) + partial.token_ids,
+            output_logprobs=partial.logprobs,
+            output_versions=partial.versions,
+            version=self.version,
+        )
+
+    async def import_request(self, state: RequestState) -> Generation:
+        """Continue an exported request from its output so far; only at the version it was exported from."""
+        if state.version != self.version:
+            raise ValueError(
+                f"request {state.request_id}: exported at v{state.version}, engine at v{self.version}"
+            )
+        self.imported.append(state.request_id)
+        prefix = {
+            "prefix_token_ids": state.output_token_ids,
+            "prefix_logprobs": list(state.output_logprobs),
+            "prefix_versions": list(state.output_versions),
+        }
+        return await self.generate(dataclasses.replace(state.request, **prefix))
 
     async def pause(self) -> None:
         await self._control("pause")

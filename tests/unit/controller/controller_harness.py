@@ -16,6 +16,7 @@ from asyncrl.config.proxy import ProxyConfig
 from asyncrl.config.rollout import RolloutConfig
 from asyncrl.controller.controller import Controller
 from asyncrl.proxy.llm_proxy import LLMProxy
+from asyncrl.proxy.multi_version import MultiVersionProxy
 from asyncrl.rewards.service import RewardResult, RewardStatus
 from asyncrl.rollout.prompt_source import PromptSource
 from asyncrl.rollout.rlvr_producer import RLVRProducer
@@ -97,6 +98,14 @@ class Outcome:
     admitted: list[str]
     batches: list[tuple[int, list[Group]]]
     accounting: object
+    proxy_stats: dict
+
+
+def make_test_proxy(mode: str, engines: list[FakeEngine], ratio: float) -> LLMProxy | MultiVersionProxy:
+    """The proxy ``mode`` runs on: the multi-version orchestrator, or an LLMProxy with the mode's policy."""
+    if UPDATE_POLICY_OF_MODE[mode] == "multi_version":
+        return MultiVersionProxy(engines, async_ratio=ratio)
+    return LLMProxy(engines, ProxyConfig(update_policy=UPDATE_POLICY_OF_MODE[mode]))
 
 
 async def run_scenario(scenario: Scenario, seed: int) -> Outcome:
@@ -105,8 +114,10 @@ async def run_scenario(scenario: Scenario, seed: int) -> Outcome:
     ratio = ASYNC_RATIO_OF_MODE.get(scenario.mode, scenario.async_ratio)
     samples = [TaskSample(uid=f"p{i}", prompt=f"q{i}", answer="0") for i in range(50)]
     source = PromptSource(samples, seed=seed)
-    engines = [FakeEngine(lengths=long_tail_length, step_s=0.1 + 0.1 * i) for i in range(scenario.num_engines)]
-    proxy = LLMProxy(engines, ProxyConfig(update_policy=UPDATE_POLICY_OF_MODE[scenario.mode]))
+    engines = [
+        FakeEngine(lengths=long_tail_length, step_s=0.1 + 0.1 * i) for i in range(scenario.num_engines)
+    ]
+    proxy = make_test_proxy(scenario.mode, engines, ratio)
     buffer = SampleBuffer(
         BufferConfig(async_ratio=ratio, get_batch_timeout_s=10_000.0),
         groups_per_batch=scenario.batch,
@@ -152,4 +163,10 @@ async def run_scenario(scenario: Scenario, seed: int) -> Outcome:
     await controller.run(scenario.num_steps)
     ledger.record_buffer_drops(buffer.take_dropped())
     proxy.close()
-    return Outcome(ledger=ledger, admitted=admitted, batches=trainer.batches, accounting=buffer.accounting())
+    return Outcome(
+        ledger=ledger,
+        admitted=admitted,
+        batches=trainer.batches,
+        accounting=buffer.accounting(),
+        proxy_stats=proxy.stats(),
+    )

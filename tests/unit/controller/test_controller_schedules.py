@@ -22,20 +22,27 @@ SCENARIOS = {
     ),
     "partial_rollout": Scenario(mode="partial_rollout", async_ratio=1.0, train_s=0.5),
     "sync_redundant": Scenario(mode="sync", redundant=1, filter="zero_variance"),
+    "multi_version": Scenario(mode="multi_version", async_ratio=1.0, train_s=0.5),
+    "multi_version_2": Scenario(mode="multi_version", async_ratio=2.0, num_engines=3, batch=3, train_s=0.5),
 }
 
 
 def check_invariants(scenario: Scenario, outcome) -> None:
-    ratio = 0.0 if scenario.mode == "sync" else 1.0 if scenario.mode == "one_step_off" else scenario.async_ratio
+    ratio = (
+        0.0 if scenario.mode == "sync" else 1.0 if scenario.mode == "one_step_off" else scenario.async_ratio
+    )
     outcome.ledger.assert_complete(outcome.admitted)  # conservation: each admitted prompt ended exactly once
     outcome.ledger.assert_fresh(ratio)  # freshness: started at version >= trained version - α
     assert outcome.accounting.is_balanced
     assert [version for version, _ in outcome.batches] == list(range(scenario.num_steps))
     trained = [t for _, groups in outcome.batches for g in groups for t in g.trajectories]
     assert all(len(g) <= scenario.group for _, groups in outcome.batches for g in groups)
-    if scenario.mode != "partial_rollout":  # one version per trajectory under the drain policy
+    if scenario.mode != "partial_rollout":  # one version per trajectory (drain policy, multi-version pinning)
         spans = [t.version_span for t in trained]
         assert all(low == high for low, high in spans), spans
+    if scenario.mode == "multi_version":  # the engines' window of versions never exceeds ⌊α⌋ + 1
+        assert outcome.proxy_stats["max_versions_alive"] <= int(scenario.async_ratio) + 1
+        assert outcome.proxy_stats["num_calls"] == 0
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
@@ -53,7 +60,9 @@ def test_partial_rollout_really_mixes_versions_in_some_trajectory() -> None:
     spans = [
         t.version_span
         for seed in range(10)
-        for _, groups in run_shuffled(lambda seed=seed: run_scenario(SCENARIOS["partial_rollout"], seed), seed).batches
+        for _, groups in run_shuffled(
+            lambda seed=seed: run_scenario(SCENARIOS["partial_rollout"], seed), seed
+        ).batches
         for g in groups
         for t in g.trajectories
     ]
@@ -82,5 +91,17 @@ def test_sync_batches_equal_a_plain_synchronous_loop() -> None:
         keys = [[g.prompt_uid for g in groups] for _, groups in outcome.batches]
         expected = [outcome.admitted[k * scenario.batch : (k + 1) * scenario.batch] for k in range(len(keys))]
         assert keys == expected
-        plain = PromptSource([TaskSample(uid=f"p{i}", prompt=f"q{i}", answer="0") for i in range(50)], seed=seed)
+        plain = PromptSource(
+            [TaskSample(uid=f"p{i}", prompt=f"q{i}", answer="0") for i in range(50)], seed=seed
+        )
         assert [k for batch in keys for k in batch] == [plain.next().key for _ in range(sum(map(len, keys)))]
+
+
+def test_multi_version_really_migrates_and_serves_several_versions_at_once() -> None:
+    """Guards the multi-version cases above: updates must re-partition engines and move requests."""
+    scenario = SCENARIOS["multi_version_2"]
+    stats = [
+        run_shuffled(lambda seed=seed: run_scenario(scenario, seed), seed).proxy_stats for seed in range(10)
+    ]
+    assert sum(s["num_migrations"] for s in stats) > 0
+    assert max(s["max_versions_alive"] for s in stats) >= 2

@@ -1,0 +1,534 @@
+"""Multi-version rollout (DORA): engines serve several policy versions at once, re-partitioned by pending work.
+
+Key decision: a request is pinned to one version when it leaves the gate (the newest the window allows) and
+only ever runs on engines holding that version, so each trajectory comes from exactly one version; that is
+also why its KV cache can move between engines of the version with no re-prefill (engine/migration.py).
+Engines only ever move forward, from a legacy version to the newest: no old weights need be kept.
+
+```
+ generate(req) ─► [gate: not suspended, a ready engine at the newest version] ─► pin version ─► least loaded
+                                                                                 engine of that version
+ model_update(w, v) ─► incoming ─[window: no request of a version < v - ⌊α⌋ in flight]─► newest = v
+ every change (update, window move, a request ending) ─► rebalance:
+     target_partition(pending work per version)  ──►  plan_switches  ──►  per donor engine:
+     export each request ─► import on a receiver of its version (KV moves) ; then donor takes the newest weights
+```
+
+Back-pressure (every wait ends on the event in the last column, or on ``close()``):
+
+| wait                   | waits for                                          | unblocked by                        |
+|------------------------|----------------------------------------------------|-------------------------------------|
+| held call (gate)       | not suspended, no version waiting for the window,  | ``resume()``, the window moving,    |
+|                        | a ready engine at the newest version               | an engine switching                 |
+| engine call            | the engine's Generation (continued after a move)   | its return; ``abort(id)``           |
+| window (``incoming``)  | no request of a version older than v - ⌊α⌋ running | those requests ending or aborted    |
+| donor switch           | its requests exported and none arriving            | the exports, imports starting       |
+| ``update_applied(v)``  | the window at v and one healthy engine serving v   | the above; ``timeout_s``            |
+
+Invariants (tests/unit/proxy/test_multi_version.py, tests/unit/controller):
+1. One version per trajectory: a call is served only by engines at its pinned version; an import at another
+   version is refused by the engine.
+2. Window: the versions with requests in flight span at most ⌊α⌋ + 1 (``stats()["max_versions_alive"]``).
+3. No trajectory is dropped by orchestration: a migration either lands on a receiver or the request stays
+   where it was (export returned nothing); a request that cannot get a slot at once is prefilled again there.
+4. New prompts go to the newest version; legacy versions get none, so their work only shrinks.
+
+Not here (unlike ``LLMProxy``): per-request timeouts, retries on failure, prompt affinity, continuation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from asyncrl.buffer.staleness import max_policy_age
+from asyncrl.config.proxy import ProxyConfig
+from asyncrl.engine.migration import RequestState
+from asyncrl.proxy.continuation import empty_abort
+from asyncrl.proxy.errors import EngineFailure, NoHealthyEngine, ProxyClosed
+from asyncrl.proxy.routing import make_routing_policy
+from asyncrl.proxy.wakeup import Wakeup
+from asyncrl.proxy.worker import (
+    EngineClient,
+    EngineWorker,
+    NamedTensors,
+    PendingUpdate,
+    snapshot_named_tensors,
+)
+from asyncrl.types import FinishReason, Generation, Request
+
+logger = logging.getLogger(__name__)
+
+
+class MigratableEngineClient(EngineClient, Protocol):
+    """An engine whose in-flight requests can leave with their state (``AsyncEngine``, ``FakeEngine``)."""
+
+    async def export_request(self, request_id: str) -> RequestState | None: ...
+
+    async def import_request(self, state: RequestState) -> Generation: ...
+
+
+# ---------------------------------------------------------------------------------------------- the plan
+
+
+def target_partition(loads: Mapping[int, int], num_engines: int, newest: int) -> dict[int, int]:
+    """Engines per version, in proportion to pending work; the counts sum to ``num_engines``.
+
+    Every legacy version with work keeps one engine (oldest first: its requests can run nowhere else), then the
+    newest gets one, then the rest go by largest remainder of ``loads`` (ties to the newer version); with no
+    work anywhere the newest takes them all. Versions without work (other than the newest) get none.
+    """
+    legacy = sorted(v for v, load in loads.items() if load > 0 and v != newest)
+    target = dict.fromkeys([*legacy, newest], 0)
+    for version in [*legacy, newest][:num_engines]:
+        target[version] = 1
+    remaining = num_engines - sum(target.values())
+    weights = {v: loads.get(v, 0) for v in target}
+    total = sum(weights.values())
+    if remaining <= 0 or total == 0:
+        target[newest] += max(remaining, 0)
+        return target
+    quotas = {v: remaining * w / total for v, w in weights.items()}
+    for version, quota in quotas.items():
+        target[version] += int(quota)
+    leftover = remaining - sum(int(q) for q in quotas.values())
+    by_remainder = sorted(quotas, key=lambda v: (quotas[v] - int(quotas[v]), v), reverse=True)
+    for version in by_remainder[:leftover]:
+        target[version] += 1
+    return target
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineView:
+    """One ready engine as the planner sees it."""
+
+    index: int
+    version: int
+    num_requests: int
+    """Requests on it or arriving at it (migrations under way)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Switch:
+    """Move engine ``index`` to the newest version after sending its requests to ``moves`` (receiver, count)."""
+
+    index: int
+    moves: tuple[tuple[int, int], ...]
+
+
+def plan_switches(
+    engines: Sequence[EngineView], target: Mapping[int, int], newest: int, slots_per_engine: int | None
+) -> list[Switch]:
+    """Which legacy engines to hand to the newest version, and where their requests go.
+
+    Per legacy version with more engines than its target, the engines with the fewest requests are donors
+    (fewest bytes moved); their requests fill the least-loaded remaining engines of that version up to
+    ``slots_per_engine`` (None: no limit). A donor whose requests do not fit stays, and so do those after it.
+    """
+    switches = []
+    for version in sorted({e.version for e in engines if e.version < newest}):
+        group = sorted((e for e in engines if e.version == version), key=lambda e: (e.num_requests, e.index))
+        surplus = len(group) - target.get(version, 0)
+        receivers = {e.index: e.num_requests for e in group[max(surplus, 0) :]}
+        for donor in group[: max(surplus, 0)]:
+            moves = _fill(receivers, donor.num_requests, slots_per_engine)
+            if moves is None:
+                break
+            switches.append(Switch(index=donor.index, moves=moves))
+    return switches
+
+
+def _fill(receivers: dict[int, int], count: int, slots: int | None) -> tuple[tuple[int, int], ...] | None:
+    """Place ``count`` requests one by one on the least-loaded receiver (updating ``receivers``); None if they
+    do not all fit, leaving ``receivers`` unchanged."""
+    loads = dict(receivers)
+    placed: Counter[int] = Counter()
+    for _ in range(count):
+        room = [i for i, n in loads.items() if slots is None or n < slots]
+        if not room:
+            return None
+        best = min(room, key=lambda i: (loads[i], i))
+        loads[best] += 1
+        placed[best] += 1
+    receivers.update(loads)
+    return tuple(sorted(placed.items()))
+
+
+# ------------------------------------------------------------------------------------------- the proxy
+
+
+def _importer(state: RequestState) -> Callable[[EngineWorker], Coroutine[Any, Any, Generation]]:
+    """The engine call that continues a migrated request on its receiver."""
+
+    def run(engine: EngineWorker) -> Coroutine[Any, Any, Generation]:
+        return engine.client.import_request(state)
+
+    return run
+
+
+@dataclass(kw_only=True)
+class _Call:
+    """One ``generate`` call: held while ``version`` is None, then on ``worker`` (or between two, migrating)."""
+
+    request: Request
+    version: int | None = None
+    worker: EngineWorker | None = None
+    abort_requested: bool = False
+    handoff: asyncio.Future[tuple[EngineWorker, RequestState] | None] | None = None
+    """Set while the call is being exported: resolves to its receiver and state, or None if it stayed."""
+
+
+class MultiVersionProxy:
+    """The ``LLMProxy`` seam (generate, abort, suspend, model_update, resume, update_applied) for DORA-style
+    multi-version rollout over migratable engines (contract: module docstring)."""
+
+    def __init__(
+        self,
+        engines: Sequence[MigratableEngineClient],
+        config: ProxyConfig | None = None,
+        *,
+        async_ratio: float = 0.0,
+        slots_per_engine: int | None = None,
+        initial_version: int = 0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not engines:
+            raise ValueError("MultiVersionProxy needs at least one engine")
+        if slots_per_engine is not None and slots_per_engine < 1:
+            raise ValueError(f"slots_per_engine must be >= 1 or None, got {slots_per_engine}")
+        self.config = config or ProxyConfig()
+        self.max_age = max_policy_age(async_ratio)
+        self.slots_per_engine = slots_per_engine
+        self._clock = clock
+        self._workers = [
+            EngineWorker(index=i, client=engine, version=initial_version, started_at=clock())
+            for i, engine in enumerate(engines)
+        ]
+        self._routing = make_routing_policy(self.config)
+        self._calls: dict[str, _Call] = {}
+        self._wakeup = Wakeup()
+        self._background: set[asyncio.Task[Any]] = set()
+        self._attempt_ids = itertools.count()
+        self._arriving: Counter[int] = Counter()
+        self._suspended = False
+        self._closed = False
+        self._newest = initial_version
+        self._latest_version = initial_version
+        self._weights: PendingUpdate | None = None
+        self._incoming: PendingUpdate | None = None
+        self._counts = Counter(
+            {"num_migrations": 0, "kv_bytes_moved": 0, "num_switches": 0, "num_window_waits": 0}
+        )
+        self._max_versions_alive = 1
+
+    # ----------------------------------------------------------------------------------------------- requests
+
+    async def generate(self, request: Request) -> Generation:
+        """Serve ``request`` entirely on engines of one version (the newest when it leaves the gate)."""
+        self._check_open()
+        if request.request_id in self._calls:
+            raise ValueError(f"request {request.request_id!r} is already in flight in this proxy")
+        call = _Call(request=request)
+        self._calls[request.request_id] = call
+        try:
+            return await self._serve(call)
+        finally:
+            del self._calls[request.request_id]
+            self._forget_handoff(call)
+            self._changed()
+
+    async def abort(self, request_id: str) -> Generation | None:
+        """End a request now: its partial Generation from the engine (or held: an empty one); None if unknown
+        or it ended meanwhile. Its ``generate`` returns with ``finish_reason="abort"`` too."""
+        call = self._calls.get(request_id)
+        if call is None or call.abort_requested:
+            return None
+        call.abort_requested = True
+        self._wakeup.notify()
+        if call.version is None:
+            return empty_abort(call.request)
+        worker = call.worker
+        if worker is None:  # between two engines: the serve loop sees the flag and stops there
+            return None
+        return await self._control(worker, "abort", request_id)
+
+    async def _serve(self, call: _Call) -> Generation:
+        await self._wakeup.wait_until(lambda: self._closed or call.abort_requested or self._dispatchable())
+        self._check_open()
+        if call.abort_requested:
+            return empty_abort(call.request)
+        request = replace(call.request, version=self._newest)
+        call.version = self._newest
+        worker = self._route(self._newest)
+
+        def run(engine: EngineWorker) -> Coroutine[Any, Any, Generation]:
+            return engine.client.generate(request)
+
+        while True:
+            generation = await self._attempt(call, worker, run)
+            target = await self._take_handoff(call)
+            if target is None or generation.finish_reason is not FinishReason.ABORT or call.abort_requested:
+                return generation
+            worker, state = target
+            run = _importer(state)
+
+    async def _attempt(
+        self,
+        call: _Call,
+        worker: EngineWorker,
+        run: Callable[[EngineWorker], Coroutine[Any, Any, Generation]],
+    ) -> Generation:
+        attempt_id = next(self._attempt_ids)
+        worker.start(attempt_id, call.request, self._clock())
+        call.worker = worker
+        try:
+            generation = await run(worker)
+        except Exception as error:
+            worker.record_failure(self.config.max_consecutive_failures)
+            logger.warning("engine %d failed request %s: %r", worker.index, call.request.request_id, error)
+            raise EngineFailure(worker.index, "generate", call.request.request_id) from error
+        finally:
+            worker.finish(attempt_id, self._clock())
+            call.worker = None
+            self._changed()
+        if generation.finish_reason is not FinishReason.ABORT:
+            worker.record_success()
+        worker.total_tokens += generation.num_tokens
+        return generation
+
+    async def _take_handoff(self, call: _Call) -> tuple[EngineWorker, RequestState] | None:
+        if call.handoff is None:
+            return None
+        target = await call.handoff
+        call.handoff = None
+        if target is not None:
+            self._arriving[target[0].index] -= 1
+        return target
+
+    def _forget_handoff(self, call: _Call) -> None:
+        """A call that ends (e.g. cancelled) mid-migration no longer arrives at its receiver."""
+        handoff, call.handoff = call.handoff, None
+        if handoff is None:
+            return
+
+        def release(done: asyncio.Future[tuple[EngineWorker, RequestState] | None]) -> None:
+            if not done.cancelled() and done.result() is not None:
+                self._arriving[done.result()[0].index] -= 1
+                self._changed()
+
+        handoff.add_done_callback(release)
+
+    def _dispatchable(self) -> bool:
+        """New work starts only on the newest weights: not while a newer version waits for the window."""
+        if self._suspended or self._incoming is not None:
+            return False
+        return self._route(self._newest, required=False) is not None
+
+    def _route(self, version: int, *, required: bool = True) -> EngineWorker | None:
+        ready = [w.load() for w in self._workers if w.ready]
+        index = self._routing.choose(ready, pinned_version=version)
+        if index is None and required:
+            raise NoHealthyEngine(f"no healthy engine serves version {version}")
+        return None if index is None else self._workers[index]
+
+    # ------------------------------------------------------------------------------------------ weight update
+
+    async def suspend(self) -> None:
+        """Hold new generate calls at the gate; requests on engines keep running on their own version."""
+        self._check_open()
+        self._suspended = True
+
+    async def model_update(self, named_tensors: NamedTensors, version: int) -> None:
+        """Take weights of ``version`` (snapshotted now); they become the newest once the window allows."""
+        self._check_open()
+        if version <= self._latest_version:
+            raise ValueError(f"model_update: version must exceed {self._latest_version}, got {version}")
+        self._latest_version = version
+        self._incoming = PendingUpdate(named_tensors=snapshot_named_tensors(named_tensors), version=version)
+        if not self._window_open():
+            self._counts["num_window_waits"] += 1
+        self._changed()
+
+    async def resume(self) -> None:
+        self._check_open()
+        self._suspended = False
+        self._wakeup.notify()
+
+    async def update_applied(self, version: int, timeout_s: float | None = None) -> None:
+        """Wait until ``version`` is the newest and at least one healthy engine serves it."""
+        if version > self._latest_version:
+            raise ValueError(
+                f"update_applied: version {version} was never sent (latest {self._latest_version})"
+            )
+
+        def served() -> bool:
+            return self._newest >= version and any(w.healthy and w.version >= version for w in self._workers)
+
+        def settled() -> bool:
+            failed = any(w.control_error is not None for w in self._workers)
+            return self._closed or served() or failed or not self.healthy_engines()
+
+        try:
+            await asyncio.wait_for(self._wakeup.wait_until(settled), timeout_s)
+        except (TimeoutError, asyncio.TimeoutError):
+            raise TimeoutError(f"version {version} not serving after {timeout_s} s: {self.stats()}") from None
+        self._check_open()
+        if served():
+            return
+        failure = next((w.control_error for w in self._workers if w.control_error is not None), None)
+        if failure is not None:
+            raise failure
+        raise NoHealthyEngine(f"no healthy engine serves version {version}")
+
+    # ---------------------------------------------------------------------------------------- orchestration
+
+    def _changed(self) -> None:
+        """After any change: move the window if it may, re-partition, wake the waiters."""
+        if self._incoming is not None and self._window_open() and not self._closed:
+            self._weights, self._incoming = self._incoming, None
+            self._newest = self._weights.version
+        self._rebalance()
+        alive = {c.version for c in self._calls.values() if c.version is not None} | {self._newest}
+        self._max_versions_alive = max(self._max_versions_alive, max(alive) - min(alive) + 1)
+        self._wakeup.notify()
+
+    def _window_open(self) -> bool:
+        """The incoming version may become the newest: no request older than the window it opens runs."""
+        assert self._incoming is not None
+        oldest = self._incoming.version - self.max_age
+        return all(c.version is None or c.version >= oldest for c in self._calls.values())
+
+    def _rebalance(self) -> None:
+        if self._weights is None or self._closed:
+            return
+        loads = Counter(self._newest if c.version is None else c.version for c in self._calls.values())
+        healthy = [w for w in self._workers if w.healthy and w.control_error is None]
+        target = target_partition(loads, len(healthy), self._newest)
+        views = [
+            EngineView(
+                index=w.index, version=w.version, num_requests=len(w.in_flight) + self._arriving[w.index]
+            )
+            for w in healthy
+            if w.ready
+        ]
+        for switch in plan_switches(views, target, self._newest, self.slots_per_engine):
+            self._start_switch(self._workers[switch.index], switch.moves)
+
+    def _start_switch(self, donor: EngineWorker, moves: tuple[tuple[int, int], ...]) -> None:
+        """Send the donor's requests to their receivers, then give it the newest weights (in the background)."""
+        assert self._weights is not None
+        donor.pending = self._weights
+        receivers = [self._workers[index] for index, count in moves for _ in range(count)]
+        calls = [c for c in self._calls.values() if c.worker is donor and c.handoff is None]
+        for call, receiver in zip(calls, receivers, strict=False):  # calls may have ended meanwhile
+            call.handoff = asyncio.get_running_loop().create_future()
+            self._arriving[receiver.index] += 1
+            self._spawn(self._migrate(call, donor, receiver))
+        self._counts["num_switches"] += 1
+        self._spawn(self._switch(donor))
+
+    async def _migrate(self, call: _Call, donor: EngineWorker, receiver: EngineWorker) -> None:
+        handoff = call.handoff
+        assert handoff is not None
+        target = None
+        try:
+            state = await self._control(donor, "export_request", call.request.request_id)
+            if state is not None:
+                target = (receiver, state)
+                self._counts["num_migrations"] += 1
+                self._counts["kv_bytes_moved"] += state.kv_bytes
+        except EngineFailure as failure:
+            logger.warning("%s: %r; the request stays on engine %d", failure, failure.__cause__, donor.index)
+        finally:
+            if target is None:
+                self._arriving[receiver.index] -= 1
+            handoff.set_result(target)
+
+    async def _switch(self, donor: EngineWorker) -> None:
+        """Once nothing runs on or heads to the donor, load the newest weights into it."""
+        await self._wakeup.wait_until(
+            lambda: self._closed or not (donor.in_flight or self._arriving[donor.index])
+        )
+        if self._closed:
+            return
+        update = self._weights
+        assert update is not None
+        donor.pending, donor.applying = None, update.version
+        try:
+            await self._control(donor, "pause")
+            await self._control(donor, "update_weights", update.named_tensors, update.version)
+            await self._control(donor, "resume")
+        except EngineFailure as failure:
+            logger.error(
+                "engine %d is unhealthy from now on: %s (%r)", donor.index, failure, failure.__cause__
+            )
+            donor.healthy, donor.control_error = False, failure
+        else:
+            donor.version = update.version
+        finally:
+            donor.applying = None
+            self._changed()
+
+    # ---------------------------------------------------------------------------------------------- control
+
+    async def _control(self, worker: EngineWorker, operation: str, *args: Any) -> Any:
+        """Call ``operation`` on an engine within ``control_timeout_s``; any error becomes ``EngineFailure``."""
+        try:
+            method = getattr(worker.client, operation)
+            return await asyncio.wait_for(method(*args), self.config.control_timeout_s)
+        except Exception as error:
+            request_id = args[0] if operation in ("abort", "export_request") else None
+            raise EngineFailure(worker.index, operation, request_id) from error
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ProxyClosed("the MultiVersionProxy is closed")
+
+    # ------------------------------------------------------------------------------------------ inspection
+
+    def versions(self) -> list[int]:
+        """The version each engine serves now (a switching engine reports its old one)."""
+        return [worker.version for worker in self._workers]
+
+    def healthy_engines(self) -> list[int]:
+        return [worker.index for worker in self._workers if worker.healthy]
+
+    def versions_alive(self) -> list[int]:
+        """Versions with requests in flight, plus the newest: the window the engines serve now."""
+        return sorted({c.version for c in self._calls.values() if c.version is not None} | {self._newest})
+
+    def stats(self) -> dict[str, Any]:
+        """Per-engine state and the orchestration metrics: migrations, KV bytes moved, versions alive."""
+        now = self._clock()
+        return {
+            "engines": [worker.stats(now) for worker in self._workers],
+            "suspended": self._suspended,
+            "latest_version": self._latest_version,
+            "newest_version": self._newest,
+            "versions_alive": len(self.versions_alive()),
+            "max_versions_alive": self._max_versions_alive,
+            "num_calls": len(self._calls),
+            "num_held": sum(1 for call in self._calls.values() if call.version is None),
+            **self._counts,
+        }
+
+    def close(self) -> None:
+        """Fail held calls with ``ProxyClosed`` and cancel the orchestrator's own tasks; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._wakeup.notify()
+        for task in list(self._background):
+            task.cancel()
