@@ -1,0 +1,31 @@
+"""``asyncrl train``: the packaged default example loads, and overrides without a file apply to it."""
+
+from __future__ import annotations
+
+import argparse
+
+from asyncrl.cli import train
+from asyncrl.config.run import load_run_config
+
+
+def test_default_example_is_a_valid_async_config() -> None:
+    config = load_run_config(train.DEFAULT_EXAMPLE)
+    assert config.controller.mode == "async"
+    assert config.buffer.async_ratio == 2.0
+    assert config.model.path == ""  # the embedded tiny-count checkpoint
+
+
+def test_overrides_without_a_file_apply_to_the_default_example(monkeypatch) -> None:
+    seen: list[list[str]] = []
+
+    def fake_config(args: argparse.Namespace):
+        seen.append(list(args.config_args))
+        raise ValueError("stop before training")
+
+    monkeypatch.setattr(train, "run_config_from_args", fake_config)
+    for given in ([], ["trainer.lr=1e-3"]):
+        try:
+            train.run(argparse.Namespace(config_args=list(given)))
+        except ValueError:
+            pass
+    assert seen == [[str(train.DEFAULT_EXAMPLE)], [str(train.DEFAULT_EXAMPLE), "trainer.lr=1e-3"]]
