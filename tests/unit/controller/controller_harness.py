@@ -125,14 +125,16 @@ async def run_scenario(scenario: Scenario, seed: int) -> Outcome:
         max_redundant_groups=scenario.redundant,
     )
     admitted: list[str] = []
-    acquire = buffer.acquire_admission
+    try_acquire = buffer.try_acquire_admission
 
-    async def recording_acquire(producer: str, key: str = "", timeout_s: float | None = None):
-        admission = await acquire(producer, key, timeout_s)
-        admitted.append(admission.key)
+    def recording_try_acquire(producer: str, key: str = ""):
+        """Every ticket passes here: ``acquire_admission`` is built on ``try_acquire_admission``."""
+        admission = try_acquire(producer, key)
+        if admission is not None:
+            admitted.append(admission.key)
         return admission
 
-    buffer.acquire_admission = recording_acquire  # type: ignore[method-assign]
+    buffer.try_acquire_admission = recording_try_acquire  # type: ignore[method-assign]
     rollout = RolloutConfig(
         rollout_batch_size=scenario.batch,
         num_return_sequences=scenario.group,
