@@ -46,6 +46,19 @@ class KVCache:
         self.keys[layer][slot, :, start:end] = k[0]
         self.values[layer][slot, :, start:end] = v[0]
 
+    def write_positions(
+        self, layer: int, slots: torch.Tensor, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> None:
+        """Batched prefill write: ``k``/``v`` ``[rows, kv_heads, T, head_dim]``; token ``j`` of row ``r`` goes
+        to slot ``slots[r]`` at ``positions[r, j]`` (padding points at the scratch position)."""
+        rows = slots[:, None].expand_as(positions)
+        self.keys[layer][rows, :, positions] = k.transpose(1, 2)
+        self.values[layer][rows, :, positions] = v.transpose(1, 2)
+
+    def gather(self, layer: int, slots: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of the listed ``slots`` (any order) over positions ``[0, length)``, copied."""
+        return self.keys[layer][slots, :, :length], self.values[layer][slots, :, :length]
+
     def move(self, src: int, dst: int, num_positions: int) -> None:
         """Copy one request's KV to another slot (slot compaction); positions past ``num_positions`` are junk."""
         for pool in (*self.keys, *self.values):

@@ -35,7 +35,11 @@ def check_supported(model: torch.nn.Module) -> None:
 
 
 class ModelRunner:
-    """Feeds scheduled chunks through the model, writing their KV, and returns logits where tokens are due."""
+    """Feeds scheduled chunks through the model, writing their KV, and returns logits where tokens are due.
+
+    A step costs one batched decode pass plus one padded pass for all its prefill chunks (more only when
+    their lengths differ widely, see ``padding_groups``).
+    """
 
     def __init__(self, model: torch.nn.Module, *, num_slots: int, max_len: int) -> None:
         check_supported(model)
@@ -62,12 +66,11 @@ class ModelRunner:
         complete, in chunk order."""
         for move in moves:
             self.cache.move(move.src, move.dst, move.num_positions)
-        decode_rows = self._decode([c for c in chunks if c.num_tokens == 1], num_slots_in_use)
-        logits = []
-        for chunk in chunks:
-            row = decode_rows[chunk.seq.slot] if chunk.num_tokens == 1 else self._prefill(chunk)
-            if chunk.completes:
-                logits.append(row)
+        rows = self._decode([c for c in chunks if c.num_tokens == 1], num_slots_in_use)
+        prefills = [c for c in chunks if c.num_tokens > 1]
+        if prefills:
+            rows.update(self._prefill(prefills))
+        logits = [rows[chunk.seq.slot] for chunk in chunks if chunk.completes]
         if not logits:
             return torch.empty(0, self.model.config.vocab_size, device=self.device)
         return torch.stack(logits).float()
@@ -95,27 +98,54 @@ class ModelRunner:
             )
 
         ids = torch.tensor(token_ids, device=self.device)[:, None]
-        hidden = self._forward(ids, rope[:, None], attend)[:, -1]
-        return {chunk.seq.slot: hidden[chunk.seq.slot] for chunk in chunks}
+        last = torch.zeros(num_rows, dtype=torch.long, device=self.device)
+        logits = self._forward(ids, rope[:, None], attend, last)
+        return {chunk.seq.slot: logits[chunk.seq.slot] for chunk in chunks}
 
-    def _prefill(self, chunk: Chunk) -> torch.Tensor:
-        """Tokens ``[start, start + n)`` of one sequence; returns the last position's logits."""
-        slot, start, end = chunk.seq.slot, chunk.start, chunk.start + chunk.num_tokens
-        positions = torch.arange(start, end, device=self.device)
-        mask = torch.arange(end, device=self.device)[None, :] <= positions[:, None]  # [n, end], causal
+    def _prefill(self, chunks: list[Chunk]) -> dict[int, torch.Tensor]:
+        """Every prefill chunk of the step, in as few padded forward passes as ``padding_groups`` allows;
+        a chunk repeating another's prompt (the n samples of a GRPO group) copies its KV and logits instead."""
+        unique, copies = shared_prefills(chunks)
+        rows: dict[int, torch.Tensor] = {}
+        for group in padding_groups([chunk.num_tokens for chunk in unique]):
+            rows.update(self._prefill_group([unique[i] for i in group]))
+        for source, copy in copies:
+            self.cache.move(source.seq.slot, copy.seq.slot, copy.num_tokens)
+            rows[copy.seq.slot] = rows[source.seq.slot]
+        return rows
+
+    def _prefill_group(self, chunks: list[Chunk]) -> dict[int, torch.Tensor]:
+        """One forward over several chunks, right-padded to the longest; row ``r`` holds tokens
+        ``[start, start + n)`` of its sequence. Returns each row's logits at its last real token, by slot.
+
+        Real queries see only their own slot's positions at or before their own, so padding never leaks
+        into them; padded tokens repeat their row's last position (rope stays within the row's range) and
+        write their KV to the scratch position, which no real query reads.
+        """
+        device = self.device
+        width = max(chunk.num_tokens for chunk in chunks)
+        length = max(chunk.start + chunk.num_tokens for chunk in chunks)
+        starts = torch.tensor([chunk.start for chunk in chunks], device=device)
+        counts = torch.tensor([chunk.num_tokens for chunk in chunks], device=device)
+        slots = torch.tensor([chunk.seq.slot for chunk in chunks], device=device)
+        offsets = torch.arange(width, device=device)
+        positions = starts[:, None] + torch.minimum(offsets[None, :], counts[:, None] - 1)  # [rows, width]
+        writes = torch.where(offsets[None, :] < counts[:, None], positions, self.cache.scratch_position)
+        mask = torch.arange(length, device=device)[None, None, :] <= positions[:, :, None]
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            self.cache.write_chunk(layer, slot, start, k, v)
-            keys, values = self.cache.view(layer, slice(slot, slot + 1), end)
-            return F.scaled_dot_product_attention(
-                q, keys, values, attn_mask=mask[None, None], enable_gqa=True
-            )
+            self.cache.write_positions(layer, slots, writes, k, v)
+            keys, values = self.cache.gather(layer, slots, length)
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None], enable_gqa=True)
 
-        ids = torch.tensor(chunk.seq.token_ids[start:end], device=self.device)[None, :]
-        return self._forward(ids, positions[None, :], attend)[0, -1]
+        ids = torch.tensor([padded_tokens(chunk, width) for chunk in chunks], device=device)
+        logits = self._forward(ids, positions, attend, counts - 1)
+        return {chunk.seq.slot: logits[row] for row, chunk in enumerate(chunks)}
 
-    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, attend: AttentionFn) -> torch.Tensor:
-        """Logits of the last position of each row: ``[rows, 1, vocab]``."""
+    def _forward(
+        self, ids: torch.Tensor, positions: torch.Tensor, attend: AttentionFn, last: torch.Tensor
+    ) -> torch.Tensor:
+        """Logits ``[rows, vocab]`` of each row's position ``last[row]``."""
         inner = self.model.model
         hidden = inner.embed_tokens(ids)
         cos, sin = inner.rotary_emb(hidden, positions)
@@ -124,7 +154,8 @@ class ModelRunner:
                 index, layer.self_attn, layer.input_layernorm(hidden), cos, sin, attend
             )
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-        return self.model.lm_head(inner.norm(hidden[:, -1:]))
+        hidden = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
+        return self.model.lm_head(inner.norm(hidden))
 
     def _attention(self, index, attn, hidden, cos, sin, attend: AttentionFn) -> torch.Tensor:
         rows, length = hidden.shape[:2]
@@ -134,3 +165,48 @@ class ModelRunner:
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         out = attend(index, q, k, v)  # [rows, heads, length, head_dim]
         return attn.o_proj(out.transpose(1, 2).reshape(rows, length, -1))
+
+
+def padded_tokens(chunk: Chunk, width: int) -> list[int]:
+    """The chunk's token ids, right-padded with 0 to ``width``."""
+    tokens = chunk.seq.token_ids[chunk.start : chunk.start + chunk.num_tokens]
+    return tokens + [0] * (width - len(tokens))
+
+
+def shared_prefills(chunks: list[Chunk]) -> tuple[list[Chunk], list[tuple[Chunk, Chunk]]]:
+    """Split chunks into those to compute and (source, copy) pairs whose KV and logits the source gives.
+
+    Only chunks starting at position 0 are shared: their KV depends on nothing but their tokens and the
+    current weights, whereas a later chunk attends to KV that may predate a weight update.
+    """
+    first: dict[tuple[int, ...], Chunk] = {}
+    unique, copies = [], []
+    for chunk in chunks:
+        key = tuple(chunk.seq.token_ids[: chunk.num_tokens])
+        if chunk.start == 0 and key in first:
+            copies.append((first[key], chunk))
+            continue
+        if chunk.start == 0:
+            first[key] = chunk
+        unique.append(chunk)
+    return unique, copies
+
+
+def padding_groups(lengths: list[int], max_padding: float = 2.0) -> list[list[int]]:
+    """Indices of chunks to prefill together, longest first.
+
+    A group's padded size (rows × its longest chunk) stays within ``max_padding`` × its real tokens, so
+    similar-length chunks share one forward pass while one long chunk is not padded against many short
+    ones. Lengths are sorted descending, so once a chunk does not fit no shorter one would: greedy is exact.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups: list[list[int]] = []
+    real = 0
+    for index in order:
+        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= max_padding * (real + lengths[index]):
+            groups[-1].append(index)
+            real += lengths[index]
+        else:
+            groups.append([index])
+            real = lengths[index]
+    return groups
