@@ -18,7 +18,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     add_config_arguments(parser)
     parser.add_argument(
-        "--checkpoint", help="a checkpoint directory written by asyncrl train (step_XXXXXXXX)"
+        "--checkpoint",
+        help="a checkpoint directory written by asyncrl train (e.g. runs/default/checkpoints/step_00000150)",
     )
 
 

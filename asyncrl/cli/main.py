@@ -30,7 +30,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sft": ("asyncrl.cli.sft", "Supervised warm start of a model on task demonstrations."),
     "config": ("asyncrl.cli.config", "Print a resolved run config, or the documentation of every key."),
     "tiny": ("asyncrl.cli.tiny", "Build a tiny Qwen2 model and a byte-level BPE tokenizer trained for it."),
-    "simulate": ("asyncrl.cli.simulate", "Simulate a run at any scale: real scheduling code, cost-model workers."),
+    "simulate": (
+        "asyncrl.cli.simulate",
+        "Simulate a run at any scale: real scheduling code, cost-model workers.",
+    ),
     "plan": ("asyncrl.cli.plan", "Recommend the rollout/train split and async ratio (ROLL Flash Prop. 2)."),
 }
 """Subcommand name -> (module path, one-line help). Adding a subcommand is one entry plus its module."""

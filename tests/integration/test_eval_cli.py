@@ -8,7 +8,9 @@ from asyncrl.cli.main import main
 
 
 def test_eval_scores_the_shipped_model(capsys) -> None:
-    status = main(["eval", "controller.eval_prompts=4", "rollout.max_new_tokens=32", "engine.max_model_len=64"])
+    status = main(
+        ["eval", "controller.eval_prompts=4", "rollout.max_new_tokens=32", "engine.max_model_len=64"]
+    )
     assert status == 0
     result = json.loads(capsys.readouterr().out)
     assert result["eval/num_prompts"] == 4.0

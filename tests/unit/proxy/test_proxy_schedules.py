@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from asyncrl.testing.fake_engine import FakeEngine, expected_tokens, make_request
 
 from asyncrl.config.proxy import ProxyConfig
 from asyncrl.proxy import EngineFailure, LLMProxy, NoHealthyEngine, RequestTimeout
 from asyncrl.testing.event_loop import run_seeds
+from asyncrl.testing.fake_engine import FakeEngine, expected_tokens, make_request
 from asyncrl.types import FinishReason, Generation
 
 NUM_SEEDS = 500

@@ -10,11 +10,11 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from asyncrl.testing.fake_engine import FakeEngine, expected_tokens, make_request
 
 from asyncrl.config.proxy import ProxyConfig
 from asyncrl.proxy import EngineFailure, LLMProxy, NoHealthyEngine
 from asyncrl.testing.event_loop import run_shuffled
+from asyncrl.testing.fake_engine import FakeEngine, expected_tokens, make_request
 from asyncrl.types import FinishReason
 
 
