@@ -3,47 +3,11 @@
 from __future__ import annotations
 
 import torch
-import transformers
 
 from asyncrl.config.engine import EngineConfig
 from asyncrl.engine.llm_engine import LLMEngine
+from asyncrl.testing.models import tiny_llama, tiny_qwen2  # noqa: F401 (re-exported to the engine tests)
 from asyncrl.types import Generation, Request, SamplingParams
-
-VOCAB = 300
-
-
-def tiny_qwen2(seed: int = 0) -> transformers.Qwen2ForCausalLM:
-    torch.manual_seed(seed)
-    config = transformers.Qwen2Config(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=VOCAB,
-        max_position_embeddings=128,
-        tie_word_embeddings=True,
-        initializer_range=0.1,
-        eos_token_id=2,
-    )
-    return transformers.Qwen2ForCausalLM(config).eval()
-
-
-def tiny_llama(seed: int = 0) -> transformers.LlamaForCausalLM:
-    torch.manual_seed(seed)
-    config = transformers.LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        vocab_size=VOCAB,
-        max_position_embeddings=128,
-        tie_word_embeddings=False,
-        initializer_range=0.1,
-        eos_token_id=2,
-    )
-    return transformers.LlamaForCausalLM(config).eval()
 
 
 class CharTokenizer:

@@ -15,31 +15,14 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import transformers  # noqa: E402
 
 from asyncrl.config.engine import EngineConfig  # noqa: E402
 from asyncrl.config.proxy import ProxyConfig  # noqa: E402
 from asyncrl.engine import make_engine  # noqa: E402
 from asyncrl.engine.async_engine import AsyncEngine  # noqa: E402
 from asyncrl.proxy import LLMProxy  # noqa: E402
+from asyncrl.testing.models import tiny_qwen2  # noqa: E402
 from asyncrl.types import Request, SamplingParams  # noqa: E402
-
-
-def tiny_qwen2(seed: int) -> transformers.Qwen2ForCausalLM:
-    torch.manual_seed(seed)
-    config = transformers.Qwen2Config(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=300,
-        max_position_embeddings=128,
-        tie_word_embeddings=True,
-        initializer_range=0.1,
-        eos_token_id=2,
-    )
-    return transformers.Qwen2ForCausalLM(config).eval()
 
 
 @pytest.fixture
