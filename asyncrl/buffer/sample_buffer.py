@@ -2,8 +2,10 @@
 
 Key decision: freshness is enforced twice. Admission control (a capacity rule on versions) keeps work from
 being started that could not be trained fresh; a straggler that breaks the bound anyway is reclaimed, never
-trained. All arithmetic lives in ``staleness``; this module only counts and waits. One asyncio loop, no
-threads: every method that changes state runs to completion without awaiting, so no snapshot goes stale.
+trained. ``get_batch(wait_for_older=True)`` (multi_version mode) goes further: it trains earliest deadline
+first and waits for older groups still in flight, so no admitted group becomes a straggler at all. All
+arithmetic lives in ``staleness``; this module only counts and waits. One asyncio loop, no threads: every
+method that changes state runs to completion without awaiting, so no snapshot goes stale.
 
 ::
 
@@ -24,7 +26,9 @@ waiter                 waits for                                        unblocke
 acquire_admission      trained + buffered + fresh in-flight < capacity  on_trainer_version (which also turns
                        ``(n + ⌊α⌋ + 1)·B + redundant``                  old in-flight groups stale), release,
                                                                         a stale put, close (else its timeout)
-get_batch              ``num_groups`` fresh groups buffered             put, close (else its timeout)
+get_batch              ``num_groups`` fresh groups buffered; with       put, release, close (else its timeout)
+                       ``wait_for_older``, also no older group in
+                       flight that this batch would leave overdue
 =====================  ===============================================  ==========================================
 
 Every wait has a timeout whose error names the work still out (which producer holds which ticket, for how
@@ -88,6 +92,8 @@ class SampleBuffer:
         self.max_buffered_groups = staleness.max_buffered_groups(config.async_ratio, groups_per_batch)
         self._version = 0
         self._in_flight: dict[int, Admission] = {}
+        self._in_flight_versions: collections.Counter[int] = collections.Counter()
+        """In-flight tickets per start version: counting the stale ones costs O(versions), not O(tickets)."""
         self._buffered: list[tuple[Admission, Group]] = []
         self._dropped_log: list[DroppedGroup] = []
         self._counts: collections.Counter[str] = collections.Counter()
@@ -114,6 +120,7 @@ class SampleBuffer:
         )
         self._counts["admitted"] += 1
         self._in_flight[ticket.ticket_id] = ticket
+        self._in_flight_versions[ticket.start_version] += 1
         self._check_invariants()
         return ticket
 
@@ -177,14 +184,22 @@ class SampleBuffer:
             self._drop(admission, DropKind.STALE, self._stale_reason(admission, group), group)
         self._changed()
 
-    def take_batch(self, trainer_version: int, num_groups: int | None = None) -> list[Group] | None:
-        """The ``num_groups`` (default B) oldest fresh groups for the trainer at ``trainer_version``, or None."""
+    def take_batch(
+        self, trainer_version: int, num_groups: int | None = None, *, wait_for_older: bool = False
+    ) -> list[Group] | None:
+        """The ``num_groups`` (default B) oldest fresh groups for the trainer at ``trainer_version``, or None.
+
+        ``wait_for_older``: also None while taking them would leave an admitted group unable to be trained
+        fresh and an older group still in flight could prevent that (see ``_must_wait_for_older``).
+        """
         self._raise_if_closed()
         wanted = self._check_num_groups(num_groups)
         self.on_trainer_version(trainer_version)
         if len(self._buffered) < wanted:
             return None
         self._buffered.sort(key=lambda entry: (_start_version(*entry), entry[0].ticket_id))
+        if wait_for_older and self._must_wait_for_older(wanted):
+            return None
         taken, self._buffered = self._buffered[:wanted], self._buffered[wanted:]
         self._counts["trained"] += len(taken)
         self._counts["trained_samples"] += sum(len(group) for _, group in taken)
@@ -192,9 +207,18 @@ class SampleBuffer:
         return [group for _, group in taken]
 
     async def get_batch(
-        self, trainer_version: int, num_groups: int | None = None, timeout_s: float | None = None
+        self,
+        trainer_version: int,
+        num_groups: int | None = None,
+        timeout_s: float | None = None,
+        *,
+        wait_for_older: bool = False,
     ) -> list[Group]:
-        """Wait for and take the oldest fresh batch; raises ``BatchTimeoutError`` naming what is stuck."""
+        """Wait for and take the oldest fresh batch; raises ``BatchTimeoutError`` naming what is stuck.
+
+        ``wait_for_older=True`` (multi_version mode) trains no admitted group stale: the batch also waits
+        for older in-flight groups that newer ones would otherwise push past their deadline.
+        """
         wanted = self._check_num_groups(num_groups)
         timeout = self.config.get_batch_timeout_s if timeout_s is None else timeout_s
         if self._consumer_waiting:
@@ -202,7 +226,7 @@ class SampleBuffer:
         self._consumer_waiting = True
         try:
             return await self._wait_until(
-                lambda: self.take_batch(trainer_version, wanted),
+                lambda: self.take_batch(trainer_version, wanted, wait_for_older=wait_for_older),
                 timeout,
                 lambda: BatchTimeoutError(self._describe_batch_timeout(trainer_version, wanted, timeout)),
             )
@@ -267,10 +291,30 @@ class SampleBuffer:
 
     def _num_live(self) -> int:
         """Groups holding capacity: buffered ones and in-flight ones that can still be trained."""
-        return len(self._buffered) + len(self._in_flight) - len(self.stale_in_flight())
+        num_stale = sum(n for version, n in self._in_flight_versions.items() if not self._is_fresh(version))
+        return len(self._buffered) + len(self._in_flight) - num_stale
 
     def _room(self) -> int:
         return staleness.num_admittable(self._capacity(), self._counts["trained"], self._num_live())
+
+    def _must_wait_for_older(self, wanted: int) -> bool:
+        """Whether the ``wanted`` oldest buffered groups (sorted) would leave some live group overdue while a
+        group in flight, old enough to change that by arriving, is still out (``latest_overdue_version``).
+
+        Without such a group waiting cannot help (only redundant admissions get there), so the batch goes.
+        """
+        alpha = self.config.async_ratio
+        fresh_in_flight = [
+            a.start_version for a in self._in_flight.values() if self._is_fresh(a.start_version)
+        ]
+        if not fresh_in_flight:
+            return False
+        left = [_start_version(*entry) for entry in self._buffered[wanted:]] + fresh_in_flight
+        deadlines = [staleness.last_fresh_version(start, alpha) for start in left]
+        overdue = staleness.latest_overdue_version(
+            deadlines, self._version, self.groups_per_batch, slack=self.max_redundant_groups
+        )
+        return overdue is not None and staleness.last_fresh_version(min(fresh_in_flight), alpha) <= overdue
 
     def _rejection(self, admission: Admission, group: Group) -> tuple[DropKind | None, str]:
         """Why a finished group cannot be buffered, or (None, "") when it can."""
@@ -287,11 +331,15 @@ class SampleBuffer:
         return f"started at v{started}, trainer at v{self._version}, async_ratio {self.config.async_ratio}"
 
     def _end_flight(self, admission: Admission) -> None:
-        if self._in_flight.pop(admission.ticket_id, None) is None:
+        ticket = self._in_flight.pop(admission.ticket_id, None)
+        if ticket is None:
             raise ValueError(
                 f"admission #{admission.ticket_id} ({admission.producer!r}, {admission.key!r}) is not in flight: "
                 "it was already put or released"
             )
+        self._in_flight_versions[ticket.start_version] -= 1
+        if not self._in_flight_versions[ticket.start_version]:
+            del self._in_flight_versions[ticket.start_version]
 
     def _drop(self, admission: Admission, kind: DropKind, reason: str, group: Group | None = None) -> None:
         self._dropped[kind] += 1
@@ -355,6 +403,8 @@ class SampleBuffer:
             f"get_batch({wanted} groups at version {trainer_version}) timed out after {timeout_s:g}s "
             f"with {len(self._buffered)} fresh groups buffered; "
         )
+        if len(self._buffered) >= wanted:
+            head += "waiting for older groups the batch may not overtake (wait_for_older); "
         if not self._in_flight and not self._num_admission_waiters:
             return (
                 head + "no group is in flight and no producer is waiting for admission: is rollout running?"

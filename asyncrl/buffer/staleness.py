@@ -23,6 +23,16 @@ version ``n + ⌊α⌋ + 1`` or later, an age of ``⌊α⌋ + 1 > α``: it would
 Hence α = 1.5 behaves exactly like α = 1, and α = 0.5 exactly like α = 0 (synchronous). The buffer then
 holds at most ``(⌊α⌋ + 1)·B <= (1 + α)·B`` groups, which is the bound the ROLL Flash report states.
 α = 0 is synchronous: capacity ``(n + 1)·B`` admits batch n+1 only once the version has reached n+1.
+
+No straggler (deadline order). Admission alone does not stop a straggler: a slow group admitted at
+version v can be overtaken by newer groups that fill the batches until v + ⌊α⌋ has passed. Its deadline is
+``last_fresh_version = v + ⌊α⌋``. A trainer that takes a batch only when every group left behind can still
+make its deadline (``latest_overdue_version`` is None) never sees one go stale: by induction, at the start
+of step n at most ``(m - n + 1)·B`` live groups have a deadline ``<= m`` (admission caps the live groups at
+``(⌊α⌋ + 1)·B``, and an earliest-deadline-first batch removes B of those due first), so once the older
+groups have arrived the oldest-first batch is always acceptable, and waiting for them cannot deadlock.
+Redundant admissions (R slots) break the count by up to R; the trainer does not wait for those, so up to
+R redundant groups may still be reclaimed.
 """
 
 from __future__ import annotations
@@ -84,6 +94,33 @@ def admission_capacity(
             f"trainer_version and num_redundant must be >= 0, got {trainer_version}, {num_redundant}"
         )
     return (trainer_version + num_versions_in_window(async_ratio)) * groups_per_batch + num_redundant
+
+
+def last_fresh_version(start_version: int, async_ratio: float) -> int:
+    """The last trainer version that may still train a sample started at ``start_version``: its deadline."""
+    return start_version + max_policy_age(async_ratio)
+
+
+def latest_overdue_version(
+    deadlines: Iterable[int], trainer_version: int, groups_per_batch: int, slack: int = 0
+) -> int | None:
+    """The latest version by which more groups fall due than the trainer can still take, or None.
+
+    ``deadlines`` are the ``last_fresh_version`` of the groups left untrained once the batch at
+    ``trainer_version`` is taken. The trainer takes B groups at each of the versions ``trainer_version + 1 ..
+    m``, so every group is trained fresh (earliest deadline first) if and only if, for every m, at most
+    ``(m - trainer_version)·B`` of them have a deadline ``<= m``. A group already due (deadline <= the
+    trainer's version) is overdue at once. ``slack`` groups more are tolerated (redundant admissions, which
+    may be reclaimed by design). Example, B = 1 at version 1: deadlines [2, 2] are overdue at 2.
+    """
+    _check_batch(groups_per_batch)
+    overdue, num_due = None, 0
+    counts = collections.Counter(deadlines)
+    for deadline in sorted(counts):
+        num_due += counts[deadline]
+        if num_due > max(0, deadline - trainer_version) * groups_per_batch + slack:
+            overdue = deadline
+    return overdue
 
 
 def num_admittable(capacity: int, num_trained: int, num_live: int) -> int:

@@ -24,6 +24,8 @@ Where the modes differ:
 - ``one_step_off`` (α = 1) and ``async`` (α): admission stays open up to α versions ahead, so rollout keeps
   generating while the trainer trains; the drain policy keeps one version per trajectory.
 - ``partial_rollout``: the in-flight policy moves running requests onto the new weights mid-generation.
+- ``multi_version``: the orchestrator serves several versions at once; ``get_batch`` waits for older groups
+  still in flight (``wait_for_older``), so no admitted group is reclaimed as a straggler.
 
 Invariants (tests/unit/controller, tests/integration): freshness (every trained sample started at version
 >= n - ⌊α⌋, from the buffer), conservation (every admitted prompt trained or dropped with a reason, counted
@@ -144,7 +146,9 @@ class Controller:
     async def _get_batch(self) -> list[Group]:
         """The next batch; a producer that crashed surfaces here instead of leaving the trainer waiting."""
         assert self._producer_task is not None
-        batch = asyncio.ensure_future(self.buffer.get_batch(self.version))
+        # multi_version trains no admitted group stale: the batch waits for older groups still generating
+        wait_for_older = self.config.mode == "multi_version"
+        batch = asyncio.ensure_future(self.buffer.get_batch(self.version, wait_for_older=wait_for_older))
         done, _ = await asyncio.wait([batch, self._producer_task], return_when=asyncio.FIRST_COMPLETED)
         if batch not in done:
             batch.cancel()

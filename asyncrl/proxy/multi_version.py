@@ -7,11 +7,14 @@ Engines only ever move forward, from a legacy version to the newest: no old weig
 
 ```
  generate(req) ─► [gate: not suspended, a ready engine at the newest version] ─► pin version ─► least loaded
-                                                                                 engine of that version
+                                                                      engine of that version (or affinity's)
+     engine call: request_timeout_s → abort there, RequestTimeout; raise → EngineFailure; both count against
+     the engine's health; with retry_on_engine_failure the request goes back to the gate, another engine
  model_update(w, v) ─► incoming ─[window: no request of a version < v - ⌊α⌋ in flight]─► newest = v
  every change (update, window move, a request ending) ─► rebalance:
      target_partition(pending work per version)  ──►  plan_switches  ──►  per donor engine:
      export each request ─► import on a receiver of its version (KV moves) ; then donor takes the newest weights
+ an engine turned unhealthy ─► its requests exported to healthy engines of their version (KV moves)
 ```
 
 Back-pressure (every wait ends on the event in the last column, or on ``close()``):
@@ -19,40 +22,47 @@ Back-pressure (every wait ends on the event in the last column, or on ``close()`
 | wait                   | waits for                                          | unblocked by                        |
 |------------------------|----------------------------------------------------|-------------------------------------|
 | held call (gate)       | not suspended, no version waiting for the window,  | ``resume()``, the window moving,    |
-|                        | a ready engine at the newest version               | an engine switching                 |
-| engine call            | the engine's Generation (continued after a move)   | its return; ``abort(id)``           |
+|                        | a ready engine at the newest version (or no        | an engine switching or turning      |
+|                        | healthy engine at all: ``NoHealthyEngine``)        | unhealthy                           |
+| engine call            | the engine's Generation (continued after a move)   | its return; ``abort(id)``;          |
+|                        |                                                    | ``request_timeout_s``               |
 | window (``incoming``)  | no request of a version older than v - ⌊α⌋ running | those requests ending or aborted    |
 | donor switch           | its requests exported and none arriving            | the exports, imports starting       |
 | ``update_applied(v)``  | the window at v and one healthy engine serving v   | the above; ``timeout_s``            |
 
-Invariants (tests/unit/proxy/test_multi_version.py, tests/unit/controller):
+Invariants (tests/unit/proxy/test_multi_version*.py, tests/unit/controller):
 1. One version per trajectory: a call is served only by engines at its pinned version; an import at another
    version is refused by the engine.
 2. Window: the versions with requests in flight span at most ⌊α⌋ + 1 (``stats()["max_versions_alive"]``).
 3. No trajectory is dropped by orchestration: a migration either lands on a receiver or the request stays
    where it was (export returned nothing); a request that cannot get a slot at once is prefilled again there.
 4. New prompts go to the newest version; legacy versions get none, so their work only shrinks.
+5. Failures: an engine unhealthy (``max_consecutive_failures`` failed or timed-out calls, or a failed control
+   call) gets no new request, and the requests it holds move to healthy engines of their version while it
+   still answers. A failed request reaches its caller (``EngineFailure``, ``RequestTimeout``) unless
+   ``retry_on_engine_failure``: then it is generated again from scratch, on the newest version, on an engine
+   that has not failed it, so its trajectory still has exactly one version.
 
-Not here (unlike ``LLMProxy``): per-request timeouts, retries on failure, prompt affinity, continuation.
+Not here (unlike ``LLMProxy``): continuation of an aborted request (it would mix versions).
+Shared with ``LLMProxy``-style proxies: workers, bounded engine and control calls, health (``engine_set``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from asyncrl.buffer.staleness import max_policy_age
 from asyncrl.config.proxy import ProxyConfig
-from asyncrl.engine.migration import RequestState
 from asyncrl.proxy.continuation import empty_abort
-from asyncrl.proxy.errors import EngineFailure, NoHealthyEngine, ProxyClosed
-from asyncrl.proxy.routing import make_routing_policy
+from asyncrl.proxy.engine_set import EngineSet
+from asyncrl.proxy.errors import EngineFailure, NoHealthyEngine, ProxyClosed, RequestTimeout
+from asyncrl.proxy.routing import AffinityTable, make_routing_policy
 from asyncrl.proxy.wakeup import Wakeup
 from asyncrl.proxy.worker import (
     EngineClient,
@@ -65,13 +75,36 @@ from asyncrl.types import FinishReason, Generation, Request
 
 logger = logging.getLogger(__name__)
 
+COUNTERS = (
+    "num_migrations",
+    "kv_bytes_moved",
+    "num_switches",
+    "num_window_waits",
+    "num_evacuations",
+    "num_retries",
+    "num_timeouts",
+)
+"""The orchestrator's cumulative counters in ``stats()``."""
+
+
+class ExportedRequest(Protocol):
+    """What the orchestrator reads of an exported request: an ``engine.migration.RequestState``, or a handle
+    to one kept elsewhere (``runtime.ray_runtime.RemoteRequestState``)."""
+
+    @property
+    def request_id(self) -> str: ...
+
+    @property
+    def kv_bytes(self) -> int: ...
+
 
 class MigratableEngineClient(EngineClient, Protocol):
-    """An engine whose in-flight requests can leave with their state (``AsyncEngine``, ``FakeEngine``)."""
+    """An engine whose in-flight requests can leave with their state (``AsyncEngine``, ``FakeEngine``, the
+    Ray engine client); ``import_request`` takes what another engine of the kind exported."""
 
-    async def export_request(self, request_id: str) -> RequestState | None: ...
+    async def export_request(self, request_id: str) -> ExportedRequest | None: ...
 
-    async def import_request(self, state: RequestState) -> Generation: ...
+    async def import_request(self, state: Any) -> Generation: ...
 
 
 # ---------------------------------------------------------------------------------------------- the plan
@@ -148,25 +181,38 @@ def _fill(receivers: dict[int, int], count: int, slots: int | None) -> tuple[tup
     """Place ``count`` requests one by one on the least-loaded receiver (updating ``receivers``); None if they
     do not all fit, leaving ``receivers`` unchanged."""
     loads = dict(receivers)
+    placed = _place(loads, count, slots)
+    if sum(placed.values()) < count:
+        return None
+    receivers.update(loads)
+    return tuple(sorted(placed.items()))
+
+
+def _fill_some(receivers: Mapping[int, int], count: int, slots: int | None) -> tuple[tuple[int, int], ...]:
+    """Like ``_fill``, but places as many of the ``count`` requests as fit (receivers unchanged)."""
+    return tuple(sorted(_place(dict(receivers), count, slots).items()))
+
+
+def _place(loads: dict[int, int], count: int, slots: int | None) -> Counter[int]:
+    """Up to ``count`` requests, one by one on the least-loaded receiver with room; ``loads`` is updated."""
     placed: Counter[int] = Counter()
     for _ in range(count):
         room = [i for i, n in loads.items() if slots is None or n < slots]
         if not room:
-            return None
+            break
         best = min(room, key=lambda i: (loads[i], i))
         loads[best] += 1
         placed[best] += 1
-    receivers.update(loads)
-    return tuple(sorted(placed.items()))
+    return placed
 
 
 # ------------------------------------------------------------------------------------------- the proxy
 
 
-def _importer(state: RequestState) -> Callable[[EngineWorker], Coroutine[Any, Any, Generation]]:
+def _importer(state: ExportedRequest) -> Callable[[EngineWorker], Awaitable[Generation]]:
     """The engine call that continues a migrated request on its receiver."""
 
-    def run(engine: EngineWorker) -> Coroutine[Any, Any, Generation]:
+    def run(engine: EngineWorker) -> Awaitable[Generation]:
         return engine.client.import_request(state)
 
     return run
@@ -180,8 +226,10 @@ class _Call:
     version: int | None = None
     worker: EngineWorker | None = None
     abort_requested: bool = False
-    handoff: asyncio.Future[tuple[EngineWorker, RequestState] | None] | None = None
+    handoff: asyncio.Future[tuple[EngineWorker, ExportedRequest] | None] | None = None
     """Set while the call is being exported: resolves to its receiver and state, or None if it stayed."""
+    excluded: set[int] = field(default_factory=set)
+    """Engines that failed this call (a retry goes elsewhere)."""
 
 
 class MultiVersionProxy:
@@ -198,23 +246,19 @@ class MultiVersionProxy:
         initial_version: int = 0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if not engines:
-            raise ValueError("MultiVersionProxy needs at least one engine")
         if slots_per_engine is not None and slots_per_engine < 1:
             raise ValueError(f"slots_per_engine must be >= 1 or None, got {slots_per_engine}")
         self.config = config or ProxyConfig()
+        self._engines = EngineSet(
+            engines, self.config, initial_version=initial_version, clock=clock, owner="MultiVersionProxy"
+        )
+        self._workers = self._engines.workers
         self.max_age = max_policy_age(async_ratio)
         self.slots_per_engine = slots_per_engine
-        self._clock = clock
-        self._workers = [
-            EngineWorker(index=i, client=engine, version=initial_version, started_at=clock())
-            for i, engine in enumerate(engines)
-        ]
         self._routing = make_routing_policy(self.config)
+        self._affinity = AffinityTable()
         self._calls: dict[str, _Call] = {}
         self._wakeup = Wakeup()
-        self._background: set[asyncio.Task[Any]] = set()
-        self._attempt_ids = itertools.count()
         self._arriving: Counter[int] = Counter()
         self._suspended = False
         self._closed = False
@@ -222,9 +266,7 @@ class MultiVersionProxy:
         self._latest_version = initial_version
         self._weights: PendingUpdate | None = None
         self._incoming: PendingUpdate | None = None
-        self._counts = Counter(
-            {"num_migrations": 0, "kv_bytes_moved": 0, "num_switches": 0, "num_window_waits": 0}
-        )
+        self._counts = Counter(dict.fromkeys(COUNTERS, 0))
         self._max_versions_alive = 1
 
     # ----------------------------------------------------------------------------------------------- requests
@@ -256,22 +298,45 @@ class MultiVersionProxy:
         worker = call.worker
         if worker is None:  # between two engines: the serve loop sees the flag and stops there
             return None
-        return await self._control(worker, "abort", request_id)
+        return await self._engines.control(worker, "abort", request_id, request_id=request_id)
 
     async def _serve(self, call: _Call) -> Generation:
-        await self._wakeup.wait_until(lambda: self._closed or call.abort_requested or self._dispatchable())
+        """Dispatch, run (following migrations), and on an engine failure retry from the gate if allowed."""
+        while True:
+            worker = await self._dispatch(call)
+            if worker is None:
+                return empty_abort(call.request)
+            try:
+                return await self._run(call, worker)
+            except (EngineFailure, RequestTimeout) as failure:
+                if not self._may_retry(call):
+                    raise
+                self._forget_handoff(call)
+                call.excluded.add(failure.engine_index)
+                call.version = None  # generated again from scratch, on the newest version: still one version
+                self._counts["num_retries"] += 1
+                logger.warning("request %s: %s; retrying on another engine", call.request.request_id, failure)
+
+    async def _dispatch(self, call: _Call) -> EngineWorker | None:
+        """Hold the call at the gate, then pin it to the newest version; its engine, or None if aborted."""
+        await self._wakeup.wait_until(
+            lambda: self._closed or call.abort_requested or self._dispatchable(call)
+        )
         self._check_open()
         if call.abort_requested:
-            return empty_abort(call.request)
-        request = replace(call.request, version=self._newest)
+            return None
         call.version = self._newest
-        worker = self._route(self._newest)
+        return self._route(call, self._newest)
 
-        def run(engine: EngineWorker) -> Coroutine[Any, Any, Generation]:
+    async def _run(self, call: _Call, worker: EngineWorker) -> Generation:
+        """The engine calls of one dispatch: on ``worker``, then on each receiver it migrates to."""
+        request = replace(call.request, version=call.version)
+
+        def run(engine: EngineWorker) -> Awaitable[Generation]:
             return engine.client.generate(request)
 
         while True:
-            generation = await self._attempt(call, worker, run)
+            generation = await self._attempt(call, worker, request, run)
             target = await self._take_handoff(call)
             if target is None or generation.finish_reason is not FinishReason.ABORT or call.abort_requested:
                 return generation
@@ -282,27 +347,22 @@ class MultiVersionProxy:
         self,
         call: _Call,
         worker: EngineWorker,
-        run: Callable[[EngineWorker], Coroutine[Any, Any, Generation]],
+        request: Request,
+        run: Callable[[EngineWorker], Awaitable[Generation]],
     ) -> Generation:
-        attempt_id = next(self._attempt_ids)
-        worker.start(attempt_id, call.request, self._clock())
         call.worker = worker
+        self._affinity.add(request.affinity_key, worker.index)
         try:
-            generation = await run(worker)
-        except Exception as error:
-            worker.record_failure(self.config.max_consecutive_failures)
-            logger.warning("engine %d failed request %s: %r", worker.index, call.request.request_id, error)
-            raise EngineFailure(worker.index, "generate", call.request.request_id) from error
+            return await self._engines.attempt(worker, request, lambda: run(worker))
+        except RequestTimeout:
+            self._counts["num_timeouts"] += 1
+            raise
         finally:
-            worker.finish(attempt_id, self._clock())
+            self._affinity.remove(request.affinity_key, worker.index)
             call.worker = None
             self._changed()
-        if generation.finish_reason is not FinishReason.ABORT:
-            worker.record_success()
-        worker.total_tokens += generation.num_tokens
-        return generation
 
-    async def _take_handoff(self, call: _Call) -> tuple[EngineWorker, RequestState] | None:
+    async def _take_handoff(self, call: _Call) -> tuple[EngineWorker, ExportedRequest] | None:
         if call.handoff is None:
             return None
         target = await call.handoff
@@ -317,24 +377,37 @@ class MultiVersionProxy:
         if handoff is None:
             return
 
-        def release(done: asyncio.Future[tuple[EngineWorker, RequestState] | None]) -> None:
+        def release(done: asyncio.Future[tuple[EngineWorker, ExportedRequest] | None]) -> None:
             if not done.cancelled() and done.result() is not None:
                 self._arriving[done.result()[0].index] -= 1
                 self._changed()
 
         handoff.add_done_callback(release)
 
-    def _dispatchable(self) -> bool:
-        """New work starts only on the newest weights: not while a newer version waits for the window."""
+    def _may_retry(self, call: _Call) -> bool:
+        if not self.config.retry_on_engine_failure or call.abort_requested or self._closed:
+            return False
+        return any(w.healthy and w.index not in call.excluded for w in self._workers)
+
+    def _dispatchable(self, call: _Call) -> bool:
+        """New work starts only on the newest weights: not while a newer version waits for the window.
+        With no healthy engine left the call goes on, to fail with ``NoHealthyEngine``."""
+        if not any(w.healthy and w.index not in call.excluded for w in self._workers):
+            return True
         if self._suspended or self._incoming is not None:
             return False
-        return self._route(self._newest, required=False) is not None
+        return self._route(call, self._newest, required=False) is not None
 
-    def _route(self, version: int, *, required: bool = True) -> EngineWorker | None:
-        ready = [w.load() for w in self._workers if w.ready]
-        index = self._routing.choose(ready, pinned_version=version)
+    def _route(self, call: _Call, version: int, *, required: bool = True) -> EngineWorker | None:
+        """The least-loaded ready engine at ``version`` (the engine serving the call's affinity key if close)."""
+        index = self._routing.choose(
+            [w.load() for w in self._workers if w.ready],
+            affinity_owner=self._affinity.owner(call.request.affinity_key),
+            pinned_version=version,
+            excluded=frozenset(call.excluded),
+        )
         if index is None and required:
-            raise NoHealthyEngine(f"no healthy engine serves version {version}")
+            raise NoHealthyEngine(f"request {call.request.request_id!r}: no healthy engine serves v{version}")
         return None if index is None else self._workers[index]
 
     # ------------------------------------------------------------------------------------------ weight update
@@ -371,7 +444,7 @@ class MultiVersionProxy:
             return self._newest >= version and any(w.healthy and w.version >= version for w in self._workers)
 
         def settled() -> bool:
-            failed = any(w.control_error is not None for w in self._workers)
+            failed = self._engines.control_failure() is not None
             return self._closed or served() or failed or not self.healthy_engines()
 
         try:
@@ -381,7 +454,7 @@ class MultiVersionProxy:
         self._check_open()
         if served():
             return
-        failure = next((w.control_error for w in self._workers if w.control_error is not None), None)
+        failure = self._engines.control_failure()
         if failure is not None:
             raise failure
         raise NoHealthyEngine(f"no healthy engine serves version {version}")
@@ -394,6 +467,7 @@ class MultiVersionProxy:
             self._weights, self._incoming = self._incoming, None
             self._newest = self._weights.version
         self._rebalance()
+        self._evacuate_unhealthy()
         alive = {c.version for c in self._calls.values() if c.version is not None} | {self._newest}
         self._max_versions_alive = max(self._max_versions_alive, max(alive) - min(alive) + 1)
         self._wakeup.notify()
@@ -408,37 +482,65 @@ class MultiVersionProxy:
         if self._weights is None or self._closed:
             return
         loads = Counter(self._newest if c.version is None else c.version for c in self._calls.values())
-        healthy = [w for w in self._workers if w.healthy and w.control_error is None]
+        healthy = self._usable()
         target = target_partition(loads, len(healthy), self._newest)
-        views = [
+        for switch in plan_switches(self._views(healthy), target, self._newest, self.slots_per_engine):
+            self._start_switch(self._workers[switch.index], switch.moves)
+
+    def _usable(self) -> list[EngineWorker]:
+        """Engines that take new work: healthy, and whose control calls have not failed."""
+        return [w for w in self._workers if w.healthy and w.control_error is None]
+
+    def _views(self, workers: Sequence[EngineWorker]) -> list[EngineView]:
+        """What the planner sees of the ready ones among ``workers``: requests on or heading to each."""
+        return [
             EngineView(
                 index=w.index, version=w.version, num_requests=len(w.in_flight) + self._arriving[w.index]
             )
-            for w in healthy
+            for w in workers
             if w.ready
         ]
-        for switch in plan_switches(views, target, self._newest, self.slots_per_engine):
-            self._start_switch(self._workers[switch.index], switch.moves)
 
     def _start_switch(self, donor: EngineWorker, moves: tuple[tuple[int, int], ...]) -> None:
         """Send the donor's requests to their receivers, then give it the newest weights (in the background)."""
         assert self._weights is not None
         donor.pending = self._weights
+        self._send_requests(donor, moves)
+        self._counts["num_switches"] += 1
+        self._engines.spawn(self._switch(donor))
+
+    def _evacuate_unhealthy(self) -> None:
+        """Move the requests of an engine marked unhealthy (that still answers) to healthy engines of their
+        version, KV included; a request with nowhere to go stays and finishes where it is."""
+        sick = [w for w in self._workers if not w.healthy and w.control_error is None and w.in_flight]
+        if self._closed or not sick:
+            return
+        healthy = self._views(self._usable())
+        for worker in sick:
+            receivers = {v.index: v.num_requests for v in healthy if v.version == worker.version}
+            moves = _fill_some(receivers, len(self._movable(worker)), self.slots_per_engine)
+            self._counts["num_evacuations"] += self._send_requests(worker, moves)
+
+    def _movable(self, worker: EngineWorker) -> list[_Call]:
+        return [c for c in self._calls.values() if c.worker is worker and c.handoff is None]
+
+    def _send_requests(self, donor: EngineWorker, moves: tuple[tuple[int, int], ...]) -> int:
+        """Start migrating the donor's requests to ``moves`` (receiver, count); how many were started."""
         receivers = [self._workers[index] for index, count in moves for _ in range(count)]
-        calls = [c for c in self._calls.values() if c.worker is donor and c.handoff is None]
-        for call, receiver in zip(calls, receivers, strict=False):  # calls may have ended meanwhile
+        pairs = list(zip(self._movable(donor), receivers, strict=False))  # calls may have ended meanwhile
+        for call, receiver in pairs:
             call.handoff = asyncio.get_running_loop().create_future()
             self._arriving[receiver.index] += 1
-            self._spawn(self._migrate(call, donor, receiver))
-        self._counts["num_switches"] += 1
-        self._spawn(self._switch(donor))
+            self._engines.spawn(self._migrate(call, donor, receiver))
+        return len(pairs)
 
     async def _migrate(self, call: _Call, donor: EngineWorker, receiver: EngineWorker) -> None:
         handoff = call.handoff
         assert handoff is not None
         target = None
         try:
-            state = await self._control(donor, "export_request", call.request.request_id)
+            rid = call.request.request_id
+            state = await self._engines.control(donor, "export_request", rid, request_id=rid)
             if state is not None:
                 target = (receiver, state)
                 self._counts["num_migrations"] += 1
@@ -446,9 +548,13 @@ class MultiVersionProxy:
         except EngineFailure as failure:
             logger.warning("%s: %r; the request stays on engine %d", failure, failure.__cause__, donor.index)
         finally:
+            if handoff.done():  # the call was cancelled while it waited for the move: it arrives nowhere
+                target = None
+            else:
+                handoff.set_result(target)
             if target is None:
                 self._arriving[receiver.index] -= 1
-            handoff.set_result(target)
+                self._changed()
 
     async def _switch(self, donor: EngineWorker) -> None:
         """Once nothing runs on or heads to the donor, load the newest weights into it."""
@@ -461,36 +567,16 @@ class MultiVersionProxy:
         assert update is not None
         donor.pending, donor.applying = None, update.version
         try:
-            await self._control(donor, "pause")
-            await self._control(donor, "update_weights", update.named_tensors, update.version)
-            await self._control(donor, "resume")
+            await self._engines.control(donor, "pause")
+            await self._engines.control(donor, "update_weights", update.named_tensors, update.version)
+            await self._engines.control(donor, "resume")
         except EngineFailure as failure:
-            logger.error(
-                "engine %d is unhealthy from now on: %s (%r)", donor.index, failure, failure.__cause__
-            )
-            donor.healthy, donor.control_error = False, failure
+            self._engines.mark_unhealthy(donor, failure)
         else:
             donor.version = update.version
         finally:
             donor.applying = None
             self._changed()
-
-    # ---------------------------------------------------------------------------------------------- control
-
-    async def _control(self, worker: EngineWorker, operation: str, *args: Any) -> Any:
-        """Call ``operation`` on an engine within ``control_timeout_s``; any error becomes ``EngineFailure``."""
-        try:
-            method = getattr(worker.client, operation)
-            return await asyncio.wait_for(method(*args), self.config.control_timeout_s)
-        except Exception as error:
-            request_id = args[0] if operation in ("abort", "export_request") else None
-            raise EngineFailure(worker.index, operation, request_id) from error
-
-    def _spawn(self, coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
-        task = asyncio.ensure_future(coroutine)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-        return task
 
     def _check_open(self) -> None:
         if self._closed:
@@ -500,10 +586,10 @@ class MultiVersionProxy:
 
     def versions(self) -> list[int]:
         """The version each engine serves now (a switching engine reports its old one)."""
-        return [worker.version for worker in self._workers]
+        return self._engines.versions()
 
     def healthy_engines(self) -> list[int]:
-        return [worker.index for worker in self._workers if worker.healthy]
+        return self._engines.healthy_engines()
 
     def versions_alive(self) -> list[int]:
         """Versions with requests in flight, plus the newest: the window the engines serve now."""
@@ -511,9 +597,8 @@ class MultiVersionProxy:
 
     def stats(self) -> dict[str, Any]:
         """Per-engine state and the orchestration metrics: migrations, KV bytes moved, versions alive."""
-        now = self._clock()
         return {
-            "engines": [worker.stats(now) for worker in self._workers],
+            "engines": self._engines.engine_stats(),
             "suspended": self._suspended,
             "latest_version": self._latest_version,
             "newest_version": self._newest,
@@ -530,5 +615,4 @@ class MultiVersionProxy:
             return
         self._closed = True
         self._wakeup.notify()
-        for task in list(self._background):
-            task.cancel()
+        self._engines.close()

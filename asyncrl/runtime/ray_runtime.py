@@ -8,6 +8,9 @@
           ▼ packed_payload(ref) through LLMProxy.model_update
     RayEngineClient ── update_weights(ref, v) ──► EngineActor: AsyncEngine; Ray resolves ref zero-copy,
                     ── generate / abort / pause / resume                     unpack_state → copy into model
+                    ── export_request(id) ──────► EngineActor A: (summary, RequestState with KV) → object store
+                    ◄─ RemoteRequestState(ref, kv_bytes)   (only the summary is fetched here)
+                    ── import_request(remote) ──► EngineActor B: Ray resolves ref there; continues the request
 
 Key decisions:
 - The driver builds the same shape of parts as ``runtime.inline`` (config, task, tokenizer, trainer, engines,
@@ -17,6 +20,9 @@ Key decisions:
 - Every call has a timeout, and an actor that dies fails its calls at once with ``ActorCallError`` naming it.
   Actors are never restarted (``max_restarts=0``): a fresh engine would serve the base weights at a version
   nobody knows, and a retried ``generate`` would silently run twice.
+- A migrated request (multi_version) travels actor to actor through the object store: the exporting actor
+  returns its ``RequestState`` (KV tensors included) as one object and a small summary as another; the driver
+  fetches only the summary and hands the state's reference to the importing actor, so KV never passes here.
 - No fixed ports, no named actors: Ray picks its ports and actors are reached only through their handles, so
   two runs in one process never collide. ``ray_session`` starts Ray (or joins a cluster) and stops only what
   it started.
@@ -44,6 +50,7 @@ from asyncrl.config.model import ModelConfig
 from asyncrl.config.run import RunConfig
 from asyncrl.config.runtime import RuntimeConfig
 from asyncrl.engine import make_engine
+from asyncrl.engine.migration import RequestState
 from asyncrl.models.loading import load_model_and_tokenizer, resolve_model_path, state_dict_for_sync
 from asyncrl.rewards.service import RewardService
 from asyncrl.runtime.placement import Placement, plan_placement
@@ -154,6 +161,18 @@ class EngineActor:
     async def resume(self) -> None:
         await self.engine.resume()
 
+    async def export_request(self, request_id: str) -> tuple[dict[str, int] | None, RequestState | None]:
+        """(summary, state) of a request taken out with its KV, for two return objects; (None, None) if it is
+        not here. The summary is what the driver reads; the state goes on to the importing actor."""
+        state = await self.engine.export_request(request_id)
+        if state is None:
+            return None, None
+        return {"kv_bytes": state.kv_bytes, "version": state.version}, state
+
+    async def import_request(self, state: RequestState) -> Generation:
+        """Continue a request exported by another engine of this version (Ray resolved its reference here)."""
+        return await self.engine.import_request(state)
+
     async def update_weights(self, flat: FlatWeights, version: int) -> None:
         """Copy packed weights (Ray hands ``flat`` over zero-copy) into the model and serve ``version``."""
         if flat.version != version:
@@ -240,6 +259,20 @@ def _get_actor(ref: ray.ObjectRef | list[ray.ObjectRef], what: str, timeout_s: f
         raise ActorCallError(f"{what}: the actor died or is unreachable") from error
 
 
+@dataclass(frozen=True, kw_only=True)
+class RemoteRequestState:
+    """An exported request whose ``RequestState`` (KV included) stays in Ray's object store until imported.
+
+    Carries what the orchestrator reads of a ``RequestState`` (``request_id``, ``version``, ``kv_bytes``);
+    dropping it frees the stored state.
+    """
+
+    request_id: str
+    version: int
+    kv_bytes: int
+    ref: ray.ObjectRef
+
+
 class RayEngineClient:
     """``asyncrl.proxy.worker.EngineClient`` over an ``EngineActor`` handle, every call bounded in time.
 
@@ -259,6 +292,24 @@ class RayEngineClient:
 
     async def abort(self, request_id: str) -> Generation | None:
         return await self._control(self.handle.abort.remote(request_id), f"abort({request_id})")
+
+    async def export_request(self, request_id: str) -> RemoteRequestState | None:
+        """Take a request out of the actor with its KV (``MigratableEngineClient``); None if it is not there."""
+        summary_ref, state_ref = self.handle.export_request.options(num_returns=2).remote(request_id)
+        summary = await self._control(summary_ref, f"export_request({request_id})")
+        if summary is None:
+            return None
+        return RemoteRequestState(
+            request_id=request_id, version=summary["version"], kv_bytes=summary["kv_bytes"], ref=state_ref
+        )
+
+    async def import_request(self, state: RemoteRequestState | RequestState) -> Generation:
+        """Continue an exported request on this actor, bounded like ``generate``; a ``RemoteRequestState``
+        moves actor to actor, a local ``RequestState`` is sent from here."""
+        payload = state.ref if isinstance(state, RemoteRequestState) else state
+        ref = self.handle.import_request.remote(payload)
+        what = f"engine {self.name}: import_request({state.request_id})"
+        return await _await_actor(ref, what, self.config.generate_timeout_s)
 
     async def pause(self) -> None:
         await self._control(self.handle.pause.remote(), "pause")

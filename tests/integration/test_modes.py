@@ -25,7 +25,7 @@ from safetensors.torch import load_file
 
 from asyncrl.config.run import load_run_config
 from asyncrl.controller import training
-from asyncrl.controller.controller import StepRecord
+from asyncrl.controller.controller import Controller, StepRecord
 from asyncrl.models.corpus import sample_texts
 from asyncrl.models.loading import save_tiny
 from asyncrl.models.tiny import build_tiny
@@ -67,18 +67,28 @@ def tiny_path(tmp_path_factory) -> Path:
     return save_tiny(model, tokenizer, tmp_path_factory.mktemp("modes-tiny"))
 
 
-def run_mode(tiny_path: Path, out: Path, *overrides: str) -> tuple[list[StepRecord], list[dict]]:
-    """Train with ``overrides``; return every step's record and the metrics.jsonl lines."""
+def run_mode(
+    tiny_path: Path, out: Path, *overrides: str, controllers: list[Controller] | None = None
+) -> tuple[list[StepRecord], list[dict]]:
+    """Train with ``overrides``; return every step's record and the metrics.jsonl lines (and append the
+    run's controller to ``controllers``, for its buffer and proxy)."""
     config = load_run_config(None, [*COMMON, f"model.path={tiny_path}", f"output_dir={out}", *overrides])
     records: list[StepRecord] = []
-    original = training.step_metrics
+    original, original_controller = training.step_metrics, training.make_controller
 
     def capturing(record: StepRecord, *args: object) -> dict[str, float]:
         records.append(record)
         return original(record, *args)
 
+    def capturing_controller(*args: object, **kwargs: object) -> Controller:
+        controller = original_controller(*args, **kwargs)
+        if controllers is not None:
+            controllers.append(controller)
+        return controller
+
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(training, "step_metrics", capturing)
+        patch.setattr(training, "make_controller", capturing_controller)
         summary = asyncio.run(training.train(config, console=None))
     assert summary.steps == NUM_STEPS
     lines = [json.loads(line) for line in Path(summary.metrics_path).read_text().splitlines()]
@@ -189,3 +199,36 @@ def test_async_on_ray_actors(tiny_path, tmp_path):
     )
     check_run(records, lines, async_ratio=2.0)
     assert all("engine0/idle_fraction" in line for line in lines)
+
+
+def check_multi_version_run(tiny_path: Path, out: Path, *overrides: str) -> Controller:
+    """A multi_version run (α = 1, two engines): every mode check, and no group dropped but by the run's end."""
+    controllers: list[Controller] = []
+    records, lines = run_mode(
+        tiny_path,
+        out,
+        "controller.mode=multi_version",
+        "buffer.async_ratio=1",
+        "rollout.num_engines=2",
+        *overrides,
+        controllers=controllers,
+    )
+    check_run(records, lines, async_ratio=1.0)
+    (controller,) = controllers
+    cut_at_end = {"producer stopped", "training finished"}
+    assert [d.reason for d in controller.buffer.take_dropped() if d.reason not in cut_at_end] == []
+    assert all(line["multi_version/versions_alive"] <= 2 for line in lines)
+    return controller
+
+
+def test_multi_version_keeps_one_version_per_trajectory_and_drops_nothing(tiny_path, tmp_path):
+    check_multi_version_run(tiny_path, tmp_path)
+
+
+@pytest.mark.ray
+def test_multi_version_on_ray_actors(tiny_path, tmp_path):
+    """Engines in actors: requests that migrate travel actor to actor with their KV
+    (tests/integration/test_ray_runtime.py forces and checks one migration exactly)."""
+    check_multi_version_run(
+        tiny_path, tmp_path, "runtime.type=local", "runtime.rollout_num_cpus=1", "runtime.train_num_cpus=1"
+    )

@@ -29,17 +29,20 @@ from asyncrl.models.corpus import sample_texts
 from asyncrl.models.loading import load_model_and_tokenizer, save_tiny
 from asyncrl.models.tiny import build_tiny
 from asyncrl.proxy.llm_proxy import LLMProxy
+from asyncrl.proxy.multi_version import MultiVersionProxy
 from asyncrl.runtime.placement import Placement
 from asyncrl.runtime.ray_runtime import (
     ActorCallError,
     ActorCallTimeout,
     RayEngineClient,
+    RemoteRequestState,
     build_ray_parts,
     ray_session,
+    spawn_engine,
     wait_ready,
 )
 from asyncrl.trainer.logprobs import compute_token_logprobs
-from asyncrl.types import Generation, Group, Request, SamplingParams, Trajectory
+from asyncrl.types import FinishReason, Generation, Group, Request, SamplingParams, Trajectory
 from asyncrl.weight_sync import pack_state, packed_handle, packed_payload, unpack_state
 
 pytestmark = pytest.mark.ray
@@ -74,6 +77,15 @@ def parts(session, model_config):
 @pytest.fixture(scope="module")
 def engine(parts) -> RayEngineClient:
     return parts.engines[0]
+
+
+@pytest.fixture(scope="module")
+def second_engine(parts, model_config):
+    """A second engine actor for migrations; it reserves no CPU (the module's two are taken)."""
+    extra = spawn_engine(model_config, ENGINE, RUNTIME, name="engine-1", num_cpus=0, num_threads=1)
+    wait_ready([extra], RUNTIME)
+    yield extra
+    extra.shutdown()
 
 
 def push(engine: RayEngineClient, state: dict[str, torch.Tensor]) -> int:
@@ -272,6 +284,80 @@ def test_a_second_session_in_the_same_process_reuses_ray_and_leaves_it_running(s
     with ray_session(RUNTIME) as inner:
         assert not inner.owns_ray
     assert ray.is_initialized()
+
+
+def push_both(engines: list[RayEngineClient], state: dict[str, torch.Tensor]) -> int:
+    """Give every engine these weights at one common version (above each one's), through one stored object."""
+    version = max(e.stats()["version"] for e in engines) + 1
+    ref = ray.put(pack_state(state, version))
+
+    async def update() -> None:
+        await asyncio.gather(*(e.update_weights(packed_payload(ref), version) for e in engines))
+
+    asyncio.run(update())
+    return version
+
+
+def long_greedy(index: int) -> Request:
+    sampling = SamplingParams(max_new_tokens=1000, temperature=0.0, ignore_eos=True)
+    return Request(request_id=f"long{index}", prompt_token_ids=PROMPTS[index], sampling=sampling)
+
+
+async def wait_running(engines: list[RayEngineClient], count: int) -> None:
+    """Until ``count`` requests run across ``engines`` (each has been prefilled and is decoding)."""
+    async with asyncio.timeout(30):
+        while sum(e.stats()["running"] for e in engines) < count:
+            await asyncio.sleep(0.01)
+
+
+def test_a_request_moves_between_engine_actors_with_its_kv_and_continues_exactly(
+    engine, second_engine, model_config
+):
+    state = base_state(model_config, noise=0.3, seed=2)
+    version = push_both([engine, second_engine], state)
+    (expected,) = in_process_generations(model_config, [long_greedy(0)], state)
+
+    async def move() -> tuple[Generation, RemoteRequestState, Generation]:
+        call = asyncio.create_task(engine.generate(long_greedy(0)))
+        await wait_running([engine], 1)
+        exported = await engine.export_request("long0")
+        return await call, exported, await second_engine.import_request(exported)
+
+    partial, exported, finished = asyncio.run(move())
+    assert partial.finish_reason is FinishReason.ABORT and 0 < partial.num_tokens < 1000
+    assert (exported.request_id, exported.version) == ("long0", version) and exported.kv_bytes > 0
+    assert finished.token_ids == expected.token_ids
+    assert finished.logprobs == pytest.approx(expected.logprobs, abs=1e-4)
+    assert finished.versions == [version] * 1000
+    assert asyncio.run(engine.export_request("long0")) is None
+
+
+def test_multi_version_on_engine_actors_migrates_a_request_on_update(engine, second_engine, model_config):
+    """Two requests on v, one per engine; at v+1 one engine goes to v+1 and its request moves to the other."""
+    state = base_state(model_config, noise=0.3, seed=3)
+    version = push_both([engine, second_engine], state)
+    requests = [long_greedy(0), long_greedy(1)]
+    expected = in_process_generations(model_config, requests, state)
+
+    async def scenario() -> tuple[list[Generation], dict]:
+        proxy = MultiVersionProxy([engine, second_engine], async_ratio=1.0, initial_version=version)
+        calls = [asyncio.create_task(proxy.generate(request)) for request in requests]
+        await wait_running([engine, second_engine], 2)
+        await proxy.suspend()
+        await proxy.model_update(base_state(model_config, noise=0.3, seed=4), version + 1)
+        await proxy.resume()
+        generations = await asyncio.gather(*calls)
+        await proxy.update_applied(version + 1, timeout_s=60)
+        stats = proxy.stats()
+        proxy.close()
+        return generations, stats
+
+    generations, stats = asyncio.run(scenario())
+    # one switch at the update (its request moved), one once the old version's work is done
+    assert (stats["num_migrations"], stats["num_switches"]) == (1, 2) and stats["kv_bytes_moved"] > 0
+    for got, want in zip(generations, expected, strict=True):
+        assert got.token_ids == want.token_ids
+        assert got.versions == [version] * 1000
 
 
 def test_killing_an_engine_actor_mid_request_fails_the_request_naming_the_engine(engine):

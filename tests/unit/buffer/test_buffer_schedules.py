@@ -52,9 +52,9 @@ async def _producer(name, buffer, run, rng, drop_rate):
             buffer.put(ticket, make_group(ticket.key, ticket.start_version, GROUP_SIZE))
 
 
-async def _trainer(buffer, run, rng, num_steps):
+async def _trainer(buffer, run, rng, num_steps, wait_for_older):
     for version in range(num_steps):
-        batch = await buffer.get_batch(version, timeout_s=1_000)
+        batch = await buffer.get_batch(version, timeout_s=1_000, wait_for_older=wait_for_older)
         run.batches.append([g.prompt_uid for g in batch])
         for group in batch:
             run.ledger.record_trained(
@@ -64,7 +64,7 @@ async def _trainer(buffer, run, rng, num_steps):
         buffer.on_trainer_version(version + 1)
 
 
-async def scenario(seed, alpha=None, drop_rate=0.1, num_steps=5):
+async def scenario(seed, alpha=None, drop_rate=0.1, num_steps=5, wait_for_older=False):
     rng = random.Random(seed)
     run = Run(
         alpha=ALPHAS[seed % len(ALPHAS)] if alpha is None else alpha, groups_per_batch=rng.randint(1, 3)
@@ -75,7 +75,7 @@ async def scenario(seed, alpha=None, drop_rate=0.1, num_steps=5):
     producers = [
         asyncio.create_task(_producer(f"p{i}", buffer, run, rng, drop_rate)) for i in range(rng.randint(1, 4))
     ]
-    await _trainer(buffer, run, rng, num_steps)
+    await _trainer(buffer, run, rng, num_steps, wait_for_older)
     buffer.close("training finished")
     await asyncio.gather(*producers)
     run.ledger.record_buffer_drops(buffer.take_dropped())
@@ -105,6 +105,18 @@ def test_invariants_hold_over_500_shuffled_schedules():
     # the sweep really exercises every ending: stragglers reclaimed, filtered, failed, closed mid-flight
     for outcome in ("trained", "reclaimed", "filtered", "failed", "aborted"):
         assert sum(o.get(outcome, 0) for o in outcomes) > 0, outcome
+
+
+def test_waiting_for_older_groups_reclaims_none_over_500_shuffled_schedules():
+    """``get_batch(wait_for_older=True)``: every α, batch size and drop pattern, and not one straggler."""
+    runs = []
+
+    async def recorded(seed):
+        runs.append(await scenario(seed, wait_for_older=True))
+
+    assert run_seeds(recorded, range(500)) == 500
+    # the same seeds without waiting do reclaim stragglers (test_invariants_hold_over_500_shuffled_schedules)
+    assert sum(run.ledger.counts().get("reclaimed", 0) for run in runs) == 0
 
 
 def test_async_ratio_zero_is_strictly_synchronous():
@@ -166,10 +178,10 @@ class BufferMachine(RuleBasedStateMachine):
         else:
             self.buffer.release(ticket, DropKind(outcome), f"{outcome} by the test")
 
-    @rule(num_groups=st.integers(1, 3))
-    def take(self, num_groups):
+    @rule(num_groups=st.integers(1, 3), wait_for_older=st.booleans())
+    def take(self, num_groups, wait_for_older):
         wanted = min(num_groups, self.buffer.max_buffered_groups)
-        batch = self.buffer.take_batch(self.buffer.version, wanted)
+        batch = self.buffer.take_batch(self.buffer.version, wanted, wait_for_older=wait_for_older)
         for group in batch or []:
             self.ledger.record_trained(
                 group.prompt_uid, start_version=group.start_version, trained_version=self.buffer.version

@@ -83,3 +83,24 @@ def test_num_admittable():
 def test_staleness_histogram():
     assert staleness.staleness_histogram([5, 3, 5, 4, 3, 3], trainer_version=5) == {0: 2, 1: 1, 2: 3}
     assert staleness.staleness_histogram([], trainer_version=2) == {}
+
+
+def test_last_fresh_version_is_the_start_plus_the_integer_part_of_alpha():
+    assert [staleness.last_fresh_version(3, a) for a in (0, 0.5, 1, 2.9)] == [3, 3, 4, 5]
+
+
+@pytest.mark.parametrize(
+    ("deadlines", "version", "batch", "slack", "expected"),
+    [
+        ([], 0, 1, 0, None),
+        ([2, 2], 1, 1, 0, 2),  # two due by v2, but only the batch at v2 is left before it
+        ([2, 3], 1, 1, 0, None),  # one per remaining batch
+        ([2, 2, 3, 3], 1, 2, 0, None),  # B = 2: 2 by v2, 4 by v3
+        ([2, 2, 3, 3, 3], 1, 2, 0, 3),
+        ([1], 1, 4, 0, 1),  # due now but left behind: overdue at once
+        ([2, 2, 4, 4, 4], 1, 1, 0, 4),  # the latest violation: 5 due by v4, only 3 batches left
+        ([2, 2], 1, 1, 1, None),  # one redundant group may be reclaimed
+    ],
+)
+def test_latest_overdue_version(deadlines, version, batch, slack, expected):
+    assert staleness.latest_overdue_version(deadlines, version, batch, slack) == expected

@@ -81,6 +81,74 @@ def test_in_flight_straggler_is_reclaimed_and_stops_holding_capacity():
     assert buffer.accounting().num_dropped == {"stale": 1}
 
 
+def test_wait_for_older_holds_the_batch_until_an_older_group_cannot_be_overtaken():
+    """α = 2, B = 1: taking the newer group at v1 would leave two v0 groups for the single batch at v2."""
+    buffer = make_buffer(alpha=2, groups_per_batch=1)
+    slow_a, slow_b, quick = admit(buffer, 3)
+    buffer.put(quick, make_group("quick", 0))
+    assert [g.prompt_uid for g in buffer.take_batch(0, wait_for_older=True)] == ["quick"]
+    buffer.on_trainer_version(1)
+    (newer,) = admit(buffer, 1)
+    buffer.put(newer, make_group("newer", 1))
+    assert buffer.take_batch(1, wait_for_older=True) is None
+    buffer.put(slow_a, make_group("slow-a", 0))
+    assert [g.prompt_uid for g in buffer.take_batch(1, wait_for_older=True)] == ["slow-a"]
+    buffer.on_trainer_version(2)
+    buffer.put(slow_b, make_group("slow-b", 0))
+    assert [g.prompt_uid for g in buffer.take_batch(2, wait_for_older=True)] == ["slow-b"]
+    assert buffer.accounting().num_dropped == {}
+
+
+def test_a_batch_held_for_older_groups_says_so_when_it_times_out():
+    async def main():
+        buffer = make_buffer(alpha=1, groups_per_batch=1)
+        slow, quick = admit(buffer, 2, producer="p")
+        buffer.put(quick, make_group("quick", 0))
+        buffer.take_batch(0)
+        buffer.on_trainer_version(1)
+        (newer,) = admit(buffer, 1, producer="p")
+        buffer.put(newer, make_group("newer", 1))
+        await buffer.get_batch(1, timeout_s=50, wait_for_older=True)
+
+    with pytest.raises(BatchTimeoutError) as info:
+        run_shuffled(main, seed=0)
+    assert str(info.value).startswith(
+        "get_batch(1 groups at version 1) timed out after 50s with 1 fresh groups buffered; waiting for older "
+        "groups the batch may not overtake (wait_for_older); 1 admitted groups have not reported: 'p': #0 'p-0'"
+    )
+
+
+def test_without_wait_for_older_the_same_schedule_reclaims_a_straggler():
+    buffer = make_buffer(alpha=2, groups_per_batch=1)
+    slow_a, slow_b, quick = admit(buffer, 3)
+    buffer.put(quick, make_group("quick", 0))
+    buffer.take_batch(0)
+    buffer.on_trainer_version(1)
+    (newer,) = admit(buffer, 1)
+    buffer.put(newer, make_group("newer", 1))
+    assert [g.prompt_uid for g in buffer.take_batch(1)] == ["newer"]
+    buffer.on_trainer_version(2)
+    buffer.put(slow_a, make_group("slow-a", 0))
+    buffer.take_batch(2)
+    buffer.on_trainer_version(3)
+    assert buffer.put(slow_b, make_group("slow-b", 0)) is False
+    assert buffer.accounting().num_dropped == {"stale": 1}
+
+
+def test_wait_for_older_does_not_wait_for_what_only_redundancy_overcommitted():
+    """One redundant slot: three v0 groups for two batches; the third may be reclaimed, so no wait for it."""
+    buffer = make_buffer(alpha=1, groups_per_batch=1, redundant=1)
+    first, second, third = admit(buffer, 3)
+    buffer.put(first, make_group("first", 0))
+    assert [g.prompt_uid for g in buffer.take_batch(0, wait_for_older=True)] == ["first"]
+    buffer.on_trainer_version(1)
+    buffer.put(second, make_group("second", 0))
+    assert [g.prompt_uid for g in buffer.take_batch(1, wait_for_older=True)] == ["second"]
+    assert buffer.stale_in_flight() == []
+    buffer.on_trainer_version(2)
+    assert buffer.stale_in_flight() == [third]
+
+
 def test_buffered_group_older_than_the_window_is_reclaimed_on_advance():
     buffer = make_buffer(alpha=0, groups_per_batch=1)
     (ticket,) = admit(buffer, 1)

@@ -29,6 +29,15 @@ SCENARIOS = {
     "sync_batch_filter": Scenario(mode="sync", generation="batch", filter="zero_variance"),
     "multi_version": Scenario(mode="multi_version", async_ratio=1.0, train_s=0.5),
     "multi_version_2": Scenario(mode="multi_version", async_ratio=2.0, num_engines=3, batch=3, train_s=0.5),
+    # Redundant admissions may be reclaimed (the batch does not wait for them): no deadlock, invariants hold.
+    "multi_version_redundant_filter": Scenario(
+        mode="multi_version",
+        async_ratio=1.0,
+        redundant=2,
+        filter="zero_variance",
+        reward_fail_rate=0.1,
+        train_s=0.5,
+    ),
 }
 
 
@@ -48,6 +57,12 @@ def check_invariants(scenario: Scenario, outcome) -> None:
     if scenario.mode == "multi_version":  # the engines' window of versions never exceeds ⌊α⌋ + 1
         assert outcome.proxy_stats["max_versions_alive"] <= int(scenario.async_ratio) + 1
         assert outcome.proxy_stats["num_calls"] == 0
+    if scenario.mode == "multi_version" and scenario.redundant == 0 and scenario.filter == "none":
+        # no trajectory dropped: every admitted group is trained, or cut off only by the end of the run
+        cut_at_end = {"aborted: producer stopped", "closed: training finished"}
+        assert [
+            e for e in outcome.ledger.entries() if e.outcome is not End.TRAINED and e.reason not in cut_at_end
+        ] == []
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
