@@ -15,11 +15,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="simulate a run with cost-model engines and trainer",
         description="Run asyncrl's real producer, buffer, proxy and controller against cost-model workers on "
         "a virtual clock (docs/simulator.md). Writes OUT/result.json, OUT/steps.jsonl and OUT/timeline.png; "
-        "with --sweep, one run per value and OUT/sweep.json and OUT/sweep.png.",
+        "with --sweep, one run per value and OUT/sweep.json and OUT/sweep.png; with two --sweep options, one "
+        "run per pair and a heatmap of the mean step time in OUT/sweep.png.",
     )
     add_config_arguments(parser)
     parser.add_argument("--out", default="runs/sim", help="output directory (default runs/sim)")
-    parser.add_argument("--sweep", default="", metavar="KEY=V1,V2,...", help="run once per value of KEY")
+    parser.add_argument(
+        "--sweep",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2,...",
+        help="run once per value of KEY; give it twice for a grid over two keys",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -35,7 +42,21 @@ def run(args: argparse.Namespace) -> int:
         print(result.summary_table())
         print(f"outputs: {out}/result.json, {out}/steps.jsonl, {out}/timeline.png")
         return 0
-    key, values = parse_sweep(args.sweep, parse_override)
+    if len(args.sweep) > 2:
+        raise ValueError(f"--sweep may be given at most twice, got {len(args.sweep)}")
+    sweeps = [parse_sweep(text, parse_override) for text in args.sweep]
+    if len(sweeps) == 2:
+        (row_key, row_values), (col_key, col_values) = sweeps
+        grid = [
+            [
+                simulate(load_config(SimConfig, path, [*overrides, f"{row_key}={r}", f"{col_key}={c}"]))
+                for c in col_values
+            ]
+            for r in row_values
+        ]
+        write_grid((row_key, row_values), (col_key, col_values), grid, out)
+        return 0
+    key, values = sweeps[0]
     results = [simulate(load_config(SimConfig, path, [*overrides, f"{key}={v}"])) for v in values]
     write_sweep(key, values, results, out)
     return 0
@@ -74,5 +95,26 @@ def write_sweep(key: str, values: list[str], results: list, out: Path) -> None:
         print(
             f"{row['value']:>24}  {row['mean_step_s']:>11.2f}  {row['mean_wait_s']:>11.2f}  "
             f"{row['tokens_per_s']:>12.1f}  {row['engine_busy_fraction']:>11.3f}"
+        )
+    print(f"outputs: {out}/sweep.json, {out}/sweep.png")
+
+
+def write_grid(rows: tuple[str, list[str]], cols: tuple[str, list[str]], grid: list[list], out: Path) -> None:
+    """A two-key sweep: OUT/sweep.json with one row per pair, and a heatmap of the mean step time."""
+    from asyncrl.sim.plots import plot_sweep_grid
+
+    out.mkdir(parents=True, exist_ok=True)
+    (row_key, row_values), (col_key, col_values) = rows, cols
+    runs = [
+        {row_key: r, col_key: c, **result.totals}
+        for r, line in zip(row_values, grid, strict=True)
+        for c, result in zip(col_values, line, strict=True)
+    ]
+    (out / "sweep.json").write_text(json.dumps({"keys": [row_key, col_key], "runs": runs}, indent=1))
+    plot_sweep_grid(rows, cols, [[r.totals["mean_step_s"] for r in line] for line in grid], out / "sweep.png")
+    print(f"{row_key:>24}  {col_key:>24}  {'mean_step_s':>11}  {'tokens_per_s':>12}")
+    for run in runs:
+        print(
+            f"{run[row_key]:>24}  {run[col_key]:>24}  {run['mean_step_s']:>11.2f}  {run['tokens_per_s']:>12.1f}"
         )
     print(f"outputs: {out}/sweep.json, {out}/sweep.png")

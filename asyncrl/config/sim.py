@@ -11,10 +11,12 @@ from typing import Literal
 
 from asyncrl.config.buffer import BufferConfig
 from asyncrl.config.controller import ControllerConfig, check_mode_update_policy
+from asyncrl.config.env import EnvManagerConfig, check_env_manager_fits
 from asyncrl.config.proxy import ProxyConfig
 from asyncrl.config.rollout import RolloutConfig
 
 LENGTH_DISTRIBUTIONS = ("constant", "lognormal", "pareto", "empirical")
+LATENCY_DISTRIBUTIONS = ("constant", "gaussian", "lognormal")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,6 +151,63 @@ class SimRewardConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SimEnvConfig:
+    """Cost model of the simulated environments (``producer: agentic``), see ``asyncrl.sim.env_cost``.
+
+    Every step takes a latency drawn from ``latency``; with probability ``fail_slow_p`` (per step) or
+    ``slow_seed_p`` (per seed, so for a whole group) it takes ``fail_slow_factor`` times longer, and with
+    probability ``fail_stop_p`` it raises after its latency (the EnvManager replaces the env). The
+    episode's last step also waits ``reward_latency_s``.
+    """
+
+    latency: Literal["constant", "gaussian", "lognormal"] = "constant"
+    """constant: every step takes ``mean_s``. gaussian: Normal(mean_s, sigma_s) truncated at 0 (as the
+    ROLL Flash simulations). lognormal: mean ``mean_s`` and standard deviation ``sigma_s``."""
+    mean_s: float = 1.0
+    """μ: mean step latency in seconds."""
+    sigma_s: float = 0.0
+    """σ: standard deviation of the step latency in seconds (unused by ``constant``)."""
+    reset_s: float = 0.0
+    """Latency of ``reset`` (starting the episode's environment)."""
+    fail_slow_p: float = 0.0
+    """Probability that a step is a straggler taking ``fail_slow_factor`` times its latency."""
+    fail_slow_factor: float = 10.0
+    """How much longer a fail-slow step takes."""
+    slow_seed_p: float = 0.0
+    """Probability that a seed is slow (a heavy task): every step of every episode reset with it takes
+    ``fail_slow_factor`` times longer. Unlike ``fail_slow_p`` the slowness is shared by the whole group."""
+    fail_stop_p: float = 0.0
+    """Probability that a step fails (raises) after its latency."""
+    reward_latency_s: float = 0.0
+    """Time to score the trajectory, paid at the end of the episode's last step."""
+    num_turns: int = 5
+    """Model turns per episode: the env terminates after this many steps."""
+    observation_tokens: int = 64
+    """Tokens of each observation after the first (the first is ``prompt_tokens``)."""
+
+    def __post_init__(self) -> None:
+        if self.latency not in LATENCY_DISTRIBUTIONS:
+            raise ValueError(
+                f"env.latency must be one of {', '.join(map(repr, LATENCY_DISTRIBUTIONS))}, got {self.latency!r}"
+            )
+        for name in ("mean_s", "sigma_s", "reset_s", "reward_latency_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"env.{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("fail_slow_p", "slow_seed_p", "fail_stop_p"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"env.{name} must be in [0, 1], got {getattr(self, name)}")
+        if self.fail_slow_factor < 1:
+            raise ValueError(f"env.fail_slow_factor must be >= 1, got {self.fail_slow_factor}")
+        if self.num_turns < 1 or self.observation_tokens < 0:
+            raise ValueError(
+                f"env.num_turns must be >= 1 and env.observation_tokens >= 0, got {self.num_turns}, "
+                f"{self.observation_tokens}"
+            )
+        if self.latency == "lognormal" and self.sigma_s > 0 and self.mean_s == 0:
+            raise ValueError("env.mean_s must be > 0 for a lognormal latency with sigma_s > 0")
+
+
+@dataclass(frozen=True, kw_only=True)
 class SimConfig:
     """One simulated run: the real producer, buffer, proxy and controller on a virtual clock."""
 
@@ -177,6 +236,13 @@ class SimConfig:
     """Routing and update policy (None follows the mode); ``control_timeout_s`` is ignored."""
     timeline: Literal["full", "none"] = "full"
     """Record every worker's busy spans (for the Gantt chart); 'none' saves memory at scale."""
+    producer: Literal["rlvr", "agentic"] = "rlvr"
+    """rlvr: one request per response (``RLVRProducer``). agentic: multi-turn episodes against simulated
+    environments (``AgenticProducer``; ``env`` and ``env_manager`` apply, ``num_prompts`` env seeds)."""
+    env: SimEnvConfig = field(default_factory=SimEnvConfig)
+    """Environment latency and failure model (agentic producer)."""
+    env_manager: EnvManagerConfig = field(default_factory=EnvManagerConfig)
+    """Env groups, redundancy, async vs batch env stepping and timeouts (agentic producer)."""
 
     def __post_init__(self) -> None:
         if self.num_prompts < 1 or self.prompt_tokens < 1:
@@ -186,11 +252,25 @@ class SimConfig:
         if self.timeline not in ("full", "none"):
             raise ValueError(f"timeline must be one of 'full', 'none', got {self.timeline!r}")
         check_mode_update_policy(self.controller.mode, self.proxy.update_policy)
+        if self.producer not in ("rlvr", "agentic"):
+            raise ValueError(f"producer must be one of 'rlvr', 'agentic', got {self.producer!r}")
+        if self.producer == "agentic":
+            self._check_agentic()
         worst = self.prompt_tokens + self.rollout.max_new_tokens
         if worst > self.engine.max_kv_tokens:
             raise ValueError(
                 f"engine.max_kv_tokens={self.engine.max_kv_tokens} cannot hold one request of prompt_tokens + "
                 f"rollout.max_new_tokens = {worst} tokens"
+            )
+
+    def _check_agentic(self) -> None:
+        check_env_manager_fits(
+            self.env_manager, self.rollout.num_return_sequences, self.rollout.rollout_batch_size
+        )
+        if self.env_manager.max_context_tokens > self.engine.max_kv_tokens:
+            raise ValueError(
+                f"env_manager.max_context_tokens={self.env_manager.max_context_tokens} must be <= "
+                f"engine.max_kv_tokens={self.engine.max_kv_tokens}: a whole episode context must fit an engine"
             )
 
     @property

@@ -63,6 +63,35 @@ def plot_sweep(key: str, values: Sequence[object], results: Sequence[SimResult],
     return _save(fig, path)
 
 
+def plot_sweep_grid(
+    rows: tuple[str, Sequence[object]],
+    cols: tuple[str, Sequence[object]],
+    values: Sequence[Sequence[float]],
+    path: str | Path,
+    label: str = "mean step time (s)",
+) -> Path:
+    """A heatmap of ``values[row][col]`` over a two-key sweep, each cell annotated with its value."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    (row_key, row_values), (col_key, col_values) = rows, cols
+    fig, ax = plt.subplots(figsize=(1.6 + 1.1 * len(col_values), 1.4 + 0.6 * len(row_values)))
+    image = ax.imshow(values, cmap="viridis_r", aspect="auto")
+    middle = (min(map(min, values)) + max(map(max, values))) / 2
+    for r, line in enumerate(values):
+        for c, value in enumerate(line):
+            color = "white" if value > middle else "black"  # dark cells are the high values (viridis_r)
+            ax.text(c, r, f"{value:.0f}", ha="center", va="center", color=color, fontsize=8)
+    ax.set_xticks(range(len(col_values)), [str(v) for v in col_values])
+    ax.set_yticks(range(len(row_values)), [str(v) for v in row_values])
+    ax.set_xlabel(col_key)
+    ax.set_ylabel(row_key)
+    fig.colorbar(image, ax=ax, label=label)
+    return _save(fig, path)
+
+
 def _engine_order(name: str) -> tuple[int, str]:
     digits = "".join(ch for ch in name if ch.isdigit())
     return (int(digits) if digits else 0, name)

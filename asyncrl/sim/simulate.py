@@ -1,9 +1,10 @@
 """``simulate(config)``: asyncrl's own producer, buffer, proxy and controller against cost-model workers.
 
 Key decision: nothing is re-implemented. The run is wired exactly as ``asyncrl.runtime.inline`` wires a real
-one, with ``SimEngine``s behind the proxy, a ``SimTrainer`` behind the controller and simulated rewards and
-tokenizer behind the producer, on an event loop whose clock jumps to the next timer whenever every task
-waits (``asyncrl.testing.event_loop``, FIFO order, virtual time). No real sleeping happens anywhere.
+one, with ``SimEngine``s behind the proxy, a ``SimTrainer`` behind the controller and simulated rewards,
+tokenizer and (agentic producer) environments behind the producer, on an event loop whose clock jumps to
+the next timer whenever every task waits (``asyncrl.testing.event_loop``, FIFO order, virtual time). No real
+sleeping happens anywhere.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from asyncrl.config.controller import ASYNC_RATIO_OF_MODE, UPDATE_POLICY_OF_MODE
 from asyncrl.config.sim import SimConfig
 from asyncrl.controller.controller import Controller, StepRecord
 from asyncrl.proxy.llm_proxy import LLMProxy
+from asyncrl.rollout.agentic_producer import AgenticProducer, make_env_seed_source
 from asyncrl.rollout.prompt_source import PromptSource
 from asyncrl.rollout.rlvr_producer import RLVRProducer
 from asyncrl.sim.engine import SimEngine
+from asyncrl.sim.env_cost import SimEnvTokenizer, make_sim_env_factory
 from asyncrl.sim.result import SimResult, build_result
 from asyncrl.sim.timeline import Timeline
 from asyncrl.sim.workers import SimRewards, SimTokenizer, SimTrainer
@@ -65,16 +68,8 @@ async def _run(config: SimConfig) -> _Run:
     proxy_config = replace(config.proxy, update_policy=policy, control_timeout_s=NO_TIMEOUT_S)
     proxy = LLMProxy(engines, proxy_config, initial_version=0, clock=loop.time)
     buffer = make_buffer(config)
-    source = PromptSource(make_samples(config.num_prompts), seed=config.seed)
-    producer = RLVRProducer(
-        source=source,
-        proxy=proxy,
-        rewards=SimRewards(PassRates(config.reward, config.seed), config.reward.latency_s),
-        buffer=buffer,
-        tokenizer=SimTokenizer(config.prompt_tokens),
-        config=config.rollout,
-        seed=config.seed,
-    )
+    producer = make_producer(config, proxy, buffer)
+    source = producer.source
     trainer = SimTrainer(config.trainer, config.num_train_gpus, timeline)
     step_ends: list[float] = []
 
@@ -95,7 +90,7 @@ async def _run(config: SimConfig) -> _Run:
     stats = proxy.stats()
     proxy.close()
     dropped = buffer.accounting().num_dropped
-    return _Run(trainer, engines, step_ends, timeline, stats, dict(producer.counts), dropped)
+    return _Run(trainer, engines, step_ends, timeline, stats, *producer_counts(producer, engines, dropped))
 
 
 def make_engines(config: SimConfig, timeline: Timeline) -> list[SimEngine]:
@@ -114,8 +109,53 @@ def make_buffer(config: SimConfig) -> SampleBuffer:
         buffer_config,
         groups_per_batch=config.rollout.rollout_batch_size,
         group_size=config.rollout.num_return_sequences,
-        max_redundant_groups=config.rollout.max_additional_running_prompts,
+        max_redundant_groups=redundant_groups(config),
     )
+
+
+def redundant_groups(config: SimConfig) -> int:
+    """Groups admitted beyond what the async ratio allows: redundant prompts (RLVR) or env groups beyond the
+    batch (agentic)."""
+    if config.producer == "agentic":
+        return config.env_manager.num_env_groups - config.rollout.rollout_batch_size
+    return config.rollout.max_additional_running_prompts
+
+
+def make_producer(config: SimConfig, proxy: LLMProxy, buffer: SampleBuffer) -> RLVRProducer | AgenticProducer:
+    """The real producer ``config.producer`` names, over simulated rewards, tokenizer and environments."""
+    pass_rates = PassRates(config.reward, config.seed)
+    if config.producer == "agentic":
+        return AgenticProducer(
+            source=make_env_seed_source(config.num_prompts, config.seed),
+            proxy=proxy,
+            buffer=buffer,
+            tokenizer=SimEnvTokenizer(),
+            rollout=config.rollout,
+            config=config.env_manager,
+            make_env=make_sim_env_factory(config.env, config.prompt_tokens, pass_rates, config.seed),
+            seed=config.seed,
+        )
+    return RLVRProducer(
+        source=PromptSource(make_samples(config.num_prompts), seed=config.seed),
+        proxy=proxy,
+        rewards=SimRewards(pass_rates, config.reward.latency_s),
+        buffer=buffer,
+        tokenizer=SimTokenizer(config.prompt_tokens),
+        config=config.rollout,
+        seed=config.seed,
+    )
+
+
+def producer_counts(
+    producer: RLVRProducer | AgenticProducer, engines: list[SimEngine], dropped: dict[str, int]
+) -> tuple[dict[str, int], dict[str, int]]:
+    """(producer counts, drop counts); an agentic run adds its episode ends and env replacements to the
+    drop counts (reported as ``dropped_episodes_*`` and ``dropped_env_replaced``)."""
+    if isinstance(producer, RLVRProducer):
+        return dict(producer.counts), dropped
+    counts = dict(producer.counts) | {"requests": sum(e.counts["requests"] for e in engines)}
+    episode_drops = {f"episodes_{k}": producer.counts[k] for k in ("aborted", "failed", "filtered")}
+    return counts, dropped | episode_drops | {"env_replaced": producer.num_env_replacements}
 
 
 def make_samples(num_prompts: int) -> list[TaskSample]:

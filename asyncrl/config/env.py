@@ -1,0 +1,88 @@
+"""Configuration of agentic rollout: which environment, and how the EnvManagers run their episodes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+BUILTIN_ENVS = ("count_chain",)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnvConfig:
+    """The environment each EnvManager runs; built by ``asyncrl.envs.make_env``."""
+
+    type: str = "count_chain"
+    """'count_chain' (built-in multi-turn counting game), or a dotted path 'pkg.module:factory' to a
+    callable taking this config and returning an Env."""
+    num_turns: int = 3
+    """count_chain: counting requests per episode (the episode terminates after the last answer)."""
+    max_start: int = 50
+    """count_chain: the first number of an episode is drawn from 1..max_start."""
+    min_span: int = 2
+    """count_chain: fewest numbers asked for in one turn."""
+    max_span: int = 4
+    """count_chain: most numbers asked for in one turn."""
+
+    def __post_init__(self) -> None:
+        if self.type not in BUILTIN_ENVS and ":" not in self.type:
+            raise ValueError(
+                f"env.type must be one of {', '.join(map(repr, BUILTIN_ENVS))} or a dotted path "
+                f"'pkg.module:factory', got {self.type!r}"
+            )
+        for name in ("num_turns", "max_start", "min_span"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"env.{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_span < self.min_span:
+            raise ValueError(f"env.max_span must be >= env.min_span={self.min_span}, got {self.max_span}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnvManagerConfig:
+    """How episodes are run: env groups, redundancy, env-level async vs batch stepping, timeouts.
+
+    A training step takes ``rollout.rollout_batch_size`` groups of ``rollout.num_return_sequences``
+    trajectories. Each env group resets ``group_size`` envs with one seed and completes once
+    ``rollout.num_return_sequences`` of its episodes have ended trainable; ``num_env_groups`` groups run at
+    once. Either count above the batch's needs is redundancy against slow and failing environments.
+    """
+
+    num_env_groups: int = 8
+    """Env groups running at once; beyond ``rollout.rollout_batch_size`` they are redundant, and the ones
+    still running when their batch is trained are aborted and recorded."""
+    group_size: int = 8
+    """Episodes (envs) per group, all reset with the group's seed; beyond ``rollout.num_return_sequences``
+    the slowest episodes of a group are aborted and recorded once enough have finished."""
+    stepping: Literal["async", "batch"] = "async"
+    """async: each env steps as soon as its own response is ready and asks for the next one at once
+    (environment-level async rollout). batch: the baseline, every episode of a round waits for all the others
+    after each generation and after each env step."""
+    step_timeout_s: float = 600.0
+    """An env reset or step taking longer fails its episode (recorded) and the env is replaced."""
+    max_turns: int = 16
+    """An episode still running after this many model turns ends as truncated."""
+    max_context_tokens: int = 4096
+    """An episode whose next request (context + rollout.max_new_tokens) would exceed this ends as truncated."""
+
+    def __post_init__(self) -> None:
+        for name in ("num_env_groups", "group_size", "max_turns", "max_context_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"env_manager.{name} must be >= 1, got {getattr(self, name)}")
+        if self.stepping not in ("async", "batch"):
+            raise ValueError(f"env_manager.stepping must be one of 'async', 'batch', got {self.stepping!r}")
+        if self.step_timeout_s <= 0:
+            raise ValueError(f"env_manager.step_timeout_s must be > 0, got {self.step_timeout_s}")
+
+
+def check_env_manager_fits(manager: EnvManagerConfig, group_size: int, groups_per_batch: int) -> None:
+    """Env groups must be able to fill a batch: ``group_size >= rollout.num_return_sequences`` and
+    ``num_env_groups >= rollout.rollout_batch_size``."""
+    if manager.group_size < group_size:
+        raise ValueError(
+            f"env_manager.group_size={manager.group_size} must be >= rollout.num_return_sequences={group_size}"
+        )
+    if manager.num_env_groups < groups_per_batch:
+        raise ValueError(
+            f"env_manager.num_env_groups={manager.num_env_groups} must be >= "
+            f"rollout.rollout_batch_size={groups_per_batch}"
+        )

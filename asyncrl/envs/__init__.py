@@ -1,0 +1,7 @@
+"""Text environments for agentic rollout: the async-first ``Env`` protocol, adapters and built-in envs."""
+
+from asyncrl.envs.base import Env, EnvError, StepResult, SyncEnv, ThreadedEnv
+from asyncrl.envs.count_chain import CountChainEnv
+from asyncrl.envs.registry import make_env
+
+__all__ = ["CountChainEnv", "Env", "EnvError", "StepResult", "SyncEnv", "ThreadedEnv", "make_env"]
