@@ -9,11 +9,13 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from asyncrl.config.algorithm import AdvantageConfig, LossConfig
 from asyncrl.config.buffer import BufferConfig
 from asyncrl.config.controller import ControllerConfig, check_mode_async_ratio, check_mode_update_policy
 from asyncrl.config.engine import EngineConfig
+from asyncrl.config.env import EnvConfig, EnvManagerConfig, check_env_manager_fits
 from asyncrl.config.loader import load_config
 from asyncrl.config.model import ModelConfig
 from asyncrl.config.proxy import ProxyConfig
@@ -58,12 +60,88 @@ class RunConfig:
     """The advantage estimator."""
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     """Where the parts run: one process (inline), Ray actors on this machine (local) or a Ray cluster."""
+    producer: Literal["rlvr", "agentic"] = "rlvr"
+    """rlvr: one request per response to a ``task`` prompt, scored by ``reward`` (``RLVRProducer``).
+    agentic: multi-turn episodes against the ``env`` environment run by ``env_manager``
+    (``AgenticProducer``); evaluation then plays held-out env seeds."""
+    env: EnvConfig | None = None
+    """The environment of producer 'agentic' (filled with its defaults there; an error to set otherwise)."""
+    env_manager: EnvManagerConfig | None = None
+    """Env groups, redundancy, async vs batch env stepping and timeouts of producer 'agentic' (filled with
+    its defaults there; an error to set otherwise)."""
 
     def __post_init__(self) -> None:
         if not self.output_dir:
             raise ValueError("output_dir must not be empty")
         check_mode_async_ratio(self.controller.mode, self.buffer.async_ratio)
         check_mode_update_policy(self.controller.mode, self.proxy.update_policy)
+        if self.producer not in PRODUCERS:
+            raise ValueError(
+                f"producer must be one of {', '.join(map(repr, PRODUCERS))}, got {self.producer!r}"
+            )
+        if self.producer == "agentic":
+            self._fill_agentic()
+        else:
+            self._check_rlvr()
+
+    def _check_rlvr(self) -> None:
+        for section in ("env", "env_manager"):
+            if getattr(self, section) is not None:
+                raise ValueError(
+                    f"{section} is set but producer is 'rlvr'; it applies only to producer 'agentic'"
+                )
+
+    def _fill_agentic(self) -> None:
+        """Fill ``env`` and ``env_manager`` with their defaults, then refuse what an agentic run would ignore."""
+        object.__setattr__(self, "env", self.env or EnvConfig())
+        object.__setattr__(self, "env_manager", self.env_manager or EnvManagerConfig())
+        assert self.env_manager is not None
+        for key, value, default, instead in self._rlvr_only_settings():
+            if value != default:
+                raise ValueError(f"{key} is set but producer is 'agentic', which does not read it: {instead}")
+        check_env_manager_fits(
+            self.env_manager, self.rollout.num_return_sequences, self.rollout.rollout_batch_size
+        )
+        self._check_context_fits(self.env_manager.max_context_tokens)
+
+    def _check_context_fits(self, context_tokens: int) -> None:
+        """An episode's whole context must fit one engine request, or its late turns would fail."""
+        for key in ("max_model_len", "max_kv_tokens"):
+            limit = getattr(self.engine, key)
+            if limit is not None and context_tokens > limit:
+                raise ValueError(
+                    f"env_manager.max_context_tokens={context_tokens} must be <= engine.{key}={limit}: "
+                    "a whole episode context must fit one engine request"
+                )
+
+    def _rlvr_only_settings(self) -> list[tuple[str, object, object, str]]:
+        """(key, value, default, what replaces it) of every setting the agentic producer does not read."""
+        rollout, defaults = self.rollout, RolloutConfig()
+        return [
+            ("task", self.task, TaskConfig(), "episodes come from the env section"),
+            ("reward", self.reward, RewardConfig(), "the env's steps give the rewards"),
+            (
+                "rollout.max_additional_running_prompts",
+                rollout.max_additional_running_prompts,
+                defaults.max_additional_running_prompts,
+                "redundant env groups are env_manager.num_env_groups beyond rollout.rollout_batch_size",
+            ),
+            (
+                "rollout.generation",
+                rollout.generation,
+                defaults.generation,
+                "env_manager.stepping chooses async or batch",
+            ),
+            (
+                "rollout.prompt_replication",
+                rollout.prompt_replication,
+                defaults.prompt_replication,
+                "every episode's turns are requests of their own",
+            ),
+        ]
+
+
+PRODUCERS = ("rlvr", "agentic")
 
 
 def load_run_config(path: str | os.PathLike[str] | None, overrides: Sequence[str] = ()) -> RunConfig:

@@ -2,7 +2,7 @@
 
 ::
 
-    RLVRProducer ──put──► SampleBuffer ──get_batch(version)──► Controller ──train_step──► Trainer
+    RolloutProducer ──put──► SampleBuffer ──get_batch(version)──► Controller ──train_step──► Trainer
          ▲   (admission: α bound)                                    │
          │                                                           ▼
          └──── LLMProxy ◄── suspend → model_update(weights, v+1) → resume
@@ -44,7 +44,6 @@ from asyncrl.buffer.sample_buffer import SampleBuffer
 from asyncrl.config.controller import ControllerConfig
 from asyncrl.metrics.tracker import length_stats
 from asyncrl.rollout.prompt_source import PromptSource
-from asyncrl.rollout.rlvr_producer import RLVRProducer
 from asyncrl.types import Group, TrajectoryStatus
 
 
@@ -55,6 +54,22 @@ class TrainerClient(Protocol):
 
     async def state_for_sync(self) -> Any:
         """A snapshot of the weights for ``model_update`` (named tensors, or a packed object reference)."""
+        ...
+
+
+class RolloutProducer(Protocol):
+    """A producer as the controller sees it (``RLVRProducer`` or ``AgenticProducer``): it fills the buffer
+    until the buffer closes, and cuts its stale work when the version advances."""
+
+    counts: dict[str, int]
+    """What it produced and dropped, by kind (the keys depend on the producer)."""
+
+    async def run(self) -> None:
+        """Produce groups into the buffer until it is closed."""
+        ...
+
+    async def abort_stale(self) -> int:
+        """Cut the in-flight groups that can no longer be trained fresh; returns how many."""
         ...
 
 
@@ -92,7 +107,7 @@ class Controller:
         *,
         config: ControllerConfig,
         buffer: SampleBuffer,
-        producer: RLVRProducer,
+        producer: RolloutProducer,
         source: PromptSource,
         trainer: TrainerClient,
         proxy: WeightReceiver,

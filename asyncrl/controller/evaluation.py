@@ -1,19 +1,26 @@
 """Held-out evaluation through the same proxy and engines that serve rollouts.
 
-Key decision: one seeded sample per prompt at the configured temperature (1 by default), so the number is the
-policy's expected reward — the quantity RL optimises — and before/after numbers of one run are comparable.
+Key decision: one seeded sample per prompt (or one episode per held-out env seed, agentic runs) at the
+configured temperature (1 by default), so the number is the policy's expected reward — the quantity RL
+optimises — and before/after numbers of one run are comparable: the same prompts, seeds and sampling seeds.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
+from asyncrl.config.env import EnvManagerConfig
+from asyncrl.config.rollout import RolloutConfig
+from asyncrl.envs.base import Env
 from asyncrl.rewards.service import RewardService
+from asyncrl.rollout.env_manager import EnvManager, GroupControl, env_seed
+from asyncrl.rollout.episode import Episode
 from asyncrl.rollout.rlvr_producer import GenerateClient, request_seed
 from asyncrl.tasks.base import TaskSample, render_prompt
-from asyncrl.types import Request, SamplingParams
+from asyncrl.types import Request, SamplingParams, Trajectory, TrajectoryStatus
 
 
 async def evaluate(
@@ -48,4 +55,39 @@ async def evaluate(
         "eval/failed": float(sum(not ok for _, ok, _ in results)),
         "eval/response_length_mean": sum(n for _, _, n in results) / len(results),
         "eval/num_prompts": float(len(results)),
+    }
+
+
+async def evaluate_env(
+    proxy: GenerateClient,
+    tokenizer: Any,
+    *,
+    make_env: Callable[[], Env],
+    rollout: RolloutConfig,
+    manager: EnvManagerConfig,
+    num_episodes: int,
+    temperature: float,
+    seed: int,
+) -> dict[str, float]:
+    """Mean episode return, failures, model tokens and turns of one episode per held-out env seed.
+
+    The seeds come from the keys ``eval0``, ``eval1``, …, which no training admission uses (those are
+    ``env<slot>@<epoch>``); episodes run with ``manager``'s turn, context and timeout limits."""
+    sampling = replace(rollout, temperature=temperature)
+
+    async def one(index: int) -> Trajectory:
+        key = f"eval{index}"
+        episode = Episode(key, 0, env_seed(seed, key), admitted_version=0)
+        env_manager = EnvManager(
+            make_env=make_env, proxy=proxy, tokenizer=tokenizer, rollout=sampling, config=manager, seed=seed
+        )
+        return await env_manager.run_episode(episode, GroupControl(proxy, lockstep=None))
+
+    episodes = await asyncio.gather(*(one(i) for i in range(num_episodes)))
+    return {
+        "eval/reward_mean": sum(t.reward for t in episodes) / num_episodes,
+        "eval/failed": float(sum(t.status is TrajectoryStatus.FAILED for t in episodes)),
+        "eval/response_length_mean": sum(t.num_response_tokens for t in episodes) / num_episodes,
+        "eval/turns_mean": sum(t.info["turns"] for t in episodes) / num_episodes,
+        "eval/num_prompts": float(num_episodes),
     }

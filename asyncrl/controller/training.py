@@ -7,6 +7,7 @@ checkpoints under ``checkpoints/`` — so benchmarks and the CLI summary read th
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import sys
 import time
@@ -18,11 +19,12 @@ from typing import TextIO
 from asyncrl.config.base import to_dict
 from asyncrl.config.run import RunConfig
 from asyncrl.controller.controller import StepRecord, rollout_metrics
-from asyncrl.controller.evaluation import evaluate
+from asyncrl.controller.evaluation import evaluate, evaluate_env
+from asyncrl.envs import make_env
 from asyncrl.metrics.tracker import MetricsTracker
 from asyncrl.proxy.llm_proxy import LLMProxy
 from asyncrl.rollout.prompt_source import PromptSource
-from asyncrl.runtime.inline import Parts, build_parts, make_controller, make_proxy
+from asyncrl.runtime.inline import Parts, build_parts, make_controller, make_proxy, make_source
 from asyncrl.trainer.checkpoint import checkpoint_due
 
 
@@ -81,7 +83,7 @@ def runtime_parts(config: RunConfig) -> Iterator[Parts]:
 
 async def _train(parts: Parts, out: Path, started: float, console: TextIO | None) -> TrainingSummary:
     config = parts.config
-    source = PromptSource(parts.task.split("train"), seed=config.seed)
+    source = make_source(config, parts.task)
     if config.resume:
         extra = parts.trainer.load_checkpoint(config.resume)
         source.load_state_dict(extra["prompt_source"])
@@ -174,6 +176,8 @@ async def _evaluate(parts: Parts, proxy: LLMProxy, tag: str) -> dict[str, float]
     cfg = parts.config
     if cfg.controller.eval_prompts == 0:
         return {}
+    if cfg.producer == "agentic":
+        return await _evaluate_env(parts, proxy)
     samples = list(parts.task.split("eval"))[: cfg.controller.eval_prompts]
     return await evaluate(
         proxy,
@@ -184,6 +188,22 @@ async def _evaluate(parts: Parts, proxy: LLMProxy, tag: str) -> dict[str, float]
         max_new_tokens=cfg.rollout.max_new_tokens,
         seed=cfg.seed,
         tag=tag,
+    )
+
+
+async def _evaluate_env(parts: Parts, proxy: LLMProxy) -> dict[str, float]:
+    """An agentic run is evaluated where it trains: ``controller.eval_prompts`` held-out env episodes."""
+    cfg = parts.config
+    assert cfg.env is not None and cfg.env_manager is not None  # RunConfig fills them for producer 'agentic'
+    return await evaluate_env(
+        proxy,
+        parts.tokenizer,
+        make_env=functools.partial(make_env, cfg.env),
+        rollout=cfg.rollout,
+        manager=cfg.env_manager,
+        num_episodes=cfg.controller.eval_prompts,
+        temperature=cfg.controller.eval_temperature,
+        seed=cfg.seed,
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -19,10 +20,12 @@ from asyncrl.config.controller import UPDATE_POLICY_OF_MODE
 from asyncrl.config.run import RunConfig
 from asyncrl.controller.controller import Controller
 from asyncrl.engine import make_engine
+from asyncrl.envs import make_env
 from asyncrl.models.loading import load_model_and_tokenizer
 from asyncrl.proxy.llm_proxy import LLMProxy
 from asyncrl.proxy.multi_version import MultiVersionProxy
 from asyncrl.rewards.service import RewardService
+from asyncrl.rollout.agentic_producer import AgenticProducer, make_env_seed_source
 from asyncrl.rollout.prompt_source import PromptSource
 from asyncrl.rollout.rlvr_producer import RLVRProducer
 from asyncrl.tasks.base import Task
@@ -30,6 +33,10 @@ from asyncrl.tasks.registry import make_task
 from asyncrl.trainer.checkpoint import load_checkpoint, save_checkpoint
 from asyncrl.trainer.trainer import Trainer
 from asyncrl.types import Group
+
+ENV_SEEDS_PER_EPOCH = 1024
+"""Env-seed slots of an agentic run's prompt source: the epoch's shuffle order over them. Every admission's
+key (slot and epoch) hashes to its own env seed, so the count sets only how often the order reshuffles."""
 
 
 class LocalTrainer:
@@ -150,22 +157,49 @@ def make_proxy(parts: Parts) -> LLMProxy | MultiVersionProxy:
     return LLMProxy(parts.engines, proxy_config, initial_version=0)
 
 
-def make_controller(
-    parts: Parts,
-    proxy: LLMProxy | MultiVersionProxy,
-    source: PromptSource,
-    on_step: Any = lambda record: None,
-) -> Controller:
-    """The buffer, producer and controller of one training run over already-built parts."""
-    cfg = parts.config
+def make_source(config: RunConfig, task: Task) -> PromptSource:
+    """The training stream: the task's train split, or (agentic) env-seed slots."""
+    if config.producer == "agentic":
+        return make_env_seed_source(ENV_SEEDS_PER_EPOCH, config.seed)
+    return PromptSource(task.split("train"), seed=config.seed)
+
+
+def make_buffer(config: RunConfig, trainer_version: int) -> SampleBuffer:
+    """The buffer; groups admitted beyond the async ratio are redundant prompts (rlvr) or env groups
+    beyond the batch (agentic)."""
+    if config.producer == "agentic":
+        assert config.env_manager is not None  # RunConfig fills it for producer 'agentic'
+        redundant = config.env_manager.num_env_groups - config.rollout.rollout_batch_size
+    else:
+        redundant = config.rollout.max_additional_running_prompts
     buffer = SampleBuffer(
-        cfg.buffer,
-        groups_per_batch=cfg.rollout.rollout_batch_size,
-        group_size=cfg.rollout.num_return_sequences,
-        max_redundant_groups=cfg.rollout.max_additional_running_prompts,
+        config.buffer,
+        groups_per_batch=config.rollout.rollout_batch_size,
+        group_size=config.rollout.num_return_sequences,
+        max_redundant_groups=redundant,
     )
-    buffer.on_trainer_version(parts.trainer.version)
-    producer = RLVRProducer(
+    buffer.on_trainer_version(trainer_version)
+    return buffer
+
+
+def make_producer(
+    parts: Parts, proxy: LLMProxy | MultiVersionProxy, buffer: SampleBuffer, source: PromptSource
+) -> RLVRProducer | AgenticProducer:
+    """The producer ``producer`` names, feeding ``buffer`` from ``source`` through ``proxy``."""
+    cfg = parts.config
+    if cfg.producer == "agentic":
+        assert cfg.env is not None and cfg.env_manager is not None  # RunConfig fills them
+        return AgenticProducer(
+            source=source,
+            proxy=proxy,
+            buffer=buffer,
+            tokenizer=parts.tokenizer,
+            rollout=cfg.rollout,
+            config=cfg.env_manager,
+            make_env=functools.partial(make_env, cfg.env),
+            seed=cfg.seed,
+        )
+    return RLVRProducer(
         source=source,
         proxy=proxy,
         rewards=parts.rewards,
@@ -174,10 +208,20 @@ def make_controller(
         config=cfg.rollout,
         seed=cfg.seed,
     )
+
+
+def make_controller(
+    parts: Parts,
+    proxy: LLMProxy | MultiVersionProxy,
+    source: PromptSource,
+    on_step: Any = lambda record: None,
+) -> Controller:
+    """The buffer, producer and controller of one training run over already-built parts."""
+    buffer = make_buffer(parts.config, parts.trainer.version)
     return Controller(
-        config=cfg.controller,
+        config=parts.config.controller,
         buffer=buffer,
-        producer=producer,
+        producer=make_producer(parts, proxy, buffer, source),
         source=source,
         trainer=AwaitableTrainer(parts.trainer),
         proxy=proxy,
