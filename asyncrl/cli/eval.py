@@ -13,8 +13,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "eval",
         help="held-out reward of a model on a task",
         description="Score model.path (or a training checkpoint's weights on top of it) on the first "
-        "controller.eval_prompts prompts of task's eval split, one sample each at controller.eval_temperature, "
-        "through the built-in engine: the same numbers a training run reports before and after.",
+        "controller.eval_prompts prompts of task's eval split (agentic configs: as many held-out env episodes), "
+        "one sample each at controller.eval_temperature, through the built-in engine: the same numbers a "
+        "training run reports before and after.",
     )
     add_config_arguments(parser)
     parser.add_argument(
@@ -32,11 +33,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def evaluate_model(config, checkpoint: str | None) -> dict[str, float]:
-    """Load the model (and a checkpoint's weights), serve it on one engine and score the eval split."""
+    """Load the model (and a checkpoint's weights), serve it on one engine and run the config's evaluation."""
     from dataclasses import replace
     from pathlib import Path
 
-    from asyncrl.controller.evaluation import evaluate
+    from asyncrl.controller.evaluation import evaluate_run
     from asyncrl.engine import make_engine
     from asyncrl.models.loading import load_model_and_tokenizer
     from asyncrl.proxy.llm_proxy import LLMProxy
@@ -49,18 +50,10 @@ async def evaluate_model(config, checkpoint: str | None) -> dict[str, float]:
         load_model_weights(model, Path(checkpoint) / MODEL_DIR)
     engine = make_engine(model, tokenizer, config.engine)
     proxy = LLMProxy([engine], replace(config.proxy, update_policy="drain"))
-    samples = list(make_task(config.task).split("eval"))[: config.controller.eval_prompts]
+    task = make_task(config.task) if config.producer == "rlvr" else None
     try:
         with RewardService.from_config(config.reward) as rewards:
-            return await evaluate(
-                proxy,
-                tokenizer,
-                samples,
-                rewards,
-                temperature=config.controller.eval_temperature,
-                max_new_tokens=config.rollout.max_new_tokens,
-                seed=config.seed,
-            )
+            return await evaluate_run(config, proxy, tokenizer, task, rewards)
     finally:
         proxy.close()
         engine.shutdown()

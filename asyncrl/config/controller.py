@@ -37,7 +37,8 @@ class ControllerConfig:
     num_steps: int = 20
     """Training steps (policy updates) to run."""
     eval_prompts: int = 128
-    """Held-out prompts scored before and after training (0 disables the evaluation)."""
+    """Held-out prompts scored before and after training (agentic runs: held-out env episodes; 0 disables the
+    evaluation)."""
     eval_temperature: float = 1.0
     """Sampling temperature of the held-out evaluation (1: the policy's own distribution; 0: greedy)."""
     wait_for_weight_sync: bool = False

@@ -8,19 +8,60 @@ optimises — and before/after numbers of one run are comparable: the same promp
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
 from asyncrl.config.env import EnvManagerConfig
 from asyncrl.config.rollout import RolloutConfig
+from asyncrl.config.run import RunConfig
+from asyncrl.envs import make_env
 from asyncrl.envs.base import Env
 from asyncrl.rewards.service import RewardService
 from asyncrl.rollout.env_manager import EnvManager, GroupControl, env_seed
 from asyncrl.rollout.episode import Episode
 from asyncrl.rollout.rlvr_producer import GenerateClient, request_seed
-from asyncrl.tasks.base import TaskSample, render_prompt
+from asyncrl.tasks.base import Task, TaskSample, render_prompt
 from asyncrl.types import Request, SamplingParams, Trajectory, TrajectoryStatus
+
+
+async def evaluate_run(
+    config: RunConfig,
+    proxy: GenerateClient,
+    tokenizer: Any,
+    task: Task | None,
+    rewards: RewardService,
+    tag: str = "eval",
+) -> dict[str, float]:
+    """The held-out evaluation ``config`` asks for: the first ``controller.eval_prompts`` prompts of the task's eval
+    split, or as many held-out env episodes for agentic runs ({} when ``eval_prompts`` is 0)."""
+    controller = config.controller
+    if controller.eval_prompts == 0:
+        return {}
+    if config.producer == "agentic":
+        assert config.env is not None and config.env_manager is not None  # RunConfig fills them for agentic
+        return await evaluate_env(
+            proxy,
+            tokenizer,
+            make_env=functools.partial(make_env, config.env),
+            rollout=config.rollout,
+            manager=config.env_manager,
+            num_episodes=controller.eval_prompts,
+            temperature=controller.eval_temperature,
+            seed=config.seed,
+        )
+    assert task is not None, "an rlvr run is evaluated on its task"
+    return await evaluate(
+        proxy,
+        tokenizer,
+        list(task.split("eval"))[: controller.eval_prompts],
+        rewards,
+        temperature=controller.eval_temperature,
+        max_new_tokens=config.rollout.max_new_tokens,
+        seed=config.seed,
+        tag=tag,
+    )
 
 
 async def evaluate(

@@ -7,7 +7,6 @@ checkpoints under ``checkpoints/`` — so benchmarks and the CLI summary read th
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import sys
 import time
@@ -19,8 +18,7 @@ from typing import TextIO
 from asyncrl.config.base import to_dict
 from asyncrl.config.run import RunConfig
 from asyncrl.controller.controller import StepRecord, rollout_metrics
-from asyncrl.controller.evaluation import evaluate, evaluate_env
-from asyncrl.envs import make_env
+from asyncrl.controller.evaluation import evaluate_run
 from asyncrl.metrics.tracker import MetricsTracker
 from asyncrl.proxy.llm_proxy import LLMProxy
 from asyncrl.rollout.prompt_source import PromptSource
@@ -173,38 +171,7 @@ def step_metrics(record: StepRecord, proxy_stats: dict, train_started: float) ->
 
 
 async def _evaluate(parts: Parts, proxy: LLMProxy, tag: str) -> dict[str, float]:
-    cfg = parts.config
-    if cfg.controller.eval_prompts == 0:
-        return {}
-    if cfg.producer == "agentic":
-        return await _evaluate_env(parts, proxy)
-    samples = list(parts.task.split("eval"))[: cfg.controller.eval_prompts]
-    return await evaluate(
-        proxy,
-        parts.tokenizer,
-        samples,
-        parts.rewards,
-        temperature=cfg.controller.eval_temperature,
-        max_new_tokens=cfg.rollout.max_new_tokens,
-        seed=cfg.seed,
-        tag=tag,
-    )
-
-
-async def _evaluate_env(parts: Parts, proxy: LLMProxy) -> dict[str, float]:
-    """An agentic run is evaluated where it trains: ``controller.eval_prompts`` held-out env episodes."""
-    cfg = parts.config
-    assert cfg.env is not None and cfg.env_manager is not None  # RunConfig fills them for producer 'agentic'
-    return await evaluate_env(
-        proxy,
-        parts.tokenizer,
-        make_env=functools.partial(make_env, cfg.env),
-        rollout=cfg.rollout,
-        manager=cfg.env_manager,
-        num_episodes=cfg.controller.eval_prompts,
-        temperature=cfg.controller.eval_temperature,
-        seed=cfg.seed,
-    )
+    return await evaluate_run(parts.config, proxy, parts.tokenizer, parts.task, parts.rewards, tag=tag)
 
 
 def _save(parts: Parts, source: PromptSource, out: Path) -> Path:

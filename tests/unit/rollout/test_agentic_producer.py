@@ -158,7 +158,7 @@ async def run_scenario(s: Scenario, seed: int) -> Run:
     controller = Controller(
         config=ControllerConfig(mode=s.mode, num_steps=s.num_steps),
         buffer=buffer,
-        producer=producer,  # type: ignore[arg-type]
+        producer=producer,
         source=source,
         trainer=trainer,
         proxy=proxy,
