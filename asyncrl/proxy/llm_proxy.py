@@ -2,6 +2,9 @@
 
 Key decision: the proxy owns every wait. A request is *held* at the proxy (suspended, or every engine it may
 use is draining) or *on an engine* (one engine call in flight); nothing else. Both states end on a named event.
+Every routing decision and wake-up costs O(log engines), not O(engines) or O(held calls): engine loads live
+in an index updated as they change (``routing.LoadIndex``) and a state change wakes only the held calls it
+may release (``wakeup.HeldCalls``), which keeps a simulated cluster of thousands of accelerators linear.
 
 ```
  callers ── generate(req) ──► [admission gate]──► routing ──► engine call ──► Generation ──► caller
@@ -58,8 +61,8 @@ from typing import Any
 from asyncrl.config.proxy import ProxyConfig
 from asyncrl.proxy.continuation import check_continued, continuation_request, empty_abort, needs_continuation
 from asyncrl.proxy.errors import EngineFailure, NoHealthyEngine, ProxyClosed, RequestTimeout
-from asyncrl.proxy.routing import AffinityTable, make_routing_policy
-from asyncrl.proxy.wakeup import Wakeup
+from asyncrl.proxy.routing import AffinityTable, LoadIndex
+from asyncrl.proxy.wakeup import HeldCalls, Wakeup
 from asyncrl.proxy.worker import (
     EngineClient,
     EngineWorker,
@@ -85,6 +88,8 @@ class _Call:
     num_continuations: int = 0
     excluded: set[int] = field(default_factory=set)
     """Engines that failed this call (skipped by retries)."""
+    chosen: int | None = None
+    """The engine routing chose when the call last found it submittable (see ``_submittable``)."""
 
 
 class LLMProxy:
@@ -108,11 +113,15 @@ class LLMProxy:
             EngineWorker(index=i, client=engine, version=initial_version, started_at=now)
             for i, engine in enumerate(engines)
         ]
-        self._routing = make_routing_policy(self.config)
+        self._loads = LoadIndex((worker.load() for worker in self._workers), self.config.affinity_slack)
+        for worker in self._workers:
+            worker.on_load_change = self._on_load_change
         self._affinity = AffinityTable()
         self._calls: dict[str, _Call] = {}
         self._wakeup = Wakeup()
-        self._closed_event = asyncio.Event()
+        self._held = HeldCalls()
+        self._engine_waiters: set[asyncio.Future[None]] = set()
+        """One per caller awaiting an engine call; ``close()`` resolves them."""
         self._background: set[asyncio.Task[Any]] = set()
         self._attempt_ids = itertools.count()
         self._suspended = False
@@ -145,7 +154,8 @@ class LLMProxy:
         if call is None or call.abort_requested:
             return None
         call.abort_requested = True
-        self._wakeup.notify()
+        self._held.wake(request_id)
+        self._notify()
         task, worker = call.task, call.worker
         if task is None or worker is None:
             return replace(self._held_abort_result(call))
@@ -180,28 +190,41 @@ class LLMProxy:
 
         The caller starts the engine call without awaiting in between, so the engine is still ready then.
         """
-        await self._wakeup.wait_until(lambda: self._closed or call.abort_requested or self._submittable(call))
+        await self._held.wait_until(
+            call.request.request_id,
+            lambda: self._closed or call.abort_requested or self._submittable(call),
+            shared=call.request.version is None and not call.excluded,
+        )
         self._check_open()
         if call.abort_requested:
             return None
         return self._route(call)
 
     def _submittable(self, call: _Call) -> bool:
+        """Whether the engine routing chooses for ``call`` (kept in ``call.chosen``) takes it now; ``_route``
+        runs right after a true answer, with no await between, so the choice is still current there."""
         if self._suspended:
             return False
-        index = self._choose(call, call.excluded)
-        return index is None or self._workers[index].ready
+        call.chosen = self._choose(call, call.excluded)
+        return call.chosen is None or self._workers[call.chosen].ready
+
+    def _shared_submittable(self) -> bool:
+        """``_submittable`` of every call that is neither pinned nor excluding engines: the routed engine is
+        the best one or ties with it on readiness (affinity never crosses readiness), so one check serves all."""
+        if self._closed:
+            return True
+        best = self._loads.best_load()
+        return not self._suspended and (best is None or best.ready)
 
     def _choose(self, call: _Call, excluded: set[int]) -> int | None:
-        return self._routing.choose(
-            [worker.load() for worker in self._workers],
+        return self._loads.choose(
             affinity_owner=self._affinity.owner(call.request.affinity_key),
             pinned_version=call.request.version,
             excluded=frozenset(excluded),
         )
 
     def _route(self, call: _Call) -> EngineWorker:
-        index = self._choose(call, call.excluded)
+        index = call.chosen
         if index is None:
             pin = "" if call.request.version is None else f" at version {call.request.version}"
             raise NoHealthyEngine(f"request {call.request.request_id!r}: no healthy engine{pin} can serve it")
@@ -214,7 +237,8 @@ class LLMProxy:
         attempt_id = next(self._attempt_ids)
         worker.start(attempt_id, request, self._clock())
         self._affinity.add(request.affinity_key, worker.index)
-        task = self._spawn(self._engine_call(worker, request, attempt_id))
+        task = asyncio.ensure_future(self._engine_call(worker, request, attempt_id))
+        self._background.add(task)  # one done callback (below) instead of _spawn's second one
         task.add_done_callback(lambda done: self._on_attempt_done(worker, request, attempt_id, done))
         call.worker, call.task = worker, task
         try:
@@ -240,16 +264,12 @@ class LLMProxy:
     async def _await_engine(
         self, worker: EngineWorker, task: asyncio.Task[Generation], request_id: str
     ) -> Generation:
-        closed = asyncio.ensure_future(self._closed_event.wait())
         try:
-            timeout = self.config.request_timeout_s
-            done, _ = await asyncio.wait({task, closed}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            await self._engine_call_ended(task)
         except asyncio.CancelledError:
             self._spawn(self._abort_and_reap(worker, request_id, task))
             raise
-        finally:
-            closed.cancel()
-        if task in done and not task.cancelled():
+        if task.done() and not task.cancelled():
             return task.result()
         if self._closed or task.cancelled():
             task.cancel()
@@ -257,6 +277,33 @@ class LLMProxy:
                 f"request {request_id!r}: the proxy was closed while engine {worker.index} served it"
             )
         return await self._time_out(worker, task, request_id)
+
+    async def _engine_call_ended(self, task: asyncio.Task[Generation]) -> None:
+        """Return when ``task`` is done, the proxy closes or ``request_timeout_s`` passes.
+
+        ``asyncio.wait({task, closed})`` with a shared "closed" future or event would cost a task or an
+        O(in-flight) callback removal per call; thousands are in flight in a large simulated cluster.
+        """
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+
+        def wake(_: object = None) -> None:
+            if not waiter.done():
+                waiter.set_result(None)
+
+        task.add_done_callback(wake)
+        self._engine_waiters.add(waiter)
+        timeout = self.config.request_timeout_s
+        timer = None if timeout is None else loop.call_later(timeout, wake)
+        if self._closed:
+            wake()
+        try:
+            await waiter
+        finally:
+            self._engine_waiters.discard(waiter)
+            task.remove_done_callback(wake)
+            if timer is not None:
+                timer.cancel()
 
     async def _time_out(
         self, worker: EngineWorker, task: asyncio.Task[Generation], request_id: str
@@ -267,7 +314,7 @@ class LLMProxy:
         logger.warning("request %s timed out after %s s on engine %d", request_id, timeout, worker.index)
         await self._abort_and_reap(worker, request_id, task)
         worker.record_failure(self.config.max_consecutive_failures)
-        self._wakeup.notify()
+        self._notify()
         raise RequestTimeout(request_id, worker.index, timeout)
 
     async def _abort_and_reap(
@@ -291,12 +338,14 @@ class LLMProxy:
         if worker.finish(attempt_id, self._clock()):
             self._affinity.remove(request.affinity_key, worker.index)
             self._maybe_apply(worker)
-            self._wakeup.notify()
+            self._notify()
 
     def _on_attempt_done(
         self, worker: EngineWorker, request: Request, attempt_id: int, task: asyncio.Task[Generation]
     ) -> None:
-        """Finish an engine call cancelled before it ran, and retrieve an exception nobody awaited."""
+        """Forget the engine call, finish it if it was cancelled before it ran, and retrieve an exception
+        nobody awaited."""
+        self._background.discard(task)
         self._finish_attempt(worker, request, attempt_id)
         if not task.cancelled():
             task.exception()
@@ -323,7 +372,7 @@ class LLMProxy:
         """Hold new generate calls at the proxy; ``in_flight`` policy: also pause the engines."""
         self._check_open()
         self._suspended = True
-        self._wakeup.notify()
+        self._notify()
         if self.update_policy == "in_flight":
             await self._on_reachable_engines(lambda worker: self._control(worker, "pause"))
 
@@ -358,7 +407,7 @@ class LLMProxy:
                 await self._on_reachable_engines(lambda worker: self._control(worker, "resume"))
         finally:
             self._suspended = False
-            self._wakeup.notify()
+            self._notify()
 
     async def update_applied(self, version: int, timeout_s: float | None = None) -> None:
         """Wait until every healthy engine serves ``version`` or newer; the failure of any that could not."""
@@ -402,7 +451,7 @@ class LLMProxy:
             if worker.control_error is None:
                 worker.pending = update
                 self._maybe_apply(worker)
-        self._wakeup.notify()
+        self._notify()
 
     def _maybe_apply(self, worker: EngineWorker) -> None:
         """Start applying ``worker``'s pending update if it has drained (no call in flight, nothing applying)."""
@@ -424,7 +473,7 @@ class LLMProxy:
         finally:
             worker.applying = None
             self._maybe_apply(worker)
-            self._wakeup.notify()
+            self._notify()
 
     # ---------------------------------------------------------------------------------------------- control
 
@@ -449,7 +498,7 @@ class LLMProxy:
         failures = [(w, r) for w, r in zip(workers, results, strict=True) if isinstance(r, BaseException)]
         for worker, failure in failures:
             self._mark_unhealthy(worker, failure)
-        self._wakeup.notify()
+        self._notify()
         if failures:
             raise failures[0][1]
 
@@ -458,6 +507,14 @@ class LLMProxy:
         worker.healthy = False
         worker.control_error = failure
         worker.pending = None
+
+    def _on_load_change(self, worker: EngineWorker) -> None:
+        self._loads.update(worker.load())
+
+    def _notify(self) -> None:
+        """Proxy state changed: re-check the waits it may have ended."""
+        self._wakeup.notify()
+        self._held.notify(self._shared_submittable())
 
     def _spawn(self, coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coroutine)
@@ -496,8 +553,10 @@ class LLMProxy:
         if self._closed:
             return
         self._closed = True
-        self._closed_event.set()
-        self._wakeup.notify()
+        for waiter in self._engine_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._notify()
         for task in list(self._background):
             task.cancel()
 

@@ -1,14 +1,19 @@
-"""A broadcast wake-up: waiters re-check their own condition whenever any proxy state changes.
+"""Wake-ups for waits on proxy state: a broadcast one, and a targeted one for held calls.
 
 Why not ``asyncio.Condition``: notifying must be a plain synchronous call from any state change (a request
 finishing, an update landing, ``close()``), with no lock to acquire; a fresh ``Event`` per generation of
 state gives exactly that.
+
+Why two: ``Wakeup`` re-checks every waiter on every change, which is right for a handful of waiters
+(``update_applied``). Held generate calls can number thousands while changes come once per finished request;
+re-checking each of them on each change made a large simulated cluster quadratic. ``HeldCalls`` wakes a call
+only when its wait can have ended.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 
 
 class Wakeup:
@@ -16,12 +21,75 @@ class Wakeup:
 
     def __init__(self) -> None:
         self._event = asyncio.Event()
+        self._num_waiting = 0
 
     def notify(self) -> None:
+        if not self._num_waiting:  # nothing to wake: keep the event (notify runs once per finished request)
+            return
         self._event.set()
         self._event = asyncio.Event()
 
     async def wait_until(self, predicate: Callable[[], bool]) -> None:
         """Wait until ``predicate()`` is true; it is evaluated now and after every ``notify()``."""
         while not predicate():
-            await self._event.wait()
+            self._num_waiting += 1
+            try:
+                await self._event.wait()
+            finally:
+                self._num_waiting -= 1
+
+
+class HeldCalls:
+    """Calls waiting until their predicate holds, woken only when it may hold.
+
+    A *shared* waiter's predicate is true whenever the condition the notifier passes to ``notify`` is true
+    (most held calls wait for the same thing: the proxy open and its best engine ready); it is not evaluated
+    otherwise. Any other waiter has its predicate evaluated on every ``notify`` (calls pinned to a version or
+    excluding engines: few). ``wake(key)`` wakes one waiter whatever its kind (an abort). A woken waiter
+    re-checks its predicate and waits again if it no longer holds. Waiters are woken in the order they waited.
+    """
+
+    def __init__(self) -> None:
+        self._shared: dict[Hashable, asyncio.Future[None]] = {}
+        self._own: dict[Hashable, tuple[Callable[[], bool], asyncio.Future[None]]] = {}
+
+    def __len__(self) -> int:
+        return len(self._shared) + len(self._own)
+
+    async def wait_until(self, key: Hashable, predicate: Callable[[], bool], *, shared: bool) -> None:
+        """Wait until ``predicate()`` is true; ``key`` names the waiter for ``wake`` (unique among waiters)."""
+        while not predicate():
+            future = asyncio.get_running_loop().create_future()
+            if shared:
+                self._shared[key] = future
+            else:
+                self._own[key] = (predicate, future)
+            try:
+                await future
+            finally:
+                self._shared.pop(key, None)
+                self._own.pop(key, None)
+
+    def notify(self, shared_condition: bool) -> None:
+        """State changed: wake every shared waiter if ``shared_condition``, and each other one whose predicate holds."""
+        if shared_condition:
+            woken, self._shared = self._shared, {}
+            for future in woken.values():
+                _resolve(future)
+        for key, (predicate, future) in list(self._own.items()):
+            if predicate():
+                del self._own[key]
+                _resolve(future)
+
+    def wake(self, key: Hashable) -> None:
+        """Wake waiter ``key`` (if it waits) to re-check its predicate."""
+        future = self._shared.pop(key, None)
+        if future is None and key in self._own:
+            future = self._own.pop(key)[1]
+        if future is not None:
+            _resolve(future)
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

@@ -7,7 +7,7 @@ versions, health, and busy time for the idle fraction.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -62,9 +62,17 @@ def _copy_value(value: Any) -> Any:
     return value
 
 
+_LOAD_FIELDS = frozenset({"version", "pending", "applying", "healthy", "num_in_flight_tokens"})
+"""Fields that change ``EngineWorker.load()`` (``start``/``finish`` change ``in_flight`` and then the tokens)."""
+
+
 @dataclass(kw_only=True)
 class EngineWorker:
-    """Proxy-side state of engine ``index``; mutated only by the proxy, on its event loop."""
+    """Proxy-side state of engine ``index``; mutated only by the proxy, on its event loop.
+
+    ``on_load_change(worker)`` runs after every assignment that changes ``load()``, wherever it happens, so an
+    index of loads kept beside the workers (``routing.LoadIndex``) cannot miss a change.
+    """
 
     index: int
     client: EngineClient
@@ -86,6 +94,12 @@ class EngineWorker:
     total_tokens: int = 0
     num_requests: int = 0
     num_failures: int = 0
+    on_load_change: Callable[[EngineWorker], None] | None = field(default=None, repr=False, compare=False)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        if name in _LOAD_FIELDS and self.on_load_change is not None:
+            self.on_load_change(self)
 
     @property
     def ready(self) -> bool:

@@ -22,8 +22,8 @@ import asyncio
 import hashlib
 import importlib
 import time
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar
 
 from asyncrl.buffer.records import Admission, DropKind
 from asyncrl.buffer.sample_buffer import BufferClosedError, SampleBuffer
@@ -40,6 +40,8 @@ from asyncrl.types import (
     Trajectory,
     TrajectoryStatus,
 )
+
+T = TypeVar("T")
 
 GroupFilter = Callable[[Group], bool]
 
@@ -267,16 +269,15 @@ def build_trajectory(
 ) -> Trajectory:
     """A trajectory from a prompt and its generation: prompt tokens masked out, per-token log-probs and
     versions aligned with the full sequence, status from the finish reason and the reward outcome."""
-    prompt_ids = list(generation.prompt_token_ids)
-    num_prompt = len(prompt_ids)
+    num_prompt = len(generation.prompt_token_ids)
     status, reason = _status(generation.finish_reason, result)
     return Trajectory(
         prompt_uid=prompt.key,
         sample_index=index,
-        token_ids=prompt_ids + list(generation.token_ids),
-        loss_mask=[0] * num_prompt + [1] * generation.num_tokens,
-        logprobs=[0.0] * num_prompt + list(generation.logprobs),
-        versions=[-1] * num_prompt + list(generation.versions),
+        token_ids=_concat(generation.prompt_token_ids, generation.token_ids),
+        loss_mask=_concat([0] * num_prompt, [1] * generation.num_tokens),
+        logprobs=_concat([0.0] * num_prompt, generation.logprobs),
+        versions=_concat([-1] * num_prompt, generation.versions),
         start_version=generation.versions[0] if generation.versions else admitted_version,
         num_prompt_tokens=num_prompt,
         reward=result.reward,
@@ -286,6 +287,14 @@ def build_trajectory(
         info=dict(result.info),
         timings={**generation.timings, "reward_s": result.elapsed_s, "finished_at": time.monotonic()},
     )
+
+
+def _concat(head: Sequence[T], tail: Sequence[T]) -> list[T]:
+    """``list(head) + list(tail)`` in one copy of each: trajectories run to thousands of tokens (the simulator
+    builds one per simulated request)."""
+    out = list(head)
+    out += tail
+    return out
 
 
 def _status(finish_reason: FinishReason, result: RewardResult) -> tuple[TrajectoryStatus, str]:

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from asyncrl.config.sim import SimEngineConfig
 from asyncrl.sim import cost
@@ -26,6 +26,7 @@ from asyncrl.types import FinishReason, Generation, Request
 
 TOKEN_ID = 0
 TOKEN_LOGPROB = -1.0
+T = TypeVar("T")
 
 
 @dataclass(eq=False)
@@ -106,7 +107,7 @@ class SimEngine:
         seq.prefill_tokens = seq.context
         self.waiting.append(seq)
         self._kick()
-        return await asyncio.shield(seq.result)
+        return await seq.result  # a cancelled caller cancels only this future: the request runs on, unread
 
     async def abort(self, request_id: str) -> Generation | None:
         for seq in self.waiting:
@@ -217,11 +218,7 @@ class SimEngine:
         if not self.running:
             self._go_idle()
             return
-        prefill_tokens = sum(seq.prefill_tokens for seq in self.running)
-        for seq in self.running:
-            seq.prefill_tokens = 0
-        num_kv = sum(seq.context for seq in self.running)
-        num_steps = min(seq.target - seq.produced for seq in self.running)
+        prefill_tokens, num_kv, num_steps = self._take_batch_totals()
         now = loop.time()
         if self._busy_since is None:
             self._busy_since = now
@@ -231,6 +228,19 @@ class SimEngine:
         self._segment = _Segment(now, len(self.running), num_kv, prefill_s, num_steps, timer)
         self.counts["segments"] += 1
 
+    def _take_batch_totals(self) -> tuple[int, int, int]:
+        """Prefill tokens due (cleared: paid in this segment), KV tokens, and steps until the first request
+        ends, of the running batch; one pass, as the engine re-plans at every finish."""
+        prefill_tokens = num_kv = 0
+        num_steps = self.running[0].target - self.running[0].produced
+        for seq in self.running:
+            prefill_tokens += seq.prefill_tokens
+            seq.prefill_tokens = 0
+            num_kv += seq.context
+            if seq.target - seq.produced < num_steps:
+                num_steps = seq.target - seq.produced
+        return prefill_tokens, num_kv, num_steps
+
     def _segment_s(self, segment: _Segment, num_steps: int) -> float:
         return cost.segment_s(
             self.config, segment.num_running, segment.num_kv_tokens, num_steps, segment.prefill_s
@@ -238,12 +248,13 @@ class SimEngine:
 
     def _advance(self, num_steps: int) -> None:
         """Every running request made ``num_steps`` tokens at the current version."""
+        version = self.version
         for seq in self.running:
             runs = seq.new_versions
-            if runs and runs[-1][0] == self.version:
+            if runs and runs[-1][0] == version:
                 runs[-1][1] += num_steps
             else:
-                runs.append([self.version, num_steps])
+                runs.append([version, num_steps])
             seq.produced += num_steps
         self.counts["tokens"] += num_steps * len(self.running)
 
@@ -300,9 +311,19 @@ class SimEngine:
         return Generation(
             request_id=request.request_id,
             prompt_token_ids=list(request.prompt_token_ids),
-            token_ids=list(request.prefix_token_ids) + [TOKEN_ID] * num_new,
-            logprobs=list(request.prefix_logprobs) + [TOKEN_LOGPROB] * num_new,
+            token_ids=_extended(request.prefix_token_ids, TOKEN_ID, num_new),
+            logprobs=_extended(request.prefix_logprobs, TOKEN_LOGPROB, num_new),
             versions=versions,
             finish_reason=reason,
             text=request.request_id,
         )
+
+
+def _extended(prefix: Sequence[T], value: T, count: int) -> list[T]:
+    """A new list: ``prefix`` then ``count`` times ``value``, copying each element once (responses run to
+    thousands of tokens and the simulator builds one per request)."""
+    if not prefix:
+        return [value] * count
+    out = list(prefix)
+    out += [value] * count
+    return out

@@ -62,7 +62,20 @@ class ShuffledEventLoop(asyncio.SelectorEventLoop):
             self._rng.shuffle(ready)
             self._ready.clear()
             self._ready.extend(ready)
-        super()._run_once()
+        if self._virtual_time and self._ready and not self._debug:
+            self._run_ready()
+        else:
+            super()._run_once()
+
+    def _run_ready(self) -> None:
+        """One iteration of the base loop without its I/O poll (a system call and a few per cent of a large
+        simulation's time): under virtual time nothing waits on I/O, and the base iteration, with its poll,
+        runs whenever the ready queue is empty, so callbacks from threads and sockets still arrive."""
+        self._move_due_timers()
+        for _ in range(len(self._ready)):
+            handle = self._ready.popleft()
+            if not handle._cancelled:
+                handle._run()
 
     def _pop_cancelled_timers(self) -> None:
         """Drop cancelled timers from the heap's head, as the base loop does, so the head is a live timer."""

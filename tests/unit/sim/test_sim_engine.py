@@ -130,3 +130,36 @@ def test_simulate_cli_writes_json_steps_and_timeline(tmp_path, capsys):
         main([*args[:-2], "--out", str(tmp_path / "sw"), "--sweep", "controller.mode=sync,one_step_off"]) == 0
     )
     assert len(json.loads((tmp_path / "sw" / "sweep.json").read_text())["runs"]) == 2
+
+
+def test_continued_request_starts_with_its_prefix_and_a_cancelled_caller_leaves_the_engine_running():
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        engine = SimEngine(CONFIG, lengths({"c": 5, "gone": 10}), version=2)
+        continued = Request(
+            request_id="c",
+            prompt_token_ids=[1, 1],
+            sampling=SamplingParams(max_new_tokens=100),
+            prefix_token_ids=[7, 7],
+            prefix_logprobs=[-0.5, -0.5],
+            prefix_versions=[1, 1],
+        )
+        gone = asyncio.ensure_future(engine.generate(request("gone")))
+        generation = await engine.generate(continued)
+        finished_at = loop.time()
+        gone.cancel()
+        await asyncio.sleep(0)
+        running_after_cancel = engine.stats()["running"]
+        await asyncio.sleep(100)
+        return generation, finished_at, running_after_cancel, engine.stats()
+
+    generation, finished_at, running_after_cancel, stats = run_shuffled(scenario, seed=None)
+    # one prefill of both prompts and c's prefix (6 tokens: 3 s), then c's 3 new tokens: t=6
+    assert finished_at == 6.0
+    assert generation.token_ids == [7, 7, 0, 0, 0]
+    assert generation.logprobs == [-0.5, -0.5, -1.0, -1.0, -1.0]
+    assert generation.versions == [1, 1, 2, 2, 2]
+    assert generation.prompt_token_ids == [1, 1]
+    # the cancelled caller's request runs to its end, unread (as a real engine's would until aborted)
+    assert running_after_cancel == 1
+    assert stats["running"] == 0 and stats["tokens"] == 3 + 10
