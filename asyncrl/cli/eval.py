@@ -55,5 +55,5 @@ async def evaluate_model(config, checkpoint: str | None) -> dict[str, float]:
         with RewardService.from_config(config.reward) as rewards:
             return await evaluate_run(config, proxy, tokenizer, task, rewards)
     finally:
-        proxy.close()
+        await proxy.aclose()
         engine.shutdown()

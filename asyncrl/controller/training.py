@@ -86,6 +86,16 @@ async def _train(parts: Parts, out: Path, started: float, console: TextIO | None
         extra = parts.trainer.load_checkpoint(config.resume)
         source.load_state_dict(extra["prompt_source"])
     proxy = make_proxy(parts)
+    try:
+        return await _train_with_proxy(parts, proxy, source, out, started, console)
+    finally:
+        await proxy.aclose()  # its cancelled tasks end here, not as tracebacks when Ray shuts down
+
+
+async def _train_with_proxy(
+    parts: Parts, proxy: LLMProxy, source: PromptSource, out: Path, started: float, console: TextIO | None
+) -> TrainingSummary:
+    config = parts.config
     if parts.trainer.version > 0:  # the engines start from the loaded model: give them the resumed weights
         await proxy.model_update(parts.trainer.state_for_sync(), parts.trainer.version)
         await proxy.update_applied(parts.trainer.version)
@@ -120,7 +130,6 @@ async def _train(parts: Parts, out: Path, started: float, console: TextIO | None
     generation_busy = _engine_busy_s(proxy.stats()) - busy_at_start
     checkpoint = _save(parts, source, out)
     after = await _evaluate(parts, proxy, "after")
-    proxy.close()
     summary = TrainingSummary(
         mode=config.controller.mode,
         steps=parts.trainer.step,

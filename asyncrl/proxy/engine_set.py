@@ -2,13 +2,15 @@
 
 Key decision: one place owns the per-engine bookkeeping that both ``LLMProxy`` and ``MultiVersionProxy``
 need — the workers, one engine call counted in flight and bounded by ``request_timeout_s``, control calls
-bounded by ``control_timeout_s``, health, the proxy's background tasks and the per-engine inspection — so the
-two proxies differ only in routing and in how engines reach new weights.
+bounded by ``control_timeout_s``, health, the proxy's background tasks (``close`` / ``aclose``) and the
+per-engine inspection — so the two proxies differ only in routing and in how engines reach new weights.
+An engine call costs one task, one future and one timer, however many are in flight (see ``_call_ended``).
 
 ```
- proxy ── attempt(worker, request, run) ──► counted in flight ──► run() on the engine ──► Generation
-                                            │ request_timeout_s: abort there, RequestTimeout
-                                            │ raise: EngineFailure; health: record_failure / success
+ proxy ── start(worker, request, run) ──► task: run() on the engine, counted in flight until it ends
+       ── await_call(worker, task, id) ──► Generation   │ request_timeout_s: abort there, reap, RequestTimeout
+          (attempt = start + await_call)               │ raise: EngineFailure; health: record_failure/success
+                                                       │ close(): ProxyClosed; caller cancelled: abort sent
        ── control(worker, op, ...) ───────► op within control_timeout_s, any error → EngineFailure
        ── mark_unhealthy(worker, error) ──► no new requests; its version is unknown from now on
 ```
@@ -28,7 +30,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 from asyncrl.config.proxy import ProxyConfig
-from asyncrl.proxy.errors import EngineFailure, RequestTimeout
+from asyncrl.proxy.errors import EngineFailure, ProxyClosed, RequestTimeout
 from asyncrl.proxy.worker import EngineClient, EngineWorker
 from asyncrl.types import FinishReason, Generation, Request
 
@@ -46,6 +48,7 @@ class EngineSet:
         initial_version: int = 0,
         clock: Callable[[], float] = time.monotonic,
         owner: str = "a proxy",
+        on_call_end: Callable[[EngineWorker, Request], None] | None = None,
     ) -> None:
         if not engines:
             raise ValueError(f"{owner} needs at least one engine")
@@ -56,7 +59,12 @@ class EngineSet:
             EngineWorker(index=i, client=engine, version=initial_version, started_at=now)
             for i, engine in enumerate(engines)
         ]
+        self.closed = False
+        self._on_call_end = on_call_end
         self._background: set[asyncio.Task[Any]] = set()
+        """Engine calls and the proxy's own tasks; ``close`` cancels them."""
+        self._call_waiters: set[asyncio.Future[None]] = set()
+        """One per caller awaiting an engine call; ``close`` resolves them."""
         self._attempt_ids = itertools.count()
 
     # ---- engine calls --------------------------------------------------------------------------------
@@ -64,49 +72,113 @@ class EngineSet:
     async def attempt(
         self, worker: EngineWorker, request: Request, run: Callable[[], Awaitable[Generation]]
     ) -> Generation:
-        """``run()`` (one engine call serving ``request`` on ``worker``), counted in flight while it runs.
+        """``run()`` (one engine call serving ``request`` on ``worker``): ``start`` then ``await_call``."""
+        return await self.await_call(worker, self.start(worker, request, run), request.request_id)
 
-        Raises ``RequestTimeout`` past ``request_timeout_s`` (the request aborted on the engine) and
-        ``EngineFailure`` if the engine raised; both count against the worker's health.
+    def start(
+        self, worker: EngineWorker, request: Request, run: Callable[[], Awaitable[Generation]]
+    ) -> asyncio.Task[Generation]:
+        """Start ``run()`` as a task, counted in flight on ``worker`` from now until the call itself ends.
+
+        Synchronous, so a caller that routed to a ready engine counts the call there before anything else
+        runs. The count outlives a caller that gave up (timeout, cancel): under the drain policy an engine
+        must not be updated while it may still be generating. ``on_call_end`` runs when the count drops.
         """
         attempt_id = next(self._attempt_ids)
         worker.start(attempt_id, request, self.clock())
+        task = asyncio.ensure_future(self._engine_call(worker, request, attempt_id, run))
+        self._background.add(task)  # one done callback (below) instead of spawn's second one
+        task.add_done_callback(lambda done: self._on_call_done(worker, request, attempt_id, done))
+        return task
+
+    async def await_call(
+        self, worker: EngineWorker, task: asyncio.Task[Generation], request_id: str
+    ) -> Generation:
+        """The result of engine call ``task`` (from ``start``) of ``request_id`` on ``worker``.
+
+        Raises ``EngineFailure`` if the engine raised, ``RequestTimeout`` past ``request_timeout_s`` (the
+        request aborted on the engine and reaped; counts against health) and ``ProxyClosed`` on ``close``.
+        A cancelled caller leaves the abort and reap to a background task.
+        """
         try:
-            generation = await self._bounded(worker, request.request_id, run)
-        except RequestTimeout:
-            worker.record_failure(self.config.max_consecutive_failures)
+            await self._call_ended(task)
+        except asyncio.CancelledError:
+            self.spawn(self._abort_and_reap(worker, request_id, task))
             raise
+        if task.done() and not task.cancelled():
+            return task.result()
+        if self.closed or task.cancelled():
+            task.cancel()
+            raise ProxyClosed(
+                f"request {request_id!r}: the proxy was closed while engine {worker.index} served it"
+            )
+        return await self._time_out(worker, task, request_id)
+
+    async def _engine_call(
+        self,
+        worker: EngineWorker,
+        request: Request,
+        attempt_id: int,
+        run: Callable[[], Awaitable[Generation]],
+    ) -> Generation:
+        try:
+            generation = await run()
         except Exception as error:
             worker.record_failure(self.config.max_consecutive_failures)
             logger.warning("engine %d failed request %s: %r", worker.index, request.request_id, error)
             raise EngineFailure(worker.index, "generate", request.request_id) from error
         finally:
-            worker.finish(attempt_id, self.clock())
+            self._finish(worker, request, attempt_id)
         if generation.finish_reason is not FinishReason.ABORT:
             worker.record_success()
         worker.total_tokens += len(generation.token_ids) - len(request.prefix_token_ids)
         return generation
 
-    async def _bounded(
-        self, worker: EngineWorker, request_id: str, run: Callable[[], Awaitable[Generation]]
+    async def _call_ended(self, task: asyncio.Task[Generation]) -> None:
+        """Return when ``task`` is done, the set closes or ``request_timeout_s`` passes.
+
+        ``asyncio.wait({task, closed})`` with a shared "closed" future or event would cost a task or an
+        O(in-flight) callback removal per call; thousands are in flight in a large simulated cluster, and the
+        simulator pushes some hundred thousand calls through here.
+        """
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+
+        def wake(_: object = None) -> None:
+            if not waiter.done():
+                waiter.set_result(None)
+
+        task.add_done_callback(wake)
+        self._call_waiters.add(waiter)
+        timeout = self.config.request_timeout_s
+        timer = None if timeout is None else loop.call_later(timeout, wake)
+        if self.closed:
+            wake()
+        try:
+            await waiter
+        finally:
+            self._call_waiters.discard(waiter)
+            task.remove_done_callback(wake)
+            if timer is not None:
+                timer.cancel()
+
+    async def _time_out(
+        self, worker: EngineWorker, task: asyncio.Task[Generation], request_id: str
     ) -> Generation:
         timeout = self.config.request_timeout_s
-        if timeout is None:
-            return await run()
-        task = asyncio.ensure_future(run())
-        try:
-            done, _ = await asyncio.wait({task}, timeout=timeout)
-        except asyncio.CancelledError:
-            task.cancel()
-            raise
-        if done:
-            return task.result()
+        assert timeout is not None
         logger.warning("request %s timed out after %s s on engine %d", request_id, timeout, worker.index)
         await self._abort_and_reap(worker, request_id, task)
+        worker.record_failure(self.config.max_consecutive_failures)
         raise RequestTimeout(request_id, worker.index, timeout)
 
-    async def _abort_and_reap(self, worker: EngineWorker, request_id: str, task: asyncio.Task[Any]) -> None:
-        """Abort a timed-out request on its engine and let its call return (cancelled after a control timeout)."""
+    async def _abort_and_reap(
+        self, worker: EngineWorker, request_id: str, task: asyncio.Task[Generation]
+    ) -> None:
+        """Abort an abandoned engine call and give it ``control_timeout_s`` to return; cancel it after.
+
+        Until it has returned (or its cancellation has landed) the call stays counted in flight.
+        """
         try:
             await self.control(worker, "abort", request_id, request_id=request_id)
         except EngineFailure as failure:
@@ -114,8 +186,21 @@ class EngineSet:
         done, _ = await asyncio.wait({task}, timeout=self.config.control_timeout_s)
         if not done:
             task.cancel()
-        elif not task.cancelled():
-            task.exception()  # retrieved: the caller gets RequestTimeout instead
+            await asyncio.wait({task}, timeout=self.config.control_timeout_s)
+
+    def _finish(self, worker: EngineWorker, request: Request, attempt_id: int) -> None:
+        if worker.finish(attempt_id, self.clock()) and self._on_call_end is not None:
+            self._on_call_end(worker, request)
+
+    def _on_call_done(
+        self, worker: EngineWorker, request: Request, attempt_id: int, task: asyncio.Task[Generation]
+    ) -> None:
+        """Forget the engine call, finish it if it was cancelled before it ran, and retrieve an exception
+        nobody awaited."""
+        self._background.discard(task)
+        self._finish(worker, request, attempt_id)
+        if not task.cancelled():
+            task.exception()
 
     async def control(
         self, worker: EngineWorker, operation: str, *args: Any, request_id: str | None = None
@@ -136,21 +221,42 @@ class EngineSet:
         worker.control_error = failure
         worker.pending = None
 
-    def control_failure(self) -> BaseException | None:
-        """The first control failure of any engine, if one failed."""
-        return next((w.control_error for w in self.workers if w.control_error is not None), None)
+    def control_failure(self, older_than: int | None = None) -> BaseException | None:
+        """The first control failure of any engine (of one still below version ``older_than`` if given)."""
+        return next(
+            (
+                worker.control_error
+                for worker in self.workers
+                if worker.control_error is not None and (older_than is None or worker.version < older_than)
+            ),
+            None,
+        )
 
     def spawn(self, coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
-        """Run ``coroutine`` in the background, kept referenced until it ends and cancelled by ``close``."""
+        """Run ``coroutine`` in the background, kept referenced until it ends and cancelled by ``close``
+        (at once when spawned after it)."""
         task = asyncio.ensure_future(coroutine)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        if self.closed:
+            task.cancel()
         return task
 
     def close(self) -> None:
-        """Cancel every background task."""
+        """End every wait for an engine call (``ProxyClosed``) and cancel every background task; idempotent."""
+        self.closed = True
+        for waiter in self._call_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
         for task in list(self._background):
             task.cancel()
+
+    async def aclose(self) -> None:
+        """``close``, then wait until the cancelled tasks have ended (each gets ``control_timeout_s``), so no
+        task is left to be destroyed pending or to log its end after the event loop (or Ray) shut down."""
+        self.close()
+        if self._background:
+            await asyncio.wait(set(self._background), timeout=self.config.control_timeout_s)
 
     # ---- inspection ----------------------------------------------------------------------------------
 

@@ -51,7 +51,6 @@ Invariants (tests/unit/proxy):
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
@@ -60,6 +59,7 @@ from typing import Any
 
 from asyncrl.config.proxy import ProxyConfig
 from asyncrl.proxy.continuation import check_continued, continuation_request, empty_abort, needs_continuation
+from asyncrl.proxy.engine_set import EngineSet
 from asyncrl.proxy.errors import EngineFailure, NoHealthyEngine, ProxyClosed, RequestTimeout
 from asyncrl.proxy.routing import AffinityTable, LoadIndex
 from asyncrl.proxy.wakeup import HeldCalls, Wakeup
@@ -103,16 +103,17 @@ class LLMProxy:
         initial_version: int = 0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if not engines:
-            raise ValueError("LLMProxy needs at least one engine")
         self.config = config or ProxyConfig()
         self.update_policy = self.config.update_policy or "drain"
-        self._clock = clock
-        now = clock()
-        self._workers = [
-            EngineWorker(index=i, client=engine, version=initial_version, started_at=now)
-            for i, engine in enumerate(engines)
-        ]
+        self._engines = EngineSet(
+            engines,
+            self.config,
+            initial_version=initial_version,
+            clock=clock,
+            owner="LLMProxy",
+            on_call_end=self._on_call_end,
+        )
+        self._workers = self._engines.workers
         self._loads = LoadIndex((worker.load() for worker in self._workers), self.config.affinity_slack)
         for worker in self._workers:
             worker.on_load_change = self._on_load_change
@@ -120,10 +121,6 @@ class LLMProxy:
         self._calls: dict[str, _Call] = {}
         self._wakeup = Wakeup()
         self._held = HeldCalls()
-        self._engine_waiters: set[asyncio.Future[None]] = set()
-        """One per caller awaiting an engine call; ``close()`` resolves them."""
-        self._background: set[asyncio.Task[Any]] = set()
-        self._attempt_ids = itertools.count()
         self._suspended = False
         self._closed = False
         self._updating = False
@@ -160,7 +157,7 @@ class LLMProxy:
         if task is None or worker is None:
             return replace(self._held_abort_result(call))
         if not task.done():
-            partial = await self._control(worker, "abort", request_id, request_id=request_id)
+            partial = await self._engines.control(worker, "abort", request_id, request_id=request_id)
             await asyncio.wait({task}, timeout=self.config.control_timeout_s)  # let the engine call return
             if not task.done():
                 return partial
@@ -234,121 +231,23 @@ class LLMProxy:
         """One engine call; synchronous up to the first await, so the routed engine is still ready when counted."""
         assert worker.ready and not self._suspended, "submitting to an engine that is not ready"
         request = continuation_request(call.request, call.partial)
-        attempt_id = next(self._attempt_ids)
-        worker.start(attempt_id, request, self._clock())
+        task = self._engines.start(worker, request, lambda: _generate_continued(worker, request))
         self._affinity.add(request.affinity_key, worker.index)
-        task = asyncio.ensure_future(self._engine_call(worker, request, attempt_id))
-        self._background.add(task)  # one done callback (below) instead of _spawn's second one
-        task.add_done_callback(lambda done: self._on_attempt_done(worker, request, attempt_id, done))
         call.worker, call.task = worker, task
         try:
-            return await self._await_engine(worker, task, request.request_id)
+            return await self._engines.await_call(worker, task, request.request_id)
+        except RequestTimeout:
+            self._counts["num_timeouts"] += 1
+            self._notify()
+            raise
         finally:
             call.worker, call.task = None, None
 
-    async def _engine_call(self, worker: EngineWorker, request: Request, attempt_id: int) -> Generation:
-        try:
-            generation = await worker.client.generate(request)
-            check_continued(generation, request)
-        except Exception as error:
-            worker.record_failure(self.config.max_consecutive_failures)
-            logger.warning("engine %d failed request %s: %r", worker.index, request.request_id, error)
-            raise EngineFailure(worker.index, "generate", request.request_id) from error
-        finally:
-            self._finish_attempt(worker, request, attempt_id)
-        if generation.finish_reason is not FinishReason.ABORT:
-            worker.record_success()
-        worker.total_tokens += len(generation.token_ids) - len(request.prefix_token_ids)
-        return generation
-
-    async def _await_engine(
-        self, worker: EngineWorker, task: asyncio.Task[Generation], request_id: str
-    ) -> Generation:
-        try:
-            await self._engine_call_ended(task)
-        except asyncio.CancelledError:
-            self._spawn(self._abort_and_reap(worker, request_id, task))
-            raise
-        if task.done() and not task.cancelled():
-            return task.result()
-        if self._closed or task.cancelled():
-            task.cancel()
-            raise ProxyClosed(
-                f"request {request_id!r}: the proxy was closed while engine {worker.index} served it"
-            )
-        return await self._time_out(worker, task, request_id)
-
-    async def _engine_call_ended(self, task: asyncio.Task[Generation]) -> None:
-        """Return when ``task`` is done, the proxy closes or ``request_timeout_s`` passes.
-
-        ``asyncio.wait({task, closed})`` with a shared "closed" future or event would cost a task or an
-        O(in-flight) callback removal per call; thousands are in flight in a large simulated cluster.
-        """
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[None] = loop.create_future()
-
-        def wake(_: object = None) -> None:
-            if not waiter.done():
-                waiter.set_result(None)
-
-        task.add_done_callback(wake)
-        self._engine_waiters.add(waiter)
-        timeout = self.config.request_timeout_s
-        timer = None if timeout is None else loop.call_later(timeout, wake)
-        if self._closed:
-            wake()
-        try:
-            await waiter
-        finally:
-            self._engine_waiters.discard(waiter)
-            task.remove_done_callback(wake)
-            if timer is not None:
-                timer.cancel()
-
-    async def _time_out(
-        self, worker: EngineWorker, task: asyncio.Task[Generation], request_id: str
-    ) -> Generation:
-        timeout = self.config.request_timeout_s
-        assert timeout is not None
-        self._counts["num_timeouts"] += 1
-        logger.warning("request %s timed out after %s s on engine %d", request_id, timeout, worker.index)
-        await self._abort_and_reap(worker, request_id, task)
-        worker.record_failure(self.config.max_consecutive_failures)
+    def _on_call_end(self, worker: EngineWorker, request: Request) -> None:
+        """An engine call stopped counting in flight: its affinity ends and its engine may have drained."""
+        self._affinity.remove(request.affinity_key, worker.index)
+        self._maybe_apply(worker)
         self._notify()
-        raise RequestTimeout(request_id, worker.index, timeout)
-
-    async def _abort_and_reap(
-        self, worker: EngineWorker, request_id: str, task: asyncio.Task[Generation]
-    ) -> None:
-        """Abort an abandoned engine call and give it ``control_timeout_s`` to return; cancel it after.
-
-        Until it has returned (or its cancellation has landed) the call stays counted in flight: under the
-        drain policy an engine must not be updated while it may still be generating.
-        """
-        try:
-            await self._control(worker, "abort", request_id, request_id=request_id)
-        except EngineFailure as failure:
-            logger.warning("%s: %r", failure, failure.__cause__)
-        done, _ = await asyncio.wait({task}, timeout=self.config.control_timeout_s)
-        if not done:
-            task.cancel()
-            await asyncio.wait({task}, timeout=self.config.control_timeout_s)
-
-    def _finish_attempt(self, worker: EngineWorker, request: Request, attempt_id: int) -> None:
-        if worker.finish(attempt_id, self._clock()):
-            self._affinity.remove(request.affinity_key, worker.index)
-            self._maybe_apply(worker)
-            self._notify()
-
-    def _on_attempt_done(
-        self, worker: EngineWorker, request: Request, attempt_id: int, task: asyncio.Task[Generation]
-    ) -> None:
-        """Forget the engine call, finish it if it was cancelled before it ran, and retrieve an exception
-        nobody awaited."""
-        self._background.discard(task)
-        self._finish_attempt(worker, request, attempt_id)
-        if not task.cancelled():
-            task.exception()
 
     def _continues(self, call: _Call, generation: Generation) -> bool:
         return (
@@ -374,7 +273,7 @@ class LLMProxy:
         self._suspended = True
         self._notify()
         if self.update_policy == "in_flight":
-            await self._on_reachable_engines(lambda worker: self._control(worker, "pause"))
+            await self._on_reachable_engines(lambda worker: self._engines.control(worker, "pause"))
 
     async def model_update(self, named_tensors: NamedTensors, version: int) -> None:
         """Send weights of ``version`` (greater than any before) to every engine that still answers.
@@ -404,7 +303,7 @@ class LLMProxy:
         self._check_open()
         try:
             if self.update_policy == "in_flight":
-                await self._on_reachable_engines(lambda worker: self._control(worker, "resume"))
+                await self._on_reachable_engines(lambda worker: self._engines.control(worker, "resume"))
         finally:
             self._suspended = False
             self._notify()
@@ -424,9 +323,7 @@ class LLMProxy:
                 f"version {version} not applied after {timeout_s} s on engines {lagging}"
             ) from None
         self._check_open()
-        failure = next(
-            (w.control_error for w in self._workers if w.control_error and w.version < version), None
-        )
+        failure = self._engines.control_failure(older_than=version)
         if failure is not None:
             raise failure
         if not self.healthy_engines():
@@ -437,7 +334,7 @@ class LLMProxy:
 
     async def _update_in_flight(self, named_tensors: dict[str, Any], version: int) -> None:
         async def update(worker: EngineWorker) -> None:
-            await self._control(worker, "update_weights", named_tensors, version)
+            await self._engines.control(worker, "update_weights", named_tensors, version)
             worker.version = version
 
         self._updating = True
@@ -459,15 +356,15 @@ class LLMProxy:
             return
         update, worker.pending = worker.pending, None
         worker.applying = update.version
-        self._spawn(self._apply(worker, update))
+        self._engines.spawn(self._apply(worker, update))
 
     async def _apply(self, worker: EngineWorker, update: PendingUpdate) -> None:
         try:
-            await self._control(worker, "pause")
-            await self._control(worker, "update_weights", update.named_tensors, update.version)
-            await self._control(worker, "resume")
+            await self._engines.control(worker, "pause")
+            await self._engines.control(worker, "update_weights", update.named_tensors, update.version)
+            await self._engines.control(worker, "resume")
         except EngineFailure as failure:
-            self._mark_unhealthy(worker, failure)
+            self._engines.mark_unhealthy(worker, failure)
         else:
             worker.version = update.version
         finally:
@@ -476,16 +373,6 @@ class LLMProxy:
             self._notify()
 
     # ---------------------------------------------------------------------------------------------- control
-
-    async def _control(
-        self, worker: EngineWorker, operation: str, *args: Any, request_id: str | None = None
-    ) -> Any:
-        """Call ``operation`` on an engine within ``control_timeout_s``; any error becomes ``EngineFailure``."""
-        try:
-            method = getattr(worker.client, operation)
-            return await asyncio.wait_for(method(*args), self.config.control_timeout_s)
-        except Exception as error:
-            raise EngineFailure(worker.index, operation, request_id) from error
 
     async def _on_reachable_engines(self, action: Callable[[EngineWorker], Coroutine[Any, Any, Any]]) -> None:
         """Run ``action`` on every engine whose control calls work, at once; first error raised.
@@ -497,16 +384,10 @@ class LLMProxy:
         results = await asyncio.gather(*(action(worker) for worker in workers), return_exceptions=True)
         failures = [(w, r) for w, r in zip(workers, results, strict=True) if isinstance(r, BaseException)]
         for worker, failure in failures:
-            self._mark_unhealthy(worker, failure)
+            self._engines.mark_unhealthy(worker, failure)
         self._notify()
         if failures:
             raise failures[0][1]
-
-    def _mark_unhealthy(self, worker: EngineWorker, failure: BaseException) -> None:
-        logger.error("engine %d is unhealthy from now on: %s (%r)", worker.index, failure, failure.__cause__)
-        worker.healthy = False
-        worker.control_error = failure
-        worker.pending = None
 
     def _on_load_change(self, worker: EngineWorker) -> None:
         self._loads.update(worker.load())
@@ -516,12 +397,6 @@ class LLMProxy:
         self._wakeup.notify()
         self._held.notify(self._shared_submittable())
 
-    def _spawn(self, coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
-        task = asyncio.ensure_future(coroutine)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-        return task
-
     def _check_open(self) -> None:
         if self._closed:
             raise ProxyClosed("the LLMProxy is closed")
@@ -530,17 +405,16 @@ class LLMProxy:
 
     def versions(self) -> list[int]:
         """The version each engine serves now (an engine still draining reports its old version)."""
-        return [worker.version for worker in self._workers]
+        return self._engines.versions()
 
     def healthy_engines(self) -> list[int]:
         """Indices of the engines that still receive requests."""
-        return [worker.index for worker in self._workers if worker.healthy]
+        return self._engines.healthy_engines()
 
     def stats(self) -> dict[str, Any]:
         """Per-engine load, version, health, busy time, idle fraction and tokens; proxy-wide counts."""
-        now = self._clock()
         return {
-            "engines": [worker.stats(now) for worker in self._workers],
+            "engines": self._engines.engine_stats(),
             "suspended": self._suspended,
             "latest_version": self._latest_version,
             "num_calls": len(self._calls),
@@ -549,16 +423,27 @@ class LLMProxy:
         }
 
     def close(self) -> None:
-        """Fail every waiting call with ``ProxyClosed`` and cancel the proxy's own tasks; idempotent."""
+        """Fail every waiting call with ``ProxyClosed`` and cancel the proxy's own tasks; idempotent.
+
+        Cancelled tasks end on the event loop's next turns; ``aclose`` waits for them.
+        """
         if self._closed:
             return
         self._closed = True
-        for waiter in self._engine_waiters:
-            if not waiter.done():
-                waiter.set_result(None)
         self._notify()
-        for task in list(self._background):
-            task.cancel()
+        self._engines.close()
+
+    async def aclose(self) -> None:
+        """``close``, then wait until the proxy's cancelled tasks (engine calls, aborts, updates) have ended."""
+        self.close()
+        await self._engines.aclose()
+
+
+async def _generate_continued(worker: EngineWorker, request: Request) -> Generation:
+    """The engine's Generation for ``request``; ``ValueError`` if it does not continue the request's prefix."""
+    generation = await worker.client.generate(request)
+    check_continued(generation, request)
+    return generation
 
 
 def _items(named_tensors: NamedTensors) -> Any:

@@ -31,6 +31,7 @@ from asyncrl.buffer.sample_buffer import BufferClosedError, SampleBuffer
 from asyncrl.config.env import EnvManagerConfig, check_env_manager_fits
 from asyncrl.config.rollout import RolloutConfig
 from asyncrl.envs.base import Env
+from asyncrl.rollout.admission import admit, admit_batch
 from asyncrl.rollout.env_manager import EnvManager, GroupControl, env_seed
 from asyncrl.rollout.episode import Episode
 from asyncrl.rollout.lockstep import Lockstep
@@ -132,33 +133,19 @@ class AgenticProducer:
         """Environment-level async: one env group plays group after group, independently of the others."""
         try:
             while True:
-                admission, prompt = await self._admit()
+                admission, prompt = await admit(self.source, self.buffer, self.name)
                 await self._collect(self._start(admission, prompt, slot, None))
         except BufferClosedError:
             return
 
     async def _round(self) -> None:
         """The batch baseline: admit up to num_env_groups groups and run all their episodes in lockstep."""
-        admitted = [await self._admit()]
-        while len(admitted) < len(self._slots) and (more := self._try_admit()) is not None:
-            admitted.append(more)
+        admitted = await admit_batch(self.source, self.buffer, self.name, len(self._slots))
         lockstep = Lockstep()
         groups = [self._start(a, p, self._slots[i], lockstep) for i, (a, p) in enumerate(admitted)]
         await asyncio.gather(*(self._collect(group) for group in groups))
 
     # ---- one group --------------------------------------------------------------------------------------
-
-    async def _admit(self) -> tuple[Admission, Prompt]:
-        prompt = self.source.next()
-        return await self.buffer.acquire_admission(self.name, key=prompt.key), prompt
-
-    def _try_admit(self) -> tuple[Admission, Prompt] | None:
-        prompt = self.source.next()
-        admission = self.buffer.try_acquire_admission(self.name, key=prompt.key)
-        if admission is None:
-            self.source.give_back(prompt)
-            return None
-        return admission, prompt
 
     def _start(
         self, admission: Admission, prompt: Prompt, slot: list[EnvManager], lockstep: Lockstep | None

@@ -23,8 +23,8 @@ from asyncrl.config.rollout import RolloutConfig
 from asyncrl.envs.base import Env
 from asyncrl.rollout.episode import Episode
 from asyncrl.rollout.lockstep import Lockstep
-from asyncrl.rollout.rlvr_producer import GenerateClient, request_seed
-from asyncrl.types import FinishReason, Generation, Request, SamplingParams, Trajectory, TrajectoryStatus
+from asyncrl.rollout.rlvr_producer import GenerateClient, request_seed, response_text, sampling_params
+from asyncrl.types import FinishReason, Request, Trajectory, TrajectoryStatus
 
 T = TypeVar("T")
 
@@ -154,7 +154,7 @@ class EnvManager:
             episode.timings["generate_s"] += loop.time() - started
         if generation.finish_reason is FinishReason.ABORT:
             raise EpisodeCut(group.cut_reason or f"request {request.request_id} aborted")
-        episode.add_response(generation, self._decode(generation))
+        episode.add_response(generation, response_text(generation, self.tokenizer))
 
     async def _env_call(self, group: GroupControl, episode: Episode, call: Callable[[], Awaitable[T]]) -> T:
         """Run one env call as a task the group can cancel, under the step timeout (``call`` makes the
@@ -192,23 +192,10 @@ class EnvManager:
         self.num_replacements += 1
 
     def _request(self, episode: Episode) -> Request:
-        cfg = self.rollout
         turn_key = f"{episode.prompt_key}#{episode.num_turns}"
         return Request(
             request_id=f"{episode.uid}.{episode.num_turns}",
             prompt_token_ids=list(episode.token_ids),
-            sampling=SamplingParams(
-                max_new_tokens=cfg.max_new_tokens,
-                temperature=cfg.temperature,
-                top_p=cfg.top_p,
-                top_k=cfg.top_k,
-                stop_strings=cfg.stop_strings,
-                seed=request_seed(self.seed, turn_key, episode.index),
-            ),
+            sampling=sampling_params(self.rollout, request_seed(self.seed, turn_key, episode.index)),
             affinity_key=episode.uid,
         )
-
-    def _decode(self, generation: Generation) -> str:
-        if generation.text is not None:
-            return generation.text
-        return self.tokenizer.decode(generation.token_ids, skip_special_tokens=True)

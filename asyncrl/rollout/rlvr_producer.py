@@ -29,6 +29,7 @@ from asyncrl.buffer.records import Admission, DropKind
 from asyncrl.buffer.sample_buffer import BufferClosedError, SampleBuffer
 from asyncrl.config.rollout import RolloutConfig
 from asyncrl.rewards.service import RewardResult, RewardService, RewardStatus
+from asyncrl.rollout.admission import admit, admit_batch
 from asyncrl.rollout.prompt_source import Prompt, PromptSource
 from asyncrl.tasks.base import render_prompt
 from asyncrl.types import (
@@ -76,6 +77,25 @@ def request_seed(run_seed: int, prompt_key: str, sample_index: int) -> int:
     return int.from_bytes(digest, "big") >> 1
 
 
+def sampling_params(rollout: RolloutConfig, seed: int) -> SamplingParams:
+    """How every rollout request samples: the ``rollout`` section's settings, with the request's ``seed``."""
+    return SamplingParams(
+        max_new_tokens=rollout.max_new_tokens,
+        temperature=rollout.temperature,
+        top_p=rollout.top_p,
+        top_k=rollout.top_k,
+        stop_strings=rollout.stop_strings,
+        seed=seed,
+    )
+
+
+def response_text(generation: Generation, tokenizer: Any) -> str:
+    """The generation's text: the engine's own decoding if it sent one, else the tokenizer's."""
+    if generation.text is not None:
+        return generation.text
+    return tokenizer.decode(generation.token_ids, skip_special_tokens=True)
+
+
 class RLVRProducer:
     """Keeps the buffer supplied with groups until the buffer closes."""
 
@@ -109,7 +129,7 @@ class RLVRProducer:
         try:
             while True:
                 if self.config.generation == "queue":
-                    self._spawn(self._produce_group(*await self._admit()))
+                    self._spawn(self._produce_group(*await admit(self.source, self.buffer, self.name)))
                 else:
                     await self._produce_batch()
         except BufferClosedError:
@@ -131,21 +151,6 @@ class RLVRProducer:
         return len(stale)
 
     # ---- one group -------------------------------------------------------------------------------------
-
-    async def _admit(self) -> tuple[Admission, Prompt]:
-        """The next prompt and its admission ticket. A prompt drawn but never admitted (the buffer closed
-        first) stays outstanding in the source, so a resumed run re-issues it."""
-        prompt = self.source.next()
-        return await self.buffer.acquire_admission(self.name, key=prompt.key), prompt
-
-    def _try_admit(self) -> tuple[Admission, Prompt] | None:
-        """The next prompt and its ticket if capacity allows now, else None (the prompt goes back)."""
-        prompt = self.source.next()
-        admission = self.buffer.try_acquire_admission(self.name, key=prompt.key)
-        if admission is None:
-            self.source.give_back(prompt)
-            return None
-        return admission, prompt
 
     async def _produce_group(self, admission: Admission, prompt: Prompt) -> None:
         try:
@@ -173,7 +178,7 @@ class RLVRProducer:
     async def _score(
         self, admission: Admission, prompt: Prompt, index: int, generation: Generation
     ) -> Trajectory:
-        text = self._decode(generation)
+        text = response_text(generation, self.tokenizer)
         if generation.finish_reason is FinishReason.ABORT:
             result = RewardResult(reward=0.0, status=RewardStatus.FAILED, reason="aborted")
         else:
@@ -211,9 +216,7 @@ class RLVRProducer:
     async def _produce_batch(self) -> None:
         """``generation: batch``: admit a step's prompts (all that capacity allows, at most a batch: after
         filtering only the dropped groups' places are free), generate everything, then score everything."""
-        admitted = [await self._admit()]
-        while len(admitted) < self.buffer.groups_per_batch and (more := self._try_admit()) is not None:
-            admitted.append(more)
+        admitted = await admit_batch(self.source, self.buffer, self.name, self.buffer.groups_per_batch)
         n = self.config.num_return_sequences
         try:
             generations = await asyncio.gather(
@@ -241,22 +244,10 @@ class RLVRProducer:
         return Request(
             request_id=f"{prompt.key}#{index}",
             prompt_token_ids=prompt_ids,
-            sampling=SamplingParams(
-                max_new_tokens=cfg.max_new_tokens,
-                temperature=cfg.temperature,
-                top_p=cfg.top_p,
-                top_k=cfg.top_k,
-                stop_strings=cfg.stop_strings,
-                seed=request_seed(self.seed, prompt.key, index),
-            ),
+            sampling=sampling_params(cfg, request_seed(self.seed, prompt.key, index)),
             # Without replication the n responses stay together on one engine, like one grouped request.
             affinity_key=None if cfg.prompt_replication else prompt.key,
         )
-
-    def _decode(self, generation: Generation) -> str:
-        if generation.text is not None:
-            return generation.text
-        return self.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
