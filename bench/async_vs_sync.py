@@ -1,6 +1,6 @@
 """Benchmark: every paradigm on the same long-tailed RLVR workload and the same 2 cores, against Proposition 2.
 
-Each variant trains the same model on the same prompts (the embedded ``count`` checkpoint and task: response
+Each variant trains the same model on the same prompts (the shipped ``tiny-count`` checkpoint and its task: response
 lengths follow the task's log-normal list lengths, so a few responses are many times the median) with the same
 batch, through the real runtime (``runtime.type=local``: the trainer and the engine are Ray actors). ``sync``
 colocates them on both cores behind a barrier; the other modes give rollout and training one core each. An
@@ -119,6 +119,8 @@ def run_config(variant: Variant, work: Workload, out: Path) -> RunConfig:
         "engine.max_model_len=256",
         f"engine.max_kv_tokens={n * 256}",
         "trainer.lr=1e-6",
+        "model.path=tiny-count",  # count has the longest responses of the built-in tasks (~4 tokens a number)
+        "task.type=count",
         "model.device=cpu",
         f"runtime.type={variant.runtime}",
         "runtime.rollout_num_cpus=1",

@@ -57,6 +57,7 @@ class Setup:
     """The shared shape of both runs."""
 
     model_path: str
+    task_type: str
     steps: int
     prompts_per_step: int
     group_size: int
@@ -131,6 +132,7 @@ def asyncrl_overrides(setup: Setup, output_dir: Path) -> list[str]:
     """asyncrl's sync mode with the shared settings (its own evaluation off: both use the common one)."""
     return [
         f"model.path={setup.model_path}",
+        f"task.type={setup.task_type}",
         "model.device=cpu",
         f"output_dir={output_dir}",
         f"seed={setup.seed}",
@@ -407,7 +409,12 @@ def profile_generation(setup: Setup, prompts: list[TaskSample]) -> dict:
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run of seconds (tiny shapes)")
-    parser.add_argument("--model", default="", help="start checkpoint; empty: the shipped warm-start model")
+    parser.add_argument(
+        "--model",
+        default="tiny-count",
+        help="start checkpoint (a directory or a shipped name; '': the default)",
+    )
+    parser.add_argument("--task", default="count", help="built-in task type (the measured run: count)")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--prompts-per-step", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=8)
@@ -455,6 +462,7 @@ def summarise(runs: list[dict]) -> dict:
 def setup_from(args: argparse.Namespace) -> Setup:
     return Setup(
         model_path=str(resolve_model_path(args.model)),
+        task_type=args.task,
         steps=args.steps,
         prompts_per_step=args.prompts_per_step,
         group_size=args.group_size,
@@ -479,7 +487,7 @@ def report(args: argparse.Namespace, setup: Setup, held_out: list, before: dict,
         "quick": args.quick,
         "setup": {
             "model": setup.model_path,
-            "task": "count (TaskConfig defaults)",
+            "task": args.task,
             "steps": setup.steps,
             "prompts_per_step": setup.prompts_per_step,
             "group_size": setup.group_size,
@@ -509,7 +517,7 @@ def main() -> int:
     args = parse_args()
     torch.set_num_threads(args.threads)
     setup = setup_from(args)
-    task = make_task(TaskConfig())
+    task = make_task(TaskConfig(type=setup.task_type))
     prompts = ordered_prompts(list(task.split("train")), setup)
     held_out = list(task.split("eval"))[: args.eval_prompts]
     start_model, tokenizer = load_model_and_tokenizer(setup.model_path, device="cpu")

@@ -9,12 +9,12 @@ from __future__ import annotations
 import argparse
 import os
 
-DEFAULT_DIR = "asyncrl/assets/tiny-count"
+DEFAULT_DIR = ""
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model_dir", nargs="?", default=DEFAULT_DIR)
+    parser.add_argument("model_dir", nargs="?", default=DEFAULT_DIR, help="a model directory or shipped name")
     parser.add_argument("--prompts", type=int, default=128, help="held-out prompts to sample")
     parser.add_argument("--k", type=int, default=8, help="samples per prompt")
     parser.add_argument("--seed", type=int, default=0)

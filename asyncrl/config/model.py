@@ -14,8 +14,9 @@ class ModelConfig:
     """Which causal LM to load and how; the same model serves the engine and the trainer."""
 
     path: str = ""
-    """Hugging Face model directory (config, safetensors weights, tokenizer). Empty: the embedded default tiny
-    model that the project builds (see ``asyncrl tiny build``)."""
+    """Hugging Face model directory (config, safetensors weights, tokenizer), or the name of a warm start
+    shipped in ``asyncrl/assets`` (``tiny-copy``, ``tiny-count``). Empty: the embedded default ``tiny-copy``
+    (reproduced by ``asyncrl sft``)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Parameter dtype after loading. float32 on CPU; bfloat16 is the usual choice on GPUs."""
     device: Literal["auto", "cpu", "cuda"] = "auto"

@@ -1,7 +1,12 @@
 """Configuration of the supervised warm start (``asyncrl sft``): task, tiny model shape, budget, evaluation.
 
-Key decision: the budget is deliberately small. The warm start must leave RL something to do: the shipped
-checkpoint should solve roughly 10-60 % of held-out prompts when sampling at temperature 1.
+Key decision: the warm start must leave RL something to do that RL can do. The shipped checkpoint should
+solve roughly 10-60 % of held-out prompts when sampling at temperature 1, and its mistakes should be ones
+the reward can fix quickly. Label smoothing gives exactly that: trained long enough, the model's argmax is
+right on most prompts while temperature-1 samples slip (the default ``copy`` warm start: 0.35 mean reward
+sampled, 0.67 pass@8), so RL sharpens what the model knows. A warm start that never learned a skill (the
+``count`` task's stopping rule, which the 1.1 M-parameter model does not learn in 1,500 steps) leaves RL a
+search it cannot finish in minutes.
 """
 
 from __future__ import annotations
@@ -16,8 +21,8 @@ class SFTConfig:
     """Tokenizer, tiny model and training budget of a warm start on task demonstrations."""
 
     task: TaskConfig = field(default_factory=TaskConfig)
-    """The task whose demonstrations (prompt + correct response + EOS) are trained on."""
-    output_dir: str = "asyncrl/assets/tiny-count"
+    """The task whose demonstrations (prompt + correct response + EOS) are trained on (default: copy)."""
+    output_dir: str = "asyncrl/assets/tiny-copy"
     """Where the checkpoint (safetensors, config, tokenizer) and its README are written."""
     seed: int = 0
     """Seed of model initialisation, data order and evaluation sampling."""
@@ -29,7 +34,7 @@ class SFTConfig:
     """Transformer blocks."""
     num_heads: int = 4
     """Attention heads (hidden_size must be divisible by it)."""
-    max_steps: int = 500
+    max_steps: int = 2000
     """Optimizer steps of training (the budget that sets how good the warm start gets)."""
     max_minutes: float = 30.0
     """Wall-clock cap on training, in minutes; training stops at whichever of the two comes first."""
@@ -41,7 +46,7 @@ class SFTConfig:
     """Linear warm-up steps; the rate then decays along a half cosine to 10 % at max_steps."""
     weight_decay: float = 0.01
     """AdamW weight decay on matrices."""
-    label_smoothing: float = 0.0
+    label_smoothing: float = 0.2
     """Share of each target's probability spread over the vocabulary. A converged model then puts about
     1 - label_smoothing on the right token at every step: its argmax is right but temperature-1 samples of
     long responses often slip, which is exactly the headroom RL sharpening removes."""

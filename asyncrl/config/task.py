@@ -17,8 +17,9 @@ TASK_TYPES = ("count", "copy", "reverse", "running_sum", "file", "reasoning_gym"
 class TaskConfig:
     """The prompts of a run: a built-in long-tail task, a user dataset, or a reasoning-gym dataset."""
 
-    type: Literal["count", "copy", "reverse", "running_sum", "file", "reasoning_gym"] = "count"
-    """Built-in procedural tasks: count (count from a to b), copy / reverse (a word list), running_sum
+    type: Literal["count", "copy", "reverse", "running_sum", "file", "reasoning_gym"] = "copy"
+    """Built-in procedural tasks: copy / reverse (a word list; copy is the default, the task the shipped warm
+    start ``tiny-copy`` was trained on), count (count from a to b; the ``tiny-count`` warm start), running_sum
     (prefix sums of a digit list, then the total). file: a user JSONL/Parquet dataset. reasoning_gym: a
     procedural dataset from the reasoning-gym package."""
     seed: int = 0

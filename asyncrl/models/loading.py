@@ -13,15 +13,20 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "assets" / "tiny-count"
+ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
+"""The shipped warm-start checkpoints, each a model directory named after its task (``tiny-copy``, ...)."""
+DEFAULT_MODEL_DIR = ASSETS_DIR / "tiny-copy"
 """The embedded default model that ``model.path: ""`` stands for (written by ``asyncrl sft``)."""
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def resolve_model_path(path: str) -> Path:
-    """The model directory ``path`` names; empty means the embedded default. Errors name the missing dir."""
+    """The model directory ``path`` names: a directory, a shipped checkpoint's name (``tiny-count``), or empty
+    for the embedded default. Errors name the missing dir."""
     resolved = Path(path) if path else DEFAULT_MODEL_DIR
+    if path and not (resolved / "config.json").is_file() and (ASSETS_DIR / path / "config.json").is_file():
+        resolved = ASSETS_DIR / path
     if not (resolved / "config.json").is_file():
         what = "the embedded default model" if not path else "model.path"
         raise FileNotFoundError(f"{what}: no model directory (config.json) at {resolved}")

@@ -100,7 +100,7 @@ def test_agentic_example_trains_multi_turn_episodes_and_loses_none(tmp_path: Pat
     assert all(t.status.trainable for t in trained)
     completed = [t for t in trained if t.status is TrajectoryStatus.COMPLETED]
     assert completed, "no episode completed: nothing multi-turn to check"
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(""), local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("tiny-count"), local_files_only=True)
     for t in completed:
         assert t.info["turns"] == 2
         assert_conversation(t, tokenizer, config.env)

@@ -26,7 +26,7 @@ ENV = EnvConfig(num_turns=2, max_start=30, min_span=2, max_span=3)
 
 
 def test_tiny_model_plays_count_chain_through_the_real_engine() -> None:
-    model, tokenizer = load_model_and_tokenizer("", device="cpu")
+    model, tokenizer = load_model_and_tokenizer("tiny-count", device="cpu")
     engine = make_engine(model, tokenizer, EngineConfig(max_running_requests=4, max_kv_tokens=1024))
 
     async def main() -> Group:
