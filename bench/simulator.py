@@ -4,23 +4,21 @@ The workload grows with the cluster (weak scaling): a quarter of the accelerator
 engines of ``GPUS_PER_ENGINE``, and each step trains one sample per training accelerator (see ``config_for``),
 so requests per step grow linearly with the cluster and ``us_per_request`` flat means wall time linear.
 
-Like ``timeit``, the run pauses Python's cyclic garbage collector (``--gc on`` keeps it): the simulator keeps
-thousands of trajectories alive, each holding token lists thousands of entries long and no reference cycle,
-and every collection re-scans them all (40 % of the CPU at 4,096 accelerators). Reference counting still
-frees everything; a collection runs after each size.
+``simulate`` pauses Python's cyclic garbage collector during the run, as ``asyncrl simulate`` does
+(``asyncrl.sim.gc_pause``; ``--gc on`` keeps it running): the simulator keeps thousands of trajectories
+alive, each holding token lists thousands of entries long and no reference cycle, and every collection
+re-scans them all (35 % of the CPU at 4,096 accelerators). Reference counting still frees everything; one
+collection runs at the end of each run (inside the timing).
 Writes bench/results/simulator.json. Run: ``python bench/simulator.py [--steps 100] [--sizes 256,1024,4096]``.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import gc
 import json
 import os
 import platform
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -64,27 +62,12 @@ def config_for(num_gpus: int, num_steps: int, mode: str) -> SimConfig:
     )
 
 
-@contextlib.contextmanager
-def gc_paused(paused: bool) -> Iterator[None]:
-    """Pause the cyclic garbage collector inside the block (as ``timeit`` does), collecting once after it."""
-    enabled = gc.isenabled()
-    if paused:
-        gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-        gc.collect()
-
-
 def measure(num_gpus: int, num_steps: int, mode: str, pause_gc: bool) -> dict[str, Any]:
     """One simulated run: wall and CPU seconds, per-request cost, and the run's headline totals."""
     config = config_for(num_gpus, num_steps, mode)
-    with gc_paused(pause_gc):
-        wall_start, cpu_start = time.perf_counter(), time.process_time()
-        result = simulate(config)
-        wall, cpu = time.perf_counter() - wall_start, time.process_time() - cpu_start
+    wall_start, cpu_start = time.perf_counter(), time.process_time()
+    result = simulate(config, pause_gc=pause_gc)
+    wall, cpu = time.perf_counter() - wall_start, time.process_time() - cpu_start
     num_requests = result.totals["requests"]
     return {
         "load_avg_1m": round(os.getloadavg()[0], 2),  # other jobs share the cores: wall > cpu when high

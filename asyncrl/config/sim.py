@@ -40,6 +40,9 @@ class LengthConfig:
     long answers; 0 makes responses independent of their prompt."""
     path: str = ""
     """JSONL file for ``empirical``: one length per line, as a number or an object with a ``length`` key."""
+    per_prompt: bool = False
+    """Draw once per prompt: every response of a prompt gets the same length (before ``prompt_sigma``), for
+    tasks whose prompt fixes the answer's length and sampling barely changes it. False draws per response."""
 
     def __post_init__(self) -> None:
         if self.distribution not in LENGTH_DISTRIBUTIONS:
@@ -103,7 +106,8 @@ class SimEngineConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class SimTrainerConfig:
-    """Cost model of the trainer: ``step_overhead_s + epochs · tokens · gpu_s_per_token / num_gpus``."""
+    """Cost model of the trainer: ``step_overhead_s + epochs · tokens · gpu_s_per_token / num_gpus``, times
+    ``concurrent_slowdown`` when an engine is generating as the step starts."""
 
     num_gpus: int = 8
     """Accelerators training (ignored when ``colocated``: training then uses every rollout accelerator)."""
@@ -115,8 +119,15 @@ class SimTrainerConfig:
     """E: how many times each sample is trained on (PPO epochs)."""
     step_overhead_s: float = 5.0
     """Fixed time per step: optimizer step, model load/offload, bookkeeping."""
+    concurrent_slowdown: float = 1.0
+    """Factor on a training step's time when an engine is generating as it starts: contention for what the
+    two pools share (host CPUs, memory bandwidth, network). 1 for dedicated hardware; on a CPU test bed
+    where rollout and training share the cores it is well above 1 (``bench/sim_vs_real.py`` measured ~1.8).
+    Applied to the whole step, so overlap that ends mid-step is charged in full."""
 
     def __post_init__(self) -> None:
+        if not self.concurrent_slowdown >= 1:
+            raise ValueError(f"trainer.concurrent_slowdown must be >= 1, got {self.concurrent_slowdown}")
         if self.num_gpus < 1 or self.epochs < 1:
             raise ValueError(
                 f"trainer.num_gpus and trainer.epochs must be >= 1, got {self.num_gpus}, {self.epochs}"

@@ -62,7 +62,7 @@ from asyncrl.config.proxy import ProxyConfig
 from asyncrl.proxy.continuation import empty_abort
 from asyncrl.proxy.engine_set import EngineSet
 from asyncrl.proxy.errors import EngineFailure, NoHealthyEngine, ProxyClosed, RequestTimeout
-from asyncrl.proxy.routing import AffinityTable, make_routing_policy
+from asyncrl.proxy.routing import AffinityTable, LoadIndex
 from asyncrl.proxy.wakeup import Wakeup
 from asyncrl.proxy.worker import (
     EngineClient,
@@ -255,7 +255,9 @@ class MultiVersionProxy:
         self._workers = self._engines.workers
         self.max_age = max_policy_age(async_ratio)
         self.slots_per_engine = slots_per_engine
-        self._routing = make_routing_policy(self.config)
+        self._loads = LoadIndex((worker.load() for worker in self._workers), self.config.affinity_slack)
+        for worker in self._workers:
+            worker.on_load_change = self._on_load_change
         self._affinity = AffinityTable()
         self._calls: dict[str, _Call] = {}
         self._wakeup = Wakeup()
@@ -399,16 +401,24 @@ class MultiVersionProxy:
         return self._route(call, self._newest, required=False) is not None
 
     def _route(self, call: _Call, version: int, *, required: bool = True) -> EngineWorker | None:
-        """The least-loaded ready engine at ``version`` (the engine serving the call's affinity key if close)."""
-        index = self._routing.choose(
-            [w.load() for w in self._workers if w.ready],
+        """The least-loaded ready engine at ``version`` (the engine serving the call's affinity key if close).
+
+        The index ranks ready engines before those with an update pending, so a non-ready choice means no
+        ready engine serves ``version``.
+        """
+        index = self._loads.choose(
             affinity_owner=self._affinity.owner(call.request.affinity_key),
             pinned_version=version,
             excluded=frozenset(call.excluded),
         )
+        if index is not None and not self._workers[index].ready:
+            index = None
         if index is None and required:
             raise NoHealthyEngine(f"request {call.request.request_id!r}: no healthy engine serves v{version}")
         return None if index is None else self._workers[index]
+
+    def _on_load_change(self, worker: EngineWorker) -> None:
+        self._loads.update(worker.load())
 
     # ------------------------------------------------------------------------------------------ weight update
 
@@ -616,3 +626,9 @@ class MultiVersionProxy:
         self._closed = True
         self._wakeup.notify()
         self._engines.close()
+
+    async def aclose(self) -> None:
+        """``close``, then wait until the orchestrator's cancelled tasks have ended (no stray tracebacks
+        when the runtime shuts down right after)."""
+        self.close()
+        await self._engines.aclose()

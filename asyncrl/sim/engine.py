@@ -89,6 +89,11 @@ class SimEngine:
         self._pause_waiters: list[asyncio.Future[None]] = []
         self.counts = {"requests": 0, "tokens": 0, "segments": 0, "aborted": 0, "updates": 0}
 
+    @property
+    def generating(self) -> bool:
+        """Requests are decoding now (what the trainer's ``concurrent_slowdown`` contends with)."""
+        return bool(self.running) and not self.paused
+
     # ---- EngineClient ----------------------------------------------------------------------------------
 
     async def generate(self, request: Request) -> Generation:

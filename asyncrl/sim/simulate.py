@@ -24,6 +24,7 @@ from asyncrl.rollout.prompt_source import PromptSource
 from asyncrl.rollout.rlvr_producer import RLVRProducer
 from asyncrl.sim.engine import SimEngine
 from asyncrl.sim.env_cost import SimEnvTokenizer, make_sim_env_factory
+from asyncrl.sim.gc_pause import gc_paused
 from asyncrl.sim.result import SimResult, build_result
 from asyncrl.sim.timeline import Timeline
 from asyncrl.sim.workers import SimRewards, SimTokenizer, SimTrainer
@@ -53,10 +54,14 @@ def async_ratio_of(config: SimConfig) -> float:
     return ASYNC_RATIO_OF_MODE.get(config.controller.mode, config.buffer.async_ratio)
 
 
-def simulate(config: SimConfig) -> SimResult:
-    """Run ``config.controller.num_steps`` simulated training steps and measure them."""
+def simulate(config: SimConfig, *, pause_gc: bool = True) -> SimResult:
+    """Run ``config.controller.num_steps`` simulated training steps and measure them.
+
+    The cyclic garbage collector is paused during the run (``pause_gc=False`` keeps it), see ``gc_pause``.
+    """
     wall_start = time.perf_counter()
-    run = run_shuffled(lambda: _run(config), seed=None, virtual_time=True)
+    with gc_paused(pause_gc):
+        run = run_shuffled(lambda: _run(config), seed=None, virtual_time=True)
     return build_result(config, run, wall_s=time.perf_counter() - wall_start)
 
 
@@ -70,7 +75,12 @@ async def _run(config: SimConfig) -> _Run:
     buffer = make_buffer(config)
     producer = make_producer(config, proxy, buffer)
     source = producer.source
-    trainer = SimTrainer(config.trainer, config.num_train_gpus, timeline)
+    trainer = SimTrainer(
+        config.trainer,
+        config.num_train_gpus,
+        timeline,
+        engines_busy=lambda: any(engine.generating for engine in engines),
+    )
     step_ends: list[float] = []
 
     def on_step(record: StepRecord) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from asyncrl.config.sim import SimTrainerConfig
@@ -31,19 +31,23 @@ class TrainRecord:
 
 @dataclass
 class SimTrainer:
-    """``TrainerClient`` whose step takes ``cost.train_step_s`` virtual seconds; keeps one record per step."""
+    """``TrainerClient`` whose step takes ``cost.train_step_s`` virtual seconds, times the config's
+    ``concurrent_slowdown`` when ``engines_busy()`` says an engine generates as it starts; keeps one record
+    per step."""
 
     config: SimTrainerConfig
     num_gpus: int
     timeline: Timeline
     records: list[TrainRecord] = field(default_factory=list)
+    engines_busy: Callable[[], bool] = lambda: False
 
     async def train_step(self, groups: Sequence[Group], policy_version: int) -> dict[str, float]:
         loop = asyncio.get_running_loop()
         samples = [t for g in groups for t in g.trajectories]
         num_tokens = sum(len(t.token_ids) for t in samples)
         start = loop.time()
-        await asyncio.sleep(cost.train_step_s(self.config, self.num_gpus, num_tokens))
+        slowdown = self.config.concurrent_slowdown if self.engines_busy() else 1.0
+        await asyncio.sleep(slowdown * cost.train_step_s(self.config, self.num_gpus, num_tokens))
         self.timeline.add("trainer", start, loop.time(), "train")
         self.records.append(
             TrainRecord(

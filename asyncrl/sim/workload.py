@@ -54,8 +54,10 @@ class LengthModel:
         self._prompt_factors: dict[str, float] = {}
 
     def __call__(self, request_id: str) -> int:
-        rng = random.Random(zlib.crc32(f"{self.seed}\0{request_id}".encode()))
-        raw = self._draw(rng) * self._prompt_factor(prompt_uid(request_id))
+        uid = prompt_uid(request_id)
+        key = uid if self.config.per_prompt else request_id
+        rng = random.Random(zlib.crc32(f"{self.seed}\0{key}".encode()))
+        raw = self._draw(rng) * self._prompt_factor(uid)
         return max(1, min(self.max_new_tokens, round(raw)))
 
     def _draw(self, rng: random.Random) -> float:

@@ -193,3 +193,19 @@ def test_a_switch_that_fails_reaches_update_applied() -> None:
         return proxy.healthy_engines()
 
     assert run_shuffled(scenario, seed=3) == []
+
+
+async def spread_scenario() -> list[int]:
+    engines = [FakeEngine(lengths=4, step_s=1.0) for _ in range(3)]
+    proxy = MultiVersionProxy(engines, async_ratio=1.0, clock=asyncio.get_running_loop().time)
+    calls = [asyncio.ensure_future(proxy.generate(make_request(f"r{i}", max_new_tokens=4))) for i in range(7)]
+    await asyncio.sleep(0.5)
+    in_flight = [engine["in_flight"] for engine in proxy.stats()["engines"]]
+    await asyncio.gather(*calls)
+    proxy.close()
+    return in_flight
+
+
+def test_requests_go_to_the_least_loaded_engine_through_the_load_index() -> None:
+    for seed in range(3):
+        assert run_shuffled(spread_scenario, seed=seed) == [3, 2, 2]  # ties go to the lower index
