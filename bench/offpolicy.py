@@ -1,0 +1,186 @@
+"""Benchmark: does asynchronous training learn as well as synchronous training, per off-policy loss?
+
+Every run trains the embedded default (the shipped warm start on the default task, ``asyncrl/examples/
+default.yaml``) for the same number of steps of the same batch, so every run trains on the same number of
+samples; only the loss, the mode and the seed change:
+
+- settings: ``sync`` (α = 0, colocated, the baseline), ``async`` with α = 2 and with α = 8;
+- losses: ``ppo``, ``decoupled_ppo``, ``tis``, ``cispo``, ``topr`` with their default parameters;
+- seeds: 0, 1, 2 (seed of data order, sampling and evaluation).
+
+Each run reports held-out mean reward before and after (the run's own evaluation, temperature 1, the
+default's eval prompts), the trained samples' staleness, and wall-clock. The question is the one asynchrony
+has to answer: with samples up to α versions old, does each loss still reach the reward sync reaches? A
+setting "holds" when its mean over seeds is at least the lowest sync seed of the same loss (within the seed
+spread of sync, or above it).
+
+Runs are written to the JSON as they finish; ``--resume`` skips the ones already there, so a long run can be
+stopped and continued.
+
+    python bench/offpolicy.py [--quick] [--steps 60] [--losses ppo tis] [--settings sync async_a2]
+                              [--seeds 0 1 2] [--resume] [--out bench/results/offpolicy.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from asyncrl.config.run import load_run_config  # noqa: E402
+from asyncrl.controller.training import train  # noqa: E402
+
+DEFAULT_EXAMPLE = Path(__file__).resolve().parents[1] / "asyncrl" / "examples" / "default.yaml"
+LOSSES = ("ppo", "decoupled_ppo", "tis", "cispo", "topr")
+SETTINGS: dict[str, tuple[str, ...]] = {
+    "sync": ("controller.mode=sync", "buffer.async_ratio=0"),
+    "async_a2": ("controller.mode=async", "buffer.async_ratio=2"),
+    "async_a8": ("controller.mode=async", "buffer.async_ratio=8"),
+}
+
+
+def run_one(loss: str, setting: str, seed: int, args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
+    """Train one (loss, setting, seed) cell and return its row."""
+    overrides = [
+        f"loss.name={loss}",
+        *SETTINGS[setting],
+        f"seed={seed}",
+        f"controller.num_steps={args.steps}",
+        f"controller.eval_prompts={args.eval_prompts}",
+        f"output_dir={scratch / f'{loss}-{setting}-{seed}'}",
+        *args.overrides,
+    ]
+    config = load_run_config(str(DEFAULT_EXAMPLE), overrides)
+    summary = asyncio.run(train(config, console=None))
+    ages = _staleness(Path(summary.metrics_path))
+    return {
+        "loss": loss,
+        "setting": setting,
+        "seed": seed,
+        "reward_before": summary.eval_before.get("eval/reward_mean"),
+        "reward_after": summary.eval_after.get("eval/reward_mean"),
+        "reward_gain": summary.reward_gain,
+        "trained_samples": summary.trained_samples,
+        "wall_s": round(summary.wall_s, 1),
+        "train_wall_s": round(summary.train_wall_s, 1),
+        "staleness_mean": ages["mean"],
+        "staleness_max": ages["max"],
+        "load_after": round(os.getloadavg()[0], 2),
+    }
+
+
+def _staleness(metrics_path: Path) -> dict[str, float]:
+    """Mean and max age (trainer version − start version) over every trained sample of the run."""
+    total = count = 0.0
+    oldest = 0.0
+    for line in metrics_path.read_text().splitlines():
+        record = json.loads(line)
+        for key, n in record.items():
+            if key.startswith("staleness/age_"):
+                age = float(key.removeprefix("staleness/age_"))
+                total += age * n
+                count += n
+                if n:
+                    oldest = max(oldest, age)
+    return {"mean": round(total / count, 3) if count else 0.0, "max": oldest}
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per (loss, setting): mean/min/max held-out reward over seeds, and whether it holds against sync."""
+    cells: dict[str, dict[str, Any]] = {}
+    for loss in sorted({r["loss"] for r in rows}):
+        sync = [r["reward_after"] for r in rows if r["loss"] == loss and r["setting"] == "sync"]
+        for setting in SETTINGS:
+            rewards = [r["reward_after"] for r in rows if r["loss"] == loss and r["setting"] == setting]
+            walls = [r["wall_s"] for r in rows if r["loss"] == loss and r["setting"] == setting]
+            if not rewards:
+                continue
+            cell = {
+                "seeds": len(rewards),
+                "reward_mean": round(statistics.mean(rewards), 4),
+                "reward_min": min(rewards),
+                "reward_max": max(rewards),
+                "wall_s_mean": round(statistics.mean(walls), 1),
+            }
+            if sync and setting != "sync":
+                cell["vs_sync_mean"] = round(cell["reward_mean"] - statistics.mean(sync), 4)
+                cell["holds"] = cell["reward_mean"] >= min(sync)
+            cells[f"{loss}/{setting}"] = cell
+    return cells
+
+
+def targets(cells: dict[str, dict[str, Any]], losses: list[str]) -> dict[str, bool | None]:
+    """The issue's targets: async α=2 holds for every loss; α=8 holds for at least one loss."""
+    a2 = [cells.get(f"{loss}/async_a2", {}).get("holds") for loss in losses]
+    a8 = [cells.get(f"{loss}/async_a8", {}).get("holds") for loss in losses]
+    return {
+        "async_a2_holds_for_every_loss": all(a2) if None not in a2 else None,
+        "async_a8_holds_for_some_loss": any(h for h in a8 if h is not None)
+        if any(h is not None for h in a8)
+        else None,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=60, help="training steps of every run (same samples)")
+    parser.add_argument("--eval-prompts", type=int, default=256, help="held-out prompts of each evaluation")
+    parser.add_argument("--losses", nargs="+", default=list(LOSSES), choices=LOSSES)
+    parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--quick", action="store_true", help="2 steps, 16 eval prompts, seed 0: a smoke test")
+    parser.add_argument("--resume", action="store_true", help="keep the rows already in --out, run the rest")
+    parser.add_argument("--out", default="bench/results/offpolicy.json")
+    parser.add_argument("overrides", nargs="*", help="extra RunConfig overrides applied to every run")
+    args = parser.parse_args()
+    if args.quick:
+        args.steps, args.eval_prompts, args.seeds = 2, 16, [0]
+    out = Path(args.out)
+    rows: list[dict[str, Any]] = json.loads(out.read_text())["runs"] if args.resume and out.exists() else []
+    done = {(r["loss"], r["setting"], r["seed"]) for r in rows}
+    with tempfile.TemporaryDirectory(prefix="offpolicy-") as scratch:
+        for seed in args.seeds:
+            for loss in args.losses:
+                for setting in args.settings:
+                    if (loss, setting, seed) in done:
+                        continue
+                    started = time.perf_counter()
+                    rows.append(run_one(loss, setting, seed, args, Path(scratch)))
+                    row = rows[-1]
+                    print(
+                        f"{loss:>13} {setting:>8} seed {seed}: reward {row['reward_before']:.3f} -> "
+                        f"{row['reward_after']:.3f}  staleness mean {row['staleness_mean']:.2f} max "
+                        f"{row['staleness_max']:.0f}  {time.perf_counter() - started:.0f}s",
+                        flush=True,
+                    )
+                    _write(out, args, rows)
+    cells = summarize(rows)
+    print(json.dumps({"cells": cells, "targets": targets(cells, args.losses)}, indent=1))
+
+
+def _write(out: Path, args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
+    cells = summarize(rows)
+    result = {
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+        "steps": args.steps,
+        "eval_prompts": args.eval_prompts,
+        "overrides": args.overrides,
+        "runs": rows,
+        "cells": cells,
+        "targets": targets(cells, args.losses),
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
