@@ -186,18 +186,26 @@ def test_partial_rollout_records_monotone_per_token_versions(tiny_path, tmp_path
     check_run(records, lines, async_ratio=1.0, versions_ok=monotone_versions)
 
 
+RAY_MODES = {
+    "sync": (("controller.mode=sync",), 0.0, one_version_per_trajectory),
+    "one_step_off": (
+        ("controller.mode=one_step_off", "buffer.async_ratio=1"),
+        1.0,
+        one_version_per_trajectory,
+    ),
+    "async": (("controller.mode=async", "buffer.async_ratio=2"), 2.0, one_version_per_trajectory),
+    "partial_rollout": (("controller.mode=partial_rollout", "buffer.async_ratio=1"), 1.0, monotone_versions),
+}
+"""Every mode but multi_version (tested on Ray below) with the same checks as inline, engine and trainer in actors."""
+
+
 @pytest.mark.ray
-def test_async_on_ray_actors(tiny_path, tmp_path):
-    records, lines = run_mode(
-        tiny_path,
-        tmp_path,
-        "controller.mode=async",
-        "buffer.async_ratio=2",
-        "runtime.type=local",
-        "runtime.rollout_num_cpus=1",
-        "runtime.train_num_cpus=1",
-    )
-    check_run(records, lines, async_ratio=2.0)
+@pytest.mark.parametrize("mode", sorted(RAY_MODES))
+def test_mode_on_ray_actors(tiny_path, tmp_path, mode):
+    overrides, async_ratio, versions_ok = RAY_MODES[mode]
+    cpus = ("runtime.rollout_num_cpus=1", "runtime.train_num_cpus=1")
+    records, lines = run_mode(tiny_path, tmp_path, *overrides, "runtime.type=local", *cpus)
+    check_run(records, lines, async_ratio=async_ratio, versions_ok=versions_ok)
     assert all("engine0/idle_fraction" in line for line in lines)
 
 
