@@ -121,12 +121,10 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def targets(cells: dict[str, dict[str, Any]], losses: list[str]) -> dict[str, bool | None]:
     """The issue's targets: async α=2 holds for every loss; α=8 holds for at least one loss."""
     a2 = [cells.get(f"{loss}/async_a2", {}).get("holds") for loss in losses]
-    a8 = [cells.get(f"{loss}/async_a8", {}).get("holds") for loss in losses]
-    return {
+    a8 = [h for loss in losses if (h := cells.get(f"{loss}/async_a8", {}).get("holds")) is not None]
+    return {  # None: the runs the target needs are not all there
         "async_a2_holds_for_every_loss": all(a2) if None not in a2 else None,
-        "async_a8_holds_for_some_loss": any(h for h in a8 if h is not None)
-        if any(h is not None for h in a8)
-        else None,
+        "async_a8_holds_for_some_loss": any(a8) if a8 else None,
     }
 
 

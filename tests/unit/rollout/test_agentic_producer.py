@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from agentic_helpers import first_group
 
 from asyncrl.buffer.sample_buffer import SampleBuffer
 from asyncrl.config.buffer import BufferConfig
@@ -257,12 +258,7 @@ def test_multi_turn_trajectory_layout_is_exact() -> None:
             make_env=lambda: CountChainEnv(env_config),
             seed=0,
         )
-        task = asyncio.ensure_future(producer.run())
-        (group,) = await buffer.get_batch(0)
-        buffer.close()
-        await task
-        proxy.close()
-        return group
+        return await first_group(producer, buffer, proxy)
 
     group = run_shuffled(scenario, seed=0)
     (t,) = group.trajectories

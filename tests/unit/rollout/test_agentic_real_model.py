@@ -8,6 +8,8 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from agentic_helpers import first_group  # noqa: E402
+
 from asyncrl.buffer.sample_buffer import SampleBuffer  # noqa: E402
 from asyncrl.config.buffer import BufferConfig  # noqa: E402
 from asyncrl.config.engine import EngineConfig  # noqa: E402
@@ -42,12 +44,7 @@ def test_tiny_model_plays_count_chain_through_the_real_engine() -> None:
             make_env=lambda: make_env(ENV),
             seed=0,
         )
-        task = asyncio.ensure_future(producer.run())
-        (group,) = await buffer.get_batch(0)
-        buffer.close()
-        await task
-        proxy.close()
-        return group
+        return await first_group(producer, buffer, proxy)
 
     try:
         group = asyncio.run(main())
