@@ -8,6 +8,7 @@ Lifecycles are enums whose allowed transitions are stated in their docstrings.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -82,13 +83,17 @@ class Request:
 
 @dataclass(kw_only=True)
 class Generation:
-    """The output of one request: tokens, each token's behaviour log-prob and the policy version that made it."""
+    """The output of one request: tokens, each token's behaviour log-prob and the policy version that made it.
+
+    The sequences are lists from the real engines and ``asyncrl.sim.runs.Runs`` from the simulator's (read-only
+    either way); consumers use them as sequences, and ``list + sequence`` concatenates both kinds.
+    """
 
     request_id: str
-    prompt_token_ids: list[int]
-    token_ids: list[int]
-    logprobs: list[float]
-    versions: list[int]
+    prompt_token_ids: Sequence[int]
+    token_ids: Sequence[int]
+    logprobs: Sequence[float]
+    versions: Sequence[int]
     finish_reason: FinishReason
     text: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
@@ -124,15 +129,15 @@ class Trajectory:
     ``token_ids`` is the whole sequence, prompt included; ``loss_mask`` is 1 on model-generated tokens and 0 on
     prompt and environment tokens; ``logprobs`` and ``versions`` are aligned with ``token_ids`` (0.0 and -1 where
     the mask is 0). ``start_version`` is the policy version that began the trajectory: staleness is measured
-    from it.
+    from it. The sequences are lists, or ``Runs`` in the simulator (see ``Generation``).
     """
 
     prompt_uid: str
     sample_index: int
-    token_ids: list[int]
-    loss_mask: list[int]
-    logprobs: list[float]
-    versions: list[int]
+    token_ids: Sequence[int]
+    loss_mask: Sequence[int]
+    logprobs: Sequence[float]
+    versions: Sequence[int]
     start_version: int
     num_prompt_tokens: int
     reward: float = 0.0

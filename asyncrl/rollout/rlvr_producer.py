@@ -22,8 +22,8 @@ import asyncio
 import hashlib
 import importlib
 import time
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol, TypeVar
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from asyncrl.buffer.records import Admission, DropKind
 from asyncrl.buffer.sample_buffer import BufferClosedError, SampleBuffer
@@ -41,8 +41,6 @@ from asyncrl.types import (
     Trajectory,
     TrajectoryStatus,
 )
-
-T = TypeVar("T")
 
 GroupFilter = Callable[[Group], bool]
 
@@ -265,10 +263,10 @@ def build_trajectory(
     return Trajectory(
         prompt_uid=prompt.key,
         sample_index=index,
-        token_ids=_concat(generation.prompt_token_ids, generation.token_ids),
-        loss_mask=_concat([0] * num_prompt, [1] * generation.num_tokens),
-        logprobs=_concat([0.0] * num_prompt, generation.logprobs),
-        versions=_concat([-1] * num_prompt, generation.versions),
+        token_ids=generation.prompt_token_ids + generation.token_ids,
+        loss_mask=[0] * num_prompt + [1] * generation.num_tokens,
+        logprobs=[0.0] * num_prompt + generation.logprobs,
+        versions=[-1] * num_prompt + generation.versions,
         start_version=generation.versions[0] if generation.versions else admitted_version,
         num_prompt_tokens=num_prompt,
         reward=result.reward,
@@ -278,14 +276,6 @@ def build_trajectory(
         info=dict(result.info),
         timings={**generation.timings, "reward_s": result.elapsed_s, "finished_at": time.monotonic()},
     )
-
-
-def _concat(head: Sequence[T], tail: Sequence[T]) -> list[T]:
-    """``list(head) + list(tail)`` in one copy of each: trajectories run to thousands of tokens (the simulator
-    builds one per simulated request)."""
-    out = list(head)
-    out += tail
-    return out
 
 
 def _status(finish_reason: FinishReason, result: RewardResult) -> tuple[TrajectoryStatus, str]:

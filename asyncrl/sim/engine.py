@@ -15,18 +15,18 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from asyncrl.config.sim import SimEngineConfig
 from asyncrl.sim import cost
+from asyncrl.sim.runs import Runs
 from asyncrl.sim.timeline import Timeline
 from asyncrl.types import FinishReason, Generation, Request
 
 TOKEN_ID = 0
 TOKEN_LOGPROB = -1.0
-T = TypeVar("T")
 
 
 @dataclass(eq=False)
@@ -308,27 +308,16 @@ class SimEngine:
         return generation
 
     def _generation(self, seq: _SimRequest, reason: FinishReason) -> Generation:
+        """The request's output so far; the new tokens as ``Runs`` (see ``asyncrl.sim.runs``: O(1) per
+        request however long the response, where lists would cost the simulator most of its time)."""
         request = seq.request
         num_new = seq.produced - len(request.prefix_token_ids)
-        versions = list(request.prefix_versions)
-        for version, count in seq.new_versions:
-            versions += [version] * count
         return Generation(
             request_id=request.request_id,
-            prompt_token_ids=list(request.prompt_token_ids),
-            token_ids=_extended(request.prefix_token_ids, TOKEN_ID, num_new),
-            logprobs=_extended(request.prefix_logprobs, TOKEN_LOGPROB, num_new),
-            versions=versions,
+            prompt_token_ids=request.prompt_token_ids,
+            token_ids=request.prefix_token_ids + Runs.repeat(TOKEN_ID, num_new),
+            logprobs=request.prefix_logprobs + Runs.repeat(TOKEN_LOGPROB, num_new),
+            versions=request.prefix_versions + Runs.from_runs(seq.new_versions),
             finish_reason=reason,
             text=request.request_id,
         )
-
-
-def _extended(prefix: Sequence[T], value: T, count: int) -> list[T]:
-    """A new list: ``prefix`` then ``count`` times ``value``, copying each element once (responses run to
-    thousands of tokens and the simulator builds one per request)."""
-    if not prefix:
-        return [value] * count
-    out = list(prefix)
-    out += [value] * count
-    return out
