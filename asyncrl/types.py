@@ -85,7 +85,7 @@ class Request:
 class Generation:
     """The output of one request: tokens, each token's behaviour log-prob and the policy version that made it.
 
-    The sequences are lists from the real engines and ``asyncrl.sim.runs.Runs`` from the simulator's (read-only
+    The sequences are lists from the real engines and ``asyncrl.runs.Runs`` from the simulator's (read-only
     either way); consumers use them as sequences, and ``list + sequence`` concatenates both kinds.
     """
 

@@ -29,7 +29,7 @@ def continuation_request(request: Request, partial: Generation | None) -> Reques
 def check_continued(generation: Generation, request: Request) -> None:
     """Raise ``ValueError`` naming the request unless ``generation`` starts with the request's prefix."""
     num_prefix = len(request.prefix_token_ids)
-    same = (
+    same = num_prefix == 0 or (
         generation.token_ids[:num_prefix] == request.prefix_token_ids
         and generation.logprobs[:num_prefix] == request.prefix_logprobs
         and generation.versions[:num_prefix] == request.prefix_versions

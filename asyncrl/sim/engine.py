@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asyncrl.config.sim import SimEngineConfig
+from asyncrl.runs import Runs
 from asyncrl.sim import cost
-from asyncrl.sim.runs import Runs
 from asyncrl.sim.timeline import Timeline
 from asyncrl.types import FinishReason, Generation, Request
 
@@ -308,7 +308,7 @@ class SimEngine:
         return generation
 
     def _generation(self, seq: _SimRequest, reason: FinishReason) -> Generation:
-        """The request's output so far; the new tokens as ``Runs`` (see ``asyncrl.sim.runs``: O(1) per
+        """The request's output so far; the new tokens as ``Runs`` (see ``asyncrl.runs``: O(1) per
         request however long the response, where lists would cost the simulator most of its time)."""
         request = seq.request
         num_new = seq.produced - len(request.prefix_token_ids)

@@ -74,12 +74,15 @@ def _check_trajectory(trajectory: Trajectory) -> None:
         )
 
 
-def _pad(rows: list[list], value: float, dtype: torch.dtype) -> torch.Tensor:
-    """Stack ``rows`` right-padded with ``value`` to the longest row."""
+def _pad(rows: Sequence[Sequence[float]], value: float, dtype: torch.dtype) -> torch.Tensor:
+    """Stack ``rows`` right-padded with ``value`` to the longest row.
+
+    Rows that are not lists (a loss mask is ``asyncrl.runs.Runs``) become lists first: ``torch.tensor`` would
+    otherwise index them element by element."""
     width = max(len(row) for row in rows)
     out = torch.full((len(rows), width), value, dtype=dtype)
     for i, row in enumerate(rows):
-        out[i, : len(row)] = torch.tensor(row, dtype=dtype)
+        out[i, : len(row)] = torch.tensor(row if isinstance(row, list) else list(row), dtype=dtype)
     return out
 
 

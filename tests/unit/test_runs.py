@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from asyncrl.sim.runs import Runs
+from asyncrl.runs import Runs
 
 parts = st.lists(
     st.one_of(
@@ -70,3 +72,10 @@ def test_index_out_of_range_and_inequality() -> None:
     assert runs != [0, 0] and runs != [0, 0, 1] and runs != "000"
     with pytest.raises(ValueError, match="count >= 0"):
         Runs.repeat(0, -1)
+
+
+def test_pickles_as_the_same_sequence() -> None:
+    """Trajectories cross process boundaries (Ray actors) with their loss masks."""
+    runs = [7, 8] + Runs.from_runs([(0, 2), (1, 3)])
+    restored = pickle.loads(pickle.dumps(runs))
+    assert isinstance(restored, Runs) and restored == [7, 8, 0, 0, 1, 1, 1]

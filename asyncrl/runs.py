@@ -1,12 +1,13 @@
-"""A read-only token sequence stored as parts: literal stretches and runs of one repeated value.
+"""A read-only sequence stored as parts: literal stretches and runs of one repeated value.
 
-Why: a simulated response's per-token fields carry no information (every token id is ``TOKEN_ID``, every
-log-prob ``TOKEN_LOGPROB``, versions change only at weight updates), yet they run to thousands of entries and
-the producer, buffer and controller would copy, sum and free them for every one of the hundreds of thousands
-of requests of a large simulation. ``Runs`` keeps them in O(parts) memory and joins them in O(parts) time,
-while behaving as the ``Sequence`` the real code expects: ``len``, indexing, iteration, equality with lists,
-and ``list + runs`` (the producer's concatenation; Python tries ``Runs.__radd__`` because ``list.__add__``
-refuses a non-list), so the scheduling code the simulator drives is unchanged.
+Why: some per-token sequences are runs by construction and thousands long. A loss mask is zeros over the
+prompt then ones over the response; a simulated response's tokens, log-probs and versions carry no
+information (one token id, one log-prob, a version that changes only at weight updates). As lists, the
+producer, buffer and controller would build, copy and free them for every request: most of a large
+simulation's time. ``Runs`` keeps them in O(parts) memory and joins them in O(parts) time, while behaving as
+the ``Sequence`` the rest of the code expects: ``len``, indexing, iteration, equality with lists, pickling,
+and ``list + runs`` (Python tries ``Runs.__radd__`` because ``list.__add__`` refuses a non-list). Code that
+needs a list or a tensor converts with ``list(runs)``.
 """
 
 from __future__ import annotations
@@ -31,14 +32,22 @@ class Runs(Sequence[T], Generic[T]):
         self._len = sum(map(len, self._parts))
 
     @classmethod
+    def _joined(cls, parts: tuple[Sequence[T], ...], length: int) -> Runs[T]:
+        """A ``Runs`` of ``parts`` whose total length the caller already knows (joins are the hot path)."""
+        runs = object.__new__(cls)
+        runs._parts, runs._len = parts, length
+        return runs
+
+    @classmethod
     def repeat(cls, value: T, count: int) -> Runs[T]:
         """``count`` times ``value``."""
-        return cls((_Repeat(value, count),))
+        return cls._joined((_Repeat(value, count),), count)
 
     @classmethod
     def from_runs(cls, runs: Iterable[Sequence[Any]]) -> Runs[T]:
         """The ``(value, count)`` runs in order."""
-        return cls([_Repeat(value, count) for value, count in runs])
+        parts = tuple([_Repeat(value, count) for value, count in runs])
+        return cls._joined(parts, sum([part.count for part in parts]))
 
     def __len__(self) -> int:
         return self._len
@@ -81,10 +90,10 @@ class Runs(Sequence[T], Generic[T]):
             yield from part
 
     def __add__(self, other: Sequence[T]) -> Runs[T]:
-        return Runs(self._parts + _parts_of(other))
+        return Runs._joined(self._parts + _parts_of(other), self._len + len(other))
 
     def __radd__(self, other: Sequence[T]) -> Runs[T]:
-        return Runs(_parts_of(other) + self._parts)
+        return Runs._joined(_parts_of(other) + self._parts, len(other) + self._len)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Sequence) or isinstance(other, str | bytes):
@@ -99,8 +108,12 @@ class Runs(Sequence[T], Generic[T]):
 
 def _parts_of(values: Sequence[T]) -> tuple[Sequence[T], ...]:
     """The parts of ``values``: its own if it is a ``Runs``, else one part copied into a tuple (so a list
-    the caller goes on mutating cannot change this sequence)."""
-    return values._parts if isinstance(values, Runs) else (tuple(values),)
+    the caller goes on mutating cannot change this sequence); none if it is empty.
+
+    ``type(...) is``, not ``isinstance``: ``Runs`` is an ABC, and its instance check costs a microsecond."""
+    if type(values) is Runs:
+        return values._parts
+    return (tuple(values),) if len(values) else ()
 
 
 class _Repeat(Sequence[T], Generic[T]):
