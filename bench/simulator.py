@@ -9,7 +9,7 @@ so requests per step grow linearly with the cluster and ``us_per_request`` flat 
 alive, each holding token lists thousands of entries long and no reference cycle, and every collection
 re-scans them all (35 % of the CPU at 4,096 accelerators). Reference counting still frees everything; one
 collection runs at the end of each run (inside the timing).
-Writes bench/results/simulator.json. Run: ``python bench/simulator.py [--steps 100] [--sizes 256,1024,4096]``.
+Writes bench/results/simulator.json. Run: ``python bench/simulator.py [--steps 100] [--sizes 256,1024,4096] [--repeats 3]``.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -62,18 +63,26 @@ def config_for(num_gpus: int, num_steps: int, mode: str) -> SimConfig:
     )
 
 
-def measure(num_gpus: int, num_steps: int, mode: str, pause_gc: bool) -> dict[str, Any]:
-    """One simulated run: wall and CPU seconds, per-request cost, and the run's headline totals."""
+def measure(num_gpus: int, num_steps: int, mode: str, pause_gc: bool, repeats: int) -> dict[str, Any]:
+    """``repeats`` identical runs: the median wall and CPU seconds (every wall time is kept too: this
+    machine's speed drifts by tens of per cent from one minute to the next), per-request cost, and the
+    run's headline totals (the runs are deterministic, so their totals agree)."""
     config = config_for(num_gpus, num_steps, mode)
-    wall_start, cpu_start = time.perf_counter(), time.process_time()
-    result = simulate(config, pause_gc=pause_gc)
-    wall, cpu = time.perf_counter() - wall_start, time.process_time() - cpu_start
+    walls, cpus, loads = [], [], []
+    for _ in range(repeats):
+        wall_start, cpu_start = time.perf_counter(), time.process_time()
+        result = simulate(config, pause_gc=pause_gc)
+        walls.append(time.perf_counter() - wall_start)
+        cpus.append(time.process_time() - cpu_start)
+        loads.append(os.getloadavg()[0])
+    wall, cpu = statistics.median(walls), statistics.median(cpus)
     num_requests = result.totals["requests"]
     return {
-        "load_avg_1m": round(os.getloadavg()[0], 2),  # other jobs share the cores: wall > cpu when high
+        "load_avg_1m": round(max(loads), 2),  # other jobs share the cores: wall > cpu when high
         "num_gpus": num_gpus,
         "num_engines": config.rollout.num_engines,
         "wall_s": round(wall, 2),
+        "wall_s_runs": [round(w, 2) for w in walls],
         "cpu_s": round(cpu, 2),
         "requests": num_requests,
         "us_per_request": round(1e6 * wall / num_requests, 1),
@@ -88,15 +97,24 @@ def main() -> None:
     parser.add_argument("--sizes", default="256,1024,4096")
     parser.add_argument("--mode", default="async")
     parser.add_argument("--gc", choices=("paused", "on"), default="paused")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per size; the median is reported")
     parser.add_argument("--out", default="bench/results/simulator.json")
     args = parser.parse_args()
     rows = []
+    simulate(config_for(256, 5, args.mode))  # warm-up, untimed: the first run in a process is slower
     for num_gpus in [int(size) for size in args.sizes.split(",")]:
-        rows.append(measure(num_gpus, args.steps, args.mode, pause_gc=args.gc == "paused"))
+        rows.append(measure(num_gpus, args.steps, args.mode, args.gc == "paused", args.repeats))
         print(json.dumps(rows[-1]), flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     machine = platform.processor() or platform.machine()
-    summary = {"machine": machine, "steps": args.steps, "mode": args.mode, "gc": args.gc, "runs": rows}
+    summary = {
+        "machine": machine,
+        "steps": args.steps,
+        "mode": args.mode,
+        "gc": args.gc,
+        "repeats": args.repeats,
+        "runs": rows,
+    }
     Path(args.out).write_text(json.dumps(summary, indent=1) + "\n")
 
 
