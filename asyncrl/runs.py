@@ -3,8 +3,8 @@
 Why: some per-token sequences are runs by construction and thousands long. A loss mask is zeros over the
 prompt then ones over the response; a simulated response's tokens, log-probs and versions carry no
 information (one token id, one log-prob, a version that changes only at weight updates). As lists, the
-producer, buffer and controller would build, copy and free them for every request: most of a large
-simulation's time. ``Runs`` keeps them in O(parts) memory and joins them in O(parts) time, while behaving as
+producer, buffer and controller would build, copy and free them for every request: a sixth of a large
+simulation's instructions, more of its time. ``Runs`` keeps them in O(parts) memory and joins them in O(parts) time, while behaving as
 the ``Sequence`` the rest of the code expects: ``len``, indexing, iteration, equality with lists, pickling,
 and ``list + runs`` (Python tries ``Runs.__radd__`` because ``list.__add__`` refuses a non-list). Code that
 needs a list or a tensor converts with ``list(runs)``.
@@ -27,9 +27,10 @@ class Runs(Sequence[T], Generic[T]):
 
     __slots__ = ("_parts", "_len")
 
-    def __init__(self, parts: Iterable[Sequence[T]] = ()) -> None:
-        self._parts: tuple[Sequence[T], ...] = tuple(parts)
-        self._len = sum(map(len, self._parts))
+    def __init__(self, values: Sequence[T] = ()) -> None:
+        """``values`` (copied) as one literal part."""
+        self._parts: tuple[Sequence[T], ...] = _parts_of(values)
+        self._len = len(values)
 
     @classmethod
     def _joined(cls, parts: tuple[Sequence[T], ...], length: int) -> Runs[T]:

@@ -61,6 +61,10 @@ def test_from_runs_keeps_order_and_counts() -> None:
     versions = Runs.from_runs([[3, 2], [4, 1]])
     assert list(versions) == [3, 3, 4]
     assert versions[0] == 3 and versions[-1] == 4
+    values = [5, 6]
+    literal = Runs(values)
+    values.append(7)  # the constructor copies: a list mutated afterwards does not change it
+    assert literal == [5, 6] and len(Runs()) == 0
 
 
 def test_index_out_of_range_and_inequality() -> None:
