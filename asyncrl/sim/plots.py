@@ -5,44 +5,79 @@ matplotlib is imported inside each function (Agg backend), so importing the simu
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from asyncrl.sim.env_cost import is_env_worker
 from asyncrl.sim.result import SimResult
 
-COLORS = {"generate": "tab:blue", "update": "tab:orange", "train": "tab:green"}
+COLORS = {
+    "generate": "tab:blue",
+    "update": "tab:orange",
+    "train": "tab:green",
+    "env_reset": "tab:purple",
+    "env_step": "tab:olive",
+    "reward": "tab:cyan",
+    "env_fail": "tab:red",
+}
 MAX_ROWS = 48
+"""Rows of the Gantt chart (see ``timeline_rows`` for how the trainer, engines and envs share them)."""
 
 
 def plot_timeline(result: SimResult, path: str | Path, title: str = "") -> Path:
-    """One row per worker (the trainer and up to ``MAX_ROWS - 1`` engines), its spans coloured by kind."""
+    """One row per worker (the trainer, engines, then envs, within ``MAX_ROWS`` as ``timeline_rows``
+    chooses), its spans coloured by kind; the y-label counts the workers left out."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    workers = ["trainer"] + sorted((w for w in result.spans if w != "trainer"), key=_engine_order)
-    workers = workers[:MAX_ROWS]
+    workers, left_out = timeline_rows(result.spans)
     fig, ax = plt.subplots(figsize=(12, 1.5 + 0.25 * len(workers)))
-    for row, worker in enumerate(workers):
-        for kind in COLORS:
-            bars = [(s, e - s) for s, e, k in result.spans.get(worker, []) if k == kind]
-            if bars:
-                ax.broken_barh(bars, (row - 0.4, 0.8), color=COLORS[kind], label=kind if row < 2 else None)
+    _draw_rows(ax, workers, result.spans)
     for step in result.steps:
         ax.axvline(step.end_s, color="grey", linewidth=0.5, linestyle=":")
     ax.set_yticks(range(len(workers)), workers, fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("simulated time (s)")
+    ax.set_ylabel(left_out_label(left_out))
     ax.set_title(title or "busy spans per worker (dotted: step ends)")
     handles, labels = ax.get_legend_handles_labels()
-    ax.legend(
-        dict(zip(labels, handles, strict=False)).values(),
-        dict(zip(labels, handles, strict=False)).keys(),
-        loc="upper right",
-        fontsize=7,
-    )
+    ax.legend(handles, labels, loc="upper right", fontsize=7)
     return _save(fig, path)
+
+
+def timeline_rows(workers: Iterable[str], max_rows: int = MAX_ROWS) -> tuple[list[str], dict[str, int]]:
+    """(rows, left out): the trainer first (always), then engines, then envs, each in creation order, at
+    most ``max_rows`` rows; ``left out`` counts the engines and envs beyond them. Engines keep at least
+    three quarters of the rows after the trainer, envs at least the remaining quarter; either kind takes
+    the rows the other does not need."""
+    names = set(workers) - {"trainer"}
+    envs = sorted(filter(is_env_worker, names), key=_engine_order)
+    engines = sorted(names.difference(envs), key=_engine_order)
+    room = max_rows - 1
+    num_env_rows = min(len(envs), max(room - len(engines), room // 4))
+    num_engine_rows = min(len(engines), room - num_env_rows)
+    rows = ["trainer"] + engines[:num_engine_rows] + envs[:num_env_rows]
+    return rows, {"engines": len(engines) - num_engine_rows, "envs": len(envs) - num_env_rows}
+
+
+def left_out_label(left_out: dict[str, int]) -> str:
+    """``"not shown: 3 engines, 412 envs"`` for the non-zero counts, or ``""`` when every worker is shown."""
+    parts = [f"{n} {kind}" for kind, n in left_out.items() if n]
+    return f"not shown: {', '.join(parts)}" if parts else ""
+
+
+def _draw_rows(ax, workers: list[str], spans: dict[str, list[list]]) -> None:
+    """Each worker's spans as bars of its kind's colour; each kind is labelled once for the legend."""
+    labelled: set[str] = set()
+    for row, worker in enumerate(workers):
+        for kind, color in COLORS.items():
+            bars = [(s, e - s) for s, e, k in spans.get(worker, []) if k == kind]
+            if bars:
+                label = None if kind in labelled else kind
+                labelled.add(kind)
+                ax.broken_barh(bars, (row - 0.4, 0.8), color=color, label=label)
 
 
 def plot_sweep(key: str, values: Sequence[object], results: Sequence[SimResult], path: str | Path) -> Path:

@@ -73,7 +73,7 @@ async def _run(config: SimConfig) -> _Run:
     proxy_config = replace(config.proxy, update_policy=policy, control_timeout_s=NO_TIMEOUT_S)
     proxy = LLMProxy(engines, proxy_config, initial_version=0, clock=loop.time)
     buffer = make_buffer(config)
-    producer = make_producer(config, proxy, buffer)
+    producer = make_producer(config, proxy, buffer, timeline)
     source = producer.source
     trainer = SimTrainer(
         config.trainer,
@@ -131,8 +131,11 @@ def redundant_groups(config: SimConfig) -> int:
     return config.rollout.max_additional_running_prompts
 
 
-def make_producer(config: SimConfig, proxy: LLMProxy, buffer: SampleBuffer) -> RLVRProducer | AgenticProducer:
-    """The real producer ``config.producer`` names, over simulated rewards, tokenizer and environments."""
+def make_producer(
+    config: SimConfig, proxy: LLMProxy, buffer: SampleBuffer, timeline: Timeline
+) -> RLVRProducer | AgenticProducer:
+    """The real producer ``config.producer`` names, over simulated rewards, tokenizer and environments (which
+    record their spans on ``timeline``)."""
     pass_rates = PassRates(config.reward, config.seed)
     if config.producer == "agentic":
         return AgenticProducer(
@@ -142,7 +145,9 @@ def make_producer(config: SimConfig, proxy: LLMProxy, buffer: SampleBuffer) -> R
             tokenizer=SimEnvTokenizer(),
             rollout=config.rollout,
             config=config.env_manager,
-            make_env=make_sim_env_factory(config.env, config.prompt_tokens, pass_rates, config.seed),
+            make_env=make_sim_env_factory(
+                config.env, config.prompt_tokens, pass_rates, config.seed, timeline
+            ),
             seed=config.seed,
         )
     return RLVRProducer(
