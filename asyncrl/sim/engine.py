@@ -9,11 +9,18 @@ reservation are free) → running → finished (stop or length) | aborted (parti
 
 Each token carries the version of the weights that made it, so in-flight updates (``pause`` →
 ``update_weights`` → ``resume``) produce multi-version generations exactly as the real engine does.
+
+Bookkeeping is O(log running) per request, not O(running) per segment: the engine counts its steps, and a
+running request's output is ``produced + (steps - since_step)`` until it leaves; requests wait in a heap by
+the step at which they finish; KV tokens are a running sum. Only a version change touches every running
+request (once per weight update), to close its run of tokens at the old version.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,16 +43,19 @@ class _SimRequest:
     target: int
     """Output tokens (prefix included) at which the request ends."""
     produced: int
-    """Output tokens so far (prefix included)."""
+    """Output tokens (prefix included) as of engine step ``since_step``; while running, one more per step."""
     reservation: int
+    since_step: int = 0
     new_versions: list[list[int]] = field(default_factory=list)
-    """[version, count] runs of the tokens made here (after the prefix)."""
+    """[version, count] runs of the tokens made here (after the prefix), up to ``since_step``."""
     prefill_tokens: int = 0
     """Context tokens to prefill in the next step (the prompt on admission, everything after a recompute)."""
+    finish_step: int = 0
+    """The engine step at which a running request reaches ``target``."""
 
     @property
-    def context(self) -> int:
-        return len(self.request.prompt_token_ids) + self.produced
+    def num_prompt_tokens(self) -> int:
+        return len(self.request.prompt_token_ids)
 
 
 @dataclass
@@ -80,8 +90,19 @@ class SimEngine:
         self.version = version
         self.paused = False
         self.waiting: deque[_SimRequest] = deque()
-        self.running: list[_SimRequest] = []
+        self.running: dict[_SimRequest, None] = {}
+        """Running requests in admission order (an ordered set)."""
         self.kv_reserved = 0
+        self._step = 0
+        """Decode steps this engine has run."""
+        self._runs_version = version
+        """The version the running requests' tokens since their ``since_step`` were made at."""
+        self._finishing: list[tuple[int, int, _SimRequest]] = []
+        """Heap of (finish step, admission number, request); entries of requests that left are skipped."""
+        self._admissions = itertools.count()
+        self._kv_base = 0
+        """Sum over running requests of prompt + produced - since_step: their KV tokens minus steps x count."""
+        self._prefill_pending: list[_SimRequest] = []
         self._segment: _Segment | None = None
         self._busy_since: float | None = None
         self._kick_scheduled = False
@@ -109,7 +130,7 @@ class SimEngine:
         self.counts["requests"] += 1
         if produced >= target:
             return self._generation(seq, self._end_reason(seq))
-        seq.prefill_tokens = seq.context
+        seq.prefill_tokens = seq.num_prompt_tokens + produced
         self.waiting.append(seq)
         self._kick()
         return await seq.result  # a cancelled caller cancels only this future: the request runs on, unread
@@ -119,10 +140,11 @@ class SimEngine:
             if seq.request.request_id == request_id:
                 self.waiting.remove(seq)
                 return self._finish(seq, FinishReason.ABORT)
-        if not any(seq.request.request_id == request_id for seq in self.running):
+        seq = self._running_seq(request_id)
+        if seq is None:
             return None
         if self._segment is None:  # paused: no step in progress
-            return self._finish(self._running_seq(request_id), FinishReason.ABORT)
+            return self._finish(seq, FinishReason.ABORT)
         waiter = self._pending_aborts.get(request_id)
         if waiter is None:
             waiter = self._pending_aborts[request_id] = asyncio.get_running_loop().create_future()
@@ -147,7 +169,8 @@ class SimEngine:
         self.counts["updates"] += 1
         if self.config.recompute_kv_on_update:
             for seq in self.running:
-                seq.prefill_tokens = seq.context
+                seq.prefill_tokens = self._context(seq)
+            self._prefill_pending = list(self.running)
 
     async def resume(self) -> None:
         self.paused = False
@@ -206,8 +229,10 @@ class SimEngine:
         assert segment is not None
         self._segment = None
         self._advance(segment.num_steps)
-        for seq in [s for s in self.running if s.produced >= s.target]:
-            self._finish(seq, self._end_reason(seq))
+        while self._finishing and self._finishing[0][0] <= self._step:
+            seq = heapq.heappop(self._finishing)[2]
+            if seq in self.running:
+                self._finish(seq, self._end_reason(seq))
         self._apply_aborts()
         if self.paused:
             self._go_idle()
@@ -235,16 +260,17 @@ class SimEngine:
 
     def _take_batch_totals(self) -> tuple[int, int, int]:
         """Prefill tokens due (cleared: paid in this segment), KV tokens, and steps until the first request
-        ends, of the running batch; one pass, as the engine re-plans at every finish."""
-        prefill_tokens = num_kv = 0
-        num_steps = self.running[0].target - self.running[0].produced
-        for seq in self.running:
-            prefill_tokens += seq.prefill_tokens
-            seq.prefill_tokens = 0
-            num_kv += seq.context
-            if seq.target - seq.produced < num_steps:
-                num_steps = seq.target - seq.produced
-        return prefill_tokens, num_kv, num_steps
+        ends, of the running batch."""
+        prefill_tokens = 0
+        for seq in self._prefill_pending:
+            if seq in self.running:
+                prefill_tokens += seq.prefill_tokens
+                seq.prefill_tokens = 0
+        self._prefill_pending = []
+        while self._finishing[0][2] not in self.running:
+            heapq.heappop(self._finishing)
+        num_kv = self._kv_base + self._step * len(self.running)
+        return prefill_tokens, num_kv, self._finishing[0][0] - self._step
 
     def _segment_s(self, segment: _Segment, num_steps: int) -> float:
         return cost.segment_s(
@@ -252,16 +278,30 @@ class SimEngine:
         )
 
     def _advance(self, num_steps: int) -> None:
-        """Every running request made ``num_steps`` tokens at the current version."""
-        version = self.version
-        for seq in self.running:
-            runs = seq.new_versions
-            if runs and runs[-1][0] == version:
-                runs[-1][1] += num_steps
-            else:
-                runs.append([version, num_steps])
-            seq.produced += num_steps
+        """Every running request made ``num_steps`` tokens at the current version (the version at the end
+        of the segment, as a real engine applies an update between steps)."""
+        if self.version != self._runs_version:
+            for seq in self.running:
+                self._settle(seq)
+            self._runs_version = self.version
+        self._step += num_steps
         self.counts["tokens"] += num_steps * len(self.running)
+
+    def _settle(self, seq: _SimRequest) -> None:
+        """Bring ``seq.produced`` and its version runs up to the current step."""
+        num_new = self._step - seq.since_step
+        if num_new:
+            runs = seq.new_versions
+            if runs and runs[-1][0] == self._runs_version:
+                runs[-1][1] += num_new
+            else:
+                runs.append([self._runs_version, num_new])
+            seq.produced += num_new
+            seq.since_step = self._step
+
+    def _context(self, seq: _SimRequest) -> int:
+        """KV tokens of a running request now: prompt and output so far."""
+        return seq.num_prompt_tokens + seq.produced + self._step - seq.since_step
 
     def _admit(self) -> None:
         while self.waiting and len(self.running) < self.config.max_running_requests:
@@ -270,7 +310,16 @@ class SimEngine:
                 return
             self.waiting.popleft()
             self.kv_reserved += head.reservation
-            self.running.append(head)
+            self._start_running(head)
+
+    def _start_running(self, seq: _SimRequest) -> None:
+        seq.since_step = self._step
+        seq.finish_step = self._step + seq.target - seq.produced
+        self.running[seq] = None
+        heapq.heappush(self._finishing, (seq.finish_step, next(self._admissions), seq))
+        self._kv_base += seq.num_prompt_tokens + seq.produced - seq.since_step
+        if seq.prefill_tokens:
+            self._prefill_pending.append(seq)
 
     def _has_admittable(self) -> bool:
         if not self.waiting or len(self.running) >= self.config.max_running_requests:
@@ -280,7 +329,7 @@ class SimEngine:
     def _apply_aborts(self) -> None:
         pending, self._pending_aborts = self._pending_aborts, {}
         for request_id, waiter in pending.items():
-            seq = next((s for s in self.running if s.request.request_id == request_id), None)
+            seq = self._running_seq(request_id)
             waiter.set_result(None if seq is None else self._finish(seq, FinishReason.ABORT))
 
     def _go_idle(self) -> None:
@@ -290,15 +339,18 @@ class SimEngine:
 
     # ---- ending requests ----------------------------------------------------------------------------
 
-    def _running_seq(self, request_id: str) -> _SimRequest:
-        return next(seq for seq in self.running if seq.request.request_id == request_id)
+    def _running_seq(self, request_id: str) -> _SimRequest | None:
+        """The first running request with this id (aborts are rare: a scan is fine)."""
+        return next((seq for seq in self.running if seq.request.request_id == request_id), None)
 
     def _end_reason(self, seq: _SimRequest) -> FinishReason:
         return FinishReason.LENGTH if seq.target >= seq.request.sampling.max_new_tokens else FinishReason.STOP
 
     def _finish(self, seq: _SimRequest, reason: FinishReason) -> Generation:
         if seq in self.running:
-            self.running.remove(seq)
+            self._kv_base -= seq.num_prompt_tokens + seq.produced - seq.since_step
+            self._settle(seq)
+            del self.running[seq]
             self.kv_reserved -= seq.reservation
         if reason is FinishReason.ABORT:
             self.counts["aborted"] += 1
