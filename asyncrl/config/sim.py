@@ -92,6 +92,13 @@ class SimEngineConfig:
     """Time to receive and load new weights (the engine is paused meanwhile)."""
     recompute_kv_on_update: bool = False
     """After an in-flight update, re-prefill every running request's context (prompt + output so far)."""
+    kv_bytes_per_token: int = 57_344
+    """KV cache bytes per context token, what a migration moves (``controller.mode: multi_version``); the
+    default is a Qwen2.5-7B-like model in bf16: 28 layers x 4 KV heads x 128 dims x 2 (keys, values) x 2 B."""
+    kv_transfer_s_per_token: float = 0.0
+    """Time to move one context token's KV to another engine in a migration; the request joins its receiver
+    after ``kv_transfer_s_per_token`` x its context tokens. 0 (free, like the default prefill) keeps the
+    cost model's context handling free; ~5.7e-6 is the default ``kv_bytes_per_token`` over 10 GB/s."""
 
     def __post_init__(self) -> None:
         for name in ("gpus_per_engine", "knee_batch", "max_running_requests", "max_kv_tokens"):
@@ -99,7 +106,13 @@ class SimEngineConfig:
                 raise ValueError(f"engine.{name} must be >= 1, got {getattr(self, name)}")
         if not self.decode_step_s > 0:
             raise ValueError(f"engine.decode_step_s must be > 0, got {self.decode_step_s}")
-        for name in ("kv_s_per_token", "prefill_s_per_token", "weight_update_s"):
+        for name in (
+            "kv_s_per_token",
+            "prefill_s_per_token",
+            "weight_update_s",
+            "kv_bytes_per_token",
+            "kv_transfer_s_per_token",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"engine.{name} must be >= 0, got {getattr(self, name)}")
 
@@ -239,7 +252,7 @@ class SimConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     """Batch shape, replication, queue/batch generation, filtering and redundancy (as in a real run)."""
     buffer: BufferConfig = field(default_factory=BufferConfig)
-    """Async ratio α of the ``async`` and ``partial_rollout`` modes (``sync`` runs at 0 and
+    """Async ratio α of the ``async``, ``partial_rollout`` and ``multi_version`` modes (``sync`` runs at 0 and
     ``one_step_off`` at 1 whatever it says, so one sweep can cover every mode). Its timeouts are ignored: the simulator waits without limit (deadlocks are detected)."""
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     """Mode and number of steps (evaluation keys are ignored)."""

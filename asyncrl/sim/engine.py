@@ -5,7 +5,13 @@ joins, finishes, is aborted, or the engine pauses), so the engine plans a *segme
 running request finishes — and sets one timer at its end (``asyncrl.sim.cost``). A change that arrives
 mid-segment shortens the segment to the end of the step in progress, as a real engine admits new requests
 and applies aborts between steps. A request's life: waiting (FIFO, admitted when a slot and its KV
-reservation are free) → running → finished (stop or length) | aborted (partial output returned).
+reservation are free) → running → finished (stop or length) | aborted (partial output returned) | exported.
+
+Multi-version streaming (``asyncrl.proxy.multi_version``) moves requests between engines of one version:
+``export_request`` takes a request out between steps (its caller gets the partial output, aborted) as a
+``SimRequestState``; ``import_request`` continues it elsewhere after ``kv_transfer_s_per_token`` per context
+token, *joining* the next step with its KV (no prefill) when a slot and its reservation are free at once, as
+the real engine places it ahead of the waiting queue; otherwise it waits and is prefilled again.
 
 Each token carries the version of the weights that made it, so in-flight updates (``pause`` →
 ``update_weights`` → ``resume``) produce multi-version generations exactly as the real engine does.
@@ -34,6 +40,30 @@ from asyncrl.types import FinishReason, Generation, Request
 
 TOKEN_ID = 0
 TOKEN_LOGPROB = -1.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimRequestState:
+    """What a ``SimEngine`` exports and another continues (the ``ExportedRequest`` of the multi-version
+    proxy); the simulated counterpart of ``asyncrl.engine.migration.RequestState``."""
+
+    request: Request
+    produced: int
+    """Output tokens so far, prefix included."""
+    version_runs: tuple[tuple[int, int], ...]
+    """(version, count) runs of the tokens made after the prefix."""
+    target: int
+    """Output tokens at which the request ends (its sampling state travels with it: it ends as if it stayed)."""
+    version: int
+    """The version of the engine it left: only an engine at this version may continue it."""
+    kv_tokens: int
+    """Context tokens whose KV moves with it (0: it had none, e.g. still waiting, and is prefilled again)."""
+    kv_bytes: int
+    """``kv_tokens`` x ``engine.kv_bytes_per_token``."""
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
 
 
 @dataclass(eq=False)
@@ -92,6 +122,8 @@ class SimEngine:
         self.waiting: deque[_SimRequest] = deque()
         self.running: dict[_SimRequest, None] = {}
         """Running requests in admission order (an ordered set)."""
+        self.joining: list[_SimRequest] = []
+        """Imported requests with their KV and reservation, starting at the next step (before the queue)."""
         self.kv_reserved = 0
         self._step = 0
         """Decode steps this engine has run."""
@@ -107,8 +139,19 @@ class SimEngine:
         self._busy_since: float | None = None
         self._kick_scheduled = False
         self._pending_aborts: dict[str, asyncio.Future[Generation | None]] = {}
+        self._pending_exports: dict[str, asyncio.Future[SimRequestState | None]] = {}
+        self._in_transit: dict[str, _SimRequest] = {}
+        """Imported requests whose KV is still on its way, by id."""
         self._pause_waiters: list[asyncio.Future[None]] = []
-        self.counts = {"requests": 0, "tokens": 0, "segments": 0, "aborted": 0, "updates": 0}
+        self.counts = {
+            "requests": 0,
+            "tokens": 0,
+            "segments": 0,
+            "aborted": 0,
+            "updates": 0,
+            "exported": 0,
+            "imported": 0,
+        }
 
     @property
     def generating(self) -> bool:
@@ -121,12 +164,7 @@ class SimEngine:
         loop = asyncio.get_running_loop()
         produced = len(request.prefix_token_ids)
         target = max(produced, min(self.length_of(request.request_id), request.sampling.max_new_tokens))
-        reservation = len(request.prompt_token_ids) + request.sampling.max_new_tokens
-        if reservation > self.config.max_kv_tokens:
-            raise ValueError(
-                f"request {request.request_id}: needs {reservation} KV tokens, more than the engine has"
-            )
-        seq = _SimRequest(request, loop.create_future(), target, produced, reservation)
+        seq = _SimRequest(request, loop.create_future(), target, produced, self._reservation(request))
         self.counts["requests"] += 1
         if produced >= target:
             return self._generation(seq, self._end_reason(seq))
@@ -136,20 +174,65 @@ class SimEngine:
         return await seq.result  # a cancelled caller cancels only this future: the request runs on, unread
 
     async def abort(self, request_id: str) -> Generation | None:
-        for seq in self.waiting:
-            if seq.request.request_id == request_id:
-                self.waiting.remove(seq)
-                return self._finish(seq, FinishReason.ABORT)
+        seq = self._take_queued(request_id)
+        if seq is not None:
+            return self._finish(seq, FinishReason.ABORT)
         seq = self._running_seq(request_id)
         if seq is None:
             return None
         if self._segment is None:  # paused: no step in progress
             return self._finish(seq, FinishReason.ABORT)
-        waiter = self._pending_aborts.get(request_id)
-        if waiter is None:
-            waiter = self._pending_aborts[request_id] = asyncio.get_running_loop().create_future()
-            self._shorten()
-        return await asyncio.shield(waiter)
+        return await self._at_step_end(self._pending_aborts, request_id)
+
+    async def export_request(self, request_id: str) -> SimRequestState | None:
+        """Take a request out, between steps if it is running: its ``generate`` returns the partial output
+        (aborted) and the state continues it on an engine of this version; None if unknown or ended."""
+        seq = self._take_queued(request_id)
+        if seq is not None:
+            return self._export(seq)
+        seq = self._running_seq(request_id)
+        if seq is None:
+            return None
+        if self._segment is None:
+            return self._export(seq)
+        return await self._at_step_end(self._pending_exports, request_id)
+
+    async def import_request(self, state: SimRequestState) -> Generation:
+        """Continue an exported request from its output so far (its Generation holds every token); only at
+        the version it was exported from. Its KV arrives after the transfer time; it then joins the next
+        step without prefill if a slot and its reservation are free, else waits and is prefilled again."""
+        if state.version != self.version:
+            raise ValueError(
+                f"request {state.request_id}: exported at v{state.version}, engine {self.name} at v{self.version}"
+            )
+        runs = [list(run) for run in state.version_runs]
+        result = asyncio.get_running_loop().create_future()
+        reservation = self._reservation(state.request)
+        seq = _SimRequest(state.request, result, state.target, state.produced, reservation, new_versions=runs)
+        self.counts["imported"] += 1
+        if not await self._transfer(seq, state.kv_tokens * self.config.kv_transfer_s_per_token):
+            return await seq.result  # aborted or exported again on its way here
+        if state.kv_tokens and self._fits_now(seq):
+            self.kv_reserved += seq.reservation
+            self.joining.append(seq)
+        else:
+            seq.prefill_tokens = seq.num_prompt_tokens + seq.produced
+            self.waiting.append(seq)
+        self._kick()
+        return await seq.result
+
+    async def _transfer(self, seq: _SimRequest, transfer_s: float) -> bool:
+        """Wait while ``seq``'s KV arrives (``abort`` and ``export_request`` find it meanwhile); whether it
+        is still here to join."""
+        if not transfer_s:
+            return True
+        request_id = seq.request.request_id
+        self._in_transit[request_id] = seq
+        try:
+            await asyncio.wait([seq.result], timeout=transfer_s)  # done early if taken out meanwhile
+        finally:
+            arrived = self._in_transit.pop(request_id, None) is seq
+        return arrived
 
     async def pause(self) -> None:
         self.paused = True
@@ -181,6 +264,7 @@ class SimEngine:
             "version": self.version,
             "running": len(self.running),
             "waiting": len(self.waiting),
+            "joining": len(self.joining),
             "busy_s": self.timeline.busy_s[self.name],
             **self.counts,
         }
@@ -234,6 +318,7 @@ class SimEngine:
             if seq in self.running:
                 self._finish(seq, self._end_reason(seq))
         self._apply_aborts()
+        self._apply_exports()
         if self.paused:
             self._go_idle()
             waiters, self._pause_waiters = self._pause_waiters, []
@@ -304,6 +389,9 @@ class SimEngine:
         return seq.num_prompt_tokens + seq.produced + self._step - seq.since_step
 
     def _admit(self) -> None:
+        for seq in self.joining:  # their reservations were taken on import
+            self._start_running(seq)
+        self.joining.clear()
         while self.waiting and len(self.running) < self.config.max_running_requests:
             head = self.waiting[0]
             if self.kv_reserved + head.reservation > self.config.max_kv_tokens:
@@ -322,6 +410,8 @@ class SimEngine:
             self._prefill_pending.append(seq)
 
     def _has_admittable(self) -> bool:
+        if self.joining:
+            return True
         if not self.waiting or len(self.running) >= self.config.max_running_requests:
             return False
         return self.kv_reserved + self.waiting[0].reservation <= self.config.max_kv_tokens
@@ -332,10 +422,73 @@ class SimEngine:
             seq = self._running_seq(request_id)
             waiter.set_result(None if seq is None else self._finish(seq, FinishReason.ABORT))
 
+    def _apply_exports(self) -> None:
+        pending, self._pending_exports = self._pending_exports, {}
+        for request_id, waiter in pending.items():
+            seq = self._running_seq(request_id)
+            waiter.set_result(None if seq is None else self._export(seq))
+
     def _go_idle(self) -> None:
         if self._busy_since is not None:
             self.timeline.add(self.name, self._busy_since, asyncio.get_running_loop().time(), "generate")
             self._busy_since = None
+
+    # ---- requests arriving and leaving ---------------------------------------------------------------
+
+    def _reservation(self, request: Request) -> int:
+        """KV tokens a request reserves: prompt + ``max_new_tokens`` (which counts a continuation's prefix)."""
+        reservation = len(request.prompt_token_ids) + request.sampling.max_new_tokens
+        if reservation > self.config.max_kv_tokens:
+            raise ValueError(
+                f"request {request.request_id}: needs {reservation} KV tokens, more than the engine has"
+            )
+        return reservation
+
+    def _fits_now(self, seq: _SimRequest) -> bool:
+        """A slot and ``seq``'s reservation are free now, counting the requests already joining."""
+        slots_taken = len(self.running) + len(self.joining)
+        fits = self.kv_reserved + seq.reservation <= self.config.max_kv_tokens
+        return slots_taken < self.config.max_running_requests and fits
+
+    async def _at_step_end(self, pending: dict[str, asyncio.Future[Any]], request_id: str) -> Any:
+        """Wait for the end of the step in progress, where ``pending``'s change to ``request_id`` applies."""
+        waiter = pending.get(request_id)
+        if waiter is None:
+            waiter = pending[request_id] = asyncio.get_running_loop().create_future()
+            self._shorten()
+        return await asyncio.shield(waiter)
+
+    def _take_queued(self, request_id: str) -> _SimRequest | None:
+        """Remove an arriving, joining or waiting request with this id (a joining one gives back its
+        reservation)."""
+        if request_id in self._in_transit:
+            return self._in_transit.pop(request_id)
+        for seq in self.joining:
+            if seq.request.request_id == request_id:
+                self.joining.remove(seq)
+                self.kv_reserved -= seq.reservation
+                return seq
+        for seq in self.waiting:
+            if seq.request.request_id == request_id:
+                self.waiting.remove(seq)
+                return seq
+        return None
+
+    def _export(self, seq: _SimRequest) -> SimRequestState:
+        """End ``seq`` here as exported; its KV goes with it unless it is due to be prefilled (waiting)."""
+        self._release(seq)
+        self.counts["exported"] += 1
+        self._resolve(seq, FinishReason.ABORT)
+        kv_tokens = 0 if seq.prefill_tokens else seq.num_prompt_tokens + seq.produced
+        return SimRequestState(
+            request=seq.request,
+            produced=seq.produced,
+            version_runs=tuple((version, count) for version, count in seq.new_versions),
+            target=seq.target,
+            version=self.version,
+            kv_tokens=kv_tokens,
+            kv_bytes=kv_tokens * self.config.kv_bytes_per_token,
+        )
 
     # ---- ending requests ----------------------------------------------------------------------------
 
@@ -347,13 +500,21 @@ class SimEngine:
         return FinishReason.LENGTH if seq.target >= seq.request.sampling.max_new_tokens else FinishReason.STOP
 
     def _finish(self, seq: _SimRequest, reason: FinishReason) -> Generation:
+        self._release(seq)
+        if reason is FinishReason.ABORT:
+            self.counts["aborted"] += 1
+        return self._resolve(seq, reason)
+
+    def _release(self, seq: _SimRequest) -> None:
+        """A running ``seq`` leaves the batch: its output settled, its slot and reservation freed."""
         if seq in self.running:
             self._kv_base -= seq.num_prompt_tokens + seq.produced - seq.since_step
             self._settle(seq)
             del self.running[seq]
             self.kv_reserved -= seq.reservation
-        if reason is FinishReason.ABORT:
-            self.counts["aborted"] += 1
+
+    def _resolve(self, seq: _SimRequest, reason: FinishReason) -> Generation:
+        """``seq``'s output so far, also handed to its ``generate`` caller (unless it went away)."""
         generation = self._generation(seq, reason)
         if not seq.result.done():
             seq.result.set_result(generation)

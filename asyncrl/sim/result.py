@@ -95,7 +95,8 @@ def step_metrics(run: _Run) -> list[StepMetrics]:
 
 
 def totals_of(config: SimConfig, run: _Run, steps: list[StepMetrics], wall_s: float) -> dict[str, float]:
-    """Throughput, mean phase times, utilisation, staleness and work counts of the whole run."""
+    """Throughput, mean phase times, utilisation, staleness and work counts of the whole run (and, in
+    ``multi_version`` mode, the migration counters)."""
     horizon = steps[-1].end_s if steps else 0.0
     samples = sum(s.num_samples for s in steps)
     tokens = sum(s.num_tokens for s in steps)
@@ -126,7 +127,18 @@ def totals_of(config: SimConfig, run: _Run, steps: list[StepMetrics], wall_s: fl
         "max_staleness": float(max(ages, default=0)),
         "wall_s": wall_s,
     }
-    return totals | {f"dropped_{kind}": float(n) for kind, n in sorted(run.dropped.items())}
+    dropped = {f"dropped_{kind}": float(n) for kind, n in sorted(run.dropped.items())}
+    return totals | dropped | multi_version_totals(run.proxy_stats)
+
+
+MULTI_VERSION_TOTALS = ("num_migrations", "kv_bytes_moved", "num_switches", "max_versions_alive")
+"""The orchestrator's counters a ``multi_version`` run adds to its totals."""
+
+
+def multi_version_totals(proxy_stats: dict[str, Any]) -> dict[str, float]:
+    """Migrations, KV bytes moved, engine switches and the widest version window of a ``multi_version`` run
+    (from ``MultiVersionProxy.stats()``); empty for the other modes' ``LLMProxy``, which has none of them."""
+    return {key: float(proxy_stats[key]) for key in MULTI_VERSION_TOTALS if key in proxy_stats}
 
 
 def _mean(values: list[float]) -> float:

@@ -1,7 +1,8 @@
 """``simulate(config)``: asyncrl's own producer, buffer, proxy and controller against cost-model workers.
 
 Key decision: nothing is re-implemented. The run is wired exactly as ``asyncrl.runtime.inline`` wires a real
-one, with ``SimEngine``s behind the proxy, a ``SimTrainer`` behind the controller and simulated rewards,
+one, with ``SimEngine``s behind the proxy (``MultiVersionProxy`` in ``multi_version`` mode, else ``LLMProxy``),
+a ``SimTrainer`` behind the controller and simulated rewards,
 tokenizer and (agentic producer) environments behind the producer, on an event loop whose clock jumps to
 the next timer whenever every task waits (``asyncrl.testing.event_loop``, FIFO order, virtual time). No real
 sleeping happens anywhere.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from asyncrl.buffer.sample_buffer import SampleBuffer
@@ -19,6 +21,7 @@ from asyncrl.config.controller import ASYNC_RATIO_OF_MODE, UPDATE_POLICY_OF_MODE
 from asyncrl.config.sim import SimConfig
 from asyncrl.controller.controller import Controller, StepRecord
 from asyncrl.proxy.llm_proxy import LLMProxy
+from asyncrl.proxy.multi_version import MultiVersionProxy
 from asyncrl.rollout.agentic_producer import AgenticProducer, make_env_seed_source
 from asyncrl.rollout.prompt_source import PromptSource
 from asyncrl.rollout.rlvr_producer import RLVRProducer
@@ -69,9 +72,7 @@ async def _run(config: SimConfig) -> _Run:
     loop = asyncio.get_running_loop()
     timeline = Timeline(enabled=config.timeline == "full")
     engines = make_engines(config, timeline)
-    policy = config.proxy.update_policy or UPDATE_POLICY_OF_MODE[config.controller.mode]
-    proxy_config = replace(config.proxy, update_policy=policy, control_timeout_s=NO_TIMEOUT_S)
-    proxy = LLMProxy(engines, proxy_config, initial_version=0, clock=loop.time)
+    proxy = make_proxy(config, engines, loop.time)
     buffer = make_buffer(config)
     producer = make_producer(config, proxy, buffer, timeline)
     source = producer.source
@@ -103,6 +104,25 @@ async def _run(config: SimConfig) -> _Run:
     return _Run(trainer, engines, step_ends, timeline, stats, *producer_counts(producer, engines, dropped))
 
 
+def make_proxy(
+    config: SimConfig, engines: list[SimEngine], clock: Callable[[], float]
+) -> LLMProxy | MultiVersionProxy:
+    """The proxy ``asyncrl.runtime.inline.make_proxy`` builds for the mode, on the loop's clock; control
+    calls never time out."""
+    mode_policy = UPDATE_POLICY_OF_MODE[config.controller.mode]
+    if mode_policy == "multi_version":
+        return MultiVersionProxy(
+            engines,
+            replace(config.proxy, control_timeout_s=NO_TIMEOUT_S),
+            async_ratio=async_ratio_of(config),
+            slots_per_engine=config.engine.max_running_requests,
+            clock=clock,
+        )
+    policy = config.proxy.update_policy or mode_policy
+    proxy_config = replace(config.proxy, update_policy=policy, control_timeout_s=NO_TIMEOUT_S)
+    return LLMProxy(engines, proxy_config, initial_version=0, clock=clock)
+
+
 def make_engines(config: SimConfig, timeline: Timeline) -> list[SimEngine]:
     lengths = LengthModel(config.lengths, config.rollout.max_new_tokens, config.seed)
     return [
@@ -132,7 +152,7 @@ def redundant_groups(config: SimConfig) -> int:
 
 
 def make_producer(
-    config: SimConfig, proxy: LLMProxy, buffer: SampleBuffer, timeline: Timeline
+    config: SimConfig, proxy: LLMProxy | MultiVersionProxy, buffer: SampleBuffer, timeline: Timeline
 ) -> RLVRProducer | AgenticProducer:
     """The real producer ``config.producer`` names, over simulated rewards, tokenizer and environments (which
     record their spans on ``timeline``)."""
