@@ -22,8 +22,9 @@ Back-pressure (every wait ends on the event in the last column, or on ``close()`
 | wait                   | waits for                                          | unblocked by                        |
 |------------------------|----------------------------------------------------|-------------------------------------|
 | held call (gate)       | not suspended, no version waiting for the window,  | ``resume()``, the window moving,    |
-|                        | a ready engine at the newest version (or no        | an engine switching or turning      |
-|                        | healthy engine at all: ``NoHealthyEngine``)        | unhealthy                           |
+|                        | a ready engine at the newest version with fewer    | an engine switching or turning      |
+|                        | than ``slots_per_engine`` requests (or no healthy  | unhealthy, a request ending         |
+|                        | engine at all: ``NoHealthyEngine``)                |                                     |
 | engine call            | the engine's Generation (continued after a move)   | its return; ``abort(id)``;          |
 |                        |                                                    | ``request_timeout_s``               |
 | window (``incoming``)  | no request of a version older than v - ⌊α⌋ running | those requests ending or aborted    |
@@ -401,21 +402,30 @@ class MultiVersionProxy:
         return self._route(call, self._newest, required=False) is not None
 
     def _route(self, call: _Call, version: int, *, required: bool = True) -> EngineWorker | None:
-        """The least-loaded ready engine at ``version`` (the engine serving the call's affinity key if close).
+        """The least-loaded ready engine at ``version`` with a free slot (the engine serving the call's
+        affinity key if close).
 
         The index ranks ready engines before those with an update pending, so a non-ready choice means no
-        ready engine serves ``version``.
+        ready engine serves ``version``. Without the slot check, every call held through a weight update
+        would go to the first engine to reach the new version and queue there while the engines switching
+        after it sat idle (found by the simulator: 40 % engine busy time instead of 71 %).
         """
-        index = self._loads.choose(
-            affinity_owner=self._affinity.owner(call.request.affinity_key),
-            pinned_version=version,
-            excluded=frozenset(call.excluded),
-        )
-        if index is not None and not self._workers[index].ready:
+        excluded = frozenset(call.excluded)
+        owner = self._affinity.owner(call.request.affinity_key)
+        index = self._loads.choose(affinity_owner=owner, pinned_version=version, excluded=excluded)
+        if index is not None and owner is not None and not self._has_slot(index):
+            index = self._loads.choose(pinned_version=version, excluded=excluded)  # the owner is full
+        if index is not None and not (self._workers[index].ready and self._has_slot(index)):
             index = None
         if index is None and required:
             raise NoHealthyEngine(f"request {call.request.request_id!r}: no healthy engine serves v{version}")
         return None if index is None else self._workers[index]
+
+    def _has_slot(self, index: int) -> bool:
+        """Engine ``index`` holds (or is about to receive) fewer than ``slots_per_engine`` requests."""
+        if self.slots_per_engine is None:
+            return True
+        return len(self._workers[index].in_flight) + self._arriving[index] < self.slots_per_engine
 
     def _on_load_change(self, worker: EngineWorker) -> None:
         self._loads.update(worker.load())

@@ -209,3 +209,33 @@ async def spread_scenario() -> list[int]:
 def test_requests_go_to_the_least_loaded_engine_through_the_load_index() -> None:
     for seed in range(3):
         assert run_shuffled(spread_scenario, seed=seed) == [3, 2, 2]  # ties go to the lower index
+
+
+async def after_update_scenario() -> tuple[list[int], int]:
+    """Six calls held through a weight update while engine 0 switches first and engine 1 is still busy."""
+    engines = [FakeEngine(lengths=4, step_s=1.0), FakeEngine(lengths=30, step_s=1.0)]
+    proxy = MultiVersionProxy(
+        engines, async_ratio=1.0, slots_per_engine=2, clock=asyncio.get_running_loop().time
+    )
+    busy = asyncio.ensure_future(proxy.generate(make_request("old", max_new_tokens=30)))
+    await asyncio.sleep(0.5)
+    await proxy.suspend()
+    await proxy.model_update({"w": 1}, 1)
+    calls = [asyncio.ensure_future(proxy.generate(make_request(f"r{i}", max_new_tokens=4))) for i in range(6)]
+    await proxy.resume()
+    peak = 0
+    while not all(call.done() for call in calls):
+        peak = max(peak, max(engine["in_flight"] for engine in proxy.stats()["engines"]))
+        await asyncio.sleep(0.25)
+    await busy
+    proxy.close()
+    return [g.versions[0] for g in (call.result() for call in calls)], peak
+
+
+def test_held_calls_do_not_overfill_the_first_engine_at_the_new_version() -> None:
+    """The gate sends a call only to an engine with a free slot: the rest wait instead of queueing on the
+    engine that switched first (the simulator found that pile-up)."""
+    for seed in range(5):
+        versions, peak = run_shuffled(after_update_scenario, seed=seed)
+        assert versions == [1] * 6
+        assert peak <= 2
