@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-BUILTIN_ENVS = ("count_chain",)
+BUILTIN_ENVS = ("count_chain", "copy_chain")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -13,16 +13,24 @@ class EnvConfig:
     """The environment each EnvManager runs; built by ``asyncrl.envs.make_env``."""
 
     type: str = "count_chain"
-    """'count_chain' (built-in multi-turn counting game), or a dotted path 'pkg.module:factory' to a
-    callable taking this config and returning an Env."""
+    """'count_chain' (built-in multi-turn counting game), 'copy_chain' (built-in multi-turn copying game in
+    the format of the default ``copy`` task), or a dotted path 'pkg.module:factory' to a callable taking this
+    config and returning an Env."""
     num_turns: int = 3
-    """count_chain: counting requests per episode (the episode terminates after the last answer)."""
+    """count_chain, copy_chain: requests per episode (the episode terminates after the last answer)."""
     max_start: int = 50
     """count_chain: the first number of an episode is drawn from 1..max_start."""
     min_span: int = 2
     """count_chain: fewest numbers asked for in one turn."""
     max_span: int = 4
     """count_chain: most numbers asked for in one turn."""
+    median_items: float = 3.0
+    """copy_chain: median number of letters to copy in one turn (long-tailed like the ``copy`` task's
+    ``task.median_items``; the defaults here are the ones ``tiny-copy`` was trained on)."""
+    length_sigma: float = 1.0
+    """copy_chain: sigma of the log-normal number of letters; larger makes the length tail longer."""
+    max_items: int = 40
+    """copy_chain: letters per turn are clipped to [1, max_items]; bounds the longest answer."""
 
     def __post_init__(self) -> None:
         if self.type not in BUILTIN_ENVS and ":" not in self.type:
@@ -30,11 +38,17 @@ class EnvConfig:
                 f"env.type must be one of {', '.join(map(repr, BUILTIN_ENVS))} or a dotted path "
                 f"'pkg.module:factory', got {self.type!r}"
             )
-        for name in ("num_turns", "max_start", "min_span"):
+        for name in ("num_turns", "max_start", "min_span", "max_items"):
             if getattr(self, name) < 1:
                 raise ValueError(f"env.{name} must be >= 1, got {getattr(self, name)}")
         if self.max_span < self.min_span:
             raise ValueError(f"env.max_span must be >= env.min_span={self.min_span}, got {self.max_span}")
+        if not 1.0 <= self.median_items <= self.max_items:
+            raise ValueError(
+                f"env.median_items must be in [1, env.max_items={self.max_items}], got {self.median_items}"
+            )
+        if self.length_sigma < 0:
+            raise ValueError(f"env.length_sigma must be >= 0, got {self.length_sigma}")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,7 +1,17 @@
 """Text environments for agentic rollout: the async-first ``Env`` protocol, adapters and built-in envs."""
 
 from asyncrl.envs.base import Env, EnvError, StepResult, SyncEnv, ThreadedEnv
+from asyncrl.envs.copy_chain import CopyChainEnv
 from asyncrl.envs.count_chain import CountChainEnv
 from asyncrl.envs.registry import make_env
 
-__all__ = ["CountChainEnv", "Env", "EnvError", "StepResult", "SyncEnv", "ThreadedEnv", "make_env"]
+__all__ = [
+    "CopyChainEnv",
+    "CountChainEnv",
+    "Env",
+    "EnvError",
+    "StepResult",
+    "SyncEnv",
+    "ThreadedEnv",
+    "make_env",
+]

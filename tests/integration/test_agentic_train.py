@@ -1,6 +1,6 @@
 """``asyncrl train`` with the agentic producer: the shipped example, shrunk to a few seconds, end to end.
 
-The shipped tiny-count model plays the count_chain env through the real engine and proxy, the trainer
+The default tiny-copy model plays the copy_chain env through the real engine and proxy, the trainer
 trains on the whole conversations, and the run's accounting shows that no episode was lost: every one the
 producer started ended exactly once, and every group the buffer admitted was trained or dropped with a reason.
 """
@@ -20,7 +20,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from asyncrl.config.run import load_run_config  # noqa: E402
 from asyncrl.controller import training  # noqa: E402
 from asyncrl.controller.controller import Controller, StepRecord  # noqa: E402
-from asyncrl.envs.count_chain import count_prompt, plan_turns  # noqa: E402
+from asyncrl.envs.copy_chain import plan_turns  # noqa: E402
 from asyncrl.models.loading import resolve_model_path  # noqa: E402
 from asyncrl.rollout.agentic_producer import AgenticProducer  # noqa: E402
 from asyncrl.types import Trajectory, TrajectoryStatus  # noqa: E402
@@ -77,12 +77,12 @@ def mask_runs(t: Trajectory) -> list[tuple[int, list[int]]]:
 
 def assert_conversation(t: Trajectory, tokenizer, env_config) -> None:
     """A completed 2-turn episode is: first observation (0), response (1), second observation (0), response
-    (1), the observations being exactly the env's counting requests."""
-    (a, b), (c, d) = plan_turns(env_config, t.info["env_seed"])
+    (1), the observations being exactly the env's copying requests."""
+    first, second = plan_turns(env_config, t.info["env_seed"])
     runs = mask_runs(t)
     assert [mask for mask, _ in runs] == [0, 1, 0, 1]
-    assert tokenizer.decode(runs[0][1]) == count_prompt(a, b)
-    assert tokenizer.decode(runs[2][1]) == " " + count_prompt(c, d)
+    assert tokenizer.decode(runs[0][1]) == first.prompt
+    assert tokenizer.decode(runs[2][1]) == second.prompt
     assert t.num_prompt_tokens == len(runs[0][1])
     assert all(v == -1 for v, m in zip(t.versions, t.loss_mask, strict=True) if not m)
 
@@ -100,7 +100,7 @@ def test_agentic_example_trains_multi_turn_episodes_and_loses_none(tmp_path: Pat
     assert all(t.status.trainable for t in trained)
     completed = [t for t in trained if t.status is TrajectoryStatus.COMPLETED]
     assert completed, "no episode completed: nothing multi-turn to check"
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("tiny-count"), local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("tiny-copy"), local_files_only=True)
     for t in completed:
         assert t.info["turns"] == 2
         assert_conversation(t, tokenizer, config.env)

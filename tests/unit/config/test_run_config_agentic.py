@@ -97,7 +97,7 @@ def test_setting_an_rlvr_key_to_its_default_is_harmless():
 def test_the_shipped_example_loads_and_has_one_redundant_env_group():
     cfg = load_run_config(EXAMPLE, [])
     assert cfg.producer == "agentic" and cfg.controller.mode == "async"
-    assert cfg.env == EnvConfig(type="count_chain", num_turns=2, max_start=30, min_span=2, max_span=3)
+    assert cfg.env == EnvConfig(type="copy_chain", num_turns=2, median_items=2, length_sigma=0.5, max_items=4)
     buffer = make_buffer(cfg, trainer_version=0)
     assert buffer.max_redundant_groups == cfg.env_manager.num_env_groups - cfg.rollout.rollout_batch_size == 1
 
