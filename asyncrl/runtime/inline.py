@@ -11,17 +11,17 @@ import asyncio
 import copy
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from asyncrl.buffer.sample_buffer import SampleBuffer
-from asyncrl.config.controller import UPDATE_POLICY_OF_MODE
 from asyncrl.config.run import RunConfig
 from asyncrl.controller.controller import Controller
 from asyncrl.engine import make_engine
 from asyncrl.envs import make_env
 from asyncrl.models.loading import load_model_and_tokenizer
+from asyncrl.proxy.factory import proxy_for_mode
 from asyncrl.proxy.llm_proxy import LLMProxy
 from asyncrl.proxy.multi_version import MultiVersionProxy
 from asyncrl.rewards.service import RewardService
@@ -141,20 +141,16 @@ def build_parts(config: RunConfig) -> InlineParts:
 
 
 def make_proxy(parts: Parts) -> LLMProxy | MultiVersionProxy:
-    """A proxy over the engines, with the weight-update policy the mode needs (``multi_version``: the
-    orchestrator, whose engines must support request export/import). Engines start from the loaded model,
-    version 0; a resumed trainer's weights reach them through the first ``model_update``."""
+    """The proxy the mode needs over the engines (``asyncrl.proxy.factory``). Engines start from the loaded
+    model, version 0; a resumed trainer's weights reach them through the first ``model_update``."""
     cfg = parts.config
-    if UPDATE_POLICY_OF_MODE[cfg.controller.mode] == "multi_version":
-        return MultiVersionProxy(
-            parts.engines,
-            cfg.proxy,
-            async_ratio=cfg.buffer.async_ratio,
-            slots_per_engine=cfg.engine.max_running_requests,
-        )
-    policy = parts.config.proxy.update_policy or UPDATE_POLICY_OF_MODE[parts.config.controller.mode]
-    proxy_config = replace(parts.config.proxy, update_policy=policy)
-    return LLMProxy(parts.engines, proxy_config, initial_version=0)
+    return proxy_for_mode(
+        parts.engines,
+        cfg.proxy,
+        cfg.controller.mode,
+        async_ratio=cfg.buffer.async_ratio,
+        slots_per_engine=cfg.engine.max_running_requests,
+    )
 
 
 def make_source(config: RunConfig, task: Task) -> PromptSource:

@@ -17,9 +17,10 @@ from dataclasses import dataclass, replace
 
 from asyncrl.buffer.sample_buffer import SampleBuffer
 from asyncrl.config.buffer import BufferConfig
-from asyncrl.config.controller import ASYNC_RATIO_OF_MODE, UPDATE_POLICY_OF_MODE
+from asyncrl.config.controller import ASYNC_RATIO_OF_MODE
 from asyncrl.config.sim import SimConfig
 from asyncrl.controller.controller import Controller, StepRecord
+from asyncrl.proxy.factory import proxy_for_mode
 from asyncrl.proxy.llm_proxy import LLMProxy
 from asyncrl.proxy.multi_version import MultiVersionProxy
 from asyncrl.rollout.agentic_producer import AgenticProducer, make_env_seed_source
@@ -107,20 +108,16 @@ async def _run(config: SimConfig) -> _Run:
 def make_proxy(
     config: SimConfig, engines: list[SimEngine], clock: Callable[[], float]
 ) -> LLMProxy | MultiVersionProxy:
-    """The proxy ``asyncrl.runtime.inline.make_proxy`` builds for the mode, on the loop's clock; control
-    calls never time out."""
-    mode_policy = UPDATE_POLICY_OF_MODE[config.controller.mode]
-    if mode_policy == "multi_version":
-        return MultiVersionProxy(
-            engines,
-            replace(config.proxy, control_timeout_s=NO_TIMEOUT_S),
-            async_ratio=async_ratio_of(config),
-            slots_per_engine=config.engine.max_running_requests,
-            clock=clock,
-        )
-    policy = config.proxy.update_policy or mode_policy
-    proxy_config = replace(config.proxy, update_policy=policy, control_timeout_s=NO_TIMEOUT_S)
-    return LLMProxy(engines, proxy_config, initial_version=0, clock=clock)
+    """The proxy a real run of the mode gets (``asyncrl.proxy.factory``), on the loop's clock; control calls
+    never time out."""
+    return proxy_for_mode(
+        engines,
+        replace(config.proxy, control_timeout_s=NO_TIMEOUT_S),
+        config.controller.mode,
+        async_ratio=async_ratio_of(config),
+        slots_per_engine=config.engine.max_running_requests,
+        clock=clock,
+    )
 
 
 def make_engines(config: SimConfig, timeline: Timeline) -> list[SimEngine]:

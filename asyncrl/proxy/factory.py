@@ -1,0 +1,40 @@
+"""The proxy a controller mode needs, built one way for real runs and simulated ones.
+
+``multi_version`` gets the orchestrator (its engines must support request export/import), every other mode
+an ``LLMProxy`` with the mode's weight-update policy unless ``proxy.update_policy`` names one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+from asyncrl.config.controller import UPDATE_POLICY_OF_MODE
+from asyncrl.config.proxy import ProxyConfig
+from asyncrl.proxy.llm_proxy import LLMProxy
+from asyncrl.proxy.multi_version import MultiVersionProxy
+from asyncrl.proxy.worker import EngineClient
+
+
+def proxy_for_mode(
+    engines: Sequence[EngineClient],
+    config: ProxyConfig,
+    mode: str,
+    *,
+    async_ratio: float,
+    slots_per_engine: int,
+    clock: Callable[[], float] = time.monotonic,
+) -> LLMProxy | MultiVersionProxy:
+    """The proxy over ``engines`` for controller ``mode``; engines start at version 0.
+
+    ``async_ratio`` bounds the orchestrator's version window; ``slots_per_engine`` (the engines' running
+    requests) bounds how many calls it sends to one engine.
+    """
+    mode_policy = UPDATE_POLICY_OF_MODE[mode]
+    if mode_policy == "multi_version":
+        return MultiVersionProxy(
+            engines, config, async_ratio=async_ratio, slots_per_engine=slots_per_engine, clock=clock
+        )
+    policy_config = replace(config, update_policy=config.update_policy or mode_policy)
+    return LLMProxy(engines, policy_config, initial_version=0, clock=clock)
