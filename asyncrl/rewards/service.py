@@ -16,6 +16,7 @@ import enum
 import math
 import time
 from collections.abc import Sequence
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -147,7 +148,7 @@ class RewardService:
             except asyncio.TimeoutError:
                 self._replace(pool)
                 raise
-            except (asyncio.CancelledError, cf.process.BrokenProcessPool):
+            except (asyncio.CancelledError, BrokenProcessPool):
                 # Re-run once if another call's timeout retired this pool under us; anything else propagates.
                 retired_under_us = pool is not self._pool and (call.cancelled() or call.done())
                 if attempt == 1 or not retired_under_us:
