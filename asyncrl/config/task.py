@@ -10,17 +10,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-TASK_TYPES = ("count", "copy", "reverse", "running_sum", "file", "reasoning_gym")
+TASK_TYPES = ("count", "copy", "reverse", "running_sum", "code", "file", "reasoning_gym")
 
 
 @dataclass(frozen=True, kw_only=True)
 class TaskConfig:
     """The prompts of a run: a built-in long-tail task, a user dataset, or a reasoning-gym dataset."""
 
-    type: Literal["count", "copy", "reverse", "running_sum", "file", "reasoning_gym"] = "copy"
+    type: Literal["count", "copy", "reverse", "running_sum", "code", "file", "reasoning_gym"] = "copy"
     """Built-in procedural tasks: copy / reverse (a word list; copy is the default, the task the shipped warm
     start ``tiny-copy`` was trained on), count (count from a to b; the ``tiny-count`` warm start), running_sum
-    (prefix sums of a digit list, then the total). file: a user JSONL/Parquet dataset. reasoning_gym: a
+    (prefix sums of a digit list, then the total), code (write a Python function from examples; graded by
+    the sandboxed ``code`` reward, see docs/sandbox.md). file: a user JSONL/Parquet dataset. reasoning_gym: a
     procedural dataset from the reasoning-gym package."""
     seed: int = 0
     """Seed of the procedural generators; the same seed always gives the same splits."""

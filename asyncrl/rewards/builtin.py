@@ -1,11 +1,13 @@
-"""Built-in rewards: exact answer match, math equivalence (math-verify), format, and reasoning-gym scoring."""
+"""Built-in rewards: exact answer match, math equivalence (math-verify), format, reasoning-gym scoring, and
+unit tests on model-written code (run only in the sandbox)."""
 
 from __future__ import annotations
 
 import re
 from typing import Any
 
-from asyncrl.rewards.registry import register_reward
+from asyncrl.config.reward import RewardConfig
+from asyncrl.rewards.registry import RewardFn, register_reward, register_reward_factory
 from asyncrl.tasks.base import TaskSample, extract_answer, normalize_answer
 
 
@@ -52,3 +54,12 @@ def reasoning_gym_score(response_text: str, sample: TaskSample) -> float:
         raise ValueError(f"sample {sample.uid} has no reasoning-gym 'entry' in its metadata")
     score_answer = reasoning_gym.get_score_answer_fn(entry["metadata"]["source_dataset"])
     return float(score_answer(extract_answer(response_text, sample), entry))
+
+
+@register_reward_factory("code")
+def code_reward(config: RewardConfig) -> RewardFn:
+    """Share of the sample's unit tests (``metadata["tests"]``) the response's program passes, run only in
+    the sandbox ``config.code.sandbox`` (probed now: an unusable sandbox fails here, at start-up)."""
+    from asyncrl.rewards.code import CodeReward
+
+    return CodeReward(config.code)

@@ -14,6 +14,7 @@ import asyncio
 import concurrent.futures as cf
 import enum
 import math
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures.process import BrokenProcessPool
@@ -50,27 +51,46 @@ class RewardResult:
 class ConfiguredReward:
     """The reward a config asks for: a named function (or each sample's own) plus ``format_weight`` × format.
 
-    A picklable callable (names, not functions, are stored) so process pools can run it.
+    A picklable callable (names and the config, not functions, travel) so process pools can run it; the
+    functions it builds (a sandbox for ``code``) are kept per process, built on first use.
     """
 
-    def __init__(self, name: str = "", format_weight: float = 0.0) -> None:
-        if name:
-            get_reward(name)  # fail at construction, not on the first sample
+    def __init__(
+        self, name: str = "", format_weight: float = 0.0, config: RewardConfig | None = None
+    ) -> None:
         self.name = name
         self.format_weight = format_weight
+        self.config = config or RewardConfig()
+        self._built: dict[str, RewardFn] = {}
+        self._lock = threading.Lock()
+        if name:
+            self._reward(name)  # fail at construction, not on the first sample
 
     def __call__(self, response_text: str, sample: TaskSample) -> tuple[float, dict[str, Any]]:
-        reward, info = as_reward_and_info(get_reward(self.name or sample.reward)(response_text, sample))
+        reward, info = as_reward_and_info(self._reward(self.name or sample.reward)(response_text, sample))
         if self.format_weight:
-            format_score, _ = as_reward_and_info(get_reward("format")(response_text, sample))
+            format_score, _ = as_reward_and_info(self._reward("format")(response_text, sample))
             info = {**info, "format": format_score}
             reward += self.format_weight * format_score
         return reward, info
 
+    def _reward(self, name: str) -> RewardFn:
+        with self._lock:
+            if name not in self._built:
+                self._built[name] = get_reward(name, self.config)
+            return self._built[name]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"name": self.name, "format_weight": self.format_weight, "config": self.config}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # A process-pool copy builds its functions lazily (a ``code`` reward: a sandbox per copy).
+        self.__dict__.update(state, _built={}, _lock=threading.Lock())
+
 
 def make_reward_fn(config: RewardConfig) -> ConfiguredReward:
-    """The reward function described by ``config`` (``reward.name`` and ``reward.format_weight``)."""
-    return ConfiguredReward(config.name, config.format_weight)
+    """The reward function described by ``config`` (``reward.name``, ``reward.format_weight``, ``reward.code``)."""
+    return ConfiguredReward(config.name, config.format_weight, config)
 
 
 def as_reward_and_info(output: Any) -> tuple[float, dict[str, Any]]:

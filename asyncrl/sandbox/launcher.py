@@ -35,4 +35,5 @@ def main() -> None:
     os.execv(sys.executable, [sys.executable, "-I", "-B", *program])
 
 
-main()
+if __name__ == "__main__":
+    main()

@@ -21,8 +21,9 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from asyncrl.config.sandbox import SandboxConfig
 from asyncrl.sandbox.bwrap import (
@@ -85,24 +86,30 @@ class Sandbox:
         *,
         files: Mapping[str, str | bytes] | None = None,
         stdin: bytes = b"",
+        args: Sequence[str] = (),
         timeout_s: float | None = None,
     ) -> SandboxResult:
-        """Run ``program`` (Python source) as ``/input/main.py`` with cwd ``/work``; ``files`` are put next to
-        it in the read-only ``/input``. Never raises for anything the program does; the deadline
+        """Run ``program`` (Python source) as ``/input/main.py args...`` with cwd ``/work``; ``files`` are put
+        next to it in the read-only ``/input``. Never raises for anything the program does; the deadline
         (``timeout_s`` or ``config.timeout_s``) counts from the start of the program, not the wait."""
         inputs = {**(files or {}), "main.py": program}
         slot = await self._slots.acquire()
         try:
             with _input_dir(inputs) as input_dir:
-                return await self._run_in_slot(slot, input_dir, stdin, timeout_s or self.config.timeout_s)
+                argv = [f"{INPUT_DIR}/main.py", *args]
+                return await self._run_in_slot(
+                    slot, input_dir, argv, stdin, timeout_s or self.config.timeout_s
+                )
         finally:
             self._slots.release(slot)
 
-    def run_sync(self, program: str, **kwargs) -> SandboxResult:
+    def run_sync(self, program: str, **kwargs: Any) -> SandboxResult:
         """``run`` for callers without an event loop (reward functions in a worker thread or process)."""
         return asyncio.run(self.run(program, **kwargs))
 
-    async def _run_in_slot(self, slot: int, input_dir: str, stdin: bytes, timeout_s: float) -> SandboxResult:
+    async def _run_in_slot(
+        self, slot: int, input_dir: str, argv: list[str], stdin: bytes, timeout_s: float
+    ) -> SandboxResult:
         report_read, report_write = os.pipe()
         invocation = build_invocation(
             self.config,
@@ -111,7 +118,7 @@ class Sandbox:
             uid=self.config.uid_base + slot,
             input_dir=input_dir,
             report_fd=report_write,
-            args=[f"{INPUT_DIR}/main.py"],
+            args=argv,
         )
         start = time.perf_counter()
         try:

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import random
 import string
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from asyncrl.tasks.base import Split, TaskSample, check_split, held_out
 from asyncrl.tasks.lengths import long_tail_count
@@ -30,6 +31,8 @@ class Example:
     answer: str
     answer_delimiter: str | None
     format_regex: str
+    reward: str = "exact_match"
+    metadata: Mapping[str, Any] = field(default_factory=dict)
 
 
 Generator = Callable[[random.Random, int], Example]
@@ -111,10 +114,12 @@ class ProceduralTask:
         sizes: dict[Split, int],
         lengths: LengthSpec,
         eval_fraction: float,
+        generator: Generator | None = None,
     ) -> None:
-        if name not in GENERATORS:
+        if generator is None and name not in GENERATORS:
             raise ValueError(f"task.type must be one of {', '.join(map(repr, GENERATORS))}, got {name!r}")
         self.name = name
+        self._generator = generator or GENERATORS[name]
         self._seed = seed
         self._sizes = sizes
         self._lengths = lengths
@@ -151,7 +156,7 @@ class ProceduralTask:
     def _draw(self, rng: random.Random) -> tuple[int, Example]:
         spec = self._lengths
         num_items = long_tail_count(rng, median=spec.median, sigma=spec.sigma, max_items=spec.max_items)
-        return num_items, GENERATORS[self.name](rng, num_items)
+        return num_items, self._generator(rng, num_items)
 
     @staticmethod
     def _to_sample(example: Example, num_items: int, uid: str) -> TaskSample:
@@ -162,6 +167,6 @@ class ProceduralTask:
             demonstration=example.demonstration,
             answer_delimiter=example.answer_delimiter,
             format_regex=example.format_regex,
-            reward="exact_match",
-            metadata={"num_items": num_items},
+            reward=example.reward,
+            metadata={**example.metadata, "num_items": num_items},
         )

@@ -10,12 +10,19 @@ from asyncrl.tasks.procedural import GENERATORS, LengthSpec, ProceduralTask
 def make_task(config: TaskConfig) -> Task:
     """Build the task ``config.type`` names: a built-in procedural task, a dataset file or reasoning-gym."""
     sizes = {"train": config.num_train, "eval": config.num_eval}
-    if config.type in GENERATORS:
+    if config.type in GENERATORS or config.type == "code":
+        from asyncrl.tasks.coding import code_example
+
         lengths = LengthSpec(
             median=config.median_items, sigma=config.length_sigma, max_items=config.max_items
         )
         return ProceduralTask(
-            config.type, seed=config.seed, sizes=sizes, lengths=lengths, eval_fraction=config.eval_fraction
+            config.type,
+            seed=config.seed,
+            sizes=sizes,
+            lengths=lengths,
+            eval_fraction=config.eval_fraction,
+            generator=code_example if config.type == "code" else None,
         )
     if config.type == "file":
         from asyncrl.data.file_task import FileTask
