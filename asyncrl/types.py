@@ -8,8 +8,9 @@ Lifecycles are enums whose allowed transitions are stated in their docstrings.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -51,14 +52,53 @@ class SamplingParams:
     """Keep generating past EOS (benchmarks use it to impose exact lengths)."""
 
     def __post_init__(self) -> None:
+        _check_types(self)
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        if any(t < 0 for t in self.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be >= 0, got {self.stop_token_ids}")
+        if not all(self.stop_strings):
+            raise ValueError(f"stop_strings must be non-empty strings, got {self.stop_strings}")
+
+
+def _check_types(params: SamplingParams) -> None:
+    """TypeError naming the field for a value of the wrong type; lists of stops become tuples."""
+    for name in ("stop_token_ids", "stop_strings"):
+        value = getattr(params, name)
+        if not isinstance(value, list | tuple):
+            raise TypeError(f"{name} must be a list of {_ITEM_TYPE[name].__name__}, got {value!r}")
+        if not all(_is_a(item, _ITEM_TYPE[name]) for item in value):
+            raise TypeError(f"{name} must be a list of {_ITEM_TYPE[name].__name__}, got {value!r}")
+        object.__setattr__(params, name, tuple(value))
+    for name, expected in _FIELD_TYPES.items():
+        value = getattr(params, name)
+        if not any(_is_a(value, t) for t in expected):
+            allowed = " or ".join("None" if t is type(None) else t.__name__ for t in expected)
+            raise TypeError(f"{name} must be {allowed}, got {type(value).__name__} {value!r}")
+
+
+def _is_a(value: Any, expected: type) -> bool:
+    """isinstance, except that a bool is not a number (True never means 1 token)."""
+    if isinstance(value, bool):
+        return expected is bool
+    return isinstance(value, expected)
+
+
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "max_new_tokens": (int,),
+    "temperature": (int, float),
+    "top_p": (int, float),
+    "top_k": (int,),
+    "seed": (int, type(None)),
+    "ignore_eos": (bool,),
+}
+_ITEM_TYPE: dict[str, type] = {"stop_token_ids": int, "stop_strings": str}
 
 
 @dataclass(kw_only=True)
@@ -79,6 +119,72 @@ class Request:
     prefix_token_ids: list[int] = field(default_factory=list)
     prefix_logprobs: list[float] = field(default_factory=list)
     prefix_versions: list[int] = field(default_factory=list)
+
+
+class InvalidRequest(ValueError):
+    """A request that cannot be served as given; the message names the request and the field.
+
+    The caller's fault, never the engine's: the proxy passes it through without counting it against the
+    engine's health or retrying it elsewhere.
+    """
+
+
+def sampling_params_from_dict(params: Mapping[str, Any], *, request_id: str) -> SamplingParams:
+    """Build ``SamplingParams`` from a plain dict; an unknown key or bad value names the request."""
+    names = [f.name for f in fields(SamplingParams)]
+    unknown = sorted(map(str, set(params) - set(names)))
+    if unknown:
+        raise InvalidRequest(f"request {request_id}: unknown sampling param(s) {unknown}; valid: {names}")
+    try:
+        return SamplingParams(**params)
+    except (TypeError, ValueError) as exc:
+        raise InvalidRequest(f"request {request_id}: {exc}") from exc
+
+
+def checked_request(request: Request) -> Request:
+    """``request`` with a dict ``sampling`` made ``SamplingParams``, after checking every field's type and
+    basic value; ``InvalidRequest`` naming the request and the field otherwise. Engine-specific limits (context
+    length, vocabulary) are the engine's to check. Token lists are checked item by item only when they are
+    lists or tuples (the simulator's ``Runs`` are valid by construction and long)."""
+    rid = request.request_id
+    if not isinstance(rid, str) or not rid:
+        raise InvalidRequest(f"request_id must be a non-empty str, got {rid!r}")
+    if isinstance(request.sampling, Mapping):
+        request = replace(request, sampling=sampling_params_from_dict(request.sampling, request_id=rid))
+    elif not isinstance(request.sampling, SamplingParams):
+        raise InvalidRequest(
+            f"request {rid}: sampling must be SamplingParams or a dict, got {request.sampling!r}"
+        )
+    _check_tokens(rid, "prompt_token_ids", request.prompt_token_ids)
+    if not request.prompt_token_ids:
+        raise InvalidRequest(f"request {rid}: empty prompt (prompt_token_ids)")
+    _check_tokens(rid, "prefix_token_ids", request.prefix_token_ids)
+    _check_items(rid, "prefix_logprobs", request.prefix_logprobs, lambda x: _is_a(x, float) or _is_a(x, int))
+    if any(isinstance(x, float) and math.isnan(x) for x in _listed(request.prefix_logprobs)):
+        raise InvalidRequest(f"request {rid}: prefix_logprobs must not hold NaN")
+    _check_items(rid, "prefix_versions", request.prefix_versions, lambda x: _is_a(x, int))
+    if request.version is not None and not (_is_a(request.version, int) and request.version >= 0):
+        raise InvalidRequest(f"request {rid}: version must be None or an int >= 0, got {request.version!r}")
+    if request.affinity_key is not None and not isinstance(request.affinity_key, str):
+        raise InvalidRequest(
+            f"request {rid}: affinity_key must be None or a str, got {request.affinity_key!r}"
+        )
+    return request
+
+
+def _check_tokens(rid: str, name: str, tokens: Any) -> None:
+    _check_items(rid, name, tokens, lambda t: _is_a(t, int) and t >= 0)
+
+
+def _check_items(rid: str, name: str, values: Any, ok: Any) -> None:
+    if not isinstance(values, Sequence) or isinstance(values, str | bytes):
+        raise InvalidRequest(f"request {rid}: {name} must be a list, got {type(values).__name__} {values!r}")
+    if not all(ok(v) for v in _listed(values)):
+        raise InvalidRequest(f"request {rid}: {name} holds an invalid item: {list(_listed(values))[:8]!r}")
+
+
+def _listed(values: Any) -> Sequence[Any]:
+    return values if isinstance(values, list | tuple) else ()
 
 
 @dataclass(kw_only=True)

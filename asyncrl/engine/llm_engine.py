@@ -7,9 +7,7 @@ of the weights that produced it. Nothing here is thread-safe: ``AsyncEngine`` dr
 
 from __future__ import annotations
 
-import dataclasses
 import time
-from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -17,12 +15,12 @@ import torch
 from asyncrl.config.engine import EngineConfig
 from asyncrl.engine import migration
 from asyncrl.engine.model_runner import ModelRunner
-from asyncrl.engine.requests import check_request, sampling_params_from_dict
+from asyncrl.engine.requests import check_request
 from asyncrl.engine.sampler import sample
 from asyncrl.engine.scheduler import Scheduler
 from asyncrl.engine.sequence import Sequence
 from asyncrl.engine.weights import NamedTensors, copy_into, resolve_update
-from asyncrl.types import FinishReason, Generation, Request
+from asyncrl.types import FinishReason, Generation, Request, checked_request
 
 
 class LLMEngine:
@@ -54,9 +52,7 @@ class LLMEngine:
 
     def add_request(self, request: Request) -> None:
         """Queue a request; ``ValueError`` naming it if it is malformed or its id is already in flight."""
-        if isinstance(request.sampling, Mapping):
-            sampling = sampling_params_from_dict(request.sampling, request_id=request.request_id)
-            request = dataclasses.replace(request, sampling=sampling)
+        request = checked_request(request)
         if request.request_id in self._sequences:
             raise ValueError(f"request {request.request_id}: a request with this id is already in flight")
         check_request(

@@ -32,7 +32,7 @@ from typing import Any
 from asyncrl.config.proxy import ProxyConfig
 from asyncrl.proxy.errors import EngineFailure, ProxyClosed, RequestTimeout
 from asyncrl.proxy.worker import EngineClient, EngineWorker
-from asyncrl.types import FinishReason, Generation, Request
+from asyncrl.types import FinishReason, Generation, InvalidRequest, Request
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +123,8 @@ class EngineSet:
     ) -> Generation:
         try:
             generation = await run()
+        except InvalidRequest:
+            raise  # the request's fault, not the engine's: no health cost, no retry elsewhere
         except Exception as error:
             worker.record_failure(self.config.max_consecutive_failures)
             logger.warning("engine %d failed request %s: %r", worker.index, request.request_id, error)

@@ -70,7 +70,7 @@ from asyncrl.proxy.worker import (
     PendingUpdate,
     snapshot_named_tensors,
 )
-from asyncrl.types import FinishReason, Generation, Request
+from asyncrl.types import FinishReason, Generation, Request, checked_request
 
 logger = logging.getLogger(__name__)
 
@@ -132,6 +132,7 @@ class LLMProxy:
     async def generate(self, request: Request) -> Generation:
         """Serve ``request`` on one engine (or a chain of them, see the module docstring) and return its output."""
         self._check_open()
+        request = checked_request(request)  # a bad request fails its caller here and reaches no engine
         if request.request_id in self._calls:
             raise ValueError(f"request {request.request_id!r} is already in flight in this proxy")
         call = _Call(request=request)

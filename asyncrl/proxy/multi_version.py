@@ -72,7 +72,7 @@ from asyncrl.proxy.worker import (
     PendingUpdate,
     snapshot_named_tensors,
 )
-from asyncrl.types import FinishReason, Generation, Request
+from asyncrl.types import FinishReason, Generation, Request, checked_request
 
 logger = logging.getLogger(__name__)
 
@@ -277,6 +277,7 @@ class MultiVersionProxy:
     async def generate(self, request: Request) -> Generation:
         """Serve ``request`` entirely on engines of one version (the newest when it leaves the gate)."""
         self._check_open()
+        request = checked_request(request)  # a bad request fails its caller here and reaches no engine
         if request.request_id in self._calls:
             raise ValueError(f"request {request.request_id!r} is already in flight in this proxy")
         call = _Call(request=request)
