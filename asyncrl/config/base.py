@@ -13,6 +13,7 @@ import difflib
 import enum
 import functools
 import inspect
+import math
 import textwrap
 import types
 import typing
@@ -252,6 +253,9 @@ def _convert_scalar(value: Any, tp: Any, key: str) -> Any:
         return float(value)
     if not isinstance(value, tp) or (isinstance(value, bool) and tp is not bool):
         raise _type_error(key, type_name(tp), value)
+    if tp is float and not math.isfinite(value):
+        # NaN passes every ``x < 0`` check below it, and no setting documents an infinite value.
+        raise ConfigError(f"{key or 'config'} must be a finite number, got {value!r}")
     return value
 
 

@@ -30,6 +30,14 @@ anything = st.recursive(
 )
 """Any value parsed data could hold, nested a few levels."""
 
+edge_values = st.sampled_from(
+    [float("nan"), float("inf"), -float("inf"), 0, -1, 0.0, -0.5, 2**63, True, False, "", " ", None, [], {}]
+)
+"""The values validation most often forgets: NaN, infinities, zero and negatives, bool for int, empties."""
+
+values = st.one_of(edge_values, anything)
+"""``anything``, with the edge cases drawn far more often than chance would draw them."""
+
 json_like = st.recursive(
     st.one_of(st.none(), st.booleans(), st.integers(-(2**40), 2**40), st.floats(), st.text(max_size=8)),
     lambda inner: st.one_of(
