@@ -8,6 +8,7 @@ worse surprise than an error at start-up.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -108,12 +109,17 @@ def _messages(row: Mapping[str, Any], field: str) -> tuple[dict[str, str], ...] 
 
 
 def _prompt(row: Mapping[str, Any], field: str, messages: tuple[dict[str, str], ...] | None) -> str:
+    prompt = row.get(field)
     if messages is not None:
         user_turns = [m["content"] for m in messages if m["role"] == "user"]
         if not user_turns:
             raise ValueError("chat messages must contain a 'user' message")
-        return row[field] if isinstance(row.get(field), str) and row[field] else user_turns[-1]
-    prompt = row.get(field)
+        if prompt is not None and not isinstance(prompt, str):
+            raise ValueError(f"field {field!r} must be a string (or absent in a chat row), got {prompt!r}")
+        prompt = prompt if prompt and prompt.strip() else user_turns[-1]
+        if not prompt.strip():
+            raise ValueError("the last 'user' message of the chat must not be empty")
+        return prompt
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError(f"field {field!r} must be a non-empty string, got {prompt!r}")
     return prompt
@@ -125,4 +131,6 @@ def _answer(row: Mapping[str, Any], field: str) -> str:
         raise ValueError(f"field {field!r} must be a string or a number, got {answer!r}")
     if isinstance(answer, str) and not answer.strip():
         raise ValueError(f"field {field!r} must not be empty")
+    if isinstance(answer, float) and not math.isfinite(answer):
+        raise ValueError(f"field {field!r} must be a finite number, got {answer!r}")
     return str(answer)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from asyncrl.config.engine import EngineConfig
 from asyncrl.engine.llm_engine import LLMEngine
-from asyncrl.testing.fuzz import anything, is_int, is_number
+from asyncrl.testing.fuzz import anything, is_int, is_number, values
 from asyncrl.testing.models import tiny_qwen2
 from asyncrl.types import InvalidRequest, Request, SamplingParams
 
@@ -56,7 +56,7 @@ SAMPLING_FIELDS = [
 
 
 @FUZZ
-@given(name=st.sampled_from(SAMPLING_FIELDS), value=anything)
+@given(name=st.sampled_from(SAMPLING_FIELDS), value=values)
 def test_sampling_params_accept_exactly_the_valid_values_and_name_the_field(name, value):
     try:
         params = SamplingParams(**{name: value})

@@ -17,7 +17,7 @@ from asyncrl.proxy import LLMProxy
 from asyncrl.proxy.multi_version import MultiVersionProxy
 from asyncrl.testing.event_loop import run_shuffled
 from asyncrl.testing.fake_engine import FakeEngine
-from asyncrl.testing.fuzz import anything
+from asyncrl.testing.fuzz import values
 from asyncrl.testing.models import tiny_qwen2
 from asyncrl.types import InvalidRequest, Request, SamplingParams
 
@@ -29,7 +29,7 @@ def valid_fields(rid: str) -> dict[str, Any]:
 
 
 @settings(max_examples=60, deadline=1000, suppress_health_check=[HealthCheck.too_slow])
-@given(name=st.sampled_from(FIELDS), value=anything, multi_version=st.booleans())
+@given(name=st.sampled_from(FIELDS), value=values, multi_version=st.booleans())
 def test_a_bad_field_fails_its_caller_by_name_and_reaches_no_engine(name, value, multi_version):
     async def main() -> None:
         engine = FakeEngine(lengths=2)
