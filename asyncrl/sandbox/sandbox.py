@@ -18,6 +18,7 @@ import contextlib
 import enum
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -121,19 +122,19 @@ class Sandbox:
             args=argv,
         )
         start = time.perf_counter()
-        try:
-            process = await asyncio.create_subprocess_exec(
-                *invocation.argv,
-                env=invocation.env,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                pass_fds=(report_write,),
-                start_new_session=True,
-            )
-        finally:
-            os.close(report_write)
         with os.fdopen(report_read, "rb", buffering=0) as report_file:
+            try:
+                process = await asyncio.create_subprocess_exec(
+                    *invocation.argv,
+                    env=invocation.env,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    pass_fds=(report_write,),
+                    start_new_session=True,
+                )
+            finally:
+                os.close(report_write)
             run = _Run(process, report_file, self.config.output_bytes)
             status, reason = await run.finish(stdin, timeout_s)
         return SandboxResult(
@@ -210,6 +211,10 @@ class _Run:
             )
             await self._kill(done)
             return status, reason
+        except asyncio.CancelledError:
+            self._signal_kill()  # the caller gave up: nothing it started may keep running
+            done.cancel()
+            raise
         finally:
             overflow.cancel()
             transport.close()
@@ -221,6 +226,11 @@ class _Run:
         if code is not None and code > 128:
             return SandboxStatus.ERROR, f"killed by signal {code - 128}"
         return SandboxStatus.ERROR, f"exit status {code}"
+
+    def _signal_kill(self) -> None:
+        """SIGKILL bwrap's process group: its init dies, and with it every process of the pid namespace."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
 
     async def _feed(self, stdin: bytes) -> None:
         assert self.process.stdin is not None
@@ -239,9 +249,8 @@ class _Run:
                 return
 
     async def _kill(self, pending: asyncio.Future) -> None:
-        """SIGKILL bwrap's process group: its init dies, and with it every process of the pid namespace."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, 9)
+        """Kill the sandbox, stop reading, and wait until bwrap is gone."""
+        self._signal_kill()
         pending.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await pending

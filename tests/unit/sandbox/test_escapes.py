@@ -198,3 +198,39 @@ def test_the_host_environment_is_not_passed_in(sandbox, monkeypatch):
     monkeypatch.setenv("ASYNCRL_SECRET_TOKEN", "s3cret")
     result = run(sandbox, "import os\nprint(sorted(os.environ))")
     assert "ASYNCRL_SECRET_TOKEN" not in result.stdout and os.environ["ASYNCRL_SECRET_TOKEN"] == "s3cret"
+
+
+def test_a_cancelled_call_leaves_nothing_running(sandbox):
+    token = f"asyncrl-cancelled-{uuid.uuid4().hex}"
+    program = f"import sys\nsys.argv.append('{token}')\nwhile True:\n    pass\n"
+
+    async def cancel_midway() -> None:
+        call = asyncio.ensure_future(sandbox.run(program, args=[token]))
+        await asyncio.sleep(0.3)
+        assert host_processes_with(token), "the program should be running before the cancel"
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        # Checked while the loop still runs: closing a loop kills its subprocesses anyway.
+        deadline = time.monotonic() + 2.0
+        while host_processes_with(token) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert host_processes_with(token) == []
+
+    asyncio.run(cancel_midway())
+
+
+def test_the_user_namespace_mode_used_by_non_root_hosts_runs_and_blocks(monkeypatch):
+    """Hosts that are not root get bwrap's user-namespace mode; force it here (as root it works the same)."""
+    import asyncrl.sandbox.bwrap as bwrap
+
+    monkeypatch.setattr(bwrap.os, "geteuid", lambda: 1000)
+    sandbox = Sandbox(SandboxConfig(timeout_s=5.0))
+    program = (
+        "import os, socket\nprint(os.getuid())\n"
+        "try:\n    open('/usr/evil', 'w')\nexcept OSError:\n    print('write blocked')\n"
+        "try:\n    socket.create_connection(('1.1.1.1', 53), timeout=1)\nexcept OSError:\n    print('net blocked')\n"
+    )
+    result = sandbox.run_sync(program)
+    assert result.ok, result.stderr
+    assert result.stdout.split("\n")[:3] == [str(sandbox.config.uid_base), "write blocked", "net blocked"]
