@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from types import ModuleType
 
 from asyncrl import __version__
+from asyncrl.sandbox.bwrap import SandboxUnavailable  # light: no torch, no subprocess started
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": (
@@ -84,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(module: ModuleType, args: argparse.Namespace) -> int:
     try:
         return int(module.run(args))
-    except (ValueError, FileNotFoundError) as err:  # ConfigError is a ValueError
+    except (ValueError, FileNotFoundError, SandboxUnavailable) as err:  # ConfigError is a ValueError
         if args.traceback:
             raise
         return _fail(f"{args.command}: {err}")
