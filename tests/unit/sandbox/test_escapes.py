@@ -78,7 +78,7 @@ def test_network_is_unreachable_even_to_the_hosts_loopback(sandbox):
 
 
 def test_writing_outside_the_work_dir_fails_and_work_is_writable(sandbox, tmp_path):
-    targets = ["/usr/evil", "/input/main.py", str(tmp_path / "evil"), "/root/evil", "/evil"]
+    targets = ["/usr/evil", "/input/main.py", str(tmp_path / "evil"), "/root/evil", "/evil", "/dev/shm/evil"]
     program = (
         f"targets = {targets!r}\nopen('/work/ok', 'w').write('fine')\nfor path in targets:\n"
         "    try:\n        open(path, 'w').write('x')\n        print('WROTE', path)\n"
