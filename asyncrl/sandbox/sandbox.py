@@ -89,34 +89,48 @@ class Sandbox:
         stdin: bytes = b"",
         args: Sequence[str] = (),
         timeout_s: float | None = None,
+        limits: SandboxConfig | None = None,
     ) -> SandboxResult:
         """Run ``program`` (Python source) as ``/input/main.py args...`` with cwd ``/work``; ``files`` are put
         next to it in the read-only ``/input``. Never raises for anything the program does; the deadline
-        (``timeout_s`` or ``config.timeout_s``) counts from the start of the program, not the wait."""
+        (``timeout_s``, else the limits' ``timeout_s``) counts from the start of the program, not the wait.
+        ``limits`` replaces the instance's rlimits, sizes and output cap for this call (the slot, uid,
+        binary, interpreter and read-only binds stay the instance's)."""
+        config = self.config if limits is None else self._call_config(limits)
         inputs = {**(files or {}), "main.py": program}
         slot = await self._slots.acquire()
         try:
             with _input_dir(inputs) as input_dir:
                 argv = [f"{INPUT_DIR}/main.py", *args]
                 return await self._run_in_slot(
-                    slot, input_dir, argv, stdin, timeout_s or self.config.timeout_s
+                    config, slot, input_dir, argv, stdin, timeout_s or config.timeout_s
                 )
         finally:
             self._slots.release(slot)
+
+    def _call_config(self, limits: SandboxConfig) -> SandboxConfig:
+        own = ("bwrap_path", "python", "max_concurrency", "uid_base", "extra_ro_binds")
+        return replace(limits, **{name: getattr(self.config, name) for name in own})
 
     def run_sync(self, program: str, **kwargs: Any) -> SandboxResult:
         """``run`` for callers without an event loop (reward functions in a worker thread or process)."""
         return asyncio.run(self.run(program, **kwargs))
 
     async def _run_in_slot(
-        self, slot: int, input_dir: str, argv: list[str], stdin: bytes, timeout_s: float
+        self,
+        config: SandboxConfig,
+        slot: int,
+        input_dir: str,
+        argv: list[str],
+        stdin: bytes,
+        timeout_s: float,
     ) -> SandboxResult:
         report_read, report_write = os.pipe()
         invocation = build_invocation(
-            self.config,
+            config,
             bwrap=self._bwrap,
             python=self._python,
-            uid=self.config.uid_base + slot,
+            uid=config.uid_base + slot,
             input_dir=input_dir,
             report_fd=report_write,
             args=argv,
@@ -135,7 +149,7 @@ class Sandbox:
                 )
             finally:
                 os.close(report_write)
-            run = _Run(process, report_file, self.config.output_bytes)
+            run = _Run(process, report_file, config.output_bytes)
             status, reason = await run.finish(stdin, timeout_s)
         return SandboxResult(
             status=status,

@@ -234,3 +234,14 @@ def test_the_user_namespace_mode_used_by_non_root_hosts_runs_and_blocks(monkeypa
     result = sandbox.run_sync(program)
     assert result.ok, result.stderr
     assert result.stdout.split("\n")[:3] == [str(sandbox.config.uid_base), "write blocked", "net blocked"]
+
+
+def test_per_call_limits_replace_the_instance_limits_for_that_call_only(sandbox):
+    program = "data = bytearray(300 * 2**20)\nprint(len(data) // 2**20)"
+    generous = SandboxConfig(memory_mb=1024, timeout_s=5.0)
+    assert sandbox.run_sync(program).status is SandboxStatus.ERROR  # the fixture allows 256 MiB
+    result = sandbox.run_sync(program, limits=generous)
+    assert result.ok and result.stdout == "300\n"
+    tight = SandboxConfig(output_bytes=10, uid_base=1)  # the uid base stays the instance's
+    flood = sandbox.run_sync("import os\nprint('x' * 100)\nprint(os.getuid())", limits=tight)
+    assert flood.status is SandboxStatus.OUTPUT_LIMIT and len(flood.stdout) == 10
