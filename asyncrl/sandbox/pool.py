@@ -28,7 +28,12 @@ class SlotPool:
                 return self._free.popleft()
             future: asyncio.Future[int] = loop.create_future()
             self._waiters.append((loop, future))
-        return await future
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():  # handed a slot, then cancelled before resuming
+                self.release(future.result())
+            raise
 
     def release(self, slot: int) -> None:
         """Hand ``slot`` to the oldest waiter, or back to the free list."""

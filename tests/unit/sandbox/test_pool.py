@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 
 from asyncrl.sandbox.pool import SlotPool
@@ -66,3 +67,19 @@ def test_waiters_on_other_threads_and_loops_get_released_slots():
     for thread in threads:
         thread.join(10)
     assert len(got) == 15 and set(got) == {0, 1}
+
+
+def test_a_waiter_cancelled_after_being_handed_a_slot_gives_it_back():
+    async def main() -> int:
+        pool = SlotPool(1)
+        held = await pool.acquire()
+        first = asyncio.ensure_future(pool.acquire())
+        await asyncio.sleep(0)
+        pool.release(held)
+        await asyncio.sleep(0)  # the hand-over callback runs: `first` has its slot but has not resumed
+        first.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await first
+        return await asyncio.wait_for(pool.acquire(), 1.0)
+
+    assert asyncio.run(main()) == 0
