@@ -124,7 +124,7 @@ _TEXT = st.text(st.characters(exclude_categories=("Cc", "Cs"), include_character
 @given(
     name=_TEXT,
     steps=st.integers(),
-    lr=st.floats(allow_nan=False),
+    lr=st.floats(allow_nan=False, allow_infinity=False),  # non-finite floats are refused (test_config_fuzz)
     tags=st.dictionaries(_TEXT, st.integers(), max_size=3),
 )
 def test_yaml_round_trip_gives_the_same_config(name, steps, lr, tags):
