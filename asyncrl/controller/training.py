@@ -11,7 +11,7 @@ import json
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TextIO
 
@@ -19,6 +19,7 @@ from asyncrl.config.base import to_dict
 from asyncrl.config.run import RunConfig
 from asyncrl.controller.controller import StepRecord, rollout_metrics
 from asyncrl.controller.evaluation import evaluate_run
+from asyncrl.metrics.spans import SpanRecorder
 from asyncrl.metrics.tracker import MetricsTracker
 from asyncrl.proxy.llm_proxy import LLMProxy
 from asyncrl.rollout.prompt_source import PromptSource
@@ -101,13 +102,37 @@ async def _train_with_proxy(
         await proxy.update_applied(parts.trainer.version)
     before = await _evaluate(parts, proxy, "before")
     _say(console, f"held-out reward before: {before.get('eval/reward_mean', float('nan')):.3f}")
-    remaining = config.controller.num_steps - parts.trainer.step
     tracker = MetricsTracker(
         out / "metrics.jsonl",
         total_steps=config.controller.num_steps,
         append=bool(config.resume),
         console=console,
+        config=config.metrics,
     )
+    timeline = _record_timeline(parts, proxy, out) if config.metrics.timeline else None
+    try:
+        tracker.log_config(to_dict(config))
+        summary = await _train_steps(parts, proxy, source, out, tracker, timeline)
+        summary = replace(summary, wall_s=time.perf_counter() - started, eval_before=before)
+        (out / "summary.json").write_text(json.dumps(asdict(summary), indent=1))
+        tracker.log_summary(asdict(summary))
+        return summary
+    finally:
+        tracker.close()
+        if timeline is not None:
+            timeline.close()
+
+
+async def _train_steps(
+    parts: Parts,
+    proxy: LLMProxy,
+    source: PromptSource,
+    out: Path,
+    tracker: MetricsTracker,
+    timeline: SpanRecorder | None,
+) -> TrainingSummary:
+    """The remaining steps, the final checkpoint and the held-out evaluation after them."""
+    config = parts.config
     samples = [0]
     phase_s = {"train": 0.0, "sync": 0.0}
     busy_at_start = _engine_busy_s(proxy.stats())
@@ -117,33 +142,51 @@ async def _train_with_proxy(
         samples[0] += sum(len(g) for g in record.groups)
         phase_s["train"] += record.train_s
         phase_s["sync"] += record.sync_s
+        if timeline is not None:
+            _record_step(timeline, record)
         tracker.log(parts.trainer.step, step_metrics(record, proxy.stats(), train_started))
         if checkpoint_due(parts.trainer.step, config.trainer.checkpoint_every):
             _save(parts, source, out)
 
     controller = make_controller(parts, proxy, source, on_step)
-    try:
-        await controller.run(remaining)
-    finally:
-        tracker.close()
+    await controller.run(config.controller.num_steps - parts.trainer.step)
+    if timeline is not None:
+        timeline.close()  # the timeline shows training; the held-out evaluation after it is not a step
     train_wall = time.perf_counter() - train_started
     generation_busy = _engine_busy_s(proxy.stats()) - busy_at_start
     checkpoint = _save(parts, source, out)
     after = await _evaluate(parts, proxy, "after")
-    summary = TrainingSummary(
+    return TrainingSummary(
         mode=config.controller.mode,
         steps=parts.trainer.step,
-        wall_s=time.perf_counter() - started,
+        wall_s=0.0,
         train_wall_s=train_wall,
         trained_samples=samples[0],
         sync_estimate_s=generation_busy + phase_s["train"] + phase_s["sync"],
-        eval_before=before,
+        eval_before={},
         eval_after=after,
         checkpoint=str(checkpoint),
         metrics_path=str(out / "metrics.jsonl"),
     )
-    (out / "summary.json").write_text(json.dumps(asdict(summary), indent=1))
-    return summary
+
+
+def _record_timeline(parts: Parts, proxy: LLMProxy, out: Path) -> SpanRecorder:
+    """A span recorder on ``out/timeline.jsonl`` fed by the engines (through the proxy) and the rewards."""
+    recorder = SpanRecorder(out / "timeline.jsonl")
+    proxy.record_busy_spans(recorder.engine_span)
+    parts.rewards.on_scored = recorder.reward_span
+    return recorder
+
+
+def _record_step(timeline: SpanRecorder, record: StepRecord) -> None:
+    """The trainer's spans of the step just finished: training, then suspend → weight sync → resume.
+
+    ``on_step`` runs right after the sync, so the step's phases end now, on the clock the controller used.
+    """
+    end = timeline.clock()
+    timeline.add("trainer", end - record.sync_s - record.train_s, end - record.sync_s, "train")
+    timeline.add("trainer", end - record.sync_s, end, "update")
+    timeline.flush()
 
 
 MULTI_VERSION_STATS = ("num_migrations", "kv_bytes_moved", "versions_alive", "num_switches")
