@@ -50,7 +50,12 @@ def test_a_real_run_records_its_timeline_and_every_series(real_run):
     assert run.eval_before is not None and run.eval_after is not None
     assert run.spans is not None
     kinds = {(worker, kind) for worker, items in run.spans.items() for _, _, kind in items}
-    assert {("trainer", "train"), ("trainer", "update"), ("engine0", "generate"), ("reward", "reward")} <= kinds
+    assert {
+        ("trainer", "train"),
+        ("trainer", "update"),
+        ("engine0", "generate"),
+        ("reward", "reward"),
+    } <= kinds
     trainer = run.spans["trainer"]
     assert len([s for s in trainer if s[2] == "train"]) == 3
     assert all(end > start >= 0 for start, end, _ in trainer)
@@ -58,7 +63,9 @@ def test_a_real_run_records_its_timeline_and_every_series(real_run):
     assert list((real_run / "tensorboard").glob("events.out.tfevents.*"))
 
 
-def test_report_overlays_real_and_simulated_runs_in_one_self_contained_page(real_run, simulated_run, tmp_path):
+def test_report_overlays_real_and_simulated_runs_in_one_self_contained_page(
+    real_run, simulated_run, tmp_path
+):
     out = tmp_path / "report"
     assert main(["report", str(real_run), str(simulated_run), "--out", str(out)]) == 0
     expected = {"reward.png", "length.png", "staleness.png", "timeline_0.png", "timeline_1.png"}
