@@ -26,12 +26,17 @@ class Progress:
         stream: TextIO | None = None,
         mode: ProgressMode = "auto",
         unit: str = "step",
+        min_interval_s: float = 0.0,
     ) -> None:
+        """``min_interval_s`` spaces plain lines out (the last unit is always printed); bars throttle
+        themselves."""
         self.total = total
         self.label = label
         self.stream = sys.stdout if stream is None else stream
         self.unit = unit
+        self.min_interval_s = min_interval_s
         self._started = time.perf_counter()
+        self._last_line = float("-inf")
         self._bar = self._make_bar() if _wants_bar(mode, self.stream) else None
 
     def update(self, done: int, numbers: Mapping[str, float] | None = None) -> None:
@@ -41,6 +46,10 @@ class Progress:
             self._bar.set_postfix(shown, refresh=False)
             self._bar.update(done - self._bar.n)
             return
+        now = time.perf_counter()
+        if done < self.total and now - self._last_line < self.min_interval_s:
+            return
+        self._last_line = now
         eta = self.eta_s(done)
         parts = [f"{k}={v}" for k, v in shown.items()]
         if eta is not None:

@@ -83,6 +83,9 @@ def write_report(run_dirs: list[str | Path], out_dir: str | Path, title: str = "
     }
     if any(run.buffer for run in runs):
         figures["buffer.png"] = plot_buffer(runs, out / "buffer.png")
+    timed = [run for run in runs if run.spans]
+    if len(timed) > 1:
+        figures["timelines.png"] = plot_timelines_compared(timed, out / "timelines.png")
     for index, run in enumerate(runs):
         if run.spans:
             figures[f"timeline_{index}.png"] = plot_run_timeline(run, out / f"timeline_{index}.png")
@@ -167,6 +170,28 @@ def plot_run_timeline(run: RunSeries, path: Path) -> Path:
         xlabel="simulated time (s)" if run.kind == "simulated" else "wall-clock since start (s)",
         title=f"{run.name}: busy spans per worker (idle: {idle})",
     )
+
+
+def plot_timelines_compared(runs: list[RunSeries], path: Path) -> Path:
+    """Every run's Gantt chart stacked on one time axis, so idle gaps compare at a glance (sync vs async)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from asyncrl.sim.plots import draw_spans, timeline_rows
+
+    heights = [1.0 + 0.3 * len(timeline_rows(run.spans or {})[0]) for run in runs]
+    fig, axes = plt.subplots(len(runs), 1, figsize=(12, sum(heights)), sharex=True, height_ratios=heights)
+    for ax, run in zip(axes, runs, strict=True):
+        draw_spans(ax, run.spans or {})
+        idle = ", ".join(f"{role} {fraction:.0%}" for role, fraction in sorted(run.idle_by_role().items()))
+        ax.set_title(f"{run.name} ({run.kind}): idle {idle}", fontsize=9)
+    axes[-1].set_xlabel("time since the first step started (s)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 def render_html(title: str, runs: list[RunSeries], figures: dict[str, Path]) -> str:

@@ -32,7 +32,7 @@ from asyncrl.rewards.service import RewardResult, RewardService, RewardStatus
 from asyncrl.rollout.admission import admit, admit_batch
 from asyncrl.rollout.prompt_source import Prompt, PromptSource
 from asyncrl.runs import Runs
-from asyncrl.tasks.base import render_prompt
+from asyncrl.tasks.base import prompt_token_ids
 from asyncrl.types import (
     FinishReason,
     Generation,
@@ -239,7 +239,7 @@ class RLVRProducer:
 
     def _request(self, prompt: Prompt, index: int) -> Request:
         cfg = self.config
-        prompt_ids = self.tokenizer.encode(render_prompt(prompt.sample, self.tokenizer))
+        prompt_ids = prompt_token_ids(prompt.sample, self.tokenizer)
         return Request(
             request_id=f"{prompt.key}#{index}",
             prompt_token_ids=prompt_ids,

@@ -46,8 +46,17 @@ def plot_spans(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    fig, ax = plt.subplots(figsize=(12, 1.5 + 0.25 * len(timeline_rows(spans)[0])))
+    draw_spans(ax, spans, step_ends=step_ends, xlabel=xlabel)
+    ax.set_title(title or "busy spans per worker (dotted: step ends)")
+    return _save(fig, path)
+
+
+def draw_spans(
+    ax, spans: dict[str, list[list]], *, step_ends: Sequence[float] = (), xlabel: str = ""
+) -> None:
+    """Draw the Gantt rows of ``spans`` on ``ax`` (one axes of a larger figure, or ``plot_spans``'s own)."""
     workers, left_out = timeline_rows(spans)
-    fig, ax = plt.subplots(figsize=(12, 1.5 + 0.25 * len(workers)))
     _draw_rows(ax, workers, spans)
     for end in step_ends:
         ax.axvline(end, color="grey", linewidth=0.5, linestyle=":")
@@ -55,10 +64,8 @@ def plot_spans(
     ax.invert_yaxis()
     ax.set_xlabel(xlabel)
     ax.set_ylabel(left_out_label(left_out))
-    ax.set_title(title or "busy spans per worker (dotted: step ends)")
     handles, labels = ax.get_legend_handles_labels()
     ax.legend(handles, labels, loc="upper right", fontsize=7)
-    return _save(fig, path)
 
 
 def timeline_rows(workers: Iterable[str], max_rows: int = MAX_ROWS) -> tuple[list[str], dict[str, int]]:

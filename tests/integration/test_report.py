@@ -68,7 +68,14 @@ def test_report_overlays_real_and_simulated_runs_in_one_self_contained_page(
 ):
     out = tmp_path / "report"
     assert main(["report", str(real_run), str(simulated_run), "--out", str(out)]) == 0
-    expected = {"reward.png", "length.png", "staleness.png", "timeline_0.png", "timeline_1.png"}
+    expected = {
+        "reward.png",
+        "length.png",
+        "staleness.png",
+        "timelines.png",
+        "timeline_0.png",
+        "timeline_1.png",
+    }
     assert expected <= {p.name for p in out.glob("*.png")}
     page = (out / "index.html").read_text()
     assert len(re.findall(r'src="data:image/png;base64,[A-Za-z0-9+/=]{100,}"', page)) == len(expected)
