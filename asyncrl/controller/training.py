@@ -172,7 +172,7 @@ async def _train_steps(
 
 def _record_timeline(parts: Parts, proxy: LLMProxy, out: Path) -> SpanRecorder:
     """A span recorder on ``out/timeline.jsonl`` fed by the engines (through the proxy) and the rewards."""
-    recorder = SpanRecorder(out / "timeline.jsonl")
+    recorder = SpanRecorder(out / "timeline.jsonl", append=bool(parts.config.resume))
     proxy.record_busy_spans(recorder.engine_span)
     parts.rewards.on_scored = recorder.reward_span
     return recorder

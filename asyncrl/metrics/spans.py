@@ -23,11 +23,16 @@ Spans = dict[str, list[list]]
 class SpanRecorder:
     """Appends spans to ``path``; ``clock`` must be the clock the reporting parts read (monotonic here)."""
 
-    def __init__(self, path: Path, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, path: Path, *, append: bool = False, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        """``append`` continues a resumed run's file: new spans start where the recorded ones ended, so the
+        timeline reads as one run with the downtime cut out."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = path.open("w", encoding="utf-8")
+        already = _last_end(path) if append and path.is_file() else 0.0
+        self._file = path.open("a" if append else "w", encoding="utf-8")
         self.clock = clock
-        self.origin = clock()
+        self.origin = clock() - already
 
     def add(self, worker: str, start: float, end: float, kind: str) -> None:
         """Record ``worker`` busy with ``kind`` over ``[start, end]`` (absolute times of ``clock``)."""
@@ -57,6 +62,11 @@ class SpanRecorder:
     def close(self) -> None:
         """Stop recording (later spans are dropped); closing twice is fine."""
         self._file.close()
+
+
+def _last_end(path: Path) -> float:
+    """The latest span end recorded in ``path`` (0 for an empty file)."""
+    return max((end for items in read_spans(path).values() for _, end, _ in items), default=0.0)
 
 
 def read_spans(path: str | Path) -> Spans:

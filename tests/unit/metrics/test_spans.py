@@ -38,3 +38,14 @@ def test_a_malformed_line_is_named(tmp_path):
     path.write_text('{"worker": "trainer", "start": 0, "end": 1, "kind": "train"}\n{"worker": "x"}\n')
     with pytest.raises(ValueError, match=r"line 2: not a timeline span"):
         read_spans(path)
+
+
+def test_a_resumed_run_continues_its_timeline_after_the_last_span(tmp_path):
+    path = tmp_path / "timeline.jsonl"
+    first = SpanRecorder(path, clock=lambda: 10.0)
+    first.add("trainer", 10.0, 12.0, "train")
+    first.close()
+    resumed = SpanRecorder(path, append=True, clock=lambda: 500.0)
+    resumed.add("trainer", 500.0, 501.0, "train")
+    resumed.close()
+    assert read_spans(path) == {"trainer": [[0.0, 2.0, "train"], [2.0, 3.0, "train"]]}
