@@ -235,6 +235,33 @@ class SampleBuffer:
         finally:
             self._consumer_waiting = False
 
+    # ---- checkpoints -------------------------------------------------------------------------------
+
+    def snapshot(self) -> list[tuple[int, Group]]:
+        """The buffered (finished, untrained) groups as ``(start version, group)``, in training order: what a
+        checkpoint must keep so that a resumed run trains them instead of losing them."""
+        ordered = sorted(self._buffered, key=lambda entry: (_start_version(*entry), entry[0].ticket_id))
+        return [(_start_version(admission, group), group) for admission, group in ordered]
+
+    def restore(self, groups: list[tuple[int, Group]], producer: str = "resume") -> list[Group]:
+        """Re-admit a checkpoint's buffered groups at their start versions; the fresh ones are buffered, the
+        ones the α bound no longer allows are dropped as stale (counted) and returned for regeneration."""
+        stale = []
+        for start_version, group in groups:
+            ticket = Admission(
+                ticket_id=self._counts["admitted"],
+                start_version=start_version,
+                producer=producer,
+                key=group.prompt_uid,
+                admitted_at=_now(),
+            )
+            self._counts["admitted"] += 1
+            self._in_flight[ticket.ticket_id] = ticket
+            self._in_flight_versions[ticket.start_version] += 1
+            if not self.put(ticket, group):
+                stale.append(group)
+        return stale
+
     # ---- lifecycle and observation -----------------------------------------------------------------
 
     def close(self, reason: str = "closed") -> None:

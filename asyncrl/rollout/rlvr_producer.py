@@ -156,8 +156,10 @@ class RLVRProducer:
             trajectories = await asyncio.gather(
                 *(self._sample(admission, prompt, i) for i in range(self.config.num_return_sequences))
             )
-        except asyncio.CancelledError:
-            self._end(admission, prompt, DropKind.ABORTED, "producer stopped")
+        except asyncio.CancelledError:  # shutdown: the prompt is not ended, a resumed run hands it out again
+            self._live.pop(admission.ticket_id, None)
+            self.buffer.release(admission, DropKind.ABORTED, "producer stopped")
+            self.source.interrupt(prompt.key)
             raise
         except Exception as err:  # deliberate fault tolerance: an engine failure drops this group only
             self._end(admission, prompt, DropKind.FAILED, f"{type(err).__name__}: {err}")

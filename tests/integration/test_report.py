@@ -72,6 +72,7 @@ def test_report_overlays_real_and_simulated_runs_in_one_self_contained_page(
         "reward.png",
         "length.png",
         "staleness.png",
+        "buffer.png",
         "timelines.png",
         "timeline_0.png",
         "timeline_1.png",
