@@ -173,8 +173,8 @@ def make_buffer(config: RunConfig, trainer_version: int) -> SampleBuffer:
         groups_per_batch=config.rollout.rollout_batch_size,
         group_size=config.rollout.num_return_sequences,
         max_redundant_groups=redundant,
+        start_version=trainer_version,
     )
-    buffer.on_trainer_version(trainer_version)
     return buffer
 
 
