@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import time
 from pathlib import Path
 
 import pytest
@@ -54,8 +55,12 @@ def test_wandb_offline_writes_its_run_directory_with_the_metrics(tmp_path):
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1, list((tmp_path / "wandb").iterdir())
     (record_file,) = runs[0].glob("run-*.wandb")
+    keys = (b"reward/mean", b"samples_per_s", b"eval_after/eval/reward_mean", b"trainer")
+    deadline = time.monotonic() + 30  # wandb's service process may still be writing after finish() returns
+    while not all(key in record_file.read_bytes() for key in keys) and time.monotonic() < deadline:
+        time.sleep(0.1)
     records = record_file.read_bytes()  # protobuf records whose history/summary keys are plain strings
-    for key in (b"reward/mean", b"samples_per_s", b"eval_after/eval/reward_mean", b"trainer"):
+    for key in keys:
         assert key in records, key
 
 
