@@ -6,7 +6,8 @@ push, so the pulls reversed are a solution: no solver is needed to guarantee sol
 
 The observation is the room as text, one row a line: ``#`` wall, ``_`` floor, ``.`` target, ``$`` box,
 ``*`` box on target, ``@`` player, ``+`` player on target, followed by ``move:``. An action is exactly one of
-``up``/``down``/``left``/``right`` (case and surrounding whitespace ignored); anything else costs
+``up``/``down``/``left``/``right`` or its initial ``u``/``d``/``l``/``r`` (case and surrounding whitespace
+ignored; the one-letter form is one token for a tiny tokenizer); anything else costs
 ``invalid_action_penalty`` and leaves the room unchanged. Putting the last box on a target earns
 ``reward_solved`` and ends the episode.
 """
@@ -25,6 +26,7 @@ Cell = tuple[int, int]
 """(row, column)."""
 
 MOVES: dict[str, Cell] = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
+ALIASES = {move[0]: move for move in MOVES}
 PROMPT = "move:"
 
 
@@ -89,7 +91,7 @@ def _glyph(room: Room, cell: Cell) -> str:
 def parse_action(text: str) -> str | None:
     """The move a response names, or None when it is not exactly one move word."""
     word = text.strip().lower()
-    return word if word in MOVES else None
+    return ALIASES.get(word, word) if word in MOVES or word in ALIASES else None
 
 
 def push(room: Room, move: str) -> Room:
@@ -186,7 +188,9 @@ class SokobanEnv:
         assert self.room is not None
         move = parse_action(action)
         if move is None:
-            observation = f"invalid action {action.strip()[:20]!r}: answer up, down, left or right\n"
+            observation = (
+                f"invalid action {action.strip()[:20]!r}: answer up, down, left or right (or u, d, l, r)\n"
+            )
             return StepResult(
                 observation + render(self.room),
                 -self.config.invalid_action_penalty,

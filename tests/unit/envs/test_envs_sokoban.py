@@ -65,7 +65,7 @@ def test_walk_and_blocked_moves_are_exact() -> None:
     assert result.reward == 0.0 and not result.terminated and result.info["moved"]
     assert result.observation == rows("######\n#@___#\n#_$__#\n#_.__#\n#____#\n######")
     assert not play(env, "left").info["moved"]  # into the wall: nothing changes
-    assert not play(env, "up").info["moved"]
+    assert not play(env, "U").info["moved"]  # the one-letter form
 
 
 def test_box_against_box_or_wall_does_not_move() -> None:
