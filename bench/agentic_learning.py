@@ -88,6 +88,8 @@ def main() -> None:
             "load_average_at_end": os.getloadavg(),
         },
         "config": str(CONFIG.relative_to(ROOT)),
+        "warm_start": {"steps": 2 if args.quick else args.warm_steps, "num_rooms": 4 if args.quick else 64},
+        "rl_overrides": [*args.overrides, *(QUICK_OVERRIDES if args.quick else ())],
         "seeds": rows,
         "gain": {"median": statistics.median(gains), "min": min(gains), "max": max(gains)},
     }
