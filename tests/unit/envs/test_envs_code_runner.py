@@ -39,3 +39,21 @@ def test_timeout_kills_the_process_group() -> None:
 def test_memory_limit() -> None:
     result = run("x = bytearray(2 * 1024**3)")
     assert result.exit_code != 0 and "MemoryError" in result.stderr
+
+
+def test_tool_use_python_tool_through_the_real_sandbox() -> None:
+    from asyncrl.config.env import EnvConfig
+    from asyncrl.config.env_kinds import ToolUseConfig
+    from asyncrl.envs.tool_use import ToolUseEnv
+
+    env = ToolUseEnv(EnvConfig(type="tool_use", tool_use=ToolUseConfig(python_tool=True)))
+
+    async def main():
+        await env.reset(0)
+        return await env.step("python: print(6 * 7)"), await env.step(
+            "python: import socket; socket.create_connection(('1.1.1.1', 80))"
+        )
+
+    ok, blocked = asyncio.run(main())
+    assert ok.observation == "42\n" and not ok.info["invalid"]
+    assert blocked.observation.startswith("error: OSError") or "unreachable" in blocked.observation

@@ -12,7 +12,7 @@ import pytest
 
 from asyncrl.config.env import EnvConfig
 from asyncrl.config.env_kinds import EnvFaultConfig
-from asyncrl.envs import EnvError, make_env
+from asyncrl.envs import EnvError, env_factory, make_env
 from asyncrl.envs.faults import FaultyEnv, draw_delay
 
 
@@ -117,3 +117,14 @@ def test_make_env_wraps_only_when_asked() -> None:
 def test_bad_fault_config_names_the_field(overrides: dict, field: str) -> None:
     with pytest.raises(ValueError, match=field):
         EnvFaultConfig(**overrides)
+
+
+def test_env_factory_numbers_instances_so_streams_differ() -> None:
+    config = EnvConfig(
+        type="sokoban", faults=EnvFaultConfig(delay="lognormal", mean_s=1.0, sigma=1.0, seed=3)
+    )
+    make = env_factory(config)
+    first, second = make(), make()
+    again = env_factory(config)()
+    assert [first.rng.random() for _ in range(3)] == [again.rng.random() for _ in range(3)]
+    assert first.rng.random() != second.rng.random()
