@@ -95,3 +95,11 @@ def test_non_text_envs_and_wrong_action_names_are_refused() -> None:
                 gymnasium=GymnasiumConfig(id="FrozenLake-v1", kwargs=kwargs, action_names=["a", "b"]),
             )
         )
+
+
+def test_missing_gymnasium_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "gymnasium", None)  # import gymnasium now raises ImportError
+    with pytest.raises(ImportError, match=r"pip install 'asyncrl\[gym\]'"):
+        make_env(env_config_echo())
