@@ -8,7 +8,6 @@ optimises — and before/after numbers of one run are comparable: the same promp
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 from asyncrl.config.env import EnvManagerConfig
 from asyncrl.config.rollout import RolloutConfig
 from asyncrl.config.run import RunConfig
-from asyncrl.envs import make_env
+from asyncrl.envs import env_factory
 from asyncrl.envs.base import Env
 from asyncrl.metrics.progress import Progress
 from asyncrl.rewards.service import RewardService
@@ -46,7 +45,7 @@ async def evaluate_run(
         return await evaluate_env(
             proxy,
             tokenizer,
-            make_env=functools.partial(make_env, config.env),
+            make_env=env_factory(config.env),
             rollout=config.rollout,
             manager=config.env_manager,
             num_episodes=controller.eval_prompts,
