@@ -79,8 +79,17 @@ class SampleBuffer:
     """
 
     def __init__(
-        self, config: BufferConfig, *, groups_per_batch: int, group_size: int, max_redundant_groups: int = 0
+        self,
+        config: BufferConfig,
+        *,
+        groups_per_batch: int,
+        group_size: int,
+        max_redundant_groups: int = 0,
+        start_version: int = 0,
     ) -> None:
+        """``start_version`` > 0 is a resumed run's trainer version: the B groups of each earlier version
+        count as trained, so admission capacity (cumulative since version 0) opens exactly as far as an
+        uninterrupted run's would, not ``start_version·B`` groups further."""
         if group_size < 1 or max_redundant_groups < 0:
             raise ValueError(
                 f"group_size must be >= 1 and max_redundant_groups >= 0, got {group_size}, {max_redundant_groups}"
@@ -91,6 +100,7 @@ class SampleBuffer:
         self.max_redundant_groups = max_redundant_groups
         self.max_buffered_groups = staleness.max_buffered_groups(config.async_ratio, groups_per_batch)
         self._version = 0
+        self._trained_before = start_version * groups_per_batch
         self._in_flight: dict[int, Admission] = {}
         self._in_flight_versions: collections.Counter[int] = collections.Counter()
         """In-flight tickets per start version: counting the stale ones costs O(versions), not O(tickets)."""
@@ -105,6 +115,7 @@ class SampleBuffer:
         self._num_admission_waiters = 0
         self._consumer_waiting = False
         self._closed_reason: str | None = None
+        self.on_trainer_version(start_version)
 
     # ---- producers ---------------------------------------------------------------------------------
 
@@ -235,6 +246,33 @@ class SampleBuffer:
         finally:
             self._consumer_waiting = False
 
+    # ---- checkpoints -------------------------------------------------------------------------------
+
+    def snapshot(self) -> list[tuple[int, Group]]:
+        """The buffered (finished, untrained) groups as ``(start version, group)``, in training order: what a
+        checkpoint must keep so that a resumed run trains them instead of losing them."""
+        ordered = sorted(self._buffered, key=lambda entry: (_start_version(*entry), entry[0].ticket_id))
+        return [(_start_version(admission, group), group) for admission, group in ordered]
+
+    def restore(self, groups: list[tuple[int, Group]], producer: str = "resume") -> list[Group]:
+        """Re-admit a checkpoint's buffered groups at their start versions; the fresh ones are buffered, the
+        ones the α bound no longer allows are dropped as stale (counted) and returned for regeneration."""
+        stale = []
+        for start_version, group in groups:
+            ticket = Admission(
+                ticket_id=self._counts["admitted"],
+                start_version=start_version,
+                producer=producer,
+                key=group.prompt_uid,
+                admitted_at=_now(),
+            )
+            self._counts["admitted"] += 1
+            self._in_flight[ticket.ticket_id] = ticket
+            self._in_flight_versions[ticket.start_version] += 1
+            if not self.put(ticket, group):
+                stale.append(group)
+        return stale
+
     # ---- lifecycle and observation -----------------------------------------------------------------
 
     def close(self, reason: str = "closed") -> None:
@@ -297,7 +335,8 @@ class SampleBuffer:
         return len(self._buffered) + len(self._in_flight) - num_stale
 
     def _room(self) -> int:
-        return staleness.num_admittable(self._capacity(), self._counts["trained"], self._num_live())
+        trained = self._trained_before + self._counts["trained"]
+        return staleness.num_admittable(self._capacity(), trained, self._num_live())
 
     def _must_wait_for_older(self, wanted: int) -> bool:
         """Whether the ``wanted`` oldest buffered groups (sorted) would leave some live group overdue while a
@@ -366,7 +405,7 @@ class SampleBuffer:
             ended == self._counts["admitted"]
             and len(self._buffered) <= self.max_buffered_groups
             and self._buffered_fresh()
-            and trained + self._num_live() <= self._capacity()
+            and self._trained_before + trained + self._num_live() <= self._capacity()
         )
         assert ok, f"SampleBuffer invariant broken: {self.accounting()}"
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from asyncrl.cli.args import add_config_arguments, run_config_from_args
 
@@ -39,6 +40,7 @@ async def evaluate_model(config, checkpoint: str | None) -> dict[str, float]:
 
     from asyncrl.controller.evaluation import evaluate_run
     from asyncrl.engine import make_engine
+    from asyncrl.metrics.progress import Progress
     from asyncrl.models.loading import load_model_and_tokenizer
     from asyncrl.proxy.llm_proxy import LLMProxy
     from asyncrl.rewards.service import RewardService
@@ -51,9 +53,13 @@ async def evaluate_model(config, checkpoint: str | None) -> dict[str, float]:
     engine = make_engine(model, tokenizer, config.engine)
     proxy = LLMProxy([engine], replace(config.proxy, update_policy="drain"))
     task = make_task(config.task) if config.producer == "rlvr" else None
+    progress = Progress(
+        config.controller.eval_prompts, label="eval", stream=sys.stderr, unit="prompt", min_interval_s=2.0
+    )
     try:
         with RewardService.from_config(config.reward) as rewards:
-            return await evaluate_run(config, proxy, tokenizer, task, rewards)
+            return await evaluate_run(config, proxy, tokenizer, task, rewards, progress=progress)
     finally:
+        progress.close()
         await proxy.aclose()
         engine.shutdown()

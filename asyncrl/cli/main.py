@@ -36,6 +36,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Simulate a run at any scale: real scheduling code, cost-model workers.",
     ),
     "plan": ("asyncrl.cli.plan", "Recommend the rollout/train split and async ratio (ROLL Flash Prop. 2)."),
+    "report": ("asyncrl.cli.report", "Charts and an HTML page of runs: curves, staleness, timelines."),
 }
 """Subcommand name -> (module path, one-line help). Adding a subcommand is one entry plus its module."""
 

@@ -22,11 +22,12 @@ def run(args: argparse.Namespace) -> int:
     """Train, save and evaluate; prints the held-out mean reward and pass@k."""
     from asyncrl.config.loader import load_config
     from asyncrl.config.sft import SFTConfig
+    from asyncrl.metrics.progress import Progress
     from asyncrl.trainer.sft import run_sft
 
     path, overrides = split_config_args(args.config_args)
     config = load_config(SFTConfig, path, overrides)
     command = " ".join(["asyncrl sft", *args.config_args])
-    run_sft(config, command=command)
+    run_sft(config, command=command, progress=Progress(config.max_steps, label="sft", min_interval_s=5.0))
     print(f"sft: checkpoint written to {config.output_dir}")
     return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from asyncrl.cli.args import add_config_arguments, split_config_args
@@ -14,7 +15,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "simulate",
         help="simulate a run with cost-model engines and trainer",
         description="Run asyncrl's real producer, buffer, proxy and controller against cost-model workers on "
-        "a virtual clock (docs/simulator.md). Writes OUT/result.json, OUT/steps.jsonl and OUT/timeline.png; "
+        "a virtual clock (docs/simulator.md). Writes OUT/result.json, OUT/steps.jsonl, OUT/timeline.jsonl and OUT/timeline.png; "
         "with --sweep, one run per value and OUT/sweep.json and OUT/sweep.png; with two --sweep options, one "
         "run per pair and a heatmap of the mean step time in OUT/sweep.png.",
     )
@@ -40,26 +41,38 @@ def run(args: argparse.Namespace) -> int:
         result = simulate(load_config(SimConfig, path, overrides))
         write_run(result, out)
         print(result.summary_table())
-        print(f"outputs: {out}/result.json, {out}/steps.jsonl, {out}/timeline.png")
+        print(f"outputs: {out}/result.json, {out}/steps.jsonl, {out}/timeline.jsonl, {out}/timeline.png")
         return 0
     if len(args.sweep) > 2:
         raise ValueError(f"--sweep may be given at most twice, got {len(args.sweep)}")
     sweeps = [parse_sweep(text, parse_override) for text in args.sweep]
     if len(sweeps) == 2:
         (row_key, row_values), (col_key, col_values) = sweeps
-        grid = [
-            [
-                simulate(load_config(SimConfig, path, [*overrides, f"{row_key}={r}", f"{col_key}={c}"]))
-                for c in col_values
-            ]
-            for r in row_values
-        ]
+        points = [[f"{row_key}={r}", f"{col_key}={c}"] for r in row_values for c in col_values]
+        flat = simulate_points(path, overrides, points)
+        grid = [flat[i : i + len(col_values)] for i in range(0, len(flat), len(col_values))]
         write_grid((row_key, row_values), (col_key, col_values), grid, out)
         return 0
     key, values = sweeps[0]
-    results = [simulate(load_config(SimConfig, path, [*overrides, f"{key}={v}"])) for v in values]
+    results = simulate_points(path, overrides, [[f"{key}={v}"] for v in values])
     write_sweep(key, values, results, out)
     return 0
+
+
+def simulate_points(path: str | None, overrides: list[str], points: list[list[str]]) -> list:
+    """One simulation per sweep point (its overrides added to the run's), with progress on stderr."""
+    from asyncrl.config.loader import load_config
+    from asyncrl.config.sim import SimConfig
+    from asyncrl.metrics.progress import Progress
+    from asyncrl.sim.simulate import simulate
+
+    progress = Progress(len(points), label="sweep", stream=sys.stderr, unit="run")
+    results = []
+    for done, point in enumerate(points, start=1):
+        results.append(simulate(load_config(SimConfig, path, [*overrides, *point])))
+        progress.update(done, {"point": " ".join(point)})
+    progress.close()
+    return results
 
 
 def parse_sweep(text: str, parse_override) -> tuple[str, list[str]]:
@@ -73,9 +86,11 @@ def parse_sweep(text: str, parse_override) -> tuple[str, list[str]]:
 
 
 def write_run(result, out: Path) -> None:
+    from asyncrl.metrics.spans import write_spans
     from asyncrl.sim.plots import plot_timeline
 
     out.mkdir(parents=True, exist_ok=True)
+    write_spans(result.spans, out / "timeline.jsonl")
     (out / "result.json").write_text(json.dumps(result.to_json(), indent=1))
     with (out / "steps.jsonl").open("w") as f:
         for row in result.to_json()["steps"]:

@@ -31,9 +31,29 @@ def run(args: argparse.Namespace) -> int:
         args.config_args = [str(DEFAULT_EXAMPLE), *args.config_args]
         print(f"running the default example {DEFAULT_EXAMPLE}", flush=True)
     config = run_config_from_args(args)
-    summary = asyncio.run(train(config))
+    summary = asyncio.run(_train_until_signalled(train, config))
     print(format_summary(summary))
     return 0
+
+
+async def _train_until_signalled(train, config):
+    """Train; the first SIGTERM or SIGINT stops after the step in progress with a final checkpoint written
+    before anything is torn down (``resume=OUTPUT_DIR`` continues); a second one interrupts at once."""
+    import asyncio
+    import signal
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+
+    def on_signal(signum: int) -> None:
+        print(f"\n{signal.Signals(signum).name}: stopping after this step with a final checkpoint", flush=True)
+        stop.set()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)  # a second signal takes the default action
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+    return await train(config, stop=stop)
 
 
 def format_summary(summary) -> str:
@@ -45,12 +65,6 @@ def format_summary(summary) -> str:
         f"in {summary.train_wall_s:.1f}s ({summary.trained_samples / max(summary.train_wall_s, 1e-9):.1f} "
         f"samples/s); total {summary.wall_s:.1f}s"
     ]
-    if summary.mode != "sync":
-        lines.append(
-            f"a sync run of the same work, phases back to back at the measured speeds: ~{summary.sync_estimate_s:.1f}s "
-            f"(~{summary.sync_estimate_s / max(summary.train_wall_s, 1e-9):.2f}x this run's {summary.train_wall_s:.1f}s; "
-            "an estimate, see docs/modes.md)"
-        )
     if before is not None and after is not None:
         lines.append(f"held-out reward: {before:.3f} -> {after:.3f} ({after - before:+.3f})")
     lines.append(f"metrics: {summary.metrics_path}\ncheckpoint: {summary.checkpoint}")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
-BUILTIN_ENVS = ("count_chain", "copy_chain")
+from asyncrl.config.env_kinds import EnvFaultConfig, GymnasiumConfig, SokobanConfig, ToolUseConfig
+
+BUILTIN_ENVS = ("count_chain", "copy_chain", "sokoban", "tool_use", "gymnasium")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -14,7 +16,9 @@ class EnvConfig:
 
     type: str = "count_chain"
     """'count_chain' (built-in multi-turn counting game), 'copy_chain' (built-in multi-turn copying game in
-    the format of the default ``copy`` task), or a dotted path 'pkg.module:factory' to a callable taking this
+    the format of the default ``copy`` task), 'sokoban' (text Sokoban, ``env.sokoban``), 'tool_use' (arithmetic
+    with a calculator and a sandboxed Python tool, ``env.tool_use``), 'gymnasium' (any text gymnasium env,
+    ``env.gymnasium``), or a dotted path 'pkg.module:factory' to a callable taking this
     config and returning an Env."""
     num_turns: int = 3
     """count_chain, copy_chain: requests per episode (the episode terminates after the last answer)."""
@@ -31,6 +35,14 @@ class EnvConfig:
     """copy_chain: sigma of the log-normal number of letters; larger makes the length tail longer."""
     max_items: int = 40
     """copy_chain: letters per turn are clipped to [1, max_items]; bounds the longest answer."""
+    sokoban: SokobanConfig = field(default_factory=SokobanConfig)
+    """sokoban: room size, boxes, difficulty and rewards."""
+    tool_use: ToolUseConfig = field(default_factory=ToolUseConfig)
+    """tool_use: questions, tools and penalties."""
+    gymnasium: GymnasiumConfig = field(default_factory=GymnasiumConfig)
+    """gymnasium: which gymnasium env and how actions are named."""
+    faults: EnvFaultConfig = field(default_factory=EnvFaultConfig)
+    """Any type: latency and faults injected around the env (experiments; all off by default)."""
 
     def __post_init__(self) -> None:
         if self.type not in BUILTIN_ENVS and ":" not in self.type:
@@ -49,6 +61,8 @@ class EnvConfig:
             )
         if self.length_sigma < 0:
             raise ValueError(f"env.length_sigma must be >= 0, got {self.length_sigma}")
+        if self.type == "gymnasium" and not self.gymnasium.id:
+            raise ValueError("env.gymnasium.id must name a gymnasium env for env.type 'gymnasium'")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -17,6 +17,7 @@ from asyncrl.config.controller import ControllerConfig, check_mode_async_ratio, 
 from asyncrl.config.engine import EngineConfig
 from asyncrl.config.env import EnvConfig, EnvManagerConfig, check_env_manager_fits
 from asyncrl.config.loader import load_config
+from asyncrl.config.metrics import MetricsConfig
 from asyncrl.config.model import ModelConfig
 from asyncrl.config.proxy import ProxyConfig
 from asyncrl.config.reward import RewardConfig
@@ -60,6 +61,8 @@ class RunConfig:
     """The advantage estimator."""
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     """Where the parts run: one process (inline), Ray actors on this machine (local) or a Ray cluster."""
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    """Trackers (console, JSONL, TensorBoard, W&B), the run timeline and the progress display."""
     producer: Literal["rlvr", "agentic"] = "rlvr"
     """rlvr: one request per response to a ``task`` prompt, scored by ``reward`` (``RLVRProducer``).
     agentic: multi-turn episodes against the ``env`` environment run by ``env_manager``

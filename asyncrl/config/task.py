@@ -10,19 +10,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-TASK_TYPES = ("count", "copy", "reverse", "running_sum", "code", "file", "reasoning_gym")
+TASK_TYPES = ("count", "copy", "reverse", "running_sum", "code", "file", "hf_dataset", "reasoning_gym")
 
 
 @dataclass(frozen=True, kw_only=True)
 class TaskConfig:
     """The prompts of a run: a built-in long-tail task, a user dataset, or a reasoning-gym dataset."""
 
-    type: Literal["count", "copy", "reverse", "running_sum", "code", "file", "reasoning_gym"] = "copy"
+    type: Literal["count", "copy", "reverse", "running_sum", "code", "file", "hf_dataset", "reasoning_gym"] = "copy"
     """Built-in procedural tasks: copy / reverse (a word list; copy is the default, the task the shipped warm
     start ``tiny-copy`` was trained on), count (count from a to b; the ``tiny-count`` warm start), running_sum
     (prefix sums of a digit list, then the total), code (write a Python function from examples; graded by
-    the sandboxed ``code`` reward, see docs/sandbox.md). file: a user JSONL/Parquet dataset. reasoning_gym: a
-    procedural dataset from the reasoning-gym package."""
+    the sandboxed ``code`` reward, see docs/sandbox.md). file: a user JSONL/Parquet dataset. hf_dataset: a
+    Hugging Face ``datasets`` dataset on disk (a ``save_to_disk`` directory, or a local
+    .json/.jsonl/.parquet/.csv file read with ``load_dataset``). reasoning_gym: a procedural dataset from the
+    reasoning-gym package."""
     seed: int = 0
     """Seed of the procedural generators; the same seed always gives the same splits."""
     num_train: int = 20000
@@ -39,18 +41,31 @@ class TaskConfig:
     """Procedural tasks: share of the prompt space reserved for the eval split (by a stable prompt hash),
     which makes the splits disjoint by construction."""
     train_path: str = ""
-    """file: JSONL (``.jsonl``) or Parquet (``.parquet``) file of training rows."""
+    """file: JSONL (``.jsonl``) or Parquet (``.parquet``) file of training rows. hf_dataset: a ``save_to_disk``
+    directory (a Dataset or DatasetDict) or a local data file."""
     eval_path: str = ""
-    """file: file of held-out rows; empty holds out ``eval_fraction`` of the train file's rows instead."""
+    """file / hf_dataset: held-out rows from another file or dataset; empty: ``eval_split`` of ``train_path``
+    if set, else ``eval_fraction`` of the train rows held out by a stable hash of the prompt."""
+    train_split: str = "train"
+    """hf_dataset: the split of ``train_path`` trained on (a data file has only ``train``)."""
+    eval_split: str = ""
+    """hf_dataset: the held-out split (of ``eval_path`` if set, else of ``train_path``); empty: see
+    ``eval_path``."""
     prompt_field: str = "prompt"
-    """file: column holding the plain-text prompt (rows need it unless they have ``messages_field``)."""
+    """file / hf_dataset: column holding the plain-text prompt (rows need it unless they have
+    ``messages_field``)."""
     answer_field: str = "answer"
-    """file: column holding the reference answer."""
+    """file / hf_dataset: column holding the reference answer."""
     messages_field: str = ""
-    """file: optional column holding chat messages (a list of {role, content}); empty: plain prompts only."""
+    """file / hf_dataset: optional column holding chat messages (a list of {role, content}); empty: plain
+    prompts only."""
     answer_delimiter: str = ""
-    """file: the final answer is the text after the last occurrence of this marker; empty: the whole
-    response."""
+    """file / hf_dataset: the final answer is the text after the last occurrence of this marker; empty: the
+    whole response."""
+    chat_template: Literal["messages", "always", "never"] = "messages"
+    """How prompts reach the model (any task type). messages: rows with chat messages are rendered with the
+    tokenizer's chat template (when it has one), plain prompts are fed as they are. always: plain prompts are
+    wrapped as one user message and rendered too. never: every prompt is fed as plain text."""
     dataset_name: str = "basic_arithmetic"
     """reasoning_gym: name of the dataset (``reasoning_gym.create_dataset(name, ...)``)."""
     dataset_kwargs: dict[str, int | float | str | bool] = field(default_factory=dict)
@@ -70,7 +85,14 @@ class TaskConfig:
             raise ValueError(f"task.length_sigma must be >= 0, got {self.length_sigma}")
         if not 0.0 < self.eval_fraction < 1.0:
             raise ValueError(f"task.eval_fraction must be in (0, 1), got {self.eval_fraction}")
-        if self.type == "file" and not self.train_path:
-            raise ValueError("task.train_path must be set when task.type is 'file'")
-        if self.type == "file" and not (self.prompt_field or self.messages_field):
-            raise ValueError("task.prompt_field or task.messages_field must be set when task.type is 'file'")
+        rows = self.type in ("file", "hf_dataset")
+        if rows and not self.train_path:
+            raise ValueError(f"task.train_path must be set when task.type is {self.type!r}")
+        if rows and not (self.prompt_field or self.messages_field):
+            raise ValueError(
+                f"task.prompt_field or task.messages_field must be set when task.type is {self.type!r}"
+            )
+        if self.chat_template not in ("messages", "always", "never"):
+            raise ValueError(
+                f"task.chat_template must be 'messages', 'always' or 'never', got {self.chat_template!r}"
+            )

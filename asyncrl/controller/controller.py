@@ -124,22 +124,43 @@ class Controller:
         self.version = start_version
         self._producer_task: asyncio.Task[None] | None = None
 
-    async def run(self, num_steps: int) -> None:
-        """Train ``num_steps`` steps; the producer runs alongside and is stopped (buffer closed) at the end."""
+    async def run(
+        self,
+        num_steps: int,
+        *,
+        stop: asyncio.Event | None = None,
+        before_close: Callable[[], None] | None = None,
+    ) -> int:
+        """Train up to ``num_steps`` steps and return how many ran; the producer runs alongside and is stopped
+        (buffer closed) at the end.
+
+        ``stop`` (e.g. set by SIGTERM) ends the loop after the step in progress, or at once while it waits for
+        a batch. ``before_close`` runs when the loop ended normally or was stopped, *before* the buffer is
+        closed, so a final checkpoint still sees the finished groups and the in-flight prompts.
+        """
         self._producer_task = asyncio.create_task(self.producer.run())
+        done = 0
         try:
-            for _ in range(num_steps):
-                await self._step()
+            while done < num_steps and not (stop is not None and stop.is_set()):
+                if not await self._step(stop):
+                    break
+                done += 1
+            if before_close is not None:
+                before_close()
         finally:
             self.buffer.close("training finished")
             await self._producer_task
+        return done
 
-    async def _step(self) -> None:
+    async def _step(self, stop: asyncio.Event | None = None) -> bool:
+        """One step; False (and nothing trained) when ``stop`` was set while waiting for the batch."""
         clock = (
             asyncio.get_running_loop().time
         )  # loop time, so phases are measured on a simulator's clock too
         started = clock()
-        groups = await self._get_batch()
+        groups = await self._get_batch(stop)
+        if groups is None:
+            return False
         got_batch = clock()
         trained_version = self.version
         metrics = await self.trainer.train_step(groups, trained_version)
@@ -157,19 +178,34 @@ class Controller:
             sync_s=clock() - trained,
         )
         self.on_step(record)
+        return True
 
-    async def _get_batch(self) -> list[Group]:
-        """The next batch; a producer that crashed surfaces here instead of leaving the trainer waiting."""
+    async def _get_batch(self, stop: asyncio.Event | None = None) -> list[Group] | None:
+        """The next batch, or None once ``stop`` is set; a producer that crashed surfaces here instead of
+        leaving the trainer waiting."""
         assert self._producer_task is not None
         # multi_version trains no admitted group stale: the batch waits for older groups still generating
         wait_for_older = self.config.mode == "multi_version"
         batch = asyncio.ensure_future(self.buffer.get_batch(self.version, wait_for_older=wait_for_older))
-        done, _ = await asyncio.wait([batch, self._producer_task], return_when=asyncio.FIRST_COMPLETED)
-        if batch not in done:
-            batch.cancel()
+        waits: list[asyncio.Future[Any]] = [batch, self._producer_task]
+        stopped = asyncio.ensure_future(stop.wait()) if stop is not None else None
+        if stopped is not None:
+            waits.append(stopped)
+        try:
+            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if stopped is not None:
+                stopped.cancel()
+        if batch in done:
+            return batch.result()
+        batch.cancel()
+        (outcome,) = await asyncio.gather(batch, return_exceptions=True)
+        if not batch.cancelled() and not isinstance(outcome, BaseException):
+            return outcome  # the batch was taken in the same instant: train it rather than lose it
+        if self._producer_task in done:
             self._producer_task.result()  # re-raises the producer's error, if it had one
             raise RuntimeError("the rollout producer stopped before the batch was complete")
-        return batch.result()
+        return None
 
     async def _sync_weights(self) -> None:
         """suspend → version+1 (stale work aborted) → model_update → resume."""

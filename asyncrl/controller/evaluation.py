@@ -8,7 +8,6 @@ optimises — and before/after numbers of one run are comparable: the same promp
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -16,13 +15,14 @@ from typing import Any
 from asyncrl.config.env import EnvManagerConfig
 from asyncrl.config.rollout import RolloutConfig
 from asyncrl.config.run import RunConfig
-from asyncrl.envs import make_env
+from asyncrl.envs import env_factory
 from asyncrl.envs.base import Env
+from asyncrl.metrics.progress import Progress
 from asyncrl.rewards.service import RewardService
 from asyncrl.rollout.env_manager import EnvManager, GroupControl, env_seed
 from asyncrl.rollout.episode import Episode
 from asyncrl.rollout.rlvr_producer import GenerateClient, request_seed
-from asyncrl.tasks.base import Task, TaskSample, render_prompt
+from asyncrl.tasks.base import Task, TaskSample, prompt_token_ids
 from asyncrl.types import Request, SamplingParams, Trajectory, TrajectoryStatus
 
 
@@ -33,6 +33,7 @@ async def evaluate_run(
     task: Task | None,
     rewards: RewardService,
     tag: str = "eval",
+    progress: Progress | None = None,
 ) -> dict[str, float]:
     """The held-out evaluation ``config`` asks for: the first ``controller.eval_prompts`` prompts of the task's eval
     split, or as many held-out env episodes for agentic runs ({} when ``eval_prompts`` is 0)."""
@@ -44,12 +45,13 @@ async def evaluate_run(
         return await evaluate_env(
             proxy,
             tokenizer,
-            make_env=functools.partial(make_env, config.env),
+            make_env=env_factory(config.env),
             rollout=config.rollout,
             manager=config.env_manager,
             num_episodes=controller.eval_prompts,
             temperature=controller.eval_temperature,
             seed=config.seed,
+            progress=progress,
         )
     assert task is not None, "an rlvr run is evaluated on its task"
     return await evaluate(
@@ -61,6 +63,7 @@ async def evaluate_run(
         max_new_tokens=config.rollout.max_new_tokens,
         seed=config.seed,
         tag=tag,
+        progress=progress,
     )
 
 
@@ -74,13 +77,15 @@ async def evaluate(
     max_new_tokens: int,
     seed: int,
     tag: str = "eval",
+    progress: Progress | None = None,
 ) -> dict[str, float]:
     """Mean reward, failure count and mean response length of one sample per held-out prompt."""
+    done = Counter(progress)
 
     async def one(sample: TaskSample) -> tuple[float, bool, int]:
         request = Request(
             request_id=f"{tag}:{sample.uid}",
-            prompt_token_ids=tokenizer.encode(render_prompt(sample, tokenizer)),
+            prompt_token_ids=prompt_token_ids(sample, tokenizer),
             sampling=SamplingParams(
                 max_new_tokens=max_new_tokens, temperature=temperature, seed=request_seed(seed, sample.uid, 0)
             ),
@@ -88,6 +93,7 @@ async def evaluate(
         generation = await proxy.generate(request)
         text = tokenizer.decode(generation.token_ids, skip_special_tokens=True)
         result = await rewards.score(text, sample)
+        done.one()
         return result.reward, result.ok, generation.num_tokens
 
     results = await asyncio.gather(*(one(s) for s in samples))
@@ -109,12 +115,14 @@ async def evaluate_env(
     num_episodes: int,
     temperature: float,
     seed: int,
+    progress: Progress | None = None,
 ) -> dict[str, float]:
     """Mean episode return, failures, model tokens and turns of one episode per held-out env seed.
 
     The seeds come from the keys ``eval0``, ``eval1``, …, which no training admission uses (those are
     ``env<slot>@<epoch>``); episodes run with ``manager``'s turn, context and timeout limits."""
     sampling = replace(rollout, temperature=temperature)
+    done = Counter(progress)
 
     async def one(index: int) -> Trajectory:
         key = f"eval{index}"
@@ -122,7 +130,9 @@ async def evaluate_env(
         env_manager = EnvManager(
             make_env=make_env, proxy=proxy, tokenizer=tokenizer, rollout=sampling, config=manager, seed=seed
         )
-        return await env_manager.run_episode(episode, GroupControl(proxy, lockstep=None))
+        trajectory = await env_manager.run_episode(episode, GroupControl(proxy, lockstep=None))
+        done.one()
+        return trajectory
 
     episodes = await asyncio.gather(*(one(i) for i in range(num_episodes)))
     return {
@@ -132,3 +142,16 @@ async def evaluate_env(
         "eval/turns_mean": sum(t.info["turns"] for t in episodes) / num_episodes,
         "eval/num_prompts": float(num_episodes),
     }
+
+
+class Counter:
+    """Counts finished evaluation items into an optional ``Progress``."""
+
+    def __init__(self, progress: Progress | None) -> None:
+        self.progress = progress
+        self.done = 0
+
+    def one(self) -> None:
+        self.done += 1
+        if self.progress is not None:
+            self.progress.update(self.done)

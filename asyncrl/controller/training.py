@@ -6,24 +6,27 @@ checkpoints under ``checkpoints/`` — so benchmarks and the CLI summary read th
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TextIO
 
+from asyncrl.buffer.sample_buffer import SampleBuffer
 from asyncrl.config.base import to_dict
 from asyncrl.config.run import RunConfig
 from asyncrl.controller.controller import StepRecord, rollout_metrics
 from asyncrl.controller.evaluation import evaluate_run
+from asyncrl.controller.run_state import RunState
+from asyncrl.metrics.spans import SpanRecorder
 from asyncrl.metrics.tracker import MetricsTracker
 from asyncrl.proxy.llm_proxy import LLMProxy
-from asyncrl.rollout.prompt_source import PromptSource
 from asyncrl.runtime.inline import Parts, build_parts, make_controller, make_proxy, make_source
-from asyncrl.trainer.checkpoint import checkpoint_due
+from asyncrl.trainer.checkpoint import checkpoint_due, resolve_resume_path
 
 
 @dataclass
@@ -35,10 +38,6 @@ class TrainingSummary:
     wall_s: float
     train_wall_s: float
     trained_samples: int
-    sync_estimate_s: float
-    """What a synchronous run of the same work would take if its phases had run back to back at the measured
-    speeds: engine busy time + training + weight sync. An estimate: where rollout and training share cores,
-    overlapped phases each ran slower than alone, so it overstates; bench/async_vs_sync.py measures side by side."""
     eval_before: dict[str, float]
     eval_after: dict[str, float]
     checkpoint: str
@@ -49,14 +48,17 @@ class TrainingSummary:
         return self.eval_after.get("eval/reward_mean", 0.0) - self.eval_before.get("eval/reward_mean", 0.0)
 
 
-async def train(config: RunConfig, console: TextIO | None = sys.stdout) -> TrainingSummary:
-    """Run ``config`` to completion and return its summary."""
+async def train(
+    config: RunConfig, console: TextIO | None = sys.stdout, stop: asyncio.Event | None = None
+) -> TrainingSummary:
+    """Run ``config`` to completion (or until ``stop`` is set: then after a final checkpoint) and return its
+    summary."""
     started = time.perf_counter()
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(to_dict(config), indent=1))
     with runtime_parts(config) as parts:
-        return await _train(parts, out, started, console)
+        return await _train(parts, out, started, console, stop or asyncio.Event())
 
 
 @contextlib.contextmanager
@@ -79,21 +81,34 @@ def runtime_parts(config: RunConfig) -> Iterator[Parts]:
             parts.close()
 
 
-async def _train(parts: Parts, out: Path, started: float, console: TextIO | None) -> TrainingSummary:
+async def _train(
+    parts: Parts, out: Path, started: float, console: TextIO | None, stop: asyncio.Event
+) -> TrainingSummary:
     config = parts.config
-    source = make_source(config, parts.task)
+    extra = None
     if config.resume:
-        extra = parts.trainer.load_checkpoint(config.resume)
-        source.load_state_dict(extra["prompt_source"])
+        checkpoint = resolve_resume_path(config.resume)
+        extra = parts.trainer.load_checkpoint(checkpoint)
+        _say(console, f"resuming from {checkpoint} (step {parts.trainer.step})")
+    state = RunState(make_source(config, parts.task), out, resumed_step=parts.trainer.step if extra else None)
+    if extra is not None:
+        state.load(extra)
     proxy = make_proxy(parts)
     try:
-        return await _train_with_proxy(parts, proxy, source, out, started, console)
+        return await _train_with_proxy(parts, proxy, state, out, started, console, stop)
     finally:
+        state.close()
         await proxy.aclose()  # its cancelled tasks end here, not as tracebacks when Ray shuts down
 
 
 async def _train_with_proxy(
-    parts: Parts, proxy: LLMProxy, source: PromptSource, out: Path, started: float, console: TextIO | None
+    parts: Parts,
+    proxy: LLMProxy,
+    state: RunState,
+    out: Path,
+    started: float,
+    console: TextIO | None,
+    stop: asyncio.Event,
 ) -> TrainingSummary:
     config = parts.config
     if parts.trainer.version > 0:  # the engines start from the loaded model: give them the resumed weights
@@ -101,58 +116,111 @@ async def _train_with_proxy(
         await proxy.update_applied(parts.trainer.version)
     before = await _evaluate(parts, proxy, "before")
     _say(console, f"held-out reward before: {before.get('eval/reward_mean', float('nan')):.3f}")
-    remaining = config.controller.num_steps - parts.trainer.step
     tracker = MetricsTracker(
         out / "metrics.jsonl",
         total_steps=config.controller.num_steps,
         append=bool(config.resume),
         console=console,
+        config=config.metrics,
     )
+    timeline = _record_timeline(parts, proxy, out) if config.metrics.timeline else None
+    try:
+        tracker.log_config(to_dict(config))
+        summary = await _train_steps(parts, proxy, state, out, tracker, timeline, stop)
+        summary = replace(summary, wall_s=time.perf_counter() - started, eval_before=before)
+        (out / "summary.json").write_text(json.dumps(asdict(summary), indent=1))
+        tracker.log_summary(asdict(summary))
+        return summary
+    finally:
+        tracker.close()
+        if timeline is not None:
+            timeline.close()
+
+
+async def _train_steps(
+    parts: Parts,
+    proxy: LLMProxy,
+    state: RunState,
+    out: Path,
+    tracker: MetricsTracker,
+    timeline: SpanRecorder | None,
+    stop: asyncio.Event,
+) -> TrainingSummary:
+    """The remaining steps, the final checkpoint (before the buffer closes) and the held-out evaluation."""
+    config = parts.config
     samples = [0]
-    phase_s = {"train": 0.0, "sync": 0.0}
-    busy_at_start = _engine_busy_s(proxy.stats())
     train_started = time.perf_counter()
+    final: list[Path] = []
 
     def on_step(record: StepRecord) -> None:
         samples[0] += sum(len(g) for g in record.groups)
-        phase_s["train"] += record.train_s
-        phase_s["sync"] += record.sync_s
-        tracker.log(parts.trainer.step, step_metrics(record, proxy.stats(), train_started))
+        if timeline is not None:
+            _record_step(timeline, record)
+        state.record_step(parts.trainer.step, record.groups, controller.buffer.take_dropped())
+        metrics = step_metrics(record, proxy.stats(), train_started) | buffer_metrics(controller.buffer)
+        tracker.log(
+            parts.trainer.step, metrics | {f"resume/{k}": float(v) for k, v in state.restored.items()}
+        )
         if checkpoint_due(parts.trainer.step, config.trainer.checkpoint_every):
-            _save(parts, source, out)
+            _save(parts, state, out, controller.buffer)
 
-    controller = make_controller(parts, proxy, source, on_step)
-    try:
-        await controller.run(remaining)
-    finally:
-        tracker.close()
+    controller = make_controller(parts, proxy, state.source, on_step)
+    state.restore_buffer(controller.buffer)
+    await controller.run(
+        config.controller.num_steps - parts.trainer.step,
+        stop=stop,
+        before_close=lambda: final.append(_save(parts, state, out, controller.buffer)),
+    )
+    if timeline is not None:
+        timeline.close()  # the timeline shows training; the held-out evaluation after it is not a step
     train_wall = time.perf_counter() - train_started
-    generation_busy = _engine_busy_s(proxy.stats()) - busy_at_start
-    checkpoint = _save(parts, source, out)
-    after = await _evaluate(parts, proxy, "after")
-    summary = TrainingSummary(
+    after = {} if stop.is_set() else await _evaluate(parts, proxy, "after")
+    return TrainingSummary(
         mode=config.controller.mode,
         steps=parts.trainer.step,
-        wall_s=time.perf_counter() - started,
+        wall_s=0.0,
         train_wall_s=train_wall,
         trained_samples=samples[0],
-        sync_estimate_s=generation_busy + phase_s["train"] + phase_s["sync"],
-        eval_before=before,
+        eval_before={},
         eval_after=after,
-        checkpoint=str(checkpoint),
+        checkpoint=str(final[0]) if final else "",
         metrics_path=str(out / "metrics.jsonl"),
     )
-    (out / "summary.json").write_text(json.dumps(asdict(summary), indent=1))
-    return summary
+
+
+def buffer_metrics(buffer: SampleBuffer) -> dict[str, float]:
+    """Buffer occupancy and every drop so far by reason (stale, filtered, failed, aborted, ...)."""
+    accounting = buffer.accounting()
+    metrics = {
+        "buffer/buffered_groups": float(accounting.num_buffered),
+        "buffer/in_flight_groups": float(accounting.num_in_flight),
+        "buffer/stale_in_flight_groups": float(accounting.num_stale_in_flight),
+        "buffer/admitted_groups": float(accounting.num_admitted),
+    }
+    return metrics | {f"dropped/{kind}": float(n) for kind, n in sorted(accounting.num_dropped.items())}
+
+
+def _record_timeline(parts: Parts, proxy: LLMProxy, out: Path) -> SpanRecorder:
+    """A span recorder on ``out/timeline.jsonl`` fed by the engines (through the proxy) and the rewards."""
+    recorder = SpanRecorder(out / "timeline.jsonl", append=bool(parts.config.resume))
+    proxy.record_busy_spans(recorder.engine_span)
+    parts.rewards.on_scored = recorder.reward_span
+    return recorder
+
+
+def _record_step(timeline: SpanRecorder, record: StepRecord) -> None:
+    """The trainer's spans of the step just finished: training, then suspend → weight sync → resume.
+
+    ``on_step`` runs right after the sync, so the step's phases end now, on the clock the controller used.
+    """
+    end = timeline.clock()
+    timeline.add("trainer", end - record.sync_s - record.train_s, end - record.sync_s, "train")
+    timeline.add("trainer", end - record.sync_s, end, "update")
+    timeline.flush()
 
 
 MULTI_VERSION_STATS = ("num_migrations", "kv_bytes_moved", "versions_alive", "num_switches")
 """Cumulative counters of the multi_version orchestrator copied into every step's metrics."""
-
-
-def _engine_busy_s(proxy_stats: dict) -> float:
-    """Wall time during which any engine was generating, approximated by the busiest engine's busy time."""
-    return max((engine["busy_seconds"] for engine in proxy_stats["engines"]), default=0.0)
 
 
 def step_metrics(record: StepRecord, proxy_stats: dict, train_started: float) -> dict[str, float]:
@@ -183,10 +251,10 @@ async def _evaluate(parts: Parts, proxy: LLMProxy, tag: str) -> dict[str, float]
     return await evaluate_run(parts.config, proxy, parts.tokenizer, parts.task, parts.rewards, tag=tag)
 
 
-def _save(parts: Parts, source: PromptSource, out: Path) -> Path:
+def _save(parts: Parts, state: RunState, out: Path, buffer: SampleBuffer) -> Path:
     return parts.trainer.save_checkpoint(
         out / "checkpoints",
-        extra={"prompt_source": source.state_dict()},
+        extra=state.checkpoint_extra(buffer),
         keep_last=parts.config.trainer.keep_last_checkpoints,
     )
 

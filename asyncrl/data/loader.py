@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,14 +48,21 @@ def read_rows(path: str | os.PathLike[str]) -> Iterator[tuple[int, Any]]:
 
 def load_samples(path: str | os.PathLike[str], fields: FieldSpec, uid_prefix: str) -> list[TaskSample]:
     """Every row of ``path`` as a sample with uid ``{uid_prefix}-{row}``; the first malformed row raises."""
+    return samples_from_rows(read_rows(path), fields, uid_prefix, where=str(path))
+
+
+def samples_from_rows(
+    rows: Iterable[tuple[int, Any]], fields: FieldSpec, uid_prefix: str, *, where: str
+) -> list[TaskSample]:
+    """``(row number, row)`` pairs as samples; the first malformed row raises naming ``where`` and its number."""
     samples = []
-    for row_number, row in read_rows(path):
+    for row_number, row in rows:
         try:
             samples.append(row_to_sample(row, fields, uid=f"{uid_prefix}-{row_number:06d}"))
         except ValueError as err:
-            raise ValueError(f"{path}: row {row_number}: {err}") from err
+            raise ValueError(f"{where}: row {row_number}: {err}") from err
     if not samples:
-        raise ValueError(f"{path}: the dataset has no rows")
+        raise ValueError(f"{where}: the dataset has no rows")
     return samples
 
 

@@ -1,9 +1,10 @@
-"""Runs a Hugging Face Qwen2/Llama causal LM over the slot KV cache.
+"""Runs a Hugging Face decoder-only causal LM of the Llama family over the slot KV cache.
 
 The forward pass is written here (embed → layers → norm → lm_head) but every weight is read from the HF
 module objects at call time, so a weight update copied into the HF model is seen at the next step. The
-layer structure is the shared Llama family one: q/k/v projections (Qwen2 adds biases), rotary embeddings,
-grouped-query attention, o_proj, RMSNorms and a gated MLP; tied embeddings need nothing special because
+layer structure is the shared Llama family one: q/k/v projections, rotary embeddings, grouped-query
+attention, o_proj, RMSNorms and a gated MLP; what a family changes in it (fused projections, per-head q/k
+norms, partial rotary) is named in ``architectures.py``. Tied embeddings need nothing special because
 ``lm_head`` is then the embedding tensor itself.
 """
 
@@ -13,25 +14,13 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from asyncrl.engine.architectures import architecture_of
 from asyncrl.engine.kv_cache import KVCache
 from asyncrl.engine.scheduler import Chunk, SlotMove
 
-SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
-
 # (layer index, q, k, v) -> attention output; each mode of the runner supplies its own cache handling.
 AttentionFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-def check_supported(model: torch.nn.Module) -> None:
-    config = model.config
-    if config.model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(
-            f"model_type {config.model_type!r} is not supported; use one of {SUPPORTED_MODEL_TYPES}"
-        )
-    if "sliding_attention" in (getattr(config, "layer_types", None) or ()):
-        raise ValueError("sliding-window attention layers are not supported by the built-in engine")
 
 
 class ModelRunner:
@@ -42,11 +31,13 @@ class ModelRunner:
     """
 
     def __init__(self, model: torch.nn.Module, *, num_slots: int, max_len: int) -> None:
-        check_supported(model)
+        self.architecture = architecture_of(model, max_len)
+        self.rotary = self.architecture.rotary
         self.model = model
         config = model.config
         first = model.model.layers[0].self_attn
         self.head_dim = first.head_dim
+        self.scale = first.scaling
         self.num_kv_heads = config.num_key_value_heads
         param = next(model.parameters())
         self.device = param.device
@@ -94,7 +85,7 @@ class ModelRunner:
             self.cache.write_rows(layer, writes, k, v)
             keys, values = self.cache.view(layer, slice(0, num_rows), length)
             return F.scaled_dot_product_attention(
-                q, keys, values, attn_mask=mask[:, None, None, :], enable_gqa=True
+                q, keys, values, attn_mask=mask[:, None, None, :], enable_gqa=True, scale=self.scale
             )
 
         ids = torch.tensor(token_ids, device=self.device)[:, None]
@@ -136,7 +127,9 @@ class ModelRunner:
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             self.cache.write_positions(layer, slots, writes, k, v)
             keys, values = self.cache.gather(layer, slots, length)
-            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None], enable_gqa=True)
+            return F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=mask[:, None], enable_gqa=True, scale=self.scale
+            )
 
         ids = torch.tensor([padded_tokens(chunk, width) for chunk in chunks], device=device)
         logits = self._forward(ids, positions, attend, counts - 1)
@@ -159,10 +152,8 @@ class ModelRunner:
 
     def _attention(self, index, attn, hidden, cos, sin, attend: AttentionFn) -> torch.Tensor:
         rows, length = hidden.shape[:2]
-        q = attn.q_proj(hidden).view(rows, length, -1, self.head_dim).transpose(1, 2)
-        k = attn.k_proj(hidden).view(rows, length, -1, self.head_dim).transpose(1, 2)
-        v = attn.v_proj(hidden).view(rows, length, -1, self.head_dim).transpose(1, 2)
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        q, k, v = (x.transpose(1, 2) for x in self.architecture.project(attn, hidden, self.head_dim))
+        q, k = self.rotary(q, k, cos, sin)
         out = attend(index, q, k, v)  # [rows, heads, length, head_dim]
         return attn.o_proj(out.transpose(1, 2).reshape(rows, length, -1))
 

@@ -3,7 +3,7 @@
 from asyncrl.envs.base import Env, EnvError, StepResult, SyncEnv, ThreadedEnv
 from asyncrl.envs.copy_chain import CopyChainEnv
 from asyncrl.envs.count_chain import CountChainEnv
-from asyncrl.envs.registry import make_env
+from asyncrl.envs.registry import env_factory, make_env
 
 __all__ = [
     "CopyChainEnv",
@@ -13,5 +13,6 @@ __all__ = [
     "StepResult",
     "SyncEnv",
     "ThreadedEnv",
+    "env_factory",
     "make_env",
 ]

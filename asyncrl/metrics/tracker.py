@@ -1,7 +1,7 @@
-"""Per-step metrics: every step appends one JSON object to ``metrics.jsonl`` and prints one console line.
+"""The run's tracker: every step's metrics, the config and the summary, fanned out to the chosen sinks.
 
-Key decision: the JSONL file is the source of truth (plots, benchmarks and the run summary read it back); the
-console line shows only the handful of numbers a person watches.
+Key decision: the JSONL file is the source of truth (plots, benchmarks, ``asyncrl report`` and the run summary
+read it back); the console, TensorBoard and W&B are views of the same records (``metrics/trackers.py``).
 """
 
 from __future__ import annotations
@@ -11,39 +11,48 @@ import math
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
-CONSOLE_KEYS = ("reward/mean", "response_length/mean", "samples_per_s", "time/step_s", "staleness/max")
+from asyncrl.config.metrics import MetricsConfig
+from asyncrl.metrics.trackers import make_trackers
 
 
 class MetricsTracker:
-    """Appends per-step metrics to a JSONL file and echoes a short progress line."""
+    """Sends each record to every sink ``config.trackers`` names; ``path`` is the run's ``metrics.jsonl``."""
 
     def __init__(
-        self, path: str | Path, *, total_steps: int, append: bool = False, console: TextIO | None = sys.stdout
+        self,
+        path: str | Path,
+        *,
+        total_steps: int,
+        append: bool = False,
+        console: TextIO | None = sys.stdout,
+        config: MetricsConfig | None = None,
     ) -> None:
-        """``append`` continues an existing file (a resumed run); otherwise it is started afresh, so a rerun
-        into the same directory never mixes two runs' records."""
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = self.path.open("a" if append else "w", encoding="utf-8")
-        self._total_steps = total_steps
-        self._console = console
+        self._sinks = make_trackers(
+            config or MetricsConfig(),
+            self.path,
+            total_steps=total_steps,
+            append=append,
+            console=console,
+        )
+
+    def log_config(self, config: Mapping[str, Any]) -> None:
+        for sink in self._sinks:
+            sink.log_config(config)
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
-        record = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
-        if self._console is not None:
-            shown = "  ".join(
-                f"{k.split('/')[0] if k.endswith('/mean') else k}={_short(metrics[k])}"
-                for k in CONSOLE_KEYS
-                if k in metrics
-            )
-            print(f"[step {step}/{self._total_steps}] {shown}", file=self._console, flush=True)
+        for sink in self._sinks:
+            sink.log(step, metrics)
+
+    def log_summary(self, summary: Mapping[str, Any]) -> None:
+        for sink in self._sinks:
+            sink.log_summary(summary)
 
     def close(self) -> None:
-        self._file.close()
+        for sink in self._sinks:
+            sink.close()
 
 
 def read_metrics(path: str | Path) -> list[dict[str, float]]:
@@ -68,11 +77,3 @@ def length_stats(prefix: str, values: Sequence[float]) -> dict[str, float]:
 def _percentile(ordered: Sequence[float], q: float) -> float:
     rank = max(1, math.ceil(q / 100 * len(ordered)))
     return float(ordered[rank - 1])
-
-
-def _plain(value: float) -> float | int | str:
-    return value if isinstance(value, (int, str)) else float(value)
-
-
-def _short(value: float) -> str:
-    return f"{value:.3g}" if isinstance(value, float) else str(value)

@@ -67,6 +67,11 @@ class EngineSet:
         """One per caller awaiting an engine call; ``close`` resolves them."""
         self._attempt_ids = itertools.count()
 
+    def record_busy_spans(self, sink: Callable[[int, float, float], None]) -> None:
+        """Call ``sink(index, start, end)`` for every busy stretch of every engine from now on."""
+        for worker in self.workers:
+            worker.on_busy_span = sink
+
     # ---- engine calls --------------------------------------------------------------------------------
 
     async def attempt(

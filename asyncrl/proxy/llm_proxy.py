@@ -408,6 +408,10 @@ class LLMProxy:
         """The version each engine serves now (an engine still draining reports its old version)."""
         return self._engines.versions()
 
+    def record_busy_spans(self, sink: Callable[[int, float, float], None]) -> None:
+        """Report every engine's busy stretches to ``sink(index, start, end)`` (the run timeline)."""
+        self._engines.record_busy_spans(sink)
+
     def healthy_engines(self) -> list[int]:
         """Indices of the engines that still receive requests."""
         return self._engines.healthy_engines()

@@ -609,6 +609,10 @@ class MultiVersionProxy:
         """The version each engine serves now (a switching engine reports its old one)."""
         return self._engines.versions()
 
+    def record_busy_spans(self, sink: Callable[[int, float, float], None]) -> None:
+        """Report every engine's busy stretches to ``sink(index, start, end)`` (the run timeline)."""
+        self._engines.record_busy_spans(sink)
+
     def healthy_engines(self) -> list[int]:
         return self._engines.healthy_engines()
 

@@ -95,6 +95,8 @@ class EngineWorker:
     num_requests: int = 0
     num_failures: int = 0
     on_load_change: Callable[[EngineWorker], None] | None = field(default=None, repr=False, compare=False)
+    on_busy_span: Callable[[int, float, float], None] | None = field(default=None, repr=False, compare=False)
+    """Called with (index, start, end) each time the engine goes idle after a busy stretch (run timelines)."""
 
     def __setattr__(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)
@@ -140,6 +142,8 @@ class EngineWorker:
         self.num_in_flight_tokens -= num_tokens
         if not self.in_flight and self.busy_since is not None:
             self.busy_seconds += now - self.busy_since
+            if self.on_busy_span is not None:
+                self.on_busy_span(self.index, self.busy_since, now)
             self.busy_since = None
         return True
 

@@ -16,7 +16,7 @@ import enum
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any
@@ -116,6 +116,8 @@ class RewardService:
         self._executor_kind = executor
         self._max_workers = max_workers
         self._pool = self._new_pool()
+        self.on_scored: Callable[[float], None] | None = None
+        """Called with each call's duration as it ends, ok or failed (the run timeline's reward spans)."""
 
     @classmethod
     def from_config(cls, config: RewardConfig) -> RewardService:
@@ -129,6 +131,12 @@ class RewardService:
 
     async def score(self, response_text: str, sample: TaskSample) -> RewardResult:
         """The reward of one response; failures and timeouts come back as FAILED results with the reason."""
+        result = await self._score(response_text, sample)
+        if self.on_scored is not None:
+            self.on_scored(result.elapsed_s)
+        return result
+
+    async def _score(self, response_text: str, sample: TaskSample) -> RewardResult:
         start = time.perf_counter()
         try:
             output = await self._run_with_timeout(response_text, sample)

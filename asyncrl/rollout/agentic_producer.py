@@ -227,7 +227,8 @@ class AgenticProducer:
         self._live.pop(group.admission.ticket_id, None)
         for trajectory in dropped + [_dropped_as(t, TrajectoryStatus.ABORTED, STOPPED) for t in kept + rest]:
             self._report_dropped(trajectory)
-        self._release(group, DropKind.ABORTED, STOPPED)
+        self.buffer.release(group.admission, DropKind.ABORTED, STOPPED)
+        self.source.interrupt(group.prompt.key)  # not ended: a resumed run plays this env seed again
 
     def _release(self, group: _RunningGroup, kind: DropKind, reason: str) -> None:
         self.buffer.release(group.admission, kind, reason)

@@ -53,6 +53,20 @@ class PromptSource:
         """Mark a prompt as ended (trained or dropped with a reason): it is never handed out again."""
         del self._outstanding[key]
 
+    def interrupt(self, key: str) -> None:
+        """A prompt whose work was cut off by shutdown, not ended: it stays unfinished, so the state saved
+        from now on (and a run resumed from it) hands it out again."""
+        prompt = self._outstanding.pop(key)
+        self._redo.append(prompt.key)
+
+    def claim(self, key: str) -> None:
+        """Mark an unfinished prompt of a resumed run as out again without handing it out: its finished group
+        was restored from the checkpoint, so it must not be regenerated, and ``finish`` will end it."""
+        if key not in self._redo:
+            raise ValueError(f"cannot restore the group of prompt {key!r}: the checkpoint has it as finished")
+        self._redo.remove(key)
+        self._outstanding[key] = self._prompt_for(key)
+
     def state_dict(self) -> dict[str, Any]:
         return {"seed": self._seed, "cursor": self._cursor, "redo": self._redo + list(self._outstanding)}
 

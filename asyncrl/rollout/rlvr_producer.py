@@ -32,7 +32,7 @@ from asyncrl.rewards.service import RewardResult, RewardService, RewardStatus
 from asyncrl.rollout.admission import admit, admit_batch
 from asyncrl.rollout.prompt_source import Prompt, PromptSource
 from asyncrl.runs import Runs
-from asyncrl.tasks.base import render_prompt
+from asyncrl.tasks.base import prompt_token_ids
 from asyncrl.types import (
     FinishReason,
     Generation,
@@ -156,8 +156,10 @@ class RLVRProducer:
             trajectories = await asyncio.gather(
                 *(self._sample(admission, prompt, i) for i in range(self.config.num_return_sequences))
             )
-        except asyncio.CancelledError:
-            self._end(admission, prompt, DropKind.ABORTED, "producer stopped")
+        except asyncio.CancelledError:  # shutdown: the prompt is not ended, a resumed run hands it out again
+            self._live.pop(admission.ticket_id, None)
+            self.buffer.release(admission, DropKind.ABORTED, "producer stopped")
+            self.source.interrupt(prompt.key)
             raise
         except Exception as err:  # deliberate fault tolerance: an engine failure drops this group only
             self._end(admission, prompt, DropKind.FAILED, f"{type(err).__name__}: {err}")
@@ -239,7 +241,7 @@ class RLVRProducer:
 
     def _request(self, prompt: Prompt, index: int) -> Request:
         cfg = self.config
-        prompt_ids = self.tokenizer.encode(render_prompt(prompt.sample, self.tokenizer))
+        prompt_ids = prompt_token_ids(prompt.sample, self.tokenizer)
         return Request(
             request_id=f"{prompt.key}#{index}",
             prompt_token_ids=prompt_ids,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ from asyncrl.buffer.sample_buffer import SampleBuffer
 from asyncrl.config.run import RunConfig
 from asyncrl.controller.controller import Controller
 from asyncrl.engine import make_engine
-from asyncrl.envs import make_env
+from asyncrl.envs import env_factory
 from asyncrl.models.loading import load_model_and_tokenizer
 from asyncrl.proxy.factory import proxy_for_mode
 from asyncrl.proxy.llm_proxy import LLMProxy
@@ -173,8 +172,8 @@ def make_buffer(config: RunConfig, trainer_version: int) -> SampleBuffer:
         groups_per_batch=config.rollout.rollout_batch_size,
         group_size=config.rollout.num_return_sequences,
         max_redundant_groups=redundant,
+        start_version=trainer_version,
     )
-    buffer.on_trainer_version(trainer_version)
     return buffer
 
 
@@ -192,7 +191,7 @@ def make_producer(
             tokenizer=parts.tokenizer,
             rollout=cfg.rollout,
             config=cfg.env_manager,
-            make_env=functools.partial(make_env, cfg.env),
+            make_env=env_factory(cfg.env),
             seed=cfg.seed,
         )
     return RLVRProducer(

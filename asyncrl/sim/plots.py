@@ -25,40 +25,63 @@ MAX_ROWS = 48
 
 
 def plot_timeline(result: SimResult, path: str | Path, title: str = "") -> Path:
+    """The simulated run's Gantt chart (see ``plot_spans``), dotted lines at step ends."""
+    step_ends = [step.end_s for step in result.steps]
+    return plot_spans(result.spans, path, step_ends=step_ends, xlabel="simulated time (s)", title=title)
+
+
+def plot_spans(
+    spans: dict[str, list[list]],
+    path: str | Path,
+    *,
+    step_ends: Sequence[float] = (),
+    xlabel: str = "time (s)",
+    title: str = "",
+) -> Path:
     """One row per worker (the trainer, engines, then envs, within ``MAX_ROWS`` as ``timeline_rows``
-    chooses), its spans coloured by kind; the y-label counts the workers left out."""
+    chooses), its spans coloured by kind; the y-label counts the workers left out. Real runs
+    (``metrics/spans.py``) and simulated ones share this drawing."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    workers, left_out = timeline_rows(result.spans)
-    fig, ax = plt.subplots(figsize=(12, 1.5 + 0.25 * len(workers)))
-    _draw_rows(ax, workers, result.spans)
-    for step in result.steps:
-        ax.axvline(step.end_s, color="grey", linewidth=0.5, linestyle=":")
-    ax.set_yticks(range(len(workers)), workers, fontsize=7)
-    ax.invert_yaxis()
-    ax.set_xlabel("simulated time (s)")
-    ax.set_ylabel(left_out_label(left_out))
+    fig, ax = plt.subplots(figsize=(12, 1.5 + 0.25 * len(timeline_rows(spans)[0])))
+    draw_spans(ax, spans, step_ends=step_ends, xlabel=xlabel)
     ax.set_title(title or "busy spans per worker (dotted: step ends)")
-    handles, labels = ax.get_legend_handles_labels()
-    ax.legend(handles, labels, loc="upper right", fontsize=7)
     return _save(fig, path)
 
 
+def draw_spans(
+    ax, spans: dict[str, list[list]], *, step_ends: Sequence[float] = (), xlabel: str = ""
+) -> None:
+    """Draw the Gantt rows of ``spans`` on ``ax`` (one axes of a larger figure, or ``plot_spans``'s own)."""
+    workers, left_out = timeline_rows(spans)
+    _draw_rows(ax, workers, spans)
+    for end in step_ends:
+        ax.axvline(end, color="grey", linewidth=0.5, linestyle=":")
+    ax.set_yticks(range(len(workers)), workers, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(left_out_label(left_out))
+    handles, labels = ax.get_legend_handles_labels()
+    ax.legend(handles, labels, loc="upper right", fontsize=7)
+
+
 def timeline_rows(workers: Iterable[str], max_rows: int = MAX_ROWS) -> tuple[list[str], dict[str, int]]:
-    """(rows, left out): the trainer first (always), then engines, then envs, each in creation order, at
-    most ``max_rows`` rows; ``left out`` counts the engines and envs beyond them. Engines keep at least
-    three quarters of the rows after the trainer, envs at least the remaining quarter; either kind takes
-    the rows the other does not need."""
+    """(rows, left out): the trainer first (always), then engines, then envs, each in creation order, then
+    the reward row of a real run, at most ``max_rows`` rows; ``left out`` counts the engines and envs beyond
+    them. Engines keep at least three quarters of the rows after the trainer, envs at least the remaining
+    quarter; either kind takes the rows the other does not need."""
     names = set(workers) - {"trainer"}
+    shared = sorted(names & {"reward"})
+    names -= set(shared)
     envs = sorted(filter(is_env_worker, names), key=_engine_order)
     engines = sorted(names.difference(envs), key=_engine_order)
-    room = max_rows - 1
+    room = max_rows - 1 - len(shared)
     num_env_rows = min(len(envs), max(room - len(engines), room // 4))
     num_engine_rows = min(len(engines), room - num_env_rows)
-    rows = ["trainer"] + engines[:num_engine_rows] + envs[:num_env_rows]
+    rows = ["trainer"] + engines[:num_engine_rows] + envs[:num_env_rows] + shared
     return rows, {"engines": len(engines) - num_engine_rows, "envs": len(envs) - num_env_rows}
 
 

@@ -75,6 +75,23 @@ def render_prompt(sample: TaskSample, tokenizer: Any | None = None) -> str:
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
+def prompt_token_ids(sample: TaskSample, tokenizer: Any) -> list[int]:
+    """The token ids the model is prompted with: what ``apply_chat_template`` gives for chat rows (when the
+    tokenizer has a template), ``tokenizer.encode(prompt)`` otherwise.
+
+    Why not ``encode(render_prompt(...))``: templates usually write their own BOS and special tokens as text,
+    and encoding that text adds the tokenizer's special tokens a second time (a doubled BOS for Llama-style
+    tokenizers), so the model would see a prompt it was never trained on.
+    """
+    if sample.messages is None or not getattr(tokenizer, "chat_template", None):
+        return list(tokenizer.encode(sample.prompt))
+    messages = [dict(m) for m in sample.messages]
+    ids = tokenizer.apply_chat_template(
+        messages, tokenize=True, add_generation_prompt=True, return_dict=False
+    )
+    return list(ids)
+
+
 def extract_answer(response_text: str, sample: TaskSample) -> str:
     """The final answer of a response: the text after the sample's delimiter (if any), whitespace-normalised."""
     text = response_text

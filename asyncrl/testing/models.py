@@ -34,3 +34,31 @@ def tiny_llama(seed: int = 0) -> transformers.LlamaForCausalLM:
     torch.manual_seed(seed)
     config = transformers.LlamaConfig(**_TINY_SHAPE, num_key_value_heads=4, tie_word_embeddings=False)
     return transformers.LlamaForCausalLM(config).eval()
+
+
+FAMILY_SHAPES = {
+    "qwen2": {},
+    "llama": {},
+    "mistral": {"sliding_window": None},
+    "qwen3": {"head_dim": 32},
+    "gemma": {"head_dim": 32},
+    "phi3": {"partial_rotary_factor": 0.5, "pad_token_id": 0, "bos_token_id": 1},
+}
+"""Per family, what its tiny test model sets beyond ``_TINY_SHAPE``: an explicit ``head_dim`` wider than
+``hidden / heads`` (Qwen3, Gemma) so the engine cannot confuse the two, partial rotary (Phi-3), special ids
+inside the tiny vocabulary."""
+
+
+def tiny_family_model(
+    model_type: str, *, tied: bool, num_kv_heads: int = 2, seed: int = 0
+) -> transformers.PreTrainedModel:
+    """A random tiny model of ``model_type`` (a key of ``FAMILY_SHAPES``) with GQA when ``num_kv_heads < 4``."""
+    torch.manual_seed(seed)
+    config = transformers.AutoConfig.for_model(
+        model_type,
+        **_TINY_SHAPE,
+        **FAMILY_SHAPES[model_type],
+        num_key_value_heads=num_kv_heads,
+        tie_word_embeddings=tied,
+    )
+    return transformers.AutoModelForCausalLM.from_config(config).eval()

@@ -1,19 +1,24 @@
 """Checkpoints: model weights (safetensors), optimizer, scheduler, step, policy version, RNG states, and an
 opaque ``extra`` dict for the caller (data position, consumed prompt uids).
 
-Key decision: a checkpoint is written into a hidden temporary directory and renamed into place
-(``<root>/step_00000012``) in one atomic step, so a crash mid-save never leaves a directory that
-``latest_checkpoint`` would pick up half-written.
+Key decision: a checkpoint is written into a hidden temporary directory, every file fsynced, then a marker
+holding the SHA-256 of every file is written and fsynced, the directory renamed into place
+(``<root>/step_00000012``) and the parent fsynced. A loader trusts a checkpoint only when its marker exists and
+every hash matches, so a crash (even SIGKILL or power loss) mid-save never leaves a checkpoint that is loaded
+half-written; ``latest_checkpoint`` skips such directories and says why.
 
     <root>/step_00000012/
         model/               save_pretrained: config.json + model.safetensors
         trainer_state.pt     optimizer, scheduler, step, version, RNG states (torch.load weights_only)
-        extra.json           the caller's dict, as JSON
+        extra.json           the caller's dict, as JSON (data position, buffered groups, consumed prompts)
+        COMPLETE.json        {relative path: sha256} of every file above, written last
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import random
 import re
@@ -33,6 +38,13 @@ _STEP_DIR = re.compile(r"^step_(\d+)$")
 MODEL_DIR = "model"
 STATE_FILE = "trainer_state.pt"
 EXTRA_FILE = "extra.json"
+MARKER_FILE = "COMPLETE.json"
+
+logger = logging.getLogger(__name__)
+
+
+class TornCheckpointError(ValueError):
+    """A checkpoint directory without a valid completion marker: written partly, or changed since."""
 
 
 def checkpoint_due(step: int, checkpoint_every: int) -> bool:
@@ -60,7 +72,9 @@ def save_checkpoint(
         trainer.model.save_pretrained(staging / MODEL_DIR)
         torch.save({**trainer.state_dict(), "rng": _rng_state()}, staging / STATE_FILE)
         (staging / EXTRA_FILE).write_text(json.dumps(extra or {}, indent=1))
+        write_marker(staging)
         _move_into_place(staging, final)
+        _fsync_dir(root)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     if keep_last is not None:
@@ -73,6 +87,7 @@ def load_checkpoint(path: str | os.PathLike[str], trainer: Trainer) -> dict[str,
     path = Path(path)
     if not (path / STATE_FILE).is_file():
         raise FileNotFoundError(f"{path} is not an asyncrl checkpoint (no {STATE_FILE})")
+    verify_checkpoint(path)
     load_model_weights(trainer.model, path / MODEL_DIR)
     state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
     trainer.load_state_dict(state)
@@ -81,16 +96,72 @@ def load_checkpoint(path: str | os.PathLike[str], trainer: Trainer) -> dict[str,
 
 
 def latest_checkpoint(root: str | os.PathLike[str]) -> Path | None:
-    """The complete checkpoint with the highest step under ``root``; None when there is none."""
-    steps = _step_dirs(Path(root))
-    return steps[-1][1] if steps else None
+    """The verified checkpoint with the highest step under ``root``; None when there is none. Each newer
+    directory that fails verification is skipped with a warning saying why."""
+    for _, path in reversed(_step_dirs(Path(root))):
+        try:
+            verify_checkpoint(path)
+        except TornCheckpointError as err:
+            logger.warning("skipping checkpoint %s: %s", path, err)
+            continue
+        return path
+    return None
+
+
+def resolve_resume_path(path: str | os.PathLike[str]) -> Path:
+    """The checkpoint ``resume=PATH`` names: a step directory itself (verified), or the newest verified one
+    under a run directory (``PATH/checkpoints``) or a checkpoints directory."""
+    path = Path(path)
+    if (path / STATE_FILE).is_file():
+        verify_checkpoint(path)
+        return path
+    for root in (path / "checkpoints", path):
+        found = latest_checkpoint(root)
+        if found is not None:
+            return found
+    raise FileNotFoundError(f"resume: no verified checkpoint at or under {path}")
+
+
+def write_marker(directory: Path) -> None:
+    """fsync every file under ``directory``, then write and fsync the marker with their hashes."""
+    hashes = {}
+    for file in sorted(p for p in directory.rglob("*") if p.is_file()):
+        _fsync_file(file)
+        hashes[file.relative_to(directory).as_posix()] = _sha256(file)
+    marker = directory / MARKER_FILE
+    marker.write_text(json.dumps(hashes, indent=1))
+    _fsync_file(marker)
+    for sub in sorted({p.parent for p in directory.rglob("*")}, key=lambda p: -len(p.parts)):
+        _fsync_dir(sub)
+
+
+def verify_checkpoint(path: Path) -> None:
+    """``TornCheckpointError`` naming the first problem: no marker, a missing or extra file, a wrong hash."""
+    marker = path / MARKER_FILE
+    if not marker.is_file():
+        raise TornCheckpointError(f"{path}: no {MARKER_FILE} (the save did not finish)")
+    try:
+        expected = json.loads(marker.read_text())
+    except json.JSONDecodeError as err:
+        raise TornCheckpointError(f"{path}: {MARKER_FILE} is not valid JSON ({err.msg})") from err
+    present = {p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()} - {MARKER_FILE}
+    if present != set(expected):
+        raise TornCheckpointError(
+            f"{path}: files differ from the marker (missing {sorted(set(expected) - present)}, "
+            f"unexpected {sorted(present - set(expected))})"
+        )
+    for name, digest in expected.items():
+        if _sha256(path / name) != digest:
+            raise TornCheckpointError(f"{path}: {name} does not match its hash in {MARKER_FILE}")
 
 
 def prune_checkpoints(root: str | os.PathLike[str], keep_last: int) -> list[Path]:
-    """Delete all but the ``keep_last`` newest checkpoints under ``root``; return the deleted directories."""
+    """Delete all but the ``keep_last`` newest complete checkpoints under ``root`` (directories without a
+    marker are left for a person to look at); return the deleted directories."""
     if keep_last < 1:
         raise ValueError(f"keep_last must be >= 1, got {keep_last}")
-    doomed = [path for _, path in _step_dirs(Path(root))[:-keep_last]]
+    complete = [path for _, path in _step_dirs(Path(root)) if (path / MARKER_FILE).is_file()]
+    doomed = complete[:-keep_last]
     for path in doomed:
         shutil.rmtree(path)
     return doomed
@@ -117,13 +188,14 @@ def load_model_weights(model: nn.Module, model_dir: Path) -> None:
 
 
 def _step_dirs(root: Path) -> list[tuple[int, Path]]:
-    """(step, path) of the complete checkpoints under ``root``, oldest first."""
+    """(step, path) of the step directories under ``root``, oldest first (complete or not: see
+    ``verify_checkpoint``)."""
     if not root.is_dir():
         return []
     found = []
     for path in root.iterdir():
         match = _STEP_DIR.match(path.name)
-        if match and (path / STATE_FILE).is_file():
+        if match and path.is_dir():
             found.append((int(match.group(1)), path))
     return sorted(found)
 
@@ -137,6 +209,27 @@ def _move_into_place(staging: Path, final: Path) -> None:
         shutil.rmtree(retired)
     else:
         staging.rename(final)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _fsync_file(path: Path) -> None:
+    with path.open("rb") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _rng_state() -> dict[str, Any]:

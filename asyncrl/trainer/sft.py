@@ -20,6 +20,7 @@ import torch
 
 from asyncrl.config.sft import SFTConfig
 from asyncrl.config.task import TaskConfig
+from asyncrl.metrics.progress import Progress
 from asyncrl.models.corpus import sample_texts
 from asyncrl.models.loading import save_tiny
 from asyncrl.models.tiny import build_tiny_model
@@ -138,8 +139,11 @@ def train_steps(
     config: SFTConfig,
     pad_token_id: int,
     log: Callable[[str], None] = print,
+    progress: Progress | None = None,
 ) -> list[float]:
-    """Run the optimizer loop until ``max_steps`` or ``max_minutes``; returns the loss of every step."""
+    """Run the optimizer loop until ``max_steps`` or ``max_minutes``; returns the loss of every step.
+
+    With ``progress`` the loss is shown there every step instead of logged every ``log_every`` steps."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     rng = random.Random(config.seed)
     lengths = [len(e.input_ids) for e in examples]
@@ -155,7 +159,9 @@ def train_steps(
         lr = lr_at(step, peak=config.lr, warmup_steps=config.warmup_steps, total_steps=config.max_steps)
         batch = collate([examples[i] for i in batches.pop()], pad_token_id)
         losses.append(_optimizer_step(model, optimizer, batch, lr, config.label_smoothing))
-        if config.log_every and (step + 1) % config.log_every == 0:
+        if progress is not None:
+            progress.update(step + 1, {"loss": sum(losses[-10:]) / len(losses[-10:])})
+        elif config.log_every and (step + 1) % config.log_every == 0:
             recent = losses[-config.log_every :]
             log(f"sft: step {step + 1}/{config.max_steps} loss {sum(recent) / len(recent):.4f}")
     model.eval()
@@ -252,7 +258,10 @@ def _generate(
 
 
 def run_sft(
-    config: SFTConfig, log: Callable[[str], None] = print, command: str = "asyncrl sft"
+    config: SFTConfig,
+    log: Callable[[str], None] = print,
+    command: str = "asyncrl sft",
+    progress: Progress | None = None,
 ) -> tuple[EvalResult | None, float]:
     """Build tokenizer and model, train on the task's demonstrations, save, evaluate, and write a README that
     records ``command`` (how to reproduce) and the measurements; returns (eval result, training seconds)."""
@@ -271,7 +280,9 @@ def run_sft(
     num_params = sum(p.numel() for p in model.parameters())
     log(f"sft: {num_params / 1e6:.2f}M parameters, vocab {len(tokenizer)}")
     examples = encode_examples(tokenizer, task.split("train"))
-    losses = train_steps(model, examples, config, tokenizer.pad_token_id, log)
+    losses = train_steps(model, examples, config, tokenizer.pad_token_id, log, progress)
+    if progress is not None:
+        progress.close()
     train_seconds = time.perf_counter() - start
     log(f"sft: {len(losses)} steps in {train_seconds:.0f}s, final loss {losses[-1]:.4f}")
     save_tiny(model, tokenizer, Path(config.output_dir))

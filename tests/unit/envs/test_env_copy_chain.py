@@ -105,7 +105,10 @@ def test_registry_builds_copy_chain() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"type": "copy"}, "env.type must be one of 'count_chain', 'copy_chain' or a dotted path"),
+        (
+            {"type": "copy"},
+            "env.type must be one of 'count_chain', 'copy_chain', 'sokoban', .* or a dotted path",
+        ),
         ({"max_items": 0}, "env.max_items must be >= 1, got 0"),
         ({"median_items": 0.5}, r"env.median_items must be in \[1, env.max_items=40\], got 0.5"),
         ({"median_items": 5, "max_items": 4}, r"env.median_items must be in \[1, env.max_items=4\], got 5"),

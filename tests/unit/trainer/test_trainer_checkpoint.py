@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from trainer_fixtures import random_groups, tiny_qwen2, with_model_logprobs
@@ -104,3 +106,46 @@ def test_loading_into_a_different_model_fails(tmp_path):
 def test_checkpoint_due():
     assert [s for s in range(7) if checkpoint_due(s, 3)] == [3, 6]
     assert not any(checkpoint_due(s, 0) for s in range(5))
+
+
+@pytest.mark.parametrize(
+    ("tear", "why"),
+    [
+        (lambda path: (path / ckpt.MARKER_FILE).unlink(), "no COMPLETE.json"),
+        (lambda path: (path / ckpt.EXTRA_FILE).write_text('{"x": 1}'), "extra.json does not match its hash"),
+        (
+            lambda path: _truncate(path / ckpt.MODEL_DIR / "model.safetensors"),
+            "model.safetensors does not match",
+        ),
+        (lambda path: (path / ckpt.STATE_FILE).rename(path / "moved.pt"), "missing \\['trainer_state.pt'\\]"),
+    ],
+)
+def test_a_torn_checkpoint_is_never_loaded_and_the_newest_verified_one_is(tmp_path, tear, why, caplog):
+    caplog.set_level(logging.WARNING, logger=ckpt.__name__)
+    trainer = _trainer()
+    for step in (4, 8):
+        trainer.step = step
+        save_checkpoint(tmp_path, trainer)
+    newest = tmp_path / "step_00000008"
+    tear(newest)
+    with pytest.raises(ckpt.TornCheckpointError, match=why):
+        ckpt.verify_checkpoint(newest)
+    if (newest / ckpt.STATE_FILE).is_file():
+        with pytest.raises(ckpt.TornCheckpointError, match=why):
+            load_checkpoint(newest, _trainer())
+    assert latest_checkpoint(tmp_path) == tmp_path / "step_00000004"
+    assert "skipping checkpoint" in caplog.text and why.replace("\\", "") in caplog.text
+    assert ckpt.resolve_resume_path(tmp_path) == tmp_path / "step_00000004"
+
+
+def test_resume_path_accepts_a_run_dir_or_a_step_dir_and_names_a_missing_one(tmp_path):
+    path = save_checkpoint(tmp_path / "run" / "checkpoints", _trainer())
+    assert ckpt.resolve_resume_path(tmp_path / "run") == path
+    assert ckpt.resolve_resume_path(path) == path
+    with pytest.raises(FileNotFoundError, match="no verified checkpoint"):
+        ckpt.resolve_resume_path(tmp_path / "elsewhere")
+
+
+def _truncate(path):
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])

@@ -1,0 +1,49 @@
+"""The Sokoban warm start's demonstrations: optimal, and tokenised exactly as the EnvManager builds contexts."""
+
+from __future__ import annotations
+
+import asyncio
+
+from asyncrl.config.env import EnvConfig
+from asyncrl.config.env_kinds import SokobanConfig
+from asyncrl.config.loader import load_config
+from asyncrl.config.run import RunConfig
+from asyncrl.envs.sokoban import SokobanEnv
+from asyncrl.envs.warm_start import encode_episode, scripted_episode
+from asyncrl.trainer.sft import IGNORE_INDEX
+
+
+class CharTokenizer:
+    """One id per character, EOS 0: enough to check the layout of ids and labels exactly."""
+
+    eos_token_id = 0
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [ord(c) for c in text]
+
+
+def test_scripted_episode_solves_its_room_in_the_env() -> None:
+    config = EnvConfig(type="sokoban", sokoban=SokobanConfig(num_pulls=3))
+    for seed in range(10):
+        observations, responses = scripted_episode(config.sokoban, seed)
+        env = SokobanEnv(config)
+        first, info = asyncio.run(env.reset(seed))
+        assert observations[0] == first and len(responses) <= len(info["solution"])
+        for i, response in enumerate(responses):
+            result = asyncio.run(env.step(response))
+            assert result.terminated == (i == len(responses) - 1)
+            if not result.terminated:
+                assert result.observation == observations[i + 1]
+        assert result.reward == 1.0
+
+
+def test_encode_episode_labels_only_responses_and_their_eos() -> None:
+    example = encode_episode(CharTokenizer(), ["ab", "c"], [" d", " u"])
+    assert example.input_ids == [97, 98, 32, 100, 0, 99, 32, 117, 0]
+    no = IGNORE_INDEX
+    assert example.labels == [no, no, 32, 100, 0, no, 32, 117, 0]
+
+
+def test_the_sokoban_example_config_loads() -> None:
+    config = load_config(RunConfig, "examples/agentic_sokoban.yaml")
+    assert config.env is not None and config.env.type == "sokoban" and config.env.sokoban.num_pulls == 2
