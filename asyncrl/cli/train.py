@@ -46,7 +46,9 @@ async def _train_until_signalled(train, config):
     stop = asyncio.Event()
 
     def on_signal(signum: int) -> None:
-        print(f"\n{signal.Signals(signum).name}: stopping after this step with a final checkpoint", flush=True)
+        print(
+            f"\n{signal.Signals(signum).name}: stopping after this step with a final checkpoint", flush=True
+        )
         stop.set()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)  # a second signal takes the default action

@@ -17,7 +17,9 @@ TASK_TYPES = ("count", "copy", "reverse", "running_sum", "code", "file", "hf_dat
 class TaskConfig:
     """The prompts of a run: a built-in long-tail task, a user dataset, or a reasoning-gym dataset."""
 
-    type: Literal["count", "copy", "reverse", "running_sum", "code", "file", "hf_dataset", "reasoning_gym"] = "copy"
+    type: Literal[
+        "count", "copy", "reverse", "running_sum", "code", "file", "hf_dataset", "reasoning_gym"
+    ] = "copy"
     """Built-in procedural tasks: copy / reverse (a word list; copy is the default, the task the shipped warm
     start ``tiny-copy`` was trained on), count (count from a to b; the ``tiny-count`` warm start), running_sum
     (prefix sums of a digit list, then the total), code (write a Python function from examples; graded by
