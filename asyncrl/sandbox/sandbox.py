@@ -232,6 +232,9 @@ class _Run:
         finally:
             overflow.cancel()
             transport.close()
+            # Close the process's pipes while this loop runs: left to the garbage collector, they would be
+            # closed after ``run_sync``'s loop is gone ("Event loop is closed" at interpreter exit).
+            self.process._transport.close()  # noqa: SLF001 (asyncio.subprocess.Process has no public close)
 
     def _exit_status(self) -> tuple[SandboxStatus, str]:
         code = self.process.returncode
@@ -257,18 +260,18 @@ class _Run:
         assert stream is not None
         while chunk := await stream.read(65536):
             room = self.cap - len(self.outputs[name])
-            self.outputs[name] += chunk[:room]
+            self.outputs[name] += chunk[: max(room, 0)]
             if len(chunk) > room:
+                # Keep draining (and dropping): asyncio's process.wait() returns only once every pipe has
+                # reached EOF, and a reader that stopped would leave its pipe paused and wait() hung.
                 self._overflow.set()
-                return
 
     async def _kill(self, pending: asyncio.Future) -> None:
-        """Kill the sandbox, stop reading, and wait until bwrap is gone."""
+        """Kill the sandbox and let the readers drain to EOF and bwrap be reaped (``pending`` is their gather);
+        past the grace time stop waiting: the kill has been sent and the pipes are closed on return."""
         self._signal_kill()
-        pending.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await pending
-        await asyncio.wait_for(self.process.wait(), _KILL_GRACE_S)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(pending, _KILL_GRACE_S)
 
 
 @contextlib.contextmanager

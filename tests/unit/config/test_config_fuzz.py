@@ -54,16 +54,15 @@ def read_back(config: Any, key: str) -> Any:
 
 
 def same_value(given_value: Any, stored: Any) -> bool:
-    """Stored as given, allowing only int -> float widening, list <-> tuple, and None filled with the
-    default the field documents (``loss.mismatch.cap: None`` takes 2.0 in mode 'truncate')."""
+    """Stored as given, allowing only int -> float widening, list <-> tuple, None filled with the default
+    the field documents (``loss.mismatch.cap: None`` takes 2.0 in mode 'truncate'), and an optional section
+    given as a mapping completed with its defaults."""
     if given_value is None:
         return True
     if isinstance(given_value, list | tuple) and isinstance(stored, list | tuple):
         return len(given_value) == len(stored) and all(map(same_value, given_value, stored))
-    if isinstance(given_value, dict) and isinstance(stored, dict):
-        return given_value.keys() == stored.keys() and all(
-            same_value(given_value[k], stored[k]) for k in given_value
-        )
+    if isinstance(given_value, dict) and isinstance(stored, dict):  # an optional section fills its defaults
+        return all(k in stored and same_value(given_value[k], stored[k]) for k in given_value)
     if isinstance(stored, float) and not isinstance(given_value, bool) and isinstance(given_value, int):
         return float(given_value) == stored
     return type(given_value) is type(stored) and given_value == stored
