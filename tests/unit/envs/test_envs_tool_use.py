@@ -112,7 +112,10 @@ def test_python_tool_goes_through_the_runner_and_output_is_cut() -> None:
 
 
 def test_python_tool_refuses_to_start_without_a_sandbox(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(code_runner, "find_bwrap", lambda: None)
+    def unavailable(config=None):
+        raise SandboxUnavailable("bubblewrap cannot create namespaces here")
+
+    monkeypatch.setattr(code_runner, "Sandbox", unavailable)
     with pytest.raises(SandboxUnavailable, match="bubblewrap"):
         ToolUseEnv(EnvConfig(type="tool_use", tool_use=ToolUseConfig(python_tool=True)))
 
