@@ -1,15 +1,49 @@
-"""Configuration of one built-in engine replica (continuous batching, KV budget, weight updates)."""
+"""Configuration of one engine replica: the backend (built-in or vLLM), batching, KV budget, weight updates."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
+
+ENGINE_BACKENDS = ("builtin", "vllm")
+
+
+@dataclass(frozen=True, kw_only=True)
+class VLLMConfig:
+    """The vLLM backend: a worker process in vLLM's own Python environment (see docs/backends.md)."""
+
+    python: str = ""
+    """Interpreter of the vLLM environment; empty: ``$ASYNCRL_VLLM_PYTHON``, else the one
+    ``asyncrl backends install vllm`` made (``~/.cache/asyncrl/vllm-venv/bin/python``)."""
+    dtype: str = "float32"
+    """vLLM's dtype for the served weights (``float32``, ``bfloat16``, ``float16``, ``auto``)."""
+    kv_cache_gib: float = 1.0
+    """KV cache size on CPU (``VLLM_CPU_KVCACHE_SPACE``)."""
+    gpu_memory_utilization: float = 0.2
+    """Share of device memory vLLM may take (on CPU it sees one NUMA node's memory: keep it low)."""
+    max_num_seqs: int = 64
+    """Most sequences vLLM batches at once."""
+    startup_timeout_s: float = 300.0
+    """Longest the worker may take to load the model and answer."""
+    engine_args: dict[str, int | float | str | bool] = field(default_factory=dict)
+    """Further ``vllm.EngineArgs`` fields, passed through; the worker refuses an unknown name, naming the
+    closest valid one."""
+
+    def __post_init__(self) -> None:
+        if self.kv_cache_gib <= 0 or not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError("engine.vllm.kv_cache_gib must be > 0 and gpu_memory_utilization in (0, 1]")
+        if self.max_num_seqs < 1 or self.startup_timeout_s <= 0:
+            raise ValueError("engine.vllm.max_num_seqs must be >= 1 and startup_timeout_s > 0")
 
 
 @dataclass(frozen=True, kw_only=True)
 class EngineConfig:
     """How one engine replica schedules requests and manages its KV cache."""
 
+    backend: Literal["builtin", "vllm"] = "builtin"
+    """builtin: asyncrl's own continuous-batching engine (CPU or CUDA, in process). vllm: a vLLM worker in
+    vLLM's own environment (``engine.vllm``); the fields below that name the built-in scheduler do not apply
+    to it. Modes, α, partial rollouts and routing are the same for both."""
     max_running_requests: int = 64
     """Most requests decoding at once; further requests wait in the queue."""
     max_kv_tokens: int = 65536
@@ -24,6 +58,8 @@ class EngineConfig:
     """On a weight update, keep in-flight KV (computed by old weights) or recompute it under the new ones."""
     seed: int = 0
     """Base seed; a request without its own seed is seeded from this and its request id."""
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    """The vLLM backend's settings (``backend: vllm`` only)."""
 
     def __post_init__(self) -> None:
         for name in ("max_running_requests", "max_kv_tokens", "max_prefill_tokens_per_step"):
@@ -32,6 +68,10 @@ class EngineConfig:
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(
                 f"engine.max_model_len must be >= 2 (a prompt token and an output token), got {self.max_model_len}"
+            )
+        if self.backend not in ENGINE_BACKENDS:
+            raise ValueError(
+                f"engine.backend must be one of {', '.join(map(repr, ENGINE_BACKENDS))}, got {self.backend!r}"
             )
         if self.kv_on_update not in ("keep", "recompute"):
             raise ValueError(

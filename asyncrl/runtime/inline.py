@@ -19,7 +19,7 @@ from asyncrl.config.run import RunConfig
 from asyncrl.controller.controller import Controller
 from asyncrl.engine import make_engine
 from asyncrl.envs import env_factory
-from asyncrl.models.loading import load_model_and_tokenizer
+from asyncrl.models.loading import load_model_and_tokenizer, resolve_model_path
 from asyncrl.proxy.factory import proxy_for_mode
 from asyncrl.proxy.llm_proxy import LLMProxy
 from asyncrl.proxy.multi_version import MultiVersionProxy
@@ -118,9 +118,7 @@ def build_parts(config: RunConfig) -> InlineParts:
     """Load the model once, then give the trainer and every engine its own copy."""
     model, tokenizer = load_model_and_tokenizer(config.model.path, config.model.dtype, config.model.device)
     ref_model = copy.deepcopy(model) if config.loss.needs_reference else None
-    engines = [
-        make_engine(copy.deepcopy(model), tokenizer, config.engine) for _ in range(config.rollout.num_engines)
-    ]
+    engines = make_engines(config, model, tokenizer)
     trainer = Trainer(
         model,
         config.trainer,
@@ -137,6 +135,32 @@ def build_parts(config: RunConfig) -> InlineParts:
         engines=engines,
         rewards=RewardService.from_config(config.reward),
     )
+
+
+def make_engines(config: RunConfig, model: Any, tokenizer: Any) -> list[Any]:
+    """``rollout.num_engines`` replicas of ``engine.backend``: built-in engines on copies of ``model``, or vLLM
+    workers loading the model directory in vLLM's own environment."""
+    if config.engine.backend == "builtin":
+        return [
+            make_engine(copy.deepcopy(model), tokenizer, config.engine)
+            for _ in range(config.rollout.num_engines)
+        ]
+    from asyncrl.engine.vllm import VLLMEngineClient
+
+    if config.controller.mode == "multi_version":
+        raise ValueError(
+            "engine.backend=vllm does not support controller.mode=multi_version (no KV migration)"
+        )
+    max_model_len = config.engine.max_model_len or model.config.max_position_embeddings
+    return [
+        VLLMEngineClient.start(
+            resolve_model_path(config.model.path),
+            config.engine.vllm,
+            max_model_len=max_model_len,
+            seed=config.seed,
+        )
+        for _ in range(config.rollout.num_engines)
+    ]
 
 
 def make_proxy(parts: Parts) -> LLMProxy | MultiVersionProxy:

@@ -447,6 +447,11 @@ class RayParts:
 
 def build_ray_parts(config: RunConfig, runtime: RuntimeConfig) -> RayParts:
     """Start the trainer and ``rollout.num_engines`` engine actors (models load in parallel) inside a session."""
+    if config.engine.backend != "builtin":
+        raise ValueError(
+            f"engine.backend={config.engine.backend} runs with runtime.type=inline for now (its workers are "
+            "processes of their own already); Ray placement of vLLM workers is not built yet"
+        )
     if not ray.is_initialized():
         raise RuntimeError("build_ray_parts needs a running Ray: call it inside `with ray_session(runtime):`")
     placement = plan_placement(runtime, num_engines=config.rollout.num_engines, mode=config.controller.mode)

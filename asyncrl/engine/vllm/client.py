@@ -1,0 +1,355 @@
+"""The asyncrl side of the vLLM backend: the proxy's ``EngineClient`` over a worker in vLLM's environment.
+
+Key decision: vLLM's CPU wheel pins an older transformers than asyncrl, so the engine lives in its own
+environment behind a process boundary (``worker_main.py``, started with that environment's interpreter) and
+only builtins and safetensors bytes cross it. The proxy cannot tell this client from the built-in engine:
+``generate`` returns token ids, per-token log-probs and per-token policy versions; ``abort`` returns the
+prefix generated so far; ``pause`` / ``update_weights`` / ``resume`` keep running requests and their KV
+("keep": tokens after the update are the new policy's and tagged with its version). A weight update is
+checked against the served model's names and shapes (read from its safetensors headers) before a byte is
+sent, so a mismatched update is a ``WeightSyncError`` and the engine keeps serving its old version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import secrets
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from multiprocessing.connection import Client
+from pathlib import Path
+from typing import Any
+
+from asyncrl.config.engine import VLLMConfig
+from asyncrl.types import FinishReason, Generation, Request
+from asyncrl.weight_sync.protocol import ManifestEntry, WeightSyncError, WeightUpdate, check_manifest
+
+WORKER = Path(__file__).with_name("worker_main.py")
+
+
+class VLLMWorkerError(RuntimeError):
+    """The vLLM worker failed a call or died; the message carries its reason."""
+
+
+def default_vllm_python() -> Path:
+    """Where ``asyncrl backends install vllm`` puts the vLLM environment's interpreter."""
+    return Path.home() / ".cache" / "asyncrl" / "vllm-venv" / "bin" / "python"
+
+
+def vllm_python(config: VLLMConfig | None = None) -> Path | None:
+    """The vLLM environment's interpreter (config, ``$ASYNCRL_VLLM_PYTHON``, the default), if it exists."""
+    configured = (config.python if config else "") or os.environ.get("ASYNCRL_VLLM_PYTHON", "")
+    path = Path(configured) if configured else default_vllm_python()
+    return path if path.is_file() else None
+
+
+class VLLMEngineClient:
+    """One vLLM engine replica as the proxy drives it (see ``asyncrl.proxy.worker.EngineClient``)."""
+
+    def __init__(
+        self, process: subprocess.Popen, conn: Any, expected_shapes: dict[str, tuple[int, ...]]
+    ) -> None:
+        self._process = process
+        self._conn = conn
+        self._expected_shapes = expected_shapes
+        self._send_lock = threading.Lock()
+        self._calls = itertools.count()
+        self._waiting: dict[Any, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
+        self._generations: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future, Request]] = {}
+        self._lock = threading.Lock()
+        self._failure: BaseException | None = None
+        self.version = 0
+        self.num_generated_tokens = 0
+        self._reader = threading.Thread(target=self._read_loop, name="asyncrl-vllm-reader", daemon=True)
+        self._reader.start()
+
+    @classmethod
+    def start(
+        cls, model_dir: str | os.PathLike[str], config: VLLMConfig, *, max_model_len: int, seed: int = 0
+    ) -> VLLMEngineClient:
+        """Start a worker serving ``model_dir`` and wait until it answers (``config.startup_timeout_s``)."""
+        python = vllm_python(config)
+        if python is None:
+            raise FileNotFoundError(
+                "engine.backend=vllm: no vLLM environment found; run `asyncrl backends install vllm` "
+                "or set engine.vllm.python"
+            )
+        port, authkey = _free_port(), secrets.token_bytes(16)
+        command = [
+            str(python),
+            str(WORKER),
+            "--model",
+            str(model_dir),
+            "--port",
+            str(port),
+            "--authkey-hex",
+            authkey.hex(),
+            "--dtype",
+            config.dtype,
+            "--max-model-len",
+            str(max_model_len),
+            "--seed",
+            str(seed),
+            "--kv-cache-gib",
+            str(config.kv_cache_gib),
+            "--max-num-seqs",
+            str(config.max_num_seqs),
+            "--gpu-memory-utilization",
+            str(config.gpu_memory_utilization),
+            "--engine-args-json",
+            json.dumps(config.engine_args),
+        ]
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # never asyncrl's packages there
+        env |= {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1")}
+        log = Path(os.environ.get("ASYNCRL_VLLM_LOG", os.devnull))
+        # stderr goes to a file, not a pipe: an unread pipe would fill with vLLM's logs and block the worker
+        stderr = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the worker; closed with the process)
+        process = subprocess.Popen(command, stdout=log.open("ab"), stderr=stderr, env=env)
+        process._asyncrl_stderr = stderr  # type: ignore[attr-defined]
+        conn = _connect(process, port, authkey, config.startup_timeout_s)
+        ready = conn.recv()
+        if ready.get("event") != "ready":
+            raise VLLMWorkerError(f"vLLM worker did not start: {ready}")
+        return cls(process, conn, model_shapes(model_dir))
+
+    # ---- the EngineClient protocol ---------------------------------------------------------------------
+
+    async def generate(self, request: Request) -> Generation:
+        """The finished generation (``finish_reason`` abort when aborted: the tokens generated so far). A request
+        with a prefix (a continued partial rollout) resumes after it, and its generation starts with it."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        with self._lock:
+            self._raise_if_failed()
+            if request.request_id in self._generations:
+                raise ValueError(f"request {request.request_id!r} is already running on this engine")
+            self._generations[request.request_id] = (loop, future, request)
+        sampling = request.sampling
+        self._send(
+            {
+                "op": "add",
+                "call": None,
+                "request_id": request.request_id,
+                "prompt_token_ids": list(request.prompt_token_ids) + list(request.prefix_token_ids),
+                "sampling": {
+                    "max_new_tokens": sampling.max_new_tokens - len(request.prefix_token_ids),
+                    "temperature": sampling.temperature,
+                    "top_p": sampling.top_p,
+                    "top_k": sampling.top_k,
+                    "seed": sampling.seed,
+                    "stop_token_ids": list(sampling.stop_token_ids),
+                    "ignore_eos": sampling.ignore_eos,
+                },
+            }
+        )
+        try:
+            return await future
+        except asyncio.CancelledError:
+            await self.abort(request.request_id)
+            raise
+
+    async def abort(self, request_id: str) -> Generation | None:
+        result = await self._call("abort", request_id=request_id)
+        return None if result is None else self._generation(result)
+
+    async def pause(self) -> None:
+        await self._call("pause")
+
+    async def resume(self) -> None:
+        await self._call("resume")
+
+    async def update_weights(
+        self, named_tensors: Mapping[str, Any] | Iterable[tuple[str, Any]], version: int
+    ) -> None:
+        """Check the update against the served model, then send it as safetensors bytes (``WeightSyncError``
+        on a mismatch or a stale version: nothing is sent, the old weights keep serving)."""
+        from safetensors.torch import save
+
+        items = dict(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
+        manifest = tuple(
+            ManifestEntry(name=name, dtype=str(t.dtype).removeprefix("torch."), shape=tuple(t.shape))
+            for name, t in items.items()
+        )
+        update = WeightUpdate(version=version, transport="vllm-reload", manifest=manifest, handle=None)
+        if version < self.version:
+            raise WeightSyncError(
+                f"weight update v{version} is older than the served v{self.version}; refused"
+            )
+        check_manifest(update, self._expected_shapes)
+        payload = save({name: t.detach().contiguous().clone().cpu() for name, t in items.items()})
+        self.version = await self._call("update", version=version, safetensors=payload)
+
+    async def worker_stats(self) -> dict[str, Any]:
+        """The worker's own view: served version, paused, tokens generated so far per running request."""
+        return await self._call("stats")
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "num_running": len(self._generations),
+            "num_generated_tokens": self.num_generated_tokens,
+            "worker_pid": self._process.pid,
+            "alive": self._process.poll() is None,
+        }
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Stop the worker process; waiting callers get ``VLLMWorkerError``."""
+        with contextlib.suppress(OSError, VLLMWorkerError):  # already gone: nothing to stop
+            self._send({"op": "shutdown"})
+        try:
+            self._process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+        self._conn.close()
+
+    # ---- plumbing ------------------------------------------------------------------------------------
+
+    async def _call(self, op: str, **fields: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        call = next(self._calls)
+        with self._lock:
+            self._raise_if_failed()
+            self._waiting[call] = (loop, future)
+        self._send({"op": op, "call": call, **fields})
+        return await future
+
+    def _send(self, message: dict[str, Any]) -> None:
+        with self._send_lock:
+            try:
+                self._conn.send(message)
+            except OSError as err:
+                raise VLLMWorkerError(f"vLLM worker (pid {self._process.pid}) is gone: {err}") from err
+
+    def _read_loop(self) -> None:
+        try:
+            while True:
+                message = self._conn.recv()
+                self._dispatch(message)
+        except (EOFError, OSError) as err:
+            code = self._process.poll()
+            self._fail(
+                VLLMWorkerError(
+                    f"vLLM worker (pid {self._process.pid}) stopped (exit {code}): {_stderr_tail(self._process) or err}"
+                )
+            )
+
+    def _dispatch(self, message: dict[str, Any]) -> None:
+        event = message["event"]
+        if event == "finished":
+            generation = message["generation"]
+            with self._lock:
+                waiting = self._generations.pop(generation["request_id"], None)
+            if waiting is not None:
+                loop, future, _ = waiting
+                _resolve(loop, future, result=self._generation(generation, waiting[2]))
+            return
+        with self._lock:
+            waiting_call = self._waiting.pop(message["call"], None)
+        if waiting_call is None:
+            return
+        loop, future = waiting_call
+        if event == "error":
+            _resolve(loop, future, exception=VLLMWorkerError(f"vLLM worker: {message['error']}"))
+        else:
+            _resolve(loop, future, result=message["result"])
+
+    def _generation(self, data: dict[str, Any], request: Request | None = None) -> Generation:
+        self.num_generated_tokens += len(data["token_ids"])
+        prefix = request.prefix_token_ids if request else []
+        return Generation(
+            request_id=data["request_id"],
+            prompt_token_ids=list(request.prompt_token_ids) if request else [],
+            token_ids=list(prefix) + list(data["token_ids"]),
+            logprobs=(list(request.prefix_logprobs) if request else []) + list(data["logprobs"]),
+            versions=(list(request.prefix_versions) if request else []) + list(data["versions"]),
+            finish_reason=FinishReason(data["finish_reason"]),
+        )
+
+    def _fail(self, error: BaseException) -> None:
+        with self._lock:
+            self._failure = error
+            waiting = list(self._waiting.values()) + [
+                (loop, fut) for loop, fut, _ in self._generations.values()
+            ]
+            self._waiting.clear()
+            self._generations.clear()
+        for loop, future in waiting:
+            _resolve(loop, future, exception=error)
+
+    def _raise_if_failed(self) -> None:
+        if self._failure is not None:
+            raise VLLMWorkerError(str(self._failure)) from self._failure
+
+
+def model_shapes(model_dir: str | os.PathLike[str]) -> dict[str, tuple[int, ...]]:
+    """Parameter name → shape of a save_pretrained directory, from its safetensors headers (no tensor read);
+    a tied model's ``lm_head.weight`` is added under its own name, as weight sync always sends it."""
+    from safetensors import safe_open
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for path in sorted(Path(model_dir).glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                shapes[name] = tuple(f.get_slice(name).get_shape())
+    if "lm_head.weight" not in shapes and "model.embed_tokens.weight" in shapes:
+        shapes["lm_head.weight"] = shapes["model.embed_tokens.weight"]
+    return shapes
+
+
+def _connect(process: subprocess.Popen, port: int, authkey: bytes, timeout_s: float) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise VLLMWorkerError(
+                f"vLLM worker exited with {process.returncode} before answering:\n{_stderr_tail(process)}"
+            )
+        try:
+            return Client(("127.0.0.1", port), authkey=authkey)
+        except ConnectionRefusedError:
+            time.sleep(0.1)
+    process.kill()
+    raise VLLMWorkerError(f"vLLM worker did not answer within {timeout_s:g} s")
+
+
+def _stderr_tail(process: subprocess.Popen, num_chars: int = 3000) -> str:
+    """The end of what the worker wrote to stderr (its stderr is a temporary file, see ``start``)."""
+    stream = getattr(process, "_asyncrl_stderr", None)
+    if stream is None:
+        return ""
+    stream.seek(0)
+    return stream.read().decode(errors="replace")[-num_chars:]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _resolve(
+    loop: asyncio.AbstractEventLoop,
+    future: asyncio.Future,
+    *,
+    result: Any = None,
+    exception: BaseException | None = None,
+) -> None:
+    def settle() -> None:
+        if future.done():
+            return
+        if exception is not None:
+            future.set_exception(exception)
+        else:
+            future.set_result(result)
+
+    if not loop.is_closed():
+        loop.call_soon_threadsafe(settle)

@@ -1,0 +1,153 @@
+"""The vLLM backend against HF and the built-in engine, on the shipped tiny model, through the real worker.
+
+Skipped (with the reason) where vLLM's environment is absent: ``asyncrl backends install vllm`` makes it, and
+``scripts/test-vllm.sh`` runs these tests plus a short RL run with ``engine.backend=vllm``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from asyncrl.config.engine import EngineConfig, VLLMConfig
+from asyncrl.engine import make_engine
+from asyncrl.engine.vllm import VLLMEngineClient, vllm_python
+from asyncrl.models.loading import DEFAULT_MODEL_DIR, state_dict_for_sync
+from asyncrl.types import FinishReason, Request, SamplingParams
+from asyncrl.weight_sync.protocol import WeightSyncError
+
+pytestmark = pytest.mark.skipif(
+    vllm_python() is None, reason="no vLLM environment (run `asyncrl backends install vllm`)"
+)
+N = 200
+PROMPTS = ["copy 3 a: x y z", "copy 5 b: one two three four five", "copy 1 c: q"]
+
+
+@pytest.fixture(scope="module")
+def hf():
+    tokenizer = AutoTokenizer.from_pretrained(DEFAULT_MODEL_DIR, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(DEFAULT_MODEL_DIR, local_files_only=True).eval()
+    return model, tokenizer
+
+
+@pytest.fixture(scope="module")
+def engine():
+    client = VLLMEngineClient.start(DEFAULT_MODEL_DIR, VLLMConfig(), max_model_len=256)
+    yield client
+    client.shutdown()
+
+
+def request(rid: str, prompt: list[int], **sampling) -> Request:
+    return Request(request_id=rid, prompt_token_ids=prompt, sampling=SamplingParams(**sampling))
+
+
+def greedy(rid: str, prompt: list[int], n: int = 12) -> Request:
+    return request(rid, prompt, temperature=0.0, max_new_tokens=n, ignore_eos=True)
+
+
+@torch.inference_mode()
+def hf_greedy_with_logprobs(model, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
+    out = model.generate(
+        torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0
+    )
+    tokens = out[0, len(prompt) :].tolist()
+    logprobs = torch.log_softmax(model(torch.tensor([prompt + tokens])).logits[0].float(), dim=-1)
+    return tokens, [logprobs[len(prompt) - 1 + i, t].item() for i, t in enumerate(tokens)]
+
+
+def test_greedy_tokens_equal_hf_and_the_builtin_engine_and_logprobs_are_within_1e3(engine, hf):
+    model, tokenizer = hf
+    prompts = [tokenizer.encode(p) for p in PROMPTS]
+
+    async def both():
+        builtin = make_engine(model, tokenizer, EngineConfig(max_model_len=256))
+        try:
+            ours = await asyncio.gather(
+                *(builtin.generate(greedy(f"b{i}", p)) for i, p in enumerate(prompts))
+            )
+        finally:
+            builtin.shutdown()
+        theirs = await asyncio.gather(*(engine.generate(greedy(f"v{i}", p)) for i, p in enumerate(prompts)))
+        return ours, theirs
+
+    ours, theirs = asyncio.run(both())
+    for prompt, built_in, served in zip(prompts, ours, theirs, strict=True):
+        tokens, logprobs = hf_greedy_with_logprobs(model, prompt, 12)
+        assert list(served.token_ids) == tokens == list(built_in.token_ids)
+        assert list(served.logprobs) == pytest.approx(logprobs, abs=1e-3)
+        assert list(served.versions) == [0] * 12 and served.finish_reason is FinishReason.LENGTH
+
+
+def test_abort_returns_the_prefix_generated_so_far(engine, hf):
+    _, tokenizer = hf
+
+    async def scenario():
+        task = asyncio.ensure_future(
+            engine.generate(
+                request("long", tokenizer.encode(PROMPTS[1]), max_new_tokens=200, ignore_eos=True)
+            )
+        )
+        await asyncio.sleep(0.3)
+        aborted = await engine.abort("long")
+        return aborted, await task
+
+    aborted, finished = asyncio.run(scenario())
+    assert finished.finish_reason is FinishReason.ABORT
+    assert 0 < len(finished.token_ids) < 200 and len(finished.logprobs) == len(finished.token_ids)
+    assert aborted is None or list(aborted.token_ids) == list(finished.token_ids)
+
+
+def test_a_weight_update_mid_generation_switches_the_following_tokens_and_their_version(engine, hf):
+    """keep semantics: the prefix's KV (old weights) stays; tokens after the update come from the new weights
+    on top of it, tagged with the new version (an exact new-policy continuation needs a recompute: the
+    proxy's partial-rollout continuation re-sends the prefix as prompt)."""
+    model, tokenizer = hf
+    prompt = tokenizer.encode(PROMPTS[0])
+    torch.manual_seed(0)
+    other = {name: torch.randn_like(t) * 0.2 for name, t in state_dict_for_sync(model).items()}
+
+    async def scenario():
+        task = asyncio.ensure_future(engine.generate(greedy("mid", prompt, N)))
+        while (await engine.worker_stats())["running_tokens"].get("mid", 0) < 5:
+            await asyncio.sleep(0.001)
+        await engine.pause()
+        await engine.update_weights(other, version=1)
+        await engine.resume()
+        generation = await task
+        await engine.pause()
+        await engine.update_weights(state_dict_for_sync(model), version=2)  # back to the model's weights
+        await engine.resume()
+        return generation
+
+    generation = asyncio.run(scenario())
+    versions = list(generation.versions)
+    switch = versions.index(1)
+    assert 5 <= switch < N and versions == [0] * switch + [1] * (N - switch)
+    unchanged, _ = hf_greedy_with_logprobs(model, prompt, N)
+    assert list(generation.token_ids[:switch]) == unchanged[:switch], (
+        "tokens before the update are the old policy's"
+    )
+    assert list(generation.token_ids[switch:]) != unchanged[switch:], (
+        "the update did not change the next tokens"
+    )
+    restored = asyncio.run(engine.generate(greedy("restored", prompt, N)))  # served at v2 = the model again
+    assert list(restored.token_ids) == unchanged and set(restored.versions) == {2}
+
+
+def test_a_mismatched_or_stale_update_is_refused_and_the_old_weights_keep_serving(engine, hf):
+    model, tokenizer = hf
+    prompt = tokenizer.encode(PROMPTS[2])
+    weights = state_dict_for_sync(model)
+    before = asyncio.run(engine.generate(greedy("before", prompt))).token_ids
+    bad_shape = {**weights, "model.norm.weight": torch.ones(3)}
+    unknown = {**weights, "model.extra.weight": torch.ones(2)}
+    missing = {k: v for k, v in weights.items() if k != "lm_head.weight"}
+    for update, match in ((bad_shape, "has shape"), (unknown, "unknown tensor"), (missing, "missing tensor")):
+        with pytest.raises(WeightSyncError, match=match):
+            asyncio.run(engine.update_weights(update, version=engine.version + 1))
+    with pytest.raises(WeightSyncError, match="older than the served"):
+        asyncio.run(engine.update_weights(weights, version=engine.version - 1))
+    assert asyncio.run(engine.generate(greedy("after", prompt))).token_ids == before
