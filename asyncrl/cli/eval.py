@@ -38,11 +38,11 @@ async def evaluate_model(config, checkpoint: str | None) -> dict[str, float]:
     from pathlib import Path
 
     from asyncrl.controller.evaluation import evaluate_run
+    from asyncrl.data.registry import make_task
     from asyncrl.engine import make_engine
     from asyncrl.models.loading import load_model_and_tokenizer
     from asyncrl.proxy.llm_proxy import LLMProxy
     from asyncrl.rewards.service import RewardService
-    from asyncrl.tasks.registry import make_task
     from asyncrl.trainer.checkpoint import MODEL_DIR, load_model_weights
 
     model, tokenizer = load_model_and_tokenizer(config.model.path, config.model.dtype, config.model.device)

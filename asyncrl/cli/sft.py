@@ -22,7 +22,7 @@ def run(args: argparse.Namespace) -> int:
     """Train, save and evaluate; prints the held-out mean reward and pass@k."""
     from asyncrl.config.loader import load_config
     from asyncrl.config.sft import SFTConfig
-    from asyncrl.trainer.sft import run_sft
+    from asyncrl.models.sft import run_sft
 
     path, overrides = split_config_args(args.config_args)
     config = load_config(SFTConfig, path, overrides)

@@ -73,23 +73,23 @@ def parse_sweep(text: str, parse_override) -> tuple[str, list[str]]:
 
 
 def write_run(result, out: Path) -> None:
-    from asyncrl.sim.plots import plot_timeline
+    from asyncrl.metrics.plots import plot_timeline
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "result.json").write_text(json.dumps(result.to_json(), indent=1))
     with (out / "steps.jsonl").open("w") as f:
         for row in result.to_json()["steps"]:
             f.write(json.dumps(row) + "\n")
-    plot_timeline(result, out / "timeline.png")
+    plot_timeline(result.spans, [step.end_s for step in result.steps], out / "timeline.png")
 
 
 def write_sweep(key: str, values: list[str], results: list, out: Path) -> None:
-    from asyncrl.sim.plots import plot_sweep
+    from asyncrl.metrics.plots import plot_sweep
 
     out.mkdir(parents=True, exist_ok=True)
     rows = [{"value": v, **r.totals} for v, r in zip(values, results, strict=True)]
     (out / "sweep.json").write_text(json.dumps({"key": key, "runs": rows}, indent=1))
-    plot_sweep(key, values, results, out / "sweep.png")
+    plot_sweep(key, values, [r.totals for r in results], out / "sweep.png")
     print(f"{key:>24}  {'mean_step_s':>11}  {'mean_wait_s':>11}  {'tokens_per_s':>12}  {'engine_busy':>11}")
     for row in rows:
         print(
@@ -101,7 +101,7 @@ def write_sweep(key: str, values: list[str], results: list, out: Path) -> None:
 
 def write_grid(rows: tuple[str, list[str]], cols: tuple[str, list[str]], grid: list[list], out: Path) -> None:
     """A two-key sweep: OUT/sweep.json with one row per pair, and a heatmap of the mean step time."""
-    from asyncrl.sim.plots import plot_sweep_grid
+    from asyncrl.metrics.plots import plot_sweep_grid
 
     out.mkdir(parents=True, exist_ok=True)
     (row_key, row_values), (col_key, col_values) = rows, cols

@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from asyncrl.buffer import staleness
+from asyncrl import staleness
 from asyncrl.buffer.sample_buffer import SampleBuffer
 from asyncrl.config.controller import ControllerConfig
 from asyncrl.metrics.tracker import length_stats

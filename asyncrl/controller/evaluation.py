@@ -16,13 +16,13 @@ from typing import Any
 from asyncrl.config.env import EnvManagerConfig
 from asyncrl.config.rollout import RolloutConfig
 from asyncrl.config.run import RunConfig
+from asyncrl.data.base import Task, TaskSample, render_prompt
 from asyncrl.envs import make_env
 from asyncrl.envs.base import Env
 from asyncrl.rewards.service import RewardService
 from asyncrl.rollout.env_manager import EnvManager, GroupControl, env_seed
 from asyncrl.rollout.episode import Episode
 from asyncrl.rollout.rlvr_producer import GenerateClient, request_seed
-from asyncrl.tasks.base import Task, TaskSample, render_prompt
 from asyncrl.types import Request, SamplingParams, Trajectory, TrajectoryStatus
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from asyncrl.data.base import Split, TaskSample, check_split, held_out
 from asyncrl.data.loader import FieldSpec, load_samples
-from asyncrl.tasks.base import Split, TaskSample, check_split, held_out
 
 
 class FileTask:

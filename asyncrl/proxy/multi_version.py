@@ -58,7 +58,6 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from asyncrl.buffer.staleness import max_policy_age
 from asyncrl.config.proxy import ProxyConfig
 from asyncrl.proxy.continuation import empty_abort
 from asyncrl.proxy.engine_set import EngineSet
@@ -72,6 +71,7 @@ from asyncrl.proxy.worker import (
     PendingUpdate,
     snapshot_named_tensors,
 )
+from asyncrl.staleness import max_policy_age
 from asyncrl.types import FinishReason, Generation, Request
 
 logger = logging.getLogger(__name__)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from asyncrl.data.base import TaskSample, extract_answer, normalize_answer
 from asyncrl.rewards.registry import register_reward
-from asyncrl.tasks.base import TaskSample, extract_answer, normalize_answer
 
 
 @register_reward("exact_match")

@@ -9,7 +9,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from asyncrl.tasks.base import TaskSample
+from asyncrl.data.base import TaskSample
 
 RewardOutput = float | tuple[float, dict[str, Any]]
 RewardFn = Callable[[str, TaskSample], RewardOutput]

@@ -18,6 +18,8 @@ from typing import Any, Protocol
 from asyncrl.buffer.sample_buffer import SampleBuffer
 from asyncrl.config.run import RunConfig
 from asyncrl.controller.controller import Controller
+from asyncrl.data.base import Task
+from asyncrl.data.registry import make_task
 from asyncrl.engine import make_engine
 from asyncrl.envs import make_env
 from asyncrl.models.loading import load_model_and_tokenizer
@@ -28,8 +30,6 @@ from asyncrl.rewards.service import RewardService
 from asyncrl.rollout.agentic_producer import AgenticProducer, make_env_seed_source
 from asyncrl.rollout.prompt_source import PromptSource
 from asyncrl.rollout.rlvr_producer import RLVRProducer
-from asyncrl.tasks.base import Task
-from asyncrl.tasks.registry import make_task
 from asyncrl.trainer.checkpoint import load_checkpoint, save_checkpoint
 from asyncrl.trainer.trainer import Trainer
 from asyncrl.types import Group

@@ -49,13 +49,13 @@ from asyncrl.config.engine import EngineConfig
 from asyncrl.config.model import ModelConfig
 from asyncrl.config.run import RunConfig
 from asyncrl.config.runtime import RuntimeConfig
+from asyncrl.data.base import Task
+from asyncrl.data.registry import make_task
 from asyncrl.engine import make_engine
 from asyncrl.engine.migration import RequestState
 from asyncrl.models.loading import load_model_and_tokenizer, resolve_model_path, state_dict_for_sync
 from asyncrl.rewards.service import RewardService
 from asyncrl.runtime.placement import Placement, plan_placement
-from asyncrl.tasks.base import Task
-from asyncrl.tasks.registry import make_task
 from asyncrl.trainer import checkpoint
 from asyncrl.trainer.trainer import Trainer
 from asyncrl.types import Generation, Group, Request

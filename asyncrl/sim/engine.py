@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asyncrl.config.sim import SimEngineConfig
-from asyncrl.runs import Runs
+from asyncrl.metrics.timeline import Timeline
+from asyncrl.rle import RleSequence
 from asyncrl.sim import cost
-from asyncrl.sim.timeline import Timeline
 from asyncrl.types import FinishReason, Generation, Request
 
 TOKEN_ID = 0
@@ -521,16 +521,16 @@ class SimEngine:
         return generation
 
     def _generation(self, seq: _SimRequest, reason: FinishReason) -> Generation:
-        """The request's output so far; the new tokens as ``Runs`` (see ``asyncrl.runs``: O(1) per
+        """The request's output so far; the new tokens as ``RleSequence`` (see ``asyncrl.rle``: O(1) per
         request however long the response, where lists would cost the simulator most of its time)."""
         request = seq.request
         num_new = seq.produced - len(request.prefix_token_ids)
         return Generation(
             request_id=request.request_id,
             prompt_token_ids=request.prompt_token_ids,
-            token_ids=request.prefix_token_ids + Runs.repeat(TOKEN_ID, num_new),
-            logprobs=request.prefix_logprobs + Runs.repeat(TOKEN_LOGPROB, num_new),
-            versions=request.prefix_versions + Runs.from_runs(seq.new_versions),
+            token_ids=request.prefix_token_ids + RleSequence.repeat(TOKEN_ID, num_new),
+            logprobs=request.prefix_logprobs + RleSequence.repeat(TOKEN_LOGPROB, num_new),
+            versions=request.prefix_versions + RleSequence.from_runs(seq.new_versions),
             finish_reason=reason,
             text=request.request_id,
         )

@@ -6,7 +6,7 @@ import collections
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from asyncrl.buffer import staleness
+from asyncrl import staleness
 from asyncrl.config.base import to_dict
 from asyncrl.config.sim import SimConfig
 from asyncrl.sim.workers import TrainRecord

@@ -4,7 +4,7 @@ Key decision: nothing is re-implemented. The run is wired exactly as ``asyncrl.r
 one, with ``SimEngine``s behind the proxy (``MultiVersionProxy`` in ``multi_version`` mode, else ``LLMProxy``),
 a ``SimTrainer`` behind the controller and simulated rewards,
 tokenizer and (agentic producer) environments behind the producer, on an event loop whose clock jumps to
-the next timer whenever every task waits (``asyncrl.testing.event_loop``, FIFO order, virtual time). No real
+the next timer whenever every task waits (``asyncrl.sim.clock``, FIFO order, virtual time). No real
 sleeping happens anywhere.
 """
 
@@ -20,21 +20,21 @@ from asyncrl.config.buffer import BufferConfig
 from asyncrl.config.controller import ASYNC_RATIO_OF_MODE
 from asyncrl.config.sim import SimConfig
 from asyncrl.controller.controller import Controller, StepRecord
+from asyncrl.data.base import TaskSample
+from asyncrl.metrics.timeline import Timeline
 from asyncrl.proxy.factory import proxy_for_mode
 from asyncrl.proxy.llm_proxy import LLMProxy
 from asyncrl.proxy.multi_version import MultiVersionProxy
 from asyncrl.rollout.agentic_producer import AgenticProducer, make_env_seed_source
 from asyncrl.rollout.prompt_source import PromptSource
 from asyncrl.rollout.rlvr_producer import RLVRProducer
+from asyncrl.sim.clock import run_shuffled
 from asyncrl.sim.engine import SimEngine
 from asyncrl.sim.env_cost import SimEnvTokenizer, make_sim_env_factory
 from asyncrl.sim.gc_pause import gc_paused
 from asyncrl.sim.result import SimResult, build_result
-from asyncrl.sim.timeline import Timeline
 from asyncrl.sim.workers import SimRewards, SimTokenizer, SimTrainer
 from asyncrl.sim.workload import LengthModel, PassRates
-from asyncrl.tasks.base import TaskSample
-from asyncrl.testing.event_loop import run_shuffled
 
 NO_TIMEOUT_S = 1e9
 """Virtual seconds used for every timeout of the real parts: a simulated wait never times out."""

@@ -15,12 +15,12 @@ from asyncrl.config.controller import ASYNC_RATIO_OF_MODE, UPDATE_POLICY_OF_MODE
 from asyncrl.config.proxy import ProxyConfig
 from asyncrl.config.rollout import RolloutConfig
 from asyncrl.controller.controller import Controller
+from asyncrl.data.base import TaskSample
 from asyncrl.proxy.llm_proxy import LLMProxy
 from asyncrl.proxy.multi_version import MultiVersionProxy
 from asyncrl.rewards.service import RewardResult, RewardStatus
 from asyncrl.rollout.prompt_source import PromptSource
 from asyncrl.rollout.rlvr_producer import RLVRProducer
-from asyncrl.tasks.base import TaskSample
 from asyncrl.testing.fake_engine import FakeEngine
 from asyncrl.testing.ledger import Ledger
 from asyncrl.types import Group

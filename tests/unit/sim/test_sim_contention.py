@@ -8,10 +8,10 @@ import pytest
 
 from asyncrl.config.loader import from_dict
 from asyncrl.config.sim import SimConfig, SimTrainerConfig
+from asyncrl.metrics.timeline import Timeline
+from asyncrl.sim.clock import run_shuffled
 from asyncrl.sim.simulate import simulate
-from asyncrl.sim.timeline import Timeline
 from asyncrl.sim.workers import SimTrainer
-from asyncrl.testing.event_loop import run_shuffled
 from asyncrl.types import Group, Trajectory
 
 

@@ -5,10 +5,10 @@ import torch
 
 from asyncrl.config.sft import SFTConfig
 from asyncrl.config.task import TaskConfig
+from asyncrl.data import TaskSample, make_task
+from asyncrl.models.sft import IGNORE_INDEX, collate, encode_example, lr_at, sft_loss, train_steps
 from asyncrl.models.tiny import build_tiny_model
 from asyncrl.models.tokenizer import train_tokenizer
-from asyncrl.tasks import TaskSample, make_task
-from asyncrl.trainer.sft import IGNORE_INDEX, collate, encode_example, lr_at, sft_loss, train_steps
 
 SAMPLE = TaskSample(uid="u", prompt="count 8 to 10:", answer="8 9 10", demonstration=" 8 9 10")
 
@@ -32,7 +32,7 @@ def test_encode_labels_only_response_and_eos(tokenizer):
 
 
 def test_collate_pads_right_without_labels():
-    from asyncrl.trainer.sft import EncodedExample
+    from asyncrl.models.sft import EncodedExample
 
     batch = collate(
         [EncodedExample(input_ids=[5, 6, 7], labels=[-100, 6, 7]), EncodedExample(input_ids=[8], labels=[8])],
@@ -91,7 +91,7 @@ def test_sft_config_validation(overrides, message):
 
 
 def test_mean_and_pass_at_k():
-    from asyncrl.trainer.sft import mean_and_pass_at_k
+    from asyncrl.models.sft import mean_and_pass_at_k
 
     assert mean_and_pass_at_k([[1.0, 0.0, 0.0, 0.0], [0.0] * 4, [1.0] * 4]) == (5 / 12, 2 / 3)
 
@@ -99,7 +99,7 @@ def test_mean_and_pass_at_k():
 def test_length_batches_group_similar_lengths_and_cover_everything():
     import random
 
-    from asyncrl.trainer.sft import length_batches
+    from asyncrl.models.sft import length_batches
 
     lengths = [5, 90, 6, 91, 7, 92]
     batches = length_batches(lengths, 3, random.Random(0))

@@ -3,7 +3,7 @@
 import pytest
 
 from asyncrl.config.task import TaskConfig
-from asyncrl.tasks import TaskSample, extract_answer, render_prompt
+from asyncrl.data import TaskSample, extract_answer, render_prompt
 
 
 @pytest.mark.parametrize(

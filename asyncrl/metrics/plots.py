@@ -1,4 +1,6 @@
-"""Charts of simulated runs: a Gantt timeline of every worker's busy spans, and a sweep's metric curves.
+"""Charts of runs: a Gantt timeline of every worker's busy spans, and a sweep's metric curves.
+
+They take plain spans and numbers, so a simulated run and a real one draw the same way.
 
 matplotlib is imported inside each function (Agg backend), so importing the simulator stays light.
 """
@@ -8,8 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from asyncrl.sim.env_cost import is_env_worker
-from asyncrl.sim.result import SimResult
+from asyncrl.metrics.timeline import is_env_worker
 
 COLORS = {
     "generate": "tab:blue",
@@ -24,7 +25,9 @@ MAX_ROWS = 48
 """Rows of the Gantt chart (see ``timeline_rows`` for how the trainer, engines and envs share them)."""
 
 
-def plot_timeline(result: SimResult, path: str | Path, title: str = "") -> Path:
+def plot_timeline(
+    spans: dict[str, list[list]], step_ends_s: Iterable[float], path: str | Path, title: str = ""
+) -> Path:
     """One row per worker (the trainer, engines, then envs, within ``MAX_ROWS`` as ``timeline_rows``
     chooses), its spans coloured by kind; the y-label counts the workers left out."""
     import matplotlib
@@ -32,14 +35,14 @@ def plot_timeline(result: SimResult, path: str | Path, title: str = "") -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    workers, left_out = timeline_rows(result.spans)
+    workers, left_out = timeline_rows(spans)
     fig, ax = plt.subplots(figsize=(12, 1.5 + 0.25 * len(workers)))
-    _draw_rows(ax, workers, result.spans)
-    for step in result.steps:
-        ax.axvline(step.end_s, color="grey", linewidth=0.5, linestyle=":")
+    _draw_rows(ax, workers, spans)
+    for end_s in step_ends_s:
+        ax.axvline(end_s, color="grey", linewidth=0.5, linestyle=":")
     ax.set_yticks(range(len(workers)), workers, fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlabel("simulated time (s)")
+    ax.set_xlabel("time (s)")
     ax.set_ylabel(left_out_label(left_out))
     ax.set_title(title or "busy spans per worker (dotted: step ends)")
     handles, labels = ax.get_legend_handles_labels()
@@ -80,8 +83,10 @@ def _draw_rows(ax, workers: list[str], spans: dict[str, list[list]]) -> None:
                 ax.broken_barh(bars, (row - 0.4, 0.8), color=color, label=label)
 
 
-def plot_sweep(key: str, values: Sequence[object], results: Sequence[SimResult], path: str | Path) -> Path:
-    """Mean step time and trained tokens/s against the swept value."""
+def plot_sweep(
+    key: str, values: Sequence[object], totals: Sequence[dict[str, float]], path: str | Path
+) -> Path:
+    """Mean step time and trained tokens/s (each run's ``totals``) against the swept value."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -89,9 +94,9 @@ def plot_sweep(key: str, values: Sequence[object], results: Sequence[SimResult],
 
     labels = [str(v) for v in values]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.5))
-    left.bar(labels, [r.totals["mean_step_s"] for r in results], color="tab:blue")
+    left.bar(labels, [t["mean_step_s"] for t in totals], color="tab:blue")
     left.set_ylabel("mean step time (s)")
-    right.bar(labels, [r.totals["tokens_per_s"] for r in results], color="tab:green")
+    right.bar(labels, [t["tokens_per_s"] for t in totals], color="tab:green")
     right.set_ylabel("trained tokens / s")
     for ax in (left, right):
         ax.set_xlabel(key)

@@ -1,8 +1,23 @@
-"""Busy spans of every simulated worker on the virtual clock, for idle fractions and the Gantt chart."""
+"""Busy spans of every worker (simulated on the virtual clock, or real), for idle fractions and the Gantt chart.
+
+Workers are named ``trainer``, ``engine<n>`` and ``env<n>``; ``metrics.plots`` orders the chart's rows by them.
+"""
 
 from __future__ import annotations
 
 from collections import defaultdict
+
+ENV_WORKER_PREFIX = "env"
+
+
+def env_worker_name(index: int) -> str:
+    """The timeline worker of the ``index``-th env instance of a run."""
+    return f"{ENV_WORKER_PREFIX}{index}"
+
+
+def is_env_worker(name: str) -> bool:
+    """Whether a timeline worker is an env (``env<n>``; ``engine<n>`` is not)."""
+    return name.startswith(ENV_WORKER_PREFIX) and name[len(ENV_WORKER_PREFIX) :].isdigit()
 
 
 class Timeline:

@@ -1,4 +1,7 @@
-"""A test-only asyncio loop that shuffles ready callbacks (seeded) and can run on a virtual clock.
+"""The virtual clock: an asyncio loop whose time jumps to the next timer, and which can shuffle ready callbacks.
+
+The simulator runs the real producers, buffer and controller on it; tests use it (through ``asyncrl.testing``)
+to explore interleavings. It lives under ``sim/`` so the simulator depends on no test tooling.
 
 Why: the default loop runs ready callbacks first-in first-out, which hides races that any other legal order
 exposes (a snapshot-await-remove race failed 0/1000 seeds FIFO and 508/1000 shuffled). Shuffling the ready

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from asyncrl.config.task import TaskConfig
+from asyncrl.data import make_task
 from asyncrl.models.loading import ASSETS_DIR, DEFAULT_MODEL_DIR, load_model_and_tokenizer, resolve_model_path
-from asyncrl.tasks import make_task
 
 TASK_OF_CHECKPOINT = {"tiny-copy": "copy", "tiny-count": "count"}
 
@@ -45,7 +45,7 @@ def test_model_has_learned_its_task(loaded):
     """The loaded weights are the trained ones: the argmax is the demonstration's next token for most
     held-out response tokens (measured: 0.73 tiny-copy, 0.96 tiny-count; an untrained model: ~1/384). Argmax, not loss: tiny-copy is trained with label
     smoothing, which keeps its loss near 1 nat by design."""
-    from asyncrl.trainer.sft import IGNORE_INDEX, collate, encode_examples
+    from asyncrl.models.sft import IGNORE_INDEX, collate, encode_examples
 
     model, tokenizer, task = loaded
     assert model.config.model_type == "qwen2"

@@ -1,12 +1,12 @@
-"""A read-only sequence stored as parts: literal stretches and runs of one repeated value.
+"""A run-length-encoded read-only sequence (``RleSequence``) stored as parts: literal stretches and runs of one repeated value.
 
 Why: some per-token sequences are runs by construction and thousands long. A loss mask is zeros over the
 prompt then ones over the response; a simulated response's tokens, log-probs and versions carry no
 information (one token id, one log-prob, a version that changes only at weight updates). As lists, the
 producer, buffer and controller would build, copy and free them for every request: a sixth of a large
-simulation's instructions, more of its time. ``Runs`` keeps them in O(parts) memory and joins them in O(parts) time, while behaving as
+simulation's instructions, more of its time. ``RleSequence`` keeps them in O(parts) memory and joins them in O(parts) time, while behaving as
 the ``Sequence`` the rest of the code expects: ``len``, indexing, iteration, equality with lists, pickling,
-and ``list + runs`` (Python tries ``Runs.__radd__`` because ``list.__add__`` refuses a non-list). Code that
+and ``list + runs`` (Python tries ``RleSequence.__radd__`` because ``list.__add__`` refuses a non-list). Code that
 needs a list or a tensor converts with ``list(runs)``.
 """
 
@@ -19,7 +19,7 @@ from typing import Any, Generic, TypeVar, overload
 T = TypeVar("T")
 
 
-class Runs(Sequence[T], Generic[T]):
+class RleSequence(Sequence[T], Generic[T]):
     """Immutable concatenation of parts, each a tuple of literal values or a ``(value, count)`` run.
 
     Parts are few (a prompt, then one run per weight version), so lookups walk them in order.
@@ -33,19 +33,19 @@ class Runs(Sequence[T], Generic[T]):
         self._len = len(values)
 
     @classmethod
-    def _joined(cls, parts: tuple[Sequence[T], ...], length: int) -> Runs[T]:
-        """A ``Runs`` of ``parts`` whose total length the caller already knows (joins are the hot path)."""
+    def _joined(cls, parts: tuple[Sequence[T], ...], length: int) -> RleSequence[T]:
+        """A ``RleSequence`` of ``parts`` whose total length the caller already knows (joins are the hot path)."""
         runs = object.__new__(cls)
         runs._parts, runs._len = parts, length
         return runs
 
     @classmethod
-    def repeat(cls, value: T, count: int) -> Runs[T]:
+    def repeat(cls, value: T, count: int) -> RleSequence[T]:
         """``count`` times ``value``."""
         return cls._joined((_Repeat(value, count),), count)
 
     @classmethod
-    def from_runs(cls, runs: Iterable[Sequence[Any]]) -> Runs[T]:
+    def from_runs(cls, runs: Iterable[Sequence[Any]]) -> RleSequence[T]:
         """The ``(value, count)`` runs in order."""
         parts = tuple([_Repeat(value, count) for value, count in runs])
         return cls._joined(parts, sum([part.count for part in parts]))
@@ -66,7 +66,7 @@ class Runs(Sequence[T], Generic[T]):
         if index < 0:
             index += self._len
         if not 0 <= index < self._len:
-            raise IndexError("Runs index out of range")
+            raise IndexError("RleSequence index out of range")
         for part in self._parts:
             if index < len(part):
                 return part[index]
@@ -90,11 +90,11 @@ class Runs(Sequence[T], Generic[T]):
         for part in self._parts:
             yield from part
 
-    def __add__(self, other: Sequence[T]) -> Runs[T]:
-        return Runs._joined(self._parts + _parts_of(other), self._len + len(other))
+    def __add__(self, other: Sequence[T]) -> RleSequence[T]:
+        return RleSequence._joined(self._parts + _parts_of(other), self._len + len(other))
 
-    def __radd__(self, other: Sequence[T]) -> Runs[T]:
-        return Runs._joined(_parts_of(other) + self._parts, len(other) + self._len)
+    def __radd__(self, other: Sequence[T]) -> RleSequence[T]:
+        return RleSequence._joined(_parts_of(other) + self._parts, len(other) + self._len)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Sequence) or isinstance(other, str | bytes):
@@ -104,21 +104,21 @@ class Runs(Sequence[T], Generic[T]):
     __hash__ = None  # type: ignore[assignment]  # equal to lists, which are unhashable
 
     def __repr__(self) -> str:
-        return f"Runs({list(self._parts)!r})"
+        return f"RleSequence({list(self._parts)!r})"
 
 
 def _parts_of(values: Sequence[T]) -> tuple[Sequence[T], ...]:
-    """The parts of ``values``: its own if it is a ``Runs``, else one part copied into a tuple (so a list
+    """The parts of ``values``: its own if it is a ``RleSequence``, else one part copied into a tuple (so a list
     the caller goes on mutating cannot change this sequence); none if it is empty.
 
-    ``type(...) is``, not ``isinstance``: ``Runs`` is an ABC, and its instance check costs a microsecond."""
-    if type(values) is Runs:
+    ``type(...) is``, not ``isinstance``: ``RleSequence`` is an ABC, and its instance check costs a microsecond."""
+    if type(values) is RleSequence:
         return values._parts
     return (tuple(values),) if len(values) else ()
 
 
 class _Repeat(Sequence[T], Generic[T]):
-    """``count`` copies of ``value`` (a part of ``Runs``)."""
+    """``count`` copies of ``value`` (a part of ``RleSequence``)."""
 
     __slots__ = ("value", "count")
 

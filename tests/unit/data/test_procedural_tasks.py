@@ -5,9 +5,9 @@ import random
 import pytest
 
 from asyncrl.config.task import TaskConfig
-from asyncrl.tasks import make_task
-from asyncrl.tasks.lengths import long_tail_count, quantile
-from asyncrl.tasks.procedural import (
+from asyncrl.data import make_task
+from asyncrl.data.lengths import long_tail_count, quantile
+from asyncrl.data.procedural import (
     copy_example,
     count_example,
     reverse_example,

@@ -20,13 +20,13 @@ import torch
 
 from asyncrl.config.sft import SFTConfig
 from asyncrl.config.task import TaskConfig
+from asyncrl.data import TaskSample, make_task, render_prompt
+from asyncrl.data.procedural import GENERATORS
 from asyncrl.models.corpus import sample_texts
 from asyncrl.models.loading import save_tiny
 from asyncrl.models.tiny import build_tiny_model
 from asyncrl.models.tokenizer import train_tokenizer
 from asyncrl.rewards import get_reward
-from asyncrl.tasks import TaskSample, make_task, render_prompt
-from asyncrl.tasks.procedural import GENERATORS
 
 IGNORE_INDEX = -100
 """Label of positions that carry no loss (prompt and padding), as Hugging Face losses expect."""
@@ -309,7 +309,7 @@ def write_readme(
     lines = [
         f"# {out_dir.name}: warm-start checkpoint",
         "",
-        "Made by the supervised warm start (`asyncrl/trainer/sft.py`). Reproduce it from the repository root:",
+        "Made by the supervised warm start (`asyncrl/models/sft.py`). Reproduce it from the repository root:",
         "",
         "```",
         command,

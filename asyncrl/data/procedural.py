@@ -14,8 +14,8 @@ import string
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from asyncrl.tasks.base import Split, TaskSample, check_split, held_out
-from asyncrl.tasks.lengths import long_tail_count
+from asyncrl.data.base import Split, TaskSample, check_split, held_out
+from asyncrl.data.lengths import long_tail_count
 
 MAX_COUNT_NUMBER = 999
 """Counting stays within 0..999, so every number is at most three digit tokens."""

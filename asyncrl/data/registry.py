@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from asyncrl.config.task import TaskConfig
-from asyncrl.tasks.base import Task
-from asyncrl.tasks.procedural import GENERATORS, LengthSpec, ProceduralTask
+from asyncrl.data.base import Task
+from asyncrl.data.procedural import GENERATORS, LengthSpec, ProceduralTask
 
 
 def make_task(config: TaskConfig) -> Task:
