@@ -59,10 +59,9 @@ from typing import Any
 
 from asyncrl.config.proxy import ProxyConfig
 from asyncrl.proxy.continuation import check_continued, continuation_request, empty_abort, needs_continuation
-from asyncrl.proxy.engine_set import EngineSet
-from asyncrl.proxy.errors import EngineFailure, NoHealthyEngine, ProxyClosed, RequestTimeout
-from asyncrl.proxy.routing import AffinityTable, LoadIndex
-from asyncrl.proxy.wakeup import HeldCalls, Wakeup
+from asyncrl.proxy.errors import EngineFailure, NoHealthyEngine, RequestTimeout
+from asyncrl.proxy.shell import ProxyShell
+from asyncrl.proxy.wakeup import HeldCalls
 from asyncrl.proxy.worker import (
     EngineClient,
     EngineWorker,
@@ -92,7 +91,7 @@ class _Call:
     """The engine routing chose when the call last found it submittable (see ``_submittable``)."""
 
 
-class LLMProxy:
+class LLMProxy(ProxyShell):
     """Routes requests over engine workers and moves them to new weights (contract: module docstring)."""
 
     def __init__(
@@ -103,43 +102,18 @@ class LLMProxy:
         initial_version: int = 0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.config = config or ProxyConfig()
-        self.update_policy = self.config.update_policy or "drain"
-        self._engines = EngineSet(
-            engines,
-            self.config,
-            initial_version=initial_version,
-            clock=clock,
-            owner="LLMProxy",
-            on_call_end=self._on_call_end,
+        super().__init__(
+            engines, config, initial_version=initial_version, clock=clock, on_call_end=self._on_call_end
         )
-        self._workers = self._engines.workers
-        self._loads = LoadIndex((worker.load() for worker in self._workers), self.config.affinity_slack)
-        for worker in self._workers:
-            worker.on_load_change = self._on_load_change
-        self._affinity = AffinityTable()
-        self._calls: dict[str, _Call] = {}
-        self._wakeup = Wakeup()
+        self.update_policy = self.config.update_policy or "drain"
         self._held = HeldCalls()
-        self._suspended = False
-        self._closed = False
         self._updating = False
-        self._latest_version = initial_version
         self._counts = {"num_continuations": 0, "num_retries": 0, "num_timeouts": 0}
 
     # ----------------------------------------------------------------------------------------------- requests
 
-    async def generate(self, request: Request) -> Generation:
-        """Serve ``request`` on one engine (or a chain of them, see the module docstring) and return its output."""
-        self._check_open()
-        if request.request_id in self._calls:
-            raise ValueError(f"request {request.request_id!r} is already in flight in this proxy")
-        call = _Call(request=request)
-        self._calls[request.request_id] = call
-        try:
-            return await self._serve(call)
-        finally:
-            del self._calls[request.request_id]
+    def _new_call(self, request: Request) -> _Call:
+        return _Call(request=request)
 
     async def abort(self, request_id: str) -> Generation | None:
         """End a request now; its partial Generation, or None if it is not in flight here.
@@ -397,46 +371,15 @@ class LLMProxy:
         self._wakeup.notify()
         self._held.notify(self._shared_submittable())
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ProxyClosed("the LLMProxy is closed")
-
     # ------------------------------------------------------------------------------------------ inspection
-
-    def versions(self) -> list[int]:
-        """The version each engine serves now (an engine still draining reports its old version)."""
-        return self._engines.versions()
-
-    def healthy_engines(self) -> list[int]:
-        """Indices of the engines that still receive requests."""
-        return self._engines.healthy_engines()
 
     def stats(self) -> dict[str, Any]:
         """Per-engine load, version, health, busy time, idle fraction and tokens; proxy-wide counts."""
         return {
-            "engines": self._engines.engine_stats(),
-            "suspended": self._suspended,
-            "latest_version": self._latest_version,
-            "num_calls": len(self._calls),
+            **self._common_stats(),
             "num_held": sum(1 for call in self._calls.values() if call.task is None),
             **self._counts,
         }
-
-    def close(self) -> None:
-        """Fail every waiting call with ``ProxyClosed`` and cancel the proxy's own tasks; idempotent.
-
-        Cancelled tasks end on the event loop's next turns; ``aclose`` waits for them.
-        """
-        if self._closed:
-            return
-        self._closed = True
-        self._notify()
-        self._engines.close()
-
-    async def aclose(self) -> None:
-        """``close``, then wait until the proxy's cancelled tasks (engine calls, aborts, updates) have ended."""
-        self.close()
-        await self._engines.aclose()
 
 
 async def _generate_continued(worker: EngineWorker, request: Request) -> Generation:
