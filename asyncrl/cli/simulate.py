@@ -16,7 +16,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description="Run asyncrl's real producer, buffer, proxy and controller against cost-model workers on "
         "a virtual clock (docs/simulator.md). Writes OUT/result.json, OUT/steps.jsonl and OUT/timeline.png; "
         "with --sweep, one run per value and OUT/sweep.json and OUT/sweep.png; with two --sweep options, one "
-        "run per pair and a heatmap of the mean step time in OUT/sweep.png.",
+        "run per pair and a heatmap of the mean step time in OUT/sweep.png. Sweeping controller.mode sets the "
+        "async ratio of the modes that fix it (sync: 0, one_step_off: 1).",
     )
     add_config_arguments(parser)
     parser.add_argument("--out", default="runs/sim", help="output directory (default runs/sim)")
@@ -49,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         (row_key, row_values), (col_key, col_values) = sweeps
         grid = [
             [
-                simulate(load_config(SimConfig, path, [*overrides, f"{row_key}={r}", f"{col_key}={c}"]))
+                simulate(load_config(SimConfig, path, [*overrides, *swept(row_key, r), *swept(col_key, c)]))
                 for c in col_values
             ]
             for r in row_values
@@ -57,9 +58,21 @@ def run(args: argparse.Namespace) -> int:
         write_grid((row_key, row_values), (col_key, col_values), grid, out)
         return 0
     key, values = sweeps[0]
-    results = [simulate(load_config(SimConfig, path, [*overrides, f"{key}={v}"])) for v in values]
+    results = [simulate(load_config(SimConfig, path, [*overrides, *swept(key, v)])) for v in values]
     write_sweep(key, values, results, out)
     return 0
+
+
+def swept(key: str, value: str) -> list[str]:
+    """The overrides of one swept value. A swept ``controller.mode`` that fixes α (``sync``, ``one_step_off``)
+    brings its α along, so one sweep covers every mode and each config it builds is legal."""
+    from asyncrl.controller.modes import MODE_SPECS
+
+    overrides = [f"{key}={value}"]
+    spec = MODE_SPECS.get(value) if key == "controller.mode" else None
+    if spec is not None and spec.fixed_async_ratio is not None:
+        overrides.append(f"buffer.async_ratio={spec.fixed_async_ratio:g}")
+    return overrides
 
 
 def parse_sweep(text: str, parse_override) -> tuple[str, list[str]]:

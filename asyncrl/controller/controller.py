@@ -42,6 +42,7 @@ from typing import Any, Protocol
 from asyncrl import staleness
 from asyncrl.buffer.sample_buffer import SampleBuffer
 from asyncrl.config.controller import ControllerConfig
+from asyncrl.controller.modes import mode_spec
 from asyncrl.metrics.tracker import length_stats
 from asyncrl.rollout.prompt_source import PromptSource
 from asyncrl.types import Group, TrajectoryStatus
@@ -162,7 +163,7 @@ class Controller:
         """The next batch; a producer that crashed surfaces here instead of leaving the trainer waiting."""
         assert self._producer_task is not None
         # multi_version trains no admitted group stale: the batch waits for older groups still generating
-        wait_for_older = self.config.mode == "multi_version"
+        wait_for_older = mode_spec(self.config.mode).multi_version
         batch = asyncio.ensure_future(self.buffer.get_batch(self.version, wait_for_older=wait_for_older))
         done, _ = await asyncio.wait([batch, self._producer_task], return_when=asyncio.FIRST_COMPLETED)
         if batch not in done:

@@ -17,7 +17,6 @@ from dataclasses import dataclass, replace
 
 from asyncrl.buffer.sample_buffer import SampleBuffer
 from asyncrl.config.buffer import BufferConfig
-from asyncrl.config.controller import ASYNC_RATIO_OF_MODE
 from asyncrl.config.sim import SimConfig
 from asyncrl.controller.controller import Controller, StepRecord
 from asyncrl.data.base import TaskSample
@@ -51,11 +50,6 @@ class _Run:
     proxy_stats: dict
     producer_counts: dict[str, int]
     dropped: dict[str, int]
-
-
-def async_ratio_of(config: SimConfig) -> float:
-    """α of the run: fixed by ``sync`` (0) and ``one_step_off`` (1), else ``buffer.async_ratio``."""
-    return ASYNC_RATIO_OF_MODE.get(config.controller.mode, config.buffer.async_ratio)
 
 
 def simulate(config: SimConfig, *, pause_gc: bool = True) -> SimResult:
@@ -114,7 +108,7 @@ def make_proxy(
         engines,
         replace(config.proxy, control_timeout_s=NO_TIMEOUT_S),
         config.controller.mode,
-        async_ratio=async_ratio_of(config),
+        async_ratio=config.buffer.async_ratio,
         slots_per_engine=config.engine.max_running_requests,
         clock=clock,
     )
@@ -130,7 +124,9 @@ def make_engines(config: SimConfig, timeline: Timeline) -> list[SimEngine]:
 
 def make_buffer(config: SimConfig) -> SampleBuffer:
     buffer_config = BufferConfig(
-        async_ratio=async_ratio_of(config), get_batch_timeout_s=NO_TIMEOUT_S, admission_timeout_s=NO_TIMEOUT_S
+        async_ratio=config.buffer.async_ratio,
+        get_batch_timeout_s=NO_TIMEOUT_S,
+        admission_timeout_s=NO_TIMEOUT_S,
     )
     return SampleBuffer(
         buffer_config,

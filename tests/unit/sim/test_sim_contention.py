@@ -8,6 +8,7 @@ import pytest
 
 from asyncrl.config.loader import from_dict
 from asyncrl.config.sim import SimConfig, SimTrainerConfig
+from asyncrl.controller.modes import async_ratio_for
 from asyncrl.metrics.timeline import Timeline
 from asyncrl.sim.clock import run_shuffled
 from asyncrl.sim.simulate import simulate
@@ -76,7 +77,7 @@ def sim_config(mode: str, slowdown: float) -> SimConfig:
                 "num_return_sequences": 2,
                 "max_new_tokens": 64,
             },
-            "buffer": {"async_ratio": 2.0},
+            "buffer": {"async_ratio": async_ratio_for(mode, 2.0)},
             "controller": {"mode": mode, "num_steps": 4},
         },
     )
