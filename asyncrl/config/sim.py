@@ -88,7 +88,11 @@ class SimEngineConfig:
     max_running_requests: int = 256
     """Most requests decoding at once; the rest wait in the engine's FIFO queue."""
     max_kv_tokens: int = 10_000_000
-    """KV budget: a request is admitted only when prompt + max_new_tokens fits in what is left."""
+    """KV budget: a request is admitted only when its reservation, min(prompt + max_new_tokens,
+    max_model_len), fits in what is left (``asyncrl.engine.admission``, as the real engine)."""
+    max_model_len: int | None = None
+    """Longest context (prompt + output) a request may reach; it ends there with ``length``, as on the real
+    engine. None: unbounded (the reservation is prompt + max_new_tokens)."""
     weight_update_s: float = 1.0
     """Time to receive and load new weights (the engine is paused meanwhile)."""
     recompute_kv_on_update: bool = False
@@ -105,6 +109,8 @@ class SimEngineConfig:
         for name in ("gpus_per_engine", "knee_batch", "max_running_requests", "max_kv_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"engine.{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"engine.max_model_len must be >= 2 or null, got {self.max_model_len}")
         if not self.decode_step_s > 0:
             raise ValueError(f"engine.decode_step_s must be > 0, got {self.decode_step_s}")
         for name in (
