@@ -70,6 +70,7 @@ from asyncrl.proxy.worker import (
     snapshot_named_tensors,
 )
 from asyncrl.types import FinishReason, Generation, Request
+from asyncrl.weight_sync.protocol import WeightUpdate
 
 logger = logging.getLogger(__name__)
 
@@ -270,7 +271,7 @@ class LLMProxy(ProxyShell):
                 "update_policy 'in_flight': call suspend() before model_update(), one at a time"
             )
         self._latest_version = version
-        await self._update_in_flight(dict(_items(named_tensors)), version)
+        await self._update_in_flight(_in_flight_payload(named_tensors), version)
 
     async def resume(self) -> None:
         """``in_flight`` policy: resume the engines; then release the held generate calls."""
@@ -306,7 +307,7 @@ class LLMProxy(ProxyShell):
     def _update_settled(self, version: int) -> bool:
         return all(worker.version >= version or not worker.healthy for worker in self._workers)
 
-    async def _update_in_flight(self, named_tensors: dict[str, Any], version: int) -> None:
+    async def _update_in_flight(self, named_tensors: Any, version: int) -> None:
         async def update(worker: EngineWorker) -> None:
             await self._engines.control(worker, "update_weights", named_tensors, version)
             worker.version = version
@@ -391,6 +392,11 @@ async def _generate_continued(worker: EngineWorker, request: Request) -> Generat
 
 def _items(named_tensors: NamedTensors) -> Any:
     return named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
+
+
+def _in_flight_payload(named_tensors: NamedTensors | WeightUpdate) -> Any:
+    """What every paused engine receives now: a ``WeightUpdate`` as is, named tensors as one dict."""
+    return named_tensors if isinstance(named_tensors, WeightUpdate) else dict(_items(named_tensors))
 
 
 def _abort_result_of(task: asyncio.Task[Generation]) -> Generation | None:

@@ -15,8 +15,6 @@ from asyncrl.weight_sync import (
     FlatWeights,
     TensorEntry,
     pack_state,
-    packed_handle,
-    packed_payload,
     unpack_state,
 )
 
@@ -183,12 +181,3 @@ def test_tensor_entry_arithmetic():
     entry = TensorEntry(name="w", dtype="float32", shape=(2, 3), offset=5)
     assert (entry.numel, entry.end) == (6, 11)
     assert TensorEntry(name="s", dtype="float32", shape=(), offset=0).numel == 1
-
-
-def test_packed_payload_round_trip_and_plain_tensors():
-    handle = object()
-    assert packed_handle(packed_payload(handle)) is handle
-    assert packed_handle({"w": torch.zeros(1)}) is None
-    assert packed_handle([("w", torch.zeros(1))]) is None
-    with pytest.raises(ValueError, match="holds only"):
-        packed_handle({**packed_payload(handle), "w": torch.zeros(1)})
