@@ -8,7 +8,7 @@ import pickle
 import numpy as np
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from tied_model import tiny_tied_qwen2
 
 from asyncrl.models.loading import state_dict_for_sync
 from asyncrl.weight_sync import (
@@ -17,20 +17,6 @@ from asyncrl.weight_sync import (
     pack_state,
     unpack_state,
 )
-
-
-def tiny_tied_qwen2() -> Qwen2ForCausalLM:
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        vocab_size=50,
-        tie_word_embeddings=True,
-    )
-    return Qwen2ForCausalLM(config).eval()
 
 
 def mixed_state() -> dict[str, torch.Tensor]:
