@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from asyncrl.app.simulate import simulate
 from asyncrl.config.loader import from_dict
 from asyncrl.config.sim import SimConfig
 from asyncrl.controller.modes import async_ratio_for
-from asyncrl.sim.simulate import simulate
 
 GPUS_PER_ENGINE = 16
 GROUP_SIZE = 8

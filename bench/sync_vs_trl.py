@@ -38,11 +38,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-import asyncrl.controller.training as training_module  # noqa: E402
+import asyncrl.app.train as training_module  # noqa: E402
+from asyncrl.app.train import train  # noqa: E402
 from asyncrl.config.reward import RewardConfig  # noqa: E402
 from asyncrl.config.run import load_run_config  # noqa: E402
 from asyncrl.config.task import TaskConfig  # noqa: E402
-from asyncrl.controller.training import train  # noqa: E402
 from asyncrl.data.base import TaskSample, render_prompt  # noqa: E402
 from asyncrl.data.registry import make_task  # noqa: E402
 from asyncrl.metrics.tracker import MetricsTracker  # noqa: E402

@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
 
 def check_by_simulation(args: argparse.Namespace, num_train: int) -> tuple[float, float]:
     """Mean step time of the colocated sync placement and of the split async one, simulated."""
-    from asyncrl.sim.simulate import simulate
+    from asyncrl.app.simulate import simulate
 
     sync = simulate(plan_config(args, args.workers, None, "sync"))
     split = simulate(plan_config(args, args.workers - num_train, num_train, "partial_rollout"))

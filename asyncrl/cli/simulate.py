@@ -31,9 +31,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from asyncrl.app.simulate import simulate
     from asyncrl.config.loader import load_config, parse_override
     from asyncrl.config.sim import SimConfig
-    from asyncrl.sim.simulate import simulate
 
     path, overrides = split_config_args(args.config_args)
     out = Path(args.out)

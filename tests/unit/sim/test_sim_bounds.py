@@ -10,10 +10,10 @@ import random
 
 import pytest
 
+from asyncrl.app.simulate import simulate
 from asyncrl.config.loader import from_dict
 from asyncrl.config.sim import SimConfig
 from asyncrl.sim import plan
-from asyncrl.sim.simulate import simulate
 
 STEP_S = 0.1
 GPU_S_PER_TOKEN = 0.001

@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import pytest
 
+from asyncrl.app.simulate import simulate
 from asyncrl.cli.main import main
 from asyncrl.config.controller import ControllerConfig
 from asyncrl.config.env import EnvManagerConfig
@@ -19,7 +20,6 @@ from asyncrl.config.sim import SimConfig, SimEngineConfig, SimEnvConfig, SimRewa
 from asyncrl.envs import EnvError
 from asyncrl.sim.clock import run_shuffled
 from asyncrl.sim.env_cost import SimEnv, base_latency_s, is_slow_seed, step_latency_s
-from asyncrl.sim.simulate import simulate
 from asyncrl.sim.workload import PassRates
 
 

@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import pytest
 
+from asyncrl.app.simulate import simulate
 from asyncrl.config.controller import ControllerConfig
 from asyncrl.config.env import EnvManagerConfig
 from asyncrl.config.rollout import RolloutConfig
@@ -20,7 +21,6 @@ from asyncrl.metrics.timeline import Timeline, is_env_worker
 from asyncrl.sim.clock import run_shuffled
 from asyncrl.sim.env_cost import ENV_KINDS, SimEnv, step_spans
 from asyncrl.sim.result import SimResult
-from asyncrl.sim.simulate import simulate
 from asyncrl.sim.workload import PassRates
 
 NOMINAL_S = {"env_reset": 0.5, "env_step": 2.0, "reward": 1.0}

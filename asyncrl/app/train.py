@@ -1,4 +1,5 @@
-"""One training run end to end: build the parts, resume, evaluate, train with metrics and checkpoints, evaluate.
+"""``train(config)``: one training run end to end: build the parts for the config's runtime (``app.runtimes``),
+resume, evaluate, train with metrics and checkpoints, evaluate.
 
 Key decision: the run's story is told by its files — ``metrics.jsonl`` per step, ``summary.json`` at the end,
 checkpoints under ``checkpoints/`` — so benchmarks and the CLI summary read the same numbers.
@@ -6,15 +7,14 @@ checkpoints under ``checkpoints/`` — so benchmarks and the CLI summary read th
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TextIO
 
+from asyncrl.app.runtimes import Parts, assemble_controller, make_proxy, make_source, runtime_parts
 from asyncrl.config.base import to_dict
 from asyncrl.config.run import RunConfig
 from asyncrl.controller.controller import StepRecord, rollout_metrics
@@ -22,7 +22,6 @@ from asyncrl.controller.evaluation import evaluate_run
 from asyncrl.metrics.tracker import MetricsTracker
 from asyncrl.proxy.llm_proxy import LLMProxy
 from asyncrl.rollout.prompt_source import PromptSource
-from asyncrl.runtime.inline import Parts, build_parts, make_controller, make_proxy, make_source
 from asyncrl.trainer.checkpoint import checkpoint_due
 
 
@@ -57,26 +56,6 @@ async def train(config: RunConfig, console: TextIO | None = sys.stdout) -> Train
     (out / "config.json").write_text(json.dumps(to_dict(config), indent=1))
     with runtime_parts(config) as parts:
         return await _train(parts, out, started, console)
-
-
-@contextlib.contextmanager
-def runtime_parts(config: RunConfig) -> Iterator[Parts]:
-    """The run's parts in the runtime ``config.runtime.type`` names; Ray is imported only when asked for."""
-    if config.runtime.type == "inline":
-        parts: Parts = build_parts(config)
-        try:
-            yield parts
-        finally:
-            parts.close()
-        return
-    from asyncrl.runtime.ray_runtime import build_ray_parts, ray_session
-
-    with ray_session(config.runtime):
-        parts = build_ray_parts(config, config.runtime)
-        try:
-            yield parts
-        finally:
-            parts.close()
 
 
 async def _train(parts: Parts, out: Path, started: float, console: TextIO | None) -> TrainingSummary:
@@ -121,7 +100,7 @@ async def _train_with_proxy(
         if checkpoint_due(parts.trainer.step, config.trainer.checkpoint_every):
             _save(parts, source, out)
 
-    controller = make_controller(parts, proxy, source, on_step)
+    controller = assemble_controller(parts, proxy, source, on_step)
     try:
         await controller.run(remaining)
     finally:

@@ -1,7 +1,7 @@
 """``simulate(config)``: asyncrl's own producer, buffer, proxy and controller against cost-model workers.
 
-Key decision: nothing is re-implemented. The run is wired exactly as ``asyncrl.runtime.inline`` wires a real
-one, with ``SimEngine``s behind the proxy (``MultiVersionProxy`` in ``multi_version`` mode, else ``LLMProxy``),
+Key decision: nothing is re-implemented. The run is wired by the same functions as a real one
+(``app.wiring``), with ``SimEngine``s behind the proxy (``MultiVersionProxy`` in ``multi_version`` mode, else ``LLMProxy``),
 a ``SimTrainer`` behind the controller and simulated rewards,
 tokenizer and (agentic producer) environments behind the producer, on an event loop whose clock jumps to
 the next timer whenever every task waits (``asyncrl.sim.clock``, FIFO order, virtual time). No real
@@ -13,17 +13,15 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
+from asyncrl.app.wiring import Producer, Proxy, make_buffer, make_controller, make_producer
 from asyncrl.buffer.sample_buffer import SampleBuffer
-from asyncrl.config.buffer import BufferConfig
 from asyncrl.config.sim import SimConfig
-from asyncrl.controller.controller import Controller, StepRecord
+from asyncrl.controller.controller import StepRecord
 from asyncrl.data.base import TaskSample
 from asyncrl.metrics.timeline import Timeline
 from asyncrl.proxy.factory import proxy_for_mode
-from asyncrl.proxy.llm_proxy import LLMProxy
-from asyncrl.proxy.multi_version import MultiVersionProxy
 from asyncrl.rollout.agentic_producer import AgenticProducer, make_env_seed_source
 from asyncrl.rollout.prompt_source import PromptSource
 from asyncrl.rollout.rlvr_producer import RLVRProducer
@@ -31,25 +29,12 @@ from asyncrl.sim.clock import run_shuffled
 from asyncrl.sim.engine import SimEngine
 from asyncrl.sim.env_cost import SimEnvTokenizer, make_sim_env_factory
 from asyncrl.sim.gc_pause import gc_paused
-from asyncrl.sim.result import SimResult, build_result
+from asyncrl.sim.result import SimResult, SimRun, build_result
 from asyncrl.sim.workers import SimRewards, SimTokenizer, SimTrainer
 from asyncrl.sim.workload import LengthModel, PassRates
 
 NO_TIMEOUT_S = 1e9
 """Virtual seconds used for every timeout of the real parts: a simulated wait never times out."""
-
-
-@dataclass
-class _Run:
-    """What a finished simulated run leaves behind for ``build_result``."""
-
-    trainer: SimTrainer
-    engines: list[SimEngine]
-    step_ends: list[float]
-    timeline: Timeline
-    proxy_stats: dict
-    producer_counts: dict[str, int]
-    dropped: dict[str, int]
 
 
 def simulate(config: SimConfig, *, pause_gc: bool = True) -> SimResult:
@@ -63,14 +48,18 @@ def simulate(config: SimConfig, *, pause_gc: bool = True) -> SimResult:
     return build_result(config, run, wall_s=time.perf_counter() - wall_start)
 
 
-async def _run(config: SimConfig) -> _Run:
+async def _run(config: SimConfig) -> SimRun:
     loop = asyncio.get_running_loop()
     timeline = Timeline(enabled=config.timeline == "full")
     engines = make_engines(config, timeline)
     proxy = make_proxy(config, engines, loop.time)
-    buffer = make_buffer(config)
-    producer = make_producer(config, proxy, buffer, timeline)
-    source = producer.source
+    buffer = make_buffer(
+        replace(config.buffer, get_batch_timeout_s=NO_TIMEOUT_S, admission_timeout_s=NO_TIMEOUT_S),
+        config.rollout,
+        producer=config.producer,
+        env_manager=config.env_manager,
+    )
+    producer = make_sim_producer(config, proxy, buffer, timeline)
     trainer = SimTrainer(
         config.trainer,
         config.num_train_gpus,
@@ -83,25 +72,17 @@ async def _run(config: SimConfig) -> _Run:
         step_ends.append(loop.time())
         buffer.take_dropped()  # counts stay in the accounting; the records would only hold memory
 
-    controller = Controller(
-        config=config.controller,
-        buffer=buffer,
-        producer=producer,
-        source=source,
-        trainer=trainer,
-        proxy=proxy,
-        on_step=on_step,
+    controller = make_controller(
+        config.controller, buffer=buffer, producer=producer, trainer=trainer, proxy=proxy, on_step=on_step
     )
     await controller.run(config.controller.num_steps)
     stats = proxy.stats()
     proxy.close()
     dropped = buffer.accounting().num_dropped
-    return _Run(trainer, engines, step_ends, timeline, stats, *producer_counts(producer, engines, dropped))
+    return SimRun(trainer, engines, step_ends, timeline, stats, *producer_counts(producer, engines, dropped))
 
 
-def make_proxy(
-    config: SimConfig, engines: list[SimEngine], clock: Callable[[], float]
-) -> LLMProxy | MultiVersionProxy:
+def make_proxy(config: SimConfig, engines: list[SimEngine], clock: Callable[[], float]) -> Proxy:
     """The proxy a real run of the mode gets (``asyncrl.proxy.factory``), on the loop's clock; control calls
     never time out."""
     return proxy_for_mode(
@@ -122,55 +103,33 @@ def make_engines(config: SimConfig, timeline: Timeline) -> list[SimEngine]:
     ]
 
 
-def make_buffer(config: SimConfig) -> SampleBuffer:
-    buffer_config = BufferConfig(
-        async_ratio=config.buffer.async_ratio,
-        get_batch_timeout_s=NO_TIMEOUT_S,
-        admission_timeout_s=NO_TIMEOUT_S,
-    )
-    return SampleBuffer(
-        buffer_config,
-        groups_per_batch=config.rollout.rollout_batch_size,
-        group_size=config.rollout.num_return_sequences,
-        max_redundant_groups=redundant_groups(config),
-    )
-
-
-def redundant_groups(config: SimConfig) -> int:
-    """Groups admitted beyond what the async ratio allows: redundant prompts (RLVR) or env groups beyond the
-    batch (agentic)."""
-    if config.producer == "agentic":
-        return config.env_manager.num_env_groups - config.rollout.rollout_batch_size
-    return config.rollout.max_additional_running_prompts
-
-
-def make_producer(
-    config: SimConfig, proxy: LLMProxy | MultiVersionProxy, buffer: SampleBuffer, timeline: Timeline
-) -> RLVRProducer | AgenticProducer:
-    """The real producer ``config.producer`` names, over simulated rewards, tokenizer and environments (which
-    record their spans on ``timeline``)."""
+def make_sim_producer(config: SimConfig, proxy: Proxy, buffer: SampleBuffer, timeline: Timeline) -> Producer:
+    """The real producer ``config.producer`` names (``app.wiring``), over simulated rewards, tokenizer and
+    environments (which record their spans on ``timeline``)."""
     pass_rates = PassRates(config.reward, config.seed)
     if config.producer == "agentic":
-        return AgenticProducer(
+        return make_producer(
+            "agentic",
             source=make_env_seed_source(config.num_prompts, config.seed),
             proxy=proxy,
             buffer=buffer,
             tokenizer=SimEnvTokenizer(),
             rollout=config.rollout,
-            config=config.env_manager,
+            seed=config.seed,
+            env_manager=config.env_manager,
             make_env=make_sim_env_factory(
                 config.env, config.prompt_tokens, pass_rates, config.seed, timeline
             ),
-            seed=config.seed,
         )
-    return RLVRProducer(
+    return make_producer(
+        "rlvr",
         source=PromptSource(make_samples(config.num_prompts), seed=config.seed),
         proxy=proxy,
-        rewards=SimRewards(pass_rates, config.reward.latency_s),
         buffer=buffer,
         tokenizer=SimTokenizer(config.prompt_tokens),
-        config=config.rollout,
+        rollout=config.rollout,
         seed=config.seed,
+        rewards=SimRewards(pass_rates, config.reward.latency_s),
     )
 
 
