@@ -10,8 +10,8 @@ setting is the failure users of RL frameworks complain about most (a sweep over 
 nothing and said nothing). Code that varies the mode on purpose (a ``--sweep controller.mode=...``, ``plan``)
 asks ``async_ratio_for(mode, alpha)`` for the α the mode runs at, so the config it builds is legal.
 
-Pure data importing only ``asyncrl.config.base``: ``asyncrl.config`` reads it, and config modules stay
-import-light.
+Pure data importing only the standard library: ``asyncrl.config`` reads it (config modules stay import-light)
+and it imports nothing of asyncrl back, so the layering test counts it with the bottom layer.
 """
 
 from __future__ import annotations
@@ -19,12 +19,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from asyncrl.config.base import ConfigError
 
-
-class ModeError(ConfigError):
-    """A setting contradicts what ``controller.mode`` fixes (async ratio, update policy); a ``ConfigError``, so
-    config loading passes it through unchanged."""
+class ModeError(ValueError):
+    """A setting contradicts what ``controller.mode`` fixes (async ratio, update policy). Config loading
+    re-raises it as a ``ConfigError`` with the same message (``from_dict`` wraps every ``ValueError``)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from asyncrl.cli.simulate import swept
+from asyncrl.config.base import ConfigError
 from asyncrl.config.loader import from_dict
 from asyncrl.config.run import RunConfig
 from asyncrl.config.sim import SimConfig
@@ -44,15 +45,21 @@ def test_each_mode_fixes_what_the_docs_say():
 @pytest.mark.parametrize("config_class", [RunConfig, SimConfig])
 def test_sync_with_a_positive_ratio_is_the_same_error_for_a_real_and_a_simulated_run(config_class):
     data = {"controller": {"mode": "sync"}, "buffer": {"async_ratio": 2.0}}
-    with pytest.raises(ModeError, match=r"controller.mode='sync' needs buffer.async_ratio=0, got 2"):
+    with pytest.raises(
+        ConfigError, match=r"controller.mode='sync' needs buffer.async_ratio=0, got 2"
+    ) as error:
         from_dict(config_class, data)
+    assert isinstance(error.value.__cause__, ModeError)
 
 
 @pytest.mark.parametrize("config_class", [RunConfig, SimConfig])
 def test_update_policy_contradicting_the_mode_is_the_same_error(config_class):
     data = {"controller": {"mode": "partial_rollout"}, "proxy": {"update_policy": "drain"}}
-    with pytest.raises(ModeError, match=r"needs proxy.update_policy='in_flight' \(or null\), got 'drain'"):
+    with pytest.raises(
+        ConfigError, match=r"needs proxy.update_policy='in_flight' \(or null\), got 'drain'"
+    ) as error:
         from_dict(config_class, data)
+    assert isinstance(error.value.__cause__, ModeError)
 
 
 def test_unknown_mode_names_the_allowed_ones():
