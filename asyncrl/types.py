@@ -191,7 +191,7 @@ def _listed(values: Any) -> Sequence[Any]:
 class Generation:
     """The output of one request: tokens, each token's behaviour log-prob and the policy version that made it.
 
-    The sequences are lists from the real engines and ``asyncrl.runs.Runs`` from the simulator's (read-only
+    The sequences are lists from the real engines and ``asyncrl.rle.RleSequence`` from the simulator's (read-only
     either way); consumers use them as sequences, and ``list + sequence`` concatenates both kinds.
     """
 
@@ -235,7 +235,7 @@ class Trajectory:
     ``token_ids`` is the whole sequence, prompt included; ``loss_mask`` is 1 on model-generated tokens and 0 on
     prompt and environment tokens; ``logprobs`` and ``versions`` are aligned with ``token_ids`` (0.0 and -1 where
     the mask is 0). ``start_version`` is the policy version that began the trajectory: staleness is measured
-    from it. The sequences are lists, or ``Runs`` in the simulator (see ``Generation``).
+    from it. The sequences are lists, or ``RleSequence`` in the simulator (see ``Generation``).
     """
 
     prompt_uid: str

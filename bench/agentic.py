@@ -47,10 +47,11 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 import torch  # noqa: E402
 
+from asyncrl.app.runtimes import assemble_controller as make_controller  # noqa: E402
+from asyncrl.app.runtimes import make_proxy, make_source  # noqa: E402
+from asyncrl.app.train import runtime_parts  # noqa: E402
 from asyncrl.config.run import RunConfig, load_run_config  # noqa: E402
 from asyncrl.controller.controller import StepRecord  # noqa: E402
-from asyncrl.controller.training import runtime_parts  # noqa: E402
-from asyncrl.runtime.inline import make_controller, make_proxy, make_source  # noqa: E402
 from asyncrl.types import Trajectory  # noqa: E402
 
 

@@ -1,7 +1,7 @@
 """Does multi-turn RL improve the tiny model on a real environment? Sokoban, across seeds, before vs after.
 
 For each seed: the warm start on scripted optimal episodes (``asyncrl.envs.warm_start``, seeded), then the RL run
-of ``examples/agentic_sokoban.yaml`` (seeded) from it; the held-out env return before and after RL comes from
+of ``asyncrl/examples/agentic_sokoban.yaml`` (seeded) from it; the held-out env return before and after RL comes from
 the run's ``summary.json`` (the same held-out rooms and sampling seeds before and after). The result JSON keeps
 every seed, the per-seed gain, and median/min/max of the gains.
 
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIG = ROOT / "examples" / "agentic_sokoban.yaml"
+CONFIG = ROOT / "asyncrl" / "examples" / "agentic_sokoban.yaml"
 QUICK_OVERRIDES = (
     "controller.num_steps=2",
     "controller.eval_prompts=8",

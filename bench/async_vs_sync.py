@@ -44,11 +44,10 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 import torch  # noqa: E402
 
+from asyncrl.app.runtimes import assemble_controller, make_proxy, runtime_parts  # noqa: E402
 from asyncrl.config.run import RunConfig, load_run_config  # noqa: E402
 from asyncrl.controller.controller import StepRecord  # noqa: E402
-from asyncrl.controller.training import runtime_parts  # noqa: E402
 from asyncrl.rollout.prompt_source import PromptSource  # noqa: E402
-from asyncrl.runtime.inline import make_controller, make_proxy  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -139,7 +138,7 @@ async def train_steps(config: RunConfig) -> list[dict[str, Any]]:
         def on_step(record: StepRecord) -> None:
             steps.append(step_record(record, proxy.stats()))
 
-        controller = make_controller(parts, proxy, source, on_step)
+        controller = assemble_controller(parts, proxy, source, on_step)
         await controller.run(config.controller.num_steps)
         proxy.close()
         await settle()

@@ -36,8 +36,8 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from asyncrl.app.train import train  # noqa: E402
 from asyncrl.config.run import load_run_config  # noqa: E402
-from asyncrl.controller.training import train  # noqa: E402
 
 DEFAULT_EXAMPLE = Path(__file__).resolve().parents[1] / "asyncrl" / "examples" / "default.yaml"
 LOSSES = ("ppo", "decoupled_ppo", "tis", "cispo", "topr")

@@ -49,19 +49,18 @@ import asyncrl  # noqa: E402
 sys.path.insert(0, str(Path(__file__).parent))
 from async_vs_sync import VARIANTS, Variant, Workload, run_config, settle  # noqa: E402
 
+from asyncrl.app.runtimes import assemble_controller, make_proxy, runtime_parts  # noqa: E402
+from asyncrl.app.simulate import simulate  # noqa: E402
 from asyncrl.config.base import to_dict  # noqa: E402
 from asyncrl.config.loader import from_dict  # noqa: E402
 from asyncrl.config.run import RunConfig  # noqa: E402
 from asyncrl.config.sim import SimConfig  # noqa: E402
 from asyncrl.controller.controller import StepRecord  # noqa: E402
-from asyncrl.controller.training import runtime_parts  # noqa: E402
 from asyncrl.engine.llm_engine import LLMEngine  # noqa: E402
 from asyncrl.models.loading import load_model_and_tokenizer  # noqa: E402
 from asyncrl.rollout.prompt_source import PromptSource  # noqa: E402
-from asyncrl.runtime.inline import make_controller, make_proxy  # noqa: E402
 from asyncrl.sim import calibrate  # noqa: E402
 from asyncrl.sim.result import SimResult  # noqa: E402
-from asyncrl.sim.simulate import simulate  # noqa: E402
 from asyncrl.types import Request, SamplingParams  # noqa: E402
 
 WORK = Workload(prompts_per_step=8, samples_per_prompt=4, max_new_tokens=160, steps=12, warmup=3)
@@ -93,7 +92,7 @@ async def real_steps(config: RunConfig) -> list[dict[str, Any]]:
                 }
             )
 
-        controller = make_controller(parts, proxy, source, on_step)
+        controller = assemble_controller(parts, proxy, source, on_step)
         await controller.run(config.controller.num_steps)
         proxy.close()
         await settle()

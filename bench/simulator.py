@@ -22,9 +22,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from asyncrl.app.simulate import simulate
 from asyncrl.config.loader import from_dict
 from asyncrl.config.sim import SimConfig
-from asyncrl.sim.simulate import simulate
+from asyncrl.controller.modes import async_ratio_for
 
 GPUS_PER_ENGINE = 16
 GROUP_SIZE = 8
@@ -56,7 +57,7 @@ def config_for(num_gpus: int, num_steps: int, mode: str) -> SimConfig:
                 "num_return_sequences": GROUP_SIZE,
                 "max_new_tokens": 16384,
             },
-            "buffer": {"async_ratio": 2.0},
+            "buffer": {"async_ratio": async_ratio_for(mode, 2.0)},
             "controller": {"mode": mode, "num_steps": num_steps, "wait_for_weight_sync": False},
         },
     )

@@ -11,7 +11,7 @@ on other jobs than wall time does.
 
 Held-out reward is measured by one piece of code for the start model and both results: Hugging Face
 ``generate`` at temperature 1, ``--eval-k`` samples per held-out prompt, scored by the task's own reward
-(``asyncrl.trainer.sft.evaluate_by_sampling``), with the same seed.
+(``asyncrl.models.sft.evaluate_by_sampling``), with the same seed.
 
     python bench/sync_vs_trl.py [--quick] [--repeats 2] [--profile-engine] [--out bench/results/sync_vs_trl.json]
 """
@@ -38,18 +38,18 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-import asyncrl.controller.training as training_module  # noqa: E402
+import asyncrl.app.train as training_module  # noqa: E402
+from asyncrl.app.train import train  # noqa: E402
 from asyncrl.config.reward import RewardConfig  # noqa: E402
 from asyncrl.config.run import load_run_config  # noqa: E402
 from asyncrl.config.task import TaskConfig  # noqa: E402
-from asyncrl.controller.training import train  # noqa: E402
+from asyncrl.data.base import TaskSample, render_prompt  # noqa: E402
+from asyncrl.data.registry import make_task  # noqa: E402
 from asyncrl.metrics.tracker import MetricsTracker  # noqa: E402
 from asyncrl.models.loading import load_model_and_tokenizer, resolve_model_path  # noqa: E402
+from asyncrl.models.sft import evaluate_by_sampling  # noqa: E402
 from asyncrl.rewards.service import make_reward_fn  # noqa: E402
 from asyncrl.rollout.prompt_source import PromptSource  # noqa: E402
-from asyncrl.tasks.base import TaskSample, render_prompt  # noqa: E402
-from asyncrl.tasks.registry import make_task  # noqa: E402
-from asyncrl.trainer.sft import evaluate_by_sampling  # noqa: E402
 
 
 @dataclass(frozen=True, kw_only=True)

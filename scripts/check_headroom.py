@@ -24,9 +24,9 @@ def main() -> int:
 
     from asyncrl.config.loader import load_config
     from asyncrl.config.task import TaskConfig
+    from asyncrl.data import make_task
     from asyncrl.models.loading import load_model_and_tokenizer
-    from asyncrl.tasks import make_task
-    from asyncrl.trainer.sft import evaluate_by_sampling
+    from asyncrl.models.sft import evaluate_by_sampling
 
     model, tokenizer = load_model_and_tokenizer(args.model_dir, device="cpu")
     task = make_task(load_config(TaskConfig, None, args.task_overrides))

@@ -1,4 +1,4 @@
-"""The SampleBuffer between rollout and training, and the staleness arithmetic of the async ratio α."""
+"""The SampleBuffer between rollout and training (the staleness arithmetic of the async ratio α is ``asyncrl.staleness``)."""
 
 from asyncrl.buffer.records import Admission, BufferAccounting, DropKind, DroppedGroup
 from asyncrl.buffer.sample_buffer import (

@@ -50,7 +50,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from asyncrl.buffer import staleness
+from asyncrl import staleness
 from asyncrl.buffer.records import Admission, BufferAccounting, DropKind, DroppedGroup
 from asyncrl.config.buffer import BufferConfig
 from asyncrl.types import Group

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 from asyncrl.cli.args import add_config_arguments, run_config_from_args
 
@@ -28,38 +27,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
+    from asyncrl.app.evaluate import evaluate_model
+
     config = run_config_from_args(args)
     print(json.dumps(asyncio.run(evaluate_model(config, args.checkpoint)), indent=1))
     return 0
-
-
-async def evaluate_model(config, checkpoint: str | None) -> dict[str, float]:
-    """Load the model (and a checkpoint's weights), serve it on one engine and run the config's evaluation."""
-    from dataclasses import replace
-    from pathlib import Path
-
-    from asyncrl.controller.evaluation import evaluate_run
-    from asyncrl.engine import make_engine
-    from asyncrl.metrics.progress import Progress
-    from asyncrl.models.loading import load_model_and_tokenizer
-    from asyncrl.proxy.llm_proxy import LLMProxy
-    from asyncrl.rewards.service import RewardService
-    from asyncrl.tasks.registry import make_task
-    from asyncrl.trainer.checkpoint import MODEL_DIR, load_model_weights
-
-    model, tokenizer = load_model_and_tokenizer(config.model.path, config.model.dtype, config.model.device)
-    if checkpoint:
-        load_model_weights(model, Path(checkpoint) / MODEL_DIR)
-    engine = make_engine(model, tokenizer, config.engine)
-    proxy = LLMProxy([engine], replace(config.proxy, update_policy="drain"))
-    task = make_task(config.task) if config.producer == "rlvr" else None
-    progress = Progress(
-        config.controller.eval_prompts, label="eval", stream=sys.stderr, unit="prompt", min_interval_s=2.0
-    )
-    try:
-        with RewardService.from_config(config.reward) as rewards:
-            return await evaluate_run(config, proxy, tokenizer, task, rewards, progress=progress)
-    finally:
-        progress.close()
-        await proxy.aclose()
-        engine.shutdown()

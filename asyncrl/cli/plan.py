@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
 
 def check_by_simulation(args: argparse.Namespace, num_train: int) -> tuple[float, float]:
     """Mean step time of the colocated sync placement and of the split async one, simulated."""
-    from asyncrl.sim.simulate import simulate
+    from asyncrl.app.simulate import simulate
 
     sync = simulate(plan_config(args, args.workers, None, "sync"))
     split = simulate(plan_config(args, args.workers - num_train, num_train, "partial_rollout"))
@@ -64,6 +64,7 @@ def plan_config(args: argparse.Namespace, rollout_workers: int, train_workers: i
     lognormal with mean μ_gen and at most L_gen, a trainer at μ_train per sample per worker."""
     from asyncrl.config.loader import from_dict
     from asyncrl.config.sim import SimConfig
+    from asyncrl.controller.modes import async_ratio_for
 
     max_tokens = max(MEAN_TOKENS, round(MEAN_TOKENS * args.l_gen / args.mu_gen))
     trainer = {
@@ -93,7 +94,7 @@ def plan_config(args: argparse.Namespace, rollout_workers: int, train_workers: i
                 "num_return_sequences": 1,
                 "max_new_tokens": max_tokens,
             },
-            "buffer": {"async_ratio": args.alpha},
+            "buffer": {"async_ratio": async_ratio_for(mode, args.alpha)},
             "controller": {"mode": mode, "num_steps": args.steps, "wait_for_weight_sync": False},
         },
     )

@@ -23,7 +23,7 @@ def run(args: argparse.Namespace) -> int:
     from asyncrl.config.loader import load_config
     from asyncrl.config.sft import SFTConfig
     from asyncrl.metrics.progress import Progress
-    from asyncrl.trainer.sft import run_sft
+    from asyncrl.models.sft import run_sft
 
     path, overrides = split_config_args(args.config_args)
     config = load_config(SFTConfig, path, overrides)

@@ -17,7 +17,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description="Run asyncrl's real producer, buffer, proxy and controller against cost-model workers on "
         "a virtual clock (docs/simulator.md). Writes OUT/result.json, OUT/steps.jsonl, OUT/timeline.jsonl and OUT/timeline.png; "
         "with --sweep, one run per value and OUT/sweep.json and OUT/sweep.png; with two --sweep options, one "
-        "run per pair and a heatmap of the mean step time in OUT/sweep.png.",
+        "run per pair and a heatmap of the mean step time in OUT/sweep.png. Sweeping controller.mode sets the "
+        "async ratio of the modes that fix it (sync: 0, one_step_off: 1).",
     )
     add_config_arguments(parser)
     parser.add_argument("--out", default="runs/sim", help="output directory (default runs/sim)")
@@ -31,9 +32,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from asyncrl.app.simulate import simulate
     from asyncrl.config.loader import load_config, parse_override
     from asyncrl.config.sim import SimConfig
-    from asyncrl.sim.simulate import simulate
 
     path, overrides = split_config_args(args.config_args)
     out = Path(args.out)
@@ -48,23 +49,23 @@ def run(args: argparse.Namespace) -> int:
     sweeps = [parse_sweep(text, parse_override) for text in args.sweep]
     if len(sweeps) == 2:
         (row_key, row_values), (col_key, col_values) = sweeps
-        points = [[f"{row_key}={r}", f"{col_key}={c}"] for r in row_values for c in col_values]
+        points = [[*swept(row_key, r), *swept(col_key, c)] for r in row_values for c in col_values]
         flat = simulate_points(path, overrides, points)
         grid = [flat[i : i + len(col_values)] for i in range(0, len(flat), len(col_values))]
         write_grid((row_key, row_values), (col_key, col_values), grid, out)
         return 0
     key, values = sweeps[0]
-    results = simulate_points(path, overrides, [[f"{key}={v}"] for v in values])
+    results = simulate_points(path, overrides, [swept(key, v) for v in values])
     write_sweep(key, values, results, out)
     return 0
 
 
 def simulate_points(path: str | None, overrides: list[str], points: list[list[str]]) -> list:
     """One simulation per sweep point (its overrides added to the run's), with progress on stderr."""
+    from asyncrl.app.simulate import simulate
     from asyncrl.config.loader import load_config
     from asyncrl.config.sim import SimConfig
     from asyncrl.metrics.progress import Progress
-    from asyncrl.sim.simulate import simulate
 
     progress = Progress(len(points), label="sweep", stream=sys.stderr, unit="run")
     results = []
@@ -73,6 +74,18 @@ def simulate_points(path: str | None, overrides: list[str], points: list[list[st
         progress.update(done, {"point": " ".join(point)})
     progress.close()
     return results
+
+
+def swept(key: str, value: str) -> list[str]:
+    """The overrides of one swept value. A swept ``controller.mode`` that fixes α (``sync``, ``one_step_off``)
+    brings its α along, so one sweep covers every mode and each config it builds is legal."""
+    from asyncrl.controller.modes import MODE_SPECS
+
+    overrides = [f"{key}={value}"]
+    spec = MODE_SPECS.get(value) if key == "controller.mode" else None
+    if spec is not None and spec.fixed_async_ratio is not None:
+        overrides.append(f"buffer.async_ratio={spec.fixed_async_ratio:g}")
+    return overrides
 
 
 def parse_sweep(text: str, parse_override) -> tuple[str, list[str]]:
@@ -86,8 +99,8 @@ def parse_sweep(text: str, parse_override) -> tuple[str, list[str]]:
 
 
 def write_run(result, out: Path) -> None:
+    from asyncrl.metrics.plots import plot_timeline
     from asyncrl.metrics.spans import write_spans
-    from asyncrl.sim.plots import plot_timeline
 
     out.mkdir(parents=True, exist_ok=True)
     write_spans(result.spans, out / "timeline.jsonl")
@@ -95,16 +108,16 @@ def write_run(result, out: Path) -> None:
     with (out / "steps.jsonl").open("w") as f:
         for row in result.to_json()["steps"]:
             f.write(json.dumps(row) + "\n")
-    plot_timeline(result, out / "timeline.png")
+    plot_timeline(result.spans, [step.end_s for step in result.steps], out / "timeline.png")
 
 
 def write_sweep(key: str, values: list[str], results: list, out: Path) -> None:
-    from asyncrl.sim.plots import plot_sweep
+    from asyncrl.metrics.plots import plot_sweep
 
     out.mkdir(parents=True, exist_ok=True)
     rows = [{"value": v, **r.totals} for v, r in zip(values, results, strict=True)]
     (out / "sweep.json").write_text(json.dumps({"key": key, "runs": rows}, indent=1))
-    plot_sweep(key, values, results, out / "sweep.png")
+    plot_sweep(key, values, [r.totals for r in results], out / "sweep.png")
     print(f"{key:>24}  {'mean_step_s':>11}  {'mean_wait_s':>11}  {'tokens_per_s':>12}  {'engine_busy':>11}")
     for row in rows:
         print(
@@ -116,7 +129,7 @@ def write_sweep(key: str, values: list[str], results: list, out: Path) -> None:
 
 def write_grid(rows: tuple[str, list[str]], cols: tuple[str, list[str]], grid: list[list], out: Path) -> None:
     """A two-key sweep: OUT/sweep.json with one row per pair, and a heatmap of the mean step time."""
-    from asyncrl.sim.plots import plot_sweep_grid
+    from asyncrl.metrics.plots import plot_sweep_grid
 
     out.mkdir(parents=True, exist_ok=True)
     (row_key, row_values), (col_key, col_values) = rows, cols

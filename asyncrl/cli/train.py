@@ -25,7 +25,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
-    from asyncrl.controller.training import train
+    from asyncrl.app.train import train
 
     if not args.config_args or "=" in args.config_args[0]:  # no config file: overrides apply to the default
         args.config_args = [str(DEFAULT_EXAMPLE), *args.config_args]

@@ -16,7 +16,7 @@ class BufferConfig:
 
     async_ratio: float = 0.0
     """α: a sample trained at version n was started at version >= n - α. 0 is synchronous. Versions are
-    integers, so only ⌊α⌋ matters (1.5 behaves as 1); see ``asyncrl.buffer.staleness``."""
+    integers, so only ⌊α⌋ matters (1.5 behaves as 1); see ``asyncrl.staleness``."""
     get_batch_timeout_s: float = 600.0
     """Longest ``get_batch`` waits for a full batch before raising a TimeoutError naming the stuck work."""
     admission_timeout_s: float = 3600.0

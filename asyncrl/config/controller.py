@@ -5,22 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-MODES = ("sync", "one_step_off", "async", "partial_rollout", "multi_version")
-
-UPDATE_POLICY_OF_MODE = {
-    "sync": "drain",
-    "one_step_off": "drain",
-    "async": "drain",
-    "partial_rollout": "in_flight",
-    "multi_version": "multi_version",
-}
-"""How engines take new weights in each mode: ``drain`` keeps one version per trajectory, ``in_flight``
-updates mid-generation (see ``asyncrl.config.proxy``), ``multi_version`` is the orchestrator of
-``asyncrl.proxy.multi_version``: engines serve several versions at once and are re-partitioned after every
-update (``proxy.update_policy`` must stay null in that mode; the orchestrator replaces the LLMProxy)."""
-
-ASYNC_RATIO_OF_MODE = {"sync": 0.0, "one_step_off": 1.0}
-"""Modes that fix the async ratio α; the others take ``buffer.async_ratio`` as given."""
+from asyncrl.controller.modes import mode_spec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,7 +18,7 @@ class ControllerConfig:
     change mid-generation, per-token versions recorded, staleness bounded by start version. multi_version
     (DORA): engines serve up to ⌊α⌋ + 1 versions at once, one version per trajectory; after every update they
     are re-partitioned across versions by pending work and requests migrate with their KV cache; new prompts go
-    to the newest version. See docs/modes.md."""
+    to the newest version. What each mode fixes: ``asyncrl.controller.modes.MODE_SPECS``; see docs/modes.md."""
     num_steps: int = 20
     """Training steps (policy updates) to run."""
     eval_prompts: int = 128
@@ -47,32 +32,10 @@ class ControllerConfig:
     step wait for the longest in-flight response, the very tail asynchrony removes."""
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(
-                f"controller.mode must be one of {', '.join(map(repr, MODES))}, got {self.mode!r}"
-            )
+        mode_spec(self.mode)  # ModeError naming the allowed modes
         if self.num_steps < 1:
             raise ValueError(f"controller.num_steps must be >= 1, got {self.num_steps}")
         if self.eval_prompts < 0:
             raise ValueError(f"controller.eval_prompts must be >= 0, got {self.eval_prompts}")
         if self.eval_temperature < 0:
             raise ValueError(f"controller.eval_temperature must be >= 0, got {self.eval_temperature}")
-
-
-def check_mode_async_ratio(mode: str, async_ratio: float) -> None:
-    """Raise ValueError when ``buffer.async_ratio`` contradicts a mode that fixes it."""
-    fixed_ratio = ASYNC_RATIO_OF_MODE.get(mode)
-    if fixed_ratio is not None and async_ratio != fixed_ratio:
-        raise ValueError(
-            f"controller.mode={mode!r} needs buffer.async_ratio={fixed_ratio:g}, got {async_ratio:g} "
-            "(use mode 'async' for other ratios)"
-        )
-
-
-def check_mode_update_policy(mode: str, update_policy: str | None) -> None:
-    """Raise ValueError when an explicit ``proxy.update_policy`` contradicts the mode (None follows the mode)."""
-    if update_policy is not None and update_policy != UPDATE_POLICY_OF_MODE[mode]:
-        raise ValueError(
-            f"controller.mode={mode!r} needs proxy.update_policy={UPDATE_POLICY_OF_MODE[mode]!r} (or null), "
-            f"got {update_policy!r}"
-        )

@@ -13,7 +13,7 @@ from typing import Literal
 
 from asyncrl.config.algorithm import AdvantageConfig, LossConfig
 from asyncrl.config.buffer import BufferConfig
-from asyncrl.config.controller import ControllerConfig, check_mode_async_ratio, check_mode_update_policy
+from asyncrl.config.controller import ControllerConfig
 from asyncrl.config.engine import EngineConfig
 from asyncrl.config.env import EnvConfig, EnvManagerConfig, check_env_manager_fits
 from asyncrl.config.loader import load_config
@@ -25,6 +25,7 @@ from asyncrl.config.rollout import RolloutConfig
 from asyncrl.config.runtime import RuntimeConfig
 from asyncrl.config.task import TaskConfig
 from asyncrl.config.trainer import TrainerConfig
+from asyncrl.controller.modes import check_mode
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,8 +77,9 @@ class RunConfig:
     def __post_init__(self) -> None:
         if not self.output_dir:
             raise ValueError("output_dir must not be empty")
-        check_mode_async_ratio(self.controller.mode, self.buffer.async_ratio)
-        check_mode_update_policy(self.controller.mode, self.proxy.update_policy)
+        check_mode(
+            self.controller.mode, async_ratio=self.buffer.async_ratio, update_policy=self.proxy.update_policy
+        )
         if self.producer not in PRODUCERS:
             raise ValueError(
                 f"producer must be one of {', '.join(map(repr, PRODUCERS))}, got {self.producer!r}"

@@ -10,10 +10,11 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from asyncrl.config.buffer import BufferConfig
-from asyncrl.config.controller import ControllerConfig, check_mode_update_policy
+from asyncrl.config.controller import ControllerConfig
 from asyncrl.config.env import EnvManagerConfig, check_env_manager_fits
 from asyncrl.config.proxy import ProxyConfig
 from asyncrl.config.rollout import RolloutConfig
+from asyncrl.controller.modes import check_mode
 
 LENGTH_DISTRIBUTIONS = ("constant", "lognormal", "pareto", "empirical")
 LATENCY_DISTRIBUTIONS = ("constant", "gaussian", "lognormal")
@@ -87,7 +88,11 @@ class SimEngineConfig:
     max_running_requests: int = 256
     """Most requests decoding at once; the rest wait in the engine's FIFO queue."""
     max_kv_tokens: int = 10_000_000
-    """KV budget: a request is admitted only when prompt + max_new_tokens fits in what is left."""
+    """KV budget: a request is admitted only when its reservation, min(prompt + max_new_tokens,
+    max_model_len), fits in what is left (``asyncrl.engine.admission``, as the real engine)."""
+    max_model_len: int | None = None
+    """Longest context (prompt + output) a request may reach; it ends there with ``length``, as on the real
+    engine. None: unbounded (the reservation is prompt + max_new_tokens)."""
     weight_update_s: float = 1.0
     """Time to receive and load new weights (the engine is paused meanwhile)."""
     recompute_kv_on_update: bool = False
@@ -104,6 +109,8 @@ class SimEngineConfig:
         for name in ("gpus_per_engine", "knee_batch", "max_running_requests", "max_kv_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"engine.{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"engine.max_model_len must be >= 2 or null, got {self.max_model_len}")
         if not self.decode_step_s > 0:
             raise ValueError(f"engine.decode_step_s must be > 0, got {self.decode_step_s}")
         for name in (
@@ -252,8 +259,8 @@ class SimConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     """Batch shape, replication, queue/batch generation, filtering and redundancy (as in a real run)."""
     buffer: BufferConfig = field(default_factory=BufferConfig)
-    """Async ratio α of the ``async``, ``partial_rollout`` and ``multi_version`` modes (``sync`` runs at 0 and
-    ``one_step_off`` at 1 whatever it says, so one sweep can cover every mode). Its timeouts are ignored: the simulator waits without limit (deadlocks are detected)."""
+    """Async ratio α, checked against the mode as in a real run (``sync`` needs 0, ``one_step_off`` 1: see
+    ``asyncrl.controller.modes``; a ``--sweep controller.mode=...`` sets it for them). Its timeouts are ignored: the simulator waits without limit (deadlocks are detected)."""
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     """Mode and number of steps (evaluation keys are ignored)."""
     proxy: ProxyConfig = field(default_factory=ProxyConfig)
@@ -275,7 +282,9 @@ class SimConfig:
             )
         if self.timeline not in ("full", "none"):
             raise ValueError(f"timeline must be one of 'full', 'none', got {self.timeline!r}")
-        check_mode_update_policy(self.controller.mode, self.proxy.update_policy)
+        check_mode(
+            self.controller.mode, async_ratio=self.buffer.async_ratio, update_policy=self.proxy.update_policy
+        )
         if self.producer not in ("rlvr", "agentic"):
             raise ValueError(f"producer must be one of 'rlvr', 'agentic', got {self.producer!r}")
         if self.producer == "agentic":

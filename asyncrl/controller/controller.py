@@ -39,9 +39,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from asyncrl.buffer import staleness
+from asyncrl import staleness
 from asyncrl.buffer.sample_buffer import SampleBuffer
 from asyncrl.config.controller import ControllerConfig
+from asyncrl.controller.modes import mode_spec
 from asyncrl.metrics.tracker import length_stats
 from asyncrl.rollout.prompt_source import PromptSource
 from asyncrl.types import Group, TrajectoryStatus
@@ -185,7 +186,7 @@ class Controller:
         leaving the trainer waiting."""
         assert self._producer_task is not None
         # multi_version trains no admitted group stale: the batch waits for older groups still generating
-        wait_for_older = self.config.mode == "multi_version"
+        wait_for_older = mode_spec(self.config.mode).multi_version
         batch = asyncio.ensure_future(self.buffer.get_batch(self.version, wait_for_older=wait_for_older))
         waits: list[asyncio.Future[Any]] = [batch, self._producer_task]
         stopped = asyncio.ensure_future(stop.wait()) if stop is not None else None

@@ -15,6 +15,7 @@ from typing import Any
 from asyncrl.config.env import EnvManagerConfig
 from asyncrl.config.rollout import RolloutConfig
 from asyncrl.config.run import RunConfig
+from asyncrl.data.base import Task, TaskSample, prompt_token_ids
 from asyncrl.envs import env_factory
 from asyncrl.envs.base import Env
 from asyncrl.metrics.progress import Progress
@@ -22,7 +23,6 @@ from asyncrl.rewards.service import RewardService
 from asyncrl.rollout.env_manager import EnvManager, GroupControl, env_seed
 from asyncrl.rollout.episode import Episode
 from asyncrl.rollout.rlvr_producer import GenerateClient, request_seed
-from asyncrl.tasks.base import Task, TaskSample, prompt_token_ids
 from asyncrl.types import Request, SamplingParams, Trajectory, TrajectoryStatus
 
 

@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from asyncrl.data.base import Split, TaskSample, check_split, held_out
 from asyncrl.data.loader import FieldSpec, samples_from_rows
-from asyncrl.tasks.base import Split, TaskSample, check_split, held_out
 
 
 @dataclass(frozen=True)

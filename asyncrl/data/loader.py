@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from asyncrl.tasks.base import TaskSample
+from asyncrl.data.base import TaskSample
 
 SUFFIXES = (".jsonl", ".parquet")
 

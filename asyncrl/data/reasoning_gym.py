@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from asyncrl.tasks.base import Split, TaskSample, check_split
+from asyncrl.data.base import Split, TaskSample, check_split
 
 EVAL_SEED_OFFSET = 1_000_003
 """The eval split is generated with seed + this offset; questions also in the train split are dropped."""

@@ -134,8 +134,12 @@ def place_running(engine: LLMEngine, seq: Sequence) -> bool:
     """Give ``seq`` a free slot and its KV reservation now, ahead of the waiting queue (it was already running
     elsewhere); False when no slot or budget is free. Mirrors ``Scheduler._admit`` for one sequence."""
     scheduler = engine.scheduler
-    fits = scheduler.kv_tokens_reserved + scheduler.reservation(seq) <= scheduler.max_kv_tokens
-    if not (scheduler._free_slots and fits):
+    fits = scheduler.policy.admits(
+        num_running=len(scheduler.running),
+        kv_reserved=scheduler.kv_tokens_reserved,
+        reservation=scheduler.reservation(seq),
+    )
+    if not fits:
         return False
     seq.slot = heapq.heappop(scheduler._free_slots)
     seq.status = SequenceStatus.RUNNING

@@ -1,6 +1,6 @@
 """Which requests run at each engine step, and how many of their pending tokens each one feeds (no torch).
 
-Admission reserves KV up front: a request enters the running batch only when a slot is free
+Admission (``asyncrl.engine.admission``, shared with the simulator's engine) reserves KV up front: a request enters the running batch only when a slot is free
 (``max_running_requests``) and its worst-case length, ``min(prompt + max_new_tokens, max_model_len)``, fits in
 what is left of ``max_kv_tokens``. A running request therefore never runs out of KV and is never preempted;
 the price is that short outputs hold more budget than they use. Waiting requests are admitted strictly first
@@ -21,6 +21,7 @@ import heapq
 from collections import deque
 from dataclasses import dataclass
 
+from asyncrl.engine.admission import AdmissionPolicy
 from asyncrl.engine.sequence import Sequence, SequenceStatus
 from asyncrl.types import FinishReason
 
@@ -59,10 +60,12 @@ class Scheduler:
         max_prefill_tokens_per_step: int,
         max_model_len: int,
     ) -> None:
-        self.max_running_requests = max_running_requests
-        self.max_kv_tokens = max_kv_tokens
-        self.max_prefill_tokens_per_step = max_prefill_tokens_per_step
-        self.max_model_len = max_model_len
+        self.policy = AdmissionPolicy(
+            max_running_requests=max_running_requests,
+            max_kv_tokens=max_kv_tokens,
+            max_prefill_tokens_per_step=max_prefill_tokens_per_step,
+            max_model_len=max_model_len,
+        )
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.kv_tokens_reserved = 0
@@ -70,14 +73,10 @@ class Scheduler:
 
     def reservation(self, seq: Sequence) -> int:
         """KV tokens held for ``seq`` while it runs: its longest possible length."""
-        return min(seq.num_prompt_tokens + seq.request.sampling.max_new_tokens, self.max_model_len)
+        return self.policy.reservation(seq.num_prompt_tokens, seq.request.sampling.max_new_tokens)
 
     def add(self, seq: Sequence) -> None:
-        if self.reservation(seq) > self.max_kv_tokens:
-            raise ValueError(
-                f"request {seq.request_id}: needs {self.reservation(seq)} KV tokens, more than "
-                f"engine.max_kv_tokens={self.max_kv_tokens}"
-            )
+        self.policy.check_fits(seq.request_id, self.reservation(seq))
         self.waiting.append(seq)
 
     def schedule(self) -> tuple[list[SlotMove], list[Chunk]]:
@@ -85,15 +84,13 @@ class Scheduler:
         chunks within budget."""
         self._admit()
         moves = self._compact()
+        prefilling = (seq.num_pending for seq in self.running if seq.num_pending > 1)
+        prefill_sizes = iter(self.policy.prefill_chunks(prefilling))
         chunks = []
-        prefill_budget = self.max_prefill_tokens_per_step
         for seq in self.running:
             assert seq.num_pending >= 1, f"request {seq.request_id} has no token to feed"
-            if seq.num_pending == 1:
-                chunks.append(Chunk(seq, seq.num_cached, 1))
-            elif prefill_budget > 0:
-                num_tokens = min(seq.num_pending, prefill_budget)
-                prefill_budget -= num_tokens
+            num_tokens = 1 if seq.num_pending == 1 else next(prefill_sizes)
+            if num_tokens:
                 chunks.append(Chunk(seq, seq.num_cached, num_tokens))
         return moves, chunks
 
@@ -140,11 +137,13 @@ class Scheduler:
         return max((seq.slot for seq in self.running), default=-1) + 1
 
     def _admit(self) -> None:
-        while self.waiting and self._free_slots:
-            head = self.waiting[0]
-            if self.kv_tokens_reserved + self.reservation(head) > self.max_kv_tokens:
-                return
-            self.waiting.popleft()
+        num_admitted = self.policy.num_admitted(
+            map(self.reservation, self.waiting),
+            num_running=len(self.running),
+            kv_reserved=self.kv_tokens_reserved,
+        )
+        for _ in range(num_admitted):
+            head = self.waiting.popleft()
             head.slot = heapq.heappop(self._free_slots)
             head.status = SequenceStatus.RUNNING
             self.kv_tokens_reserved += self.reservation(head)

@@ -16,9 +16,9 @@ import random
 from typing import Any
 
 from asyncrl.config.env import EnvConfig
+from asyncrl.data.lengths import long_tail_count
+from asyncrl.data.procedural import Example, copy_example
 from asyncrl.envs.base import EnvError, StepResult
-from asyncrl.tasks.lengths import long_tail_count
-from asyncrl.tasks.procedural import Example, copy_example
 
 
 def plan_turns(config: EnvConfig, seed: int) -> list[Example]:

@@ -3,7 +3,7 @@
 Key decision: each demonstration is a whole episode tokenised exactly as the EnvManager builds an agentic
 context (observation ids, then the response ids and EOS, then the next observation ids, ...), with the loss on
 the response tokens only, so turn t of a demonstration is token for token what the policy will see at turn t.
-Training reuses the SFT loop (``asyncrl.trainer.sft.train_steps``), label smoothing included, so the warm start
+Training reuses the SFT loop (``asyncrl.models.sft.train_steps``), label smoothing included, so the warm start
 is a partial solver and RL has headroom.
 
     python -m asyncrl.envs.warm_start --out runs/tiny-sokoban [--num-rooms 64 --steps 150]
@@ -18,7 +18,7 @@ from typing import Any
 from asyncrl.config.env_kinds import SokobanConfig
 from asyncrl.config.sft import SFTConfig
 from asyncrl.envs.sokoban import generate_room, push, render, shortest_solution
-from asyncrl.trainer.sft import IGNORE_INDEX, EncodedExample
+from asyncrl.models.sft import IGNORE_INDEX, EncodedExample
 
 DEMO_SEED_OFFSET = 1_000_003
 """Demonstration rooms use seeds from here on, away from the small seeds tests and examples print."""
@@ -54,7 +54,7 @@ def warm_start(
 ) -> list[float]:
     """Fine-tune ``model_path`` on ``num_rooms`` scripted episodes and save it to ``out_dir``; the losses."""
     from asyncrl.models.loading import load_model_and_tokenizer, save_tiny
-    from asyncrl.trainer.sft import train_steps
+    from asyncrl.models.sft import train_steps
 
     model, tokenizer = load_model_and_tokenizer(model_path, device="cpu")
     examples = [

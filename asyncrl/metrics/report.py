@@ -160,7 +160,7 @@ def plot_buffer(runs: list[RunSeries], path: Path) -> Path:
 
 def plot_run_timeline(run: RunSeries, path: Path) -> Path:
     """The run's Gantt chart with each role's idle fraction in the title."""
-    from asyncrl.sim.plots import plot_spans
+    from asyncrl.metrics.plots import plot_spans
 
     idle = ", ".join(f"{role} {fraction:.0%}" for role, fraction in sorted(run.idle_by_role().items()))
     assert run.spans is not None
@@ -179,7 +179,7 @@ def plot_timelines_compared(runs: list[RunSeries], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from asyncrl.sim.plots import draw_spans, timeline_rows
+    from asyncrl.metrics.plots import draw_spans, timeline_rows
 
     heights = [1.0 + 0.3 * len(timeline_rows(run.spans or {})[0]) for run in runs]
     fig, axes = plt.subplots(len(runs), 1, figsize=(12, sum(heights)), sharex=True, height_ratios=heights)
@@ -315,7 +315,7 @@ def _name_uniquely(runs: list[RunSeries]) -> None:
 
 
 def _role(worker: str) -> str:
-    from asyncrl.sim.env_cost import is_env_worker
+    from asyncrl.metrics.timeline import is_env_worker
 
     if worker in ("trainer", "reward"):
         return worker

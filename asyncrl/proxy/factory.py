@@ -10,8 +10,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from asyncrl.config.controller import UPDATE_POLICY_OF_MODE
 from asyncrl.config.proxy import ProxyConfig
+from asyncrl.controller.modes import mode_spec
 from asyncrl.proxy.llm_proxy import LLMProxy
 from asyncrl.proxy.multi_version import MultiVersionProxy
 from asyncrl.proxy.worker import EngineClient
@@ -31,10 +31,10 @@ def proxy_for_mode(
     ``async_ratio`` bounds the orchestrator's version window; ``slots_per_engine`` (the engines' running
     requests) bounds how many calls it sends to one engine.
     """
-    mode_policy = UPDATE_POLICY_OF_MODE[mode]
-    if mode_policy == "multi_version":
+    spec = mode_spec(mode)
+    if spec.multi_version:
         return MultiVersionProxy(
             engines, config, async_ratio=async_ratio, slots_per_engine=slots_per_engine, clock=clock
         )
-    policy_config = replace(config, update_policy=config.update_policy or mode_policy)
+    policy_config = replace(config, update_policy=config.update_policy or spec.update_policy)
     return LLMProxy(engines, policy_config, initial_version=0, clock=clock)

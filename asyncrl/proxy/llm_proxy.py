@@ -59,10 +59,9 @@ from typing import Any
 
 from asyncrl.config.proxy import ProxyConfig
 from asyncrl.proxy.continuation import check_continued, continuation_request, empty_abort, needs_continuation
-from asyncrl.proxy.engine_set import EngineSet
-from asyncrl.proxy.errors import EngineFailure, NoHealthyEngine, ProxyClosed, RequestTimeout
-from asyncrl.proxy.routing import AffinityTable, LoadIndex
-from asyncrl.proxy.wakeup import HeldCalls, Wakeup
+from asyncrl.proxy.errors import EngineFailure, NoHealthyEngine, RequestTimeout
+from asyncrl.proxy.shell import ProxyShell
+from asyncrl.proxy.wakeup import HeldCalls
 from asyncrl.proxy.worker import (
     EngineClient,
     EngineWorker,
@@ -70,7 +69,8 @@ from asyncrl.proxy.worker import (
     PendingUpdate,
     snapshot_named_tensors,
 )
-from asyncrl.types import FinishReason, Generation, Request, checked_request
+from asyncrl.types import FinishReason, Generation, Request
+from asyncrl.weight_sync.protocol import WeightUpdate
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class _Call:
     """The engine routing chose when the call last found it submittable (see ``_submittable``)."""
 
 
-class LLMProxy:
+class LLMProxy(ProxyShell):
     """Routes requests over engine workers and moves them to new weights (contract: module docstring)."""
 
     def __init__(
@@ -103,44 +103,18 @@ class LLMProxy:
         initial_version: int = 0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.config = config or ProxyConfig()
-        self.update_policy = self.config.update_policy or "drain"
-        self._engines = EngineSet(
-            engines,
-            self.config,
-            initial_version=initial_version,
-            clock=clock,
-            owner="LLMProxy",
-            on_call_end=self._on_call_end,
+        super().__init__(
+            engines, config, initial_version=initial_version, clock=clock, on_call_end=self._on_call_end
         )
-        self._workers = self._engines.workers
-        self._loads = LoadIndex((worker.load() for worker in self._workers), self.config.affinity_slack)
-        for worker in self._workers:
-            worker.on_load_change = self._on_load_change
-        self._affinity = AffinityTable()
-        self._calls: dict[str, _Call] = {}
-        self._wakeup = Wakeup()
+        self.update_policy = self.config.update_policy or "drain"
         self._held = HeldCalls()
-        self._suspended = False
-        self._closed = False
         self._updating = False
-        self._latest_version = initial_version
         self._counts = {"num_continuations": 0, "num_retries": 0, "num_timeouts": 0}
 
     # ----------------------------------------------------------------------------------------------- requests
 
-    async def generate(self, request: Request) -> Generation:
-        """Serve ``request`` on one engine (or a chain of them, see the module docstring) and return its output."""
-        self._check_open()
-        request = checked_request(request)  # a bad request fails its caller here and reaches no engine
-        if request.request_id in self._calls:
-            raise ValueError(f"request {request.request_id!r} is already in flight in this proxy")
-        call = _Call(request=request)
-        self._calls[request.request_id] = call
-        try:
-            return await self._serve(call)
-        finally:
-            del self._calls[request.request_id]
+    def _new_call(self, request: Request) -> _Call:
+        return _Call(request=request)
 
     async def abort(self, request_id: str) -> Generation | None:
         """End a request now; its partial Generation, or None if it is not in flight here.
@@ -297,7 +271,7 @@ class LLMProxy:
                 "update_policy 'in_flight': call suspend() before model_update(), one at a time"
             )
         self._latest_version = version
-        await self._update_in_flight(dict(_items(named_tensors)), version)
+        await self._update_in_flight(_in_flight_payload(named_tensors), version)
 
     async def resume(self) -> None:
         """``in_flight`` policy: resume the engines; then release the held generate calls."""
@@ -333,7 +307,7 @@ class LLMProxy:
     def _update_settled(self, version: int) -> bool:
         return all(worker.version >= version or not worker.healthy for worker in self._workers)
 
-    async def _update_in_flight(self, named_tensors: dict[str, Any], version: int) -> None:
+    async def _update_in_flight(self, named_tensors: Any, version: int) -> None:
         async def update(worker: EngineWorker) -> None:
             await self._engines.control(worker, "update_weights", named_tensors, version)
             worker.version = version
@@ -398,50 +372,15 @@ class LLMProxy:
         self._wakeup.notify()
         self._held.notify(self._shared_submittable())
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ProxyClosed("the LLMProxy is closed")
-
     # ------------------------------------------------------------------------------------------ inspection
-
-    def versions(self) -> list[int]:
-        """The version each engine serves now (an engine still draining reports its old version)."""
-        return self._engines.versions()
-
-    def record_busy_spans(self, sink: Callable[[int, float, float], None]) -> None:
-        """Report every engine's busy stretches to ``sink(index, start, end)`` (the run timeline)."""
-        self._engines.record_busy_spans(sink)
-
-    def healthy_engines(self) -> list[int]:
-        """Indices of the engines that still receive requests."""
-        return self._engines.healthy_engines()
 
     def stats(self) -> dict[str, Any]:
         """Per-engine load, version, health, busy time, idle fraction and tokens; proxy-wide counts."""
         return {
-            "engines": self._engines.engine_stats(),
-            "suspended": self._suspended,
-            "latest_version": self._latest_version,
-            "num_calls": len(self._calls),
+            **self._common_stats(),
             "num_held": sum(1 for call in self._calls.values() if call.task is None),
             **self._counts,
         }
-
-    def close(self) -> None:
-        """Fail every waiting call with ``ProxyClosed`` and cancel the proxy's own tasks; idempotent.
-
-        Cancelled tasks end on the event loop's next turns; ``aclose`` waits for them.
-        """
-        if self._closed:
-            return
-        self._closed = True
-        self._notify()
-        self._engines.close()
-
-    async def aclose(self) -> None:
-        """``close``, then wait until the proxy's cancelled tasks (engine calls, aborts, updates) have ended."""
-        self.close()
-        await self._engines.aclose()
 
 
 async def _generate_continued(worker: EngineWorker, request: Request) -> Generation:
@@ -453,6 +392,11 @@ async def _generate_continued(worker: EngineWorker, request: Request) -> Generat
 
 def _items(named_tensors: NamedTensors) -> Any:
     return named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
+
+
+def _in_flight_payload(named_tensors: NamedTensors | WeightUpdate) -> Any:
+    """What every paused engine receives now: a ``WeightUpdate`` as is, named tensors as one dict."""
+    return named_tensors if isinstance(named_tensors, WeightUpdate) else dict(_items(named_tensors))
 
 
 def _abort_result_of(task: asyncio.Task[Generation]) -> Generation | None:

@@ -58,13 +58,10 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from asyncrl.buffer.staleness import max_policy_age
 from asyncrl.config.proxy import ProxyConfig
 from asyncrl.proxy.continuation import empty_abort
-from asyncrl.proxy.engine_set import EngineSet
-from asyncrl.proxy.errors import EngineFailure, NoHealthyEngine, ProxyClosed, RequestTimeout
-from asyncrl.proxy.routing import AffinityTable, LoadIndex
-from asyncrl.proxy.wakeup import Wakeup
+from asyncrl.proxy.errors import EngineFailure, NoHealthyEngine, RequestTimeout
+from asyncrl.proxy.shell import ProxyShell
 from asyncrl.proxy.worker import (
     EngineClient,
     EngineWorker,
@@ -72,7 +69,8 @@ from asyncrl.proxy.worker import (
     PendingUpdate,
     snapshot_named_tensors,
 )
-from asyncrl.types import FinishReason, Generation, Request, checked_request
+from asyncrl.staleness import max_policy_age
+from asyncrl.types import FinishReason, Generation, Request
 
 logger = logging.getLogger(__name__)
 
@@ -233,7 +231,7 @@ class _Call:
     """Engines that failed this call (a retry goes elsewhere)."""
 
 
-class MultiVersionProxy:
+class MultiVersionProxy(ProxyShell):
     """The ``LLMProxy`` seam (generate, abort, suspend, model_update, resume, update_applied) for DORA-style
     multi-version rollout over migratable engines (contract: module docstring)."""
 
@@ -249,24 +247,11 @@ class MultiVersionProxy:
     ) -> None:
         if slots_per_engine is not None and slots_per_engine < 1:
             raise ValueError(f"slots_per_engine must be >= 1 or None, got {slots_per_engine}")
-        self.config = config or ProxyConfig()
-        self._engines = EngineSet(
-            engines, self.config, initial_version=initial_version, clock=clock, owner="MultiVersionProxy"
-        )
-        self._workers = self._engines.workers
-        self.max_age = max_policy_age(async_ratio)
         self.slots_per_engine = slots_per_engine
-        self._loads = LoadIndex((worker.load() for worker in self._workers), self.config.affinity_slack)
-        for worker in self._workers:
-            worker.on_load_change = self._on_load_change
-        self._affinity = AffinityTable()
-        self._calls: dict[str, _Call] = {}
-        self._wakeup = Wakeup()
         self._arriving: Counter[int] = Counter()
-        self._suspended = False
-        self._closed = False
+        super().__init__(engines, config, initial_version=initial_version, clock=clock)
+        self.max_age = max_policy_age(async_ratio)
         self._newest = initial_version
-        self._latest_version = initial_version
         self._weights: PendingUpdate | None = None
         self._incoming: PendingUpdate | None = None
         self._counts = Counter(dict.fromkeys(COUNTERS, 0))
@@ -274,20 +259,12 @@ class MultiVersionProxy:
 
     # ----------------------------------------------------------------------------------------------- requests
 
-    async def generate(self, request: Request) -> Generation:
-        """Serve ``request`` entirely on engines of one version (the newest when it leaves the gate)."""
-        self._check_open()
-        request = checked_request(request)  # a bad request fails its caller here and reaches no engine
-        if request.request_id in self._calls:
-            raise ValueError(f"request {request.request_id!r} is already in flight in this proxy")
-        call = _Call(request=request)
-        self._calls[request.request_id] = call
-        try:
-            return await self._serve(call)
-        finally:
-            del self._calls[request.request_id]
-            self._forget_handoff(call)
-            self._changed()
+    def _new_call(self, request: Request) -> _Call:
+        return _Call(request=request)
+
+    def _call_ended(self, call: _Call) -> None:
+        self._forget_handoff(call)
+        self._changed()
 
     async def abort(self, request_id: str) -> Generation | None:
         """End a request now: its partial Generation from the engine (or held: an empty one); None if unknown
@@ -599,22 +576,7 @@ class MultiVersionProxy:
             donor.applying = None
             self._changed()
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ProxyClosed("the MultiVersionProxy is closed")
-
     # ------------------------------------------------------------------------------------------ inspection
-
-    def versions(self) -> list[int]:
-        """The version each engine serves now (a switching engine reports its old one)."""
-        return self._engines.versions()
-
-    def record_busy_spans(self, sink: Callable[[int, float, float], None]) -> None:
-        """Report every engine's busy stretches to ``sink(index, start, end)`` (the run timeline)."""
-        self._engines.record_busy_spans(sink)
-
-    def healthy_engines(self) -> list[int]:
-        return self._engines.healthy_engines()
 
     def versions_alive(self) -> list[int]:
         """Versions with requests in flight, plus the newest: the window the engines serve now."""
@@ -623,27 +585,10 @@ class MultiVersionProxy:
     def stats(self) -> dict[str, Any]:
         """Per-engine state and the orchestration metrics: migrations, KV bytes moved, versions alive."""
         return {
-            "engines": self._engines.engine_stats(),
-            "suspended": self._suspended,
-            "latest_version": self._latest_version,
+            **self._common_stats(),
             "newest_version": self._newest,
             "versions_alive": len(self.versions_alive()),
             "max_versions_alive": self._max_versions_alive,
-            "num_calls": len(self._calls),
             "num_held": sum(1 for call in self._calls.values() if call.version is None),
             **self._counts,
         }
-
-    def close(self) -> None:
-        """Fail held calls with ``ProxyClosed`` and cancel the orchestrator's own tasks; idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        self._wakeup.notify()
-        self._engines.close()
-
-    async def aclose(self) -> None:
-        """``close``, then wait until the orchestrator's cancelled tasks have ended (no stray tracebacks
-        when the runtime shuts down right after)."""
-        self.close()
-        await self._engines.aclose()

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from asyncrl.proxy.routing import EngineLoad
 from asyncrl.types import Generation, Request
+from asyncrl.weight_sync.protocol import WeightUpdate
 
 NamedTensors = Mapping[str, Any] | Iterable[tuple[str, Any]]
 
@@ -48,8 +49,11 @@ class PendingUpdate:
 def snapshot_named_tensors(named_tensors: NamedTensors) -> dict[str, Any]:
     """A copy of the weights the caller may keep mutating: tensors are cloned, numpy arrays copied.
 
-    Values with neither ``clone`` nor ``copy`` (e.g. Ray object refs, bytes) are immutable and kept as is.
+    Values with neither ``clone`` nor ``copy`` (e.g. Ray object refs, bytes) are immutable and kept as is, and
+    so is a ``WeightUpdate`` (the transports' record, immutable once published).
     """
+    if isinstance(named_tensors, WeightUpdate):  # immutable once published: nothing to copy
+        return named_tensors
     items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
     return {name: _copy_value(value) for name, value in items}
 

@@ -7,8 +7,8 @@ import re
 from typing import Any
 
 from asyncrl.config.reward import RewardConfig
+from asyncrl.data.base import TaskSample, extract_answer, normalize_answer
 from asyncrl.rewards.registry import RewardFn, register_reward, register_reward_factory
-from asyncrl.tasks.base import TaskSample, extract_answer, normalize_answer
 
 
 @register_reward("exact_match")

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.config.reward import CodeRewardConfig
+from asyncrl.data.base import TaskSample
 from asyncrl.sandbox import Sandbox, SandboxResult
-from asyncrl.tasks.base import TaskSample
 
 HARNESS = Path(__file__).with_name("code_harness.py")
 _FENCE = re.compile(r"```[ \t]*(python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from asyncrl.config.reward import RewardConfig
-from asyncrl.tasks.base import TaskSample
+from asyncrl.data.base import TaskSample
 
 RewardOutput = float | tuple[float, dict[str, Any]]
 RewardFn = Callable[[str, TaskSample], RewardOutput]

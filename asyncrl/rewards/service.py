@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asyncrl.config.reward import RewardConfig
+from asyncrl.data.base import TaskSample
 from asyncrl.rewards.registry import RewardFn, get_reward
-from asyncrl.tasks.base import TaskSample
 
 
 class RewardStatus(str, enum.Enum):

@@ -30,6 +30,7 @@ from asyncrl.buffer.records import Admission, DropKind
 from asyncrl.buffer.sample_buffer import BufferClosedError, SampleBuffer
 from asyncrl.config.env import EnvManagerConfig, check_env_manager_fits
 from asyncrl.config.rollout import RolloutConfig
+from asyncrl.data.base import TaskSample
 from asyncrl.envs.base import Env
 from asyncrl.rollout.admission import admit, admit_batch
 from asyncrl.rollout.env_manager import EnvManager, GroupControl, env_seed
@@ -37,7 +38,6 @@ from asyncrl.rollout.episode import Episode
 from asyncrl.rollout.lockstep import Lockstep
 from asyncrl.rollout.prompt_source import Prompt, PromptSource
 from asyncrl.rollout.rlvr_producer import GenerateClient, make_group_filter
-from asyncrl.tasks.base import TaskSample
 from asyncrl.types import Group, Trajectory, TrajectoryStatus
 
 STOPPED = "producer stopped"

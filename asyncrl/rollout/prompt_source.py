@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from asyncrl.tasks.base import TaskSample
+from asyncrl.data.base import TaskSample
 
 
 @dataclass(frozen=True)

@@ -28,11 +28,11 @@ from typing import Any, Protocol
 from asyncrl.buffer.records import Admission, DropKind
 from asyncrl.buffer.sample_buffer import BufferClosedError, SampleBuffer
 from asyncrl.config.rollout import RolloutConfig
+from asyncrl.data.base import prompt_token_ids
 from asyncrl.rewards.service import RewardResult, RewardService, RewardStatus
+from asyncrl.rle import RleSequence
 from asyncrl.rollout.admission import admit, admit_batch
 from asyncrl.rollout.prompt_source import Prompt, PromptSource
-from asyncrl.runs import Runs
-from asyncrl.tasks.base import prompt_token_ids
 from asyncrl.types import (
     FinishReason,
     Generation,
@@ -267,7 +267,7 @@ def build_trajectory(
         prompt_uid=prompt.key,
         sample_index=index,
         token_ids=generation.prompt_token_ids + generation.token_ids,
-        loss_mask=Runs.from_runs([(0, num_prompt), (1, generation.num_tokens)]),
+        loss_mask=RleSequence.from_runs([(0, num_prompt), (1, generation.num_tokens)]),
         logprobs=[0.0] * num_prompt + generation.logprobs,
         versions=[-1] * num_prompt + generation.versions,
         start_version=generation.versions[0] if generation.versions else admitted_version,

@@ -12,30 +12,17 @@ import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from asyncrl.buffer.sample_buffer import SampleBuffer
 from asyncrl.config.run import RunConfig
-from asyncrl.controller.controller import Controller
+from asyncrl.data.base import Task
+from asyncrl.data.registry import make_task
 from asyncrl.engine import make_engine
-from asyncrl.envs import env_factory
 from asyncrl.models.loading import load_model_and_tokenizer, resolve_model_path
-from asyncrl.proxy.factory import proxy_for_mode
-from asyncrl.proxy.llm_proxy import LLMProxy
-from asyncrl.proxy.multi_version import MultiVersionProxy
 from asyncrl.rewards.service import RewardService
-from asyncrl.rollout.agentic_producer import AgenticProducer, make_env_seed_source
-from asyncrl.rollout.prompt_source import PromptSource
-from asyncrl.rollout.rlvr_producer import RLVRProducer
-from asyncrl.tasks.base import Task
-from asyncrl.tasks.registry import make_task
 from asyncrl.trainer.checkpoint import load_checkpoint, save_checkpoint
 from asyncrl.trainer.trainer import Trainer
 from asyncrl.types import Group
-
-ENV_SEEDS_PER_EPOCH = 1024
-"""Env-seed slots of an agentic run's prompt source: the epoch's shuffle order over them. Every admission's
-key (slot and epoch) hashes to its own env seed, so the count sets only how often the order reshuffles."""
 
 
 class LocalTrainer:
@@ -100,20 +87,6 @@ class InlineParts:
         self.rewards.close()
 
 
-class Parts(Protocol):
-    """What a runtime builds (``InlineParts`` here, ``RayParts`` in ``ray_runtime``): the controller and the
-    training driver see only this."""
-
-    config: RunConfig
-    task: Task
-    tokenizer: Any
-    trainer: Any
-    engines: list[Any]
-    rewards: RewardService
-
-    def close(self) -> None: ...
-
-
 def build_parts(config: RunConfig) -> InlineParts:
     """Load the model once, then give the trainer and every engine its own copy."""
     model, tokenizer = load_model_and_tokenizer(config.model.path, config.model.dtype, config.model.device)
@@ -161,89 +134,3 @@ def make_engines(config: RunConfig, model: Any, tokenizer: Any) -> list[Any]:
         )
         for _ in range(config.rollout.num_engines)
     ]
-
-
-def make_proxy(parts: Parts) -> LLMProxy | MultiVersionProxy:
-    """The proxy the mode needs over the engines (``asyncrl.proxy.factory``). Engines start from the loaded
-    model, version 0; a resumed trainer's weights reach them through the first ``model_update``."""
-    cfg = parts.config
-    return proxy_for_mode(
-        parts.engines,
-        cfg.proxy,
-        cfg.controller.mode,
-        async_ratio=cfg.buffer.async_ratio,
-        slots_per_engine=cfg.engine.max_running_requests,
-    )
-
-
-def make_source(config: RunConfig, task: Task) -> PromptSource:
-    """The training stream: the task's train split, or (agentic) env-seed slots."""
-    if config.producer == "agentic":
-        return make_env_seed_source(ENV_SEEDS_PER_EPOCH, config.seed)
-    return PromptSource(task.split("train"), seed=config.seed)
-
-
-def make_buffer(config: RunConfig, trainer_version: int) -> SampleBuffer:
-    """The buffer; groups admitted beyond the async ratio are redundant prompts (rlvr) or env groups
-    beyond the batch (agentic)."""
-    if config.producer == "agentic":
-        assert config.env_manager is not None  # RunConfig fills it for producer 'agentic'
-        redundant = config.env_manager.num_env_groups - config.rollout.rollout_batch_size
-    else:
-        redundant = config.rollout.max_additional_running_prompts
-    buffer = SampleBuffer(
-        config.buffer,
-        groups_per_batch=config.rollout.rollout_batch_size,
-        group_size=config.rollout.num_return_sequences,
-        max_redundant_groups=redundant,
-        start_version=trainer_version,
-    )
-    return buffer
-
-
-def make_producer(
-    parts: Parts, proxy: LLMProxy | MultiVersionProxy, buffer: SampleBuffer, source: PromptSource
-) -> RLVRProducer | AgenticProducer:
-    """The producer ``producer`` names, feeding ``buffer`` from ``source`` through ``proxy``."""
-    cfg = parts.config
-    if cfg.producer == "agentic":
-        assert cfg.env is not None and cfg.env_manager is not None  # RunConfig fills them
-        return AgenticProducer(
-            source=source,
-            proxy=proxy,
-            buffer=buffer,
-            tokenizer=parts.tokenizer,
-            rollout=cfg.rollout,
-            config=cfg.env_manager,
-            make_env=env_factory(cfg.env),
-            seed=cfg.seed,
-        )
-    return RLVRProducer(
-        source=source,
-        proxy=proxy,
-        rewards=parts.rewards,
-        buffer=buffer,
-        tokenizer=parts.tokenizer,
-        config=cfg.rollout,
-        seed=cfg.seed,
-    )
-
-
-def make_controller(
-    parts: Parts,
-    proxy: LLMProxy | MultiVersionProxy,
-    source: PromptSource,
-    on_step: Any = lambda record: None,
-) -> Controller:
-    """The buffer, producer and controller of one training run over already-built parts."""
-    buffer = make_buffer(parts.config, parts.trainer.version)
-    return Controller(
-        config=parts.config.controller,
-        buffer=buffer,
-        producer=make_producer(parts, proxy, buffer, source),
-        source=source,
-        trainer=AwaitableTrainer(parts.trainer),
-        proxy=proxy,
-        on_step=on_step,
-        start_version=parts.trainer.version,
-    )

@@ -5,7 +5,7 @@
     driver (controller, proxy, producer)          actors (one process each)
     RayTrainerClient ── train_step(groups, v) ──► TrainerActor: Trainer; pack_state → FlatWeights
           │ state_for_sync(): ObjectRef ◄──────── (returned into the object store, never fetched here)
-          ▼ packed_payload(ref) through LLMProxy.model_update
+          ▼ WeightUpdate(object_store, ref) through LLMProxy.model_update
     RayEngineClient ── update_weights(ref, v) ──► EngineActor: AsyncEngine; Ray resolves ref zero-copy,
                     ── generate / abort / pause / resume                     unpack_state → copy into model
                     ── export_request(id) ──────► EngineActor A: (summary, RequestState with KV) → object store
@@ -36,7 +36,7 @@ import math
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,17 +49,20 @@ from asyncrl.config.engine import EngineConfig
 from asyncrl.config.model import ModelConfig
 from asyncrl.config.run import RunConfig
 from asyncrl.config.runtime import RuntimeConfig
+from asyncrl.data.base import Task
+from asyncrl.data.registry import make_task
 from asyncrl.engine import make_engine
 from asyncrl.engine.migration import RequestState
 from asyncrl.models.loading import load_model_and_tokenizer, resolve_model_path, state_dict_for_sync
 from asyncrl.rewards.service import RewardService
 from asyncrl.runtime.placement import Placement, plan_placement
-from asyncrl.tasks.base import Task
-from asyncrl.tasks.registry import make_task
 from asyncrl.trainer import checkpoint
 from asyncrl.trainer.trainer import Trainer
 from asyncrl.types import Generation, Group, Request
-from asyncrl.weight_sync import FlatWeights, pack_state, packed_handle, packed_payload, unpack_state
+from asyncrl.weight_sync import FlatWeights, pack_state
+from asyncrl.weight_sync.protocol import WeightUpdate
+from asyncrl.weight_sync.receiver import expected_shapes, receive_checked
+from asyncrl.weight_sync.transports import FlatBufferSync
 
 ACTOR_ENV = {"HF_HUB_OFFLINE": "1"}
 """Environment of every actor process: models load from local directories only."""
@@ -173,13 +176,19 @@ class EngineActor:
         """Continue a request exported by another engine of this version (Ray resolved its reference here)."""
         return await self.engine.import_request(state)
 
-    async def update_weights(self, flat: FlatWeights, version: int) -> None:
-        """Copy packed weights (Ray hands ``flat`` over zero-copy) into the model and serve ``version``."""
-        if flat.version != version:
+    async def update_weights(self, update: WeightUpdate, version: int) -> None:
+        """Serve ``version``: the update is refused (``WeightSyncError``) if it is older than what the engine
+        serves or its manifest does not match the model, before any buffer is read; then its flat buffers
+        are read zero-copy from the object store and copied into the model."""
+        if update.version != version:
             raise ValueError(
-                f"update_weights: packed weights are version {flat.version}, the update says {version}"
+                f"update_weights: the update is version {update.version}, the call says {version}"
             )
-        await self.engine.update_weights(unpack_state(flat), version)
+        core = self.engine.core
+        shapes = expected_shapes(core.model)
+        sync = FlatBufferSync(get=ray.get)
+        named = dict(receive_checked(sync, update, serving_version=core.version, shapes=shapes))
+        await self.engine.update_weights(named, version)
 
     async def stats(self) -> dict[str, Any]:
         return self.engine.stats()
@@ -215,13 +224,15 @@ class TrainerActor:
     def train_step(self, groups: list[Group], policy_version: int) -> dict[str, float]:
         return self.trainer.train_step(groups, policy_version)
 
-    def state_for_sync_packed(self) -> FlatWeights:
-        """The current weights packed at the trainer's version; returned into the object store by Ray.
+    def state_for_sync_packed(self) -> tuple[WeightUpdate, FlatWeights]:
+        """The update record without its handle (small, read by the client) and the current weights packed at the trainer's version
+        (left in the object store for the engines).
 
         Packed straight from views of the model (one copy, not ``Trainer.state_for_sync``'s clone and then
         the pack), ``lm_head.weight`` included; a tied output layer is stored once under both names.
         """
-        return pack_state(state_dict_for_sync(self.trainer.model), self.trainer.version)
+        flat = pack_state(state_dict_for_sync(self.trainer.model), self.trainer.version)
+        return FlatBufferSync().update_of(flat, handle=None), flat
 
     def save_checkpoint(self, root: str, extra: dict[str, Any] | None, keep_last: int | None) -> str:
         return str(checkpoint.save_checkpoint(root, self.trainer, extra=extra, keep_last=keep_last))
@@ -276,8 +287,8 @@ class RemoteRequestState:
 class RayEngineClient:
     """``asyncrl.proxy.worker.EngineClient`` over an ``EngineActor`` handle, every call bounded in time.
 
-    ``update_weights`` takes a packed payload (``weight_sync.packed_payload`` of an ``ObjectRef`` or of
-    ``FlatWeights``), which is forwarded as is, or ordinary named tensors, which are packed and put once.
+    ``update_weights`` takes a ``WeightUpdate`` (transport ``object_store``, handle an ``ObjectRef`` of
+    ``FlatWeights``), which is forwarded as is, or ordinary named tensors, which are published once.
     """
 
     def __init__(self, handle: Any, name: str, config: RuntimeConfig) -> None:
@@ -318,12 +329,10 @@ class RayEngineClient:
         await self._control(self.handle.resume.remote(), "resume")
 
     async def update_weights(self, named_tensors: Any, version: int) -> None:
-        weights = packed_handle(named_tensors)
-        if weights is None:
-            weights = ray.put(pack_state(named_tensors, version))
-        await self._control(
-            self.handle.update_weights.remote(weights, version), f"update_weights(v{version})"
-        )
+        update = named_tensors
+        if not isinstance(update, WeightUpdate):
+            update = FlatBufferSync(put=ray.put).publish(version, named_tensors)
+        await self._control(self.handle.update_weights.remote(update, version), f"update_weights(v{version})")
 
     def stats(self) -> dict[str, Any]:
         """The engine's counters (one blocking round trip, ≈ 1 ms)."""
@@ -359,15 +368,16 @@ class RayTrainerClient:
         self.version = policy_version + 1
         return metrics
 
-    def state_for_sync(self) -> dict[str, Any]:
-        """A packed payload of the current weights: an ``ObjectRef`` the engines read; waits until it is stored.
+    def state_for_sync(self) -> WeightUpdate:
+        """A ``WeightUpdate`` of the current weights (its handle an ``ObjectRef`` the engines read); waits until
+        they are stored.
 
         Waiting here (≈ the packing time) makes a trainer failure surface at the trainer, not as every engine
         failing its update.
         """
-        ref = self.handle.state_for_sync_packed.remote()
-        _get_actor(ref, "trainer: state_for_sync", self.config.control_timeout_s)
-        return packed_payload(ref)
+        record_ref, ref = self.handle.state_for_sync_packed.options(num_returns=2).remote()
+        record = _get_actor(record_ref, "trainer: state_for_sync", self.config.control_timeout_s)
+        return replace(record, handle=ref)
 
     def save_checkpoint(
         self,

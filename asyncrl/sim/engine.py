@@ -5,7 +5,7 @@ joins, finishes, is aborted, or the engine pauses), so the engine plans a *segme
 running request finishes — and sets one timer at its end (``asyncrl.sim.cost``). A change that arrives
 mid-segment shortens the segment to the end of the step in progress, as a real engine admits new requests
 and applies aborts between steps. A request's life: waiting (FIFO, admitted when a slot and its KV
-reservation are free) → running → finished (stop or length) | aborted (partial output returned) | exported.
+reservation are free, by the real engine's ``AdmissionPolicy``) → running → finished (stop or length) | aborted (partial output returned) | exported.
 
 Multi-version streaming (``asyncrl.proxy.multi_version``) moves requests between engines of one version:
 ``export_request`` takes a request out between steps (its caller gets the partial output, aborted) as a
@@ -33,9 +33,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asyncrl.config.sim import SimEngineConfig
-from asyncrl.runs import Runs
+from asyncrl.engine.admission import AdmissionPolicy
+from asyncrl.metrics.timeline import Timeline
+from asyncrl.rle import RleSequence
 from asyncrl.sim import cost
-from asyncrl.sim.timeline import Timeline
 from asyncrl.types import FinishReason, Generation, Request
 
 TOKEN_ID = 0
@@ -114,6 +115,13 @@ class SimEngine:
         version: int = 0,
     ) -> None:
         self.config = config
+        self.policy = AdmissionPolicy(
+            max_running_requests=config.max_running_requests,
+            max_kv_tokens=config.max_kv_tokens,
+            max_model_len=config.max_model_len,
+        )
+        """Admission shared with the real engine; prefill is unchunked (the cost model prefills a request's
+        whole context in the step it joins)."""
         self.length_of = length_of
         self.name = name
         self.timeline = timeline or Timeline(enabled=False)
@@ -163,7 +171,7 @@ class SimEngine:
     async def generate(self, request: Request) -> Generation:
         loop = asyncio.get_running_loop()
         produced = len(request.prefix_token_ids)
-        target = max(produced, min(self.length_of(request.request_id), request.sampling.max_new_tokens))
+        target = max(produced, min(self.length_of(request.request_id), self._max_output(request)))
         seq = _SimRequest(request, loop.create_future(), target, produced, self._reservation(request))
         self.counts["requests"] += 1
         if produced >= target:
@@ -392,11 +400,13 @@ class SimEngine:
         for seq in self.joining:  # their reservations were taken on import
             self._start_running(seq)
         self.joining.clear()
-        while self.waiting and len(self.running) < self.config.max_running_requests:
-            head = self.waiting[0]
-            if self.kv_reserved + head.reservation > self.config.max_kv_tokens:
-                return
-            self.waiting.popleft()
+        num_admitted = self.policy.num_admitted(
+            (seq.reservation for seq in self.waiting),
+            num_running=len(self.running),
+            kv_reserved=self.kv_reserved,
+        )
+        for _ in range(num_admitted):
+            head = self.waiting.popleft()
             self.kv_reserved += head.reservation
             self._start_running(head)
 
@@ -412,9 +422,11 @@ class SimEngine:
     def _has_admittable(self) -> bool:
         if self.joining:
             return True
-        if not self.waiting or len(self.running) >= self.config.max_running_requests:
-            return False
-        return self.kv_reserved + self.waiting[0].reservation <= self.config.max_kv_tokens
+        return bool(self.waiting) and self.policy.admits(
+            num_running=len(self.running),
+            kv_reserved=self.kv_reserved,
+            reservation=self.waiting[0].reservation,
+        )
 
     def _apply_aborts(self) -> None:
         pending, self._pending_aborts = self._pending_aborts, {}
@@ -436,19 +448,25 @@ class SimEngine:
     # ---- requests arriving and leaving ---------------------------------------------------------------
 
     def _reservation(self, request: Request) -> int:
-        """KV tokens a request reserves: prompt + ``max_new_tokens`` (which counts a continuation's prefix)."""
-        reservation = len(request.prompt_token_ids) + request.sampling.max_new_tokens
-        if reservation > self.config.max_kv_tokens:
-            raise ValueError(
-                f"request {request.request_id}: needs {reservation} KV tokens, more than the engine has"
-            )
+        """KV tokens a request reserves (``AdmissionPolicy.reservation``; ``max_new_tokens`` counts a
+        continuation's prefix); an error naming it if it can never fit."""
+        reservation = self.policy.reservation(len(request.prompt_token_ids), request.sampling.max_new_tokens)
+        self.policy.check_fits(request.request_id, reservation)
         return reservation
+
+    def _max_output(self, request: Request) -> int:
+        """Output tokens (prefix included) at which a request ends with ``length``: ``max_new_tokens``, or
+        where its context reaches ``max_model_len``, as on the real engine."""
+        if self.policy.max_model_len is None:
+            return request.sampling.max_new_tokens
+        return min(request.sampling.max_new_tokens, self.policy.max_model_len - len(request.prompt_token_ids))
 
     def _fits_now(self, seq: _SimRequest) -> bool:
         """A slot and ``seq``'s reservation are free now, counting the requests already joining."""
-        slots_taken = len(self.running) + len(self.joining)
-        fits = self.kv_reserved + seq.reservation <= self.config.max_kv_tokens
-        return slots_taken < self.config.max_running_requests and fits
+        num_running = len(self.running) + len(self.joining)
+        return self.policy.admits(
+            num_running=num_running, kv_reserved=self.kv_reserved, reservation=seq.reservation
+        )
 
     async def _at_step_end(self, pending: dict[str, asyncio.Future[Any]], request_id: str) -> Any:
         """Wait for the end of the step in progress, where ``pending``'s change to ``request_id`` applies."""
@@ -497,7 +515,7 @@ class SimEngine:
         return next((seq for seq in self.running if seq.request.request_id == request_id), None)
 
     def _end_reason(self, seq: _SimRequest) -> FinishReason:
-        return FinishReason.LENGTH if seq.target >= seq.request.sampling.max_new_tokens else FinishReason.STOP
+        return FinishReason.LENGTH if seq.target >= self._max_output(seq.request) else FinishReason.STOP
 
     def _finish(self, seq: _SimRequest, reason: FinishReason) -> Generation:
         self._release(seq)
@@ -521,16 +539,16 @@ class SimEngine:
         return generation
 
     def _generation(self, seq: _SimRequest, reason: FinishReason) -> Generation:
-        """The request's output so far; the new tokens as ``Runs`` (see ``asyncrl.runs``: O(1) per
+        """The request's output so far; the new tokens as ``RleSequence`` (see ``asyncrl.rle``: O(1) per
         request however long the response, where lists would cost the simulator most of its time)."""
         request = seq.request
         num_new = seq.produced - len(request.prefix_token_ids)
         return Generation(
             request_id=request.request_id,
             prompt_token_ids=request.prompt_token_ids,
-            token_ids=request.prefix_token_ids + Runs.repeat(TOKEN_ID, num_new),
-            logprobs=request.prefix_logprobs + Runs.repeat(TOKEN_LOGPROB, num_new),
-            versions=request.prefix_versions + Runs.from_runs(seq.new_versions),
+            token_ids=request.prefix_token_ids + RleSequence.repeat(TOKEN_ID, num_new),
+            logprobs=request.prefix_logprobs + RleSequence.repeat(TOKEN_LOGPROB, num_new),
+            versions=request.prefix_versions + RleSequence.from_runs(seq.new_versions),
             finish_reason=reason,
             text=request.request_id,
         )

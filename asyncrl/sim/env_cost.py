@@ -19,14 +19,12 @@ from typing import Any
 
 from asyncrl.config.sim import SimEnvConfig
 from asyncrl.envs.base import EnvError, StepResult
-from asyncrl.sim.timeline import Timeline
+from asyncrl.metrics.timeline import Timeline, env_worker_name
 from asyncrl.sim.workload import PassRates, unit_hash
 
 ENV_KINDS = ("env_reset", "env_step", "reward", "env_fail")
 """Span kinds of a simulated env: a reset, a step's latency, the reward latency the last step pays, and the
 whole of a step that fails (fail-stop)."""
-
-ENV_WORKER_PREFIX = "env"
 
 
 def base_latency_s(config: SimEnvConfig, rng: random.Random) -> float:
@@ -52,16 +50,6 @@ def step_latency_s(config: SimEnvConfig, rng: random.Random, slow_seed: bool = F
 def is_slow_seed(config: SimEnvConfig, seed: int) -> bool:
     """Whether every env reset with ``seed`` is slow: a pure function of the seed, shared by its group."""
     return unit_hash(0, f"slow seed {seed}") < config.slow_seed_p
-
-
-def env_worker_name(index: int) -> str:
-    """The timeline worker of the ``index``-th env instance of a run."""
-    return f"{ENV_WORKER_PREFIX}{index}"
-
-
-def is_env_worker(name: str) -> bool:
-    """Whether a timeline worker is a simulated env (``env<n>``; ``engine<n>`` is not)."""
-    return name.startswith(ENV_WORKER_PREFIX) and name[len(ENV_WORKER_PREFIX) :].isdigit()
 
 
 def step_spans(latency_s: float, reward_s: float, fails: bool) -> list[tuple[float, str]]:

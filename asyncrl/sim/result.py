@@ -4,15 +4,27 @@ from __future__ import annotations
 
 import collections
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from asyncrl.buffer import staleness
+from asyncrl import staleness
 from asyncrl.config.base import to_dict
 from asyncrl.config.sim import SimConfig
-from asyncrl.sim.workers import TrainRecord
+from asyncrl.metrics.timeline import Timeline
+from asyncrl.sim.engine import SimEngine
+from asyncrl.sim.workers import SimTrainer, TrainRecord
 
-if TYPE_CHECKING:
-    from asyncrl.sim.simulate import _Run
+
+@dataclass
+class SimRun:
+    """What a finished simulated run leaves behind for ``build_result``."""
+
+    trainer: SimTrainer
+    engines: list[SimEngine]
+    step_ends: list[float]
+    timeline: Timeline
+    proxy_stats: dict
+    producer_counts: dict[str, int]
+    dropped: dict[str, int]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,7 +71,7 @@ class SimResult:
         return "\n".join(f"{key:<{width}}  {_fmt(value)}" for key, value in self.totals.items())
 
 
-def build_result(config: SimConfig, run: _Run, wall_s: float) -> SimResult:
+def build_result(config: SimConfig, run: SimRun, wall_s: float) -> SimResult:
     steps = step_metrics(run)
     return SimResult(
         config=to_dict(config),
@@ -70,7 +82,7 @@ def build_result(config: SimConfig, run: _Run, wall_s: float) -> SimResult:
     )
 
 
-def step_metrics(run: _Run) -> list[StepMetrics]:
+def step_metrics(run: SimRun) -> list[StepMetrics]:
     """Join the trainer's records with the controller's step ends into per-step metrics."""
     steps, previous_end = [], 0.0
     for index, (record, end) in enumerate(zip(run.trainer.records, run.step_ends, strict=True)):
@@ -94,7 +106,7 @@ def step_metrics(run: _Run) -> list[StepMetrics]:
     return steps
 
 
-def totals_of(config: SimConfig, run: _Run, steps: list[StepMetrics], wall_s: float) -> dict[str, float]:
+def totals_of(config: SimConfig, run: SimRun, steps: list[StepMetrics], wall_s: float) -> dict[str, float]:
     """Throughput, mean phase times, utilisation, staleness and work counts of the whole run (and, in
     ``multi_version`` mode, the migration counters)."""
     horizon = steps[-1].end_s if steps else 0.0

@@ -7,11 +7,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from asyncrl.config.sim import SimTrainerConfig
+from asyncrl.data.base import TaskSample
+from asyncrl.metrics.timeline import Timeline
 from asyncrl.rewards.service import RewardResult, RewardStatus
 from asyncrl.sim import cost
-from asyncrl.sim.timeline import Timeline
 from asyncrl.sim.workload import PassRates
-from asyncrl.tasks.base import TaskSample
 from asyncrl.types import Group
 
 

@@ -1,10 +1,12 @@
 """Test tooling shipped with the package: a seeded shuffled (and virtual-time) event loop and a ledger.
 
+The loop itself is the simulator's virtual clock (``asyncrl.sim.clock``), re-exported here for tests.
+
 Tests of asyncrl's concurrent parts, and of user plugins, use these to explore interleavings reproducibly
 and to check that every admitted sample ends exactly once and fresh.
 """
 
-from asyncrl.testing.event_loop import (
+from asyncrl.sim.clock import (
     DeadlockError,
     ScheduleFailure,
     ShuffledEventLoop,

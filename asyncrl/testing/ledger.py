@@ -12,7 +12,7 @@ import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from asyncrl.buffer import staleness
+from asyncrl import staleness
 from asyncrl.buffer.records import DropKind, DroppedGroup
 
 

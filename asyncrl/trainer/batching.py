@@ -77,7 +77,7 @@ def _check_trajectory(trajectory: Trajectory) -> None:
 def _pad(rows: Sequence[Sequence[float]], value: float, dtype: torch.dtype) -> torch.Tensor:
     """Stack ``rows`` right-padded with ``value`` to the longest row.
 
-    Rows that are not lists (a loss mask is ``asyncrl.runs.Runs``) become lists first: ``torch.tensor`` would
+    Rows that are not lists (a loss mask is ``asyncrl.rle.RleSequence``) become lists first: ``torch.tensor`` would
     otherwise index them element by element."""
     width = max(len(row) for row in rows)
     out = torch.full((len(rows), width), value, dtype=dtype)

@@ -1,15 +1,20 @@
-"""Weight sync from the trainer to the engines, versioned: flat per-dtype buffers with a manifest."""
+"""Weight sync from the trainer to the engines, versioned: the ``WeightSync`` protocol and its transports."""
 
 from asyncrl.weight_sync.flat import FlatWeights, TensorEntry, check_flat, pack_state, unpack_state
-from asyncrl.weight_sync.payload import PACKED_WEIGHTS_KEY, packed_handle, packed_payload
+from asyncrl.weight_sync.protocol import WeightSync, WeightSyncError, WeightUpdate
+from asyncrl.weight_sync.transports import FlatBufferSync, InProcessSync, WeightSyncConfig, make_weight_sync
 
 __all__ = [
-    "PACKED_WEIGHTS_KEY",
+    "FlatBufferSync",
     "FlatWeights",
+    "InProcessSync",
     "TensorEntry",
+    "WeightSync",
+    "WeightSyncConfig",
+    "WeightSyncError",
+    "WeightUpdate",
     "check_flat",
+    "make_weight_sync",
     "pack_state",
-    "packed_handle",
-    "packed_payload",
     "unpack_state",
 ]

@@ -17,8 +17,8 @@ from transformers import AutoTokenizer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from asyncrl.app import train as training  # noqa: E402
 from asyncrl.config.run import load_run_config  # noqa: E402
-from asyncrl.controller import training  # noqa: E402
 from asyncrl.controller.controller import Controller, StepRecord  # noqa: E402
 from asyncrl.envs.copy_chain import plan_turns  # noqa: E402
 from asyncrl.models.loading import resolve_model_path  # noqa: E402
@@ -46,7 +46,7 @@ def run_example(out: Path) -> tuple[list[StepRecord], list[dict], Controller, tr
     config = load_run_config(EXAMPLE, [*SMALL, f"output_dir={out}"])
     records: list[StepRecord] = []
     controllers: list[Controller] = []
-    original_metrics, original_controller = training.step_metrics, training.make_controller
+    original_metrics, original_controller = training.step_metrics, training.assemble_controller
 
     def capturing(record: StepRecord, *args: object) -> dict[str, float]:
         records.append(record)
@@ -58,7 +58,7 @@ def run_example(out: Path) -> tuple[list[StepRecord], list[dict], Controller, tr
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(training, "step_metrics", capturing)
-        patch.setattr(training, "make_controller", capturing_controller)
+        patch.setattr(training, "assemble_controller", capturing_controller)
         summary = asyncio.run(training.train(config, console=None))
     lines = [json.loads(line) for line in Path(summary.metrics_path).read_text().splitlines()]
     return records, lines, controllers[0], summary

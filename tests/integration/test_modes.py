@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
+from asyncrl.app import train as training
 from asyncrl.config.run import load_run_config
-from asyncrl.controller import training
 from asyncrl.controller.controller import Controller, StepRecord
 from asyncrl.models.corpus import sample_texts
 from asyncrl.models.loading import save_tiny
@@ -74,7 +74,7 @@ def run_mode(
     run's controller to ``controllers``, for its buffer and proxy)."""
     config = load_run_config(None, [*COMMON, f"model.path={tiny_path}", f"output_dir={out}", *overrides])
     records: list[StepRecord] = []
-    original, original_controller = training.step_metrics, training.make_controller
+    original, original_controller = training.step_metrics, training.assemble_controller
 
     def capturing(record: StepRecord, *args: object) -> dict[str, float]:
         records.append(record)
@@ -88,7 +88,7 @@ def run_mode(
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(training, "step_metrics", capturing)
-        patch.setattr(training, "make_controller", capturing_controller)
+        patch.setattr(training, "assemble_controller", capturing_controller)
         summary = asyncio.run(training.train(config, console=None))
     assert summary.steps == NUM_STEPS
     lines = [json.loads(line) for line in Path(summary.metrics_path).read_text().splitlines()]

@@ -43,7 +43,7 @@ from asyncrl.runtime.ray_runtime import (
 )
 from asyncrl.trainer.logprobs import compute_token_logprobs
 from asyncrl.types import FinishReason, Generation, Group, Request, SamplingParams, Trajectory
-from asyncrl.weight_sync import pack_state, packed_handle, packed_payload, unpack_state
+from asyncrl.weight_sync import FlatBufferSync, WeightSyncError, unpack_state
 
 pytestmark = pytest.mark.ray
 
@@ -91,7 +91,7 @@ def second_engine(parts, model_config):
 def push(engine: RayEngineClient, state: dict[str, torch.Tensor]) -> int:
     """Give ``engine`` these weights through the object store at its next version; return that version."""
     version = engine.stats()["version"] + 1
-    asyncio.run(engine.update_weights(packed_payload(ray.put(pack_state(state, version))), version))
+    asyncio.run(engine.update_weights(FlatBufferSync(put=ray.put).publish(version, state), version))
     return version
 
 
@@ -147,11 +147,16 @@ def test_weight_update_through_the_object_store_changes_outputs_and_versions(eng
     assert [g.token_ids for g in after] != [g.token_ids for g in before]
     assert all(g.versions == [version] * 12 for g in after)
 
-    ref = ray.put(pack_state(state, version + 1))
-    with pytest.raises(
-        ValueError, match=f"packed weights are version {version + 1}, the update says {version + 2}"
-    ):
-        asyncio.run(engine.update_weights(packed_payload(ref), version + 2))
+    update = FlatBufferSync(put=ray.put).publish(version + 1, state)
+    with pytest.raises(ValueError, match=f"the update is version {version + 1}, the call says {version + 2}"):
+        asyncio.run(engine.update_weights(update, version + 2))
+    older = FlatBufferSync(put=ray.put).publish(version - 1, state)
+    with pytest.raises(WeightSyncError, match=f"v{version - 1} is older than the served v{version}; refused"):
+        asyncio.run(engine.update_weights(older, version - 1))
+    wrong = FlatBufferSync(put=ray.put).publish(version + 1, {**state, "lm_head.weight": torch.zeros(3, 2)})
+    with pytest.raises(WeightSyncError, match="tensor 'lm_head.weight' has shape"):
+        asyncio.run(engine.update_weights(wrong, version + 1))
+    assert engine.stats()["version"] == version  # refused before anything was copied
     asyncio.run(engine.update_weights(base_state(model_config, 0.5, seed=1), version + 3))  # plain tensors
     assert engine.stats()["version"] == version + 3
 
@@ -227,10 +232,14 @@ def test_trainer_step_then_sync_through_the_proxy_makes_engine_and_trainer_agree
     parts, model_config, tmp_path
 ):
     start = parts.trainer.version
-    initial = unpack_state(ray.get(packed_handle(parts.trainer.state_for_sync())))
+    initial = unpack_state(ray.get(parts.trainer.state_for_sync().handle))
+    # A fresh engine at the trainer's version: the module's engines were pushed ahead by earlier tests, and an
+    # engine refuses weights older than the version it serves.
+    fresh = spawn_engine(model_config, ENGINE, RUNTIME, name="engine-sync", num_cpus=0, num_threads=1)
+    wait_ready([fresh], RUNTIME)
 
     async def rollout_train_sync() -> tuple[Generation, dict[str, float]]:
-        proxy = LLMProxy(parts.engines, ProxyConfig(), initial_version=start)
+        proxy = LLMProxy([fresh], ProxyConfig(), initial_version=start)
         generations = await asyncio.gather(*(proxy.generate(r) for r in sampled(4)))
         groups = groups_from(generations, [1.0, 0.0, 0.0, 1.0], start)
         metrics = await asyncio.to_thread(parts.trainer.train_step, groups, start)
@@ -240,9 +249,12 @@ def test_trainer_step_then_sync_through_the_proxy_makes_engine_and_trainer_agree
         proxy.close()
         return generation, metrics
 
-    generation, metrics = asyncio.run(rollout_train_sync())
+    try:
+        generation, metrics = asyncio.run(rollout_train_sync())
+    finally:
+        fresh.shutdown()
     assert (parts.trainer.version, metrics["version"]) == (start + 1, start + 1.0)
-    flat = ray.get(packed_handle(parts.trainer.state_for_sync()))
+    flat = ray.get(parts.trainer.state_for_sync().handle)
     assert flat.version == start + 1
     trained = unpack_state(flat)
     name = "model.layers.0.mlp.up_proj.weight"
@@ -254,7 +266,7 @@ def test_trainer_step_then_sync_through_the_proxy_makes_engine_and_trainer_agree
 
 def test_trainer_checkpoint_round_trip_through_the_actor(parts, tmp_path):
     step, version = parts.trainer.step, parts.trainer.version
-    saved = unpack_state(ray.get(packed_handle(parts.trainer.state_for_sync())))
+    saved = unpack_state(ray.get(parts.trainer.state_for_sync().handle))
     path = parts.trainer.save_checkpoint(tmp_path / "ckpt", extra={"consumed": 4})
     assert path == tmp_path / "ckpt" / f"step_{step:08d}" and path.is_dir()
     generation = asyncio.run(parts.engines[0].generate(sampled(1)[0]))
@@ -262,7 +274,7 @@ def test_trainer_checkpoint_round_trip_through_the_actor(parts, tmp_path):
     assert (parts.trainer.step, parts.trainer.version) == (step + 1, version + 1)
     assert parts.trainer.load_checkpoint(path) == {"consumed": 4}
     assert (parts.trainer.step, parts.trainer.version) == (step, version)
-    restored = unpack_state(ray.get(packed_handle(parts.trainer.state_for_sync())))
+    restored = unpack_state(ray.get(parts.trainer.state_for_sync().handle))
     assert all(torch.equal(restored[name], tensor) for name, tensor in saved.items())
 
 
@@ -289,10 +301,10 @@ def test_a_second_session_in_the_same_process_reuses_ray_and_leaves_it_running(s
 def push_both(engines: list[RayEngineClient], state: dict[str, torch.Tensor]) -> int:
     """Give every engine these weights at one common version (above each one's), through one stored object."""
     version = max(e.stats()["version"] for e in engines) + 1
-    ref = ray.put(pack_state(state, version))
+    published = FlatBufferSync(put=ray.put).publish(version, state)
 
     async def update() -> None:
-        await asyncio.gather(*(e.update_weights(packed_payload(ref), version) for e in engines))
+        await asyncio.gather(*(e.update_weights(published, version) for e in engines))
 
     asyncio.run(update())
     return version

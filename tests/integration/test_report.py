@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from asyncrl.app import train as training
 from asyncrl.cli.main import main
 from asyncrl.config.run import load_run_config
-from asyncrl.controller import training
 from asyncrl.metrics.report import load_run
 
 REAL_RUN = (
@@ -36,7 +36,7 @@ def real_run(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def simulated_run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("sim") / "sim-run"
-    config = Path(__file__).parents[2] / "examples" / "sim" / "async_ratio.yaml"
+    config = Path(__file__).parents[2] / "asyncrl" / "examples" / "sim" / "async_ratio.yaml"
     assert main(["simulate", "--out", str(out), str(config), "controller.num_steps=3"]) == 0
     return out
 

@@ -7,8 +7,8 @@ import asyncio
 import json
 from pathlib import Path
 
+from asyncrl.app import train as training
 from asyncrl.config.run import load_run_config
-from asyncrl.controller import training
 from asyncrl.metrics.tracker import read_metrics
 
 RUN = (

@@ -2,7 +2,7 @@
 
 import pytest
 
-from asyncrl.buffer import staleness
+from asyncrl import staleness
 
 
 @pytest.mark.parametrize(

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from asyncrl.app.wiring import make_buffer
 from asyncrl.config.base import ConfigError, from_dict
 from asyncrl.config.env import EnvConfig, EnvManagerConfig
 from asyncrl.config.loader import parse_yaml, to_yaml
 from asyncrl.config.run import RunConfig, load_run_config
-from asyncrl.runtime.inline import make_buffer
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "asyncrl" / "examples" / "agentic.yaml"
 
@@ -98,10 +98,13 @@ def test_the_shipped_example_loads_and_has_one_redundant_env_group():
     cfg = load_run_config(EXAMPLE, [])
     assert cfg.producer == "agentic" and cfg.controller.mode == "async"
     assert cfg.env == EnvConfig(type="copy_chain", num_turns=2, median_items=2, length_sigma=0.5, max_items=4)
-    buffer = make_buffer(cfg, trainer_version=0)
+    buffer = make_buffer(cfg.buffer, cfg.rollout, producer=cfg.producer, env_manager=cfg.env_manager)
     assert buffer.max_redundant_groups == cfg.env_manager.num_env_groups - cfg.rollout.rollout_batch_size == 1
 
 
 def test_rlvr_buffer_keeps_the_redundant_prompts():
     cfg = load_run_config(None, ["rollout.max_additional_running_prompts=3"])
-    assert make_buffer(cfg, trainer_version=2).max_redundant_groups == 3
+    buffer = make_buffer(
+        cfg.buffer, cfg.rollout, producer=cfg.producer, env_manager=cfg.env_manager, trainer_version=2
+    )
+    assert buffer.max_redundant_groups == 3

@@ -11,16 +11,17 @@ from dataclasses import dataclass, field
 
 from asyncrl.buffer.sample_buffer import SampleBuffer
 from asyncrl.config.buffer import BufferConfig
-from asyncrl.config.controller import ASYNC_RATIO_OF_MODE, UPDATE_POLICY_OF_MODE, ControllerConfig
+from asyncrl.config.controller import ControllerConfig
 from asyncrl.config.proxy import ProxyConfig
 from asyncrl.config.rollout import RolloutConfig
 from asyncrl.controller.controller import Controller
+from asyncrl.controller.modes import async_ratio_for, mode_spec
+from asyncrl.data.base import TaskSample
 from asyncrl.proxy.llm_proxy import LLMProxy
 from asyncrl.proxy.multi_version import MultiVersionProxy
 from asyncrl.rewards.service import RewardResult, RewardStatus
 from asyncrl.rollout.prompt_source import PromptSource
 from asyncrl.rollout.rlvr_producer import RLVRProducer
-from asyncrl.tasks.base import TaskSample
 from asyncrl.testing.fake_engine import FakeEngine
 from asyncrl.testing.ledger import Ledger
 from asyncrl.types import Group
@@ -103,15 +104,15 @@ class Outcome:
 
 def make_test_proxy(mode: str, engines: list[FakeEngine], ratio: float) -> LLMProxy | MultiVersionProxy:
     """The proxy ``mode`` runs on: the multi-version orchestrator, or an LLMProxy with the mode's policy."""
-    if UPDATE_POLICY_OF_MODE[mode] == "multi_version":
+    if mode_spec(mode).multi_version:
         return MultiVersionProxy(engines, async_ratio=ratio)
-    return LLMProxy(engines, ProxyConfig(update_policy=UPDATE_POLICY_OF_MODE[mode]))
+    return LLMProxy(engines, ProxyConfig(update_policy=mode_spec(mode).update_policy))
 
 
 async def run_scenario(scenario: Scenario, seed: int) -> Outcome:
     """Run ``scenario`` to the end and return its ledger (every admitted prompt's end) and batches."""
     rng = random.Random(seed)
-    ratio = ASYNC_RATIO_OF_MODE.get(scenario.mode, scenario.async_ratio)
+    ratio = async_ratio_for(scenario.mode, scenario.async_ratio)
     samples = [TaskSample(uid=f"p{i}", prompt=f"q{i}", answer="0") for i in range(50)]
     source = PromptSource(samples, seed=seed)
     engines = [

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from controller_harness import Scenario, run_scenario
 
+from asyncrl.data.base import TaskSample
 from asyncrl.rollout.prompt_source import PromptSource
-from asyncrl.tasks.base import TaskSample
-from asyncrl.testing.event_loop import run_seeds, run_shuffled
+from asyncrl.sim.clock import run_seeds, run_shuffled
 from asyncrl.testing.ledger import Outcome as End
 
 NUM_SCHEDULES = 500

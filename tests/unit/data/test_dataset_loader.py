@@ -7,8 +7,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from asyncrl.config.task import TaskConfig
+from asyncrl.data import make_task
 from asyncrl.data.loader import FieldSpec, load_samples
-from asyncrl.tasks import make_task
 
 
 def write_jsonl(path, rows):

@@ -7,9 +7,9 @@ import pytest
 from transformers import AutoTokenizer
 
 from asyncrl.config.task import TaskConfig
+from asyncrl.data import make_task
+from asyncrl.data.base import prompt_token_ids
 from asyncrl.models.loading import DEFAULT_MODEL_DIR
-from asyncrl.tasks import make_task
-from asyncrl.tasks.base import prompt_token_ids
 
 TRAIN = [{"question": f"what is {i} + 1?", "solution": str(i + 1), "level": i % 3} for i in range(6)]
 TEST = [{"question": "what is 10 + 1?", "solution": "11", "level": 0}]

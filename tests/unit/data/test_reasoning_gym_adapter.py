@@ -3,8 +3,8 @@
 import pytest
 
 from asyncrl.config.task import TaskConfig
+from asyncrl.data import make_task
 from asyncrl.rewards import get_reward
-from asyncrl.tasks import make_task
 
 
 def test_reasoning_gym_splits_and_reward():

@@ -90,7 +90,7 @@ class EngineMachine(RuleBasedStateMachine):
         slots = [seq.slot for seq in scheduler.running]
         assert len(set(slots)) == len(slots) <= 3
         assert scheduler.kv_tokens_reserved == sum(scheduler.reservation(s) for s in scheduler.running)
-        assert scheduler.kv_tokens_reserved <= scheduler.max_kv_tokens
+        assert scheduler.kv_tokens_reserved <= scheduler.policy.max_kv_tokens
         assert all(0 <= s.num_cached < s.num_tokens <= self.core.max_model_len for s in scheduler.running)
 
     def teardown(self) -> None:

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from asyncrl.config.env import EnvConfig
+from asyncrl.data.procedural import copy_example
 from asyncrl.envs import CopyChainEnv, EnvError, StepResult, make_env
 from asyncrl.envs.copy_chain import is_correct, plan_turns
-from asyncrl.tasks.procedural import copy_example
 
 DEFAULT = EnvConfig(type="copy_chain")
 SHORT = EnvConfig(type="copy_chain", num_turns=2, median_items=2, length_sigma=0, max_items=4)

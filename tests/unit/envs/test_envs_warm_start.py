@@ -10,7 +10,7 @@ from asyncrl.config.loader import load_config
 from asyncrl.config.run import RunConfig
 from asyncrl.envs.sokoban import SokobanEnv
 from asyncrl.envs.warm_start import encode_episode, scripted_episode
-from asyncrl.trainer.sft import IGNORE_INDEX
+from asyncrl.models.sft import IGNORE_INDEX
 
 
 class CharTokenizer:
@@ -45,5 +45,5 @@ def test_encode_episode_labels_only_responses_and_their_eos() -> None:
 
 
 def test_the_sokoban_example_config_loads() -> None:
-    config = load_config(RunConfig, "examples/agentic_sokoban.yaml")
+    config = load_config(RunConfig, "asyncrl/examples/agentic_sokoban.yaml")
     assert config.env is not None and config.env.type == "sokoban" and config.env.sokoban.num_pulls == 2

@@ -8,7 +8,7 @@ import pytest
 
 from asyncrl.proxy.errors import EngineFailure
 from asyncrl.proxy.multi_version import EngineView, MultiVersionProxy, Switch, plan_switches, target_partition
-from asyncrl.testing.event_loop import run_seeds, run_shuffled
+from asyncrl.sim.clock import run_seeds, run_shuffled
 from asyncrl.testing.fake_engine import FakeEngine, expected_tokens, make_request
 from asyncrl.types import FinishReason
 

@@ -9,7 +9,7 @@ import pytest
 from asyncrl.config.proxy import ProxyConfig
 from asyncrl.proxy.engine_set import EngineSet
 from asyncrl.proxy.errors import EngineFailure, RequestTimeout
-from asyncrl.testing.event_loop import run_shuffled
+from asyncrl.sim.clock import run_shuffled
 from asyncrl.testing.fake_engine import FakeEngine, make_request
 
 

@@ -9,7 +9,7 @@ import pytest
 from asyncrl.config.proxy import ProxyConfig
 from asyncrl.proxy.errors import EngineFailure, NoHealthyEngine, RequestTimeout
 from asyncrl.proxy.multi_version import MultiVersionProxy
-from asyncrl.testing.event_loop import run_seeds, run_shuffled
+from asyncrl.sim.clock import run_seeds, run_shuffled
 from asyncrl.testing.fake_engine import FakeEngine, expected_tokens, make_request
 from asyncrl.types import FinishReason
 

@@ -11,7 +11,7 @@ from asyncrl.config.proxy import ProxyConfig
 from asyncrl.proxy import EngineFailure, LLMProxy
 from asyncrl.proxy.continuation import check_continued, continuation_request, empty_abort, needs_continuation
 from asyncrl.proxy.worker import snapshot_named_tensors
-from asyncrl.testing.event_loop import run_shuffled
+from asyncrl.sim.clock import run_shuffled
 from asyncrl.testing.fake_engine import FakeEngine, make_request
 from asyncrl.types import FinishReason, Generation, Request
 

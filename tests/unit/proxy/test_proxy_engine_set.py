@@ -11,7 +11,7 @@ from asyncrl.proxy import LLMProxy, ProxyClosed
 from asyncrl.proxy.engine_set import EngineSet
 from asyncrl.proxy.errors import EngineFailure
 from asyncrl.proxy.worker import EngineWorker
-from asyncrl.testing.event_loop import run_shuffled
+from asyncrl.sim.clock import run_shuffled
 from asyncrl.testing.fake_engine import FakeEngine, make_request
 from asyncrl.types import Request
 

@@ -15,7 +15,7 @@ from asyncrl.config.proxy import ProxyConfig
 from asyncrl.engine import make_engine
 from asyncrl.proxy import LLMProxy
 from asyncrl.proxy.multi_version import MultiVersionProxy
-from asyncrl.testing.event_loop import run_shuffled
+from asyncrl.sim.clock import run_shuffled
 from asyncrl.testing.fake_engine import FakeEngine
 from asyncrl.testing.fuzz import values
 from asyncrl.testing.models import tiny_qwen2

@@ -15,7 +15,7 @@ import pytest
 
 from asyncrl.config.proxy import ProxyConfig
 from asyncrl.proxy import EngineFailure, LLMProxy, NoHealthyEngine, ProxyClosed, RequestTimeout
-from asyncrl.testing.event_loop import run_shuffled
+from asyncrl.sim.clock import run_shuffled
 from asyncrl.testing.fake_engine import EngineDied, FakeEngine, expected_tokens, make_request
 from asyncrl.types import FinishReason
 

@@ -1,7 +1,7 @@
 """Randomized interleavings of generate / abort / suspend / model_update / resume over fake engines.
 
 Each seed builds a random workload (engines, lengths, arrivals, update cycles, caller aborts, faults) and runs it
-on a loop whose ready callbacks are shuffled by that seed (asyncrl/testing/event_loop.py), on virtual time.
+on a loop whose ready callbacks are shuffled by that seed (asyncrl/sim/clock.py), on virtual time.
 A ledger checks that every request ends exactly once and nothing hangs; the outputs check the version policy:
 ``drain`` → one version per generation and no update on an engine with a call in flight; ``in_flight`` → no
 abort the caller did not ask for, tokens identical to an uninterrupted run, versions non-decreasing.
@@ -18,7 +18,7 @@ import pytest
 
 from asyncrl.config.proxy import ProxyConfig
 from asyncrl.proxy import EngineFailure, LLMProxy, NoHealthyEngine, RequestTimeout
-from asyncrl.testing.event_loop import run_seeds
+from asyncrl.sim.clock import run_seeds
 from asyncrl.testing.fake_engine import FakeEngine, expected_tokens, make_request
 from asyncrl.types import FinishReason, Generation
 

@@ -13,7 +13,7 @@ import torch
 
 from asyncrl.config.proxy import ProxyConfig
 from asyncrl.proxy import EngineFailure, LLMProxy, NoHealthyEngine
-from asyncrl.testing.event_loop import run_shuffled
+from asyncrl.sim.clock import run_shuffled
 from asyncrl.testing.fake_engine import FakeEngine, expected_tokens, make_request
 from asyncrl.types import FinishReason
 

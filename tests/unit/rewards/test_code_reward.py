@@ -9,11 +9,11 @@ import pytest
 from asyncrl.config.reward import CodeRewardConfig, RewardConfig
 from asyncrl.config.sandbox import SandboxConfig
 from asyncrl.config.task import TaskConfig
+from asyncrl.data import make_task
+from asyncrl.data.base import TaskSample
 from asyncrl.rewards import RewardService, RewardStatus
 from asyncrl.rewards.code import CodeReward, extract_program, read_outcomes
 from asyncrl.sandbox import SandboxResult, SandboxStatus
-from asyncrl.tasks import make_task
-from asyncrl.tasks.base import TaskSample
 
 TESTS = ["assert f(1) == 3", "assert f(2) == 5", "assert f(0) == 0"]
 SAMPLE = TaskSample(uid="s1", prompt="p", answer="", reward="code", metadata={"tests": TESTS})

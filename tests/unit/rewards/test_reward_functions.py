@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from asyncrl.config.reward import RewardConfig
+from asyncrl.data import TaskSample
 from asyncrl.rewards import get_reward, make_reward_fn, register_reward, registered_rewards
-from asyncrl.tasks import TaskSample
 
 sys.path.insert(0, str(Path(__file__).parent))
 

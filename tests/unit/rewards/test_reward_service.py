@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from asyncrl.data import TaskSample
 from asyncrl.rewards import RewardService, RewardStatus, get_reward
-from asyncrl.tasks import TaskSample
 
 sys.path.insert(0, str(Path(__file__).parent))
 

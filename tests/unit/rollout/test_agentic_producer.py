@@ -14,11 +14,12 @@ from agentic_helpers import first_group
 
 from asyncrl.buffer.sample_buffer import SampleBuffer
 from asyncrl.config.buffer import BufferConfig
-from asyncrl.config.controller import ASYNC_RATIO_OF_MODE, UPDATE_POLICY_OF_MODE, ControllerConfig
+from asyncrl.config.controller import ControllerConfig
 from asyncrl.config.env import EnvConfig, EnvManagerConfig
 from asyncrl.config.proxy import ProxyConfig
 from asyncrl.config.rollout import RolloutConfig
 from asyncrl.controller.controller import Controller
+from asyncrl.controller.modes import async_ratio_for, mode_spec
 from asyncrl.envs import CountChainEnv, EnvError, StepResult
 from asyncrl.proxy.llm_proxy import LLMProxy
 from asyncrl.rollout.agentic_producer import AgenticProducer, make_env_seed_source
@@ -111,9 +112,9 @@ class LedgerTrainer:
 
 async def run_scenario(s: Scenario, seed: int) -> Run:
     rng = random.Random(seed)
-    ratio = ASYNC_RATIO_OF_MODE.get(s.mode, s.async_ratio)
+    ratio = async_ratio_for(s.mode, s.async_ratio)
     engines = [FakeEngine(lengths=lambda rid: 1 + len(rid) % 4, step_s=0.2) for _ in range(2)]
-    proxy = LLMProxy(engines, ProxyConfig(update_policy=UPDATE_POLICY_OF_MODE[s.mode]))
+    proxy = LLMProxy(engines, ProxyConfig(update_policy=mode_spec(s.mode).update_policy))
     buffer = SampleBuffer(
         BufferConfig(async_ratio=ratio, get_batch_timeout_s=1e6, admission_timeout_s=1e6),
         groups_per_batch=s.batch,
@@ -175,7 +176,7 @@ async def run_scenario(s: Scenario, seed: int) -> Run:
 
 def check_invariants(s: Scenario, run: Run) -> None:
     run.ledger.assert_complete(run.started)
-    run.ledger.assert_fresh(ASYNC_RATIO_OF_MODE.get(s.mode, s.async_ratio))
+    run.ledger.assert_fresh(async_ratio_for(s.mode, s.async_ratio))
     assert len(run.batches) == s.num_steps
     for group in (g for batch in run.batches for g in batch):
         assert 1 <= len(group) <= s.group

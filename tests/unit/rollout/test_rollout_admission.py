@@ -10,10 +10,10 @@ from asyncrl.buffer.records import DropKind
 from asyncrl.buffer.sample_buffer import BufferClosedError, SampleBuffer
 from asyncrl.config.buffer import BufferConfig
 from asyncrl.config.rollout import RolloutConfig
+from asyncrl.data.base import TaskSample
 from asyncrl.rollout.admission import admit, admit_batch, try_admit
 from asyncrl.rollout.prompt_source import PromptSource
 from asyncrl.rollout.rlvr_producer import response_text, sampling_params
-from asyncrl.tasks.base import TaskSample
 from asyncrl.types import FinishReason, Generation, SamplingParams
 
 

@@ -10,10 +10,10 @@ import random
 
 import pytest
 
+from asyncrl.app.simulate import simulate
 from asyncrl.config.loader import from_dict
 from asyncrl.config.sim import SimConfig
 from asyncrl.sim import plan
-from asyncrl.sim.simulate import simulate
 
 STEP_S = 0.1
 GPU_S_PER_TOKEN = 0.001
@@ -120,7 +120,9 @@ def test_queue_scheduling_beats_batch_rollout_under_dynamic_filtering():
 
 def test_async_beats_one_step_off_beats_sync():
     sync = simulate(workload(controller__mode="sync")).totals["mean_step_s"]
-    one_off = simulate(workload(controller__mode="one_step_off")).totals["mean_step_s"]
+    one_off = simulate(workload(controller__mode="one_step_off", buffer__async_ratio=1.0)).totals[
+        "mean_step_s"
+    ]
     run = simulate(workload(controller__mode="async", buffer__async_ratio=2.0))
     assert run.totals["mean_step_s"] < one_off < sync
     assert run.totals["max_staleness"] <= 2

@@ -6,12 +6,13 @@ import asyncio
 
 import pytest
 
+from asyncrl.app.simulate import simulate
 from asyncrl.config.loader import from_dict
 from asyncrl.config.sim import SimConfig, SimTrainerConfig
-from asyncrl.sim.simulate import simulate
-from asyncrl.sim.timeline import Timeline
+from asyncrl.controller.modes import async_ratio_for
+from asyncrl.metrics.timeline import Timeline
+from asyncrl.sim.clock import run_shuffled
 from asyncrl.sim.workers import SimTrainer
-from asyncrl.testing.event_loop import run_shuffled
 from asyncrl.types import Group, Trajectory
 
 
@@ -76,7 +77,7 @@ def sim_config(mode: str, slowdown: float) -> SimConfig:
                 "num_return_sequences": 2,
                 "max_new_tokens": 64,
             },
-            "buffer": {"async_ratio": 2.0},
+            "buffer": {"async_ratio": async_ratio_for(mode, 2.0)},
             "controller": {"mode": mode, "num_steps": 4},
         },
     )

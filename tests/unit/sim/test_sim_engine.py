@@ -7,8 +7,8 @@ import json
 
 from asyncrl.cli.main import main
 from asyncrl.config.sim import SimEngineConfig
+from asyncrl.sim.clock import run_shuffled
 from asyncrl.sim.engine import SimEngine
-from asyncrl.testing.event_loop import run_shuffled
 from asyncrl.types import FinishReason, Request, SamplingParams
 
 CONFIG = SimEngineConfig(

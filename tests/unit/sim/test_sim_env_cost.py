@@ -11,16 +11,16 @@ from dataclasses import replace
 
 import pytest
 
+from asyncrl.app.simulate import simulate
 from asyncrl.cli.main import main
 from asyncrl.config.controller import ControllerConfig
 from asyncrl.config.env import EnvManagerConfig
 from asyncrl.config.rollout import RolloutConfig
 from asyncrl.config.sim import SimConfig, SimEngineConfig, SimEnvConfig, SimRewardConfig
 from asyncrl.envs import EnvError
+from asyncrl.sim.clock import run_shuffled
 from asyncrl.sim.env_cost import SimEnv, base_latency_s, is_slow_seed, step_latency_s
-from asyncrl.sim.simulate import simulate
 from asyncrl.sim.workload import PassRates
-from asyncrl.testing.event_loop import run_shuffled
 
 
 def draws(config: SimEnvConfig, n: int = 20_000) -> list[float]:

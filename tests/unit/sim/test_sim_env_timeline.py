@@ -11,17 +11,17 @@ from dataclasses import replace
 
 import pytest
 
+from asyncrl.app.simulate import simulate
 from asyncrl.config.controller import ControllerConfig
 from asyncrl.config.env import EnvManagerConfig
 from asyncrl.config.rollout import RolloutConfig
 from asyncrl.config.sim import SimConfig, SimEngineConfig, SimEnvConfig, SimRewardConfig
-from asyncrl.sim.env_cost import ENV_KINDS, SimEnv, is_env_worker, step_spans
-from asyncrl.sim.plots import COLORS, left_out_label, plot_timeline, timeline_rows
+from asyncrl.metrics.plots import COLORS, left_out_label, plot_timeline, timeline_rows
+from asyncrl.metrics.timeline import Timeline, is_env_worker
+from asyncrl.sim.clock import run_shuffled
+from asyncrl.sim.env_cost import ENV_KINDS, SimEnv, step_spans
 from asyncrl.sim.result import SimResult
-from asyncrl.sim.simulate import simulate
-from asyncrl.sim.timeline import Timeline
 from asyncrl.sim.workload import PassRates
-from asyncrl.testing.event_loop import run_shuffled
 
 NOMINAL_S = {"env_reset": 0.5, "env_step": 2.0, "reward": 1.0}
 """What the constant-latency cost model of ``CONSTANT`` says each span lasts."""
@@ -205,5 +205,5 @@ def test_plot_timeline_writes_an_agentic_chart_with_more_envs_than_rows(tmp_path
     assert left_out == {"engines": 0, "envs": num_envs - 45}
     kinds = {kind for spans in env_spans(result).values() for *_, kind in spans}
     assert kinds == set(ENV_KINDS) and kinds <= set(COLORS)  # every env kind is drawn, in its own colour
-    path = plot_timeline(result, tmp_path / "timeline.png")
+    path = plot_timeline(result.spans, [s.end_s for s in result.steps], tmp_path / "timeline.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -7,12 +7,12 @@ import asyncio
 
 import pytest
 
+from asyncrl.app.simulate import simulate
 from asyncrl.config.loader import from_dict
 from asyncrl.config.sim import SimConfig, SimEngineConfig
 from asyncrl.sim import workers
+from asyncrl.sim.clock import run_shuffled
 from asyncrl.sim.engine import SimEngine, SimRequestState
-from asyncrl.sim.simulate import simulate
-from asyncrl.testing.event_loop import run_shuffled
 from asyncrl.types import FinishReason, Generation, Request, SamplingParams
 
 CONFIG = SimEngineConfig(

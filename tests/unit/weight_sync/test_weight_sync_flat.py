@@ -8,31 +8,15 @@ import pickle
 import numpy as np
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from tied_model import tiny_tied_qwen2
 
 from asyncrl.models.loading import state_dict_for_sync
 from asyncrl.weight_sync import (
     FlatWeights,
     TensorEntry,
     pack_state,
-    packed_handle,
-    packed_payload,
     unpack_state,
 )
-
-
-def tiny_tied_qwen2() -> Qwen2ForCausalLM:
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        vocab_size=50,
-        tie_word_embeddings=True,
-    )
-    return Qwen2ForCausalLM(config).eval()
 
 
 def mixed_state() -> dict[str, torch.Tensor]:
@@ -183,12 +167,3 @@ def test_tensor_entry_arithmetic():
     entry = TensorEntry(name="w", dtype="float32", shape=(2, 3), offset=5)
     assert (entry.numel, entry.end) == (6, 11)
     assert TensorEntry(name="s", dtype="float32", shape=(), offset=0).numel == 1
-
-
-def test_packed_payload_round_trip_and_plain_tensors():
-    handle = object()
-    assert packed_handle(packed_payload(handle)) is handle
-    assert packed_handle({"w": torch.zeros(1)}) is None
-    assert packed_handle([("w", torch.zeros(1))]) is None
-    with pytest.raises(ValueError, match="holds only"):
-        packed_handle({**packed_payload(handle), "w": torch.zeros(1)})

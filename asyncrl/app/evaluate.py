@@ -1,0 +1,38 @@
+"""``evaluate_model(config, checkpoint)``: the held-out evaluation of a model (and a checkpoint's weights) on its
+own, served by one in-process engine (``asyncrl eval``)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from asyncrl.config.run import RunConfig
+from asyncrl.controller.evaluation import evaluate_run
+from asyncrl.data.registry import make_task
+from asyncrl.engine import make_engine
+from asyncrl.metrics.progress import Progress
+from asyncrl.models.loading import load_model_and_tokenizer
+from asyncrl.proxy.llm_proxy import LLMProxy
+from asyncrl.rewards.service import RewardService
+from asyncrl.trainer.checkpoint import MODEL_DIR, load_model_weights
+
+
+async def evaluate_model(config: RunConfig, checkpoint: str | None) -> dict[str, float]:
+    """Load the model (and a checkpoint's weights), serve it on one engine and run the config's evaluation."""
+    model, tokenizer = load_model_and_tokenizer(config.model.path, config.model.dtype, config.model.device)
+    if checkpoint:
+        load_model_weights(model, Path(checkpoint) / MODEL_DIR)
+    engine = make_engine(model, tokenizer, config.engine)
+    proxy = LLMProxy([engine], replace(config.proxy, update_policy="drain"))
+    task = make_task(config.task) if config.producer == "rlvr" else None
+    progress = Progress(
+        config.controller.eval_prompts, label="eval", stream=sys.stderr, unit="prompt", min_interval_s=2.0
+    )
+    try:
+        with RewardService.from_config(config.reward) as rewards:
+            return await evaluate_run(config, proxy, tokenizer, task, rewards, progress=progress)
+    finally:
+        progress.close()
+        await proxy.aclose()
+        engine.shutdown()

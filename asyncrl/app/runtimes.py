@@ -1,0 +1,118 @@
+"""A run's parts per runtime (inline: one process; local/cluster: Ray actors) and their wiring into a controller.
+
+``runtime_parts(config)`` is the one assembly function per runtime; ``assemble_controller`` wires the parts
+through ``app.wiring``, the same functions the simulator uses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+from asyncrl.app.wiring import Proxy, make_buffer, make_controller, make_producer
+from asyncrl.config.run import RunConfig
+from asyncrl.controller.controller import Controller, StepRecord
+from asyncrl.data.base import Task
+from asyncrl.envs import env_factory
+from asyncrl.proxy.factory import proxy_for_mode
+from asyncrl.rewards.service import RewardService
+from asyncrl.rollout.agentic_producer import make_env_seed_source
+from asyncrl.rollout.prompt_source import PromptSource
+from asyncrl.runtime.inline import AwaitableTrainer, build_parts
+
+ENV_SEEDS_PER_EPOCH = 1024
+"""Env-seed slots of an agentic run's prompt source: the epoch's shuffle order over them. Every admission's
+key (slot and epoch) hashes to its own env seed, so the count sets only how often the order reshuffles."""
+
+
+class Parts(Protocol):
+    """What a runtime builds (``runtime.inline.InlineParts``, ``runtime.ray_runtime.RayParts``): the
+    controller and the training driver see only this."""
+
+    config: RunConfig
+    task: Task
+    tokenizer: Any
+    trainer: Any
+    engines: list[Any]
+    rewards: RewardService
+
+    def close(self) -> None: ...
+
+
+@contextlib.contextmanager
+def runtime_parts(config: RunConfig) -> Iterator[Parts]:
+    """The run's parts in the runtime ``config.runtime.type`` names; Ray is imported only when asked for."""
+    if config.runtime.type == "inline":
+        parts: Parts = build_parts(config)
+        try:
+            yield parts
+        finally:
+            parts.close()
+        return
+    from asyncrl.runtime.ray_runtime import build_ray_parts, ray_session
+
+    with ray_session(config.runtime):
+        parts = build_ray_parts(config, config.runtime)
+        try:
+            yield parts
+        finally:
+            parts.close()
+
+
+def make_proxy(parts: Parts) -> Proxy:
+    """The proxy the mode needs over the engines (``asyncrl.proxy.factory``). Engines start from the loaded
+    model, version 0; a resumed trainer's weights reach them through the first ``model_update``."""
+    cfg = parts.config
+    return proxy_for_mode(
+        parts.engines,
+        cfg.proxy,
+        cfg.controller.mode,
+        async_ratio=cfg.buffer.async_ratio,
+        slots_per_engine=cfg.engine.max_running_requests,
+    )
+
+
+def make_source(config: RunConfig, task: Task) -> PromptSource:
+    """The training stream: the task's train split, or (agentic) env-seed slots."""
+    if config.producer == "agentic":
+        return make_env_seed_source(ENV_SEEDS_PER_EPOCH, config.seed)
+    return PromptSource(task.split("train"), seed=config.seed)
+
+
+def assemble_controller(
+    parts: Parts,
+    proxy: Proxy,
+    source: PromptSource,
+    on_step: Callable[[StepRecord], None] = lambda record: None,
+) -> Controller:
+    """The buffer, producer and controller of one training run over already-built parts."""
+    cfg = parts.config
+    buffer = make_buffer(
+        cfg.buffer,
+        cfg.rollout,
+        producer=cfg.producer,
+        env_manager=cfg.env_manager,
+        trainer_version=parts.trainer.version,
+    )
+    producer = make_producer(
+        cfg.producer,
+        source=source,
+        proxy=proxy,
+        buffer=buffer,
+        tokenizer=parts.tokenizer,
+        rollout=cfg.rollout,
+        seed=cfg.seed,
+        rewards=parts.rewards,
+        env_manager=cfg.env_manager,
+        make_env=env_factory(cfg.env) if cfg.producer == "agentic" else None,
+    )
+    return make_controller(
+        cfg.controller,
+        buffer=buffer,
+        producer=producer,
+        trainer=AwaitableTrainer(parts.trainer),
+        proxy=proxy,
+        on_step=on_step,
+        start_version=parts.trainer.version,
+    )

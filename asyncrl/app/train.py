@@ -1,0 +1,243 @@
+"""``train(config)``: one training run end to end: build the parts for the config's runtime (``app.runtimes``),
+resume, evaluate, train with metrics and checkpoints, evaluate.
+
+Key decision: the run's story is told by its files — ``metrics.jsonl`` per step, ``summary.json`` at the end,
+checkpoints under ``checkpoints/`` — so benchmarks and the CLI summary read the same numbers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import TextIO
+
+from asyncrl.app.runtimes import Parts, assemble_controller, make_proxy, make_source, runtime_parts
+from asyncrl.buffer.sample_buffer import SampleBuffer
+from asyncrl.config.base import to_dict
+from asyncrl.config.run import RunConfig
+from asyncrl.controller.controller import StepRecord, rollout_metrics
+from asyncrl.controller.evaluation import evaluate_run
+from asyncrl.controller.run_state import RunState
+from asyncrl.metrics.spans import SpanRecorder
+from asyncrl.metrics.tracker import MetricsTracker
+from asyncrl.proxy.llm_proxy import LLMProxy
+from asyncrl.trainer.checkpoint import checkpoint_due, resolve_resume_path
+
+
+@dataclass
+class TrainingSummary:
+    """The headline numbers of a run (also written to ``summary.json``)."""
+
+    mode: str
+    steps: int
+    wall_s: float
+    train_wall_s: float
+    trained_samples: int
+    eval_before: dict[str, float]
+    eval_after: dict[str, float]
+    checkpoint: str
+    metrics_path: str
+
+    @property
+    def reward_gain(self) -> float:
+        return self.eval_after.get("eval/reward_mean", 0.0) - self.eval_before.get("eval/reward_mean", 0.0)
+
+
+async def train(
+    config: RunConfig, console: TextIO | None = sys.stdout, stop: asyncio.Event | None = None
+) -> TrainingSummary:
+    """Run ``config`` to completion (or until ``stop`` is set: then after a final checkpoint) and return its
+    summary."""
+    started = time.perf_counter()
+    out = Path(config.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(to_dict(config), indent=1))
+    with runtime_parts(config) as parts:
+        return await _train(parts, out, started, console, stop or asyncio.Event())
+
+
+async def _train(
+    parts: Parts, out: Path, started: float, console: TextIO | None, stop: asyncio.Event
+) -> TrainingSummary:
+    config = parts.config
+    extra = None
+    if config.resume:
+        checkpoint = resolve_resume_path(config.resume)
+        extra = parts.trainer.load_checkpoint(checkpoint)
+        _say(console, f"resuming from {checkpoint} (step {parts.trainer.step})")
+    state = RunState(make_source(config, parts.task), out, resumed_step=parts.trainer.step if extra else None)
+    if extra is not None:
+        state.load(extra)
+    proxy = make_proxy(parts)
+    try:
+        return await _train_with_proxy(parts, proxy, state, out, started, console, stop)
+    finally:
+        state.close()
+        await proxy.aclose()  # its cancelled tasks end here, not as tracebacks when Ray shuts down
+
+
+async def _train_with_proxy(
+    parts: Parts,
+    proxy: LLMProxy,
+    state: RunState,
+    out: Path,
+    started: float,
+    console: TextIO | None,
+    stop: asyncio.Event,
+) -> TrainingSummary:
+    config = parts.config
+    if parts.trainer.version > 0:  # the engines start from the loaded model: give them the resumed weights
+        await proxy.model_update(parts.trainer.state_for_sync(), parts.trainer.version)
+        await proxy.update_applied(parts.trainer.version)
+    before = await _evaluate(parts, proxy, "before")
+    _say(console, f"held-out reward before: {before.get('eval/reward_mean', float('nan')):.3f}")
+    tracker = MetricsTracker(
+        out / "metrics.jsonl",
+        total_steps=config.controller.num_steps,
+        append=bool(config.resume),
+        console=console,
+        config=config.metrics,
+    )
+    timeline = _record_timeline(parts, proxy, out) if config.metrics.timeline else None
+    try:
+        tracker.log_config(to_dict(config))
+        summary = await _train_steps(parts, proxy, state, out, tracker, timeline, stop)
+        summary = replace(summary, wall_s=time.perf_counter() - started, eval_before=before)
+        (out / "summary.json").write_text(json.dumps(asdict(summary), indent=1))
+        tracker.log_summary(asdict(summary))
+        return summary
+    finally:
+        tracker.close()
+        if timeline is not None:
+            timeline.close()
+
+
+async def _train_steps(
+    parts: Parts,
+    proxy: LLMProxy,
+    state: RunState,
+    out: Path,
+    tracker: MetricsTracker,
+    timeline: SpanRecorder | None,
+    stop: asyncio.Event,
+) -> TrainingSummary:
+    """The remaining steps, the final checkpoint (before the buffer closes) and the held-out evaluation."""
+    config = parts.config
+    samples = [0]
+    train_started = time.perf_counter()
+    final: list[Path] = []
+
+    def on_step(record: StepRecord) -> None:
+        samples[0] += sum(len(g) for g in record.groups)
+        if timeline is not None:
+            _record_step(timeline, record)
+        state.record_step(parts.trainer.step, record.groups, controller.buffer.take_dropped())
+        metrics = step_metrics(record, proxy.stats(), train_started) | buffer_metrics(controller.buffer)
+        tracker.log(
+            parts.trainer.step, metrics | {f"resume/{k}": float(v) for k, v in state.restored.items()}
+        )
+        if checkpoint_due(parts.trainer.step, config.trainer.checkpoint_every):
+            _save(parts, state, out, controller.buffer)
+
+    controller = assemble_controller(parts, proxy, state.source, on_step)
+    state.restore_buffer(controller.buffer)
+    await controller.run(
+        config.controller.num_steps - parts.trainer.step,
+        stop=stop,
+        before_close=lambda: final.append(_save(parts, state, out, controller.buffer)),
+    )
+    if timeline is not None:
+        timeline.close()  # the timeline shows training; the held-out evaluation after it is not a step
+    train_wall = time.perf_counter() - train_started
+    after = {} if stop.is_set() else await _evaluate(parts, proxy, "after")
+    return TrainingSummary(
+        mode=config.controller.mode,
+        steps=parts.trainer.step,
+        wall_s=0.0,
+        train_wall_s=train_wall,
+        trained_samples=samples[0],
+        eval_before={},
+        eval_after=after,
+        checkpoint=str(final[0]) if final else "",
+        metrics_path=str(out / "metrics.jsonl"),
+    )
+
+
+def buffer_metrics(buffer: SampleBuffer) -> dict[str, float]:
+    """Buffer occupancy and every drop so far by reason (stale, filtered, failed, aborted, ...)."""
+    accounting = buffer.accounting()
+    metrics = {
+        "buffer/buffered_groups": float(accounting.num_buffered),
+        "buffer/in_flight_groups": float(accounting.num_in_flight),
+        "buffer/stale_in_flight_groups": float(accounting.num_stale_in_flight),
+        "buffer/admitted_groups": float(accounting.num_admitted),
+    }
+    return metrics | {f"dropped/{kind}": float(n) for kind, n in sorted(accounting.num_dropped.items())}
+
+
+def _record_timeline(parts: Parts, proxy: LLMProxy, out: Path) -> SpanRecorder:
+    """A span recorder on ``out/timeline.jsonl`` fed by the engines (through the proxy) and the rewards."""
+    recorder = SpanRecorder(out / "timeline.jsonl", append=bool(parts.config.resume))
+    proxy.record_busy_spans(recorder.engine_span)
+    parts.rewards.on_scored = recorder.reward_span
+    return recorder
+
+
+def _record_step(timeline: SpanRecorder, record: StepRecord) -> None:
+    """The trainer's spans of the step just finished: training, then suspend → weight sync → resume.
+
+    ``on_step`` runs right after the sync, so the step's phases end now, on the clock the controller used.
+    """
+    end = timeline.clock()
+    timeline.add("trainer", end - record.sync_s - record.train_s, end - record.sync_s, "train")
+    timeline.add("trainer", end - record.sync_s, end, "update")
+    timeline.flush()
+
+
+MULTI_VERSION_STATS = ("num_migrations", "kv_bytes_moved", "versions_alive", "num_switches")
+"""Cumulative counters of the multi_version orchestrator copied into every step's metrics."""
+
+
+def step_metrics(record: StepRecord, proxy_stats: dict, train_started: float) -> dict[str, float]:
+    """The JSONL record of one step: rollout statistics, trainer metrics, phase times and throughput."""
+    step_s = record.wait_s + record.train_s + record.sync_s
+    metrics = rollout_metrics(record.groups, record.version)
+    tokens = sum(t.num_response_tokens for g in record.groups for t in g.trajectories)
+    metrics |= {f"train/{k}": v for k, v in record.train_metrics.items()}
+    metrics |= {
+        "time/step_s": step_s,
+        "time/wait_s": record.wait_s,
+        "time/train_s": record.train_s,
+        "time/sync_s": record.sync_s,
+        "time/elapsed_s": time.perf_counter() - train_started,
+        "samples_per_s": metrics["samples"] / step_s,
+        "tokens_per_s": tokens / step_s,
+    }
+    for index, engine in enumerate(proxy_stats.get("engines", [])):
+        if "idle_fraction" in engine:
+            metrics[f"engine{index}/idle_fraction"] = float(engine["idle_fraction"])
+    for key in MULTI_VERSION_STATS:  # only the multi_version orchestrator reports these
+        if key in proxy_stats:
+            metrics[f"multi_version/{key}"] = float(proxy_stats[key])
+    return metrics
+
+
+async def _evaluate(parts: Parts, proxy: LLMProxy, tag: str) -> dict[str, float]:
+    return await evaluate_run(parts.config, proxy, parts.tokenizer, parts.task, parts.rewards, tag=tag)
+
+
+def _save(parts: Parts, state: RunState, out: Path, buffer: SampleBuffer) -> Path:
+    return parts.trainer.save_checkpoint(
+        out / "checkpoints",
+        extra=state.checkpoint_extra(buffer),
+        keep_last=parts.config.trainer.keep_last_checkpoints,
+    )
+
+
+def _say(console: TextIO | None, text: str) -> None:
+    if console is not None:
+        print(text, file=console, flush=True)

@@ -1,0 +1,142 @@
+"""ProxyShell: what every proxy shares, so ``LLMProxy`` and ``MultiVersionProxy`` hold only what differs.
+
+Shared: the engine set and its load index, prompt affinity, the table of calls in flight (one per request
+id), the wake-up for held calls, the suspended/closed/latest-version state, and the inspection and shutdown
+methods. Each proxy supplies its own call record (``_new_call``), how a call is served (``_serve``), what
+happens when a call leaves (``_call_ended``) and how a load change is propagated (``_on_load_change``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from asyncrl.config.proxy import ProxyConfig
+from asyncrl.proxy.engine_set import EngineSet
+from asyncrl.proxy.errors import ProxyClosed
+from asyncrl.proxy.routing import AffinityTable, LoadIndex
+from asyncrl.proxy.wakeup import Wakeup
+from asyncrl.proxy.worker import EngineClient, EngineWorker
+from asyncrl.types import Generation, InvalidRequest, Request, checked_request
+
+
+class ProxyShell:
+    """Call bookkeeping, engine state and lifecycle common to every proxy (see the module docstring)."""
+
+    def __init__(
+        self,
+        engines: Sequence[EngineClient],
+        config: ProxyConfig | None,
+        *,
+        initial_version: int,
+        clock: Callable[[], float] = time.monotonic,
+        on_call_end: Callable[[EngineWorker, Request], None] | None = None,
+    ) -> None:
+        self.config = config or ProxyConfig()
+        self._engines = EngineSet(
+            engines,
+            self.config,
+            initial_version=initial_version,
+            clock=clock,
+            owner=type(self).__name__,
+            on_call_end=on_call_end,
+        )
+        self._workers = self._engines.workers
+        self._loads = LoadIndex((worker.load() for worker in self._workers), self.config.affinity_slack)
+        for worker in self._workers:
+            worker.on_load_change = self._on_load_change
+        self._affinity = AffinityTable()
+        self._calls: dict[str, Any] = {}
+        self._wakeup = Wakeup()
+        self._suspended = False
+        self._closed = False
+        self._latest_version = initial_version
+
+    # ----------------------------------------------------------------------------------------- what differs
+
+    def _new_call(self, request: Request) -> Any:
+        """The proxy's own record of one ``generate`` call."""
+        raise NotImplementedError
+
+    async def _serve(self, call: Any) -> Generation:
+        """Serve one call to its end (a Generation, or an exception naming the request)."""
+        raise NotImplementedError
+
+    def _call_ended(self, call: Any) -> None:
+        """A call left the table (after ``_serve`` returned or raised)."""
+
+    def _on_load_change(self, worker: EngineWorker) -> None:
+        """An engine's load changed: keep the routing index current."""
+        raise NotImplementedError
+
+    def _notify(self) -> None:
+        """Proxy state changed: re-check the waits it may have ended."""
+        self._wakeup.notify()
+
+    # ----------------------------------------------------------------------------------------------- requests
+
+    async def generate(self, request: Request) -> Generation:
+        """Serve ``request`` and return its output (how: the subclass's module docstring)."""
+        self._check_open()
+        request = checked_request(request)  # a bad request fails its caller here and reaches no engine
+        if request.version is not None and request.version > self._latest_version:
+            raise InvalidRequest(
+                f"request {request.request_id}: version {request.version} is newer than the latest published "
+                f"v{self._latest_version}"
+            )
+        if request.request_id in self._calls:
+            raise ValueError(f"request {request.request_id!r} is already in flight in this proxy")
+        call = self._new_call(request)
+        self._calls[request.request_id] = call
+        try:
+            return await self._serve(call)
+        finally:
+            del self._calls[request.request_id]
+            self._call_ended(call)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ProxyClosed(f"the {type(self).__name__} is closed")
+
+    # ------------------------------------------------------------------------------------------ inspection
+
+    def versions(self) -> list[int]:
+        """The version each engine serves now (an engine still draining or switching reports its old one)."""
+        return self._engines.versions()
+
+    def healthy_engines(self) -> list[int]:
+        """Indices of the engines that still receive requests."""
+        return self._engines.healthy_engines()
+
+    def record_busy_spans(self, sink: Callable[[int, float, float], None]) -> None:
+        """Report every engine's busy stretches to ``sink(index, start, end)`` (the run timeline)."""
+        self._engines.record_busy_spans(sink)
+
+    def _common_stats(self) -> dict[str, Any]:
+        """Per-engine load, version, health, busy time and tokens; the proxy's state and call count."""
+        return {
+            "engines": self._engines.engine_stats(),
+            "suspended": self._suspended,
+            "latest_version": self._latest_version,
+            "num_calls": len(self._calls),
+        }
+
+    # ------------------------------------------------------------------------------------------- lifecycle
+
+    def close(self) -> None:
+        """Fail every waiting call with ``ProxyClosed`` and cancel the proxy's own tasks; idempotent.
+
+        Cancelled tasks end on the event loop's next turns; ``aclose`` waits for them.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._notify()
+        self._engines.close()
+
+    async def aclose(self) -> None:
+        """``close``, then wait until the proxy's cancelled tasks (engine calls, aborts, updates) have ended, so
+        no stray tracebacks appear when the runtime shuts down right after."""
+        self.close()
+        await self._engines.aclose()

@@ -1,0 +1,36 @@
+"""The engine side of every transport: check an update against what the engine serves, then hand out tensors.
+
+Nothing is received (no buffer read, no tensor copied) until the version and the manifest pass, so a refused
+update leaves the engine on its old weights. Tied embeddings are explicit: a tied model expects both
+``model.embed_tokens.weight`` and ``lm_head.weight`` (the trainer always sends ``lm_head.weight``, see
+``models.loading.state_dict_for_sync``), though ``named_parameters()`` lists the shared matrix once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from asyncrl.weight_sync.protocol import WeightSync, WeightUpdate, check_manifest, check_version
+
+TIED_NAMES = ("lm_head.weight", "model.embed_tokens.weight")
+
+
+def expected_shapes(model: Any) -> dict[str, tuple[int, ...]]:
+    """Parameter name → shape of every tensor an update of ``model`` must carry, both tied names included."""
+    shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    for name in TIED_NAMES:
+        if name not in shapes:
+            other = next((n for n in TIED_NAMES if n in shapes), None)
+            if other is not None:
+                shapes[name] = shapes[other]
+    return shapes
+
+
+def receive_checked(
+    sync: WeightSync, update: WeightUpdate, *, serving_version: int, shapes: Mapping[str, tuple[int, ...]]
+) -> Iterator[tuple[str, Any]]:
+    """``sync.receive(update)`` after ``check_version`` and ``check_manifest`` (``WeightSyncError`` first)."""
+    check_version(update, serving_version)
+    check_manifest(update, shapes)
+    return sync.receive(update)

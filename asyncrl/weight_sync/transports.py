@@ -1,0 +1,120 @@
+"""The WeightSync transports, and ``make_weight_sync(config)`` choosing one by ``config.type``.
+
+- ``in_process`` (``InProcessSync``): trainer and engines share a process; ``publish`` clones the tensors once
+  (the trainer keeps updating its own in place), ``receive`` hands the clones out.
+- ``object_store`` (``FlatBufferSync``): one flat buffer per dtype plus a manifest (``weight_sync.flat``),
+  placed with ``put`` and read with ``get``. The Ray runtime passes ``ray.put`` / ``ray.get`` (zero-copy
+  numpy reads from the object store); without them the ``FlatWeights`` is the handle itself.
+
+Room for the transports other parts add (torch.distributed broadcast, CUDA IPC, disk, vLLM's reload path):
+each is one class with ``name``, ``publish`` and ``receive``, and one branch in ``make_weight_sync``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from asyncrl.weight_sync.protocol import (
+    ManifestEntry,
+    NamedTensors,
+    WeightSync,
+    WeightSyncError,
+    WeightUpdate,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WeightSyncConfig:
+    """Which transport carries policy weights from the trainer to the engines."""
+
+    type: Literal["in_process", "object_store"] = "object_store"
+    """in_process: trainer and engines in one process (the inline runtime). object_store: flat per-dtype
+    buffers through Ray's object store (the Ray runtimes)."""
+
+    def __post_init__(self) -> None:
+        if self.type not in TRANSPORTS:
+            raise ValueError(
+                f"weight_sync.type must be one of {', '.join(map(repr, TRANSPORTS))}, got {self.type!r}"
+            )
+
+
+def _items(named_tensors: NamedTensors) -> list[tuple[str, Any]]:
+    return list(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
+
+
+def _manifest_of(items: list[tuple[str, Any]]) -> tuple[ManifestEntry, ...]:
+    return tuple(
+        ManifestEntry(name=name, dtype=str(t.dtype).removeprefix("torch."), shape=tuple(t.shape))
+        for name, t in items
+    )
+
+
+def _check_transport(update: WeightUpdate, name: str) -> None:
+    if update.transport != name:
+        raise WeightSyncError(
+            f"weight update v{update.version} travels by {update.transport!r}, not {name!r}"
+        )
+
+
+class InProcessSync:
+    """Trainer and engines in one process: a published update holds cloned tensors (see module docstring)."""
+
+    name = "in_process"
+
+    def publish(self, version: int, named_tensors: NamedTensors) -> WeightUpdate:
+        items = [(name, tensor.detach().clone()) for name, tensor in _items(named_tensors)]
+        return WeightUpdate(
+            version=version, transport=self.name, manifest=_manifest_of(items), handle=tuple(items)
+        )
+
+    def receive(self, update: WeightUpdate) -> Iterator[tuple[str, Any]]:
+        _check_transport(update, self.name)
+        return iter(update.handle)
+
+
+class FlatBufferSync:
+    """Flat per-dtype buffers placed by ``put`` and read back by ``get`` (see module docstring)."""
+
+    name = "object_store"
+
+    def __init__(
+        self, put: Callable[[Any], Any] | None = None, get: Callable[[Any], Any] | None = None
+    ) -> None:
+        self._put = put or (lambda flat: flat)
+        self._get = get or (lambda handle: handle)
+
+    def publish(self, version: int, named_tensors: NamedTensors) -> WeightUpdate:
+        from asyncrl.weight_sync.flat import pack_state
+
+        flat = pack_state(named_tensors, version)
+        return self.update_of(flat, self._put(flat))
+
+    def update_of(self, flat: Any, handle: Any) -> WeightUpdate:
+        """The ``WeightUpdate`` of ``flat`` already placed as ``handle`` (e.g. returned by a remote trainer)."""
+        manifest = tuple(ManifestEntry(name=e.name, dtype=e.dtype, shape=e.shape) for e in flat.manifest)
+        return WeightUpdate(version=flat.version, transport=self.name, manifest=manifest, handle=handle)
+
+    def receive(self, update: WeightUpdate) -> Iterator[tuple[str, Any]]:
+        from asyncrl.weight_sync.flat import unpack_state
+
+        _check_transport(update, self.name)
+        flat = self._get(update.handle)
+        if flat.version != update.version:
+            raise WeightSyncError(
+                f"weight update v{update.version}: its buffers hold version {flat.version}; refused"
+            )
+        return iter(unpack_state(flat).items())
+
+
+TRANSPORTS: dict[str, Callable[[], WeightSync]] = {
+    "in_process": InProcessSync,
+    "object_store": FlatBufferSync,
+}
+"""Transport name → constructor with its in-process defaults (runtimes pass their own ``put``/``get``)."""
+
+
+def make_weight_sync(config: WeightSyncConfig, **options: Any) -> WeightSync:
+    """The transport ``config.type`` names; ``options`` go to its constructor (e.g. ``put``/``get``)."""
+    return TRANSPORTS[config.type](**options)

@@ -1,0 +1,161 @@
+"""The layering of docs/architecture.md, checked on every import of every asyncrl module (ast, no import runs).
+
+A unit is a top-level package or module of asyncrl (``buffer``, ``staleness``), except the mode table
+``controller.modes``: pure data every part reads (DESIGN §3), so it is a unit of its own at the bottom layer.
+Imports inside functions and under ``TYPE_CHECKING`` count: a lazy import is still a dependency.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import asyncrl
+
+ROOT = Path(asyncrl.__file__).resolve().parent
+
+LAYERS: list[set[str]] = [
+    {"cli"},
+    {"testing"},  # test tooling shipped with the package: may use any part it tests
+    {"app"},
+    {"sim"},
+    {"runtime"},
+    {"controller"},
+    {"serve"},
+    {"rollout"},
+    {"proxy"},
+    {"trainer"},
+    {"engine"},
+    {"weight_sync"},
+    {"envs", "rewards"},
+    {"sandbox"},
+    {"data"},
+    {"buffer", "staleness"},
+    {"metrics"},
+    {"models"},
+    {"config", "types", "rle", "controller.modes"},
+]
+"""Top to bottom, from DESIGN §6: a unit imports only units of its own layer or below."""
+
+EXCEPTIONS = {
+    (
+        "asyncrl.models.sft",
+        "data",
+    ): "the SFT warm start trains on a task's samples (DESIGN §6 puts it in models/)",
+    ("asyncrl.models.sft", "rewards"): "and scores its greedy answers with the task's reward",
+    ("asyncrl.models.sft", "metrics"): "and shows its progress like every long loop",
+}
+"""(module, unit it may import although the layers forbid it): why."""
+
+
+def unit_of(dotted: str) -> str | None:
+    """The layering unit of ``asyncrl.x.y`` (None for the ``asyncrl`` package itself)."""
+    parts = dotted.split(".")
+    if parts[0] != "asyncrl" or len(parts) < 2:
+        return None
+    if parts[1:3] == ["controller", "modes"]:
+        return "controller.modes"
+    return parts[1]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_module(path: Path) -> bool:
+    return path.is_dir() or path.with_suffix(".py").is_file()
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every asyncrl module ``path`` imports, at any depth of its code."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            base = node.module
+            found.add(base)
+            if base == "asyncrl":  # ``from asyncrl import staleness``: a module; ``__version__``: not
+                found |= {f"asyncrl.{a.name}" for a in node.names if _is_module(ROOT / a.name)}
+    return {name for name in found if name.startswith("asyncrl.")}
+
+
+def import_edges() -> dict[tuple[str, str], list[str]]:
+    """(unit, imported unit) → the modules that import across that edge."""
+    edges: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for path in sorted(ROOT.rglob("*.py")):
+        module = module_name(path)
+        source = unit_of(module)
+        for imported in imports_of(path):
+            target = unit_of(imported)
+            crosses = source is not None and target is not None and target != source
+            if crosses and (module, target) not in EXCEPTIONS:
+                edges[(source, target)].append(module)
+    return edges
+
+
+def layer_of(unit: str) -> int:
+    for index, layer in enumerate(LAYERS):
+        if unit in layer:
+            return index
+    raise AssertionError(
+        f"asyncrl unit {unit!r} is in no layer of this test: add it (and to docs/architecture.md)"
+    )
+
+
+def layer_violations(edges: dict[tuple[str, str], list[str]]) -> list[str]:
+    return [
+        f"{source} -> {target} (in {', '.join(sorted(set(modules)))})"
+        for (source, target), modules in sorted(edges.items())
+        if layer_of(target) < layer_of(source)
+    ]
+
+
+def find_cycle(edges: dict[tuple[str, str], list[str]]) -> list[str] | None:
+    """One cycle of the unit graph as a path (first unit repeated last), or None."""
+    graph: dict[str, set[str]] = defaultdict(set)
+    for source, target in edges:
+        graph[source].add(target)
+    state: dict[str, str] = {}
+
+    def visit(unit: str, path: list[str]) -> list[str] | None:
+        state[unit] = "open"
+        for nxt in sorted(graph[unit]):
+            if state.get(nxt) == "open":
+                return path[path.index(nxt) :] + [unit, nxt] if nxt in path else path + [unit, nxt]
+            if nxt not in state and (cycle := visit(nxt, path + [unit])):
+                return cycle
+        state[unit] = "done"
+        return None
+
+    for unit in sorted(graph):
+        if unit not in state and (cycle := visit(unit, [])):
+            return cycle
+    return None
+
+
+def test_every_import_goes_down_the_layers():
+    assert layer_violations(import_edges()) == []
+
+
+def test_no_import_cycle_between_top_level_units():
+    assert find_cycle(import_edges()) is None
+
+
+def test_the_layers_are_the_ones_the_docs_draw():
+    """docs/architecture.md lists each layer, top to bottom, in its layering table."""
+    docs = (ROOT.parent / "docs" / "architecture.md").read_text()
+    table = docs[docs.index("<!-- layers -->") : docs.index("<!-- /layers -->")]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| layer")]
+    drawn = [{name.strip(" `/") for name in row.split("|")[2].split(",")} for row in rows]
+    assert drawn == LAYERS
+
+
+def test_the_checkers_report_an_upward_import_and_a_cycle():
+    upward = {("controller", "runtime"): ["asyncrl.controller.training"], ("runtime", "controller"): ["x"]}
+    assert layer_violations(upward) == ["controller -> runtime (in asyncrl.controller.training)"]
+    assert find_cycle(upward) == ["controller", "runtime", "controller"]
+    assert find_cycle({("a", "b"): [], ("b", "c"): [], ("c", "b"): []}) == ["b", "c", "b"]
+    assert find_cycle({("a", "b"): [], ("a", "c"): [], ("b", "c"): []}) is None
