@@ -35,10 +35,10 @@ class TrainingSummary:
     wall_s: float
     train_wall_s: float
     trained_samples: int
-    sync_estimate_s: float
-    """What a synchronous run of the same work would take if its phases had run back to back at the measured
-    speeds: engine busy time + training + weight sync. An estimate: where rollout and training share cores,
-    overlapped phases each ran slower than alone, so it overstates; bench/async_vs_sync.py measures side by side."""
+    phase_busy_s: dict[str, float]
+    """Measured seconds each phase was busy: ``generation`` (busiest engine with a request in flight),
+    ``train`` and ``weight_sync``. Their sum is *not* what a sync run would take (overlapped phases that share
+    cores each run slower than alone): only a real sync run measures that, side by side in bench/."""
     eval_before: dict[str, float]
     eval_after: dict[str, float]
     checkpoint: str
@@ -136,7 +136,11 @@ async def _train_with_proxy(
         wall_s=time.perf_counter() - started,
         train_wall_s=train_wall,
         trained_samples=samples[0],
-        sync_estimate_s=generation_busy + phase_s["train"] + phase_s["sync"],
+        phase_busy_s={
+            "generation": generation_busy,
+            "train": phase_s["train"],
+            "weight_sync": phase_s["sync"],
+        },
         eval_before=before,
         eval_after=after,
         checkpoint=str(checkpoint),
