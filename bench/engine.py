@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import statistics
 import time
 
@@ -185,7 +184,7 @@ def main() -> None:
     for kind, work in works.items():
         arms[f"engine_{kind}"] = functools.partial(lambda w: flat(run_engine(model, w, batch_size)), work)
         arms[f"hf_{kind}"] = functools.partial(lambda w: flat(run_hf(model, w, batch_size)), work)
-    raw = harness.run_arms(arms, harness.repeats_for(args), lambda arm, i, m: print(arm, i, json.dumps(m)))
+    raw = harness.run_arms(arms, harness.repeats_for(args), harness.print_run)
     ratios = {
         f"{kind}_throughput": harness.paired_ratio(raw, f"engine_{kind}", f"hf_{kind}", "tokens_per_s")
         for kind in works

@@ -65,12 +65,18 @@ def run_arms(
     arms: Mapping[str, Arm],
     repeats: int,
     on_run: Callable[[str, int, Mapping[str, float]], None] | None = None,
+    *,
+    warmup: bool = False,
 ) -> dict[str, list[dict[str, float]]]:
     """Every arm ``repeats`` times, interleaved (repeat 0 of every arm, then repeat 1, …); the raw runs per arm.
 
-    The arm order also rotates each repeat (A B, B A, A B …) so no arm always runs first, right after a
-    warm-up or right after a heavy sibling."""
+    The arm order also reverses each repeat (A B, B A, A B …) so no arm always runs first, right after a
+    warm-up or right after a heavy sibling. ``warmup`` runs every arm once first, untimed and unrecorded
+    (lazy initialisation, allocator growth, first-call kernel selection)."""
     names = list(arms)
+    if warmup:
+        for name in names:
+            arms[name]()
     raw: dict[str, list[dict[str, float]]] = {name: [] for name in names}
     for repeat in range(repeats):
         order = names if repeat % 2 == 0 else names[::-1]
@@ -80,6 +86,11 @@ def run_arms(
             if on_run is not None:
                 on_run(name, repeat, metrics)
     return raw
+
+
+def print_run(arm: str, repeat: int, metrics: Mapping[str, float]) -> None:
+    """The default ``on_run`` of :func:`run_arms`: one line per run, so a long benchmark shows progress."""
+    print(arm, repeat, json.dumps(dict(metrics)), flush=True)
 
 
 def summarize(raw: Mapping[str, Sequence[Mapping[str, float]]]) -> dict[str, dict[str, dict[str, Any]]]:

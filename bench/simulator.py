@@ -14,7 +14,6 @@ Writes bench/results/simulator.json. Run: ``python bench/simulator.py [--quick] 
 from __future__ import annotations
 
 import functools
-import json
 import os
 import time
 
@@ -91,7 +90,7 @@ def main() -> None:
         f"gpus_{num_gpus}": functools.partial(measure, num_gpus, steps, args.mode, args.gc == "paused")
         for num_gpus in sizes
     }
-    raw = harness.run_arms(arms, harness.repeats_for(args), lambda arm, i, m: print(arm, i, json.dumps(m)))
+    raw = harness.run_arms(arms, harness.repeats_for(args), harness.print_run)
     setup = {
         "steps": steps,
         "mode": args.mode,

@@ -15,7 +15,7 @@ import pytest
 from bench import harness
 
 ROOT = Path(__file__).resolve().parents[3]
-QUICK = ["simulator", "engine"]
+QUICK = ["simulator", "engine", "trainer"]
 """Benchmarks on the harness. Still to port: async_vs_sync, offpolicy, sim_vs_real, sync_vs_trl (issue 14)."""
 
 
