@@ -49,8 +49,10 @@ class TrainerConfig:
     attention never crossing a sample) instead of right-padded rows: same log-probs and gradients, no compute
     spent on padding. ``false`` keeps the padded path (for comparison, or a model whose attention does not
     honour restarting position ids)."""
-    packed_row_tokens: int = 2048
-    """Longest packed row (a longer sample gets a row of its own): attention in a row costs row² per layer."""
+    packed_row_tokens: int = 512
+    """Longest packed row (a longer sample gets a row of its own). On CPU (sdpa with a dense block-diagonal
+    mask) attention in a row costs row² per layer, so shorter rows are faster: 512 beat 1,024 and 2,048 on the
+    generation-bound workload's batches (one rough run, docs/benchmarks.md)."""
     logprob_chunk_size: int = 1024
     """Token positions whose vocabulary log-softmax is computed at once; bounds the [tokens, vocab] buffer."""
     temperature: float = 1.0
