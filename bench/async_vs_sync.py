@@ -22,16 +22,14 @@ K, the number of Prop. 1 "workers", is the engine's decode slots, ``engine.max_r
 here): a continuous-batching engine runs that many samples at once and hands a freed slot to the next
 request at the next step, which is exactly queue scheduling over K workers.
 
-    python bench/async_vs_sync.py [--quick] [--out bench/results/async_vs_sync.json]
+    python bench/async_vs_sync.py [--quick] [--repeats 3] [--only NAME ...] [--out bench/results/async_vs_sync.json]
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
+import dataclasses
 import os
-import platform
 import statistics
 import tempfile
 import time
@@ -42,12 +40,13 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
-import torch  # noqa: E402
 
 from asyncrl.app.runtimes import assemble_controller, make_proxy, runtime_parts  # noqa: E402
 from asyncrl.config.run import RunConfig, load_run_config  # noqa: E402
 from asyncrl.controller.controller import StepRecord  # noqa: E402
 from asyncrl.rollout.prompt_source import PromptSource  # noqa: E402
+from asyncrl.runtime.placement import plan_placement  # noqa: E402
+from bench import harness  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -79,6 +78,7 @@ VARIANTS = (
     ),
 )
 BASELINE, QUEUE_BASELINE = "sync_batch", "sync_queue"
+QUICK_VARIANTS = ("sync_batch", "sync_queue", "async_a2")
 CONTROLS = ("sync_batch_1thread", "sync_queue_1thread")
 """Sync with one thread per role (not colocated): immune to the thread oversubscription a loaded machine
 inflicts on the colocated 2-thread sync, at the cost of using one core per phase on a quiet one."""
@@ -213,91 +213,98 @@ def proposition2_bounds(p: dict, async_ratio: float) -> dict[str, float]:
     }
 
 
-def compare(results: dict[str, dict], variants: tuple[Variant, ...], p2: dict) -> None:
-    """Add speedups over both sync baselines and the share of the Proposition 2 bounds reached."""
-    base = results[BASELINE]["samples_per_s"]
-    queue = results[QUEUE_BASELINE]["samples_per_s"]
-    for variant in variants:
-        row = results[variant.name]
-        row["speedup_vs_sync_batch"] = row["samples_per_s"] / base
-        row["speedup_vs_sync_queue"] = row["samples_per_s"] / queue
-        for control in CONTROLS:
-            if control in results:
-                row[f"speedup_vs_{control}"] = row["samples_per_s"] / results[control]["samples_per_s"]
-        if variant.async_ratio > 0:
-            bounds = proposition2_bounds(p2, variant.async_ratio)
-            row |= bounds
-            row["fraction_of_bound_alpha_inf"] = row["speedup_vs_sync_batch"] / bounds["bound_alpha_inf"]
-            row["fraction_of_bound_at_alpha"] = row["speedup_vs_sync_batch"] / bounds["bound_at_alpha"]
+def step_metrics(steps: list[dict[str, Any]], work: Workload, epochs: int, with_p2: bool) -> dict[str, float]:
+    """One run's steady-state numbers; the naive sync run also carries the Proposition 2 inputs."""
+    metrics = steady_state(steps, work.warmup)
+    if with_p2:
+        metrics |= {f"p2_{k}": v for k, v in proposition2_inputs(steps, work.warmup, work, epochs).items()}
+    return metrics
 
 
-def targets(results: dict[str, dict]) -> dict[str, bool]:
-    """The issue's targets, for the variants that ran (the inline row is a control, not a target)."""
-    async_rows = {k: v for k, v in results.items() if "bound_at_alpha" in v and not k.endswith("_inline")}
-    met = {
-        f"{k} >= 80% of bound_at_alpha": v["fraction_of_bound_at_alpha"] >= 0.8 for k, v in async_rows.items()
+def arm(variant: Variant, work: Workload, out_dir: Path):
+    """A harness arm: one full run of ``variant`` (a fresh output dir each time)."""
+    runs = [0]
+
+    def run() -> dict[str, float]:
+        runs[0] += 1
+        config = run_config(variant, work, out_dir / f"r{runs[0]}")
+        started = time.perf_counter()
+        steps = asyncio.run(train_steps(config))
+        metrics = step_metrics(steps, work, config.trainer.ppo_epochs, variant.name == BASELINE)
+        return metrics | {"total_s": time.perf_counter() - started}
+
+    return run
+
+
+def bound_fractions(raw: dict[str, list[dict[str, float]]], variant: Variant) -> dict[str, Any]:
+    """Per paired repeat: the Prop. 2 bound at the variant's α (from that repeat's naive sync run) and the
+    share of it the variant's measured speedup reached. Above 1 is a bug in the bound or the measurement."""
+    fractions, bounds = [], []
+    for base, row in zip(raw[BASELINE], raw[variant.name], strict=True):
+        p2 = {k.removeprefix("p2_"): v for k, v in base.items() if k.startswith("p2_")}
+        bound = proposition2_bounds(p2, variant.async_ratio)["bound_at_alpha"]
+        bounds.append(bound)
+        fractions.append(row["samples_per_s"] / base["samples_per_s"] / bound)
+    return {
+        "bound_at_alpha": harness.summary(bounds),
+        "fraction_of_bound_at_alpha": harness.summary(fractions),
     }
-    if "async_a2" in results:
-        met["async_a2 >= 1.5x sync_batch"] = results["async_a2"]["speedup_vs_sync_batch"] >= 1.5
-        met["async_a2 >= 1.2x sync_queue"] = results["async_a2"]["speedup_vs_sync_queue"] >= 1.2
+
+
+def targets(ratios: dict[str, dict], bounds: dict[str, dict]) -> dict[str, bool]:
+    """The issue's targets on medians over paired repeats (controls and the inline row are not targets)."""
+    met = {
+        f"{name} within 70-100% of bound_at_alpha": 0.7 <= b["fraction_of_bound_at_alpha"]["median"] <= 1.0
+        for name, b in bounds.items()
+        if not name.endswith("_inline")
+    }
+    if "async_a2_over_sync_batch" in ratios:
+        met["async_a2 >= 2.0x sync_batch"] = ratios["async_a2_over_sync_batch"]["median"] >= 2.0
+        met["async_a2 >= 1.3x sync_queue"] = ratios["async_a2_over_sync_queue"]["median"] >= 1.3
     return met
 
 
-def machine() -> dict[str, Any]:
-    return {
-        "platform": platform.platform(),
-        "cpus": os.cpu_count(),
-        "load_average_at_start": os.getloadavg(),
-        "torch": torch.__version__,
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-    }
-
-
-def run_all(work: Workload, variants: tuple[Variant, ...], out_dir: Path) -> dict[str, Any]:
-    report: dict[str, Any] = {"machine": machine(), "workload": vars(work) | {"N": work.samples_per_step}}
-    results: dict[str, dict] = {}
-    raw: dict[str, list] = {}
+def resources(variants: tuple[Variant, ...], work: Workload) -> dict[str, Any]:
+    """How each variant split the cores (placement as the runtime plans it)."""
+    out = {}
     for variant in variants:
-        config = run_config(variant, work, out_dir)
-        started = time.perf_counter()
-        raw[variant.name] = asyncio.run(train_steps(config))
-        results[variant.name] = steady_state(raw[variant.name], work.warmup) | {
-            "total_s": time.perf_counter() - started,
-            "async_ratio": variant.async_ratio,
-            "runtime": variant.runtime,
-        }
-        print(variant.name, json.dumps(results[variant.name]), flush=True)
-    report["results"] = results
-    if BASELINE in results and QUEUE_BASELINE in results:
-        epochs = config.trainer.ppo_epochs
-        report["proposition2"] = proposition2_inputs(raw[BASELINE], work.warmup, work, epochs)
-        compare(results, variants, report["proposition2"])
-        report["targets_met"] = targets(results)
-    report["load_average_at_end"] = os.getloadavg()
-    report["per_step"] = {name: [strip(s) for s in steps] for name, steps in raw.items()}
-    return report
-
-
-def strip(step: dict[str, Any]) -> dict[str, Any]:
-    """A step without its per-sample latencies and absolute clock, for the JSON file."""
-    return {k: v for k, v in step.items() if k not in ("latencies_s", "end_s")}
+        config = run_config(variant, work, Path("unused"))
+        plan = plan_placement(
+            config.runtime, num_engines=config.rollout.num_engines, mode=config.controller.mode
+        )
+        out[variant.name] = {"runtime": variant.runtime, **plan.describe()}
+    return out
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a smoke run: 4 steps of 16 samples")
-    parser.add_argument("--out", default="bench/results/async_vs_sync.json")
+    parser = harness.parser(__doc__.splitlines()[0], "async_vs_sync")
     parser.add_argument(
         "--only", nargs="*", help="variant names to run (comparisons need both sync baselines)"
     )
     args = parser.parse_args()
     work = QUICK if args.quick else FULL
-    chosen = tuple(v for v in VARIANTS if not args.only or v.name in args.only)
+    names = args.only or (QUICK_VARIANTS if args.quick else [v.name for v in VARIANTS])
+    chosen = tuple(v for v in VARIANTS if v.name in names)
+    if args.quick:  # seconds: one process, no Ray start-up per run
+        chosen = tuple(dataclasses.replace(v, runtime="inline") for v in chosen)
     with tempfile.TemporaryDirectory(prefix="async-vs-sync-") as tmp:
-        report = run_all(work, chosen, Path(tmp))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=1))
-    print(json.dumps({k: report.get(k) for k in ("proposition2", "targets_met")}, indent=1))
+        arms = {v.name: arm(v, work, Path(tmp) / v.name) for v in chosen}
+        raw = harness.run_arms(arms, harness.repeats_for(args), harness.print_run)
+    ratios, bounds = {}, {}
+    if BASELINE in raw and QUEUE_BASELINE in raw:
+        for variant in chosen:
+            for base in (BASELINE, QUEUE_BASELINE, *CONTROLS):
+                if base in raw and base != variant.name:
+                    ratios[f"{variant.name}_over_{base}"] = harness.paired_ratio(
+                        raw, variant.name, base, "samples_per_s"
+                    )
+            if variant.async_ratio > 0:
+                bounds[variant.name] = bound_fractions(raw, variant)
+    setup = vars(work) | {"N": work.samples_per_step, "workload": "training_bound (tiny-count on count)"}
+    extra = {"proposition2": bounds, "targets_met": targets(ratios, bounds)}
+    harness.write_result(
+        args, "async_vs_sync", raw, ratios=ratios, resources=resources(chosen, work), setup=setup, extra=extra
+    )
 
 
 if __name__ == "__main__":

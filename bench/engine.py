@@ -6,19 +6,15 @@ a long-tailed workload (lognormal, clipped to [4, 512], as reasoning outputs are
 HF runs static batches of ``max_running_requests`` requests in arrival order, each until its longest member
 is done; only the tokens each request asked for count towards its throughput.
 
-    python bench/engine.py [--quick] [--out bench/results/engine.json]
+    python bench/engine.py [--quick] [--threads N] [--repeats 3] [--out bench/results/engine.json]
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
-import os
-import platform
+import functools
 import statistics
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -27,6 +23,7 @@ import transformers
 from asyncrl.config.engine import EngineConfig
 from asyncrl.engine import make_engine
 from asyncrl.types import Request, SamplingParams
+from bench import harness
 
 VOCAB = 4096
 MAX_OUTPUT = 512
@@ -47,16 +44,19 @@ def tiny_model() -> transformers.Qwen2ForCausalLM:
     return transformers.Qwen2ForCausalLM(config).eval()
 
 
-def workload(kind: str, num_requests: int, seed: int) -> list[tuple[list[int], int]]:
-    """(prompt, output length) pairs: prompts of 16-64 tokens; outputs long-tailed or all 64."""
+def workload(
+    kind: str, num_requests: int, seed: int, max_output: int = MAX_OUTPUT
+) -> list[tuple[list[int], int]]:
+    """(prompt, output length) pairs: prompts of 16-64 tokens; outputs long-tailed (clipped to ``max_output``)
+    or all 64."""
     rng = np.random.default_rng(seed)
     prompts = [rng.integers(3, VOCAB, size=int(rng.integers(16, 65))).tolist() for _ in range(num_requests)]
     if kind == "long_tail":
-        lengths = np.clip(rng.lognormal(mean=np.log(24), sigma=1.3, size=num_requests), 4, MAX_OUTPUT).astype(
+        lengths = np.clip(rng.lognormal(mean=np.log(24), sigma=1.3, size=num_requests), 4, max_output).astype(
             int
         )
     else:
-        lengths = np.full(num_requests, 64)
+        lengths = np.full(num_requests, min(64, max_output))
     return list(zip(prompts, lengths.tolist(), strict=True))
 
 
@@ -147,66 +147,62 @@ def run_hf(model, work, batch_size: int) -> dict:
     }
 
 
-def compare(model, kind: str, num_requests: int, batch_size: int) -> dict:
-    work = workload(kind, num_requests, seed=1)
+def flat(result: dict) -> dict[str, float]:
+    """One arm's run as flat numbers (the harness summarizes each across repeats)."""
+    metrics = {key: result[key] for key in ("seconds", "tokens_per_s", "idle_fraction") if key in result}
+    metrics.update({f"ttft_{key}_s": value for key, value in result["ttft_s"].items()})
+    return metrics
+
+
+def length_stats(work: list[tuple[list[int], int]]) -> dict[str, float]:
     lengths = [n for _, n in work]
-    engine = run_engine(model, work, batch_size)
-    hf = run_hf(model, work, batch_size)
+    median = statistics.median(lengths)
+    p99 = float(np.percentile(lengths, 99))
     return {
-        "num_requests": num_requests,
-        "output_len": {
-            "median": statistics.median(lengths),
-            "p99": float(np.percentile(lengths, 99)),
-            "max": max(lengths),
-            "total": sum(lengths),
-        },
-        "p99_over_median": float(np.percentile(lengths, 99)) / statistics.median(lengths),
-        "engine": engine,
-        "hf_generate": hf,
-        "throughput_ratio": engine["tokens_per_s"] / hf["tokens_per_s"],
+        "median": median,
+        "p99": p99,
+        "max": max(lengths),
+        "total": sum(lengths),
+        "p99_over_median": p99 / median,
     }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a smoke run: 32 requests, batch 8")
-    parser.add_argument("--out", default="bench/results/engine.json")
+    parser = harness.parser(__doc__.splitlines()[0], "engine")
     parser.add_argument(
         "--threads", type=int, default=0, help="torch intra-op threads; 0 keeps torch's default"
     )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    num_requests, batch_size = (32, 8) if args.quick else (256, 64)
+    num_requests, batch_size, max_output = (12, 4, 32) if args.quick else (256, 64, MAX_OUTPUT)
     model = tiny_model()
-    results = {
+    works = {
+        kind: workload(kind, num_requests, seed=1, max_output=max_output) for kind in ("long_tail", "uniform")
+    }
+    arms = {}
+    for kind, work in works.items():
+        arms[f"engine_{kind}"] = functools.partial(lambda w: flat(run_engine(model, w, batch_size)), work)
+        arms[f"hf_{kind}"] = functools.partial(lambda w: flat(run_hf(model, w, batch_size)), work)
+    raw = harness.run_arms(arms, harness.repeats_for(args), harness.print_run)
+    ratios = {
+        f"{kind}_throughput": harness.paired_ratio(raw, f"engine_{kind}", f"hf_{kind}", "tokens_per_s")
+        for kind in works
+    }
+    setup = {
         "model": {
             "arch": "qwen2",
             "hidden": 256,
             "layers": 4,
             "params": sum(p.numel() for p in model.parameters()),
         },
+        "num_requests": num_requests,
         "batch_size": batch_size,
-        "machine": {
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(),
-        },
-        "torch": torch.__version__,
+        "output_len": {kind: length_stats(work) for kind, work in works.items()},
         "transformers": transformers.__version__,
-        "quick": args.quick,
     }
-    for kind in ("long_tail", "uniform"):
-        results[kind] = compare(model, kind, num_requests, batch_size)
-        print(
-            kind,
-            json.dumps({k: results[kind][k] for k in ("p99_over_median", "throughput_ratio")}),
-            flush=True,
-        )
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
-    print(json.dumps(results, indent=2))
+    resources = {"all_arms": f"one process, {torch.get_num_threads()} torch threads, arms run one at a time"}
+    harness.write_result(args, "engine", raw, ratios=ratios, resources=resources, setup=setup)
 
 
 if __name__ == "__main__":

@@ -8,24 +8,20 @@ so requests per step grow linearly with the cluster and ``us_per_request`` flat 
 (``asyncrl.sim.gc_pause``; ``--gc on`` keeps it running): the simulator keeps hundreds of thousands of
 objects alive and every full collection re-scans them all (70 s instead of 42 s at 4,096 accelerators).
 Reference counting still frees everything; one collection runs at the end of each run (inside the timing).
-Writes bench/results/simulator.json. Run: ``python bench/simulator.py [--steps 100] [--sizes 256,1024,4096] [--repeats 3]``.
+Writes bench/results/simulator.json. Run: ``python bench/simulator.py [--quick] [--steps 100] [--sizes 256,1024,4096] [--repeats 3]``.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
+import functools
 import os
-import platform
-import statistics
 import time
-from pathlib import Path
-from typing import Any
 
 from asyncrl.app.simulate import simulate
 from asyncrl.config.loader import from_dict
 from asyncrl.config.sim import SimConfig
 from asyncrl.controller.modes import async_ratio_for
+from bench import harness
 
 GPUS_PER_ENGINE = 16
 GROUP_SIZE = 8
@@ -63,59 +59,48 @@ def config_for(num_gpus: int, num_steps: int, mode: str) -> SimConfig:
     )
 
 
-def measure(num_gpus: int, num_steps: int, mode: str, pause_gc: bool, repeats: int) -> dict[str, Any]:
-    """``repeats`` identical runs: the median wall and CPU seconds (every wall time is kept too: this
-    machine's speed drifts by tens of per cent from one minute to the next), per-request cost, and the
-    run's headline totals (the runs are deterministic, so their totals agree)."""
+def measure(num_gpus: int, num_steps: int, mode: str, pause_gc: bool) -> dict[str, float]:
+    """One run: wall and CPU seconds, per-request cost, and the run's headline totals (the runs are
+    deterministic, so totals agree across repeats; wall time is what the repeats are for)."""
     config = config_for(num_gpus, num_steps, mode)
-    walls, cpus, loads = [], [], []
-    for _ in range(repeats):
-        wall_start, cpu_start = time.perf_counter(), time.process_time()
-        result = simulate(config, pause_gc=pause_gc)
-        walls.append(time.perf_counter() - wall_start)
-        cpus.append(time.process_time() - cpu_start)
-        loads.append(os.getloadavg()[0])
-    wall, cpu = statistics.median(walls), statistics.median(cpus)
+    wall_start, cpu_start = time.perf_counter(), time.process_time()
+    result = simulate(config, pause_gc=pause_gc)
+    wall, cpu = time.perf_counter() - wall_start, time.process_time() - cpu_start
     num_requests = result.totals["requests"]
     return {
-        "load_avg_1m": round(max(loads), 2),  # other jobs share the cores: wall > cpu when high
-        "num_gpus": num_gpus,
-        "num_engines": config.rollout.num_engines,
-        "wall_s": round(wall, 2),
-        "wall_s_runs": [round(w, 2) for w in walls],
-        "cpu_s": round(cpu, 2),
+        "wall_s": wall,
+        "cpu_s": cpu,
         "requests": num_requests,
-        "us_per_request": round(1e6 * wall / num_requests, 1),
-        "cpu_us_per_request": round(1e6 * cpu / num_requests, 1),
-        **{key: round(result.totals[key], 3) for key in TOTALS},
+        "us_per_request": 1e6 * wall / num_requests,
+        "cpu_us_per_request": 1e6 * cpu / num_requests,
+        "load_avg_1m": os.getloadavg()[0],  # other jobs share the cores: wall > cpu when high
+        **{key: result.totals[key] for key in TOTALS},
     }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = harness.parser(__doc__.splitlines()[0], "simulator")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--sizes", default="256,1024,4096")
     parser.add_argument("--mode", default="async")
     parser.add_argument("--gc", choices=("paused", "on"), default="paused")
-    parser.add_argument("--repeats", type=int, default=3, help="runs per size; the median is reported")
-    parser.add_argument("--out", default="bench/results/simulator.json")
     args = parser.parse_args()
-    rows = []
+    steps, sizes = (3, [64]) if args.quick else (args.steps, [int(size) for size in args.sizes.split(",")])
     simulate(config_for(256, 5, args.mode))  # warm-up, untimed: the first run in a process is slower
-    for num_gpus in [int(size) for size in args.sizes.split(",")]:
-        rows.append(measure(num_gpus, args.steps, args.mode, args.gc == "paused", args.repeats))
-        print(json.dumps(rows[-1]), flush=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    machine = platform.processor() or platform.machine()
-    summary = {
-        "machine": machine,
-        "steps": args.steps,
+    arms = {
+        f"gpus_{num_gpus}": functools.partial(measure, num_gpus, steps, args.mode, args.gc == "paused")
+        for num_gpus in sizes
+    }
+    raw = harness.run_arms(arms, harness.repeats_for(args), harness.print_run)
+    setup = {
+        "steps": steps,
         "mode": args.mode,
         "gc": args.gc,
-        "repeats": args.repeats,
-        "runs": rows,
+        "gpus_per_engine": GPUS_PER_ENGINE,
+        "engines": {f"gpus_{n}": config_for(n, steps, args.mode).rollout.num_engines for n in sizes},
     }
-    Path(args.out).write_text(json.dumps(summary, indent=1) + "\n")
+    resources = {"all_arms": "one process, one thread (the simulator is single-threaded Python)"}
+    harness.write_result(args, "simulator", raw, resources=resources, setup=setup)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,9 @@ class TrainingSummary:
     wall_s: float
     train_wall_s: float
     trained_samples: int
+    phase_busy_s: dict[str, float]
+    """Measured busy seconds per phase: ``generation`` (the busiest engine had a request in flight), ``train``
+    and ``weight_sync`` (as the controller timed them). Not a sync-run estimate: phases overlap in async."""
     eval_before: dict[str, float]
     eval_after: dict[str, float]
     checkpoint: str
@@ -128,11 +131,15 @@ async def _train_steps(
     """The remaining steps, the final checkpoint (before the buffer closes) and the held-out evaluation."""
     config = parts.config
     samples = [0]
+    phase_s = {"train": 0.0, "sync": 0.0}
+    busy_at_start = _engine_busy_s(proxy.stats())
     train_started = time.perf_counter()
     final: list[Path] = []
 
     def on_step(record: StepRecord) -> None:
         samples[0] += sum(len(g) for g in record.groups)
+        phase_s["train"] += record.train_s
+        phase_s["sync"] += record.sync_s
         if timeline is not None:
             _record_step(timeline, record)
         state.record_step(parts.trainer.step, record.groups, controller.buffer.take_dropped())
@@ -153,6 +160,7 @@ async def _train_steps(
     if timeline is not None:
         timeline.close()  # the timeline shows training; the held-out evaluation after it is not a step
     train_wall = time.perf_counter() - train_started
+    generation_busy = _engine_busy_s(proxy.stats()) - busy_at_start
     after = {} if stop.is_set() else await _evaluate(parts, proxy, "after")
     return TrainingSummary(
         mode=config.controller.mode,
@@ -160,6 +168,11 @@ async def _train_steps(
         wall_s=0.0,
         train_wall_s=train_wall,
         trained_samples=samples[0],
+        phase_busy_s={
+            "generation": generation_busy,
+            "train": phase_s["train"],
+            "weight_sync": phase_s["sync"],
+        },
         eval_before={},
         eval_after=after,
         checkpoint=str(final[0]) if final else "",
@@ -196,6 +209,11 @@ def _record_step(timeline: SpanRecorder, record: StepRecord) -> None:
     timeline.add("trainer", end - record.sync_s - record.train_s, end - record.sync_s, "train")
     timeline.add("trainer", end - record.sync_s, end, "update")
     timeline.flush()
+
+
+def _engine_busy_s(proxy_stats: dict) -> float:
+    """Wall time during which any engine was generating, approximated by the busiest engine's busy time."""
+    return max((engine["busy_seconds"] for engine in proxy_stats["engines"]), default=0.0)
 
 
 MULTI_VERSION_STATS = ("num_migrations", "kv_bytes_moved", "versions_alive", "num_switches")

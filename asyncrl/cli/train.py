@@ -67,6 +67,8 @@ def format_summary(summary) -> str:
         f"in {summary.train_wall_s:.1f}s ({summary.trained_samples / max(summary.train_wall_s, 1e-9):.1f} "
         f"samples/s); total {summary.wall_s:.1f}s"
     ]
+    busy = ", ".join(f"{phase} {seconds:.1f}s" for phase, seconds in summary.phase_busy_s.items())
+    lines.append(f"busy time per phase (measured): {busy}")
     if before is not None and after is not None:
         lines.append(f"held-out reward: {before:.3f} -> {after:.3f} ({after - before:+.3f})")
     lines.append(f"metrics: {summary.metrics_path}\ncheckpoint: {summary.checkpoint}")

@@ -40,6 +40,9 @@ class RuntimeConfig:
     """CPUs of the trainer actor: its Ray resource and its torch threads (at least 1)."""
     colocate: Literal["auto", "always", "never"] = "auto"
     """auto: colocate rollout and training in ``sync`` mode only (module docstring); always / never force it."""
+    pin_cores: bool = False
+    """When rollout and training are not colocated, pin the trainer and each engine actor to disjoint cores
+    (``os.sched_setaffinity``), so a loaded machine cannot make them share a core (runtime/placement.py)."""
     startup_timeout_s: float = 300.0
     """Longest an actor may take to start and load its model."""
     control_timeout_s: float = 120.0

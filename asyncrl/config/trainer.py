@@ -42,8 +42,17 @@ class TrainerConfig:
     shuffle_mini_batches: bool = True
     """Shuffle samples before splitting them into mini-batches (seeded by seed, step and epoch)."""
     max_tokens_per_microbatch: int = 8192
-    """Token budget of one forward/backward: rows × longest row of a micro-batch stays within it (a single
+    """Token budget of one forward/backward: its real tokens when packing, else rows × longest row (a single
     longer sample gets a micro-batch of its own). Gradients accumulate over the micro-batches."""
+    sequence_packing: bool = True
+    """Run the model on each micro-batch's real tokens concatenated into rows (per-sample position ids,
+    attention never crossing a sample) instead of right-padded rows: same log-probs and gradients, no compute
+    spent on padding. ``false`` keeps the padded path (for comparison, or a model whose attention does not
+    honour restarting position ids)."""
+    packed_row_tokens: int = 512
+    """Longest packed row (a longer sample gets a row of its own). On CPU (sdpa with a dense block-diagonal
+    mask) attention in a row costs row² per layer, so shorter rows are faster: 512 beat 1,024 and 2,048 on the
+    generation-bound workload's batches (one rough run, docs/benchmarks.md)."""
     logprob_chunk_size: int = 1024
     """Token positions whose vocabulary log-softmax is computed at once; bounds the [tokens, vocab] buffer."""
     temperature: float = 1.0
@@ -92,7 +101,13 @@ class TrainerConfig:
             raise ValueError(f"trainer.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
 
     def _check_batching(self) -> None:
-        for name in ("ppo_epochs", "num_mini_batches", "max_tokens_per_microbatch", "logprob_chunk_size"):
+        for name in (
+            "ppo_epochs",
+            "num_mini_batches",
+            "max_tokens_per_microbatch",
+            "logprob_chunk_size",
+            "packed_row_tokens",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"trainer.{name} must be >= 1, got {getattr(self, name)}")
         if self.temperature <= 0:

@@ -4,11 +4,18 @@ Disjoint (async modes): each of the ``n`` engines reserves ``rollout_num_cpus / 
 ``train_num_cpus``; threads are those shares rounded down (at least 1). Colocated (``sync``): no actor
 reserves CPUs, the trainer gets threads for every core and each engine ``total / n`` of them; the mode's
 barrier keeps rollout and training from computing at the same time (see asyncrl/config/runtime.py).
+
+With ``runtime.pin_cores`` a disjoint placement also pins each actor to its own cores (``os.sched_setaffinity``):
+the trainer takes the first ``ceil(train_num_cpus)`` usable cores and the engines split the next
+``ceil(rollout_num_cpus)``, the way the seeds give rollout and training separate devices. Without pinning the
+OS may still run both roles on one core at times; with it, a loaded machine cannot make them share.
 """
 
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from asyncrl.config.runtime import RuntimeConfig
@@ -25,6 +32,26 @@ class Placement:
     """torch threads inside each engine actor."""
     trainer_num_cpus: float
     trainer_threads: int
+    trainer_cores: tuple[int, ...] = ()
+    """Cores the trainer actor is pinned to; empty: not pinned."""
+    engine_cores: tuple[tuple[int, ...], ...] = ()
+    """Cores each engine actor is pinned to (one tuple per engine); empty: not pinned."""
+
+    def describe(self) -> dict[str, object]:
+        """The split as plain data, for a run's or a benchmark's record."""
+        return {
+            "colocated": self.colocated,
+            "trainer": {
+                "num_cpus": self.trainer_num_cpus,
+                "threads": self.trainer_threads,
+                "cores": self.trainer_cores,
+            },
+            "engine": {
+                "num_cpus": self.engine_num_cpus,
+                "threads": self.engine_threads,
+                "cores": self.engine_cores,
+            },
+        }
 
 
 def is_colocated(config: RuntimeConfig, mode: str) -> bool:
@@ -32,8 +59,11 @@ def is_colocated(config: RuntimeConfig, mode: str) -> bool:
     return config.colocate == "always" or (config.colocate == "auto" and mode == "sync")
 
 
-def plan_placement(config: RuntimeConfig, *, num_engines: int, mode: str) -> Placement:
-    """The CPU reservation and thread count of the trainer and of each of ``num_engines`` engines."""
+def plan_placement(
+    config: RuntimeConfig, *, num_engines: int, mode: str, usable_cores: Sequence[int] | None = None
+) -> Placement:
+    """The CPU reservation and thread count of the trainer and of each of ``num_engines`` engines (and their
+    cores, with ``pin_cores``, out of ``usable_cores``: by default this process's affinity)."""
     if num_engines < 1:
         raise ValueError(f"rollout.num_engines must be >= 1, got {num_engines}")
     total = config.num_cpus
@@ -46,13 +76,53 @@ def plan_placement(config: RuntimeConfig, *, num_engines: int, mode: str) -> Pla
             trainer_threads=num_threads(total),
         )
     engine_share = config.rollout_num_cpus / num_engines
+    trainer_cores, engine_cores = (), ()
+    if config.pin_cores:
+        cores = sorted(os.sched_getaffinity(0)) if usable_cores is None else list(usable_cores)
+        trainer_cores, engine_cores = split_cores(cores, config, num_engines)
     return Placement(
         colocated=False,
         engine_num_cpus=engine_share,
         engine_threads=num_threads(engine_share),
         trainer_num_cpus=config.train_num_cpus,
         trainer_threads=num_threads(config.train_num_cpus),
+        trainer_cores=trainer_cores,
+        engine_cores=engine_cores,
     )
+
+
+def split_cores(
+    cores: Sequence[int], config: RuntimeConfig, num_engines: int
+) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
+    """Disjoint core sets: the trainer's, then each engine's (engines with a fractional share share cores)."""
+    train, rollout = math.ceil(config.train_num_cpus - 1e-9), math.ceil(config.rollout_num_cpus - 1e-9)
+    if train + rollout > len(cores):
+        raise ValueError(
+            f"runtime.pin_cores needs runtime.train_num_cpus + runtime.rollout_num_cpus (rounded up: {train} + "
+            f"{rollout}) <= usable cores ({len(cores)})"
+        )
+    trainer, rollout_cores = tuple(cores[:train]), cores[train : train + rollout]
+    per_engine = [tuple(part) for part in _even_parts(rollout_cores, num_engines)]
+    return trainer, tuple(per_engine)
+
+
+def _even_parts(cores: Sequence[int], parts: int) -> list[list[int]]:
+    """``parts`` near-equal slices of ``cores``; with fewer cores than parts, parts reuse cores round-robin."""
+    if len(cores) >= parts:
+        size, extra = divmod(len(cores), parts)
+        out, start = [], 0
+        for index in range(parts):
+            end = start + size + (index < extra)
+            out.append(list(cores[start:end]))
+            start = end
+        return out
+    return [[cores[index % len(cores)]] for index in range(parts)]
+
+
+def pin(cores: Sequence[int]) -> None:
+    """Pin this process to ``cores`` (no-op when empty, or where the OS has no affinity call)."""
+    if cores and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, set(cores))
 
 
 def num_threads(num_cpus: float) -> int:

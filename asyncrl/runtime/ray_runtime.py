@@ -55,7 +55,7 @@ from asyncrl.engine import make_engine
 from asyncrl.engine.migration import RequestState
 from asyncrl.models.loading import load_model_and_tokenizer, resolve_model_path, state_dict_for_sync
 from asyncrl.rewards.service import RewardService
-from asyncrl.runtime.placement import Placement, plan_placement
+from asyncrl.runtime.placement import Placement, pin, plan_placement
 from asyncrl.trainer import checkpoint
 from asyncrl.trainer.trainer import Trainer
 from asyncrl.types import Generation, Group, Request
@@ -144,7 +144,10 @@ def _environment_defaults(values: dict[str, str]) -> Iterator[None]:
 class EngineActor:
     """Body of an engine actor: one ``AsyncEngine`` on the model at ``model.path``, torch on ``num_threads``."""
 
-    def __init__(self, model: ModelConfig, engine: EngineConfig, num_threads: int) -> None:
+    def __init__(
+        self, model: ModelConfig, engine: EngineConfig, num_threads: int, cores: tuple[int, ...] = ()
+    ) -> None:
+        pin(cores)
         torch.set_num_threads(num_threads)
         served, tokenizer = load_model_and_tokenizer(model.path, model.dtype, model.device)
         self.engine = make_engine(served, tokenizer, engine)
@@ -197,7 +200,8 @@ class EngineActor:
 class TrainerActor:
     """Body of the trainer actor: the ``Trainer`` exactly as ``runtime.inline`` builds it, in its own process."""
 
-    def __init__(self, config: RunConfig, num_threads: int) -> None:
+    def __init__(self, config: RunConfig, num_threads: int, cores: tuple[int, ...] = ()) -> None:
+        pin(cores)
         torch.set_num_threads(num_threads)
         model, tokenizer = load_model_and_tokenizer(
             config.model.path, config.model.dtype, config.model.device
@@ -414,18 +418,21 @@ def spawn_engine(
     name: str,
     num_cpus: float,
     num_threads: int,
+    cores: tuple[int, ...] = (),
 ) -> RayEngineClient:
     """Start an engine actor (its model loads in the background); ``wait_ready`` before relying on it."""
     actor = ray.remote(EngineActor).options(
         num_cpus=num_cpus, max_restarts=0, max_task_retries=0, max_concurrency=ENGINE_MAX_CONCURRENCY
     )
-    return RayEngineClient(actor.remote(model, engine, num_threads), name, config)
+    return RayEngineClient(actor.remote(model, engine, num_threads, cores), name, config)
 
 
-def spawn_trainer(config: RunConfig, *, num_cpus: float, num_threads: int) -> Any:
+def spawn_trainer(
+    config: RunConfig, *, num_cpus: float, num_threads: int, cores: tuple[int, ...] = ()
+) -> Any:
     """Start the trainer actor; returns its handle (``RayTrainerClient`` needs it ready)."""
     actor = ray.remote(TrainerActor).options(num_cpus=num_cpus, max_restarts=0, max_task_retries=0)
-    return actor.remote(config, num_threads)
+    return actor.remote(config, num_threads, cores)
 
 
 def wait_ready(engines: list[RayEngineClient], config: RuntimeConfig) -> list[dict[str, int]]:
@@ -466,7 +473,10 @@ def build_ray_parts(config: RunConfig, runtime: RuntimeConfig) -> RayParts:
         raise RuntimeError("build_ray_parts needs a running Ray: call it inside `with ray_session(runtime):`")
     placement = plan_placement(runtime, num_engines=config.rollout.num_engines, mode=config.controller.mode)
     trainer = spawn_trainer(
-        config, num_cpus=placement.trainer_num_cpus, num_threads=placement.trainer_threads
+        config,
+        num_cpus=placement.trainer_num_cpus,
+        num_threads=placement.trainer_threads,
+        cores=placement.trainer_cores,
     )
     engines = [
         spawn_engine(
@@ -476,6 +486,7 @@ def build_ray_parts(config: RunConfig, runtime: RuntimeConfig) -> RayParts:
             name=f"engine-{index}",
             num_cpus=placement.engine_num_cpus,
             num_threads=placement.engine_threads,
+            cores=placement.engine_cores[index] if placement.engine_cores else (),
         )
         for index in range(config.rollout.num_engines)
     ]

@@ -109,8 +109,9 @@ def select_rows(batch: TrainBatch, rows: Sequence[int]) -> TrainBatch:
     )
 
 
-def plan_micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
-    """Split sample indices into micro-batches whose padded size (rows × longest row) is at most ``max_tokens``.
+def plan_micro_batches(lengths: Sequence[int], max_tokens: int, *, packed: bool = False) -> list[list[int]]:
+    """Split sample indices into micro-batches whose size is at most ``max_tokens``: the padded size (rows ×
+    longest row), or with ``packed`` the real token count (the packed trainer computes no padding).
 
     Samples are taken longest first (ties by index), so each micro-batch holds similar lengths and little
     padding; a micro-batch is closed when one more row would exceed the budget. Every index appears exactly
@@ -122,7 +123,11 @@ def plan_micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int
     plan: list[list[int]] = []
     for index in order:
         # Descending order: the first row of the open micro-batch is its longest.
-        if plan and (len(plan[-1]) + 1) * lengths[plan[-1][0]] <= max_tokens:
+        if packed:
+            fits = plan and sum(lengths[i] for i in plan[-1]) + lengths[index] <= max_tokens
+        else:
+            fits = plan and (len(plan[-1]) + 1) * lengths[plan[-1][0]] <= max_tokens
+        if fits:
             plan[-1].append(index)
         else:
             plan.append([index])

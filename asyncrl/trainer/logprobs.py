@@ -18,6 +18,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from asyncrl.trainer.packing import pack
+
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -37,9 +39,17 @@ def compute_token_logprobs(
     *,
     chunk_size: int,
     temperature: float = 1.0,
+    packed_row_tokens: int | None = None,
 ) -> TokenLogProbs:
-    """Run ``model`` on a right-padded batch and return log-probs of its own tokens where ``loss_mask`` is 1."""
-    hidden = hidden_states(model, input_ids, attention_mask)
+    """Run ``model`` on a right-padded batch and return log-probs of its own tokens where ``loss_mask`` is 1.
+
+    With ``packed_row_tokens`` the decoder runs on the batch's real tokens packed into rows of at most that
+    many tokens (see packing.py); the result is the same as the padded run's, without computing padding."""
+    if packed_row_tokens is None:
+        hidden = hidden_states(model, input_ids, attention_mask)
+    else:
+        packing = pack(input_ids, attention_mask, packed_row_tokens)
+        hidden = packing.unpack(hidden_states(model, packing.input_ids, None, packing.position_ids))
     return logprobs_from_hidden(
         hidden,
         model.get_output_embeddings(),
@@ -50,14 +60,25 @@ def compute_token_logprobs(
     )
 
 
-def hidden_states(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """Final hidden states [B, T, H] of a Hugging Face causal LM's decoder body (no vocabulary projection)."""
+def hidden_states(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    position_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Final hidden states [B, T, H] of a Hugging Face causal LM's decoder body (no vocabulary projection).
+
+    Packed rows pass ``attention_mask=None`` and restarting ``position_ids``: transformers masks attention
+    at every restart (block-diagonal), so packed samples never see each other."""
     body = model.base_model
     if body is model:
         raise TypeError(
             f"{type(model).__name__} exposes no decoder body (base_model) separate from its LM head"
         )
-    return body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    packed = {} if position_ids is None else {"position_ids": position_ids}  # padded: the model's own
+    return body(
+        input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **packed
+    ).last_hidden_state
 
 
 def logprobs_from_hidden(

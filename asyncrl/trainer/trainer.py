@@ -190,11 +190,18 @@ class Trainer:
     @torch.no_grad()
     def _logprobs_no_grad(self, model: nn.Module, batch: TrainBatch) -> torch.Tensor:
         out = torch.zeros_like(batch.loss_mask)
-        for rows in plan_micro_batches(sequence_lengths(batch), self.config.max_tokens_per_microbatch):
+        for rows in self._plan_micro_batches(batch):
             micro = select_rows(batch, rows)
             width = micro.input_ids.shape[1]
             out[torch.tensor(rows, device=out.device), :width] = self._forward(model, micro).logprobs
         return out
+
+    def _plan_micro_batches(self, batch: TrainBatch) -> list[list[int]]:
+        """Micro-batches within the token budget: real tokens when packing, padded rows × width otherwise."""
+        packed = self.config.sequence_packing
+        return plan_micro_batches(
+            sequence_lengths(batch), self.config.max_tokens_per_microbatch, packed=packed
+        )
 
     def _forward(self, model: nn.Module, micro: TrainBatch) -> TokenLogProbs:
         with autocast(self.device, self.config.compute_dtype):
@@ -205,6 +212,7 @@ class Trainer:
                 micro.loss_mask,
                 chunk_size=self.config.logprob_chunk_size,
                 temperature=self.config.temperature,
+                packed_row_tokens=self.config.packed_row_tokens if self.config.sequence_packing else None,
             )
 
     def _optimizer_step(
@@ -214,7 +222,7 @@ class Trainer:
         mini, mini_fixed = _take(batch, fixed, rows)
         self.optimizer.zero_grad(set_to_none=True)
         metrics, loss = _MetricMerger(), 0.0
-        for micro_rows in plan_micro_batches(sequence_lengths(mini), self.config.max_tokens_per_microbatch):
+        for micro_rows in self._plan_micro_batches(mini):
             micro, micro_fixed = _take(mini, mini_fixed, micro_rows)
             loss += self._accumulate(micro, micro_fixed, mini_fixed[_AGGREGATION_MASK], metrics)
         grad_norm = clip_gradients(self.model.parameters(), self.config.max_grad_norm)

@@ -28,3 +28,23 @@ def test_overrides_without_a_file_apply_to_the_default_example(monkeypatch) -> N
         with contextlib.suppress(ValueError):
             train.run(argparse.Namespace(config_args=list(given)))
     assert seen == [[str(train.DEFAULT_EXAMPLE)], [str(train.DEFAULT_EXAMPLE), "trainer.lr=1e-3"]]
+
+
+def test_summary_prints_measured_phase_times_and_no_sync_estimate() -> None:
+    from asyncrl.app.train import TrainingSummary
+
+    summary = TrainingSummary(
+        mode="async",
+        steps=3,
+        wall_s=10.0,
+        train_wall_s=8.0,
+        trained_samples=96,
+        phase_busy_s={"generation": 5.0, "train": 4.0, "weight_sync": 0.5},
+        eval_before={"eval/reward_mean": 0.1},
+        eval_after={"eval/reward_mean": 0.3},
+        checkpoint="ckpt",
+        metrics_path="metrics.jsonl",
+    )
+    text = train.format_summary(summary)
+    assert "generation 5.0s, train 4.0s, weight_sync 0.5s" in text
+    assert "sync run" not in text and "would take" not in text

@@ -1,0 +1,216 @@
+"""The one way every benchmark repeats, records and writes its numbers.
+
+Why a shared harness: timings on a shared CPU box drift by tens of per cent from one minute to the next, so a
+single run per arm, or all repeats of arm A before all of arm B, turns drift into a fake speedup. Here every
+arm runs ``repeats`` times interleaved (A B A B …), every repeat is kept, each metric is reported as
+``{"min", "median", "max", "runs"}``, and a ratio between two arms is computed per paired repeat (repeat i
+of A over repeat i of B, taken minutes apart at most) and summarized the same way. The result JSON records
+what is needed to reproduce it: the exact command, the git commit, the machine and how its cores were split.
+
+A benchmark defines its arms as callables returning ``{metric: float}`` and calls :func:`run_arms`, then
+:func:`write_result`. ``--quick`` (see :func:`parser`) is the smoke mode a test runs: seconds, tiny shapes,
+written to a temporary directory, asserting only that the schema came out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 2
+"""Bumped when the result layout changes; ``scripts/bench_docs.py`` only quotes files of this version."""
+
+Arm = Callable[[], Mapping[str, float]]
+"""One arm of a benchmark: runs it once and returns its measured metrics (numbers only)."""
+
+
+def parser(description: str, name: str, default_repeats: int = 3) -> argparse.ArgumentParser:
+    """The flags every benchmark shares: ``--quick``, ``--repeats``, ``--out``."""
+    parsed = argparse.ArgumentParser(description=description)
+    parsed.add_argument("--quick", action="store_true", help="smoke mode: seconds, tiny shapes, 1 repeat")
+    parsed.add_argument(
+        "--repeats", type=int, default=default_repeats, help="interleaved repeats per arm (>= 3 for a result)"
+    )
+    parsed.add_argument("--out", default=f"bench/results/{name}.json", help="where the result JSON goes")
+    return parsed
+
+
+def repeats_for(args: argparse.Namespace) -> int:
+    """One repeat in ``--quick`` (a smoke test), otherwise what was asked, refusing fewer than 3: a
+    median of two runs says nothing about spread."""
+    if args.quick:
+        return 1
+    if args.repeats < 3:
+        raise SystemExit(f"--repeats must be >= 3 for a reportable result, got {args.repeats}")
+    return args.repeats
+
+
+def summary(values: Sequence[float]) -> dict[str, Any]:
+    """``{"min", "median", "max", "runs"}`` of one metric over repeats, every run kept in order."""
+    if not values:
+        raise ValueError("a metric needs at least one run")
+    runs = [float(v) for v in values]
+    return {"min": min(runs), "median": statistics.median(runs), "max": max(runs), "runs": runs}
+
+
+def run_arms(
+    arms: Mapping[str, Arm],
+    repeats: int,
+    on_run: Callable[[str, int, Mapping[str, float]], None] | None = None,
+    *,
+    warmup: bool = False,
+) -> dict[str, list[dict[str, float]]]:
+    """Every arm ``repeats`` times, interleaved (repeat 0 of every arm, then repeat 1, …); the raw runs per arm.
+
+    The arm order also reverses each repeat (A B, B A, A B …) so no arm always runs first, right after a
+    warm-up or right after a heavy sibling. ``warmup`` runs every arm once first, untimed and unrecorded
+    (lazy initialisation, allocator growth, first-call kernel selection)."""
+    names = list(arms)
+    if warmup:
+        for name in names:
+            arms[name]()
+    raw: dict[str, list[dict[str, float]]] = {name: [] for name in names}
+    for repeat in range(repeats):
+        order = names if repeat % 2 == 0 else names[::-1]
+        for name in order:
+            metrics = {key: float(value) for key, value in arms[name]().items()}
+            raw[name].append(metrics)
+            if on_run is not None:
+                on_run(name, repeat, metrics)
+    return raw
+
+
+def print_run(arm: str, repeat: int, metrics: Mapping[str, float]) -> None:
+    """The default ``on_run`` of :func:`run_arms`: one line per run, so a long benchmark shows progress."""
+    print(arm, repeat, json.dumps(dict(metrics)), flush=True)
+
+
+def summarize(raw: Mapping[str, Sequence[Mapping[str, float]]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per arm, per metric: :func:`summary` over the repeats."""
+    return {
+        arm: {metric: summary([run[metric] for run in runs]) for metric in runs[0]}
+        for arm, runs in raw.items()
+    }
+
+
+def paired_ratio(
+    raw: Mapping[str, Sequence[Mapping[str, float]]], numerator: str, denominator: str, metric: str
+) -> dict[str, Any]:
+    """``numerator / denominator`` of ``metric`` per paired repeat, summarized like any metric."""
+    top, bottom = raw[numerator], raw[denominator]
+    if len(top) != len(bottom):
+        raise ValueError(f"{numerator} has {len(top)} runs, {denominator} {len(bottom)}: not paired")
+    return {
+        "numerator": numerator,
+        "denominator": denominator,
+        "metric": metric,
+        **summary([a[metric] / b[metric] for a, b in zip(top, bottom, strict=True)]),
+    }
+
+
+def git_commit() -> str:
+    """The commit the benchmark ran at, ``+dirty`` when the tree had uncommitted changes."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain"], capture_output=True, text=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return commit + ("+dirty" if dirty else "")
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (Linux), else what platform knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine() -> dict[str, Any]:
+    """Cores, threads, libraries and load: what makes two results comparable or not."""
+    import torch  # here, not at import: the harness itself is importable without torch
+
+    return {
+        "platform": platform.platform(),
+        "cpu_model": cpu_model(),
+        "cores": os.cpu_count(),
+        "cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
+    }
+
+
+def write_result(
+    args: argparse.Namespace,
+    name: str,
+    raw: Mapping[str, Sequence[Mapping[str, float]]],
+    *,
+    ratios: Mapping[str, dict[str, Any]] | None = None,
+    resources: Mapping[str, Any],
+    setup: Mapping[str, Any] | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Write ``args.out`` in the shared schema and return it.
+
+    ``resources`` says how cores were split per arm (e.g. ``{"sync": {"threads": 2}, "async": {"engine_cores":
+    [0], "trainer_cores": [1]}}``): a number is meaningless without it. ``setup`` is the workload's shape;
+    ``extra`` holds anything benchmark-specific that is not a repeated metric (targets, derived bounds)."""
+    result = {
+        "schema": SCHEMA_VERSION,
+        "benchmark": name,
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "commit": git_commit(),
+        "quick": bool(args.quick),
+        "repeats": len(next(iter(raw.values()))),
+        "machine": machine(),
+        "resources": dict(resources),
+        "setup": dict(setup or {}),
+        "arms": summarize(raw),
+        "ratios": dict(ratios or {}),
+        **dict(extra or {}),
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def check_schema(result: Mapping[str, Any]) -> None:
+    """Raise ``ValueError`` naming the first field that does not follow the schema (used by tests and docs)."""
+    for key in (
+        "schema",
+        "benchmark",
+        "command",
+        "commit",
+        "machine",
+        "resources",
+        "arms",
+        "ratios",
+        "repeats",
+    ):
+        if key not in result:
+            raise ValueError(f"result lacks {key!r}")
+    if result["schema"] != SCHEMA_VERSION:
+        raise ValueError(f"schema {result['schema']} is not {SCHEMA_VERSION}")
+    for arm, metrics in {**result["arms"], **{"ratios": result["ratios"]}}.items():
+        for metric, stats in metrics.items():
+            missing = {"min", "median", "max", "runs"} - set(stats)
+            if missing:
+                raise ValueError(f"{arm}.{metric} lacks {sorted(missing)}")

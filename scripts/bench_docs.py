@@ -1,0 +1,93 @@
+"""Regenerate the numbers tables in docs/benchmarks.md from bench/results/*.json, so no number is typed by hand.
+
+Each benchmark's table lives between ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->`` in the docs; this
+script rewrites what is between them from ``bench/results/NAME.json``: every arm's metrics as median (min–max)
+over its repeats, then the paired ratios. A result file that predates the harness schema (no repeats, no
+spread) is not quoted: its block says so, and the prose around it is from a single run.
+
+    python scripts/bench_docs.py           # rewrite docs/benchmarks.md
+    python scripts/bench_docs.py --check   # exit 1 if the docs are out of sync with the JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench.harness import SCHEMA_VERSION, check_schema
+
+ROOT = Path(__file__).resolve().parent.parent
+BLOCK = re.compile(r"(<!-- bench:(?P<name>[a-z_]+) -->\n)(?P<body>.*?)(<!-- /bench:(?P=name) -->)", re.DOTALL)
+
+
+def number(value: float) -> str:
+    """Three significant figures, thousands separated: enough for numbers with tens of per cent spread."""
+    if value == 0 or abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.3g}"
+
+
+def spread(stats: dict[str, Any]) -> str:
+    return f"{number(stats['median'])} ({number(stats['min'])}–{number(stats['max'])})"
+
+
+def render(name: str, results_dir: Path) -> str:
+    """The markdown for one benchmark's block."""
+    path = results_dir / f"{name}.json"
+    if not path.exists():
+        return f"_No result yet: run the command above to write `bench/results/{name}.json`._\n"
+    result = json.loads(path.read_text())
+    if result.get("schema") != SCHEMA_VERSION:
+        return (
+            f"_Not yet re-measured under the new rules: `bench/results/{name}.json` predates the harness "
+            f"(one run per arm, no spread), so its numbers are not quoted here._\n"
+        )
+    check_schema(result)
+    machine = result["machine"]
+    lines = [
+        f"Measured at commit `{result['commit'][:12]}` on {machine['cpu_model']} ({machine['cores']} cores, "
+        f"{machine['torch_threads']} torch threads, torch {machine['torch']}), {result['repeats']} interleaved "
+        f"repeats per arm{' (--quick: a smoke run, not a result)' if result['quick'] else ''}; "
+        f"median (min–max). Command: `{result['command']}`.",
+        "",
+        "| arm | metric | median (min–max) |",
+        "|-----|--------|-----------------:|",
+    ]
+    for arm, metrics in result["arms"].items():
+        lines += [f"| {arm} | {metric} | {spread(stats)} |" for metric, stats in metrics.items()]
+    if result["ratios"]:
+        lines += ["", "| ratio (per paired repeat) | median (min–max) |", "|---|---:|"]
+        for key, stats in result["ratios"].items():
+            label = f"{key}: {stats['numerator']} / {stats['denominator']} {stats['metric']}"
+            lines.append(f"| {label} | {spread(stats)} |")
+    lines.append(f"\nResources: `{json.dumps(result['resources'])}`.")
+    return "\n".join(lines) + "\n"
+
+
+def regenerate(text: str, results_dir: Path) -> str:
+    """``text`` with every bench block's body rebuilt from the results."""
+    return BLOCK.sub(lambda m: m.group(1) + render(m.group("name"), results_dir) + m.group(4), text)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if the docs are not what the JSON says")
+    parser.add_argument("--docs", default=str(ROOT / "docs/benchmarks.md"))
+    parser.add_argument("--results", default=str(ROOT / "bench/results"))
+    args = parser.parse_args()
+    docs = Path(args.docs)
+    text = docs.read_text()
+    fresh = regenerate(text, Path(args.results))
+    if args.check:
+        if fresh != text:
+            sys.exit(f"{docs} is out of sync with {args.results}: run python scripts/bench_docs.py")
+        return
+    docs.write_text(fresh)
+
+
+if __name__ == "__main__":
+    main()
