@@ -1,0 +1,1 @@
+"""Sharded (FSDP2) training across trainer ranks; see issue 16."""
