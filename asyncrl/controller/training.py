@@ -112,14 +112,20 @@ async def _train_with_proxy(
     phase_s = {"train": 0.0, "sync": 0.0}
     busy_at_start = _engine_busy_s(proxy.stats())
     train_started = time.perf_counter()
+    final: list[Path] = []
 
     def on_step(record: StepRecord) -> None:
         samples[0] += sum(len(g) for g in record.groups)
         phase_s["train"] += record.train_s
         phase_s["sync"] += record.sync_s
         tracker.log(parts.trainer.step, step_metrics(record, proxy.stats(), train_started))
-        if checkpoint_due(parts.trainer.step, config.trainer.checkpoint_every):
-            _save(parts, source, out)
+        # The last step saves here, inside the loop: once the controller closes the buffer, producers end
+        # their in-flight prompts as aborted, and a save after that would skip them on resume.
+        last = parts.trainer.step >= config.controller.num_steps
+        if last or checkpoint_due(parts.trainer.step, config.trainer.checkpoint_every):
+            path = _save(parts, source, out)
+            if last:
+                final.append(path)
 
     controller = make_controller(parts, proxy, source, on_step)
     try:
@@ -128,7 +134,7 @@ async def _train_with_proxy(
         tracker.close()
     train_wall = time.perf_counter() - train_started
     generation_busy = _engine_busy_s(proxy.stats()) - busy_at_start
-    checkpoint = _save(parts, source, out)
+    checkpoint = final[0] if final else _save(parts, source, out)
     after = await _evaluate(parts, proxy, "after")
     summary = TrainingSummary(
         mode=config.controller.mode,
