@@ -34,6 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "asyncrl.cli.simulate",
         "Simulate a run at any scale: real scheduling code, cost-model workers.",
     ),
+    "serve": ("asyncrl.cli.serve", "Serve a model behind an OpenAI-compatible endpoint."),
     "plan": ("asyncrl.cli.plan", "Recommend the rollout/train split and async ratio (ROLL Flash Prop. 2)."),
 }
 """Subcommand name -> (module path, one-line help). Adding a subcommand is one entry plus its module."""
