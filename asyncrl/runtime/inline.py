@@ -13,7 +13,7 @@ import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from asyncrl.buffer.sample_buffer import SampleBuffer
 from asyncrl.config.run import RunConfig
@@ -33,6 +33,9 @@ from asyncrl.tasks.registry import make_task
 from asyncrl.trainer.checkpoint import load_checkpoint, save_checkpoint
 from asyncrl.trainer.trainer import Trainer
 from asyncrl.types import Group
+
+if TYPE_CHECKING:
+    from asyncrl.rollout.external_producer import ExternalProducer
 
 ENV_SEEDS_PER_EPOCH = 1024
 """Env-seed slots of an agentic run's prompt source: the epoch's shuffle order over them. Every admission's
@@ -154,8 +157,8 @@ def make_proxy(parts: Parts) -> LLMProxy | MultiVersionProxy:
 
 
 def make_source(config: RunConfig, task: Task) -> PromptSource:
-    """The training stream: the task's train split, or (agentic) env-seed slots."""
-    if config.producer == "agentic":
+    """The training stream: the task's train split, or (agentic, external) group slots."""
+    if config.producer in ("agentic", "external"):
         return make_env_seed_source(ENV_SEEDS_PER_EPOCH, config.seed)
     return PromptSource(task.split("train"), seed=config.seed)
 
@@ -180,9 +183,22 @@ def make_buffer(config: RunConfig, trainer_version: int) -> SampleBuffer:
 
 def make_producer(
     parts: Parts, proxy: LLMProxy | MultiVersionProxy, buffer: SampleBuffer, source: PromptSource
-) -> RLVRProducer | AgenticProducer:
+) -> RLVRProducer | AgenticProducer | ExternalProducer:
     """The producer ``producer`` names, feeding ``buffer`` from ``source`` through ``proxy``."""
     cfg = parts.config
+    if cfg.producer == "external":
+        from asyncrl.rollout.external_producer import ExternalProducer
+
+        assert cfg.serve is not None  # RunConfig fills it
+        return ExternalProducer(
+            source=source,
+            proxy=proxy,
+            buffer=buffer,
+            tokenizer=parts.tokenizer,
+            config=cfg.serve,
+            output_dir=cfg.output_dir,
+            seed=cfg.seed,
+        )
     if cfg.producer == "agentic":
         assert cfg.env is not None and cfg.env_manager is not None  # RunConfig fills them
         return AgenticProducer(
