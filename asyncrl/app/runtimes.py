@@ -74,8 +74,8 @@ def make_proxy(parts: Parts) -> Proxy:
 
 
 def make_source(config: RunConfig, task: Task) -> PromptSource:
-    """The training stream: the task's train split, or (agentic) env-seed slots."""
-    if config.producer == "agentic":
+    """The training stream: the task's train split, or (agentic, external) group slots."""
+    if config.producer in ("agentic", "external"):
         return make_env_seed_source(ENV_SEEDS_PER_EPOCH, config.seed)
     return PromptSource(task.split("train"), seed=config.seed)
 
@@ -106,6 +106,8 @@ def assemble_controller(
         rewards=parts.rewards,
         env_manager=cfg.env_manager,
         make_env=env_factory(cfg.env) if cfg.producer == "agentic" else None,
+        serve=cfg.serve,
+        output_dir=cfg.output_dir,
     )
     return make_controller(
         cfg.controller,

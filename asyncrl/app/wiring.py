@@ -67,9 +67,25 @@ def make_producer(
     rewards: Any = None,
     env_manager: EnvManagerConfig | None = None,
     make_env: Callable[..., Any] | None = None,
+    serve: Any = None,
+    output_dir: str = "",
 ) -> Producer:
     """The producer ``producer`` names, feeding ``buffer`` from ``source`` through ``proxy``: rlvr needs
-    ``rewards``, agentic ``env_manager`` and ``make_env``."""
+    ``rewards``, agentic ``env_manager`` and ``make_env``, external ``serve`` (the endpoint's config) and
+    ``output_dir`` (where it writes ``endpoint.json``)."""
+    if producer == "external":
+        from asyncrl.rollout.external_producer import ExternalProducer
+
+        assert serve is not None  # RunConfig fills it for producer 'external'
+        return ExternalProducer(
+            source=source,
+            proxy=proxy,
+            buffer=buffer,
+            tokenizer=tokenizer,
+            config=serve,
+            output_dir=output_dir,
+            seed=seed,
+        )
     if producer == "agentic":
         assert env_manager is not None and make_env is not None
         return AgenticProducer(

@@ -35,6 +35,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "asyncrl.cli.simulate",
         "Simulate a run at any scale: real scheduling code, cost-model workers.",
     ),
+    "serve": ("asyncrl.cli.serve", "Serve a model behind an OpenAI-compatible endpoint."),
     "plan": ("asyncrl.cli.plan", "Recommend the rollout/train split and async ratio (ROLL Flash Prop. 2)."),
     "report": ("asyncrl.cli.report", "Charts and an HTML page of runs: curves, staleness, timelines."),
 }

@@ -23,6 +23,7 @@ from asyncrl.config.proxy import ProxyConfig
 from asyncrl.config.reward import RewardConfig
 from asyncrl.config.rollout import RolloutConfig
 from asyncrl.config.runtime import RuntimeConfig
+from asyncrl.config.serve import ServeConfig
 from asyncrl.config.task import TaskConfig
 from asyncrl.config.trainer import TrainerConfig
 from asyncrl.controller.modes import check_mode
@@ -64,15 +65,19 @@ class RunConfig:
     """Where the parts run: one process (inline), Ray actors on this machine (local) or a Ray cluster."""
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     """Trackers (console, JSONL, TensorBoard, W&B), the run timeline and the progress display."""
-    producer: Literal["rlvr", "agentic"] = "rlvr"
+    producer: Literal["rlvr", "agentic", "external"] = "rlvr"
     """rlvr: one request per response to a ``task`` prompt, scored by ``reward`` (``RLVRProducer``).
     agentic: multi-turn episodes against the ``env`` environment run by ``env_manager``
-    (``AgenticProducer``); evaluation then plays held-out env seeds."""
+    (``AgenticProducer``); evaluation then plays held-out env seeds.
+    external: the run serves the OpenAI-compatible endpoint (``serve``) and trains on the trajectories that
+    external harnesses finish there (``ExternalProducer``); the run does no evaluation of its own."""
     env: EnvConfig | None = None
     """The environment of producer 'agentic' (filled with its defaults there; an error to set otherwise)."""
     env_manager: EnvManagerConfig | None = None
     """Env groups, redundancy, async vs batch env stepping and timeouts of producer 'agentic' (filled with
     its defaults there; an error to set otherwise)."""
+    serve: ServeConfig | None = None
+    """The endpoint of producer 'external' (filled with its defaults there; an error to set otherwise)."""
 
     def __post_init__(self) -> None:
         if not self.output_dir:
@@ -86,14 +91,19 @@ class RunConfig:
             )
         if self.producer == "agentic":
             self._fill_agentic()
+        elif self.producer == "external":
+            object.__setattr__(self, "serve", self.serve or ServeConfig())
+            self._check_unset(("env", "env_manager"), "agentic")
         else:
-            self._check_rlvr()
+            self._check_unset(("env", "env_manager"), "agentic")
+        if self.producer != "external":
+            self._check_unset(("serve",), "external")
 
-    def _check_rlvr(self) -> None:
-        for section in ("env", "env_manager"):
+    def _check_unset(self, sections: tuple[str, ...], owner: str) -> None:
+        for section in sections:
             if getattr(self, section) is not None:
                 raise ValueError(
-                    f"{section} is set but producer is 'rlvr'; it applies only to producer 'agentic'"
+                    f"{section} is set but producer is {self.producer!r}; it applies only to producer {owner!r}"
                 )
 
     def _fill_agentic(self) -> None:
@@ -146,7 +156,7 @@ class RunConfig:
         ]
 
 
-PRODUCERS = ("rlvr", "agentic")
+PRODUCERS = ("rlvr", "agentic", "external")
 
 
 def load_run_config(path: str | os.PathLike[str] | None, overrides: Sequence[str] = ()) -> RunConfig:

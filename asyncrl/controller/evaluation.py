@@ -38,7 +38,9 @@ async def evaluate_run(
     """The held-out evaluation ``config`` asks for: the first ``controller.eval_prompts`` prompts of the task's eval
     split, or as many held-out env episodes for agentic runs ({} when ``eval_prompts`` is 0)."""
     controller = config.controller
-    if controller.eval_prompts == 0:
+    if (
+        controller.eval_prompts == 0 or config.producer == "external"
+    ):  # external harnesses evaluate themselves
         return {}
     if config.producer == "agentic":
         assert config.env is not None and config.env_manager is not None  # RunConfig fills them for agentic

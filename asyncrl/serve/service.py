@@ -1,0 +1,291 @@
+"""What one OpenAI call does: bound-check, extend its trajectory's tokens, generate through the proxy, record.
+
+Key decision: the proxy is the only way to the engines, so a call in flight during a weight update is held or
+continued exactly as the proxy's update policy says (``drain``: it waits for the update and then runs under
+one version; ``in_flight``: it continues under the new weights with its tokens tagged). The caller sees a
+slower answer, never an error for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import importlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from asyncrl.config.serve import ServeConfig
+from asyncrl.serve.chat_format import ChatFormat, Message, make_chat_format, stored_message, tools_message
+from asyncrl.serve.schemas import ChatRequest, CompletionRequest, ServeError, check_bounds
+from asyncrl.serve.tito import Branch, TrajectoryTokens, message_key
+from asyncrl.serve.toolcalls import parse_tool_calls
+from asyncrl.serve.trajectories import ServedTrajectory, TrajectorySink, TrajectoryState, TrajectoryStore
+from asyncrl.types import FinishReason, Generation, Request, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class GenerateClient(Protocol):
+    async def generate(self, request: Request) -> Generation: ...
+
+
+@dataclass(kw_only=True)
+class Choice:
+    """One answer of a call, as the route renders it."""
+
+    text: str
+    """The content returned (tool-call spans removed for chat)."""
+    tool_calls: list[dict[str, str]]
+    finish_reason: str
+    token_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+
+
+@dataclass(kw_only=True)
+class CallResult:
+    choices: list[Choice]
+    num_prompt_tokens: int
+    trajectory_id: str | None
+    branch: int | None
+
+
+class CompletionService:
+    """Serves chat and completion calls over ``proxy``, recording named trajectories in ``store``."""
+
+    def __init__(
+        self,
+        *,
+        proxy: GenerateClient,
+        tokenizer: Any,
+        config: ServeConfig,
+        sink: TrajectorySink | None = None,
+        seed: int = 0,
+    ) -> None:
+        self.proxy = proxy
+        self.tokenizer = tokenizer
+        self.config = config
+        self.seed = seed
+        self.format: ChatFormat = make_chat_format(config.chat_format, tokenizer)
+        self.store = TrajectoryStore(config, self.format, tokenizer, sink)
+        self.stop_token_ids = tuple(stop_token_ids(config.chat_format, self.format, tokenizer))
+        self.reward_fn = load_reward_fn(config.reward_fn) if config.reward_fn else None
+        self._num_calls = 0
+
+    # ---- routes -----------------------------------------------------------------------------------------
+
+    async def chat(self, request: ChatRequest, trajectory_id: str | None, group_id: str | None) -> CallResult:
+        max_tokens = check_bounds(request, self.config, tracked=trajectory_id is not None)
+        messages = [stored_message(m.model_dump(exclude_none=True)) for m in request.messages]
+        if request.tools and request.tool_choice != "none":
+            messages.insert(0, tools_message([t.model_dump() for t in request.tools]))
+        keys = [message_key(m) for m in messages]
+        sampling = self._sampling(request, max_tokens)
+        return await self._call(
+            trajectory_id,
+            group_id,
+            request.n,
+            sampling,
+            lambda tokens: tokens.prompt(messages, keys),
+            kind="chat",
+        )
+
+    async def complete(
+        self, request: CompletionRequest, trajectory_id: str | None, group_id: str | None
+    ) -> CallResult:
+        """A raw-text completion; on a named trajectory the prompt extends it by text (``prompt_text``)."""
+        max_tokens = check_bounds(request, self.config, tracked=trajectory_id is not None)
+        if not request.prompt:
+            raise ServeError(400, "prompt must not be empty", "prompt")
+        sampling = self._sampling(request, max_tokens)
+        return await self._call(
+            trajectory_id,
+            group_id,
+            request.n,
+            sampling,
+            lambda tokens: tokens.prompt_text(request.prompt),
+            kind="completion",
+        )
+
+    async def finish(self, trajectory_id: str, reward: float | None) -> ServedTrajectory:
+        """The harness ends an episode: with its reward, or scored by ``serve.reward_fn``."""
+        trajectory = self.store.get(trajectory_id)
+        async with trajectory.lock:  # a call still running on it lands first
+            if reward is None:
+                reward = await self._score(trajectory)
+            self.store.end(trajectory, TrajectoryState.FINISHED, reward=reward)
+        return trajectory
+
+    async def abort(self, trajectory_id: str, reason: str) -> ServedTrajectory:
+        trajectory = self.store.get(trajectory_id)
+        async with trajectory.lock:
+            self.store.end(trajectory, TrajectoryState.ABORTED, reason=reason or "aborted by the harness")
+        return trajectory
+
+    # ---- one call ---------------------------------------------------------------------------------------
+
+    async def _call(
+        self,
+        trajectory_id: str | None,
+        group_id: str | None,
+        n: int,
+        sampling: SamplingParams,
+        prompt: Callable[[TrajectoryTokens], Branch],
+        *,
+        kind: str,
+    ) -> CallResult:
+        if trajectory_id is None:  # an unnamed call: n independent one-turn trajectories, not kept
+            self._num_calls += 1
+            pairs = []
+            for _ in range(n):
+                tokens = self._tokens(kind)
+                pairs.append((tokens, prompt(tokens)))
+            num_prompt = len(pairs[0][1].token_ids)
+            choices = await asyncio.gather(
+                *(
+                    self._turn(f"call-{self._num_calls}.{i}", branch, 0, sampling, tokens, kind)
+                    for i, (tokens, branch) in enumerate(pairs)
+                )
+            )
+            return CallResult(
+                choices=list(choices), num_prompt_tokens=num_prompt, trajectory_id=None, branch=None
+            )
+        trajectory = self.store.open(trajectory_id, group_id, kind)
+        async with trajectory.lock:
+            if not trajectory.admitted:
+                await self.store.sink.admit(trajectory)
+                trajectory.admitted = True
+            branch = prompt(trajectory.tokens)
+            num_prompt = len(branch.token_ids)
+            try:
+                choice = await self._turn(
+                    trajectory_id, branch, branch.num_turns, sampling, trajectory.tokens, kind
+                )
+            finally:
+                trajectory.last_active = self.store.clock()
+        return CallResult(
+            choices=[choice],
+            num_prompt_tokens=num_prompt,
+            trajectory_id=trajectory_id,
+            branch=branch.branch_id,
+        )
+
+    def _tokens(self, kind: str) -> TrajectoryTokens:
+        return self.store.new_tokens(kind)
+
+    async def _turn(
+        self,
+        name: str,
+        branch: Branch,
+        turn: int,
+        sampling: SamplingParams,
+        tokens: TrajectoryTokens,
+        kind: str,
+    ) -> Choice:
+        """Generate one turn on ``branch`` and record it (rolled back if the generation fails)."""
+        if len(branch.token_ids) + sampling.max_new_tokens > self.config.max_context_tokens:
+            tokens.rollback(branch)
+            raise ServeError(
+                400,
+                f"context of {len(branch.token_ids)} tokens + max_tokens={sampling.max_new_tokens} "
+                f"exceeds serve.max_context_tokens={self.config.max_context_tokens}",
+                "messages",
+            )
+        request_id = f"{name}/b{branch.branch_id}/t{turn}"
+        seed = sampling.seed if sampling.seed is not None else _seed(self.seed, request_id)
+        request = Request(
+            request_id=request_id,
+            prompt_token_ids=list(branch.token_ids),
+            sampling=SamplingParams(**{**_fields(sampling), "seed": seed}),
+            affinity_key=name,
+        )
+        try:
+            generation = await self.proxy.generate(request)
+        except Exception as err:  # deliberate: an engine failure is this call's 503, never the server's crash
+            tokens.rollback(branch)
+            logger.warning("generation %s failed: %s: %s", request_id, type(err).__name__, err)
+            raise ServeError(
+                503, f"generation failed: {type(err).__name__}: {err}", None, "server_error"
+            ) from err
+        token_ids = list(generation.token_ids)
+        raw = self.tokenizer.decode(token_ids, skip_special_tokens=True)
+        content, calls = parse_tool_calls(raw) if kind == "chat" else (raw, [])
+        stopped = generation.finish_reason is FinishReason.STOP
+        returned: Message = {
+            "role": "assistant",
+            "content": content,
+            "tool_calls": [{"function": c} for c in calls],
+        }
+        tokens.record(
+            branch,
+            token_ids=token_ids,
+            logprobs=list(generation.logprobs),
+            versions=list(generation.versions),
+            raw_text=raw,
+            key=message_key(stored_message(returned)),
+            ended_by_stop_token=stopped and bool(token_ids) and token_ids[-1] in self._all_stop_ids(),
+        )
+        finish = ("tool_calls" if calls else "stop") if stopped else "length"
+        return Choice(
+            text=content,
+            tool_calls=calls,
+            finish_reason=finish,
+            token_ids=token_ids,
+            logprobs=list(generation.logprobs),
+            versions=list(generation.versions),
+        )
+
+    def _sampling(self, request: ChatRequest | CompletionRequest, max_tokens: int) -> SamplingParams:
+        return SamplingParams(
+            max_new_tokens=max_tokens,
+            temperature=request.temperature,
+            top_p=request.top_p,
+            stop_strings=tuple(request.stops()),
+            stop_token_ids=self.stop_token_ids,
+            seed=request.seed,
+        )
+
+    def _all_stop_ids(self) -> set[int]:
+        eos = self.tokenizer.eos_token_id
+        return set(self.stop_token_ids) | ({eos} if eos is not None else set())
+
+    async def _score(self, trajectory: ServedTrajectory) -> float:
+        if self.reward_fn is None:
+            raise ServeError(400, "a finish without 'reward' needs serve.reward_fn to score it", "reward")
+        branch = trajectory.live_branch
+        messages = list(branch.messages) if branch else []
+        try:
+            return float(await asyncio.to_thread(self.reward_fn, messages))
+        except Exception as err:  # deliberate: a failing reward function fails this finish only
+            raise ServeError(
+                500,
+                f"serve.reward_fn failed on {trajectory.trajectory_id!r}: {type(err).__name__}: {err}",
+                None,
+                "server_error",
+            ) from err
+
+
+def stop_token_ids(format_name: str, chat_format: ChatFormat, tokenizer: Any) -> list[int]:
+    """The template's end-of-turn token (e.g. ``<|im_end|>``), so a turn stops where the template closes it."""
+    if format_name != "template":
+        return []
+    history = [{"role": "user", "content": "x"}]
+    close = tokenizer.encode(chat_format.close(history, "x"), add_special_tokens=False)
+    special = set(getattr(tokenizer, "all_special_ids", []))
+    return [close[0]] if close and close[0] in special else []
+
+
+def load_reward_fn(path: str) -> Callable[[list[Message]], float]:
+    module_name, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def _seed(run_seed: int, request_id: str) -> int:
+    digest = hashlib.blake2b(f"{run_seed}\0serve\0{request_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
+
+
+def _fields(sampling: SamplingParams) -> dict[str, Any]:
+    return {name: getattr(sampling, name) for name in sampling.__dataclass_fields__}
