@@ -37,6 +37,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "serve": ("asyncrl.cli.serve", "Serve a model behind an OpenAI-compatible endpoint."),
     "plan": ("asyncrl.cli.plan", "Recommend the rollout/train split and async ratio (ROLL Flash Prop. 2)."),
+    "backends": (
+        "asyncrl.cli.backends",
+        "Install an optional inference backend (vLLM) into its own environment.",
+    ),
     "report": ("asyncrl.cli.report", "Charts and an HTML page of runs: curves, staleness, timelines."),
 }
 """Subcommand name -> (module path, one-line help). Adding a subcommand is one entry plus its module."""

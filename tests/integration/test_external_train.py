@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import openai
 
-from asyncrl.config.run import load_run_config
 from asyncrl.app import train as training
+from asyncrl.config.run import load_run_config
 from asyncrl.controller.controller import Controller, StepRecord
 
 NUM_STEPS, BATCH, GROUP = 2, 2, 2

@@ -19,9 +19,12 @@ from asyncrl.models.loading import DEFAULT_MODEL_DIR, state_dict_for_sync
 from asyncrl.types import FinishReason, Request, SamplingParams
 from asyncrl.weight_sync.protocol import WeightSyncError
 
-pytestmark = pytest.mark.skipif(
-    vllm_python() is None, reason="no vLLM environment (run `asyncrl backends install vllm`)"
-)
+pytestmark = [
+    pytest.mark.slow,  # a vLLM worker start is ~12 s; scripts/test-vllm.sh runs these
+    pytest.mark.skipif(
+        vllm_python() is None, reason="no vLLM environment (run `asyncrl backends install vllm`)"
+    ),
+]
 N = 200
 PROMPTS = ["copy 3 a: x y z", "copy 5 b: one two three four five", "copy 1 c: q"]
 
