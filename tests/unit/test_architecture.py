@@ -16,7 +16,7 @@ import asyncrl
 ROOT = Path(asyncrl.__file__).resolve().parent
 
 LAYERS: list[set[str]] = [
-    {"cli"},
+    {"cli", "examples"},  # examples/: runnable scripts (agent harnesses) that may use any part
     {"testing"},  # test tooling shipped with the package: may use any part it tests
     {"app"},
     {"sim"},
