@@ -147,7 +147,7 @@ class AsyncEngine:
 
     def _deliver(self, generation: Generation) -> None:
         loop, future = self._pending.pop(generation.request_id)
-        _resolve(loop, future, result=generation)
+        resolve_threadsafe(loop, future, result=generation)
 
     def _run(self) -> None:
         try:
@@ -191,7 +191,7 @@ class AsyncEngine:
         for command in commands:
             command.fail(error)
         for loop, future in self._pending.values():
-            _resolve(loop, future, exception=error)
+            resolve_threadsafe(loop, future, exception=error)
         self._pending.clear()
 
 
@@ -216,21 +216,22 @@ class _Command:
             self.fail(exc)
         else:
             if self.settles and self.future is not None:
-                _resolve(self.loop, self.future, result=result)
+                resolve_threadsafe(self.loop, self.future, result=result)
 
     def fail(self, exception: BaseException | None) -> None:
         if self.future is not None:
-            _resolve(self.loop, self.future, exception=exception)
+            resolve_threadsafe(self.loop, self.future, exception=exception)
 
 
-def _resolve(
+def resolve_threadsafe(
     loop: asyncio.AbstractEventLoop,
     future: asyncio.Future,
     *,
     result: Any = None,
     exception: BaseException | None = None,
 ) -> None:
-    """Settle ``future`` on its own loop, unless the caller already gave up on it (cancelled, loop closed)."""
+    """Settle ``future`` on its own loop from any thread, unless the caller already gave up on it (cancelled,
+    loop closed). Engines serve asyncio callers from their own threads (this one, the vLLM client's reader)."""
 
     def settle() -> None:
         if future.done():

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.config.engine import VLLMConfig
+from asyncrl.engine.async_engine import resolve_threadsafe
 from asyncrl.types import FinishReason, Generation, Request
 from asyncrl.weight_sync.protocol import ManifestEntry, WeightSyncError, WeightUpdate, check_manifest
 
@@ -251,7 +252,7 @@ class VLLMEngineClient:
                 waiting = self._generations.pop(generation["request_id"], None)
             if waiting is not None:
                 loop, future, _ = waiting
-                _resolve(loop, future, result=self._generation(generation, waiting[2]))
+                resolve_threadsafe(loop, future, result=self._generation(generation, waiting[2]))
             return
         with self._lock:
             waiting_call = self._waiting.pop(message["call"], None)
@@ -259,9 +260,9 @@ class VLLMEngineClient:
             return
         loop, future = waiting_call
         if event == "error":
-            _resolve(loop, future, exception=VLLMWorkerError(f"vLLM worker: {message['error']}"))
+            resolve_threadsafe(loop, future, exception=VLLMWorkerError(f"vLLM worker: {message['error']}"))
         else:
-            _resolve(loop, future, result=message["result"])
+            resolve_threadsafe(loop, future, result=message["result"])
 
     def _generation(self, data: dict[str, Any], request: Request | None = None) -> Generation:
         self.num_generated_tokens += len(data["token_ids"])
@@ -284,7 +285,7 @@ class VLLMEngineClient:
             self._waiting.clear()
             self._generations.clear()
         for loop, future in waiting:
-            _resolve(loop, future, exception=error)
+            resolve_threadsafe(loop, future, exception=error)
 
     def _raise_if_failed(self) -> None:
         if self._failure is not None:
@@ -334,22 +335,3 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _resolve(
-    loop: asyncio.AbstractEventLoop,
-    future: asyncio.Future,
-    *,
-    result: Any = None,
-    exception: BaseException | None = None,
-) -> None:
-    def settle() -> None:
-        if future.done():
-            return
-        if exception is not None:
-            future.set_exception(exception)
-        else:
-            future.set_result(result)
-
-    if not loop.is_closed():
-        loop.call_soon_threadsafe(settle)
