@@ -6,13 +6,18 @@ a long-tailed workload (lognormal, clipped to [4, 512], as reasoning outputs are
 HF runs static batches of ``max_running_requests`` requests in arrival order, each until its longest member
 is done; only the tokens each request asked for count towards its throughput.
 
-    python bench/engine.py [--quick] [--threads N] [--repeats 3] [--out bench/results/engine.json]
+    python bench/engine.py [--quick] [--threads N] [--repeats 3] [--vllm] [--out bench/results/engine.json]
+
+``--vllm`` adds the vLLM backend (``engine.backend=vllm``, a worker in vLLM's own environment: run
+``asyncrl backends install vllm`` first) as a third arm on the same model and requests; its start-up (worker
+spawn, model load, engine build) is paid once, measured and recorded as ``setup.vllm_startup_s``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import statistics
 import time
 
@@ -68,14 +73,32 @@ async def _serve_all(engine, requests: list[Request]):
     return await asyncio.gather(*(engine.generate(r) for r in requests))
 
 
-def run_engine(model, work, batch_size: int) -> dict:
+def on_fresh_thread(fn, num_threads: int):
+    """``fn()`` on a new thread with ``num_threads`` torch threads, like the engine's own thread: each arm
+    computes on a thread of its own while the main thread keeps one torch thread, so no arm runs beside
+    another thread's OpenMP team (libgomp throttles every team once their threads outnumber the cores)."""
+    import threading
+
+    out: dict = {}
+
+    def target() -> None:
+        torch.set_num_threads(num_threads)
+        out["result"] = fn()
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join()
+    return out["result"]
+
+
+def run_engine(model, work, batch_size: int, num_threads: int | None = None) -> dict:
     config = EngineConfig(
         max_running_requests=batch_size,
         max_kv_tokens=batch_size * (64 + MAX_OUTPUT),
         max_prefill_tokens_per_step=512,
         max_model_len=64 + MAX_OUTPUT,
     )
-    engine = make_engine(model, None, config)
+    engine = make_engine(model, None, config, num_threads)
     requests = [
         Request(
             request_id=str(i),
@@ -147,6 +170,40 @@ def run_hf(model, work, batch_size: int) -> dict:
     }
 
 
+def start_vllm(model, max_model_len: int, threads: int):
+    """A vLLM worker serving ``model`` (saved to a temporary directory) and its measured start-up seconds."""
+    import tempfile
+
+    from asyncrl.config.engine import VLLMConfig
+    from asyncrl.engine.vllm import VLLMEngineClient, vllm_python
+
+    if vllm_python() is None:
+        raise SystemExit("--vllm: no vLLM environment; run `asyncrl backends install vllm`")
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # the same threads the other arms get
+    directory = tempfile.mkdtemp(prefix="asyncrl-bench-vllm-")
+    model.save_pretrained(directory)
+    started = time.perf_counter()
+    client = VLLMEngineClient.start(directory, VLLMConfig(), max_model_len=max_model_len)
+    return client, time.perf_counter() - started
+
+
+def run_vllm(client, work) -> dict:
+    requests = [
+        Request(
+            request_id=f"{time.monotonic_ns()}-{i}",
+            prompt_token_ids=prompt,
+            sampling=SamplingParams(max_new_tokens=n, ignore_eos=True, seed=i),
+        )
+        for i, (prompt, n) in enumerate(work)
+    ]
+    start = time.perf_counter()
+    generations = asyncio.run(_serve_all(client, requests))
+    seconds = time.perf_counter() - start
+    num_tokens = sum(g.num_tokens for g in generations)
+    assert num_tokens == sum(n for _, n in work), "vLLM must produce exactly the imposed lengths"
+    return {"seconds": seconds, "tokens": num_tokens, "tokens_per_s": num_tokens / seconds, "ttft_s": {}}
+
+
 def flat(result: dict) -> dict[str, float]:
     """One arm's run as flat numbers (the harness summarizes each across repeats)."""
     metrics = {key: result[key] for key in ("seconds", "tokens_per_s", "idle_fraction") if key in result}
@@ -172,9 +229,10 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=0, help="torch intra-op threads; 0 keeps torch's default"
     )
+    parser.add_argument("--vllm", action="store_true", help="add the vLLM backend as a third arm")
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    threads = args.threads or torch.get_num_threads()
+    torch.set_num_threads(1)  # the main thread only orchestrates; the arms compute on threads of their own
     num_requests, batch_size, max_output = (12, 4, 32) if args.quick else (256, 64, MAX_OUTPUT)
     model = tiny_model()
     works = {
@@ -182,13 +240,32 @@ def main() -> None:
     }
     arms = {}
     for kind, work in works.items():
-        arms[f"engine_{kind}"] = functools.partial(lambda w: flat(run_engine(model, w, batch_size)), work)
-        arms[f"hf_{kind}"] = functools.partial(lambda w: flat(run_hf(model, w, batch_size)), work)
-    raw = harness.run_arms(arms, harness.repeats_for(args), harness.print_run)
+        arms[f"engine_{kind}"] = functools.partial(
+            lambda w: flat(run_engine(model, w, batch_size, threads)), work
+        )
+        arms[f"hf_{kind}"] = functools.partial(
+            lambda w: flat(on_fresh_thread(lambda: run_hf(model, w, batch_size), threads)), work
+        )
+    vllm, vllm_startup_s = start_vllm(model, 64 + max_output, threads) if args.vllm else (None, None)
+    if vllm is not None:
+        for kind, work in works.items():
+            arms[f"vllm_{kind}"] = functools.partial(lambda w: flat(run_vllm(vllm, w)), work)
+    try:
+        raw = harness.run_arms(arms, harness.repeats_for(args), harness.print_run)
+    finally:
+        if vllm is not None:
+            vllm.shutdown()
     ratios = {
         f"{kind}_throughput": harness.paired_ratio(raw, f"engine_{kind}", f"hf_{kind}", "tokens_per_s")
         for kind in works
     }
+    if vllm is not None:
+        ratios |= {
+            f"{kind}_engine_over_vllm": harness.paired_ratio(
+                raw, f"engine_{kind}", f"vllm_{kind}", "tokens_per_s"
+            )
+            for kind in works
+        }
     setup = {
         "model": {
             "arch": "qwen2",
@@ -201,7 +278,14 @@ def main() -> None:
         "output_len": {kind: length_stats(work) for kind, work in works.items()},
         "transformers": transformers.__version__,
     }
-    resources = {"all_arms": f"one process, {torch.get_num_threads()} torch threads, arms run one at a time"}
+    resources = {
+        "all_arms": f"one process, arms run one at a time, each on its own thread with {threads} torch threads "
+        "(the main thread keeps 1)"
+    }
+    if vllm is not None:
+        setup["vllm_startup_s"] = vllm_startup_s
+        resources["vllm"] = f"a worker process in vLLM's environment, OMP_NUM_THREADS={threads}"
+    torch.set_num_threads(threads)  # the machine record states the arms' thread count
     harness.write_result(args, "engine", raw, ratios=ratios, resources=resources, setup=setup)
 
 

@@ -144,6 +144,7 @@ async def _train_steps(
             _record_step(timeline, record)
         state.record_step(parts.trainer.step, record.groups, controller.buffer.take_dropped())
         metrics = step_metrics(record, proxy.stats(), train_started) | buffer_metrics(controller.buffer)
+        metrics |= {f"rewards/{k}": float(v) for k, v in getattr(parts.rewards, "counts", {}).items()}
         tracker.log(
             parts.trainer.step, metrics | {f"resume/{k}": float(v) for k, v in state.restored.items()}
         )

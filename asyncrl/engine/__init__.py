@@ -11,9 +11,12 @@ if TYPE_CHECKING:
     from asyncrl.engine.async_engine import AsyncEngine
 
 
-def make_engine(model: torch.nn.Module, tokenizer: Any, config: EngineConfig) -> AsyncEngine:
-    """An ``AsyncEngine`` serving ``model`` on its own device; call ``shutdown()`` when done."""
+def make_engine(
+    model: torch.nn.Module, tokenizer: Any, config: EngineConfig, num_threads: int | None = None
+) -> AsyncEngine:
+    """An ``AsyncEngine`` serving ``model`` on its own device and thread (``num_threads`` torch threads there;
+    default: the caller's count); call ``shutdown()`` when done."""
     from asyncrl.engine.async_engine import AsyncEngine
     from asyncrl.engine.llm_engine import LLMEngine
 
-    return AsyncEngine(LLMEngine(model, tokenizer, config))
+    return AsyncEngine(LLMEngine(model, tokenizer, config), num_threads=num_threads)

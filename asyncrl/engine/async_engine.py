@@ -21,6 +21,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from asyncrl.engine.llm_engine import LLMEngine
 from asyncrl.engine.migration import RequestState
 from asyncrl.engine.weights import NamedTensors
@@ -36,8 +38,13 @@ class EngineStoppedError(RuntimeError):
 class AsyncEngine:
     """Serve an ``LLMEngine`` to asyncio callers from a background thread."""
 
-    def __init__(self, core: LLMEngine) -> None:
+    def __init__(self, core: LLMEngine, num_threads: int | None = None) -> None:
+        """``num_threads``: torch threads of the engine thread (default: the constructing thread's count). Set in
+        the engine thread itself: OpenMP thread counts are per thread, and a process whose *other* threads
+        also own multi-thread OpenMP teams has every team's spin-wait throttled by libgomp (measured: the same
+        decode loop 8.1 k tok/s on the only team, 4.6 k beside the main thread's; docs/benchmarks.md)."""
         self.core = core
+        self._num_threads = num_threads or torch.get_num_threads()
         self._cond = threading.Condition()
         self._commands: deque[_Command] = deque()
         self._pending: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
@@ -150,6 +157,7 @@ class AsyncEngine:
         resolve_threadsafe(loop, future, result=generation)
 
     def _run(self) -> None:
+        torch.set_num_threads(self._num_threads)
         try:
             while self._next_commands():
                 for generation in self.core.step():

@@ -116,6 +116,8 @@ class RewardService:
         self._executor_kind = executor
         self._max_workers = max_workers
         self._pool = self._new_pool()
+        self.counts = {"scored": 0, "failed": 0, "timed_out": 0}
+        """Calls so far: all, failed (raised or invalid output), timed out; a run reports them per step."""
         self.on_scored: Callable[[float], None] | None = None
         """Called with each call's duration as it ends, ok or failed (the run timeline's reward spans)."""
 
@@ -142,9 +144,13 @@ class RewardService:
             output = await self._run_with_timeout(response_text, sample)
             reward, info = as_reward_and_info(output)
         except asyncio.TimeoutError:
+            self.counts["timed_out"] += 1
             return _failed(f"reward timed out after {self._timeout_s:g}s", start, sample)
         except Exception as err:  # deliberate fault tolerance: any reward error fails only this sample
+            self.counts["failed"] += 1
             return _failed(f"reward raised {type(err).__name__}: {err}", start, sample)
+        finally:
+            self.counts["scored"] += 1
         return RewardResult(
             reward=reward, status=RewardStatus.OK, info=info, elapsed_s=time.perf_counter() - start
         )

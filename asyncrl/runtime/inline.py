@@ -8,11 +8,14 @@ test of this runtime exercises the real weight-sync path.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from asyncrl.config.run import RunConfig
 from asyncrl.data.base import Task
@@ -27,10 +30,21 @@ from asyncrl.types import Group
 
 class LocalTrainer:
     """The in-process trainer behind the same facade as the Ray trainer client (blocking calls; the controller
-    runs them in a worker thread through ``AwaitableTrainer``)."""
+    runs them in a worker thread through ``AwaitableTrainer``).
 
-    def __init__(self, trainer: Trainer) -> None:
+    Training steps run on one dedicated thread with ``num_threads`` torch threads, never on whichever
+    thread of a shared pool is free: every thread that runs a multi-thread OpenMP region keeps its own team,
+    and libgomp throttles all teams once their threads outnumber the cores (see ``AsyncEngine``).
+    """
+
+    def __init__(self, trainer: Trainer, num_threads: int | None = None) -> None:
         self.trainer = trainer
+        self._thread = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1,
+            thread_name_prefix="asyncrl-trainer",
+            initializer=torch.set_num_threads,
+            initargs=(num_threads or torch.get_num_threads(),),
+        )
 
     @property
     def step(self) -> int:
@@ -41,10 +55,10 @@ class LocalTrainer:
         return self.trainer.version
 
     def train_step(self, groups: Sequence[Group], policy_version: int) -> dict[str, float]:
-        return self.trainer.train_step(groups, policy_version)
+        return self._thread.submit(self.trainer.train_step, groups, policy_version).result()
 
     def state_for_sync(self) -> dict[str, Any]:
-        return self.trainer.state_for_sync()
+        return self._thread.submit(self.trainer.state_for_sync).result()
 
     def save_checkpoint(self, root: str | Path, *, extra: dict[str, Any], keep_last: int | None) -> Path:
         return save_checkpoint(root, self.trainer, extra=extra, keep_last=keep_last)
@@ -53,7 +67,8 @@ class LocalTrainer:
         return load_checkpoint(path, self.trainer)
 
     def shutdown(self) -> None:
-        """Nothing to stop: the trainer lives in this process."""
+        """Stop the training thread (the trainer itself lives in this process)."""
+        self._thread.shutdown(wait=True)
 
 
 class AwaitableTrainer:
@@ -84,14 +99,19 @@ class InlineParts:
     def close(self) -> None:
         for engine in self.engines:
             engine.shutdown()
+        self.trainer.shutdown()
         self.rewards.close()
 
 
 def build_parts(config: RunConfig) -> InlineParts:
-    """Load the model once, then give the trainer and every engine its own copy."""
+    """Load the model once, then give the trainer and every engine its own copy, each computing on its own
+    thread with this thread's torch thread count; this thread then keeps one torch thread (it only
+    orchestrates), so its OpenMP team does not throttle theirs."""
+    num_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     model, tokenizer = load_model_and_tokenizer(config.model.path, config.model.dtype, config.model.device)
     ref_model = copy.deepcopy(model) if config.loss.needs_reference else None
-    engines = make_engines(config, model, tokenizer)
+    engines = make_engines(config, model, tokenizer, num_threads)
     trainer = Trainer(
         model,
         config.trainer,
@@ -104,18 +124,18 @@ def build_parts(config: RunConfig) -> InlineParts:
         config=config,
         task=make_task(config.task),
         tokenizer=tokenizer,
-        trainer=LocalTrainer(trainer),
+        trainer=LocalTrainer(trainer, num_threads),
         engines=engines,
         rewards=RewardService.from_config(config.reward),
     )
 
 
-def make_engines(config: RunConfig, model: Any, tokenizer: Any) -> list[Any]:
+def make_engines(config: RunConfig, model: Any, tokenizer: Any, num_threads: int | None = None) -> list[Any]:
     """``rollout.num_engines`` replicas of ``engine.backend``: built-in engines on copies of ``model``, or vLLM
     workers loading the model directory in vLLM's own environment."""
     if config.engine.backend == "builtin":
         return [
-            make_engine(copy.deepcopy(model), tokenizer, config.engine)
+            make_engine(copy.deepcopy(model), tokenizer, config.engine, num_threads)
             for _ in range(config.rollout.num_engines)
         ]
     from asyncrl.engine.vllm import VLLMEngineClient

