@@ -8,6 +8,7 @@ happens when a call leaves (``_call_ended``) and how a load change is propagated
 
 from __future__ import annotations
 
+import abc
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -21,7 +22,7 @@ from asyncrl.proxy.worker import EngineClient, EngineWorker
 from asyncrl.types import Generation, InvalidRequest, Request, checked_request
 
 
-class ProxyShell:
+class ProxyShell(abc.ABC):
     """Call bookkeeping, engine state and lifecycle common to every proxy (see the module docstring)."""
 
     def __init__(
@@ -55,20 +56,20 @@ class ProxyShell:
 
     # ----------------------------------------------------------------------------------------- what differs
 
+    @abc.abstractmethod
     def _new_call(self, request: Request) -> Any:
         """The proxy's own record of one ``generate`` call."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     async def _serve(self, call: Any) -> Generation:
         """Serve one call to its end (a Generation, or an exception naming the request)."""
-        raise NotImplementedError
 
-    def _call_ended(self, call: Any) -> None:
+    def _call_ended(self, call: Any) -> None:  # noqa: B027 (an optional hook: nothing is the default)
         """A call left the table (after ``_serve`` returned or raised)."""
 
+    @abc.abstractmethod
     def _on_load_change(self, worker: EngineWorker) -> None:
         """An engine's load changed: keep the routing index current."""
-        raise NotImplementedError
 
     def _notify(self) -> None:
         """Proxy state changed: re-check the waits it may have ended."""

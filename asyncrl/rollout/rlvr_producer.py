@@ -157,9 +157,7 @@ class RLVRProducer:
                 *(self._sample(admission, prompt, i) for i in range(self.config.num_return_sequences))
             )
         except asyncio.CancelledError:  # shutdown: the prompt is not ended, a resumed run hands it out again
-            self._live.pop(admission.ticket_id, None)
-            self.buffer.release(admission, DropKind.ABORTED, "producer stopped")
-            self.source.interrupt(prompt.key)
+            self._end(admission, prompt, DropKind.ABORTED, "producer stopped", interrupted=True)
             raise
         except Exception as err:  # deliberate fault tolerance: an engine failure drops this group only
             self._end(admission, prompt, DropKind.FAILED, f"{type(err).__name__}: {err}")
@@ -207,10 +205,16 @@ class RLVRProducer:
         if not self.buffer.put(admission, group):
             self.source.finish(prompt.key)
 
-    def _end(self, admission: Admission, prompt: Prompt, kind: DropKind, reason: str) -> None:
+    def _end(
+        self, admission: Admission, prompt: Prompt, kind: DropKind, reason: str, *, interrupted: bool = False
+    ) -> None:
+        """Release the group's ticket; the prompt is ended, or (``interrupted``, at shutdown) left unfinished."""
         self._live.pop(admission.ticket_id, None)
         self.buffer.release(admission, kind, reason)
-        self.source.finish(prompt.key)
+        if interrupted:
+            self.source.interrupt(prompt.key)
+        else:
+            self.source.finish(prompt.key)
 
     # ---- the naive baseline ----------------------------------------------------------------------------
 

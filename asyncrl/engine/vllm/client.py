@@ -255,6 +255,7 @@ class VLLMEngineClient:
             generation = message["generation"]
             with self._lock:
                 waiting = self._generations.pop(generation["request_id"], None)
+            self.num_generated_tokens += len(generation["token_ids"])
             if waiting is not None:
                 loop, future, _ = waiting
                 resolve_threadsafe(loop, future, result=self._generation(generation, waiting[2]))
@@ -279,7 +280,6 @@ class VLLMEngineClient:
             resolve_threadsafe(loop, future, result=message["result"])
 
     def _generation(self, data: dict[str, Any], request: Request | None = None) -> Generation:
-        self.num_generated_tokens += len(data["token_ids"])
         prefix = request.prefix_token_ids if request else []
         return Generation(
             request_id=data["request_id"],
