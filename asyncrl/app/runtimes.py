@@ -37,6 +37,8 @@ class Parts(Protocol):
     engines: list[Any]
     rewards: RewardService
 
+    def locations(self) -> dict[str, Any]: ...
+
     def close(self) -> None: ...
 
 

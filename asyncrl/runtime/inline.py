@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import copy
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,6 +96,10 @@ class InlineParts:
     trainer: LocalTrainer
     engines: list[Any]
     rewards: RewardService
+
+    def locations(self) -> dict[str, Any]:
+        """Where the roles run (written to the run's ``placement.json``): all in this process."""
+        return {"runtime": "inline", "pid": os.getpid(), "num_engines": len(self.engines)}
 
     def close(self) -> None:
         for engine in self.engines:

@@ -143,8 +143,10 @@ class EngineActor:
         served, tokenizer = load_model_and_tokenizer(model.path, model.dtype, model.device)
         self.engine = make_engine(served, tokenizer, engine)
 
-    async def ready(self) -> dict[str, int]:
-        return {"pid": os.getpid(), "num_threads": torch.get_num_threads()}
+    async def ready(self) -> dict[str, Any]:
+        """Where this engine runs: pid, torch threads and Ray node."""
+        node_id = ray.get_runtime_context().get_node_id()
+        return {"pid": os.getpid(), "num_threads": torch.get_num_threads(), "node_id": node_id}
 
     async def generate(self, request: Request) -> Generation:
         return await self.engine.generate(request)
@@ -304,8 +306,8 @@ def spawn_trainer_ranks(
     return handles
 
 
-def wait_ready(engines: list[RayEngineClient], config: RuntimeConfig) -> list[dict[str, int]]:
-    """Each engine's pid and threads once all have loaded their models, within ``startup_timeout_s``."""
+def wait_ready(engines: list[RayEngineClient], config: RuntimeConfig) -> list[dict[str, Any]]:
+    """Each engine's pid, threads and node once all have loaded their models, within ``startup_timeout_s``."""
     refs = [engine.handle.ready.remote() for engine in engines]
     names = ", ".join(engine.name for engine in engines)
     return get_actor(refs, f"engines {names}: start", config.startup_timeout_s)
@@ -323,6 +325,18 @@ class RayParts:
     rewards: RewardService
     placement: Placement
     reservation: Reservation
+    engine_locations: list[dict[str, Any]]
+    """Each engine's pid, threads and Ray node, as it reported when ready."""
+
+    def locations(self) -> dict[str, Any]:
+        """Where every actor runs (written to the run's ``placement.json``): node, pid and threads per trainer
+        rank and per engine, with the planned split."""
+        return {
+            "runtime": self.config.runtime.type,
+            "placement": self.placement.describe(),
+            "trainer_ranks": self.trainer.ranks,
+            "engines": self.engine_locations,
+        }
 
     def close(self) -> None:
         """End the actors' processes, their placement groups and the reward service; Ray itself belongs to
@@ -369,7 +383,7 @@ def build_ray_parts(config: RunConfig, runtime: RuntimeConfig) -> RayParts:
         ]
         handles += [engine.handle for engine in engines]
         trainer = start_trainer_group(handles[: config.trainer.num_workers], runtime)
-        wait_ready(engines, runtime)
+        engine_locations = wait_ready(engines, runtime)
     except BaseException:
         for handle in handles:
             ray.kill(handle, no_restart=True)
@@ -384,6 +398,7 @@ def build_ray_parts(config: RunConfig, runtime: RuntimeConfig) -> RayParts:
         rewards=RewardService.from_config(config.reward),
         placement=placement,
         reservation=reservation,
+        engine_locations=engine_locations,
     )
 
 

@@ -36,6 +36,8 @@ from asyncrl.trainer.trainer import Trainer
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 MODEL_DIR = "model"
+SHARDED_DIR = "sharded"
+"""Model and optimizer shards of a checkpoint written by a sharded trainer (``trainer.distributed.checkpoint``)."""
 STATE_FILE = "trainer_state.pt"
 EXTRA_FILE = "extra.json"
 MARKER_FILE = "COMPLETE.json"
@@ -109,7 +111,7 @@ def load_checkpoint(path: str | os.PathLike[str], trainer: Trainer) -> dict[str,
     if not (path / STATE_FILE).is_file():
         raise FileNotFoundError(f"{path} is not an asyncrl checkpoint (no {STATE_FILE})")
     verify_checkpoint(path)
-    if not (path / MODEL_DIR).is_dir():
+    if (path / SHARDED_DIR).is_dir():
         raise ValueError(
             f"{path} holds sharded weights (a trainer with num_workers > 1 wrote it): resume it with the Ray "
             "runtime, whose trainer ranks load sharded checkpoints at any num_workers"

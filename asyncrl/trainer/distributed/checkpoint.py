@@ -9,6 +9,8 @@ ranks loads onto M ranks (M = 1 included): the loader asks for the tensors its o
 
     <root>/step_00000012/
         sharded/             DCP: .metadata + one __<rank>_0.distcp file per writing rank (model + optimizer)
+        model/               the full weights for evaluation and serving: config.json + one safetensors file
+                             per gathered bucket (rank 0 writes each as it is gathered)
         trainer_state.pt     scheduler, step, version, RNG states (rank 0's)
         extra.json           the caller's dict
         COMPLETE.json        {relative path: sha256}, written last
@@ -24,12 +26,13 @@ from pathlib import Path
 from typing import Any
 
 import torch.distributed.checkpoint as dcp
+from safetensors.torch import save_file
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from asyncrl.trainer import checkpoint
+from asyncrl.trainer.checkpoint import MODEL_DIR, SHARDED_DIR
+from asyncrl.trainer.distributed.weights import full_weight_buckets
 from asyncrl.trainer.trainer import Trainer
-
-SHARDED_DIR = "sharded"
 
 
 def is_sharded_checkpoint(path: Path) -> bool:
@@ -50,6 +53,7 @@ def save_sharded_checkpoint(
     try:
         model_state, optimizer_state = get_state_dict(trainer.model, trainer.optimizer)
         dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=staging / SHARDED_DIR)
+        export_model(trainer, staging / MODEL_DIR)
         parallel.gather(None)  # every rank's shards are written
         if parallel.rank == 0:
             state = {
@@ -65,6 +69,22 @@ def save_sharded_checkpoint(
             shutil.rmtree(staging, ignore_errors=True)
     parallel.gather(None)  # nobody returns before the checkpoint is in place
     return final
+
+
+def export_model(trainer: Trainer, directory: Path, bucket_bytes: int = 1 << 30) -> None:
+    """Every rank calls this: the full weights as a Hugging Face model directory that ``from_pretrained`` and
+    ``asyncrl eval`` load, written by rank 0 one gathered bucket per safetensors file."""
+    model = trainer.model
+    tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    if trainer.parallel.rank == 0:
+        model.config.save_pretrained(directory)
+    for index, bucket in enumerate(full_weight_buckets(model, bucket_bytes)):
+        if trainer.parallel.rank != 0:
+            continue
+        # A tied output layer is the embedding: saved once, as from_pretrained expects.
+        tensors = {n: t.contiguous() for n, t in bucket if not (tied and n == "lm_head.weight")}
+        if tensors:
+            save_file(tensors, directory / f"model-{index:05d}.safetensors", metadata={"format": "pt"})
 
 
 def load_sharded_checkpoint(path: str | os.PathLike[str], trainer: Trainer) -> dict[str, Any]:

@@ -88,3 +88,13 @@ def test_the_plain_loader_names_a_sharded_checkpoint(tmp_path: Path):
     path = save_sharded_checkpoint(tmp_path, trainer)
     with pytest.raises(ValueError, match="holds sharded weights"):
         checkpoint.load_checkpoint(path, _trainer(SingleProcess()))
+
+
+def test_a_sharded_checkpoint_carries_a_loadable_model_directory(tmp_path: Path):
+    reference = run_ranks(_train_save_continue, 2, str(tmp_path))[0]
+    model = tiny_qwen2(seed=5)  # different weights, replaced by the checkpoint's
+    checkpoint.load_model_weights(model, Path(reference["path"]) / checkpoint.MODEL_DIR)
+    resumed = _trainer(SingleProcess())
+    load_sharded_checkpoint(reference["path"], resumed)
+    for name, tensor in resumed.model.named_parameters():
+        assert torch.equal(dict(model.named_parameters())[name], tensor), name
