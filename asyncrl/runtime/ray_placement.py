@@ -25,6 +25,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from asyncrl.config.run import RunConfig
 from asyncrl.config.runtime import RuntimeConfig
+from asyncrl.models.loading import resolve_device
 from asyncrl.runtime.placement import Placement
 from asyncrl.runtime.placement_check import PlacementError, RoleBundles, check_placement
 
@@ -34,7 +35,7 @@ ENGINE_ROLE = "engines"
 
 def accelerators_per_actor(config: RunConfig, runtime: RuntimeConfig) -> tuple[float, float]:
     """(per trainer rank, per engine): the configured counts, or the defaults a CUDA model implies."""
-    on_cuda = config.model.device.startswith("cuda")
+    on_cuda = str(resolve_device(config.model.device)).startswith("cuda")  # auto: what this driver sees
     trainer = runtime.accelerators_per_trainer_worker
     if trainer is None:
         trainer = 1.0 if on_cuda else 0.0

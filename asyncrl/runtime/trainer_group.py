@@ -32,7 +32,7 @@ import torch
 
 from asyncrl.config.run import RunConfig
 from asyncrl.config.runtime import RuntimeConfig
-from asyncrl.models.loading import load_model_and_tokenizer
+from asyncrl.models.loading import load_model_and_tokenizer, resolve_device
 from asyncrl.runtime.actor_calls import get_actor
 from asyncrl.runtime.placement import pin
 from asyncrl.trainer import checkpoint
@@ -73,7 +73,7 @@ class TrainerRankActor:
         config = self.config
         if self.world_size > 1:
             join_process_group(
-                device=config.model.device,
+                device=self._device(),
                 host=host,
                 port=port,
                 rank=self.rank,
@@ -98,10 +98,14 @@ class TrainerRankActor:
     def _parallelism(self) -> Parallelism:
         if self.world_size == 1:
             return SingleProcess()
-        device_type = torch.device(self.config.model.device).type
+        device_type = torch.device(self._device()).type
         return FullyShardedParallel(
             device_type, mixed_precision=self.config.trainer.mixed_precision == "bf16"
         )
+
+    def _device(self) -> str:
+        """The configured device with ``auto`` resolved here, where Ray has set which GPUs this rank sees."""
+        return str(resolve_device(self.config.model.device))
 
     def progress(self) -> dict[str, Any]:
         """Step, version, and where this rank runs (pid, threads, Ray node)."""
