@@ -68,7 +68,9 @@ def train_tokens_per_s(work: Workload, steps: int, sharded: bool) -> dict[str, f
     for step in range(steps):
         tokens += trainer.train_step(groups, policy_version=step + 1)["num_tokens"]
     elapsed = time.perf_counter() - started
-    return {"tokens_per_s": tokens / elapsed, "step_s": elapsed / steps} if trainer.parallel.rank == 0 else None
+    return (
+        {"tokens_per_s": tokens / elapsed, "step_s": elapsed / steps} if trainer.parallel.rank == 0 else None
+    )
 
 
 def train_arm(work: Workload, steps: int, world_size: int) -> Callable[[], dict[str, float]]:
