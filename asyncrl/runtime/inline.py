@@ -139,7 +139,9 @@ def build_parts(config: RunConfig) -> InlineParts:
         config=config,
         task=make_task(config.task),
         tokenizer=tokenizer,
-        trainer=LocalTrainer(trainer, num_threads, make_weight_sync(config.weight_sync.transport_for("inline"))),
+        trainer=LocalTrainer(
+            trainer, num_threads, make_weight_sync(config.weight_sync.transport_for("inline"))
+        ),
         engines=engines,
         rewards=RewardService.from_config(config.reward),
     )

@@ -48,4 +48,6 @@ def tensors_of(
         return payload
     from asyncrl.weight_sync.transports import make_weight_sync
 
-    return receive_checked(make_weight_sync(payload.transport), payload, serving_version=serving_version, shapes=shapes)
+    return receive_checked(
+        make_weight_sync(payload.transport), payload, serving_version=serving_version, shapes=shapes
+    )

@@ -32,6 +32,7 @@ from asyncrl.config.engine import VLLMConfig
 from asyncrl.engine.async_engine import resolve_threadsafe
 from asyncrl.types import FinishReason, Generation, Request
 from asyncrl.weight_sync.protocol import ManifestEntry, WeightSyncError, WeightUpdate, check_manifest
+from asyncrl.weight_sync.receiver import tensors_of
 
 WORKER = Path(__file__).with_name("worker_main.py")
 
