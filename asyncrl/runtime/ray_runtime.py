@@ -108,12 +108,19 @@ def ray_session(config: RuntimeConfig) -> Iterator[RaySession]:
 
 
 def ray_init_args(config: RuntimeConfig) -> dict[str, Any]:
-    """``ray.init`` keyword arguments: a local Ray with rollout + train CPUs and no dashboard, or an address."""
+    """``ray.init`` keyword arguments: a new local Ray with rollout + train CPUs and no dashboard, or the
+    cluster's address."""
     runtime_env = {"env_vars": dict(ACTOR_ENV)}
     if config.type == "cluster":
         return {"address": config.address, "runtime_env": runtime_env}
     runtime_env["env_vars"] |= LOCAL_RAY_ENV
-    return {"num_cpus": math.ceil(config.num_cpus), "include_dashboard": False, "runtime_env": runtime_env}
+    # address "local": always a fresh Ray of our own, never one another process on this machine started
+    return {
+        "address": "local",
+        "num_cpus": math.ceil(config.num_cpus),
+        "include_dashboard": False,
+        "runtime_env": runtime_env,
+    }
 
 
 @contextmanager

@@ -51,6 +51,7 @@ def test_plan_rejects_no_engines():
 def test_local_ray_gets_rollout_plus_train_cpus_no_dashboard_and_auth_off_for_actors():
     args = ray_init_args(RuntimeConfig(type="local", rollout_num_cpus=1.5, train_num_cpus=1))
     assert args == {
+        "address": "local",  # a Ray of its own, never another process's on this machine
         "num_cpus": 3,
         "include_dashboard": False,
         "runtime_env": {"env_vars": {"HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled"}},
