@@ -219,6 +219,14 @@ def _engine_busy_s(proxy_stats: dict) -> float:
 
 MULTI_VERSION_STATS = ("num_migrations", "kv_bytes_moved", "versions_alive", "num_switches")
 """Cumulative counters of the multi_version orchestrator copied into every step's metrics."""
+RECOVERY_STATS = {
+    "num_engine_restarts": "recovery/engine_restarts",
+    "num_failed_restarts": "recovery/failed_restarts",
+    "num_failed_probes": "recovery/failed_probes",
+    "num_reclaimed": "recovery/reclaimed_requests",
+    "num_retries": "recovery/rerouted_requests",
+}
+"""Cumulative engine-recovery counters of the proxy (when it recovers engines), as step metrics."""
 
 
 def step_metrics(record: StepRecord, proxy_stats: dict, train_started: float) -> dict[str, float]:
@@ -242,6 +250,8 @@ def step_metrics(record: StepRecord, proxy_stats: dict, train_started: float) ->
     for key in MULTI_VERSION_STATS:  # only the multi_version orchestrator reports these
         if key in proxy_stats:
             metrics[f"multi_version/{key}"] = float(proxy_stats[key])
+    if "num_engine_restarts" in proxy_stats:  # only a proxy that recovers engines reports these
+        metrics |= {name: float(proxy_stats[key]) for key, name in RECOVERY_STATS.items()}
     return metrics
 
 

@@ -18,8 +18,10 @@ Key decisions:
 - Weights cross processes once per update as flat numpy buffers (asyncrl.weight_sync): the trainer actor
   packs and returns them into the object store, and every engine actor reads that one object zero-copy.
 - Every call has a timeout, and an actor that dies fails its calls at once with ``ActorCallError`` naming it.
-  Actors are never restarted (``max_restarts=0``): a fresh engine would serve the base weights at a version
-  nobody knows, and a retried ``generate`` would silently run twice.
+  Ray never restarts an actor (``max_restarts=0``): a fresh engine would serve the base weights at a version
+  nobody knows, and a retried ``generate`` would silently run twice. A dead or wedged engine is replaced by
+  the proxy's recovery instead (``RayEngineFactory``: kill, spawn a new actor the same way, wait until it is
+  ready), which sends it the current weights before any request and re-routes the old one's requests.
 - A migrated request (multi_version) travels actor to actor through the object store: the exporting actor
   returns its ``RequestState`` (KV tensors included) as one object and a small summary as another; the driver
   fetches only the summary and hands the state's reference to the importing actor, so KV never passes here.
@@ -427,6 +429,48 @@ def spawn_engine(
     return RayEngineClient(actor.remote(model, engine, num_threads, cores), name, config)
 
 
+class RayEngineFactory:
+    """Replaces engine actors for the proxy's recovery (``asyncrl.proxy.recovery.EngineFactory``): the failed
+    actor is killed and a new one spawned through ``spawn_engine`` with the same model, engine settings and
+    place; ``engines`` (the run's list, which ``RayParts.close`` ends) is kept current."""
+
+    def __init__(
+        self,
+        model: ModelConfig,
+        engine: EngineConfig,
+        config: RuntimeConfig,
+        placement: Placement,
+        engines: list[RayEngineClient],
+    ) -> None:
+        self.model = model
+        self.engine = engine
+        self.config = config
+        self.placement = placement
+        self.engines = engines
+        self.num_started = 0
+
+    async def replace(self, index: int, failed: Any) -> RayEngineClient:
+        """Kill ``failed`` (engine ``index``), start its successor and return it once its model is loaded,
+        within ``startup_timeout_s``."""
+        if isinstance(failed, RayEngineClient):
+            failed.shutdown()
+        self.num_started += 1
+        client = spawn_engine(
+            self.model,
+            self.engine,
+            self.config,
+            name=f"engine-{index}-restart-{self.num_started}",
+            num_cpus=self.placement.engine_num_cpus,
+            num_threads=self.placement.engine_threads,
+            cores=self.placement.engine_cores[index] if self.placement.engine_cores else (),
+        )
+        self.engines[index] = client
+        await _await_actor(
+            client.handle.ready.remote(), f"engine {client.name}: start", self.config.startup_timeout_s
+        )
+        return client
+
+
 def spawn_trainer(
     config: RunConfig, *, num_cpus: float, num_threads: int, cores: tuple[int, ...] = ()
 ) -> Any:
@@ -453,6 +497,8 @@ class RayParts:
     engines: list[RayEngineClient]
     rewards: RewardService
     placement: Placement
+    engine_factory: RayEngineFactory
+    """Replaces a dead or wedged engine (the proxy's recovery)."""
 
     def close(self) -> None:
         """End the actors' processes and the reward service; Ray itself belongs to ``ray_session``."""
@@ -505,6 +551,7 @@ def build_ray_parts(config: RunConfig, runtime: RuntimeConfig) -> RayParts:
         engines=engines,
         rewards=RewardService.from_config(config.reward),
         placement=placement,
+        engine_factory=RayEngineFactory(config.model, config.engine, runtime, placement, engines),
     )
 
 
