@@ -266,7 +266,9 @@ class EngineSet:
 
     def mark_unhealthy(self, worker: EngineWorker, failure: BaseException) -> None:
         """A control call failed: the engine gets nothing more and its weight version is unknown."""
-        logger.error("engine %d is unhealthy from now on: %s (%r)", worker.index, failure, failure.__cause__)
+        logger.error(
+            "engine %d is unhealthy, its version unknown: %s (%r)", worker.index, failure, failure.__cause__
+        )
         worker.healthy = False
         worker.control_error = failure
         worker.pending = None

@@ -113,17 +113,20 @@ class EngineRecovery:
 
     async def _recover(self, worker: EngineWorker, probed: bool) -> None:
         try:
-            if (
-                not probed
-                and worker.control_error is None
-                and worker.consecutive_failures < self.config.max_consecutive_failures
-                and await self._probe(worker)
-            ):
+            if not probed and self._may_keep(worker) and await self._probe(worker) and self._may_keep(worker):
                 return  # a one-off failure: the engine answers, its version is known
             await self._replace(worker)
         finally:
             worker.recovering = False
             self._on_recovered(worker)
+
+    def _may_keep(self, worker: EngineWorker) -> bool:
+        """Whether a failed engine may stay if it answers its probe: its version is known (no control call
+        failed) and its calls have not failed ``max_consecutive_failures`` times in a row."""
+        return (
+            worker.control_error is None
+            and worker.consecutive_failures < self.config.max_consecutive_failures
+        )
 
     async def _replace(self, worker: EngineWorker) -> None:
         """Reclaim the engine's calls, start its replacement and bring it to the latest published weights."""
@@ -144,6 +147,7 @@ class EngineRecovery:
             return
         worker.control_error = None
         worker.consecutive_failures = 0
+        worker.healthy = True
         self.counts["num_engine_restarts"] += 1
         logger.warning("engine %d replaced, serving v%d", worker.index, worker.version)
 

@@ -157,9 +157,11 @@ class EngineWorker:
         return True
 
     def record_failure(self, max_consecutive_failures: int) -> None:
+        """Count a failed call; past ``max_consecutive_failures`` in a row the engine is unhealthy, unless a
+        recovery is already under way (it decides: the engine comes back, replaced or not, or stays out)."""
         self.num_failures += 1
         self.consecutive_failures += 1
-        if self.consecutive_failures >= max_consecutive_failures:
+        if self.consecutive_failures >= max_consecutive_failures and not self.recovering:
             self.healthy = False
 
     def record_success(self) -> None:

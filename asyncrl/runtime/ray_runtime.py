@@ -452,8 +452,7 @@ class RayEngineFactory:
     async def replace(self, index: int, failed: Any) -> RayEngineClient:
         """Kill ``failed`` (engine ``index``), start its successor and return it once its model is loaded,
         within ``startup_timeout_s``."""
-        if isinstance(failed, RayEngineClient):
-            failed.shutdown()
+        failed.shutdown()  # ray.kill: a wedged actor stops too, and its CPUs return to Ray for the new one
         self.num_started += 1
         client = spawn_engine(
             self.model,

@@ -39,8 +39,8 @@ class Factory:
 
 
 class DyingEngine(FakeEngine):
-    """Dies like a killed actor once it has made ``after`` tokens of ``request_id``: that call and every later
-    call (generate or control) raise."""
+    """Dies like a killed actor once it has made ``after`` tokens of ``request_id``: every call in flight and
+    every later call (generate or control) raise."""
 
     def __init__(self, request_id: str, after: int, **kwargs: Any) -> None:
         super().__init__(fail_after={request_id: after}, **kwargs)
@@ -49,6 +49,10 @@ class DyingEngine(FakeEngine):
     def _fail(self, run: Any, error: BaseException) -> None:
         self.dead = True
         super()._fail(run, error)
+        for other in list(self.running.values()):  # the process is gone: every call on it fails at once
+            if other.producer is not None:
+                other.producer.cancel()
+            super()._fail(other, EngineDied(f"actor died while serving {other.request.request_id}"))
 
     async def generate(self, request: Request) -> Generation:
         if self.dead:
@@ -95,6 +99,23 @@ def test_engine_dying_mid_generation_is_replaced_and_its_request_rerouted():
         assert (stats["num_engine_restarts"], stats["num_retries"], stats["num_failed_probes"]) == (1, 1, 1)
         assert stats["engines"][0]["num_restarts"] == 1
         assert proxy.healthy_engines() == [0]
+
+    for seed in range(20):
+        run(main, seed)
+
+
+def test_every_request_of_an_engine_dying_under_load_finishes_on_its_replacement():
+    """More failures than ``max_consecutive_failures`` land while the recovery runs: the engine still comes
+    back healthy, and every request is served."""
+
+    async def main() -> None:
+        dying = DyingEngine("r0", 1, lengths=4)
+        factory = Factory()
+        proxy = make_proxy([dying], factory, health_check_interval_s=None)
+        generations = await asyncio.gather(*(proxy.generate(make_request(f"r{i}")) for i in range(6)))
+        assert [g.token_ids for g in generations] == [expected_tokens(f"r{i}", 4)[0] for i in range(6)]
+        assert proxy.healthy_engines() == [0]
+        assert proxy.stats()["num_engine_restarts"] == 1
 
     for seed in range(20):
         run(main, seed)
