@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import threading
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from typing import Any
 
 from asyncrl.data.base import TaskSample
@@ -93,36 +93,60 @@ class FaultyEngine:
 
 
 class FaultyReward:
-    """A reward function whose calls number ``raise_calls`` raise and ``hang_calls`` hang (until ``release()``);
-    every other call returns ``reward(text, sample)``. Calls are numbered from 0 in the order they start.
+    """A reward function whose next calls raise (``raise_next``) or hang until ``release()`` (``hang_next``);
+    every other call returns ``reward(text, sample)``.
 
     A hung call blocks a reward-pool thread, as a runaway reward would; ``release()`` ends them so no thread
-    outlives the test. Picklable state is not needed: run it in a thread pool.
+    outlives the test. Run it in a thread pool (it holds a lock, so it does not pickle).
     """
 
-    def __init__(
-        self,
-        reward: Callable[[str, TaskSample], Any],
-        *,
-        raise_calls: Collection[int] = (),
-        hang_calls: Collection[int] = (),
-    ) -> None:
+    def __init__(self, reward: Callable[[str, TaskSample], Any]) -> None:
         self.reward = reward
-        self.raise_calls = set(raise_calls)
-        self.hang_calls = set(hang_calls)
         self.num_calls = 0
+        self._to_raise = 0
+        self._to_hang = 0
         self._lock = threading.Lock()
         self._released = threading.Event()
+
+    def raise_next(self, count: int) -> None:
+        with self._lock:
+            self._to_raise += count
+
+    def hang_next(self, count: int) -> None:
+        with self._lock:
+            self._to_hang += count
 
     def __call__(self, response_text: str, sample: TaskSample) -> Any:
         with self._lock:
             number, self.num_calls = self.num_calls, self.num_calls + 1
-        if number in self.raise_calls:
+            fault = "raise" if self._to_raise else "hang" if self._to_hang else None
+            self._to_raise -= fault == "raise"
+            self._to_hang -= fault == "hang"
+        if fault == "raise":
             raise RuntimeError(f"reward call {number} (sample {sample.uid}) failed (injected)")
-        if number in self.hang_calls:
+        if fault == "hang":
             self._released.wait()
         return self.reward(response_text, sample)
 
     def release(self) -> None:
         """End every hung call (they return normally, long after their timeout)."""
         self._released.set()
+
+
+class FaultyEngineFactory:
+    """Wraps a runtime's engine factory so every engine, first and replacement, is a ``FaultyEngine`` (faults
+    can strike a replacement again). ``live[index]`` is engine ``index`` as the proxy has it now, and
+    ``replaced[index]`` is set each time that engine is replaced (clear it to wait for the next time)."""
+
+    def __init__(self, factory: Any, engines: list[Any]) -> None:
+        """Wraps ``engines`` (the run's list) in place."""
+        self.factory = factory
+        engines[:] = [FaultyEngine(engine, f"engine-{i}") for i, engine in enumerate(engines)]
+        self.live: dict[int, FaultyEngine] = dict(enumerate(engines))
+        self.replaced: dict[int, asyncio.Event] = {i: asyncio.Event() for i in self.live}
+
+    async def replace(self, index: int, failed: Any) -> FaultyEngine:
+        engine = FaultyEngine(await self.factory.replace(index, failed), f"engine-{index}")
+        self.live[index] = engine
+        self.replaced[index].set()
+        return engine

@@ -165,7 +165,9 @@ def test_ray_engine_actor_killed_mid_generation_is_replaced(monkeypatch, tiny_pa
 
 
 def test_rewards_raising_and_hanging_fail_only_their_samples(monkeypatch, tiny_path, tmp_path):
-    faulty = FaultyReward(length_reward, raise_calls={0, 4}, hang_calls={2})
+    faulty = FaultyReward(length_reward)
+    faulty.raise_next(2)
+    faulty.hang_next(1)
 
     def prepare(parts: Any) -> None:
         parts.rewards.close()
