@@ -57,6 +57,7 @@ from asyncrl.engine import make_engine
 from asyncrl.engine.migration import RequestState
 from asyncrl.models.loading import load_model_and_tokenizer, resolve_model_path, state_dict_for_sync
 from asyncrl.rewards.service import RewardService
+from asyncrl.runtime.errors import ActorCallError, ActorCallTimeout, TrainerDied
 from asyncrl.runtime.placement import Placement, pin, plan_placement
 from asyncrl.trainer import checkpoint
 from asyncrl.trainer.trainer import Trainer
@@ -76,14 +77,6 @@ this only from the starting process's environment, so ``ray_session`` sets it fo
 ENGINE_MAX_CONCURRENCY = 65536
 """Calls an engine actor runs at once. Each waiting ``generate`` holds one, so this must exceed any number of
 requests in flight: otherwise a ``pause`` or ``abort`` would queue behind them and time out."""
-
-
-class ActorCallError(RuntimeError):
-    """An actor died (or became unreachable) while a call was in flight; the message names the actor."""
-
-
-class ActorCallTimeout(TimeoutError):
-    """An actor did not answer a call within its timeout; the call was cancelled there."""
 
 
 # ------------------------------------------------------------------------------------------------ session
@@ -359,6 +352,8 @@ class RayTrainerClient:
 
     ``version`` and ``step`` mirror the actor's and are updated by every call that changes them; the blocking
     calls are meant for a worker thread (the controller runs ``train_step`` through ``asyncio.to_thread``).
+    A dead or silent actor fails the call with ``TrainerDied`` (``app.train`` then restarts the run from its
+    last verified checkpoint).
     """
 
     def __init__(self, handle: Any, config: RuntimeConfig, progress: dict[str, int]) -> None:
@@ -369,7 +364,9 @@ class RayTrainerClient:
 
     def train_step(self, groups: list[Group], policy_version: int) -> dict[str, float]:
         ref = self.handle.train_step.remote(list(groups), policy_version)
-        metrics = _get_actor(ref, f"trainer: train_step(v{policy_version})", self.config.train_step_timeout_s)
+        metrics = _get_trainer(
+            ref, f"trainer: train_step(v{policy_version})", self.config.train_step_timeout_s
+        )
         self.step += 1
         self.version = policy_version + 1
         return metrics
@@ -382,7 +379,7 @@ class RayTrainerClient:
         failing its update.
         """
         record_ref, ref = self.handle.state_for_sync_packed.options(num_returns=2).remote()
-        record = _get_actor(record_ref, "trainer: state_for_sync", self.config.control_timeout_s)
+        record = _get_trainer(record_ref, "trainer: state_for_sync", self.config.control_timeout_s)
         return replace(record, handle=ref)
 
     def save_checkpoint(
@@ -393,7 +390,7 @@ class RayTrainerClient:
         keep_last: int | None = None,
     ) -> Path:
         ref = self.handle.save_checkpoint.remote(str(root), extra, keep_last)
-        return Path(_get_actor(ref, "trainer: save_checkpoint", self.config.control_timeout_s))
+        return Path(_get_trainer(ref, "trainer: save_checkpoint", self.config.control_timeout_s))
 
     def load_checkpoint(self, path: str | os.PathLike[str]) -> dict[str, Any]:
         """Restore the trainer from a checkpoint directory; returns the checkpoint's ``extra``."""
@@ -407,6 +404,14 @@ class RayTrainerClient:
 
     def shutdown(self) -> None:
         ray.kill(self.handle, no_restart=True)
+
+
+def _get_trainer(ref: ray.ObjectRef, what: str, timeout_s: float) -> Any:
+    """``_get_actor`` for the trainer: a dead or silent trainer is ``TrainerDied``, which the run recovers from."""
+    try:
+        return _get_actor(ref, what, timeout_s)
+    except (ActorCallError, ActorCallTimeout) as error:
+        raise TrainerDied(f"{what}: the trainer is lost ({error})") from error
 
 
 # ------------------------------------------------------------------------------------------------ parts

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -81,19 +82,21 @@ def run_with_faults(
     overrides: tuple[str, ...],
     prepare: Prepare,
     inject: Inject,
+    console: io.StringIO | None = None,
 ) -> list[dict]:
-    """Train with ``overrides``; ``prepare(parts)`` wraps the runtime's parts before the run uses them and
-    ``inject(parts)`` runs beside the training loop. Returns the metrics.jsonl step lines."""
+    """Train with ``overrides``; ``prepare(parts)`` wraps the runtime's first parts before the run uses them
+    and ``inject(parts)`` runs beside the training loop. Returns the metrics.jsonl step lines."""
     config = load_run_config(None, [*COMMON, f"model.path={tiny_path}", f"output_dir={out}", *overrides])
     built: asyncio.Future[Any] | None = None
     original = training.runtime_parts
 
     @contextlib.contextmanager
     def faulty_parts(run_config: Any) -> Iterator[Any]:
-        with original(run_config) as parts:
-            prepare(parts)
+        with original(run_config) as parts:  # again after a trainer restart: faults strike the first parts
             assert built is not None
-            built.set_result(parts)
+            if not built.done():
+                prepare(parts)
+                built.set_result(parts)
             yield parts
 
     monkeypatch.setattr(training, "runtime_parts", faulty_parts)
@@ -102,7 +105,7 @@ def run_with_faults(
         nonlocal built
         built = asyncio.get_running_loop().create_future()
         async with asyncio.timeout(RUN_DEADLINE_S):
-            run = asyncio.ensure_future(training.train(config, console=None))
+            run = asyncio.ensure_future(training.train(config, console=console))
             injector = asyncio.ensure_future(_after(built, inject))
             await run
             await injector
@@ -184,3 +187,43 @@ def test_rewards_raising_and_hanging_fail_only_their_samples(monkeypatch, tiny_p
     last = steps[-1]
     assert (last["rewards/failed"], last["rewards/timed_out"]) == (2, 1)
     assert last["rewards/scored"] == faulty.num_calls
+
+
+@pytest.mark.ray
+def test_ray_trainer_actor_killed_restarts_the_run_from_its_last_checkpoint(monkeypatch, tiny_path, tmp_path):
+    """Killed after the first checkpoint: the run resumes from it (trainer and engines anew) and trains every
+    step; the ledger has each sample trained once and metrics.jsonl each step once."""
+    saved = asyncio.Event()
+
+    def prepare(parts: Any) -> None:
+        save = parts.trainer.save_checkpoint
+
+        def save_and_tell(*args: Any, **kwargs: Any) -> Any:
+            path = save(*args, **kwargs)
+            saved.set()
+            return path
+
+        parts.trainer.save_checkpoint = save_and_tell
+
+    async def inject(parts: Any) -> None:
+        await saved.wait()
+        ray.kill(parts.trainer.handle, no_restart=True)
+
+    overrides = (
+        "runtime.type=local",
+        "runtime.rollout_num_cpus=1",
+        "runtime.train_num_cpus=1",
+        "trainer.checkpoint_every=1",
+    )
+    console = io.StringIO()
+    steps = run_with_faults(monkeypatch, tiny_path, tmp_path, overrides, prepare, inject, console)
+    assert "trainer lost" in console.getvalue() and "restart 1 from" in console.getvalue()
+    assert [int(step["step"]) for step in steps] == list(range(1, NUM_STEPS + 1))
+    trained = [
+        (line["prompt"], line["sample"])
+        for line in map(json.loads, (tmp_path / "ledger.jsonl").read_text().splitlines())
+        if line["event"] == "trained"
+    ]
+    assert len(trained) == len(set(trained)) == NUM_STEPS * BATCH * GROUP
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["steps"] == NUM_STEPS
