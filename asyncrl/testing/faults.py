@@ -81,10 +81,13 @@ class FaultyEngine:
         faulted = asyncio.ensure_future(self._faulted.wait())
         try:
             await asyncio.wait({inner, faulted}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            inner.cancel()  # the caller gave up: so does the engine
+            raise
         finally:
             faulted.cancel()
-            if self.fault is not EngineFault.OK:
-                inner.cancel()
+        if self.fault is not EngineFault.OK:
+            inner.cancel()
         if self.fault is EngineFault.OK:
             return inner.result()
         if self.fault is EngineFault.DEAD:
