@@ -41,6 +41,8 @@ class Parts(Protocol):
     engine_factory: EngineFactory | None
     """Starts an engine in place of a dead or wedged one (the proxy's recovery); None: no recovery."""
 
+    def locations(self) -> dict[str, Any]: ...
+
     def close(self) -> None: ...
 
 

@@ -97,6 +97,7 @@ async def _train(
     parts: Parts, out: Path, started: float, console: TextIO | None, stop: asyncio.Event
 ) -> TrainingSummary:
     config = parts.config
+    (out / "placement.json").write_text(json.dumps(parts.locations(), indent=1))
     extra = None
     if config.resume:
         checkpoint = resolve_resume_path(config.resume)

@@ -23,6 +23,9 @@ class VLLMConfig:
     """Share of device memory vLLM may take (on CPU it sees one NUMA node's memory: keep it low)."""
     max_num_seqs: int = 64
     """Most sequences vLLM batches at once."""
+    tensor_parallel_size: int = 1
+    """GPUs one vLLM engine shards its model over (vLLM's ``tensor_parallel_size``); the Ray placement reserves
+    them together in one bundle, on one node."""
     startup_timeout_s: float = 300.0
     """Longest the worker may take to load the model and answer."""
     engine_args: dict[str, int | float | str | bool] = field(default_factory=dict)
@@ -32,6 +35,10 @@ class VLLMConfig:
     def __post_init__(self) -> None:
         if self.kv_cache_gib <= 0 or not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError("engine.vllm.kv_cache_gib must be > 0 and gpu_memory_utilization in (0, 1]")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(
+                f"engine.vllm.tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}"
+            )
         if self.max_num_seqs < 1 or self.startup_timeout_s <= 0:
             raise ValueError("engine.vllm.max_num_seqs must be >= 1 and startup_timeout_s > 0")
 

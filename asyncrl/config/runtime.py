@@ -8,11 +8,12 @@ and training disjoint shares (``rollout_num_cpus`` / ``train_num_cpus``), so nei
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 RUNTIME_TYPES = ("inline", "local", "cluster")
 COLOCATE_CHOICES = ("auto", "always", "never")
+STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 _POSITIVE_FIELDS = (
     "rollout_num_cpus",
     "train_num_cpus",
@@ -20,6 +21,8 @@ _POSITIVE_FIELDS = (
     "control_timeout_s",
     "generate_timeout_s",
     "train_step_timeout_s",
+    "placement_timeout_s",
+    "weight_sync_bucket_mb",
 )
 
 
@@ -43,6 +46,30 @@ class RuntimeConfig:
     pin_cores: bool = False
     """When rollout and training are not colocated, pin the trainer and each engine actor to disjoint cores
     (``os.sched_setaffinity``), so a loaded machine cannot make them share a core (runtime/placement.py)."""
+    accelerator_resource: str = "GPU"
+    """Ray resource an accelerator is counted in. ``GPU`` on a real cluster; a custom name (``fake_gpu``) lets a
+    CPU-only test cluster stand in for one and check where each role lands."""
+    accelerators_per_trainer_worker: float | None = None
+    """Accelerators each trainer rank reserves; null: 1 when ``model.device`` is CUDA, else 0."""
+    accelerators_per_engine: float | None = None
+    """Accelerators each engine reserves, all in one bundle so they sit on one node (tensor parallelism);
+    null: ``engine.vllm.tensor_parallel_size`` for vLLM on CUDA, 1 for the built-in engine on CUDA, else 0."""
+    trainer_resources: dict[str, float] = field(default_factory=dict)
+    """Extra Ray resources each trainer rank's bundle asks for: a custom node resource (``{trainer_node: 1}``)
+    pins the trainer to the nodes that carry it."""
+    engine_resources: dict[str, float] = field(default_factory=dict)
+    """The same for each engine's bundle (``{rollout_node: 1}``)."""
+    trainer_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+    """Ray placement-group strategy of the trainer ranks' bundles: PACK keeps ranks together (fast
+    collectives), SPREAD places them on as many nodes as it can."""
+    engine_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+    """The same for the engines' bundles; SPREAD puts replicas on different nodes."""
+    placement_timeout_s: float = 60.0
+    """Longest the cluster may take to grant the placement groups; past it the run fails with a named
+    ``PlacementError`` (an ask larger than the cluster is refused at once, before waiting)."""
+    weight_sync_bucket_mb: float = 256.0
+    """Weights leave the trainer in buckets of about this size: the largest piece of the gathered model the
+    trainer's rank 0 holds at once while publishing."""
     startup_timeout_s: float = 300.0
     """Longest an actor may take to start and load its model."""
     control_timeout_s: float = 120.0
@@ -74,6 +101,18 @@ class RuntimeConfig:
             )
         if self.trainer_restarts < 0:
             raise ValueError(f"runtime.trainer_restarts must be >= 0, got {self.trainer_restarts}")
+        for name in ("trainer_strategy", "engine_strategy"):
+            if getattr(self, name) not in STRATEGIES:
+                raise ValueError(
+                    f"runtime.{name} must be one of {', '.join(map(repr, STRATEGIES))}, got {getattr(self, name)!r}"
+                )
+        for name in ("accelerators_per_trainer_worker", "accelerators_per_engine"):
+            if getattr(self, name) is not None and getattr(self, name) < 0:
+                raise ValueError(f"runtime.{name} must be >= 0 or null, got {getattr(self, name)}")
+        for name in ("trainer_resources", "engine_resources"):
+            for key, amount in getattr(self, name).items():
+                if amount <= 0:
+                    raise ValueError(f"runtime.{name}.{key} must be > 0, got {amount}")
         for name in _POSITIVE_FIELDS:
             if getattr(self, name) <= 0:
                 raise ValueError(f"runtime.{name} must be > 0, got {getattr(self, name)}")

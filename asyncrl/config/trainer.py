@@ -61,6 +61,15 @@ class TrainerConfig:
     compute_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Forward passes run under torch.autocast in this dtype (float32: no autocast). Log-probs are always
     computed in float32."""
+    num_workers: int = 1
+    """Trainer ranks (Ray runtimes): the model is sharded over them with FSDP2 (gloo on CPU, NCCL on CUDA) and
+    each trains its share of every mini-batch. 1 keeps the whole model in one process."""
+    activation_checkpointing: bool = False
+    """Keep only each decoder layer's input in forward and recompute the layer in backward: less memory for
+    about one more forward of compute."""
+    mixed_precision: Literal["none", "bf16"] = "none"
+    """With num_workers > 1: FSDP2 computes forward and backward in bfloat16 from float32 shards and reduces
+    gradients in float32 (one process: use compute_dtype)."""
     checkpoint_every: int = 0
     """Save a checkpoint every this many train steps; 0 never saves periodically."""
     keep_last_checkpoints: int | None = 3
@@ -116,6 +125,17 @@ class TrainerConfig:
             raise ValueError(
                 f"trainer.compute_dtype must be one of {', '.join(map(repr, COMPUTE_DTYPES))}, "
                 f"got {self.compute_dtype!r}"
+            )
+        if self.num_workers < 1:
+            raise ValueError(f"trainer.num_workers must be >= 1, got {self.num_workers}")
+        if self.mixed_precision not in ("none", "bf16"):
+            raise ValueError(
+                f"trainer.mixed_precision must be 'none' or 'bf16', got {self.mixed_precision!r}"
+            )
+        if self.mixed_precision != "none" and self.num_workers == 1:
+            raise ValueError(
+                "trainer.mixed_precision applies to the sharded trainer (num_workers > 1); "
+                "with one worker use trainer.compute_dtype"
             )
         if self.checkpoint_every < 0:
             raise ValueError(f"trainer.checkpoint_every must be >= 0, got {self.checkpoint_every}")

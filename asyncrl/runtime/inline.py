@@ -11,6 +11,7 @@ import asyncio
 import concurrent.futures
 import copy
 import logging
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,6 +136,10 @@ class InlineParts:
     rewards: RewardService
     engine_factory: InlineEngineFactory | None = None
     """Replaces a dead or wedged built-in engine (the proxy's recovery); None for vLLM workers."""
+
+    def locations(self) -> dict[str, Any]:
+        """Where the roles run (written to the run's ``placement.json``): all in this process."""
+        return {"runtime": "inline", "pid": os.getpid(), "num_engines": len(self.engines)}
 
     def close(self) -> None:
         for engine in self.engines:

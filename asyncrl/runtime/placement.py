@@ -1,7 +1,7 @@
 """Placement arithmetic: how many Ray CPUs and torch threads each actor gets (pure; no Ray, no torch).
 
-Disjoint (async modes): each of the ``n`` engines reserves ``rollout_num_cpus / n`` CPUs and the trainer
-``train_num_cpus``; threads are those shares rounded down (at least 1). Colocated (``sync``): no actor
+Disjoint (async modes): each of the ``n`` engines reserves ``rollout_num_cpus / n`` CPUs and each of the
+trainer's ``w`` ranks ``train_num_cpus / w``; threads are those shares rounded down (at least 1). Colocated (``sync``): no actor
 reserves CPUs, the trainer gets threads for every core and each engine ``total / n`` of them; the mode's
 barrier keeps rollout and training from computing at the same time (see asyncrl/config/runtime.py).
 
@@ -31,11 +31,19 @@ class Placement:
     engine_threads: int
     """torch threads inside each engine actor."""
     trainer_num_cpus: float
+    """Ray CPU resource each trainer rank reserves."""
     trainer_threads: int
+    """torch threads inside each trainer rank."""
     trainer_cores: tuple[int, ...] = ()
-    """Cores the trainer actor is pinned to; empty: not pinned."""
+    """Cores the trainer's ranks are pinned to, split evenly between them (``rank_cores``); empty: not pinned."""
     engine_cores: tuple[tuple[int, ...], ...] = ()
     """Cores each engine actor is pinned to (one tuple per engine); empty: not pinned."""
+
+    def rank_cores(self, rank: int, world_size: int) -> tuple[int, ...]:
+        """The cores trainer rank ``rank`` of ``world_size`` is pinned to (empty: not pinned)."""
+        if not self.trainer_cores:
+            return ()
+        return tuple(_even_parts(self.trainer_cores, world_size)[rank])
 
     def describe(self) -> dict[str, object]:
         """The split as plain data, for a run's or a benchmark's record."""
@@ -60,12 +68,20 @@ def is_colocated(config: RuntimeConfig, mode: str) -> bool:
 
 
 def plan_placement(
-    config: RuntimeConfig, *, num_engines: int, mode: str, usable_cores: Sequence[int] | None = None
+    config: RuntimeConfig,
+    *,
+    num_engines: int,
+    mode: str,
+    usable_cores: Sequence[int] | None = None,
+    num_trainer_workers: int = 1,
 ) -> Placement:
-    """The CPU reservation and thread count of the trainer and of each of ``num_engines`` engines (and their
-    cores, with ``pin_cores``, out of ``usable_cores``: by default this process's affinity)."""
+    """The CPU reservation and thread count of each trainer rank (``train_num_cpus`` split over
+    ``num_trainer_workers``) and of each of ``num_engines`` engines (and their cores, with ``pin_cores``, out of
+    ``usable_cores``: by default this process's affinity)."""
     if num_engines < 1:
         raise ValueError(f"rollout.num_engines must be >= 1, got {num_engines}")
+    if num_trainer_workers < 1:
+        raise ValueError(f"trainer.num_workers must be >= 1, got {num_trainer_workers}")
     total = config.num_cpus
     if is_colocated(config, mode):
         return Placement(
@@ -73,7 +89,7 @@ def plan_placement(
             engine_num_cpus=0.0,
             engine_threads=num_threads(total / num_engines),
             trainer_num_cpus=0.0,
-            trainer_threads=num_threads(total),
+            trainer_threads=num_threads(total / num_trainer_workers),
         )
     engine_share = config.rollout_num_cpus / num_engines
     trainer_cores, engine_cores = (), ()
@@ -84,8 +100,8 @@ def plan_placement(
         colocated=False,
         engine_num_cpus=engine_share,
         engine_threads=num_threads(engine_share),
-        trainer_num_cpus=config.train_num_cpus,
-        trainer_threads=num_threads(config.train_num_cpus),
+        trainer_num_cpus=config.train_num_cpus / num_trainer_workers,
+        trainer_threads=num_threads(config.train_num_cpus / num_trainer_workers),
         trainer_cores=trainer_cores,
         engine_cores=engine_cores,
     )

@@ -36,6 +36,8 @@ from asyncrl.trainer.trainer import Trainer
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 MODEL_DIR = "model"
+SHARDED_DIR = "sharded"
+"""Model and optimizer shards of a checkpoint written by a sharded trainer (``trainer.distributed.checkpoint``)."""
 STATE_FILE = "trainer_state.pt"
 EXTRA_FILE = "extra.json"
 MARKER_FILE = "COMPLETE.json"
@@ -64,22 +66,43 @@ def save_checkpoint(
     ``extra`` must be JSON-serialisable. With ``keep_last``, older step directories beyond that many are
     deleted afterwards.
     """
-    root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step_{trainer.step:08d}"
-    staging = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=root))
+    staging, final = new_staging(root, trainer.step)
     try:
         trainer.model.save_pretrained(staging / MODEL_DIR)
-        torch.save({**trainer.state_dict(), "rng": _rng_state()}, staging / STATE_FILE)
-        (staging / EXTRA_FILE).write_text(json.dumps(extra or {}, indent=1))
-        write_marker(staging)
-        _move_into_place(staging, final)
-        _fsync_dir(root)
+        write_state(staging, {**trainer.state_dict(), "rng": rng_state()}, extra)
+        commit(staging, final, keep_last)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    if keep_last is not None:
-        prune_checkpoints(root, keep_last)
     return final
+
+
+def new_staging(root: str | os.PathLike[str], step: int) -> tuple[Path, Path]:
+    """(a fresh hidden staging directory under ``root``, the step directory it will become)."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step_{step:08d}"
+    return Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=root)), final
+
+
+def write_state(staging: Path, state: dict[str, Any], extra: dict[str, Any] | None) -> None:
+    """The trainer state file (``torch.save``) and the caller's ``extra`` as JSON."""
+    torch.save(state, staging / STATE_FILE)
+    (staging / EXTRA_FILE).write_text(json.dumps(extra or {}, indent=1))
+
+
+def commit(staging: Path, final: Path, keep_last: int | None) -> None:
+    """Make a fully written ``staging`` the checkpoint ``final``: marker, rename, fsync, then prune."""
+    write_marker(staging)
+    _move_into_place(staging, final)
+    _fsync_dir(final.parent)
+    if keep_last is not None:
+        prune_checkpoints(final.parent, keep_last)
+
+
+def read_state(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(trainer state, extra) of a verified checkpoint directory."""
+    state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+    return state, json.loads((path / EXTRA_FILE).read_text())
 
 
 def load_checkpoint(path: str | os.PathLike[str], trainer: Trainer) -> dict[str, Any]:
@@ -88,11 +111,16 @@ def load_checkpoint(path: str | os.PathLike[str], trainer: Trainer) -> dict[str,
     if not (path / STATE_FILE).is_file():
         raise FileNotFoundError(f"{path} is not an asyncrl checkpoint (no {STATE_FILE})")
     verify_checkpoint(path)
+    if (path / SHARDED_DIR).is_dir():
+        raise ValueError(
+            f"{path} holds sharded weights (a trainer with num_workers > 1 wrote it): resume it with the Ray "
+            "runtime, whose trainer ranks load sharded checkpoints at any num_workers"
+        )
     load_model_weights(trainer.model, path / MODEL_DIR)
-    state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+    state, extra = read_state(path)
     trainer.load_state_dict(state)
-    _set_rng_state(state["rng"])
-    return json.loads((path / EXTRA_FILE).read_text())
+    set_rng_state(state["rng"])
+    return extra
 
 
 def latest_checkpoint(root: str | os.PathLike[str]) -> Path | None:
@@ -232,7 +260,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _rng_state() -> dict[str, Any]:
+def rng_state() -> dict[str, Any]:
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     return {
         "python": random.getstate(),
@@ -242,7 +270,7 @@ def _rng_state() -> dict[str, Any]:
     }
 
 
-def _set_rng_state(state: dict[str, Any]) -> None:
+def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     kind, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((kind, keys.numpy(), pos, has_gauss, cached))

@@ -60,6 +60,49 @@ def compute_token_logprobs(
     )
 
 
+class TokenLogProbModule(nn.Module):
+    """``compute_token_logprobs`` of ``model`` as one module call, with the trainer's options fixed.
+
+    Why a module: FSDP2 unshards a module's parameters around its ``forward``. The decoder body and the
+    vocabulary projection are reached separately here (``base_model``, then ``get_output_embeddings`` in
+    chunks), so wrapping both in one forward is what lets the root's parameters (embeddings, final norm, a
+    tied head) be gathered once for the whole computation. In one process it is a plain call.
+
+    With gradients on, the result is always a graph through every parameter, even for rows with no trained
+    token: then row 0's last token is projected as a probe and the result multiplied by zero. Under FSDP2 every
+    rank must run backward through the same modules, or the gradient reduce-scatters of the ranks would not
+    line up; in one process the extra backward adds exact zeros.
+    """
+
+    def __init__(
+        self, model: nn.Module, *, chunk_size: int, temperature: float, packed_row_tokens: int | None
+    ) -> None:
+        super().__init__()
+        self.model = model
+        self.chunk_size = chunk_size
+        self.temperature = temperature
+        self.packed_row_tokens = packed_row_tokens
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor
+    ) -> TokenLogProbs:
+        last = int(attention_mask[0].sum()) - 1  # row 0's last real token
+        probe = torch.is_grad_enabled() and last > 0 and not bool((loss_mask[:, 1:] > 0).any())
+        if probe:
+            loss_mask = torch.zeros_like(loss_mask)
+            loss_mask[0, last] = 1
+        out = compute_token_logprobs(
+            self.model,
+            input_ids,
+            attention_mask,
+            loss_mask,
+            chunk_size=self.chunk_size,
+            temperature=self.temperature,
+            packed_row_tokens=self.packed_row_tokens,
+        )
+        return TokenLogProbs(out.logprobs * 0.0, out.entropy * 0.0) if probe else out
+
+
 def hidden_states(
     model: nn.Module,
     input_ids: torch.Tensor,

@@ -56,4 +56,4 @@ def clip_gradients(parameters: Iterable[torch.Tensor], max_norm: float | None) -
     if not grads:
         return 0.0
     norm = torch.nn.utils.clip_grad_norm_(grads, math.inf if max_norm is None else max_norm)
-    return float(norm)
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP2: a DTensor norm

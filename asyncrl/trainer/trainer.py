@@ -10,12 +10,17 @@ Key decisions: the trainer never branches on the loss name, only on which inputs
 aggregation denominator (its mask count for token-mean, its counted sequences for the sequence means), so the
 accumulated gradient equals the gradient of the whole mini-batch's loss. Dropout stays off (eval mode), so the
 recomputed step-start log-probs equal the first forward's exactly and π_θ/π_prox starts at 1.
+
+Data parallelism is the same code (``distributed.parallel``): every rank builds the whole batch (so advantages
+see whole groups), takes its strided share of each mini-batch's rows, and weighs its micro-batches by their share
+of the *global* denominator, agreed before any backward (``distributed.normalisation``); ranks agree on the
+number of passes so FSDP2's collectives line up. One process is the world of size 1.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import torch
@@ -23,6 +28,7 @@ from torch import nn
 
 from asyncrl.config.algorithm import AdvantageConfig, LossConfig
 from asyncrl.config.trainer import TrainerConfig
+from asyncrl.trainer.activation_checkpointing import enable_activation_checkpointing
 from asyncrl.trainer.advantages import compute_advantages
 from asyncrl.trainer.batching import (
     build_train_batch,
@@ -32,7 +38,14 @@ from asyncrl.trainer.batching import (
     select_rows,
     sequence_lengths,
 )
-from asyncrl.trainer.logprobs import TokenLogProbs, autocast, compute_token_logprobs
+from asyncrl.trainer.distributed.normalisation import (
+    GlobalDenominator,
+    combine,
+    global_accumulation_weight,
+    local_denominator,
+)
+from asyncrl.trainer.distributed.parallel import Parallelism, SingleProcess, agreed_count, local_rows
+from asyncrl.trainer.logprobs import TokenLogProbModule, TokenLogProbs, autocast
 from asyncrl.trainer.losses import PolicyLossInputs, compute_policy_loss
 from asyncrl.trainer.mismatch import compute_mismatch_correction
 from asyncrl.trainer.optim import build_optimizer, build_scheduler, clip_gradients
@@ -59,6 +72,7 @@ class Trainer:
         *,
         pad_token_id: int = 0,
         version: int = 0,
+        parallel: Parallelism | None = None,
     ) -> None:
         if loss_config.needs_reference and ref_model is None:
             raise ValueError("loss.kl.beta > 0 needs a reference model (Trainer(ref_model=...)), got none")
@@ -68,10 +82,26 @@ class Trainer:
         self.advantage_config = advantage_config
         self.ref_model = ref_model.eval().requires_grad_(False) if ref_model is not None else None
         self.pad_token_id = pad_token_id
-        self.optimizer = build_optimizer(model, config)
+        self.parallel = parallel or SingleProcess()
+        if config.activation_checkpointing:
+            enable_activation_checkpointing(model)
+        self.policy = self._log_prob_module(model)
+        self.reference = self._log_prob_module(self.ref_model) if self.ref_model is not None else None
+        self.optimizer = build_optimizer(model, config)  # after sharding: the optimizer holds the shards
         self.scheduler = build_scheduler(self.optimizer, config)
         self.step = 0
         self.version = version
+
+    def _log_prob_module(self, model: nn.Module) -> TokenLogProbModule:
+        config = self.config
+        module = TokenLogProbModule(
+            model,
+            chunk_size=config.logprob_chunk_size,
+            temperature=config.temperature,
+            packed_row_tokens=config.packed_row_tokens if config.sequence_packing else None,
+        )
+        self.parallel.shard(module)
+        return module
 
     @property
     def device(self) -> torch.device:
@@ -86,13 +116,16 @@ class Trainer:
         started = time.perf_counter()
         lr = self.scheduler.get_last_lr()[0]
         batch = self.make_batch(groups)
-        fixed = self._step_start_logprobs(batch)
+        plans = [
+            plan_mini_batches(batch.num_samples, self.config.num_mini_batches, self._shuffle(epoch))
+            for epoch in range(self.config.ppo_epochs)
+        ]
+        mine = sorted({row for plan in plans for rows in plan for row in local_rows(self.parallel, rows)})
+        fixed = self._step_start_logprobs(batch, mine)
         fixed[_AGGREGATION_MASK] = self._aggregation_mask(batch, fixed)
         metrics = _MetricMerger()
-        for epoch in range(self.config.ppo_epochs):
-            for rows in plan_mini_batches(
-                batch.num_samples, self.config.num_mini_batches, self._shuffle(epoch)
-            ):
+        for plan in plans:
+            for rows in plan:
                 metrics.add(self._optimizer_step(batch, fixed, rows), weight=1.0)
         self.scheduler.step()
         self.step += 1
@@ -156,19 +189,20 @@ class Trainer:
         seed = np.random.SeedSequence([self.config.seed, self.step, epoch]).generate_state(1)[0]
         return torch.Generator().manual_seed(int(seed))
 
-    def _step_start_logprobs(self, batch: TrainBatch) -> dict[str, torch.Tensor]:
-        """The no-grad [B, T] log-prob inputs the loss config asks for, from the weights at step start."""
+    def _step_start_logprobs(self, batch: TrainBatch, rows: list[int]) -> dict[str, torch.Tensor]:
+        """The no-grad [B, T] log-prob inputs the loss config asks for, from the weights at step start, filled
+        for ``rows`` (this rank's rows of the whole step; zero elsewhere)."""
         fixed: dict[str, torch.Tensor] = {}
         loss_config = self.loss_config
         if loss_config.needs_proximal_forward or loss_config.needs_train_behaviour:
             # One forward serves both: at step start the proximal policy is the trainer's behaviour recompute.
-            policy = self._logprobs_no_grad(self.model, batch)
+            policy = self._logprobs_no_grad(self.policy, batch, rows)
             if loss_config.needs_proximal_forward:
                 fixed["proximal_logprobs"] = policy
             if loss_config.needs_train_behaviour:
                 fixed["train_behaviour_logprobs"] = policy
-        if self.ref_model is not None:
-            fixed["ref_logprobs"] = self._logprobs_no_grad(self.ref_model, batch)
+        if self.reference is not None:
+            fixed["ref_logprobs"] = self._logprobs_no_grad(self.reference, batch, rows)
         return fixed
 
     def _aggregation_mask(self, batch: TrainBatch, fixed: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -188,12 +222,17 @@ class Trainer:
         return batch.loss_mask * correction.mask
 
     @torch.no_grad()
-    def _logprobs_no_grad(self, model: nn.Module, batch: TrainBatch) -> torch.Tensor:
+    def _logprobs_no_grad(self, module: nn.Module, batch: TrainBatch, rows: list[int]) -> torch.Tensor:
         out = torch.zeros_like(batch.loss_mask)
-        for rows in self._plan_micro_batches(batch):
-            micro = select_rows(batch, rows)
+        local = self._plan_micro_batches(select_rows(batch, rows)) if rows else []
+        plans = [[rows[i] for i in micro] for micro in local]
+        passes = agreed_count(self.parallel, len(plans))  # before any pass: the count is a collective too
+        for micro_rows in plans:
+            micro = select_rows(batch, micro_rows)
             width = micro.input_ids.shape[1]
-            out[torch.tensor(rows, device=out.device), :width] = self._forward(model, micro).logprobs
+            out[torch.tensor(micro_rows, device=out.device), :width] = self._forward(module, micro).logprobs
+        for _ in range(passes - len(plans)):
+            self._forward(module, select_rows(batch, [0]))  # keeps FSDP2's all-gathers in step
         return out
 
     def _plan_micro_batches(self, batch: TrainBatch) -> list[list[int]]:
@@ -203,48 +242,54 @@ class Trainer:
             sequence_lengths(batch), self.config.max_tokens_per_microbatch, packed=packed
         )
 
-    def _forward(self, model: nn.Module, micro: TrainBatch) -> TokenLogProbs:
+    def _forward(self, module: nn.Module, micro: TrainBatch) -> TokenLogProbs:
         with autocast(self.device, self.config.compute_dtype):
-            return compute_token_logprobs(
-                model,
-                micro.input_ids,
-                micro.attention_mask,
-                micro.loss_mask,
-                chunk_size=self.config.logprob_chunk_size,
-                temperature=self.config.temperature,
-                packed_row_tokens=self.config.packed_row_tokens if self.config.sequence_packing else None,
-            )
+            return module(micro.input_ids, micro.attention_mask, micro.loss_mask)
 
     def _optimizer_step(
         self, batch: TrainBatch, fixed: dict[str, torch.Tensor], rows: list[int]
     ) -> dict[str, float]:
-        """Accumulate the gradient of one mini-batch over its micro-batches, clip it and step the optimizer."""
-        mini, mini_fixed = _take(batch, fixed, rows)
+        """Accumulate the gradient of one mini-batch over its micro-batches, clip it and step the optimizer.
+
+        Each rank trains its share of ``rows``; the loss and metrics returned are the whole mini-batch's."""
+        mine = local_rows(self.parallel, rows)
+        mini, mini_fixed = _take(batch, fixed, mine) if mine else (None, {})
+        local = local_denominator(mini_fixed[_AGGREGATION_MASK]) if mine else torch.zeros(3)
+        total = combine(self.parallel.gather(local))
         self.optimizer.zero_grad(set_to_none=True)
         metrics, loss = _MetricMerger(), 0.0
-        for micro_rows in self._plan_micro_batches(mini):
+        plans = self._plan_micro_batches(mini) if mini is not None else []
+        passes = agreed_count(self.parallel, len(plans))
+        for micro_rows in plans:
             micro, micro_fixed = _take(mini, mini_fixed, micro_rows)
-            loss += self._accumulate(micro, micro_fixed, mini_fixed[_AGGREGATION_MASK], metrics)
+            loss += self._accumulate(micro, micro_fixed, total, metrics)
+        for _ in range(passes - len(plans)):
+            # A pass that changes nothing, so this rank's backward collectives match the others'.
+            (self._forward(self.policy, select_rows(batch, [0])).logprobs.sum() * 0.0).backward()
         grad_norm = clip_gradients(self.model.parameters(), self.config.max_grad_norm)
         self.optimizer.step()
-        return {**metrics.result(), "loss": loss, "grad_norm": grad_norm}
+        ranks = self.parallel.gather((metrics, loss))
+        loss = sum(part for _, part in ranks) / self.parallel.world_size
+        return {**_MetricMerger.union(m for m, _ in ranks).result(), "loss": loss, "grad_norm": grad_norm}
 
     def _accumulate(
         self,
         micro: TrainBatch,
         fixed: dict[str, torch.Tensor],
-        mini_mask: torch.Tensor,
+        total: GlobalDenominator,
         metrics: _MetricMerger,
     ) -> float:
-        """Forward and backward one micro-batch with its loss scaled to its share of the mini-batch's loss;
-        return that share. Metrics are weighted by the micro-batch's trained tokens."""
-        out = self._forward(self.model, micro)
+        """Forward and backward one micro-batch with its loss scaled to its share of the mini-batch's loss
+        (of every rank's rows); return that share. Metrics are weighted by the micro-batch's trained tokens."""
+        out = self._forward(self.policy, micro)
         loss_tensors = {k: v for k, v in fixed.items() if k != _AGGREGATION_MASK}
         inputs = self._loss_inputs(micro, loss_tensors, out)
         loss, loss_metrics = compute_policy_loss(self.loss_config.name, inputs, self.loss_config)
-        weight = accumulation_weight(self.loss_config, fixed[_AGGREGATION_MASK], mini_mask)
-        if loss.requires_grad:  # a micro-batch with no trained token has nothing to differentiate
-            (loss * weight).backward()
+        weight = global_accumulation_weight(
+            self.loss_config, fixed[_AGGREGATION_MASK], total, self.parallel.world_size
+        )
+        if loss.requires_grad:  # the loss of a micro-batch with no trained token is still a graph (see
+            (loss * weight).backward()  # TokenLogProbModule), so every rank differentiates every pass
         num_tokens = float(micro.loss_mask.sum())
         entropy = float(out.entropy.sum()) / max(num_tokens, 1.0)
         metrics.add({**loss_metrics, "entropy": entropy}, weight=num_tokens)
@@ -265,23 +310,6 @@ class Trainer:
         )
 
 
-def accumulation_weight(loss_config: LossConfig, micro_mask: torch.Tensor, mini_mask: torch.Tensor) -> float:
-    """Factor on a micro-batch's aggregated loss so that the weighted sum over micro-batches equals the loss
-    of the whole mini-batch (masks are [rows, width] of the micro- and the mini-batch).
-
-    token-mean divides by the mask count, so a micro-batch weighs its share of the mini-batch's masked tokens;
-    the sequence means divide by the counted (non-empty) sequences, so it weighs its share of those; and
-    seq-mean-token-sum-norm without a fixed norm_length also divides by the batch width T, which differs
-    between a micro-batch and its mini-batch.
-    """
-    if loss_config.aggregation == "token-mean":
-        return float(micro_mask.sum()) / max(float(mini_mask.sum()), 1.0)
-    weight = float((micro_mask.sum(-1) > 0).sum()) / max(float((mini_mask.sum(-1) > 0).sum()), 1.0)
-    if loss_config.aggregation == "seq-mean-token-sum-norm" and loss_config.norm_length is None:
-        weight *= micro_mask.shape[-1] / mini_mask.shape[-1]
-    return weight
-
-
 class _MetricMerger:
     """Combines per-part metrics: keys ending in ``_min``/``_max`` take the min/max, others a weighted mean."""
 
@@ -298,6 +326,19 @@ class _MetricMerger:
             else:
                 self._sums[key] = self._sums.get(key, 0.0) + weight * value
                 self._weights[key] = self._weights.get(key, 0.0) + weight
+
+    @classmethod
+    def union(cls, parts: Iterable[_MetricMerger]) -> _MetricMerger:
+        """One merger holding every part's sums, weights and extremes (e.g. one per rank)."""
+        merged = cls()
+        for part in parts:
+            for key, value in part._sums.items():
+                merged._sums[key] = merged._sums.get(key, 0.0) + value
+                merged._weights[key] = merged._weights.get(key, 0.0) + part._weights[key]
+            for key, value in part._extremes.items():
+                pick = min if key.endswith("_min") else max
+                merged._extremes[key] = pick(merged._extremes.get(key, value), value)
+        return merged
 
     def result(self) -> dict[str, float]:
         means = {k: s / self._weights[k] if self._weights[k] > 0 else 0.0 for k, s in self._sums.items()}

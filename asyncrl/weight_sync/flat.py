@@ -64,6 +64,10 @@ class FlatWeights:
     def names(self) -> list[str]:
         return [entry.name for entry in self.manifest]
 
+    def without_buffers(self) -> FlatWeights:
+        """The version and manifest only: what a publisher keeps of a bucket once it is placed."""
+        return replace(self, buffers={})
+
 
 def pack_state(named_tensors: NamedTensors, version: int) -> FlatWeights:
     """Copy ``named_tensors`` (any device, any layout) into fresh flat buffers; the result owns its memory."""

@@ -2,9 +2,11 @@
 
 - ``in_process`` (``InProcessSync``): trainer and engines share a process; ``publish`` clones the tensors once
   (the trainer keeps updating its own in place), ``receive`` hands the clones out.
-- ``object_store`` (``FlatBufferSync``): one flat buffer per dtype plus a manifest (``weight_sync.flat``),
-  placed with ``put`` and read with ``get``. The Ray runtime passes ``ray.put`` / ``ray.get`` (zero-copy
-  numpy reads from the object store); without them the ``FlatWeights`` is the handle itself.
+- ``object_store`` (``FlatBufferSync``): buckets, each one flat buffer per dtype plus a manifest
+  (``weight_sync.flat``), placed with ``put`` and read with ``get``. The Ray runtime passes ``ray.put`` /
+  ``ray.get`` (zero-copy numpy reads from the object store); without them each ``FlatWeights`` is its own
+  handle. A sharded trainer publishes bucket by bucket as it gathers (``trainer.distributed.weights``), so
+  the sender never holds more than one bucket; the receiver reads them in order.
 
 Room for the transports other parts add (torch.distributed broadcast, CUDA IPC, disk, vLLM's reload path):
 each is one class with ``name``, ``publish`` and ``receive``, and one branch in ``make_weight_sync``.
@@ -12,7 +14,8 @@ each is one class with ``name``, ``publish`` and ``receive``, and one branch in 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -86,26 +89,51 @@ class FlatBufferSync:
         self._get = get or (lambda handle: handle)
 
     def publish(self, version: int, named_tensors: NamedTensors) -> WeightUpdate:
+        """Publish ``named_tensors`` as one bucket."""
+        return self.publish_buckets(version, [named_tensors])
+
+    def publish_buckets(self, version: int, buckets: Iterable[NamedTensors]) -> WeightUpdate:
+        """Pack and place each bucket before the next is taken from ``buckets`` (which may gather lazily)."""
         from asyncrl.weight_sync.flat import pack_state
 
-        flat = pack_state(named_tensors, version)
-        return self.update_of(flat, self._put(flat))
+        flats, handles = [], []
+        for bucket in buckets:
+            flat = pack_state(bucket, version)
+            handles.append(self._put(flat))
+            flats.append(flat.without_buffers())
+        return self.update_of(flats, handles)
 
-    def update_of(self, flat: Any, handle: Any) -> WeightUpdate:
-        """The ``WeightUpdate`` of ``flat`` already placed as ``handle`` (e.g. returned by a remote trainer)."""
-        manifest = tuple(ManifestEntry(name=e.name, dtype=e.dtype, shape=e.shape) for e in flat.manifest)
-        return WeightUpdate(version=flat.version, transport=self.name, manifest=manifest, handle=handle)
+    def update_of(self, flats: Sequence[Any], handles: Sequence[Any]) -> WeightUpdate:
+        """The ``WeightUpdate`` of buckets ``flats`` (their manifests are read) already placed as ``handles``."""
+        if not flats or len({flat.version for flat in flats}) != 1:
+            raise WeightSyncError(
+                f"an update needs >= 1 bucket, all of one version; got {len(flats)} bucket(s)"
+            )
+        manifest = tuple(
+            ManifestEntry(name=e.name, dtype=e.dtype, shape=e.shape) for flat in flats for e in flat.manifest
+        )
+        return WeightUpdate(
+            version=flats[0].version, transport=self.name, manifest=manifest, handle=tuple(handles)
+        )
 
     def receive(self, update: WeightUpdate) -> Iterator[tuple[str, Any]]:
+        """Each bucket's tensors in turn (views of the buffers ``get`` returns); the first bucket is read (and
+        its version checked) now, the others as the iterator reaches them."""
+        _check_transport(update, self.name)
+        buckets = self._buckets(update)
+        first = next(buckets)
+        return itertools.chain(first, itertools.chain.from_iterable(buckets))
+
+    def _buckets(self, update: WeightUpdate) -> Iterator[Iterator[tuple[str, Any]]]:
         from asyncrl.weight_sync.flat import unpack_state
 
-        _check_transport(update, self.name)
-        flat = self._get(update.handle)
-        if flat.version != update.version:
-            raise WeightSyncError(
-                f"weight update v{update.version}: its buffers hold version {flat.version}; refused"
-            )
-        return iter(unpack_state(flat).items())
+        for handle in update.handle:
+            flat = self._get(handle)
+            if flat.version != update.version:
+                raise WeightSyncError(
+                    f"weight update v{update.version}: its buffers hold version {flat.version}; refused"
+                )
+            yield iter(unpack_state(flat).items())
 
 
 TRANSPORTS: dict[str, Callable[[], WeightSync]] = {

@@ -207,7 +207,7 @@ def test_ray_trainer_actor_killed_restarts_the_run_from_its_last_checkpoint(monk
 
     async def inject(parts: Any) -> None:
         await saved.wait()
-        ray.kill(parts.trainer.handle, no_restart=True)
+        ray.kill(parts.trainer.handles[0], no_restart=True)
 
     overrides = (
         "runtime.type=local",

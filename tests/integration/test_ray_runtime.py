@@ -30,10 +30,9 @@ from asyncrl.models.loading import load_model_and_tokenizer, save_tiny
 from asyncrl.models.tiny import build_tiny
 from asyncrl.proxy.llm_proxy import LLMProxy
 from asyncrl.proxy.multi_version import MultiVersionProxy
+from asyncrl.runtime.actor_calls import ActorCallError, ActorCallTimeout
 from asyncrl.runtime.placement import Placement
 from asyncrl.runtime.ray_runtime import (
-    ActorCallError,
-    ActorCallTimeout,
     RayEngineClient,
     RemoteRequestState,
     build_ray_parts,
@@ -43,7 +42,7 @@ from asyncrl.runtime.ray_runtime import (
 )
 from asyncrl.trainer.logprobs import compute_token_logprobs
 from asyncrl.types import FinishReason, Generation, Group, Request, SamplingParams, Trajectory
-from asyncrl.weight_sync import FlatBufferSync, WeightSyncError, unpack_state
+from asyncrl.weight_sync import FlatBufferSync, WeightSyncError
 
 pytestmark = pytest.mark.ray
 
@@ -82,7 +81,9 @@ def engine(parts) -> RayEngineClient:
 @pytest.fixture(scope="module")
 def second_engine(parts, model_config):
     """A second engine actor for migrations; it reserves no CPU (the module's two are taken)."""
-    extra = spawn_engine(model_config, ENGINE, RUNTIME, name="engine-1", num_cpus=0, num_threads=1)
+    extra = spawn_engine(
+        model_config, ENGINE, RUNTIME, name="engine-1", num_threads=1, options={"num_cpus": 0}
+    )
     wait_ready([extra], RUNTIME)
     yield extra
     extra.shutdown()
@@ -232,10 +233,12 @@ def test_trainer_step_then_sync_through_the_proxy_makes_engine_and_trainer_agree
     parts, model_config, tmp_path
 ):
     start = parts.trainer.version
-    initial = unpack_state(ray.get(parts.trainer.state_for_sync().handle))
+    initial = received(parts.trainer.state_for_sync())
     # A fresh engine at the trainer's version: the module's engines were pushed ahead by earlier tests, and an
     # engine refuses weights older than the version it serves.
-    fresh = spawn_engine(model_config, ENGINE, RUNTIME, name="engine-sync", num_cpus=0, num_threads=1)
+    fresh = spawn_engine(
+        model_config, ENGINE, RUNTIME, name="engine-sync", num_threads=1, options={"num_cpus": 0}
+    )
     wait_ready([fresh], RUNTIME)
 
     async def rollout_train_sync() -> tuple[Generation, dict[str, float]]:
@@ -254,9 +257,9 @@ def test_trainer_step_then_sync_through_the_proxy_makes_engine_and_trainer_agree
     finally:
         fresh.shutdown()
     assert (parts.trainer.version, metrics["version"]) == (start + 1, start + 1.0)
-    flat = ray.get(parts.trainer.state_for_sync().handle)
-    assert flat.version == start + 1
-    trained = unpack_state(flat)
+    update = parts.trainer.state_for_sync()
+    assert update.version == start + 1
+    trained = received(update)
     name = "model.layers.0.mlp.up_proj.weight"
     assert not torch.equal(trained[name], initial[name])
     assert torch.equal(trained["lm_head.weight"], trained["model.embed_tokens.weight"])
@@ -266,7 +269,7 @@ def test_trainer_step_then_sync_through_the_proxy_makes_engine_and_trainer_agree
 
 def test_trainer_checkpoint_round_trip_through_the_actor(parts, tmp_path):
     step, version = parts.trainer.step, parts.trainer.version
-    saved = unpack_state(ray.get(parts.trainer.state_for_sync().handle))
+    saved = received(parts.trainer.state_for_sync())
     path = parts.trainer.save_checkpoint(tmp_path / "ckpt", extra={"consumed": 4})
     assert path == tmp_path / "ckpt" / f"step_{step:08d}" and path.is_dir()
     generation = asyncio.run(parts.engines[0].generate(sampled(1)[0]))
@@ -274,7 +277,7 @@ def test_trainer_checkpoint_round_trip_through_the_actor(parts, tmp_path):
     assert (parts.trainer.step, parts.trainer.version) == (step + 1, version + 1)
     assert parts.trainer.load_checkpoint(path) == {"consumed": 4}
     assert (parts.trainer.step, parts.trainer.version) == (step, version)
-    restored = unpack_state(ray.get(parts.trainer.state_for_sync().handle))
+    restored = received(parts.trainer.state_for_sync())
     assert all(torch.equal(restored[name], tensor) for name, tensor in saved.items())
 
 
@@ -287,7 +290,7 @@ def test_actors_are_separate_processes_threaded_as_placed(parts):
         trainer_threads=1,
     )
     (engine,) = wait_ready(parts.engines, RUNTIME)
-    trainer = ray.get(parts.trainer.handle.progress.remote())
+    trainer = ray.get(parts.trainer.handles[0].progress.remote())
     assert len({engine["pid"], trainer["pid"], os.getpid()}) == 3
     assert engine["num_threads"] == trainer["num_threads"] == 1
 
@@ -296,6 +299,11 @@ def test_a_second_session_in_the_same_process_reuses_ray_and_leaves_it_running(s
     with ray_session(RUNTIME) as inner:
         assert not inner.owns_ray
     assert ray.is_initialized()
+
+
+def received(update) -> dict[str, torch.Tensor]:
+    """The tensors of a published update, read back from the object store bucket by bucket."""
+    return {name: tensor.clone() for name, tensor in FlatBufferSync(get=ray.get).receive(update)}
 
 
 def push_both(engines: list[RayEngineClient], state: dict[str, torch.Tensor]) -> int:

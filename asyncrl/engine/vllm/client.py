@@ -106,7 +106,7 @@ class VLLMEngineClient:
             "--gpu-memory-utilization",
             str(config.gpu_memory_utilization),
             "--engine-args-json",
-            json.dumps(config.engine_args),
+            json.dumps({"tensor_parallel_size": config.tensor_parallel_size, **config.engine_args}),
         ]
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # never asyncrl's packages there
         env |= {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1")}

@@ -10,7 +10,8 @@ from trainer_fixtures import random_groups, tiny_qwen2, with_model_logprobs
 
 from asyncrl.config.algorithm import AdvantageConfig, DecoupledPPOParams, KLConfig, LossConfig, MismatchConfig
 from asyncrl.config.trainer import TrainerConfig
-from asyncrl.trainer.trainer import Trainer, accumulation_weight
+from asyncrl.trainer.distributed.normalisation import combine, global_accumulation_weight, local_denominator
+from asyncrl.trainer.trainer import Trainer
 
 LOSS_CONFIGS = {
     "token-mean": LossConfig(name="ppo", aggregation="token-mean"),
@@ -136,8 +137,9 @@ def test_bfloat16_autocast_trains():
 def test_accumulation_weight_is_the_share_of_the_aggregation_denominator():
     mini = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]], dtype=torch.float32)
     micro = mini[:3, :3]  # 4 of the 8 masked tokens, 2 of the 3 non-empty sequences, width 3 of 4
+    total = combine([local_denominator(mini)])  # one rank: the mini-batch is the whole
     weight = {
-        mode: accumulation_weight(LossConfig(name="ppo", aggregation=mode), micro, mini)
+        mode: global_accumulation_weight(LossConfig(name="ppo", aggregation=mode), micro, total, 1)
         for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
     }
     assert weight == {
@@ -147,4 +149,4 @@ def test_accumulation_weight_is_the_share_of_the_aggregation_denominator():
         "seq-mean-token-sum-norm": pytest.approx(2 / 3 * 3 / 4),
     }
     fixed = LossConfig(name="ppo", aggregation="seq-mean-token-sum-norm", norm_length=10)
-    assert accumulation_weight(fixed, micro, mini) == pytest.approx(2 / 3)
+    assert global_accumulation_weight(fixed, micro, total, 1) == pytest.approx(2 / 3)

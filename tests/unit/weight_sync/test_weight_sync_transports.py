@@ -102,7 +102,7 @@ def test_a_payload_for_another_transport_or_version_is_refused():
         flat_sync.receive(InProcessSync().publish(1, {"w": torch.zeros(1)}))
     update = flat_sync.publish(2, {"w": torch.zeros(1)})
     relabelled = flat_sync.update_of(
-        store.values[update.handle], handle=flat_sync.publish(3, {"w": torch.zeros(1)}).handle
+        [store.values[update.handle[0]]], handles=flat_sync.publish(3, {"w": torch.zeros(1)}).handle
     )
     with pytest.raises(WeightSyncError, match="weight update v2: its buffers hold version 3"):
         list(flat_sync.receive(relabelled))
@@ -120,3 +120,24 @@ def test_make_weight_sync_switches_on_type():
 def test_the_proxy_passes_a_weight_update_through_its_drain_snapshot():
     update = FlatBufferSync().publish(1, {"w": torch.zeros(1)})
     assert snapshot_named_tensors(update) is update
+
+
+def test_buckets_are_placed_one_by_one_and_read_back_in_order():
+    store = CountingStore()
+    sync = FlatBufferSync(put=store.put, get=store.get)
+    placed_before = []
+
+    def buckets():
+        for index in range(3):
+            placed_before.append(len(store.values))  # each bucket is placed before the next is made
+            yield {f"w{index}": torch.full((2,), float(index))}
+
+    update = sync.publish_buckets(7, buckets())
+    assert placed_before == [0, 1, 2] and len(update.handle) == 3
+    assert update.names == ["w0", "w1", "w2"]
+    received = dict(
+        receive_checked(sync, update, serving_version=6, shapes={f"w{i}": (2,) for i in range(3)})
+    )
+    assert {name: t.tolist() for name, t in received.items()} == {f"w{i}": [float(i)] * 2 for i in range(3)}
+    with pytest.raises(WeightSyncError, match="needs >= 1 bucket"):
+        sync.publish_buckets(8, [])

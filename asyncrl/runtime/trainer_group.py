@@ -1,0 +1,225 @@
+"""The trainer as ``trainer.num_workers`` Ray actors (ranks) that the controller drives as one trainer.
+
+::
+
+    driver                                         rank actors (one process each, one per bundle)
+    TrainerGroupClient ── start(host, port) ────► every rank joins the process group (gloo / NCCL), loads
+                                                  the model, shards it (FSDP2) and builds its Trainer
+                       ── train_step(ref, v) ───► every rank: the whole batch from one object, its rows
+                       ◄─ metrics (rank 0's) ──── (they agree: gradients and metrics are reduced)
+                       ── publish_weights() ────► every rank gathers parameter by parameter; rank 0 packs
+                       ◄─ WeightUpdate ─────────  each bucket into the object store as it fills
+                       ── save / load ──────────► every rank writes / reads its DCP shards
+
+Key decisions:
+- One rank is the same actor with no process group and no sharding, so the Ray runtime has a single trainer
+  path; its checkpoints are the plain format (HF-loadable ``model/``), larger groups write sharded ones, and
+  any group loads a sharded checkpoint at any size.
+- Rank 0 picks the rendezvous (its node's address and a free port) after Ray has placed it, so nothing assumes
+  a port or a node; a rank that never joins fails the others within ``startup_timeout_s``.
+- The batch crosses once into the object store and every rank reads that one object.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+
+from asyncrl.config.run import RunConfig
+from asyncrl.config.runtime import RuntimeConfig
+from asyncrl.models.loading import load_model_and_tokenizer, resolve_device
+from asyncrl.runtime.actor_calls import get_actor, get_trainer
+from asyncrl.runtime.placement import pin
+from asyncrl.trainer import checkpoint
+from asyncrl.trainer.distributed.checkpoint import (
+    is_sharded_checkpoint,
+    load_sharded_checkpoint,
+    save_sharded_checkpoint,
+)
+from asyncrl.trainer.distributed.parallel import FullyShardedParallel, Parallelism, SingleProcess
+from asyncrl.trainer.distributed.process_group import free_port, join_process_group, leave_process_group
+from asyncrl.trainer.distributed.weights import full_weight_buckets
+from asyncrl.trainer.trainer import Trainer
+from asyncrl.types import Group
+from asyncrl.weight_sync.protocol import WeightUpdate
+from asyncrl.weight_sync.transports import FlatBufferSync
+
+
+class TrainerRankActor:
+    """Body of one trainer rank: pinned and threaded as placed, then ``start`` builds its part of the trainer."""
+
+    def __init__(
+        self, config: RunConfig, rank: int, world_size: int, num_threads: int, cores: tuple[int, ...] = ()
+    ) -> None:
+        pin(cores)
+        torch.set_num_threads(num_threads)
+        self.config = config
+        self.rank = rank
+        self.world_size = world_size
+        self.trainer: Trainer | None = None
+
+    def rendezvous(self) -> tuple[str, int]:
+        """(this node's address, a free port on it): where the group meets (asked of rank 0 only)."""
+        host = ray.util.get_node_ip_address()
+        return host, free_port(host)
+
+    def start(self, host: str, port: int, timeout_s: float) -> dict[str, Any]:
+        """Join the group (if there is more than one rank), load and shard the model, build the trainer."""
+        config = self.config
+        if self.world_size > 1:
+            join_process_group(
+                device=self._device(),
+                host=host,
+                port=port,
+                rank=self.rank,
+                world_size=self.world_size,
+                timeout_s=timeout_s,
+            )
+        model, tokenizer = load_model_and_tokenizer(
+            config.model.path, config.model.dtype, config.model.device
+        )
+        ref_model = copy.deepcopy(model) if config.loss.needs_reference else None
+        self.trainer = Trainer(
+            model.train(),
+            config.trainer,
+            config.loss,
+            config.advantage,
+            ref_model,
+            pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
+            parallel=self._parallelism(),
+        )
+        return self.progress()
+
+    def _parallelism(self) -> Parallelism:
+        if self.world_size == 1:
+            return SingleProcess()
+        device_type = torch.device(self._device()).type
+        return FullyShardedParallel(
+            device_type, mixed_precision=self.config.trainer.mixed_precision == "bf16"
+        )
+
+    def _device(self) -> str:
+        """The configured device with ``auto`` resolved here, where Ray has set which GPUs this rank sees."""
+        return str(resolve_device(self.config.model.device))
+
+    def progress(self) -> dict[str, Any]:
+        """Step, version, and where this rank runs (pid, threads, Ray node)."""
+        trainer = self._trainer()
+        return {
+            "step": trainer.step,
+            "version": trainer.version,
+            "rank": self.rank,
+            "pid": os.getpid(),
+            "num_threads": torch.get_num_threads(),
+            "node_id": ray.get_runtime_context().get_node_id(),
+        }
+
+    def train_step(self, groups: list[Group], policy_version: int) -> dict[str, float]:
+        return self._trainer().train_step(groups, policy_version)
+
+    def publish_weights(self, bucket_bytes: int) -> WeightUpdate | None:
+        """Every rank gathers; rank 0 places each bucket in the object store as it fills and returns the update
+        (the others return None)."""
+        trainer = self._trainer()
+        buckets = full_weight_buckets(trainer.model, bucket_bytes)
+        if self.rank != 0:
+            for _ in buckets:  # take part in every gather
+                pass
+            return None
+        return FlatBufferSync(put=ray.put).publish_buckets(trainer.version, buckets)
+
+    def save_checkpoint(self, root: str, extra: dict[str, Any] | None, keep_last: int | None) -> str:
+        trainer = self._trainer()
+        if self.world_size == 1:
+            return str(checkpoint.save_checkpoint(root, trainer, extra=extra, keep_last=keep_last))
+        return str(save_sharded_checkpoint(root, trainer, extra=extra, keep_last=keep_last))
+
+    def load_checkpoint(self, path: str) -> dict[str, Any]:
+        trainer = self._trainer()
+        if is_sharded_checkpoint(Path(path)):
+            return load_sharded_checkpoint(path, trainer)
+        if self.world_size > 1:
+            raise ValueError(
+                f"{path} is a one-worker checkpoint; trainer.num_workers={self.world_size} resumes only "
+                "sharded checkpoints (resume it with num_workers: 1)"
+            )
+        return checkpoint.load_checkpoint(path, trainer)
+
+    def stop(self) -> None:
+        leave_process_group()
+
+    def _trainer(self) -> Trainer:
+        if self.trainer is None:
+            raise RuntimeError(f"trainer rank {self.rank}: start() has not run")
+        return self.trainer
+
+
+class TrainerGroupClient:
+    """The trainer as the controller sees it (``train_step``, ``state_for_sync``, ``version``, ``step``,
+    checkpoints), over every rank of the group.
+
+    ``version`` and ``step`` mirror the ranks' and are updated by every call that changes them; the blocking
+    calls are meant for a worker thread (the controller runs ``train_step`` through ``asyncio.to_thread``).
+    A dead or silent rank fails a step, weight publication or checkpoint with ``TrainerDied`` (``app.train``
+    then restarts the run from its last verified checkpoint).
+    """
+
+    def __init__(self, handles: list[Any], config: RuntimeConfig, progress: list[dict[str, Any]]) -> None:
+        self.handles = handles
+        self.config = config
+        self.ranks = progress
+        self.step = progress[0]["step"]
+        self.version = progress[0]["version"]
+
+    def train_step(self, groups: list[Group], policy_version: int) -> dict[str, float]:
+        batch = ray.put(list(groups))
+        refs = [handle.train_step.remote(batch, policy_version) for handle in self.handles]
+        what = f"trainer: train_step(v{policy_version})"
+        metrics = get_trainer(refs, what, self.config.train_step_timeout_s)[0]
+        self.step += 1
+        self.version = policy_version + 1
+        return metrics
+
+    def state_for_sync(self) -> WeightUpdate:
+        """A ``WeightUpdate`` of the current weights (bucket ``ObjectRef`` handles the engines read); waits
+        until every bucket is stored, so a trainer failure surfaces here, not as every engine failing."""
+        bucket_bytes = int(self.config.weight_sync_bucket_mb * 2**20)
+        refs = [handle.publish_weights.remote(bucket_bytes) for handle in self.handles]
+        return get_trainer(refs, "trainer: publish weights", self.config.control_timeout_s)[0]
+
+    def save_checkpoint(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        extra: dict[str, Any] | None = None,
+        keep_last: int | None = None,
+    ) -> Path:
+        refs = [handle.save_checkpoint.remote(str(root), extra, keep_last) for handle in self.handles]
+        return Path(get_trainer(refs, "trainer: save_checkpoint", self.config.control_timeout_s)[0])
+
+    def load_checkpoint(self, path: str | os.PathLike[str]) -> dict[str, Any]:
+        """Restore every rank from a checkpoint directory; returns the checkpoint's ``extra``."""
+        timeout_s = self.config.control_timeout_s
+        refs = [handle.load_checkpoint.remote(str(path)) for handle in self.handles]
+        extra = get_actor(refs, "trainer: load_checkpoint", timeout_s)[0]
+        progress = get_actor(self.handles[0].progress.remote(), "trainer: progress", timeout_s)
+        self.step, self.version = progress["step"], progress["version"]
+        return extra
+
+    def shutdown(self) -> None:
+        for handle in self.handles:
+            ray.kill(handle, no_restart=True)
+
+
+def start_trainer_group(handles: list[Any], config: RuntimeConfig) -> TrainerGroupClient:
+    """Rendezvous at rank 0, start every rank within ``startup_timeout_s``; the client of the started group."""
+    timeout_s = config.startup_timeout_s
+    host, port = get_actor(handles[0].rendezvous.remote(), "trainer rank 0: rendezvous", timeout_s)
+    refs = [handle.start.remote(host, port, timeout_s) for handle in handles]
+    progress = get_actor(refs, f"trainer ranks 0-{len(handles) - 1}: start", timeout_s)
+    return TrainerGroupClient(handles, config, progress)

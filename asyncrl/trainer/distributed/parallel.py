@@ -1,0 +1,114 @@
+"""How the trainer spreads one train step over ranks: one process, or FSDP2 data parallelism over a process group.
+
+The trainer runs the same code whatever the world size; this is the only piece that differs. It asks four
+things of a ``Parallelism``:
+
+- ``shard(module)``: prepare a log-prob module (no-op in one process; ``fully_shard`` on every decoder layer and
+  the root under FSDP2);
+- ``local_rows(rows)``: this rank's share of a mini-batch's rows (strided, so group members spread over ranks);
+- ``gather(obj)``: every rank's copy of a small picklable value, in rank order (denominators, micro-batch
+  counts, metrics); one process returns ``[obj]``;
+- ``rank`` and ``world_size``.
+
+Key decision: every rank must make the same sequence of collective calls, or FSDP2 deadlocks. So ranks agree on
+the number of micro-batches of each pass (the largest of any rank's) and a rank with fewer runs empty passes
+whose loss is zero (``Trainer`` does this through ``agreed_count``); a rank with no rows at all still takes part.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+
+class Parallelism(Protocol):
+    """See the module docstring."""
+
+    rank: int
+    world_size: int
+
+    def shard(self, module: nn.Module) -> None: ...
+
+    def gather(self, obj: Any) -> list[Any]: ...
+
+
+def local_rows(parallel: Parallelism, rows: Sequence[int]) -> list[int]:
+    """This rank's rows of ``rows``: every ``world_size``-th from position ``rank``."""
+    return list(rows[parallel.rank :: parallel.world_size])
+
+
+def agreed_count(parallel: Parallelism, count: int) -> int:
+    """The largest ``count`` of any rank: how many passes every rank makes so that collectives line up."""
+    return max(parallel.gather(count))
+
+
+@dataclass(frozen=True)
+class SingleProcess:
+    """One process holds the whole model: nothing to shard, nothing to exchange."""
+
+    rank: int = 0
+    world_size: int = 1
+
+    def shard(self, module: nn.Module) -> None:
+        del module
+
+    def gather(self, obj: Any) -> list[Any]:
+        return [obj]
+
+
+class FullyShardedParallel:
+    """FSDP2 over the default ``torch.distributed`` process group (gloo on CPU, NCCL on CUDA).
+
+    Parameters are sharded over a 1-D device mesh of every rank; gradients are reduce-scattered (averaged over
+    ranks, which the trainer's loss weights undo, see ``normalisation``). With ``mixed_precision`` the sharded
+    parameters stay float32 while forward and backward compute in bfloat16 and gradients reduce in float32.
+    """
+
+    def __init__(self, device_type: str, *, mixed_precision: bool = False) -> None:
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+
+        if not dist.is_initialized():
+            raise RuntimeError("FullyShardedParallel needs torch.distributed.init_process_group first")
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        self.mesh = init_device_mesh(device_type, (self.world_size,))
+        self.mixed_precision = mixed_precision
+
+    def shard(self, module: nn.Module) -> None:
+        """``fully_shard`` every decoder layer (one all-gather per layer), then the root (embeddings, norm, head).
+
+        Decoder layers are the modules whose class the Hugging Face model names in ``_no_split_modules``.
+        """
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        policy = MixedPrecisionPolicy()
+        if self.mixed_precision:
+            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for layer in decoder_layers(module):
+            fully_shard(layer, mesh=self.mesh, mp_policy=policy)
+        fully_shard(module, mesh=self.mesh, mp_policy=policy)
+
+    def gather(self, obj: Any) -> list[Any]:
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+
+def decoder_layers(module: nn.Module) -> list[nn.Module]:
+    """The repeated blocks of every Hugging Face model inside ``module`` (its ``_no_split_modules`` classes)."""
+    names: set[str] = set()
+    for sub in module.modules():
+        names.update(getattr(sub, "_no_split_modules", None) or ())
+    layers = [sub for sub in module.modules() if type(sub).__name__ in names]
+    if not layers:
+        raise TypeError(
+            f"{type(module).__name__}: found no decoder layers to shard (no _no_split_modules classes)"
+        )
+    return layers

@@ -1,0 +1,58 @@
+"""Full weights out of a (possibly sharded) trainer, one bucket at a time.
+
+Why buckets: a sharded model never exists whole on one rank, and gathering all of it before sending would need
+the memory sharding was meant to save. Every rank walks the same names in the same order and all-gathers one
+parameter at a time (``DTensor.full_tensor`` is a collective); tensors are grouped into buckets of about
+``bucket_bytes``, each handed to the caller and dropped before the next is gathered. In one process the
+"gathered" tensors are views of the model and nothing is collective.
+
+Tied embeddings: the output layer is listed under its own name (``models.loading.state_dict_for_sync``) and
+gathered once, both names sharing the full tensor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from asyncrl.models.loading import state_dict_for_sync
+
+DEFAULT_BUCKET_BYTES = 256 * 2**20
+"""Bucket size when none is configured: large enough that per-bucket overheads vanish, small next to a model."""
+
+
+def full_weight_buckets(
+    model: nn.Module, bucket_bytes: int = DEFAULT_BUCKET_BYTES
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """``[(name, full tensor), ...]`` buckets of ``model``'s weights, each at most ``bucket_bytes`` unless one
+    tensor alone is larger. Every rank of a sharded model must consume the iterator to the end, in step."""
+    if bucket_bytes < 1:
+        raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
+    named = state_dict_for_sync(model)
+    keys = [_storage_key(tensor) for tensor in named.values()]
+    shared = {key for key in keys if keys.count(key) > 1}  # tied twins: kept until their last name
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    twins: dict[tuple, torch.Tensor] = {}
+    for (name, tensor), key in zip(named.items(), keys, strict=True):
+        full = twins.get(key)
+        if full is None:
+            full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+            if key in shared:
+                twins[key] = full
+        nbytes = full.numel() * full.element_size()
+        if bucket and size + nbytes > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, full))
+        size += nbytes
+    if bucket:
+        yield bucket
+
+
+def _storage_key(tensor: torch.Tensor) -> tuple:
+    """Identity of a tensor's memory (of its local shard under FSDP2): equal for tied names."""
+    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return (local.data_ptr(), tuple(tensor.shape), tensor.dtype)

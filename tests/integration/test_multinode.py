@@ -1,0 +1,118 @@
+"""Two Ray nodes on one machine (``ray.cluster_utils.Cluster``), a custom resource standing in for GPUs: the
+trainer ranks and the engines land on the nodes the placement names, weights flow, and an async (α = 2) RL run
+of 10 steps completes with a 2-rank FSDP2 trainer; a placement the cluster cannot hold fails in seconds, named.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import pytest
+import ray
+from ray.cluster_utils import Cluster
+
+from asyncrl.app import train as training
+from asyncrl.config.run import load_run_config
+from asyncrl.models.corpus import sample_texts
+from asyncrl.models.loading import save_tiny
+from asyncrl.models.tiny import build_tiny
+from asyncrl.runtime.placement_check import PlacementError
+from asyncrl.runtime.ray_runtime import build_ray_parts
+
+pytestmark = pytest.mark.ray
+
+NUM_STEPS = 10
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A head node for the trainer and a second node for rollout, each with 2 stand-in GPUs."""
+    if ray.is_initialized():
+        ray.shutdown()
+    nodes = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 2, "resources": {"trainer_node": 2, "fake_gpu": 2}},
+    )
+    nodes.add_node(num_cpus=2, resources={"rollout_node": 2, "fake_gpu": 2})
+    ray.init(address=nodes.address)
+    nodes.wait_for_nodes()
+    yield nodes
+    ray.shutdown()
+    nodes.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory) -> Path:
+    model, tokenizer = build_tiny(
+        sample_texts(200),
+        vocab_size=300,
+        hidden_size=64,
+        num_heads=2,
+        num_layers=2,
+        max_position_embeddings=256,
+    )
+    return save_tiny(model, tokenizer, tmp_path_factory.mktemp("multinode-tiny"))
+
+
+def _overrides(cluster: Cluster, tiny_path: Path, out: Path) -> list[str]:
+    return [
+        f"model.path={tiny_path}",
+        "model.device=cpu",
+        f"output_dir={out}",
+        "runtime.type=cluster",
+        f"runtime.address={cluster.address}",
+        "runtime.accelerator_resource=fake_gpu",
+        "runtime.accelerators_per_trainer_worker=1",
+        "runtime.accelerators_per_engine=1",
+        "runtime.trainer_resources.trainer_node=1",
+        "runtime.engine_resources.rollout_node=1",
+        "runtime.train_num_cpus=1",
+        "runtime.rollout_num_cpus=1",
+        "runtime.placement_timeout_s=20",
+        "trainer.num_workers=2",
+        "trainer.lr=1e-3",
+        "rollout.num_engines=2",
+        "rollout.rollout_batch_size=2",
+        "rollout.num_return_sequences=3",
+        "rollout.max_new_tokens=12",
+        "engine.max_model_len=256",
+        "engine.max_kv_tokens=2048",
+        "task.num_train=200",
+        "task.num_eval=8",
+        "controller.mode=async",
+        "buffer.async_ratio=2",
+        f"controller.num_steps={NUM_STEPS}",
+        "controller.eval_prompts=0",
+        "reward.name=test_modes:length_reward",
+    ]
+
+
+def _node_of(cluster: Cluster, resource: str) -> str:
+    return next(node["NodeID"] for node in ray.nodes() if node["Alive"] and resource in node["Resources"])
+
+
+def test_roles_land_on_their_nodes_and_an_async_run_completes(cluster, tiny_path, tmp_path):
+    config = load_run_config(None, _overrides(cluster, tiny_path, tmp_path))
+    summary = asyncio.run(training.train(config, console=None))
+    assert summary.steps == NUM_STEPS
+    placed = json.loads((tmp_path / "placement.json").read_text())
+    trainer_node, rollout_node = _node_of(cluster, "trainer_node"), _node_of(cluster, "rollout_node")
+    assert [rank["node_id"] for rank in placed["trainer_ranks"]] == [trainer_node] * 2
+    assert [engine["node_id"] for engine in placed["engines"]] == [rollout_node] * 2
+    lines = [json.loads(line) for line in Path(summary.metrics_path).read_text().splitlines()]
+    assert [line["train/version"] for line in lines] == [float(v) for v in range(1, NUM_STEPS + 1)]
+    assert all(line["staleness/max"] <= 2 for line in lines)
+    assert max(line["staleness/max"] for line in lines) >= 1  # it did run ahead of the trainer
+    assert (Path(summary.checkpoint) / "sharded").is_dir()
+
+
+def test_an_unsatisfiable_placement_fails_in_seconds_by_name(cluster, tiny_path, tmp_path):
+    overrides = [*_overrides(cluster, tiny_path, tmp_path), "rollout.num_engines=3"]  # 3 GPUs on a 2-GPU node
+    config = load_run_config(None, overrides)
+    started = time.monotonic()
+    with pytest.raises(PlacementError, match=r"fake_gpu.*engines: 3 x"):
+        build_ray_parts(config, config.runtime)
+    assert time.monotonic() - started < 30

@@ -1,0 +1,177 @@
+"""One FSDP2 train step over gloo ranks equals the single-process trainer's step on the same batch.
+
+For every loss aggregation mode and the 1x4, 2x2 and 4x1 ranks x micro-batches splits of an 8-sample batch
+(every sample 14 tokens long with different loss masks, so the padded token budget fixes the micro-batch
+count exactly), and for the losses that read step-start forwards (reference KL, decoupled proximal recompute,
+mismatch masking) with packing, two mini-batches and two PPO epochs: gradients, updated weights, loss and
+gradient norm agree to 1e-5 relative (see the checks for what relative means). The compared gradients are
+checked to be non-zero, so the check can fail.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from trainer_fixtures import make_trajectory, random_groups, tiny_qwen2, with_model_logprobs
+
+from asyncrl.config.algorithm import (
+    AGGREGATIONS,
+    AdvantageConfig,
+    DecoupledPPOParams,
+    KLConfig,
+    LossConfig,
+    MismatchConfig,
+)
+from asyncrl.config.trainer import TrainerConfig
+from asyncrl.testing.ranks import run_ranks
+from asyncrl.trainer.batching import plan_micro_batches
+from asyncrl.trainer.distributed.parallel import Parallelism, SingleProcess
+from asyncrl.trainer.trainer import Trainer
+from asyncrl.types import Group
+
+SPLITS = [(1, 4), (2, 2), (4, 1)]
+"""(ranks, micro-batches per rank) of the 8-sample batch."""
+BUDGET = 28
+"""Padded token budget: two 14-token rows per micro-batch."""
+
+
+def _uniform_length_groups() -> list[Group]:
+    """Two groups of four 14-token samples whose prompts (and so loss masks) differ in length."""
+    groups = []
+    for g in range(2):
+        trajectories = []
+        for i in range(4):
+            prompt_len = 2 + 3 * i + g
+            tokens = [(7 * g + 11 * i + k) % 300 for k in range(14)]
+            trajectories.append(
+                make_trajectory(
+                    tokens[:prompt_len], tokens[prompt_len:], reward=float((i + g) % 2), uid=f"g{g}", index=i
+                )
+            )
+        groups.append(Group(prompt_uid=f"g{g}", trajectories=trajectories))
+    return groups
+
+
+def _cases() -> dict[str, tuple[LossConfig, dict, str]]:
+    """name -> (loss config, trainer config overrides, batch kind)."""
+    cases = {
+        f"aggregation={mode}": (
+            LossConfig(name="ppo", aggregation=mode),
+            {"sequence_packing": False, "max_tokens_per_microbatch": BUDGET},
+            "uniform",
+        )
+        for mode in AGGREGATIONS
+    }
+    multi_pass = {"num_mini_batches": 2, "ppo_epochs": 2, "max_tokens_per_microbatch": 30}
+    cases["grpo-kl"] = (LossConfig(name="grpo", kl=KLConfig(beta=0.1, estimator="k3")), multi_pass, "random")
+    cases["decoupled-recompute"] = (
+        LossConfig(name="decoupled_ppo", decoupled_ppo=DecoupledPPOParams(proximal="recompute")),
+        multi_pass,
+        "random",
+    )
+    cases["mismatch-mask"] = (
+        LossConfig(name="ppo", mismatch=MismatchConfig(granularity="token", mode="mask", low=0.5, high=2.0)),
+        multi_pass,
+        "random",
+    )
+    return cases
+
+
+def _groups(kind: str) -> list[Group]:
+    if kind == "uniform":
+        return with_model_logprobs(_uniform_length_groups(), tiny_qwen2(), noise=0.3)
+    return with_model_logprobs(random_groups(num_groups=2, group_size=4, seed=1), tiny_qwen2(), noise=0.5)
+
+
+def _step(name: str, parallel: Parallelism) -> tuple[dict, dict, dict] | None:
+    """Train one step of case ``name``; on rank 0, (metrics, full gradients, full weights) afterwards."""
+    loss_config, overrides, kind = _cases()[name]
+    model = tiny_qwen2()
+    ref = copy.deepcopy(model) if loss_config.needs_reference else None
+    config = TrainerConfig(lr=1e-3, max_grad_norm=None, **overrides)
+    trainer = Trainer(model, config, loss_config, AdvantageConfig(name="grpo"), ref, parallel=parallel)
+    metrics = trainer.train_step(_groups(kind), policy_version=0)
+    grads, weights = {}, {}
+    for param_name, param in trainer.model.named_parameters():  # full_tensor is a collective: every rank
+        grads[param_name] = _full(param.grad)
+        weights[param_name] = _full(param.detach())
+    return (metrics, grads, weights) if parallel.rank == 0 else None
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def _sharded_steps(names: list[str]) -> list:
+    from asyncrl.trainer.distributed.parallel import FullyShardedParallel
+
+    parallel = FullyShardedParallel("cpu")
+    return [_step(name, parallel) for name in names]
+
+
+def _assert_gradients_close(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    """Per tensor, the largest error within 1e-5 of the tensor's largest gradient entry."""
+    assert max(float(g.abs().max()) for g in want.values()) > 0, "zero gradient: the check could not fail"
+    for name, expected in want.items():
+        error = float((got[name] - expected).abs().max()) / max(float(expected.abs().max()), 1e-12)
+        assert error <= 1e-5, f"gradient of {name}: relative error {error:.2e}"
+
+
+def _assert_weights_close(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    """The updated model within 1e-5 of the single-process one, relative to its norm.
+
+    Per element it would be ill-posed: Adam's first step moves each weight by lr * g / (|g| + eps), so an entry
+    whose gradient is near eps (1e-8) turns float rounding in g into a visible difference; the gradients above
+    are the strict check (and the only one Adam's scale invariance cannot hide).
+    """
+    error = sum(float((got[n] - w).pow(2).sum()) for n, w in want.items()) ** 0.5
+    norm = sum(float(w.pow(2).sum()) for w in want.values()) ** 0.5
+    assert error / norm <= 1e-5, f"updated weights: relative error {error / norm:.2e}"
+
+
+def _check(name: str, sharded: tuple[dict, dict, dict]) -> None:
+    metrics, grads, weights = sharded
+    want_metrics, want_grads, want_weights = _step(name, SingleProcess())
+    _assert_gradients_close(grads, want_grads)
+    _assert_weights_close(weights, want_weights)
+    assert metrics["loss"] == pytest.approx(want_metrics["loss"], rel=1e-5, abs=1e-7)
+    assert metrics["grad_norm"] == pytest.approx(want_metrics["grad_norm"], rel=1e-5)
+    assert metrics["num_trained_tokens"] == want_metrics["num_trained_tokens"]
+
+
+@pytest.mark.parametrize(("ranks", "micros"), SPLITS)
+def test_sharded_step_equals_single_process_step(ranks, micros):
+    rows_per_rank = 8 // ranks
+    assert len(plan_micro_batches([14] * rows_per_rank, BUDGET)) == micros  # the split this case claims
+    names = [name for name, (_, _, kind) in _cases().items() if kind == "uniform" or ranks == 2]
+    results = run_ranks(_sharded_steps, ranks, names)
+    for name, sharded in zip(names, results[0], strict=True):
+        _check(name, sharded)
+
+
+def test_a_rank_without_rows_still_steps_with_the_others():
+    """Three ranks, two samples: one rank holds no row of the mini-batch and only keeps collectives in step."""
+    results = run_ranks(_few_rows_step, 3)
+    metrics, grads, _ = results[0]
+    want_metrics, want_grads, _ = _few_rows_step(single=True)
+    _assert_gradients_close(grads, want_grads)
+    assert metrics["loss"] == pytest.approx(want_metrics["loss"], rel=1e-5, abs=1e-7)
+
+
+def _few_rows_step(single: bool = False):
+    from asyncrl.trainer.distributed.parallel import FullyShardedParallel
+
+    parallel = SingleProcess() if single else FullyShardedParallel("cpu")
+    groups = with_model_logprobs(random_groups(num_groups=1, group_size=2, seed=3), tiny_qwen2(), noise=0.5)
+    trainer = Trainer(
+        tiny_qwen2(),
+        TrainerConfig(lr=1e-2, max_grad_norm=1.0),
+        LossConfig(name="ppo"),
+        AdvantageConfig(name="grpo"),
+        parallel=parallel,
+    )
+    metrics = trainer.train_step(groups, policy_version=0)
+    grads = {n: _full(p.grad) for n, p in trainer.model.named_parameters()}
+    return (metrics, grads, None) if parallel.rank == 0 else None

@@ -1,0 +1,100 @@
+"""A sharded checkpoint written by 2 FSDP2 ranks resumes onto 1 and onto 3 ranks: the next step's weights equal
+those of the run that never stopped (so weights, optimizer moments, schedule, step and version all came back)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from trainer_fixtures import random_groups, tiny_qwen2, with_model_logprobs
+
+from asyncrl.config.algorithm import AdvantageConfig, LossConfig
+from asyncrl.config.trainer import TrainerConfig
+from asyncrl.testing.ranks import run_ranks
+from asyncrl.trainer import checkpoint
+from asyncrl.trainer.distributed.checkpoint import load_sharded_checkpoint, save_sharded_checkpoint
+from asyncrl.trainer.distributed.parallel import Parallelism, SingleProcess
+from asyncrl.trainer.trainer import Trainer
+
+
+def _trainer(parallel: Parallelism) -> Trainer:
+    config = TrainerConfig(lr=1e-3, warmup_steps=3)  # the schedule's position must come back too
+    return Trainer(
+        tiny_qwen2(), config, LossConfig(name="ppo"), AdvantageConfig(name="grpo"), parallel=parallel
+    )
+
+
+def _groups(step: int):
+    return with_model_logprobs(
+        random_groups(num_groups=2, group_size=4, seed=10 + step), tiny_qwen2(), noise=0.3
+    )
+
+
+def _full_weights(trainer: Trainer) -> dict[str, torch.Tensor]:
+    return {
+        name: p.detach().full_tensor() if hasattr(p, "full_tensor") else p.detach().clone()
+        for name, p in trainer.model.named_parameters()
+    }
+
+
+def _sharded(parallel_kind: str) -> Parallelism:
+    if parallel_kind == "single":
+        return SingleProcess()
+    from asyncrl.trainer.distributed.parallel import FullyShardedParallel
+
+    return FullyShardedParallel("cpu")
+
+
+def _train_save_continue(root: str) -> dict | None:
+    trainer = _trainer(_sharded("fsdp"))
+    trainer.train_step(_groups(0), policy_version=0)
+    path = save_sharded_checkpoint(root, trainer, extra={"position": 7})
+    trainer.train_step(_groups(1), policy_version=1)
+    weights = _full_weights(trainer)
+    return {"path": str(path), "weights": weights} if trainer.parallel.rank == 0 else None
+
+
+def _resume_and_step(path: str, parallel_kind: str = "fsdp") -> dict | None:
+    trainer = _trainer(_sharded(parallel_kind))
+    extra = load_sharded_checkpoint(path, trainer)
+    assert (trainer.step, trainer.version, extra) == (1, 1, {"position": 7})
+    trainer.train_step(_groups(1), policy_version=1)
+    weights = _full_weights(trainer)
+    return {"weights": weights} if trainer.parallel.rank == 0 else None
+
+
+def _assert_same_model(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    error = sum(float((got[n] - w).pow(2).sum()) for n, w in want.items()) ** 0.5
+    norm = sum(float(w.pow(2).sum()) for w in want.values()) ** 0.5
+    assert error / norm <= 1e-6, f"resumed weights differ: relative error {error / norm:.2e}"
+
+
+def test_two_rank_checkpoint_resumes_on_one_and_on_three_ranks(tmp_path: Path):
+    reference = run_ranks(_train_save_continue, 2, str(tmp_path))[0]
+    path = reference["path"]
+    checkpoint.verify_checkpoint(Path(path))
+    assert sorted(p.name for p in (Path(path) / "sharded").iterdir()) == [
+        ".metadata",
+        "__0_0.distcp",
+        "__1_0.distcp",
+    ]
+    _assert_same_model(_resume_and_step(path, "single")["weights"], reference["weights"])
+    _assert_same_model(run_ranks(_resume_and_step, 3, path)[0]["weights"], reference["weights"])
+
+
+def test_the_plain_loader_names_a_sharded_checkpoint(tmp_path: Path):
+    trainer = _trainer(SingleProcess())
+    path = save_sharded_checkpoint(tmp_path, trainer)
+    with pytest.raises(ValueError, match="holds sharded weights"):
+        checkpoint.load_checkpoint(path, _trainer(SingleProcess()))
+
+
+def test_a_sharded_checkpoint_carries_a_loadable_model_directory(tmp_path: Path):
+    reference = run_ranks(_train_save_continue, 2, str(tmp_path))[0]
+    model = tiny_qwen2(seed=5)  # different weights, replaced by the checkpoint's
+    checkpoint.load_model_weights(model, Path(reference["path"]) / checkpoint.MODEL_DIR)
+    resumed = _trainer(SingleProcess())
+    load_sharded_checkpoint(reference["path"], resumed)
+    for name, tensor in resumed.model.named_parameters():
+        assert torch.equal(dict(model.named_parameters())[name], tensor), name
