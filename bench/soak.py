@@ -7,8 +7,9 @@ of rewards raising, a reward hanging past its timeout (``asyncrl.testing.faults`
 has trained its steps and every fault has been dealt with (the last engine replaced), and at most
 ``--minutes`` (it then stops after the step in progress). ``soak.json`` records:
 
-- ``faults_injected`` and ``faults_survived`` (an engine fault survives once its replacement serves; a reward
-  fault once the run goes on past it; all survive only if the run trained every step it was given);
+- ``faults_injected`` and ``faults_survived`` (an engine fault survives once its replacement holds the current
+  weights; a reward fault once its calls were counted as failed and the run went on); a run that crashes
+  raises, and ``stopped_by_deadline`` says whether ``--minutes`` cut it short of its steps;
 - ``samples_lost``: samples of groups dropped because an engine failed (their requests must be re-routed
   instead), plus any admitted group whose end the buffer did not record. Must be 0. Samples a failing reward
   marks as failed are not lost (they are dropped with their reason) and are counted apart
@@ -244,11 +245,13 @@ def soak_once(work: Workload, deadline_s: float) -> tuple[dict[str, float], dict
         soak = Soak(run_config(work, Path(out)), work, deadline_s)
         result = asyncio.run(soak.run())
     recoveries = [f["recovery_s"] for f in soak.faults if "recovery_s" in f]
-    survived_run = result["steps_done"] == len(soak.steps) >= work.steps
+    # A run that crashed raises out of ``soak.run``; one the deadline stopped early still counts what it survived.
+    every_step_recorded = result["steps_done"] == len(soak.steps)
     metrics = {
         "steps": float(result["steps_done"]),
         "faults_injected": float(len(soak.faults)),
-        "faults_survived": float(sum(bool(f.get("survived")) for f in soak.faults) if survived_run else 0),
+        "faults_survived": float(sum(f["survived"] for f in soak.faults) if every_step_recorded else 0),
+        "stopped_by_deadline": float(result["steps_done"] < work.steps),
         "samples_lost": float(samples_lost(result, work.samples_per_prompt)),
         "reward_failures": float(result["reward_counts"]["failed"] + result["reward_counts"]["timed_out"]),
         "engine_restarts": float(result["proxy"].get("num_engine_restarts", 0)),
