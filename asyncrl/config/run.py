@@ -26,6 +26,7 @@ from asyncrl.config.runtime import RuntimeConfig
 from asyncrl.config.serve import ServeConfig
 from asyncrl.config.task import TaskConfig
 from asyncrl.config.trainer import TrainerConfig
+from asyncrl.config.weight_sync import WeightSyncConfig
 from asyncrl.controller.modes import check_mode
 
 
@@ -63,6 +64,8 @@ class RunConfig:
     """The advantage estimator."""
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     """Where the parts run: one process (inline), Ray actors on this machine (local) or a Ray cluster."""
+    weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
+    """How policy weights travel from the trainer to the engines (the transport and its bucket size)."""
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     """Trackers (console, JSONL, TensorBoard, W&B), the run timeline and the progress display."""
     producer: Literal["rlvr", "agentic", "external"] = "rlvr"
@@ -85,6 +88,7 @@ class RunConfig:
         check_mode(
             self.controller.mode, async_ratio=self.buffer.async_ratio, update_policy=self.proxy.update_policy
         )
+        self.weight_sync.transport_for(self.runtime.type)
         if self.producer not in PRODUCERS:
             raise ValueError(
                 f"producer must be one of {', '.join(map(repr, PRODUCERS))}, got {self.producer!r}"

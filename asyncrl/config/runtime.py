@@ -22,7 +22,6 @@ _POSITIVE_FIELDS = (
     "generate_timeout_s",
     "train_step_timeout_s",
     "placement_timeout_s",
-    "weight_sync_bucket_mb",
 )
 
 
@@ -67,9 +66,6 @@ class RuntimeConfig:
     placement_timeout_s: float = 60.0
     """Longest the cluster may take to grant the placement groups; past it the run fails with a named
     ``PlacementError`` (an ask larger than the cluster is refused at once, before waiting)."""
-    weight_sync_bucket_mb: float = 256.0
-    """Weights leave the trainer in buckets of about this size: the largest piece of the gathered model the
-    trainer's rank 0 holds at once while publishing."""
     startup_timeout_s: float = 300.0
     """Longest an actor may take to start and load its model."""
     control_timeout_s: float = 120.0

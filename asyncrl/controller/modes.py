@@ -50,6 +50,12 @@ class ModeSpec:
     """How many weight versions one trajectory may see (the docs table's column)."""
 
     @property
+    def rollout_overlaps_training(self) -> bool:
+        """Whether rollout may run while the trainer trains (any α > 0): if not, the two can share devices
+        behind the mode's barrier (``runtime.colocate: auto`` colocates them)."""
+        return self.max_async_ratio > 0
+
+    @property
     def fixed_async_ratio(self) -> float | None:
         """The α the mode fixes, or None when it takes ``buffer.async_ratio`` as given."""
         return self.min_async_ratio if self.min_async_ratio == self.max_async_ratio else None

@@ -21,6 +21,7 @@ from asyncrl.engine.scheduler import Scheduler
 from asyncrl.engine.sequence import Sequence
 from asyncrl.engine.weights import NamedTensors, copy_into, resolve_update
 from asyncrl.types import FinishReason, Generation, Request, checked_request
+from asyncrl.weight_sync.receiver import expected_shapes, tensors_of
 
 
 class LLMEngine:
@@ -106,10 +107,14 @@ class LLMEngine:
     def update_weights(self, named_tensors: NamedTensors, version: int, *, partial: bool = False) -> None:
         """Copy new weights into the model and tag later tokens with ``version`` (contract: engine/weights.py).
 
+        ``named_tensors`` may be a ``WeightUpdate``: it is then refused (``WeightSyncError``) if older than the
+        served version or not matching the model, before anything is copied.
+
         In-flight requests survive: with ``kv_on_update="recompute"`` their whole context is prefilled again
         under the new weights before they continue; with ``"keep"`` they continue on their old KV.
         """
-        copy_into(resolve_update(self.model, named_tensors, partial=partial))
+        named = tensors_of(named_tensors, serving_version=self.version, shapes=expected_shapes(self.model))
+        copy_into(resolve_update(self.model, named, partial=partial))
         self.version = version
         if self.config.kv_on_update == "recompute":
             self.scheduler.reset_kv()

@@ -23,11 +23,13 @@ from asyncrl.config.run import RunConfig
 from asyncrl.data.base import Task
 from asyncrl.data.registry import make_task
 from asyncrl.engine import make_engine
-from asyncrl.models.loading import load_model_and_tokenizer, resolve_model_path
+from asyncrl.models.loading import load_model_and_tokenizer, resolve_model_path, state_dict_for_sync
 from asyncrl.rewards.service import RewardService
 from asyncrl.trainer.checkpoint import load_checkpoint, save_checkpoint
 from asyncrl.trainer.trainer import Trainer
 from asyncrl.types import Group
+from asyncrl.weight_sync.protocol import WeightSync, WeightUpdate
+from asyncrl.weight_sync.transports import make_weight_sync
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +46,11 @@ class LocalTrainer:
     and libgomp throttles all teams once their threads outnumber the cores (see ``AsyncEngine``).
     """
 
-    def __init__(self, trainer: Trainer, num_threads: int | None = None) -> None:
+    def __init__(
+        self, trainer: Trainer, num_threads: int | None = None, sync: WeightSync | None = None
+    ) -> None:
         self.trainer = trainer
+        self._sync = sync or make_weight_sync("in_process")
         self._thread = concurrent.futures.ThreadPoolExecutor(
             max_workers=1,
             thread_name_prefix="asyncrl-trainer",
@@ -64,8 +69,13 @@ class LocalTrainer:
     def train_step(self, groups: Sequence[Group], policy_version: int) -> dict[str, float]:
         return self._thread.submit(self.trainer.train_step, groups, policy_version).result()
 
-    def state_for_sync(self) -> dict[str, Any]:
-        return self._thread.submit(self.trainer.state_for_sync).result()
+    def state_for_sync(self) -> WeightUpdate:
+        """The current weights published through the in-process transport (cloned once, on the training
+        thread, so the next step cannot change them under an engine that is still copying)."""
+        return self._thread.submit(self._publish).result()
+
+    def _publish(self) -> WeightUpdate:
+        return self._sync.publish(self.trainer.version, state_dict_for_sync(self.trainer.model))
 
     def save_checkpoint(self, root: str | Path, *, extra: dict[str, Any], keep_last: int | None) -> Path:
         return save_checkpoint(root, self.trainer, extra=extra, keep_last=keep_last)
@@ -170,7 +180,9 @@ def build_parts(config: RunConfig) -> InlineParts:
         config=config,
         task=make_task(config.task),
         tokenizer=tokenizer,
-        trainer=LocalTrainer(trainer, num_threads),
+        trainer=LocalTrainer(
+            trainer, num_threads, make_weight_sync(config.weight_sync.transport_for("inline"))
+        ),
         engines=engines,
         rewards=RewardService.from_config(config.reward),
         engine_factory=InlineEngineFactory(config, engines, num_threads) if builtin else None,

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from asyncrl.config.runtime import RuntimeConfig
+from asyncrl.controller.modes import mode_spec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,8 +64,11 @@ class Placement:
 
 
 def is_colocated(config: RuntimeConfig, mode: str) -> bool:
-    """Whether rollout and training share every core: ``colocate: auto`` does so in ``sync`` mode only."""
-    return config.colocate == "always" or (config.colocate == "auto" and mode == "sync")
+    """Whether rollout and training share every core: ``colocate: auto`` does so when the mode never lets
+    rollout overlap training (``sync``)."""
+    if config.colocate != "auto":
+        return config.colocate == "always"
+    return not mode_spec(mode).rollout_overlaps_training
 
 
 def plan_placement(

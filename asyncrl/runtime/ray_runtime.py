@@ -427,7 +427,7 @@ def build_ray_parts(config: RunConfig, runtime: RuntimeConfig) -> RayParts:
             for index in range(config.rollout.num_engines)
         ]
         handles += [engine.handle for engine in engines]
-        trainer = start_trainer_group(handles[: config.trainer.num_workers], runtime)
+        trainer = start_trainer_group(handles[: config.trainer.num_workers], runtime, config.weight_sync)
         engine_locations = wait_ready(engines, runtime)
     except BaseException:
         for handle in handles:

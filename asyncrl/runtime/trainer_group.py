@@ -32,6 +32,7 @@ import torch
 
 from asyncrl.config.run import RunConfig
 from asyncrl.config.runtime import RuntimeConfig
+from asyncrl.config.weight_sync import WeightSyncConfig
 from asyncrl.models.loading import load_model_and_tokenizer, resolve_device
 from asyncrl.runtime.actor_calls import get_actor, get_trainer
 from asyncrl.runtime.placement import pin
@@ -169,9 +170,16 @@ class TrainerGroupClient:
     then restarts the run from its last verified checkpoint).
     """
 
-    def __init__(self, handles: list[Any], config: RuntimeConfig, progress: list[dict[str, Any]]) -> None:
+    def __init__(
+        self,
+        handles: list[Any],
+        config: RuntimeConfig,
+        progress: list[dict[str, Any]],
+        weight_sync: WeightSyncConfig,
+    ) -> None:
         self.handles = handles
         self.config = config
+        self.weight_sync = weight_sync
         self.ranks = progress
         self.step = progress[0]["step"]
         self.version = progress[0]["version"]
@@ -188,7 +196,7 @@ class TrainerGroupClient:
     def state_for_sync(self) -> WeightUpdate:
         """A ``WeightUpdate`` of the current weights (bucket ``ObjectRef`` handles the engines read); waits
         until every bucket is stored, so a trainer failure surfaces here, not as every engine failing."""
-        bucket_bytes = int(self.config.weight_sync_bucket_mb * 2**20)
+        bucket_bytes = int(self.weight_sync.bucket_mb * 2**20)
         refs = [handle.publish_weights.remote(bucket_bytes) for handle in self.handles]
         return get_trainer(refs, "trainer: publish weights", self.config.control_timeout_s)[0]
 
@@ -216,10 +224,12 @@ class TrainerGroupClient:
             ray.kill(handle, no_restart=True)
 
 
-def start_trainer_group(handles: list[Any], config: RuntimeConfig) -> TrainerGroupClient:
+def start_trainer_group(
+    handles: list[Any], config: RuntimeConfig, weight_sync: WeightSyncConfig
+) -> TrainerGroupClient:
     """Rendezvous at rank 0, start every rank within ``startup_timeout_s``; the client of the started group."""
     timeout_s = config.startup_timeout_s
     host, port = get_actor(handles[0].rendezvous.remote(), "trainer rank 0: rendezvous", timeout_s)
     refs = [handle.start.remote(host, port, timeout_s) for handle in handles]
     progress = get_actor(refs, f"trainer ranks 0-{len(handles) - 1}: start", timeout_s)
-    return TrainerGroupClient(handles, config, progress)
+    return TrainerGroupClient(handles, config, progress, weight_sync)

@@ -1,4 +1,4 @@
-"""Run a function on N local ranks joined in one gloo process group, and collect what each returns.
+"""Run a function on N local ranks joined in one process group (gloo, or NCCL on GPUs), and collect results.
 
 Tests and benchmarks of the sharded trainer use this instead of Ray: it is the same process group the rank
 actors join (``trainer.distributed.process_group``), without a Ray cluster's start-up cost.
@@ -19,9 +19,15 @@ from asyncrl.trainer.distributed.process_group import free_port, join_process_gr
 
 
 def run_ranks(
-    fn: Callable[..., Any], world_size: int, *args: Any, num_threads: int = 1, timeout_s: float = 600.0
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    num_threads: int = 1,
+    timeout_s: float = 600.0,
+    device: str = "cpu",
 ) -> list[Any]:
-    """``[fn(*args) on rank 0, ..., on rank world_size - 1]``, each rank a spawned process in a gloo group.
+    """``[fn(*args) on rank 0, ..., on rank world_size - 1]``, each rank a spawned process in one group: gloo
+    on ``cpu``, NCCL on ``cuda`` (rank r on GPU r).
 
     ``fn`` must be importable (module level) and return something picklable; an exception on any rank is
     raised here with that rank's traceback.
@@ -31,7 +37,9 @@ def run_ranks(
     port = free_port()
     processes = [
         context.Process(
-            target=_rank_main, args=(fn, rank, world_size, port, num_threads, args, results), daemon=True
+            target=_rank_main,
+            args=(fn, rank, world_size, port, num_threads, device, args, results),
+            daemon=True,
         )
         for rank in range(world_size)
     ]
@@ -79,6 +87,7 @@ def _rank_main(
     world_size: int,
     port: int,
     num_threads: int,
+    device: str,
     args: tuple[Any, ...],
     results: Any,
 ) -> None:
@@ -87,7 +96,8 @@ def _rank_main(
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(num_threads)
     try:
-        join_process_group(device="cpu", host="127.0.0.1", port=port, rank=rank, world_size=world_size)
+        rank_device = "cpu" if device == "cpu" else f"cuda:{rank}"
+        join_process_group(device=rank_device, host="127.0.0.1", port=port, rank=rank, world_size=world_size)
         value: Any = fn(*args)
     except BaseException:  # reported to the parent, which raises it
         value = _RankFailure(rank, traceback.format_exc())

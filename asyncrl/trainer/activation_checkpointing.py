@@ -15,6 +15,6 @@ from asyncrl.trainer.distributed.parallel import decoder_layers
 
 def enable_activation_checkpointing(model: nn.Module) -> None:
     """Checkpoint every decoder layer of ``model`` (non-reentrant, so it composes with FSDP2)."""
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     for layer in decoder_layers(model):
         layer.training = True  # this layer object only: see the module docstring

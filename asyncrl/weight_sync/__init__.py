@@ -2,7 +2,7 @@
 
 from asyncrl.weight_sync.flat import FlatWeights, TensorEntry, check_flat, pack_state, unpack_state
 from asyncrl.weight_sync.protocol import WeightSync, WeightSyncError, WeightUpdate
-from asyncrl.weight_sync.transports import FlatBufferSync, InProcessSync, WeightSyncConfig, make_weight_sync
+from asyncrl.weight_sync.transports import FlatBufferSync, InProcessSync, make_weight_sync
 
 __all__ = [
     "FlatBufferSync",
@@ -10,7 +10,6 @@ __all__ = [
     "InProcessSync",
     "TensorEntry",
     "WeightSync",
-    "WeightSyncConfig",
     "WeightSyncError",
     "WeightUpdate",
     "check_flat",

@@ -8,7 +8,7 @@ update leaves the engine on its old weights. Tied embeddings are explicit: a tie
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from asyncrl.weight_sync.protocol import WeightSync, WeightUpdate, check_manifest, check_version
@@ -34,3 +34,20 @@ def receive_checked(
     check_version(update, serving_version)
     check_manifest(update, shapes)
     return sync.receive(update)
+
+
+def tensors_of(
+    payload: WeightUpdate | Mapping[str, Any] | Iterable[tuple[str, Any]],
+    *,
+    serving_version: int,
+    shapes: Mapping[str, tuple[int, ...]],
+) -> Iterable[tuple[str, Any]] | Mapping[str, Any]:
+    """What an engine copies in: a ``WeightUpdate`` checked and received through the transport it names (with
+    that transport's in-process defaults), or named tensors as they are (callers that built them)."""
+    if not isinstance(payload, WeightUpdate):
+        return payload
+    from asyncrl.weight_sync.transports import make_weight_sync
+
+    return receive_checked(
+        make_weight_sync(payload.transport), payload, serving_version=serving_version, shapes=shapes
+    )

@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from asyncrl.weight_sync.protocol import (
     ManifestEntry,
@@ -26,21 +25,6 @@ from asyncrl.weight_sync.protocol import (
     WeightSyncError,
     WeightUpdate,
 )
-
-
-@dataclass(frozen=True, kw_only=True)
-class WeightSyncConfig:
-    """Which transport carries policy weights from the trainer to the engines."""
-
-    type: Literal["in_process", "object_store"] = "object_store"
-    """in_process: trainer and engines in one process (the inline runtime). object_store: flat per-dtype
-    buffers through Ray's object store (the Ray runtimes)."""
-
-    def __post_init__(self) -> None:
-        if self.type not in TRANSPORTS:
-            raise ValueError(
-                f"weight_sync.type must be one of {', '.join(map(repr, TRANSPORTS))}, got {self.type!r}"
-            )
 
 
 def _items(named_tensors: NamedTensors) -> list[tuple[str, Any]]:
@@ -143,6 +127,9 @@ TRANSPORTS: dict[str, Callable[[], WeightSync]] = {
 """Transport name → constructor with its in-process defaults (runtimes pass their own ``put``/``get``)."""
 
 
-def make_weight_sync(config: WeightSyncConfig, **options: Any) -> WeightSync:
-    """The transport ``config.type`` names; ``options`` go to its constructor (e.g. ``put``/``get``)."""
-    return TRANSPORTS[config.type](**options)
+def make_weight_sync(transport: str, **options: Any) -> WeightSync:
+    """The transport named ``transport`` (``WeightSyncConfig.transport_for``); ``options`` go to its
+    constructor (e.g. ``put``/``get``)."""
+    if transport not in TRANSPORTS:
+        raise ValueError(f"unknown weight-sync transport {transport!r} (known: {sorted(TRANSPORTS)})")
+    return TRANSPORTS[transport](**options)

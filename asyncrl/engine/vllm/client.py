@@ -32,6 +32,7 @@ from asyncrl.config.engine import VLLMConfig
 from asyncrl.engine.async_engine import resolve_threadsafe
 from asyncrl.types import FinishReason, Generation, Request
 from asyncrl.weight_sync.protocol import ManifestEntry, WeightSyncError, WeightUpdate, check_manifest
+from asyncrl.weight_sync.receiver import tensors_of
 
 WORKER = Path(__file__).with_name("worker_main.py")
 
@@ -168,13 +169,14 @@ class VLLMEngineClient:
         await self._call("resume")
 
     async def update_weights(
-        self, named_tensors: Mapping[str, Any] | Iterable[tuple[str, Any]], version: int
+        self, named_tensors: WeightUpdate | Mapping[str, Any] | Iterable[tuple[str, Any]], version: int
     ) -> None:
         """Check the update against the served model, then send it as safetensors bytes (``WeightSyncError``
         on a mismatch or a stale version: nothing is sent, the old weights keep serving)."""
         from safetensors.torch import save
 
-        items = dict(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
+        named = tensors_of(named_tensors, serving_version=self.version, shapes=self._expected_shapes)
+        items = dict(named.items() if isinstance(named, Mapping) else named)
         manifest = tuple(
             ManifestEntry(name=name, dtype=str(t.dtype).removeprefix("torch."), shape=tuple(t.shape))
             for name, t in items.items()

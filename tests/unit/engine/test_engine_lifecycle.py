@@ -188,3 +188,18 @@ def test_duplicate_in_flight_id_is_rejected_and_dict_params_are_accepted(qwen2):
     with pytest.raises(ValueError, match="request d: a request with this id is already in flight"):
         core.add_request(request("d", [1, 2]))
     assert len(drain(core)["d"].token_ids) <= 3
+
+
+def test_a_published_update_is_applied_and_an_older_one_refused_before_any_copy(qwen2):
+    from asyncrl.weight_sync import InProcessSync, WeightSyncError
+
+    core = engine(qwen2)
+    sync = InProcessSync()
+    weights = new_weights(qwen2)
+    weights["lm_head.weight"] = weights["model.embed_tokens.weight"]  # trainers always send the output layer
+    core.update_weights(sync.publish(2, weights), version=2)
+    assert torch.equal(dict(qwen2.named_parameters())["model.norm.weight"], weights["model.norm.weight"])
+    stale = {name: torch.zeros_like(t) for name, t in weights.items()}
+    with pytest.raises(WeightSyncError, match="weight update v1 is older than the served v2; refused"):
+        core.update_weights(sync.publish(1, stale), version=1)
+    assert torch.equal(dict(qwen2.named_parameters())["model.norm.weight"], weights["model.norm.weight"])

@@ -150,3 +150,15 @@ def test_accumulation_weight_is_the_share_of_the_aggregation_denominator():
     }
     fixed = LossConfig(name="ppo", aggregation="seq-mean-token-sum-norm", norm_length=10)
     assert global_accumulation_weight(fixed, micro, total, 1) == pytest.approx(2 / 3)
+
+
+def test_activation_checkpointing_gives_the_same_gradients_with_dropout_still_off():
+    loss_config = LOSS_CONFIGS["token-mean"]
+    groups = with_model_logprobs(random_groups(num_groups=2, group_size=4, seed=1), tiny_qwen2(), noise=0.5)
+    plain = _trainer(loss_config)
+    checkpointed = _trainer(loss_config, activation_checkpointing=True)
+    assert not any(m.training for m in checkpointed.model.modules() if isinstance(m, torch.nn.Dropout))
+    plain.train_step(groups, policy_version=0)
+    checkpointed.train_step(groups, policy_version=0)
+    for (name, a), b in zip(plain.model.named_parameters(), checkpointed.model.parameters(), strict=True):
+        assert torch.allclose(a.grad, b.grad, atol=1e-7, rtol=1e-5), name

@@ -6,12 +6,12 @@ import pytest
 import torch
 from tied_model import tiny_tied_qwen2
 
+from asyncrl.config.weight_sync import WeightSyncConfig
 from asyncrl.models.loading import state_dict_for_sync
 from asyncrl.proxy.worker import snapshot_named_tensors
 from asyncrl.weight_sync import (
     FlatBufferSync,
     InProcessSync,
-    WeightSyncConfig,
     WeightSyncError,
     make_weight_sync,
 )
@@ -108,13 +108,19 @@ def test_a_payload_for_another_transport_or_version_is_refused():
         list(flat_sync.receive(relabelled))
 
 
-def test_make_weight_sync_switches_on_type():
-    assert isinstance(make_weight_sync(WeightSyncConfig(type="in_process")), InProcessSync)
-    assert isinstance(make_weight_sync(WeightSyncConfig()), FlatBufferSync)
+def test_make_weight_sync_switches_on_the_transport_the_runtime_carries():
+    assert isinstance(make_weight_sync(WeightSyncConfig().transport_for("inline")), InProcessSync)
+    assert isinstance(make_weight_sync(WeightSyncConfig().transport_for("local")), FlatBufferSync)
     with pytest.raises(
-        ValueError, match="weight_sync.type must be one of 'in_process', 'object_store', got 'nccl'"
+        ValueError, match="weight_sync.type must be one of 'auto', 'in_process', 'object_store'"
     ):
         WeightSyncConfig(type="nccl")
+    with pytest.raises(
+        ValueError, match="weight_sync.type='in_process' cannot carry weights in runtime.type='local'"
+    ):
+        WeightSyncConfig(type="in_process").transport_for("local")
+    with pytest.raises(ValueError, match="unknown weight-sync transport 'disk'"):
+        make_weight_sync("disk")
 
 
 def test_the_proxy_passes_a_weight_update_through_its_drain_snapshot():

@@ -1,0 +1,63 @@
+"""The bundles each role asks for, from the config and the planned split (pure: no Ray cluster needed)."""
+
+import pytest
+
+from asyncrl.config.run import load_run_config
+from asyncrl.runtime.placement import plan_placement
+from asyncrl.runtime.placement_check import PlacementError
+from asyncrl.runtime.ray_placement import ENGINE_ROLE, TRAINER_ROLE, Reservation, role_bundles
+
+
+def _bundles(*overrides: str) -> dict[str, tuple]:
+    base = ["model.device=cpu", "runtime.type=local", "controller.mode=async", "buffer.async_ratio=1"]
+    config = load_run_config(None, [*base, *overrides])
+    placement = plan_placement(
+        config.runtime,
+        num_engines=config.rollout.num_engines,
+        mode=config.controller.mode,
+        num_trainer_workers=config.trainer.num_workers,
+    )
+    return {role.role: role.bundles for role in role_bundles(config, config.runtime, placement)}
+
+
+def test_cpus_are_split_over_trainer_ranks_and_engines():
+    bundles = _bundles(
+        "trainer.num_workers=2",
+        "rollout.num_engines=4",
+        "runtime.train_num_cpus=2",
+        "runtime.rollout_num_cpus=2",
+    )
+    assert bundles == {TRAINER_ROLE: ({"CPU": 1.0},) * 2, ENGINE_ROLE: ({"CPU": 0.5},) * 4}
+
+
+def test_accelerators_and_node_resources_go_into_each_bundle():
+    bundles = _bundles(
+        "trainer.num_workers=2",
+        "rollout.num_engines=1",
+        "runtime.accelerator_resource=fake_gpu",
+        "runtime.accelerators_per_trainer_worker=1",
+        "runtime.accelerators_per_engine=2",  # a tensor-parallel engine: both GPUs in one bundle
+        "runtime.trainer_resources.trainer_node=1",
+        "runtime.engine_resources.rollout_node=1",
+    )
+    assert bundles[TRAINER_ROLE] == ({"CPU": 0.5, "fake_gpu": 1.0, "trainer_node": 1.0},) * 2
+    assert bundles[ENGINE_ROLE] == ({"CPU": 1.0, "fake_gpu": 2.0, "rollout_node": 1.0},)
+
+
+def test_vllm_tensor_parallelism_sets_an_engines_gpus_on_cuda():
+    config = load_run_config(
+        None, ["model.device=cuda", "engine.backend=vllm", "engine.vllm.tensor_parallel_size=4"]
+    )
+    from asyncrl.runtime.ray_placement import accelerators_per_actor
+
+    assert accelerators_per_actor(config, config.runtime) == (1.0, 4.0)
+
+
+def test_colocated_cpu_roles_reserve_nothing_and_colocation_on_gpus_is_refused():
+    assert _bundles("controller.mode=sync", "buffer.async_ratio=0") == {}
+    with pytest.raises(PlacementError, match="colocated rollout and training on accelerators"):
+        _bundles("controller.mode=sync", "buffer.async_ratio=0", "runtime.accelerators_per_engine=1")
+
+
+def test_an_actor_outside_any_reservation_asks_for_no_cpus():
+    assert Reservation().options(ENGINE_ROLE, 0, "GPU") == {"num_cpus": 0}
