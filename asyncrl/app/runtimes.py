@@ -16,6 +16,8 @@ from asyncrl.controller.controller import Controller, StepRecord
 from asyncrl.data.base import Task
 from asyncrl.envs import env_factory
 from asyncrl.proxy.factory import proxy_for_mode
+from asyncrl.proxy.llm_proxy import LLMProxy
+from asyncrl.proxy.recovery import EngineFactory
 from asyncrl.rewards.service import RewardService
 from asyncrl.rollout.agentic_producer import make_env_seed_source
 from asyncrl.rollout.prompt_source import PromptSource
@@ -36,6 +38,8 @@ class Parts(Protocol):
     trainer: Any
     engines: list[Any]
     rewards: RewardService
+    engine_factory: EngineFactory | None
+    """Starts an engine in place of a dead or wedged one (the proxy's recovery); None: no recovery."""
 
     def locations(self) -> dict[str, Any]: ...
 
@@ -64,15 +68,20 @@ def runtime_parts(config: RunConfig) -> Iterator[Parts]:
 
 def make_proxy(parts: Parts) -> Proxy:
     """The proxy the mode needs over the engines (``asyncrl.proxy.factory``). Engines start from the loaded
-    model, version 0; a resumed trainer's weights reach them through the first ``model_update``."""
+    model, version 0; a resumed trainer's weights reach them through the first ``model_update``. Dead or
+    wedged engines are replaced where the runtime can start engines and the proxy is an ``LLMProxy`` (the
+    multi_version orchestrator moves a sick engine's requests away but does not replace it yet)."""
     cfg = parts.config
-    return proxy_for_mode(
+    proxy = proxy_for_mode(
         parts.engines,
         cfg.proxy,
         cfg.controller.mode,
         async_ratio=cfg.buffer.async_ratio,
         slots_per_engine=cfg.engine.max_running_requests,
     )
+    if isinstance(proxy, LLMProxy) and parts.engine_factory is not None:
+        proxy.enable_recovery(parts.engine_factory)
+    return proxy
 
 
 def make_source(config: RunConfig, task: Task) -> PromptSource:

@@ -8,6 +8,7 @@ checkpoints under ``checkpoints/`` — so benchmarks and the CLI summary read th
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import sys
 import time
@@ -25,6 +26,7 @@ from asyncrl.controller.run_state import RunState
 from asyncrl.metrics.spans import SpanRecorder
 from asyncrl.metrics.tracker import MetricsTracker
 from asyncrl.proxy.llm_proxy import LLMProxy
+from asyncrl.runtime.errors import TrainerDied
 from asyncrl.trainer.checkpoint import checkpoint_due, resolve_resume_path
 
 
@@ -54,13 +56,41 @@ async def train(
     config: RunConfig, console: TextIO | None = sys.stdout, stop: asyncio.Event | None = None
 ) -> TrainingSummary:
     """Run ``config`` to completion (or until ``stop`` is set: then after a final checkpoint) and return its
-    summary."""
+    summary. A trainer that dies restarts the run from its last verified checkpoint (``runtime.trainer_restarts``
+    times): all its parts are built anew and it resumes exactly as ``resume=`` would; the engines too, since
+    they serve weights newer than the checkpoint's and refuse older ones."""
     started = time.perf_counter()
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(to_dict(config), indent=1))
-    with runtime_parts(config) as parts:
-        return await _train(parts, out, started, console, stop or asyncio.Event())
+    stop = stop or asyncio.Event()
+    for num_restarts in itertools.count():
+        try:
+            with runtime_parts(config) as parts:
+                return await _train(parts, out, started, console, stop)
+        except TrainerDied as error:
+            config = _restart_from_checkpoint(config, out, error, num_restarts, stop, console)
+    raise AssertionError("unreachable: the loop returns or raises")
+
+
+def _restart_from_checkpoint(
+    config: RunConfig,
+    out: Path,
+    error: TrainerDied,
+    num_restarts: int,
+    stop: asyncio.Event,
+    console: TextIO | None,
+) -> RunConfig:
+    """The config that resumes from the run's newest verified checkpoint; ``error`` again when restarts are
+    spent, the run was being stopped anyway, or there is no checkpoint to go back to."""
+    if num_restarts >= config.runtime.trainer_restarts or stop.is_set():
+        raise error
+    try:
+        checkpoint = resolve_resume_path(out)
+    except FileNotFoundError:
+        raise TrainerDied(f"{error}; no verified checkpoint under {out} to restart from") from error
+    _say(console, f"trainer lost ({error}); restart {num_restarts + 1} from {checkpoint}")
+    return replace(config, resume=str(out))
 
 
 async def _train(
@@ -220,6 +250,14 @@ def _engine_busy_s(proxy_stats: dict) -> float:
 
 MULTI_VERSION_STATS = ("num_migrations", "kv_bytes_moved", "versions_alive", "num_switches")
 """Cumulative counters of the multi_version orchestrator copied into every step's metrics."""
+RECOVERY_STATS = {
+    "num_engine_restarts": "recovery/engine_restarts",
+    "num_failed_restarts": "recovery/failed_restarts",
+    "num_failed_probes": "recovery/failed_probes",
+    "num_reclaimed": "recovery/reclaimed_requests",
+    "num_retries": "recovery/rerouted_requests",
+}
+"""Cumulative engine-recovery counters of the proxy (when it recovers engines), as step metrics."""
 
 
 def step_metrics(record: StepRecord, proxy_stats: dict, train_started: float) -> dict[str, float]:
@@ -243,6 +281,8 @@ def step_metrics(record: StepRecord, proxy_stats: dict, train_started: float) ->
     for key in MULTI_VERSION_STATS:  # only the multi_version orchestrator reports these
         if key in proxy_stats:
             metrics[f"multi_version/{key}"] = float(proxy_stats[key])
+    if "num_engine_restarts" in proxy_stats:  # only a proxy that recovers engines reports these
+        metrics |= {name: float(proxy_stats[key]) for key, name in RECOVERY_STATS.items()}
     return metrics
 
 

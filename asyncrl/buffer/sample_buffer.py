@@ -111,6 +111,8 @@ class SampleBuffer:
         self._counts: collections.Counter[str] = collections.Counter()
         self._dropped: collections.Counter[DropKind] = collections.Counter()
         self._min_fresh_version = 0
+        self._batch_taken_at: int | None = None
+        """The trainer version whose batch ``take_batch`` last took (see ``surplus_in_flight``)."""
         self._waiters: list[asyncio.Future[None]] = []
         self._num_admission_waiters = 0
         self._consumer_waiting = False
@@ -181,6 +183,23 @@ class SampleBuffer:
         """Tickets still generating that can no longer be trained: worth aborting, reclaimed when they report."""
         return [a for a in self._in_flight.values() if not self._is_fresh(a.start_version)]
 
+    def surplus_in_flight(self) -> list[Admission]:
+        """Tickets still generating whose last chance was the batch already taken at this version: fresh now,
+        stale at the next version, so no batch can train them (redundant admissions once their batch is
+        full). Worth aborting at once rather than after the training step."""
+        if self._batch_taken_at != self._version:
+            return []
+        next_fresh = self._min_fresh_at_next_version()
+        return [
+            a
+            for a in self._in_flight.values()
+            if self._is_fresh(a.start_version) and a.start_version < next_fresh
+        ]
+
+    def untrainable_in_flight(self) -> list[Admission]:
+        """``stale_in_flight`` and ``surplus_in_flight``: every ticket still generating that no batch can train."""
+        return self.stale_in_flight() + self.surplus_in_flight()
+
     # ---- trainer -----------------------------------------------------------------------------------
 
     def on_trainer_version(self, version: int) -> None:
@@ -214,6 +233,7 @@ class SampleBuffer:
         if wait_for_older and self._must_wait_for_older(wanted):
             return None
         taken, self._buffered = self._buffered[:wanted], self._buffered[wanted:]
+        self._batch_taken_at = self._version
         self._counts["trained"] += len(taken)
         self._counts["trained_samples"] += sum(len(group) for _, group in taken)
         self._changed()
@@ -335,8 +355,16 @@ class SampleBuffer:
         return len(self._buffered) + len(self._in_flight) - num_stale
 
     def _room(self) -> int:
+        """Groups that may start now. None once this version's batch is taken if a group started now would be
+        stale at the next version (α < 1): nothing could train it, and a dropped surplus must not make room
+        for work that is dropped in turn."""
+        if self._batch_taken_at == self._version and self._min_fresh_at_next_version() > self._version:
+            return 0
         trained = self._trained_before + self._counts["trained"]
         return staleness.num_admittable(self._capacity(), trained, self._num_live())
+
+    def _min_fresh_at_next_version(self) -> int:
+        return staleness.min_fresh_version(self._version + 1, self.config.async_ratio)
 
     def _must_wait_for_older(self, wanted: int) -> bool:
         """Whether the ``wanted`` oldest buffered groups (sorted) would leave some live group overdue while a

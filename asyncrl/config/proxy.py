@@ -1,4 +1,4 @@
-"""Configuration of the LLMProxy: routing, timeouts, engine health and the weight-update policy."""
+"""Configuration of the LLMProxy: routing, timeouts, engine health and recovery, the weight-update policy."""
 
 from __future__ import annotations
 
@@ -34,6 +34,16 @@ class ProxyConfig:
     retry_on_engine_failure: bool = False
     """Re-run a request whose engine failed on another healthy engine, whose version the proxy knows. Off by
     default: a failure then reaches the caller as ``EngineFailure``."""
+    max_engine_restarts: int = 8
+    """How many times each engine may be killed and replaced after it died or wedged (``proxy.recovery``;
+    only where the runtime can start engines: ``runtime.inline`` with the built-in engine, Ray). Its requests
+    are re-routed and the replacement receives the latest weights before any of them. 0: a failed engine
+    stays unhealthy."""
+    health_check_interval_s: float | None = 30.0
+    """With recovery: probe every engine this often, which finds one that is alive but silent; None: probe an
+    engine only after one of its calls failed."""
+    health_check_timeout_s: float = 30.0
+    """A health probe unanswered after this long counts as a hang: the engine is replaced."""
     max_continuations: int = 32
     """Most times one request is transparently continued after an abort it did not ask for (``in_flight``
     policy); past it, the partial generation is returned with ``finish_reason="abort"``."""
@@ -53,5 +63,11 @@ class ProxyConfig:
             raise ValueError(
                 f"proxy.max_consecutive_failures must be >= 1, got {self.max_consecutive_failures}"
             )
+        if self.max_engine_restarts < 0:
+            raise ValueError(f"proxy.max_engine_restarts must be >= 0, got {self.max_engine_restarts}")
+        for name in ("health_check_interval_s", "health_check_timeout_s"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"proxy.{name} must be > 0, got {value}")
         if self.max_continuations < 0:
             raise ValueError(f"proxy.max_continuations must be >= 0, got {self.max_continuations}")

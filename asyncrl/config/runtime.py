@@ -76,6 +76,10 @@ class RuntimeConfig:
     and fails with a timeout naming the engine: a hung but live actor never blocks the run forever."""
     train_step_timeout_s: float = 3600.0
     """Longest one train step may take on the trainer actor."""
+    trainer_restarts: int = 2
+    """Times a run whose trainer actor died (or stopped answering) starts again from its last verified
+    checkpoint, every actor anew, exactly as ``resume=`` would; 0: the run fails. Needs
+    ``trainer.checkpoint_every`` > 0 to have a checkpoint to go back to."""
 
     def __post_init__(self) -> None:
         if self.type not in RUNTIME_TYPES:
@@ -91,6 +95,8 @@ class RuntimeConfig:
             raise ValueError(
                 f"runtime.colocate must be one of {', '.join(map(repr, COLOCATE_CHOICES))}, got {self.colocate!r}"
             )
+        if self.trainer_restarts < 0:
+            raise ValueError(f"runtime.trainer_restarts must be >= 0, got {self.trainer_restarts}")
         for name in ("trainer_strategy", "engine_strategy"):
             if getattr(self, name) not in STRATEGIES:
                 raise ValueError(

@@ -70,7 +70,8 @@ class RolloutProducer(Protocol):
         ...
 
     async def abort_stale(self) -> int:
-        """Cut the in-flight groups that can no longer be trained fresh; returns how many."""
+        """Cut the in-flight groups that no batch can train any more (``SampleBuffer.untrainable_in_flight``:
+        stale, or surplus once their batch is full); returns how many."""
         ...
 
 
@@ -164,7 +165,12 @@ class Controller:
             return False
         got_batch = clock()
         trained_version = self.version
-        metrics = await self.trainer.train_step(groups, trained_version)
+        # The batch is full: redundant work that no later batch can train stops now, not after training.
+        surplus = asyncio.ensure_future(self.producer.abort_stale())
+        try:
+            metrics = await self.trainer.train_step(groups, trained_version)
+        finally:
+            await surplus
         trained = clock()
         for group in groups:
             self.source.finish(group.prompt_uid)

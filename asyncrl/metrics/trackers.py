@@ -18,6 +18,12 @@ from asyncrl.metrics.progress import Progress
 
 CONSOLE_KEYS = ("reward/mean", "response_length/mean", "samples_per_s", "time/step_s", "staleness/max")
 """The handful of numbers a person watches, in the order the console shows them."""
+CONSOLE_FAULT_KEYS = {
+    "recovery/engine_restarts": "engine_restarts",
+    "recovery/reclaimed_requests": "reclaimed",
+    "rewards/timed_out": "reward_timeouts",
+}
+"""Run-wide fault counters the console adds (under these names) once they are above zero: worth a glance then."""
 
 
 class Tracker(Protocol):
@@ -67,6 +73,7 @@ class ConsoleTracker:
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         shown = {_console_name(k): metrics[k] for k in CONSOLE_KEYS if k in metrics}
+        shown |= {name: metrics[k] for k, name in CONSOLE_FAULT_KEYS.items() if metrics.get(k)}
         self._progress.update(step, shown)
 
     def log_summary(self, summary: Mapping[str, Any]) -> None:

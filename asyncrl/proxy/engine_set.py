@@ -17,7 +17,9 @@ An engine call costs one task, one future and one timer, however many are in fli
 
 Health: a worker is unhealthy after ``max_consecutive_failures`` failed or timed-out calls in a row, or at
 once when a control call fails (then ``control_error`` says why). Unhealthy engines get no new requests; what
-happens to the requests they still hold is the proxy's policy.
+happens to the requests they still hold is the proxy's policy. ``on_failure(worker)`` hears of every failed
+call (``proxy.recovery`` probes the engine then), and ``reclaim(worker)`` takes every call still on an engine
+back from it at once (its callers get ``EngineReclaimed``): the engine is about to be killed and replaced.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 from asyncrl.config.proxy import ProxyConfig
-from asyncrl.proxy.errors import EngineFailure, ProxyClosed, RequestTimeout
+from asyncrl.proxy.errors import EngineFailure, EngineReclaimed, ProxyClosed, RequestTimeout
 from asyncrl.proxy.worker import EngineClient, EngineWorker
 from asyncrl.types import FinishReason, Generation, InvalidRequest, Request
 
@@ -63,9 +65,16 @@ class EngineSet:
         self._on_call_end = on_call_end
         self._background: set[asyncio.Task[Any]] = set()
         """Engine calls and the proxy's own tasks; ``close`` cancels them."""
-        self._call_waiters: set[asyncio.Future[None]] = set()
-        """One per caller awaiting an engine call; ``close`` resolves them."""
+        self._call_waiters: dict[asyncio.Future[None], asyncio.Task[Generation]] = {}
+        """One per caller awaiting an engine call, with that call; ``close`` and ``reclaim`` resolve them."""
         self._attempt_ids = itertools.count()
+        self._calls_on: dict[int, dict[int, tuple[asyncio.Task[Generation], Request]]] = {}
+        """Engine index → attempt id → (engine call, request), for ``reclaim``."""
+        self._reclaimed: set[asyncio.Task[Generation]] = set()
+        """Engine calls taken back by ``reclaim`` whose callers have not been told yet."""
+        self.on_failure: Callable[[EngineWorker], None] | None = None
+        """Called when a call on an engine fails or times out, or a control call fails (``proxy.recovery``)."""
+        self.num_reclaimed = 0
 
     def record_busy_spans(self, sink: Callable[[int, float, float], None]) -> None:
         """Call ``sink(index, start, end)`` for every busy stretch of every engine from now on."""
@@ -93,6 +102,7 @@ class EngineSet:
         worker.start(attempt_id, request, self.clock())
         task = asyncio.ensure_future(self._engine_call(worker, request, attempt_id, run))
         self._background.add(task)  # one done callback (below) instead of spawn's second one
+        self._calls_on.setdefault(worker.index, {})[attempt_id] = (task, request)
         task.add_done_callback(lambda done: self._on_call_done(worker, request, attempt_id, done))
         return task
 
@@ -101,15 +111,19 @@ class EngineSet:
     ) -> Generation:
         """The result of engine call ``task`` (from ``start``) of ``request_id`` on ``worker``.
 
-        Raises ``EngineFailure`` if the engine raised, ``RequestTimeout`` past ``request_timeout_s`` (the
-        request aborted on the engine and reaped; counts against health) and ``ProxyClosed`` on ``close``.
-        A cancelled caller leaves the abort and reap to a background task.
+        Raises ``EngineFailure`` if the engine raised, ``EngineReclaimed`` if ``reclaim`` took the call back,
+        ``RequestTimeout`` past ``request_timeout_s`` (the request aborted on the engine and reaped; counts
+        against health) and ``ProxyClosed`` on ``close``. A cancelled caller leaves the abort and reap to a
+        background task.
         """
         try:
             await self._call_ended(task)
         except asyncio.CancelledError:
             self.spawn(self._abort_and_reap(worker, request_id, task))
             raise
+        if task in self._reclaimed:
+            self._reclaimed.discard(task)
+            raise EngineReclaimed(worker.index, "generate", request_id)
         if task.done() and not task.cancelled():
             return task.result()
         if self.closed or task.cancelled():
@@ -133,6 +147,7 @@ class EngineSet:
         except Exception as error:
             worker.record_failure(self.config.max_consecutive_failures)
             logger.warning("engine %d failed request %s: %r", worker.index, request.request_id, error)
+            self._failed(worker)
             raise EngineFailure(worker.index, "generate", request.request_id) from error
         finally:
             self._finish(worker, request, attempt_id)
@@ -156,7 +171,7 @@ class EngineSet:
                 waiter.set_result(None)
 
         task.add_done_callback(wake)
-        self._call_waiters.add(waiter)
+        self._call_waiters[waiter] = task
         timeout = self.config.request_timeout_s
         timer = None if timeout is None else loop.call_later(timeout, wake)
         if self.closed:
@@ -164,7 +179,7 @@ class EngineSet:
         try:
             await waiter
         finally:
-            self._call_waiters.discard(waiter)
+            self._call_waiters.pop(waiter, None)
             task.remove_done_callback(wake)
             if timer is not None:
                 timer.cancel()
@@ -177,6 +192,7 @@ class EngineSet:
         logger.warning("request %s timed out after %s s on engine %d", request_id, timeout, worker.index)
         await self._abort_and_reap(worker, request_id, task)
         worker.record_failure(self.config.max_consecutive_failures)
+        self._failed(worker)
         raise RequestTimeout(request_id, worker.index, timeout)
 
     async def _abort_and_reap(
@@ -196,8 +212,33 @@ class EngineSet:
             await asyncio.wait({task}, timeout=self.config.control_timeout_s)
 
     def _finish(self, worker: EngineWorker, request: Request, attempt_id: int) -> None:
+        self._calls_on.get(worker.index, {}).pop(attempt_id, None)
         if worker.finish(attempt_id, self.clock()) and self._on_call_end is not None:
             self._on_call_end(worker, request)
+
+    def _failed(self, worker: EngineWorker) -> None:
+        if self.on_failure is not None:
+            self.on_failure(worker)
+
+    def reclaim(self, worker: EngineWorker) -> int:
+        """Take every call still on ``worker``'s engine back now; returns how many.
+
+        Each stops counting in flight at once (so a drain never waits on an engine about to be killed), its
+        task is cancelled, and its caller gets ``EngineReclaimed`` without waiting for the task to end: a
+        wedged engine may never let it.
+        """
+        calls = self._calls_on.pop(worker.index, {})
+        tasks = {task for task, _ in calls.values()}
+        for attempt_id, (task, request) in calls.items():
+            self._reclaimed.add(task)
+            logger.warning("request %s taken back from engine %d", request.request_id, worker.index)
+            self._finish(worker, request, attempt_id)
+            task.cancel()
+        for waiter, task in self._call_waiters.items():
+            if task in tasks and not waiter.done():
+                waiter.set_result(None)
+        self.num_reclaimed += len(calls)
+        return len(calls)
 
     def _on_call_done(
         self, worker: EngineWorker, request: Request, attempt_id: int, task: asyncio.Task[Generation]
@@ -208,6 +249,8 @@ class EngineSet:
         self._finish(worker, request, attempt_id)
         if not task.cancelled():
             task.exception()
+        elif task in self._reclaimed and not any(task is t for t in self._call_waiters.values()):
+            self._reclaimed.discard(task)  # its caller had already left (cancelled or timed out)
 
     async def control(
         self, worker: EngineWorker, operation: str, *args: Any, request_id: str | None = None
@@ -223,18 +266,24 @@ class EngineSet:
 
     def mark_unhealthy(self, worker: EngineWorker, failure: BaseException) -> None:
         """A control call failed: the engine gets nothing more and its weight version is unknown."""
-        logger.error("engine %d is unhealthy from now on: %s (%r)", worker.index, failure, failure.__cause__)
+        logger.error(
+            "engine %d is unhealthy, its version unknown: %s (%r)", worker.index, failure, failure.__cause__
+        )
         worker.healthy = False
         worker.control_error = failure
         worker.pending = None
+        self._failed(worker)
 
     def control_failure(self, older_than: int | None = None) -> BaseException | None:
-        """The first control failure of any engine (of one still below version ``older_than`` if given)."""
+        """The first control failure of any engine (of one still below version ``older_than`` if given) that
+        no recovery is repairing."""
         return next(
             (
                 worker.control_error
                 for worker in self.workers
-                if worker.control_error is not None and (older_than is None or worker.version < older_than)
+                if worker.control_error is not None
+                and not worker.recovering
+                and (older_than is None or worker.version < older_than)
             ),
             None,
         )

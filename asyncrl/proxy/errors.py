@@ -30,3 +30,8 @@ class RequestTimeout(TimeoutError):
         self.engine_index = engine_index
         self.timeout_s = timeout_s
         super().__init__(f"request {request_id!r} timed out after {timeout_s} s on engine {engine_index}")
+
+
+class EngineReclaimed(EngineFailure):
+    """The request's engine was found dead or wedged and is being replaced; the call was taken back from it
+    (``proxy.recovery``), so the proxy serves the request again elsewhere."""

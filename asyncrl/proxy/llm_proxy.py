@@ -41,8 +41,9 @@ Invariants (tests/unit/proxy):
    it, and applies an update only with no call in flight, so every Generation carries one version.
 3. ``in_flight`` policy: a caller never sees an abort it did not ask for (within ``max_continuations``);
    the stitched Generation equals the concatenation of its pieces, versions non-decreasing.
-4. No silent re-run: a failed engine call is re-run elsewhere only with ``retry_on_engine_failure``, and
-   only on a healthy engine whose version the proxy knows.
+4. No silent re-run: a failed engine call is re-run elsewhere only with ``retry_on_engine_failure``, or
+   with recovery on (``enable_recovery``) while its engine is probed or replaced; always on an engine
+   whose version the proxy knows (a replacement only once it holds the latest update), counted.
 5. Weight ownership: in ``drain`` the proxy snapshots (clones) the weights inside ``model_update`` before it
    returns, so the trainer may keep updating its tensors in place; in ``in_flight`` every engine holds the
    update before ``model_update`` returns, so no copy is made.
@@ -60,6 +61,7 @@ from typing import Any
 from asyncrl.config.proxy import ProxyConfig
 from asyncrl.proxy.continuation import check_continued, continuation_request, empty_abort, needs_continuation
 from asyncrl.proxy.errors import EngineFailure, NoHealthyEngine, RequestTimeout
+from asyncrl.proxy.recovery import EngineFactory, EngineRecovery
 from asyncrl.proxy.shell import ProxyShell
 from asyncrl.proxy.wakeup import HeldCalls
 from asyncrl.proxy.worker import (
@@ -86,6 +88,7 @@ class _Call:
     partial: Generation | None = None
     """Output so far, from engine calls that ended in an abort the caller did not ask for."""
     num_continuations: int = 0
+    num_retries: int = 0
     excluded: set[int] = field(default_factory=set)
     """Engines that failed this call (skipped by retries)."""
     chosen: int | None = None
@@ -110,6 +113,22 @@ class LLMProxy(ProxyShell):
         self._held = HeldCalls()
         self._updating = False
         self._counts = {"num_continuations": 0, "num_retries": 0, "num_timeouts": 0}
+        self._initial_version = initial_version
+        self._latest_update: PendingUpdate | None = None
+        """The last update published, kept for engines that replace failed ones (``enable_recovery``)."""
+        self._recovery: EngineRecovery | None = None
+
+    def enable_recovery(self, factory: EngineFactory) -> None:
+        """Replace dead or wedged engines with ones ``factory`` starts (see ``proxy.recovery``); call it on
+        the event loop the proxy serves."""
+        if self._recovery is None and self.config.max_engine_restarts > 0:
+            self._recovery = EngineRecovery(
+                self._engines,
+                factory,
+                initial_version=self._initial_version,
+                latest_update=lambda: self._latest_update,
+                on_recovered=self._on_recovered,
+            )
 
     # ----------------------------------------------------------------------------------------------- requests
 
@@ -148,7 +167,9 @@ class LLMProxy(ProxyShell):
             except EngineFailure:
                 if not self._may_retry(call, worker):
                     raise
-                call.excluded.add(worker.index)
+                if self._recovery is None:  # recovery brings the engine back at a known version, or drops it
+                    call.excluded.add(worker.index)
+                call.num_retries += 1
                 self._counts["num_retries"] += 1
                 continue
             if not self._continues(call, generation):
@@ -233,7 +254,14 @@ class LLMProxy(ProxyShell):
         )
 
     def _may_retry(self, call: _Call, failed: EngineWorker) -> bool:
-        if not self.config.retry_on_engine_failure or call.abort_requested or self._closed:
+        """Whether a call its engine failed is served again: under recovery unless the engine is out for good
+        (at most ``max_consecutive_failures`` times, so a request that breaks every engine ends), else with
+        ``retry_on_engine_failure`` on another engine."""
+        if call.abort_requested or self._closed:
+            return False
+        if self._recovery is not None and (failed.recovering or failed.healthy):
+            return call.num_retries < self.config.max_consecutive_failures
+        if not self.config.retry_on_engine_failure:
             return False
         return self._choose(call, call.excluded | {failed.index}) is not None
 
@@ -262,16 +290,18 @@ class LLMProxy(ProxyShell):
             raise ValueError(f"model_update: version must exceed {self._latest_version}, got {version}")
         if self.update_policy == "drain":
             self._latest_version = version
-            self._schedule_drain(
-                PendingUpdate(named_tensors=snapshot_named_tensors(named_tensors), version=version)
-            )
+            update = PendingUpdate(named_tensors=snapshot_named_tensors(named_tensors), version=version)
+            self._latest_update = update
+            self._schedule_drain(update)
             return
         if not self._suspended or self._updating:
             raise RuntimeError(
                 "update_policy 'in_flight': call suspend() before model_update(), one at a time"
             )
         self._latest_version = version
-        await self._update_in_flight(_in_flight_payload(named_tensors), version)
+        payload = _in_flight_payload(named_tensors)
+        self._latest_update = PendingUpdate(named_tensors=payload, version=version)
+        await self._update_in_flight(payload, version)
 
     async def resume(self) -> None:
         """``in_flight`` policy: resume the engines; then release the held generate calls."""
@@ -326,26 +356,47 @@ class LLMProxy(ProxyShell):
         self._notify()
 
     def _maybe_apply(self, worker: EngineWorker) -> None:
-        """Start applying ``worker``'s pending update if it has drained (no call in flight, nothing applying)."""
-        if worker.pending is None or worker.in_flight or worker.applying is not None or self._closed:
+        """Start applying ``worker``'s pending update if it has drained (no call in flight, nothing applying,
+        not recovering: a replacement is brought to the latest update by the recovery itself)."""
+        if (
+            worker.pending is None
+            or worker.in_flight
+            or worker.applying is not None
+            or worker.recovering
+            or self._closed
+        ):
             return
         update, worker.pending = worker.pending, None
         worker.applying = update.version
         self._engines.spawn(self._apply(worker, update))
 
     async def _apply(self, worker: EngineWorker, update: PendingUpdate) -> None:
+        """pause → update → resume on the worker's engine; if the engine is replaced meanwhile (recovery),
+        the rest is left to the recovery, which brings the new engine to the latest update."""
+        client = worker.client
+        steps = [("pause",), ("update_weights", update.named_tensors, update.version), ("resume",)]
+        failure: EngineFailure | None = None
         try:
-            await self._engines.control(worker, "pause")
-            await self._engines.control(worker, "update_weights", update.named_tensors, update.version)
-            await self._engines.control(worker, "resume")
-        except EngineFailure as failure:
+            for operation, *args in steps:
+                if worker.client is not client:
+                    break
+                await self._engines.control(worker, operation, *args)
+        except EngineFailure as error:
+            failure = error
+        if worker.client is not client:
+            return
+        if failure is not None:
             self._engines.mark_unhealthy(worker, failure)
         else:
             worker.version = update.version
-        finally:
-            worker.applying = None
-            self._maybe_apply(worker)
-            self._notify()
+        worker.applying = None
+        self._maybe_apply(worker)
+        self._notify()
+
+    def _on_recovered(self, worker: EngineWorker) -> None:
+        """A worker left recovery (replaced or not): a newer pending update may apply, held calls may go."""
+        self._maybe_apply(worker)
+        self._notify()
 
     # ---------------------------------------------------------------------------------------------- control
 
@@ -353,16 +404,18 @@ class LLMProxy(ProxyShell):
         """Run ``action`` on every engine whose control calls work, at once; first error raised.
 
         An engine made unhealthy by failing *requests* is still paused, updated and resumed, so calls it still
-        holds never stay paused and its version stays known; one whose control call fails is dropped for good.
+        holds never stay paused and its version stays known; one whose control call fails is dropped for good,
+        or (recovery on) replaced: its failure is then not raised, and engines in recovery are skipped.
         """
-        workers = [worker for worker in self._workers if worker.control_error is None]
+        workers = [w for w in self._workers if w.control_error is None and not w.recovering]
         results = await asyncio.gather(*(action(worker) for worker in workers), return_exceptions=True)
         failures = [(w, r) for w, r in zip(workers, results, strict=True) if isinstance(r, BaseException)]
         for worker, failure in failures:
             self._engines.mark_unhealthy(worker, failure)
         self._notify()
-        if failures:
-            raise failures[0][1]
+        unrecovered = [failure for worker, failure in failures if not worker.recovering]
+        if unrecovered:
+            raise unrecovered[0]
 
     def _on_load_change(self, worker: EngineWorker) -> None:
         self._loads.update(worker.load())
@@ -376,10 +429,13 @@ class LLMProxy(ProxyShell):
 
     def stats(self) -> dict[str, Any]:
         """Per-engine load, version, health, busy time, idle fraction and tokens; proxy-wide counts."""
+        recovery = {} if self._recovery is None else self._recovery.counts
         return {
             **self._common_stats(),
             "num_held": sum(1 for call in self._calls.values() if call.task is None),
             **self._counts,
+            "num_reclaimed": self._engines.num_reclaimed,
+            **recovery,
         }
 
 

@@ -66,7 +66,7 @@ def _copy_value(value: Any) -> Any:
     return value
 
 
-_LOAD_FIELDS = frozenset({"version", "pending", "applying", "healthy", "num_in_flight_tokens"})
+_LOAD_FIELDS = frozenset({"version", "pending", "applying", "healthy", "recovering", "num_in_flight_tokens"})
 """Fields that change ``EngineWorker.load()`` (``start``/``finish`` change ``in_flight`` and then the tokens)."""
 
 
@@ -93,6 +93,10 @@ class EngineWorker:
     """Version being applied right now (drain policy), None otherwise."""
     control_error: BaseException | None = None
     """Why a pause / update / resume failed on this engine (it is then unhealthy at an unknown version)."""
+    recovering: bool = False
+    """Being probed after a failure, or replaced (``proxy.recovery``): it takes no new request meanwhile."""
+    num_restarts: int = 0
+    """Times this engine was replaced by a fresh one."""
     busy_seconds: float = 0.0
     busy_since: float | None = None
     total_tokens: int = 0
@@ -109,8 +113,9 @@ class EngineWorker:
 
     @property
     def ready(self) -> bool:
-        """No update is pending or being applied: a request sent now starts at once, on ``version``."""
-        return self.pending is None and self.applying is None
+        """No update is pending or being applied and no recovery is under way: a request sent now starts at
+        once, on ``version``."""
+        return self.pending is None and self.applying is None and not self.recovering
 
     @property
     def effective_version(self) -> int:
@@ -152,9 +157,11 @@ class EngineWorker:
         return True
 
     def record_failure(self, max_consecutive_failures: int) -> None:
+        """Count a failed call; past ``max_consecutive_failures`` in a row the engine is unhealthy, unless a
+        recovery is already under way (it decides: the engine comes back, replaced or not, or stays out)."""
         self.num_failures += 1
         self.consecutive_failures += 1
-        if self.consecutive_failures >= max_consecutive_failures:
+        if self.consecutive_failures >= max_consecutive_failures and not self.recovering:
             self.healthy = False
 
     def record_success(self) -> None:
@@ -182,4 +189,5 @@ class EngineWorker:
             "total_tokens": self.total_tokens,
             "num_requests": self.num_requests,
             "num_failures": self.num_failures,
+            "num_restarts": self.num_restarts,
         }

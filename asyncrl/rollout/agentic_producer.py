@@ -123,7 +123,9 @@ class AgenticProducer:
     async def abort_stale(self) -> int:
         """Cut the groups that can no longer be trained fresh (e.g. redundant ones once their batch was
         trained); they end as aborted, recorded. Returns how many groups."""
-        stale = [self._live[a.ticket_id] for a in self.buffer.stale_in_flight() if a.ticket_id in self._live]
+        stale = [
+            self._live[a.ticket_id] for a in self.buffer.untrainable_in_flight() if a.ticket_id in self._live
+        ]
         await asyncio.gather(*(group.control.cut("stale: its batch was already trained") for group in stale))
         return len(stale)
 

@@ -99,7 +99,7 @@ class ExternalProducer:
                     self._release(group, DropKind.ABORTED, "producer stopped")
 
     async def abort_stale(self) -> int:
-        stale = {a.ticket_id for a in self.buffer.stale_in_flight()}
+        stale = {a.ticket_id for a in self.buffer.untrainable_in_flight()}
         groups = [
             g
             for g in {id(g): g for g in self._group_of.values()}.values()

@@ -144,7 +144,7 @@ class RLVRProducer:
         Their generations come back with ``finish_reason="abort"`` and the groups are released as aborted,
         so redundant or straggling work stops holding engines (and, under the drain policy, weight updates).
         """
-        stale = [a.ticket_id for a in self.buffer.stale_in_flight() if a.ticket_id in self._live]
+        stale = [a.ticket_id for a in self.buffer.untrainable_in_flight() if a.ticket_id in self._live]
         request_ids = [rid for ticket in stale for rid in self._live[ticket][1]]
         await asyncio.gather(*(self.proxy.abort(rid) for rid in request_ids))
         return len(stale)

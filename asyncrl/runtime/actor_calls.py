@@ -9,13 +9,7 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
-
-class ActorCallError(RuntimeError):
-    """An actor died (or became unreachable) while a call was in flight; the message names the actor."""
-
-
-class ActorCallTimeout(TimeoutError):
-    """An actor did not answer a call within its timeout; the call was cancelled there."""
+from asyncrl.runtime.errors import ActorCallError, ActorCallTimeout, TrainerDied
 
 
 async def await_actor(ref: ray.ObjectRef, what: str, timeout_s: float) -> Any:
@@ -42,3 +36,12 @@ def get_actor(ref: ray.ObjectRef | list[ray.ObjectRef], what: str, timeout_s: fl
         raise ActorCallTimeout(f"{what}: no answer within {timeout_s} s (cancelled)") from None
     except RayActorError as error:
         raise ActorCallError(f"{what}: the actor died or is unreachable") from error
+
+
+def get_trainer(ref: ray.ObjectRef | list[ray.ObjectRef], what: str, timeout_s: float) -> Any:
+    """``get_actor`` for the trainer: a dead or silent trainer is ``TrainerDied``, which the run recovers from
+    (``app.train`` restarts it from its last verified checkpoint)."""
+    try:
+        return get_actor(ref, what, timeout_s)
+    except (ActorCallError, ActorCallTimeout) as error:
+        raise TrainerDied(f"{what}: the trainer is lost ({error})") from error

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import copy
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,6 +30,11 @@ from asyncrl.trainer.trainer import Trainer
 from asyncrl.types import Group
 from asyncrl.weight_sync.protocol import WeightSync, WeightUpdate
 from asyncrl.weight_sync.transports import make_weight_sync
+
+logger = logging.getLogger(__name__)
+
+ENGINE_STOP_TIMEOUT_S = 5.0
+"""How long a replaced engine's thread gets to stop; a wedged one cannot be killed and is left behind (daemon)."""
 
 
 class LocalTrainer:
@@ -96,6 +102,38 @@ class AwaitableTrainer:
         return await asyncio.to_thread(self.trainer.state_for_sync)
 
 
+class InlineEngineFactory:
+    """Replaces a built-in engine for the proxy's recovery (``asyncrl.proxy.recovery.EngineFactory``): the
+    failed engine is shut down, and a new one built on the model directory, loaded again (the base weights
+    the proxy's initial version names), on its own thread; ``engines`` (the run's list) is kept current.
+
+    A thread cannot be killed: a wedged engine's thread that does not stop within ``ENGINE_STOP_TIMEOUT_S``
+    is left running, no longer reachable (a Ray actor, by contrast, is killed).
+    """
+
+    def __init__(self, config: RunConfig, engines: list[Any], num_threads: int) -> None:
+        self.config = config
+        self.engines = engines
+        self.num_threads = num_threads
+
+    async def replace(self, index: int, failed: Any) -> Any:
+        await asyncio.to_thread(_stop_engine, index, failed)
+        model_config = self.config.model
+        model, tokenizer = await asyncio.to_thread(
+            load_model_and_tokenizer, model_config.path, model_config.dtype, model_config.device
+        )
+        engine = make_engine(model, tokenizer, self.config.engine, self.num_threads)
+        self.engines[index] = engine
+        return engine
+
+
+def _stop_engine(index: int, engine: Any) -> None:
+    try:
+        engine.shutdown(timeout=ENGINE_STOP_TIMEOUT_S)
+    except Exception as error:  # deliberate: a wedged engine must not stop its own replacement
+        logger.warning("engine %d did not stop (%r); replacing it anyway", index, error)
+
+
 @dataclass
 class InlineParts:
     """The long-lived parts of a run (built once, reused by every controller run and evaluation)."""
@@ -106,6 +144,8 @@ class InlineParts:
     trainer: LocalTrainer
     engines: list[Any]
     rewards: RewardService
+    engine_factory: InlineEngineFactory | None = None
+    """Replaces a dead or wedged built-in engine (the proxy's recovery); None for vLLM workers."""
 
     def locations(self) -> dict[str, Any]:
         """Where the roles run (written to the run's ``placement.json``): all in this process."""
@@ -135,6 +175,7 @@ def build_parts(config: RunConfig) -> InlineParts:
         ref_model,
         pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
     )
+    builtin = config.engine.backend == "builtin"
     return InlineParts(
         config=config,
         task=make_task(config.task),
@@ -144,6 +185,7 @@ def build_parts(config: RunConfig) -> InlineParts:
         ),
         engines=engines,
         rewards=RewardService.from_config(config.reward),
+        engine_factory=InlineEngineFactory(config, engines, num_threads) if builtin else None,
     )
 
 

@@ -21,8 +21,10 @@ Key decisions:
   rank 0 places them in the object store as the ranks gather them, and every engine actor reads those
   objects zero-copy.
 - Every call has a timeout, and an actor that dies fails its calls at once with ``ActorCallError`` naming it.
-  Actors are never restarted (``max_restarts=0``): a fresh engine would serve the base weights at a version
-  nobody knows, and a retried ``generate`` would silently run twice.
+  Ray never restarts an actor (``max_restarts=0``): a fresh engine would serve the base weights at a version
+  nobody knows, and a retried ``generate`` would silently run twice. A dead or wedged engine is replaced by
+  the proxy's recovery instead (``RayEngineFactory``: kill, spawn a new actor in the same bundle, wait until
+  it is ready), which sends it the current weights before any request and re-routes the old one's requests.
 - A migrated request (multi_version) travels actor to actor through the object store: the exporting actor
   returns its ``RequestState`` (KV tensors included) as one object and a small summary as another; the driver
   fetches only the summary and hands the state's reference to the importing actor, so KV never passes here.
@@ -299,6 +301,47 @@ def spawn_engine(
     return RayEngineClient(actor.remote(model, engine, num_threads, cores), name, config)
 
 
+class RayEngineFactory:
+    """Replaces engine actors for the proxy's recovery (``asyncrl.proxy.recovery.EngineFactory``): the failed
+    actor is killed and a new one spawned through ``spawn_engine`` with the same model, engine settings and
+    bundle (its resources return to the placement group when the old actor dies); ``engines`` (the run's
+    list, which ``RayParts.close`` ends) is kept current."""
+
+    def __init__(
+        self,
+        config: RunConfig,
+        placement: Placement,
+        reservation: Reservation,
+        engines: list[RayEngineClient],
+    ) -> None:
+        self.config = config
+        self.placement = placement
+        self.reservation = reservation
+        self.engines = engines
+        self.num_started = 0
+
+    async def replace(self, index: int, failed: Any) -> RayEngineClient:
+        """Kill ``failed`` (engine ``index``), start its successor and return it once its model is loaded,
+        within ``startup_timeout_s``."""
+        failed.shutdown()  # ray.kill: a wedged actor stops too, and frees its bundle for the new one
+        self.num_started += 1
+        runtime = self.config.runtime
+        client = spawn_engine(
+            self.config.model,
+            self.config.engine,
+            runtime,
+            name=f"engine-{index}-restart-{self.num_started}",
+            num_threads=self.placement.engine_threads,
+            options=self.reservation.options(ENGINE_ROLE, index, runtime.accelerator_resource),
+            cores=self.placement.engine_cores[index] if self.placement.engine_cores else (),
+        )
+        self.engines[index] = client
+        await await_actor(
+            client.handle.ready.remote(), f"engine {client.name}: start", runtime.startup_timeout_s
+        )
+        return client
+
+
 def spawn_trainer_ranks(
     config: RunConfig, placement: Placement, reservation: Reservation, accelerator: str
 ) -> list[Any]:
@@ -334,6 +377,8 @@ class RayParts:
     reservation: Reservation
     engine_locations: list[dict[str, Any]]
     """Each engine's pid, threads and Ray node, as it reported when ready."""
+    engine_factory: RayEngineFactory
+    """Replaces a dead or wedged engine (the proxy's recovery)."""
 
     def locations(self) -> dict[str, Any]:
         """Where every actor runs (written to the run's ``placement.json``): node, pid and threads per trainer
@@ -406,6 +451,7 @@ def build_ray_parts(config: RunConfig, runtime: RuntimeConfig) -> RayParts:
         placement=placement,
         reservation=reservation,
         engine_locations=engine_locations,
+        engine_factory=RayEngineFactory(config, placement, reservation, engines),
     )
 
 

@@ -34,7 +34,7 @@ from asyncrl.config.run import RunConfig
 from asyncrl.config.runtime import RuntimeConfig
 from asyncrl.config.weight_sync import WeightSyncConfig
 from asyncrl.models.loading import load_model_and_tokenizer, resolve_device
-from asyncrl.runtime.actor_calls import get_actor
+from asyncrl.runtime.actor_calls import get_actor, get_trainer
 from asyncrl.runtime.placement import pin
 from asyncrl.trainer import checkpoint
 from asyncrl.trainer.distributed.checkpoint import (
@@ -166,6 +166,8 @@ class TrainerGroupClient:
 
     ``version`` and ``step`` mirror the ranks' and are updated by every call that changes them; the blocking
     calls are meant for a worker thread (the controller runs ``train_step`` through ``asyncio.to_thread``).
+    A dead or silent rank fails a step, weight publication or checkpoint with ``TrainerDied`` (``app.train``
+    then restarts the run from its last verified checkpoint).
     """
 
     def __init__(
@@ -186,7 +188,7 @@ class TrainerGroupClient:
         batch = ray.put(list(groups))
         refs = [handle.train_step.remote(batch, policy_version) for handle in self.handles]
         what = f"trainer: train_step(v{policy_version})"
-        metrics = get_actor(refs, what, self.config.train_step_timeout_s)[0]
+        metrics = get_trainer(refs, what, self.config.train_step_timeout_s)[0]
         self.step += 1
         self.version = policy_version + 1
         return metrics
@@ -196,7 +198,7 @@ class TrainerGroupClient:
         until every bucket is stored, so a trainer failure surfaces here, not as every engine failing."""
         bucket_bytes = int(self.weight_sync.bucket_mb * 2**20)
         refs = [handle.publish_weights.remote(bucket_bytes) for handle in self.handles]
-        return get_actor(refs, "trainer: publish weights", self.config.control_timeout_s)[0]
+        return get_trainer(refs, "trainer: publish weights", self.config.control_timeout_s)[0]
 
     def save_checkpoint(
         self,
@@ -206,7 +208,7 @@ class TrainerGroupClient:
         keep_last: int | None = None,
     ) -> Path:
         refs = [handle.save_checkpoint.remote(str(root), extra, keep_last) for handle in self.handles]
-        return Path(get_actor(refs, "trainer: save_checkpoint", self.config.control_timeout_s)[0])
+        return Path(get_trainer(refs, "trainer: save_checkpoint", self.config.control_timeout_s)[0])
 
     def load_checkpoint(self, path: str | os.PathLike[str]) -> dict[str, Any]:
         """Restore every rank from a checkpoint directory; returns the checkpoint's ``extra``."""

@@ -321,3 +321,32 @@ def test_buffer_config_validation_names_the_key():
         BufferConfig(get_batch_timeout_s=0)
     with pytest.raises(ValueError, match="group_size must be >= 1"):
         SampleBuffer(BufferConfig(), groups_per_batch=1, group_size=0)
+
+
+def test_redundant_groups_are_surplus_once_their_batch_is_taken_and_free_no_untrainable_room():
+    buffer = make_buffer(alpha=0, groups_per_batch=1, redundant=1)
+    first, second = admit(buffer, 2)
+    buffer.put(first, make_group("first", 0))
+    assert buffer.surplus_in_flight() == []  # the batch may still want it
+    assert [g.prompt_uid for g in buffer.take_batch(0)] == ["first"]
+    assert (buffer.surplus_in_flight(), buffer.stale_in_flight()) == ([second], [])
+    assert buffer.untrainable_in_flight() == [second]
+    buffer.release(second, DropKind.ABORTED, "surplus")
+    assert buffer.try_acquire_admission("p0") is None  # started at v0 now, it would be stale at v1
+    buffer.on_trainer_version(1)
+    assert buffer.surplus_in_flight() == []
+    assert len(admit(buffer, 2)) == 2
+
+
+def test_with_one_step_of_lag_only_the_oldest_version_is_surplus():
+    buffer = make_buffer(alpha=1, groups_per_batch=1, redundant=1)
+    old, extra = admit(buffer, 2)
+    buffer.put(old, make_group("old", 0))
+    buffer.take_batch(0)
+    assert buffer.surplus_in_flight() == []  # v0 is still fresh at v1
+    buffer.on_trainer_version(1)
+    (newer,) = admit(buffer, 1)
+    buffer.put(newer, make_group("newer", 1))
+    assert [g.prompt_uid for g in buffer.take_batch(1)] == ["newer"]
+    assert buffer.surplus_in_flight() == [extra]  # v0's last chance was v1's batch
+    assert buffer.try_acquire_admission("p0") is not None  # started at v1 it is fresh at v2

@@ -80,3 +80,20 @@ def test_flatten_joins_nested_keys():
 def test_bad_tracker_settings_are_named_errors(override, message):
     with pytest.raises(ValueError, match=message):
         load_run_config(None, [override])
+
+
+def test_console_shows_fault_counters_once_they_are_above_zero(tmp_path):
+    console = io.StringIO()
+    tracker = MetricsTracker(
+        tmp_path / "metrics.jsonl",
+        total_steps=2,
+        console=console,
+        config=MetricsConfig(trackers=("console", "jsonl")),
+    )
+    quiet = {"reward/mean": 0.5, "recovery/engine_restarts": 0.0, "rewards/timed_out": 0.0}
+    tracker.log(1, quiet)
+    tracker.log(2, {**quiet, "recovery/engine_restarts": 1.0, "recovery/reclaimed_requests": 3.0})
+    tracker.close()
+    lines = console.getvalue().splitlines()
+    assert "engine_restarts" not in lines[0] and "reward_timeouts" not in lines[0]
+    assert lines[1] == "[step 2/2] reward=0.5  engine_restarts=1  reclaimed=3"

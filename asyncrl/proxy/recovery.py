@@ -1,0 +1,168 @@
+"""Engine recovery: a dead or wedged engine is killed and replaced, and the fresh one holds the current weights
+before any request reaches it.
+
+Key decision: the proxy never starts engines itself; the runtime hands it an ``EngineFactory`` (Ray: a new
+actor through ``spawn_engine``; inline: a new engine on the base model), so the proxy layer imports no runtime
+and one code path serves every runtime.
+
+```
+ a call on the engine fails or times out, or a control call fails ──► suspect: recovering (no new requests)
+ patrol, every health_check_interval_s: no probe answer within health_check_timeout_s ──┘
+ suspect ─► probe ─ answers, under max_consecutive_failures ─► back in service (a one-off failure)
+                  └ silent, raised, or failing repeatedly ─► reclaim its calls (the proxy re-routes them)
+                                                           ─► factory.replace(index, old): old killed, new ready
+                                                           ─► update_weights(latest published) ─► in service
+```
+
+Invariants (tests/unit/proxy/test_proxy_recovery.py):
+1. A replacement serves no request before it holds the latest published weights: its worker stays
+   ``recovering`` (not ready, so routing holds or diverts every call) until the last update has landed.
+2. A reclaimed call ends its caller's wait at once, even if the engine never answers again (``reclaim``).
+3. At most ``max_engine_restarts`` replacements per engine; past that, or if a replacement fails, the engine
+   stays unhealthy exactly as without recovery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Protocol
+
+from asyncrl.proxy.engine_set import EngineSet
+from asyncrl.proxy.errors import EngineFailure
+from asyncrl.proxy.worker import EngineClient, EngineWorker, PendingUpdate
+
+logger = logging.getLogger(__name__)
+
+PROBE_REQUEST_ID = "asyncrl-health-probe"
+"""The health probe is an abort of this id, which no engine holds: every engine has ``abort`` and runs it on
+its own loop (engine thread, actor), so an answer proves that loop alive and costs nothing else."""
+
+
+class EngineFactory(Protocol):
+    """How a runtime replaces engine ``index`` (``runtime.ray_runtime.RayEngineFactory``,
+    ``runtime.inline.InlineEngineFactory``)."""
+
+    async def replace(self, index: int, failed: EngineClient) -> EngineClient:
+        """End ``failed`` for good (it may be dead or wedged) and return a fresh engine that is ready to serve,
+        on the base model (the weights of the proxy's initial version); raise if none could be started."""
+        ...
+
+
+class EngineRecovery:
+    """Watches the workers of ``engines`` and replaces the ones that die or wedge (contract: module docstring).
+
+    ``latest_update()`` is the last update the proxy published (None before the first); ``on_recovered(worker)``
+    runs when a worker leaves recovery, in service or not, so the proxy can re-check its waits.
+    """
+
+    def __init__(
+        self,
+        engines: EngineSet,
+        factory: EngineFactory,
+        *,
+        initial_version: int,
+        latest_update: Callable[[], PendingUpdate | None],
+        on_recovered: Callable[[EngineWorker], None],
+    ) -> None:
+        self.config = engines.config
+        self._engines = engines
+        self._factory = factory
+        self._initial_version = initial_version
+        self._latest_update = latest_update
+        self._on_recovered = on_recovered
+        self.counts = {"num_engine_restarts": 0, "num_failed_restarts": 0, "num_failed_probes": 0}
+        engines.on_failure = self.suspect
+        if self.config.health_check_interval_s is not None:
+            engines.spawn(self._patrol(self.config.health_check_interval_s))
+
+    def suspect(self, worker: EngineWorker, *, probed: bool = False) -> None:
+        """Take ``worker`` out of service and recover it in the background (``probed``: its probe already
+        failed); no-op while it is recovering or once its restarts are spent."""
+        if worker.recovering or self._engines.closed:
+            return
+        if worker.num_restarts >= self.config.max_engine_restarts:
+            logger.error("engine %d failed and has used its %d restarts", worker.index, worker.num_restarts)
+            return
+        worker.recovering = True
+        # Healthy while recovering: calls wait for it (it is not ready) rather than fail for want of an engine.
+        worker.healthy = True
+        self._engines.spawn(self._recover(worker, probed))
+
+    async def _patrol(self, interval_s: float) -> None:
+        """Probe every engine in service each ``interval_s``: the only way to see an engine that is alive but
+        silent while nothing of its own ran out (a hung generate with no request timeout)."""
+        while True:
+            await asyncio.sleep(interval_s)
+            workers = [worker for worker in self._engines.workers if worker.healthy and not worker.recovering]
+            answers = await asyncio.gather(*(self._probe(worker) for worker in workers))
+            for worker, answered in zip(workers, answers, strict=True):
+                if not answered:
+                    self.suspect(worker, probed=True)
+
+    async def _probe(self, worker: EngineWorker) -> bool:
+        """Whether the engine answers an abort of ``PROBE_REQUEST_ID`` within ``health_check_timeout_s``."""
+        try:
+            await asyncio.wait_for(worker.client.abort(PROBE_REQUEST_ID), self.config.health_check_timeout_s)
+        except Exception as error:  # deliberate: any failure to answer is what the probe looks for
+            self.counts["num_failed_probes"] += 1
+            logger.warning("engine %d failed its health probe: %r", worker.index, error)
+            return False
+        return True
+
+    async def _recover(self, worker: EngineWorker, probed: bool) -> None:
+        try:
+            if not probed and self._may_keep(worker) and await self._probe(worker) and self._may_keep(worker):
+                return  # a one-off failure: the engine answers, its version is known
+            await self._replace(worker)
+        finally:
+            worker.recovering = False
+            self._on_recovered(worker)
+
+    def _may_keep(self, worker: EngineWorker) -> bool:
+        """Whether a failed engine may stay if it answers its probe: its version is known (no control call
+        failed) and its calls have not failed ``max_consecutive_failures`` times in a row."""
+        return (
+            worker.control_error is None
+            and worker.consecutive_failures < self.config.max_consecutive_failures
+        )
+
+    async def _replace(self, worker: EngineWorker) -> None:
+        """Reclaim the engine's calls, start its replacement and bring it to the latest published weights."""
+        num_reclaimed = self._engines.reclaim(worker)
+        logger.warning("replacing engine %d (%d requests re-routed)", worker.index, num_reclaimed)
+        worker.num_restarts += 1
+        try:
+            worker.client = await self._factory.replace(worker.index, worker.client)
+            worker.applying = None  # an update still running on the old engine no longer concerns this one
+            await self._catch_up(worker)
+        except Exception as error:  # deliberate: a failed restart leaves the engine out, as with no recovery
+            self.counts["num_failed_restarts"] += 1
+            failure = EngineFailure(worker.index, "restart")
+            failure.__cause__ = error
+            logger.error("engine %d could not be replaced: %r", worker.index, error)
+            worker.control_error = failure
+            worker.healthy = False
+            return
+        worker.control_error = None
+        worker.consecutive_failures = 0
+        worker.healthy = True
+        self.counts["num_engine_restarts"] += 1
+        logger.warning("engine %d replaced, serving v%d", worker.index, worker.version)
+
+    async def _catch_up(self, worker: EngineWorker) -> None:
+        """Send the fresh engine the latest published update, again if a newer one is published meanwhile."""
+        update = self._latest_update()
+        if update is None and self._initial_version != 0:
+            raise RuntimeError(
+                f"engine {worker.index}: a fresh engine serves the base model, but the proxy started at "
+                f"v{self._initial_version} and has published no update to send it"
+            )
+        worker.version = self._initial_version
+        while update is not None and update.version > worker.version:
+            await self._engines.control(worker, "update_weights", update.named_tensors, update.version)
+            worker.version = update.version
+            update = self._latest_update()
+        if worker.pending is not None and worker.pending.version <= worker.version:
+            worker.pending = None

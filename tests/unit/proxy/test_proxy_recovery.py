@@ -1,0 +1,261 @@
+"""Engine recovery in the LLMProxy: dead and wedged engines are replaced, the replacement gets the latest weights
+before any request, and the requests they held are re-routed, on the shuffled loop's virtual clock."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from asyncrl.config.proxy import ProxyConfig
+from asyncrl.proxy import EngineFailure, LLMProxy
+from asyncrl.proxy.worker import EngineClient
+from asyncrl.sim.clock import run_shuffled
+from asyncrl.testing.fake_engine import EngineDied, FakeEngine, expected_tokens, make_request
+from asyncrl.types import FinishReason, Generation, Request
+
+
+def run(main: Callable[[], Awaitable[Any]], seed: int | None = None) -> Any:
+    return run_shuffled(main, seed, virtual_time=True)
+
+
+class Factory:
+    """Starts healthy ``FakeEngine``s; records what it replaced and what it started."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+        self.replaced: list[tuple[int, EngineClient]] = []
+        self.started: list[FakeEngine] = []
+
+    async def replace(self, index: int, failed: EngineClient) -> EngineClient:
+        self.replaced.append((index, failed))
+        if self.fail:
+            raise RuntimeError(f"engine {index}: no capacity to start a new one")
+        engine = FakeEngine(lengths=4)
+        self.started.append(engine)
+        return engine
+
+
+class DyingEngine(FakeEngine):
+    """Dies like a killed actor once it has made ``after`` tokens of ``request_id``: every call in flight and
+    every later call (generate or control) raise."""
+
+    def __init__(self, request_id: str, after: int, **kwargs: Any) -> None:
+        super().__init__(fail_after={request_id: after}, **kwargs)
+        self.dead = False
+
+    def _fail(self, run: Any, error: BaseException) -> None:
+        self.dead = True
+        super()._fail(run, error)
+        for other in list(self.running.values()):  # the process is gone: every call on it fails at once
+            if other.producer is not None:
+                other.producer.cancel()
+            super()._fail(other, EngineDied(f"actor died while serving {other.request.request_id}"))
+
+    async def generate(self, request: Request) -> Generation:
+        if self.dead:
+            raise EngineDied("actor died")
+        return await super().generate(request)
+
+    async def _control(self, name: str) -> None:
+        if self.dead:
+            raise EngineDied("actor died")
+        await super()._control(name)
+
+
+class FailsOnce(FakeEngine):
+    """Its first generate raises; everything else works (a transient error, not a dead engine)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.failed = False
+
+    async def generate(self, request: Request) -> Generation:
+        if not self.failed:
+            self.failed = True
+            raise EngineDied("transient")
+        return await super().generate(request)
+
+
+def make_proxy(engines: list[FakeEngine], factory: Factory, **config: Any) -> LLMProxy:
+    proxy = LLMProxy(engines, ProxyConfig(**config), clock=asyncio.get_running_loop().time)
+    proxy.enable_recovery(factory)
+    return proxy
+
+
+def test_engine_dying_mid_generation_is_replaced_and_its_request_rerouted():
+    async def main() -> None:
+        dying = DyingEngine("r0", 2, lengths=4)
+        factory = Factory()
+        proxy = make_proxy([dying], factory, health_check_interval_s=None)
+        generation = await proxy.generate(make_request("r0"))
+        assert generation.token_ids == expected_tokens("r0", 4)[0]
+        assert factory.replaced == [(0, dying)]
+        (fresh,) = factory.started
+        assert [r.request_id for r in fresh.received] == ["r0"]
+        stats = proxy.stats()
+        assert (stats["num_engine_restarts"], stats["num_retries"], stats["num_failed_probes"]) == (1, 1, 1)
+        assert stats["engines"][0]["num_restarts"] == 1
+        assert proxy.healthy_engines() == [0]
+
+    for seed in range(20):
+        run(main, seed)
+
+
+def test_every_request_of_an_engine_dying_under_load_finishes_on_its_replacement():
+    """More failures than ``max_consecutive_failures`` land while the recovery runs: the engine still comes
+    back healthy, and every request is served."""
+
+    async def main() -> None:
+        dying = DyingEngine("r0", 1, lengths=4)
+        factory = Factory()
+        proxy = make_proxy([dying], factory, health_check_interval_s=None)
+        generations = await asyncio.gather(*(proxy.generate(make_request(f"r{i}")) for i in range(6)))
+        assert [g.token_ids for g in generations] == [expected_tokens(f"r{i}", 4)[0] for i in range(6)]
+        assert proxy.healthy_engines() == [0]
+        assert proxy.stats()["num_engine_restarts"] == 1
+
+    for seed in range(20):
+        run(main, seed)
+
+
+def test_replacement_gets_the_latest_weights_before_any_request():
+    async def main() -> None:
+        dying = DyingEngine("r0", 1, lengths=4)
+        factory = Factory()
+        proxy = make_proxy([dying], factory, health_check_interval_s=None)
+        await proxy.model_update({"w": 1}, 1)
+        await proxy.update_applied(1)
+        await proxy.model_update({"w": 2}, 2)
+        await proxy.update_applied(2)
+        generation = await proxy.generate(make_request("r0"))
+        (fresh,) = factory.started
+        assert [(version, tensors) for version, tensors in fresh.updates] == [(2, {"w": 2})]
+        assert generation.versions == [2] * 4
+        assert proxy.versions() == [2]
+
+    for seed in range(20):
+        run(main, seed)
+
+
+def test_in_flight_policy_replacement_gets_the_update_sent_while_engines_were_paused():
+    async def main() -> None:
+        dying = DyingEngine("r0", 2, lengths=4)
+        factory = Factory()
+        proxy = make_proxy([dying], factory, update_policy="in_flight", health_check_interval_s=None)
+        await proxy.suspend()
+        await proxy.model_update({"w": 1}, 1)
+        await proxy.resume()
+        generation = await proxy.generate(make_request("r0"))
+        (fresh,) = factory.started
+        assert fresh.updates == [(1, {"w": 1})]
+        assert (generation.token_ids, generation.versions) == (expected_tokens("r0", 4)[0], [1] * 4)
+
+    for seed in range(20):
+        run(main, seed)
+
+
+def test_wedged_engine_is_found_by_the_patrol_and_its_requests_finish_elsewhere():
+    async def main() -> None:
+        wedged = FakeEngine(lengths=4, hang=True, hang_control=True)
+        healthy = FakeEngine(lengths=4, step_s=3.0)
+        factory = Factory()
+        proxy = make_proxy(
+            [wedged, healthy], factory, health_check_interval_s=10.0, health_check_timeout_s=5.0
+        )
+        generations = await asyncio.gather(*(proxy.generate(make_request(f"r{i}")) for i in range(4)))
+        assert [g.token_ids for g in generations] == [expected_tokens(f"r{i}", 4)[0] for i in range(4)]
+        assert [index for index, _ in factory.replaced] == [0]
+        stats = proxy.stats()
+        assert stats["num_reclaimed"] == sum(r.request_id.startswith("r") for r in wedged.received)
+        assert stats["num_reclaimed"] >= 1
+        assert (stats["num_engine_restarts"], stats["num_failed_probes"]) == (1, 1)
+        assert proxy.healthy_engines() == [0, 1]
+        await proxy.aclose()
+
+    for seed in range(20):
+        run(main, seed)
+
+
+def test_drain_update_waits_for_the_replacement_and_is_not_applied_to_the_dead_engine():
+    """An update pending on a wedged engine (it never drains) is not lost: the replacement is brought to it."""
+
+    async def main() -> None:
+        wedged = FakeEngine(lengths=4, hang=True, hang_control=True)
+        factory = Factory()
+        proxy = make_proxy([wedged], factory, health_check_interval_s=10.0, health_check_timeout_s=5.0)
+        request = asyncio.ensure_future(proxy.generate(make_request("r0")))
+        await asyncio.sleep(1.0)
+        await proxy.model_update({"w": 1}, 1)
+        await proxy.update_applied(1)
+        generation = await request
+        (fresh,) = factory.started
+        assert fresh.updates == [(1, {"w": 1})]
+        assert wedged.updates == []
+        assert generation.versions == [1] * 4
+        await proxy.aclose()
+
+    for seed in range(20):
+        run(main, seed)
+
+
+def test_a_one_off_failure_keeps_the_engine_when_its_probe_answers():
+    async def main() -> None:
+        engine = FailsOnce(lengths=4)
+        factory = Factory()
+        proxy = make_proxy([engine], factory, health_check_interval_s=None)
+        generation = await proxy.generate(make_request("r0"))
+        assert generation.finish_reason is FinishReason.STOP
+        assert (factory.replaced, engine.calls) == ([], ["abort"])  # probed once, kept
+        assert (proxy.stats()["num_engine_restarts"], proxy.stats()["num_retries"]) == (0, 1)
+
+    for seed in range(20):
+        run(main, seed)
+
+
+def test_failed_restart_leaves_the_engine_out_and_the_request_fails_with_its_name():
+    async def main() -> None:
+        dying = FakeEngine(lengths=4, fail_always=True)
+        proxy = make_proxy([dying], Factory(fail=True), health_check_interval_s=None)
+        with pytest.raises(Exception, match="r0"):
+            await proxy.generate(make_request("r0"))
+        assert proxy.healthy_engines() == []
+        assert proxy.stats()["num_failed_restarts"] == 1
+
+    for seed in range(10):
+        run(main, seed)
+
+
+def test_restarts_are_bounded_per_engine():
+    async def main() -> None:
+        factory = Factory()
+        always_dying = FakeEngine(lengths=4, fail_always=True)
+
+        async def replace(index: int, failed: EngineClient) -> EngineClient:
+            factory.replaced.append((index, failed))
+            return FakeEngine(lengths=4, fail_always=True)
+
+        factory.replace = replace  # type: ignore[method-assign]
+        proxy = make_proxy([always_dying], factory, health_check_interval_s=None, max_engine_restarts=2)
+        for i in range(8):  # each request is tried max_consecutive_failures + 1 times, then fails
+            with pytest.raises(Exception, match=f"r{i}"):
+                await proxy.generate(make_request(f"r{i}"))
+        assert len(factory.replaced) == 2
+        assert proxy.stats()["num_engine_restarts"] == 2
+        assert proxy.healthy_engines() == []
+
+    for seed in range(10):
+        run(main, seed)
+
+
+def test_without_recovery_a_dead_engine_stays_out():
+    async def main() -> None:
+        dying = FakeEngine(lengths=4, fail_always=True)
+        proxy = make_proxy([dying], Factory(), health_check_interval_s=None, max_engine_restarts=0)
+        with pytest.raises(EngineFailure):
+            await proxy.generate(make_request("r0"))
+        assert "num_engine_restarts" not in proxy.stats()
+
+    run(main)
