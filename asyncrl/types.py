@@ -163,6 +163,15 @@ def checked_request(request: Request) -> Request:
     if any(isinstance(x, float) and math.isnan(x) for x in _listed(request.prefix_logprobs)):
         raise InvalidRequest(f"request {rid}: prefix_logprobs must not hold NaN")
     _check_items(rid, "prefix_versions", request.prefix_versions, lambda x: _is_a(x, int))
+    lengths = {
+        len(getattr(request, name)) for name in ("prefix_token_ids", "prefix_logprobs", "prefix_versions")
+    }
+    if len(lengths) > 1:
+        raise InvalidRequest(
+            f"request {rid}: prefix_token_ids, prefix_logprobs and prefix_versions must have one entry per "
+            f"token, got {len(request.prefix_token_ids)}, {len(request.prefix_logprobs)} and "
+            f"{len(request.prefix_versions)}"
+        )
     if request.version is not None and not (_is_a(request.version, int) and request.version >= 0):
         raise InvalidRequest(f"request {rid}: version must be None or an int >= 0, got {request.version!r}")
     if request.affinity_key is not None and not isinstance(request.affinity_key, str):

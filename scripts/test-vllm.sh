@@ -14,6 +14,9 @@ run() {  # backend
 }
 run builtin
 run vllm
+echo "== vLLM engines as Ray actors (each actor starts its worker in its placement bundle)"
+python -m asyncrl.cli.main train controller.num_steps=10 controller.eval_prompts=64 engine.backend=vllm \
+  runtime.type=local rollout.num_engines=2 output_dir="$out/vllm-ray" metrics.progress=lines
 python - "$out" <<'PY'
 import json, sys
 gains = {}

@@ -89,6 +89,10 @@ class RunConfig:
             self.controller.mode, async_ratio=self.buffer.async_ratio, update_policy=self.proxy.update_policy
         )
         self.weight_sync.transport_for(self.runtime.type)
+        if self.engine.backend == "vllm" and self.controller.mode == "multi_version":
+            raise ValueError(
+                "engine.backend=vllm does not support controller.mode=multi_version (no KV migration)"
+            )
         if self.producer not in PRODUCERS:
             raise ValueError(
                 f"producer must be one of {', '.join(map(repr, PRODUCERS))}, got {self.producer!r}"

@@ -90,6 +90,11 @@ class AsyncEngine:
     async def resume(self) -> None:
         await self._call(self.core.resume)
 
+    @property
+    def version(self) -> int:
+        """The policy version the engine serves."""
+        return self.core.version
+
     async def update_weights(
         self, named_tensors: NamedTensors, version: int, *, partial: bool = False
     ) -> None:

@@ -23,7 +23,7 @@ from asyncrl.config.run import RunConfig
 from asyncrl.data.base import Task
 from asyncrl.data.registry import make_task
 from asyncrl.engine import make_engine
-from asyncrl.models.loading import load_model_and_tokenizer, resolve_model_path, state_dict_for_sync
+from asyncrl.models.loading import load_model_and_tokenizer, state_dict_for_sync
 from asyncrl.rewards.service import RewardService
 from asyncrl.trainer.checkpoint import load_checkpoint, save_checkpoint
 from asyncrl.trainer.trainer import Trainer
@@ -199,17 +199,7 @@ def make_engines(config: RunConfig, model: Any, tokenizer: Any, num_threads: int
         ]
     from asyncrl.engine.vllm import VLLMEngineClient
 
-    if config.controller.mode == "multi_version":
-        raise ValueError(
-            "engine.backend=vllm does not support controller.mode=multi_version (no KV migration)"
-        )
-    max_model_len = config.engine.max_model_len or model.config.max_position_embeddings
     return [
-        VLLMEngineClient.start(
-            resolve_model_path(config.model.path),
-            config.engine.vllm,
-            max_model_len=max_model_len,
-            seed=config.seed,
-        )
+        VLLMEngineClient.for_model(config.model.path, config.engine, seed=config.seed)
         for _ in range(config.rollout.num_engines)
     ]

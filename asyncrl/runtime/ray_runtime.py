@@ -39,7 +39,7 @@ import math
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import ray
@@ -61,8 +61,7 @@ from asyncrl.runtime.placement import Placement, pin, plan_placement
 from asyncrl.runtime.ray_placement import ENGINE_ROLE, TRAINER_ROLE, Reservation, reserve, role_bundles
 from asyncrl.runtime.trainer_group import TrainerGroupClient, TrainerRankActor, start_trainer_group
 from asyncrl.types import Generation, Request
-from asyncrl.weight_sync.protocol import WeightUpdate
-from asyncrl.weight_sync.receiver import expected_shapes, receive_checked
+from asyncrl.weight_sync.protocol import WeightUpdate, check_version
 from asyncrl.weight_sync.transports import FlatBufferSync
 
 ACTOR_ENV = {"HF_HUB_OFFLINE": "1"}
@@ -142,13 +141,25 @@ def _environment_defaults(values: dict[str, str]) -> Iterator[None]:
 
 
 class EngineActor:
-    """Body of an engine actor: one ``AsyncEngine`` on the model at ``model.path``, torch on ``num_threads``."""
+    """Body of an engine actor: the built-in ``AsyncEngine`` on the model at ``model.path`` (torch on
+    ``num_threads``), or a vLLM worker process started from this actor, so it runs where the actor's bundle
+    is (on CUDA, on the GPUs Ray gave the bundle)."""
 
     def __init__(
-        self, model: ModelConfig, engine: EngineConfig, num_threads: int, cores: tuple[int, ...] = ()
+        self,
+        model: ModelConfig,
+        engine: EngineConfig,
+        num_threads: int,
+        cores: tuple[int, ...] = (),
+        seed: int = 0,
     ) -> None:
         pin(cores)
         torch.set_num_threads(num_threads)
+        if engine.backend == "vllm":
+            from asyncrl.engine.vllm import VLLMEngineClient
+
+            self.engine = VLLMEngineClient.for_model(model.path, engine, seed=seed)
+            return
         served, tokenizer = load_model_and_tokenizer(model.path, model.dtype, model.device)
         self.engine = make_engine(served, tokenizer, engine)
 
@@ -182,18 +193,16 @@ class EngineActor:
         return await self.engine.import_request(state)
 
     async def update_weights(self, update: WeightUpdate, version: int) -> None:
-        """Serve ``version``: the update is refused (``WeightSyncError``) if it is older than what the engine
-        serves or its manifest does not match the model, before any buffer is read; then its flat buffers
-        are read zero-copy from the object store and copied into the model."""
+        """Serve ``version``: an update older than what the engine serves is refused (``WeightSyncError``)
+        before any bucket is fetched; the buckets are then read zero-copy from the object store and the
+        engine checks the manifest against its model before copying anything."""
         if update.version != version:
             raise ValueError(
                 f"update_weights: the update is version {update.version}, the call says {version}"
             )
-        core = self.engine.core
-        shapes = expected_shapes(core.model)
-        sync = FlatBufferSync(get=ray.get)
-        named = dict(receive_checked(sync, update, serving_version=core.version, shapes=shapes))
-        await self.engine.update_weights(named, version)
+        check_version(update, self.engine.version)
+        fetched = replace(update, handle=tuple(ray.get(list(update.handle))))
+        await self.engine.update_weights(fetched, version)
 
     async def stats(self) -> dict[str, Any]:
         return self.engine.stats()
@@ -292,13 +301,14 @@ def spawn_engine(
     num_threads: int,
     options: dict[str, Any],
     cores: tuple[int, ...] = (),
+    seed: int = 0,
 ) -> RayEngineClient:
     """Start an engine actor with Ray ``options`` (its bundle; see ``ray_placement``); its model loads in the
     background, so ``wait_ready`` before relying on it."""
     actor = ray.remote(EngineActor).options(
         max_restarts=0, max_task_retries=0, max_concurrency=ENGINE_MAX_CONCURRENCY, **options
     )
-    return RayEngineClient(actor.remote(model, engine, num_threads, cores), name, config)
+    return RayEngineClient(actor.remote(model, engine, num_threads, cores, seed), name, config)
 
 
 class RayEngineFactory:
@@ -334,6 +344,7 @@ class RayEngineFactory:
             num_threads=self.placement.engine_threads,
             options=self.reservation.options(ENGINE_ROLE, index, runtime.accelerator_resource),
             cores=self.placement.engine_cores[index] if self.placement.engine_cores else (),
+            seed=self.config.seed,
         )
         self.engines[index] = client
         await await_actor(
@@ -403,11 +414,6 @@ class RayParts:
 def build_ray_parts(config: RunConfig, runtime: RuntimeConfig) -> RayParts:
     """Reserve each role's placement, start the trainer ranks and ``rollout.num_engines`` engine actors (models
     load in parallel) inside a session."""
-    if config.engine.backend != "builtin":
-        raise ValueError(
-            f"engine.backend={config.engine.backend} runs with runtime.type=inline for now (its workers are "
-            "processes of their own already); Ray placement of vLLM workers is not built yet"
-        )
     if not ray.is_initialized():
         raise RuntimeError("build_ray_parts needs a running Ray: call it inside `with ray_session(runtime):`")
     placement = plan_placement(
@@ -430,6 +436,7 @@ def build_ray_parts(config: RunConfig, runtime: RuntimeConfig) -> RayParts:
                 num_threads=placement.engine_threads,
                 options=reservation.options(ENGINE_ROLE, index, accelerator),
                 cores=placement.engine_cores[index] if placement.engine_cores else (),
+                seed=config.seed,
             )
             for index in range(config.rollout.num_engines)
         ]

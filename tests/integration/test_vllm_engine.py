@@ -154,3 +154,40 @@ def test_a_mismatched_or_stale_update_is_refused_and_the_old_weights_keep_servin
     with pytest.raises(WeightSyncError, match="older than the served"):
         asyncio.run(engine.update_weights(weights, version=engine.version - 1))
     assert asyncio.run(engine.generate(greedy("after", prompt))).token_ids == before
+
+
+@pytest.mark.ray
+def test_vllm_engines_as_ray_actors_train_an_async_run(tmp_path):
+    """engine.backend=vllm under the Ray runtime: each vLLM worker is started by its engine actor (so it runs
+    in the actor's bundle), weights arrive as object-store buckets, and a short async run trains every step."""
+    import json
+    from pathlib import Path
+
+    from asyncrl.app import train as training
+    from asyncrl.config.run import load_run_config
+
+    config = load_run_config(
+        None,
+        [
+            "engine.backend=vllm",
+            "runtime.type=local",
+            "runtime.rollout_num_cpus=1",
+            "runtime.train_num_cpus=1",
+            "controller.mode=async",
+            "buffer.async_ratio=1",
+            "controller.num_steps=4",
+            "controller.eval_prompts=0",
+            "rollout.rollout_batch_size=4",
+            "rollout.num_return_sequences=4",
+            "rollout.max_new_tokens=16",
+            "engine.max_model_len=256",
+            "model.device=cpu",
+            f"output_dir={tmp_path}",
+        ],
+    )
+    summary = asyncio.run(training.train(config, console=None))
+    lines = [json.loads(line) for line in Path(summary.metrics_path).read_text().splitlines()]
+    assert [line["train/version"] for line in lines] == [1.0, 2.0, 3.0, 4.0]
+    assert all(line["staleness/max"] <= 1 for line in lines)
+    placed = json.loads((tmp_path / "placement.json").read_text())
+    assert len(placed["engines"]) == 1 and placed["engines"][0]["pid"] != placed["trainer_ranks"][0]["pid"]

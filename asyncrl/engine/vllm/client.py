@@ -28,8 +28,9 @@ from multiprocessing.connection import Client
 from pathlib import Path
 from typing import Any
 
-from asyncrl.config.engine import VLLMConfig
+from asyncrl.config.engine import EngineConfig, VLLMConfig
 from asyncrl.engine.async_engine import resolve_threadsafe
+from asyncrl.models.loading import resolve_model_path
 from asyncrl.types import FinishReason, Generation, Request
 from asyncrl.weight_sync.protocol import ManifestEntry, WeightSyncError, WeightUpdate, check_manifest
 from asyncrl.weight_sync.receiver import tensors_of
@@ -123,6 +124,19 @@ class VLLMEngineClient:
         return cls(process, conn, model_shapes(model_dir))
 
     # ---- the EngineClient protocol ---------------------------------------------------------------------
+
+    @classmethod
+    def for_model(cls, model_path: str, engine: EngineConfig, *, seed: int = 0) -> VLLMEngineClient:
+        """A worker for the model directory ``model_path`` ("" = the embedded default), its context length
+        ``engine.max_model_len`` or else the model's own ``max_position_embeddings``."""
+        from transformers import AutoConfig
+
+        directory = resolve_model_path(model_path)
+        max_model_len = (
+            engine.max_model_len
+            or AutoConfig.from_pretrained(directory, local_files_only=True).max_position_embeddings
+        )
+        return cls.start(directory, engine.vllm, max_model_len=max_model_len, seed=seed)
 
     async def generate(self, request: Request) -> Generation:
         """The finished generation (``finish_reason`` abort when aborted: the tokens generated so far). A request

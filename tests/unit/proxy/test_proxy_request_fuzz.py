@@ -75,3 +75,14 @@ def test_requests_only_the_engine_can_judge_do_not_cost_it_its_health():
         asyncio.run(main())
     finally:
         engine.shutdown()
+
+
+def test_a_prefix_without_its_log_probs_and_versions_is_refused_by_name():
+    """Found by the fuzzer above: a two-token prefix with no log-probs reached the engine and cost it its health."""
+    from asyncrl.types import checked_request
+
+    with pytest.raises(
+        InvalidRequest,
+        match=r"request r: prefix_token_ids, prefix_logprobs and prefix_versions .* 2, 0 and 0",
+    ):
+        checked_request(Request(**valid_fields("r"), prefix_token_ids=(0, 0)))
