@@ -29,6 +29,10 @@ if [ "$GPUS" -ge 3 ]; then
   python -m asyncrl.cli.main train asyncrl/examples/distributed.yaml model.device=cuda trainer.num_workers=2 \
     rollout.num_engines=1 controller.num_steps=10 controller.eval_prompts=64 \
     output_dir=runs/gpu-smoke/distributed metrics.progress=lines
+  echo "== the same with weights broadcast over NCCL from trainer rank 0 to the engine"
+  python -m asyncrl.cli.main train asyncrl/examples/distributed.yaml model.device=cuda trainer.num_workers=2 \
+    rollout.num_engines=1 controller.num_steps=10 controller.eval_prompts=64 weight_sync.type=broadcast \
+    proxy.max_engine_restarts=0 output_dir=runs/gpu-smoke/broadcast metrics.progress=lines
 else
   echo "== fewer than 3 GPUs: the sharded RL run on Ray with GPUs was NOT checked"
 fi

@@ -88,7 +88,12 @@ class RunConfig:
         check_mode(
             self.controller.mode, async_ratio=self.buffer.async_ratio, update_policy=self.proxy.update_policy
         )
-        self.weight_sync.transport_for(self.runtime.type)
+        transport = self.weight_sync.transport_for(self.runtime.type)
+        if transport == "broadcast" and self.proxy.max_engine_restarts > 0:
+            raise ValueError(
+                "weight_sync.type=broadcast needs proxy.max_engine_restarts: 0 (a replacement engine would not be "
+                "a member of the broadcast group); use weight_sync.type: object_store to keep engine recovery"
+            )
         if self.engine.backend == "vllm" and self.controller.mode == "multi_version":
             raise ValueError(
                 "engine.backend=vllm does not support controller.mode=multi_version (no KV migration)"

@@ -35,6 +35,7 @@ Key decisions:
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
 from collections.abc import Iterator
@@ -54,14 +55,15 @@ from asyncrl.data.base import Task
 from asyncrl.data.registry import make_task
 from asyncrl.engine import make_engine
 from asyncrl.engine.migration import RequestState
-from asyncrl.models.loading import load_model_and_tokenizer, resolve_model_path
+from asyncrl.models.loading import load_model_and_tokenizer, resolve_device, resolve_model_path
 from asyncrl.rewards.service import RewardService
 from asyncrl.runtime.actor_calls import await_actor, get_actor
 from asyncrl.runtime.placement import Placement, pin, plan_placement
 from asyncrl.runtime.ray_placement import ENGINE_ROLE, TRAINER_ROLE, Reservation, reserve, role_bundles
 from asyncrl.runtime.trainer_group import TrainerGroupClient, TrainerRankActor, start_trainer_group
 from asyncrl.types import Generation, Request
-from asyncrl.weight_sync.protocol import WeightUpdate, check_version
+from asyncrl.weight_sync.broadcast import WeightGroup
+from asyncrl.weight_sync.protocol import WeightSyncError, WeightUpdate, check_version
 from asyncrl.weight_sync.transports import FlatBufferSync
 
 ACTOR_ENV = {"HF_HUB_OFFLINE": "1"}
@@ -155,6 +157,10 @@ class EngineActor:
     ) -> None:
         pin(cores)
         torch.set_num_threads(num_threads)
+        self.model_config = model
+        self.weight_group: WeightGroup | None = None
+        self.staged: dict[int, list[Any]] = {}
+        """Broadcast updates received but not yet applied, by version."""
         if engine.backend == "vllm":
             from asyncrl.engine.vllm import VLLMEngineClient
 
@@ -201,8 +207,46 @@ class EngineActor:
                 f"update_weights: the update is version {update.version}, the call says {version}"
             )
         check_version(update, self.engine.version)
-        fetched = replace(update, handle=tuple(ray.get(list(update.handle))))
+        if update.transport == "broadcast":
+            fetched = replace(
+                update, transport="object_store", handle=tuple(self._take_staged(update.version))
+            )
+        else:
+            fetched = replace(update, handle=tuple(ray.get(list(update.handle))))
         await self.engine.update_weights(fetched, version)
+
+    async def join_weight_group(
+        self, host: str, port: int, rank: int, world_size: int, timeout_s: float
+    ) -> None:
+        """Join the weight-broadcast group as ``rank`` (off the actor's loop: it blocks until all joined)."""
+        device = str(self._device())
+        self.weight_group = await asyncio.to_thread(
+            WeightGroup,
+            host=host,
+            port=port,
+            rank=rank,
+            world_size=world_size,
+            device=device,
+            timeout_s=timeout_s,
+        )
+
+    async def stage_weights(self) -> int:
+        """Receive the next broadcast update into staging (generation goes on meanwhile); its version."""
+        buckets = await asyncio.to_thread(self.weight_group.receive)
+        version = buckets[0].version
+        self.staged[version] = buckets
+        return version
+
+    def _take_staged(self, version: int) -> list[Any]:
+        """The staged buckets of ``version``; staged versions older than it are dropped with it."""
+        if version not in self.staged:
+            raise WeightSyncError(f"weight update v{version}: no broadcast of it was staged on this engine")
+        buckets = self.staged.pop(version)
+        self.staged = {v: b for v, b in self.staged.items() if v > version}
+        return buckets
+
+    def _device(self) -> torch.device:
+        return resolve_device(self.model_config.device)
 
     async def stats(self) -> dict[str, Any]:
         return self.engine.stats()
@@ -443,6 +487,8 @@ def build_ray_parts(config: RunConfig, runtime: RuntimeConfig) -> RayParts:
         handles += [engine.handle for engine in engines]
         trainer = start_trainer_group(handles[: config.trainer.num_workers], runtime, config.weight_sync)
         engine_locations = wait_ready(engines, runtime)
+        if config.weight_sync.transport_for(runtime.type) == "broadcast":
+            form_weight_group(trainer, engines, runtime)
     except BaseException:
         for handle in handles:
             ray.kill(handle, no_restart=True)
@@ -460,6 +506,23 @@ def build_ray_parts(config: RunConfig, runtime: RuntimeConfig) -> RayParts:
         engine_locations=engine_locations,
         engine_factory=RayEngineFactory(config, placement, reservation, engines),
     )
+
+
+def form_weight_group(
+    trainer: TrainerGroupClient, engines: list[RayEngineClient], config: RuntimeConfig
+) -> None:
+    """Join trainer rank 0 (rank 0) and every engine (ranks 1..E) in the weight-broadcast group, and switch the
+    trainer to publish by broadcast (``weight_sync.broadcast``)."""
+    rank0, timeout_s = trainer.handles[0], config.control_timeout_s
+    host, port = get_actor(rank0.open_weight_group.remote(), "trainer rank 0: weight group", timeout_s)
+    world_size = len(engines) + 1
+    refs = [rank0.join_weight_group.remote(host, port, world_size, timeout_s)]
+    refs += [
+        engine.handle.join_weight_group.remote(host, port, index + 1, world_size, timeout_s)
+        for index, engine in enumerate(engines)
+    ]
+    get_actor(refs, "weight group: join", timeout_s + 5)
+    trainer.use_broadcast(lambda: [engine.handle.stage_weights.remote() for engine in engines])
 
 
 def load_tokenizer(path: str) -> Any:

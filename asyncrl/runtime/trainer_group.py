@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +49,8 @@ from asyncrl.trainer.distributed.process_group import free_port, join_process_gr
 from asyncrl.trainer.distributed.weights import full_weight_buckets
 from asyncrl.trainer.trainer import Trainer
 from asyncrl.types import Group
+from asyncrl.weight_sync.broadcast import WeightGroup
+from asyncrl.weight_sync.flat import FlatWeights, pack_state
 from asyncrl.weight_sync.protocol import WeightUpdate
 from asyncrl.weight_sync.transports import FlatBufferSync
 
@@ -63,6 +67,7 @@ class TrainerRankActor:
         self.rank = rank
         self.world_size = world_size
         self.trainer: Trainer | None = None
+        self.weight_group: WeightGroup | None = None
 
     def rendezvous(self) -> tuple[str, int]:
         """(this node's address, a free port on it): where the group meets (asked of rank 0 only)."""
@@ -123,16 +128,39 @@ class TrainerRankActor:
     def train_step(self, groups: list[Group], policy_version: int) -> dict[str, float]:
         return self._trainer().train_step(groups, policy_version)
 
-    def publish_weights(self, bucket_bytes: int) -> WeightUpdate | None:
-        """Every rank gathers; rank 0 places each bucket in the object store as it fills and returns the update
-        (the others return None)."""
+    def open_weight_group(self) -> tuple[str, int]:
+        """Rank 0: where the weight-broadcast group (this rank and the engines) meets."""
+        return self.rendezvous()
+
+    def join_weight_group(self, host: str, port: int, world_size: int, timeout_s: float) -> None:
+        """Rank 0 joins the weight-broadcast group as its rank 0 (blocks until every engine joined)."""
+        self.weight_group = WeightGroup(
+            host=host, port=port, rank=0, world_size=world_size, device=self._device(), timeout_s=timeout_s
+        )
+
+    def publish_weights(self, bucket_bytes: int, transport: str = "object_store") -> WeightUpdate | None:
+        """Every rank gathers; rank 0 packs each bucket as it fills and either places it in the object store
+        or broadcasts it to the engines, then returns the update (the others return None)."""
         trainer = self._trainer()
         buckets = full_weight_buckets(trainer.model, bucket_bytes)
         if self.rank != 0:
             for _ in buckets:  # take part in every gather
                 pass
             return None
-        return FlatBufferSync(put=ray.put).publish_buckets(trainer.version, buckets)
+        if transport == "object_store":
+            return FlatBufferSync(put=ray.put).publish_buckets(trainer.version, buckets)
+        sent: list[FlatWeights] = []
+
+        def packed() -> Iterator[FlatWeights]:
+            for bucket in buckets:
+                flat = pack_state(bucket, trainer.version)
+                yield flat
+                sent.append(flat.without_buffers())
+
+        self.weight_group.send(packed())
+        return replace(
+            FlatBufferSync().update_of(sent, [None] * len(sent)), transport="broadcast", handle=None
+        )
 
     def save_checkpoint(self, root: str, extra: dict[str, Any] | None, keep_last: int | None) -> str:
         trainer = self._trainer()
@@ -180,6 +208,9 @@ class TrainerGroupClient:
         self.handles = handles
         self.config = config
         self.weight_sync = weight_sync
+        self.transport = "object_store"
+        self.stage_on_engines: Callable[[], list[Any]] | None = None
+        """Broadcast transport: starts every engine's receive of the next publish (``use_broadcast``)."""
         self.ranks = progress
         self.step = progress[0]["step"]
         self.version = progress[0]["version"]
@@ -194,11 +225,15 @@ class TrainerGroupClient:
         return metrics
 
     def state_for_sync(self) -> WeightUpdate:
-        """A ``WeightUpdate`` of the current weights (bucket ``ObjectRef`` handles the engines read); waits
-        until every bucket is stored, so a trainer failure surfaces here, not as every engine failing."""
+        """A ``WeightUpdate`` of the current weights; waits until every bucket is stored (object store: its
+        handles are the buckets' ``ObjectRef``) or staged on every engine (broadcast: the engines receive while
+        the ranks send), so a trainer failure surfaces here, not as every engine failing."""
         bucket_bytes = int(self.weight_sync.bucket_mb * 2**20)
-        refs = [handle.publish_weights.remote(bucket_bytes) for handle in self.handles]
-        return get_trainer(refs, "trainer: publish weights", self.config.control_timeout_s)[0]
+        staging = self.stage_on_engines() if self.stage_on_engines is not None else []
+        refs = [handle.publish_weights.remote(bucket_bytes, self.transport) for handle in self.handles]
+        update = get_trainer(refs, "trainer: publish weights", self.config.control_timeout_s)[0]
+        get_actor(staging, "engines: stage broadcast weights", self.config.control_timeout_s)
+        return update
 
     def save_checkpoint(
         self,
@@ -218,6 +253,12 @@ class TrainerGroupClient:
         progress = get_actor(self.handles[0].progress.remote(), "trainer: progress", timeout_s)
         self.step, self.version = progress["step"], progress["version"]
         return extra
+
+    def use_broadcast(self, stage_on_engines: Callable[[], list[Any]]) -> None:
+        """Publish by broadcast from now on; ``stage_on_engines()`` starts every member engine's receive and
+        returns the calls' references (the weight group must have formed)."""
+        self.transport = "broadcast"
+        self.stage_on_engines = stage_on_engines
 
     def shutdown(self) -> None:
         for handle in self.handles:

@@ -260,12 +260,14 @@ class Trainer:
         metrics, loss = _MetricMerger(), 0.0
         plans = self._plan_micro_batches(mini) if mini is not None else []
         passes = agreed_count(self.parallel, len(plans))
-        for micro_rows in plans:
-            micro, micro_fixed = _take(mini, mini_fixed, micro_rows)
-            loss += self._accumulate(micro, micro_fixed, total, metrics)
-        for _ in range(passes - len(plans)):
-            # A pass that changes nothing, so this rank's backward collectives match the others'.
-            (self._forward(self.policy, select_rows(batch, [0])).logprobs.sum() * 0.0).backward()
+        for index in range(passes):
+            # Gradients are reduced across ranks once, with the mini-batch's last pass.
+            self.parallel.sync_gradients(self.policy, index == passes - 1)
+            if index < len(plans):
+                micro, micro_fixed = _take(mini, mini_fixed, plans[index])
+                loss += self._accumulate(micro, micro_fixed, total, metrics)
+            else:  # a pass that changes nothing, so this rank's collectives match the others'
+                (self._forward(self.policy, select_rows(batch, [0])).logprobs.sum() * 0.0).backward()
         grad_norm = clip_gradients(self.model.parameters(), self.config.max_grad_norm)
         self.optimizer.step()
         ranks = self.parallel.gather((metrics, loss))

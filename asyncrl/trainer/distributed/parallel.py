@@ -1,13 +1,14 @@
 """How the trainer spreads one train step over ranks: one process, or FSDP2 data parallelism over a process group.
 
-The trainer runs the same code whatever the world size; this is the only piece that differs. It asks four
-things of a ``Parallelism``:
+The trainer runs the same code whatever the world size; this is the only piece that differs. It asks these
+things of a ``Parallelism`` (``local_rows`` and ``agreed_count`` below are derived from them):
 
 - ``shard(module)``: prepare a log-prob module (no-op in one process; ``fully_shard`` on every decoder layer and
   the root under FSDP2);
-- ``local_rows(rows)``: this rank's share of a mini-batch's rows (strided, so group members spread over ranks);
 - ``gather(obj)``: every rank's copy of a small picklable value, in rank order (denominators, micro-batch
   counts, metrics); one process returns ``[obj]``;
+- ``sync_gradients(module, enabled)``: whether the next backward reduces gradients across ranks (only the
+  mini-batch's last pass does; no-op in one process);
 - ``rank`` and ``world_size``.
 
 Key decision: every rank must make the same sequence of collective calls, or FSDP2 deadlocks. So ranks agree on
@@ -35,9 +36,12 @@ class Parallelism(Protocol):
 
     def gather(self, obj: Any) -> list[Any]: ...
 
+    def sync_gradients(self, module: nn.Module, enabled: bool) -> None: ...
+
 
 def local_rows(parallel: Parallelism, rows: Sequence[int]) -> list[int]:
-    """This rank's rows of ``rows``: every ``world_size``-th from position ``rank``."""
+    """This rank's rows of ``rows``: every ``world_size``-th from position ``rank`` (strided, so the members of
+    a group spread over the ranks)."""
     return list(rows[parallel.rank :: parallel.world_size])
 
 
@@ -58,6 +62,9 @@ class SingleProcess:
 
     def gather(self, obj: Any) -> list[Any]:
         return [obj]
+
+    def sync_gradients(self, module: nn.Module, enabled: bool) -> None:
+        del module, enabled
 
 
 class FullyShardedParallel:
@@ -92,6 +99,11 @@ class FullyShardedParallel:
         for layer in decoder_layers(module):
             fully_shard(layer, mesh=self.mesh, mp_policy=policy)
         fully_shard(module, mesh=self.mesh, mp_policy=policy)
+
+    def sync_gradients(self, module: nn.Module, enabled: bool) -> None:
+        """Reduce-scatter gradients in the coming backward (the mini-batch's last pass) or keep accumulating
+        them unsharded on this rank (the passes before: one reduction per mini-batch instead of one per pass)."""
+        module.set_requires_gradient_sync(enabled)
 
     def gather(self, obj: Any) -> list[Any]:
         import torch.distributed as dist

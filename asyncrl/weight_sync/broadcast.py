@@ -1,0 +1,117 @@
+"""The broadcast transport: trainer rank 0 sends each packed bucket once to every engine over a process group
+of their own (gloo on CPU, NCCL on CUDA), and each engine stages what it receives until the proxy applies it.
+
+::
+
+    publish (trainer rank 0, all engines at once)              apply (each engine, whenever the proxy says)
+    rank 0: gather bucket ─► pack ─► broadcast ──► engine i: receive into its staging (version v)
+            (next bucket only after this one is sent)           update_weights(v): staged buckets → model
+
+Key decisions:
+- Staged, not applied in the collective: a collective needs every engine at once, but the proxy updates engines
+  at different moments (drain waits for requests, multi_version keeps old versions alive). Receiving into a
+  staging copy at publish time decouples the two, at the cost of one extra copy of the weights per engine.
+- A group of its own (a ``TCPStore`` hosted by trainer rank 0 and a standalone process group), separate from the
+  trainer's FSDP2 group, so the engines never join the trainer's collectives.
+- Members are fixed when the group forms: an engine that replaces a failed one is not in it, so the broadcast
+  transport is refused together with engine recovery (``proxy.max_engine_restarts`` must be 0).
+- Each bucket travels as a small pickled header (version, manifest, buffer sizes) then its buffers; an empty
+  header ends the update. Buffers cross as raw bytes (``weight_sync.flat``), so every dtype travels alike.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Iterable
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from asyncrl.weight_sync.flat import FlatWeights
+
+GROUP_PREFIX = "asyncrl-weights"
+
+
+class WeightGroup:
+    """This process's membership of the weight group (rank 0: trainer rank 0, ranks 1..E: the engines).
+
+    Constructing it blocks until every member has joined (or ``timeout_s`` passes); every later broadcast is
+    bounded by the same timeout.
+    """
+
+    def __init__(
+        self, *, host: str, port: int, rank: int, world_size: int, device: str, timeout_s: float
+    ) -> None:
+        timeout = timedelta(seconds=timeout_s)
+        store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
+        self.rank = rank
+        self.world_size = world_size
+        self.device = torch.device(device)
+        self._store = store  # the group keeps using it: keep it alive as long as the group
+        self._group = _process_group(
+            dist.PrefixStore(GROUP_PREFIX, store), rank, world_size, self.device, timeout
+        )
+
+    def send(self, buckets: Iterable[FlatWeights]) -> None:
+        """Rank 0: broadcast each bucket as it comes (the iterator may pack lazily), then the end marker."""
+        if self.rank != 0:
+            raise RuntimeError("only rank 0 (the trainer) sends weights")
+        for flat in buckets:
+            sizes = {dtype: buffer.size for dtype, buffer in flat.buffers.items()}
+            carriers = {dtype: buffer.dtype.str for dtype, buffer in flat.buffers.items()}
+            self._send_header(pickle.dumps((flat.version, flat.manifest, sizes, carriers)))
+            for buffer in flat.buffers.values():
+                self._broadcast(torch.from_numpy(buffer.view(np.uint8)))
+        self._send_header(b"")
+
+    def receive(self) -> list[FlatWeights]:
+        """Ranks 1..E: every bucket of one update, as ``FlatWeights`` this process owns."""
+        buckets = []
+        while header := self._receive_header():
+            version, manifest, sizes, carriers = pickle.loads(header)
+            buffers = {}
+            for dtype, size in sizes.items():
+                buffer = np.empty(size, np.dtype(carriers[dtype]))
+                self._broadcast(torch.from_numpy(buffer.view(np.uint8)), into=True)
+                buffers[dtype] = buffer
+            buckets.append(FlatWeights(version=version, manifest=manifest, buffers=buffers))
+        return buckets
+
+    def _send_header(self, header: bytes) -> None:
+        self._broadcast(torch.tensor([len(header)], dtype=torch.int64))
+        if header:
+            self._broadcast(torch.frombuffer(bytearray(header), dtype=torch.uint8))
+
+    def _receive_header(self) -> bytes:
+        length = torch.zeros(1, dtype=torch.int64)
+        self._broadcast(length, into=True)
+        if int(length) == 0:
+            return b""
+        header = torch.empty(int(length), dtype=torch.uint8)
+        self._broadcast(header, into=True)
+        return header.numpy().tobytes()
+
+    def _broadcast(self, tensor: torch.Tensor, *, into: bool = False) -> None:
+        """Broadcast ``tensor`` from rank 0; with ``into`` the received bytes are copied back into it (NCCL
+        works on device copies, gloo on the CPU tensor itself)."""
+        on_device = tensor if self.device.type == "cpu" else tensor.to(self.device)
+        options = dist.BroadcastOptions()
+        options.rootRank = 0
+        self._group.broadcast([on_device], options).wait()
+        if into and on_device is not tensor:
+            tensor.copy_(on_device.cpu())
+
+
+def _process_group(
+    store: dist.Store, rank: int, world_size: int, device: torch.device, timeout: timedelta
+) -> dist.ProcessGroup:
+    """A standalone process group over ``store`` (not the default one): gloo on CPU, NCCL on CUDA."""
+    if device.type == "cuda":
+        from torch.distributed import ProcessGroupNCCL  # absent from CPU builds of torch
+
+        options = ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return ProcessGroupNCCL(store, rank, world_size, options)
+    return dist.ProcessGroupGloo(store, rank, world_size, timeout)
