@@ -63,6 +63,9 @@ class RuntimeConfig:
     collectives), SPREAD places them on as many nodes as it can."""
     engine_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
     """The same for the engines' bundles; SPREAD puts replicas on different nodes."""
+    reward_num_cpus: float = 0.0
+    """CPUs reserved on the driver's node for the reward pool (``reward.executor`` / ``max_workers`` run
+    there, beside the controller), so no actor is placed on them; 0 reserves none."""
     placement_timeout_s: float = 60.0
     """Longest the cluster may take to grant the placement groups; past it the run fails with a named
     ``PlacementError`` (an ask larger than the cluster is refused at once, before waiting)."""
@@ -105,6 +108,8 @@ class RuntimeConfig:
         for name in ("accelerators_per_trainer_worker", "accelerators_per_engine"):
             if getattr(self, name) is not None and getattr(self, name) < 0:
                 raise ValueError(f"runtime.{name} must be >= 0 or null, got {getattr(self, name)}")
+        if self.reward_num_cpus < 0:
+            raise ValueError(f"runtime.reward_num_cpus must be >= 0, got {self.reward_num_cpus}")
         for name in ("trainer_resources", "engine_resources"):
             for key, amount in getattr(self, name).items():
                 if amount <= 0:

@@ -31,6 +31,9 @@ from asyncrl.runtime.placement_check import PlacementError, RoleBundles, check_p
 
 TRAINER_ROLE = "trainer"
 ENGINE_ROLE = "engines"
+REWARD_ROLE = "reward"
+"""The reward pool's CPUs: it runs in the driver (``rewards.service``), so its bundle is pinned to the driver's
+node and holds no actor; reserving it keeps actors off those cores."""
 
 
 def accelerators_per_actor(config: RunConfig, runtime: RuntimeConfig) -> tuple[float, float]:
@@ -64,6 +67,8 @@ def role_bundles(config: RunConfig, runtime: RuntimeConfig, placement: Placement
         roles.append(RoleBundles(role=TRAINER_ROLE, bundles=(trainer,) * config.trainer.num_workers))
     if engine:
         roles.append(RoleBundles(role=ENGINE_ROLE, bundles=(engine,) * config.rollout.num_engines))
+    if runtime.reward_num_cpus > 0 and not placement.colocated:
+        roles.append(RoleBundles(role=REWARD_ROLE, bundles=({"CPU": runtime.reward_num_cpus},)))
     return roles
 
 
@@ -108,8 +113,19 @@ class Reservation:
 def reserve(roles: list[RoleBundles], runtime: RuntimeConfig) -> Reservation:
     """Create one placement group per role and wait until Ray grants all of them (see module docstring)."""
     nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
+    driver_node = f"node:{ray.util.get_node_ip_address()}"  # every node carries its own address as a resource
+    roles = [
+        RoleBundles(role=r.role, bundles=tuple({**b, driver_node: 0.001} for b in r.bundles))
+        if r.role == REWARD_ROLE
+        else r
+        for r in roles
+    ]
     check_placement(roles, nodes)
-    strategies = {TRAINER_ROLE: runtime.trainer_strategy, ENGINE_ROLE: runtime.engine_strategy}
+    strategies = {
+        TRAINER_ROLE: runtime.trainer_strategy,
+        ENGINE_ROLE: runtime.engine_strategy,
+        REWARD_ROLE: "PACK",
+    }
     reservation = Reservation()
     for role in roles:
         reservation.groups[role.role] = placement_group(

@@ -72,6 +72,7 @@ def _overrides(cluster: Cluster, tiny_path: Path, out: Path) -> list[str]:
         "runtime.train_num_cpus=1",
         "runtime.rollout_num_cpus=1",
         "runtime.placement_timeout_s=20",
+        "runtime.reward_num_cpus=0.5",  # the driver-side reward pool reserves its cores too
         "trainer.num_workers=2",
         "trainer.lr=1e-3",
         "rollout.num_engines=2",
@@ -107,6 +108,7 @@ def test_roles_land_on_their_nodes_and_an_async_run_completes(cluster, tiny_path
     assert all(line["staleness/max"] <= 2 for line in lines)
     assert max(line["staleness/max"] for line in lines) >= 1  # it did run ahead of the trainer
     assert (Path(summary.checkpoint) / "sharded").is_dir()
+    assert placed["placement"]["colocated"] is False
 
 
 def test_an_unsatisfiable_placement_fails_in_seconds_by_name(cluster, tiny_path, tmp_path):

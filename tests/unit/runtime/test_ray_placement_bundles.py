@@ -61,3 +61,9 @@ def test_colocated_cpu_roles_reserve_nothing_and_colocation_on_gpus_is_refused()
 
 def test_an_actor_outside_any_reservation_asks_for_no_cpus():
     assert Reservation().options(ENGINE_ROLE, 0, "GPU") == {"num_cpus": 0}
+
+
+def test_the_reward_pool_reserves_its_cpus_when_asked():
+    bundles = _bundles("runtime.reward_num_cpus=1")
+    assert bundles["reward"] == ({"CPU": 1.0},)
+    assert "reward" not in _bundles()
