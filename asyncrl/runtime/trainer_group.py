@@ -25,7 +25,6 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +51,7 @@ from asyncrl.types import Group
 from asyncrl.weight_sync.broadcast import WeightGroup
 from asyncrl.weight_sync.flat import FlatWeights, pack_state
 from asyncrl.weight_sync.protocol import WeightUpdate
-from asyncrl.weight_sync.transports import FlatBufferSync
+from asyncrl.weight_sync.transports import FlatBufferSync, update_of_buckets
 
 
 class TrainerRankActor:
@@ -158,9 +157,7 @@ class TrainerRankActor:
                 sent.append(flat.without_buffers())
 
         self.weight_group.send(packed())
-        return replace(
-            FlatBufferSync().update_of(sent, [None] * len(sent)), transport="broadcast", handle=None
-        )
+        return update_of_buckets(sent, "broadcast", handle=None)  # the bytes are staged on the engines
 
     def save_checkpoint(self, root: str, extra: dict[str, Any] | None, keep_last: int | None) -> str:
         trainer = self._trainer()

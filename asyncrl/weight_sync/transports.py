@@ -89,16 +89,7 @@ class FlatBufferSync:
 
     def update_of(self, flats: Sequence[Any], handles: Sequence[Any]) -> WeightUpdate:
         """The ``WeightUpdate`` of buckets ``flats`` (their manifests are read) already placed as ``handles``."""
-        if not flats or len({flat.version for flat in flats}) != 1:
-            raise WeightSyncError(
-                f"an update needs >= 1 bucket, all of one version; got {len(flats)} bucket(s)"
-            )
-        manifest = tuple(
-            ManifestEntry(name=e.name, dtype=e.dtype, shape=e.shape) for flat in flats for e in flat.manifest
-        )
-        return WeightUpdate(
-            version=flats[0].version, transport=self.name, manifest=manifest, handle=tuple(handles)
-        )
+        return update_of_buckets(flats, self.name, tuple(handles))
 
     def receive(self, update: WeightUpdate) -> Iterator[tuple[str, Any]]:
         """Each bucket's tensors in turn (views of the buffers ``get`` returns); the first bucket is read (and
@@ -118,6 +109,17 @@ class FlatBufferSync:
                     f"weight update v{update.version}: its buffers hold version {flat.version}; refused"
                 )
             yield iter(unpack_state(flat).items())
+
+
+def update_of_buckets(flats: Sequence[Any], transport: str, handle: Any) -> WeightUpdate:
+    """The ``WeightUpdate`` record of buckets ``flats`` (``FlatWeights``; only versions and manifests are read)
+    travelling by ``transport``."""
+    if not flats or len({flat.version for flat in flats}) != 1:
+        raise WeightSyncError(f"an update needs >= 1 bucket, all of one version; got {len(flats)} bucket(s)")
+    manifest = tuple(
+        ManifestEntry(name=e.name, dtype=e.dtype, shape=e.shape) for flat in flats for e in flat.manifest
+    )
+    return WeightUpdate(version=flats[0].version, transport=transport, manifest=manifest, handle=handle)
 
 
 TRANSPORTS: dict[str, Callable[[], WeightSync]] = {
