@@ -22,9 +22,6 @@ import ray
 
 from asyncrl.app import train as training
 from asyncrl.config.run import load_run_config
-from asyncrl.models.corpus import sample_texts
-from asyncrl.models.loading import save_tiny
-from asyncrl.models.tiny import build_tiny
 from asyncrl.rewards.service import RewardService
 from asyncrl.testing.faults import FaultyEngine, FaultyReward
 
@@ -56,19 +53,6 @@ COMMON = (
 def length_reward(response_text: str, sample: object) -> float:
     """Longer responses score higher: rewards vary within a group, so no update is zero."""
     return float(len(response_text))
-
-
-@pytest.fixture(scope="module")
-def tiny_path(tmp_path_factory) -> Path:
-    model, tokenizer = build_tiny(
-        sample_texts(200),
-        vocab_size=300,
-        hidden_size=64,
-        num_heads=2,
-        num_layers=2,
-        max_position_embeddings=256,
-    )
-    return save_tiny(model, tokenizer, tmp_path_factory.mktemp("faults-tiny"))
 
 
 Prepare = Callable[[Any], None]

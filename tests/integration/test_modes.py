@@ -26,9 +26,6 @@ from safetensors.torch import load_file
 from asyncrl.app import train as training
 from asyncrl.config.run import load_run_config
 from asyncrl.controller.controller import Controller, StepRecord
-from asyncrl.models.corpus import sample_texts
-from asyncrl.models.loading import save_tiny
-from asyncrl.models.tiny import build_tiny
 from asyncrl.types import Group
 
 NUM_STEPS = 3
@@ -52,19 +49,6 @@ COMMON = (
 def length_reward(response_text: str, sample: object) -> float:
     """Longer responses score higher: a reward with variance inside a group, so updates are never zero."""
     return float(len(response_text))
-
-
-@pytest.fixture(scope="session")
-def tiny_path(tmp_path_factory) -> Path:
-    model, tokenizer = build_tiny(
-        sample_texts(200),
-        vocab_size=300,
-        hidden_size=64,
-        num_heads=2,
-        num_layers=2,
-        max_position_embeddings=256,
-    )
-    return save_tiny(model, tokenizer, tmp_path_factory.mktemp("modes-tiny"))
 
 
 def run_mode(

@@ -16,9 +16,6 @@ from ray.cluster_utils import Cluster
 
 from asyncrl.app import train as training
 from asyncrl.config.run import load_run_config
-from asyncrl.models.corpus import sample_texts
-from asyncrl.models.loading import save_tiny
-from asyncrl.models.tiny import build_tiny
 from asyncrl.runtime.placement_check import PlacementError
 from asyncrl.runtime.ray_runtime import build_ray_parts
 
@@ -42,19 +39,6 @@ def cluster():
     yield nodes
     ray.shutdown()
     nodes.shutdown()
-
-
-@pytest.fixture(scope="module")
-def tiny_path(tmp_path_factory) -> Path:
-    model, tokenizer = build_tiny(
-        sample_texts(200),
-        vocab_size=300,
-        hidden_size=64,
-        num_heads=2,
-        num_layers=2,
-        max_position_embeddings=256,
-    )
-    return save_tiny(model, tokenizer, tmp_path_factory.mktemp("multinode-tiny"))
 
 
 def _overrides(cluster: Cluster, tiny_path: Path, out: Path) -> list[str]:
