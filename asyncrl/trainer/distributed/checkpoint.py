@@ -52,7 +52,11 @@ def save_sharded_checkpoint(
     staging, final = parallel.gather(staged)[0]  # rank 0's choice, for everyone
     try:
         model_state, optimizer_state = get_state_dict(trainer.model, trainer.optimizer)
-        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=staging / SHARDED_DIR)
+        dcp.save(
+            {"model": model_state, "optimizer": optimizer_state},
+            checkpoint_id=staging / SHARDED_DIR,
+            no_dist=parallel.world_size == 1,  # one process: no group to coordinate with
+        )
         export_model(trainer, staging / MODEL_DIR)
         parallel.gather(None)  # every rank's shards are written
         if parallel.rank == 0:
@@ -98,7 +102,7 @@ def load_sharded_checkpoint(path: str | os.PathLike[str], trainer: Trainer) -> d
         raise ValueError(f"{path} is not a sharded checkpoint (no {SHARDED_DIR}/)")
     model_state, optimizer_state = get_state_dict(trainer.model, trainer.optimizer)
     state = {"model": model_state, "optimizer": optimizer_state}
-    dcp.load(state, checkpoint_id=path / SHARDED_DIR)
+    dcp.load(state, checkpoint_id=path / SHARDED_DIR, no_dist=trainer.parallel.world_size == 1)
     set_state_dict(
         trainer.model,
         trainer.optimizer,
