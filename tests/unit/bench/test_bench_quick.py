@@ -15,7 +15,7 @@ import pytest
 from bench import harness
 
 ROOT = Path(__file__).resolve().parents[3]
-QUICK = ["simulator", "engine", "trainer", "async_vs_sync", "offpolicy", "distributed"]
+QUICK = ["simulator", "engine", "trainer", "async_vs_sync", "offpolicy", "distributed", "default_run"]
 """Benchmarks on the harness. Still to port: sim_vs_real, sync_vs_trl (issue 14)."""
 
 
