@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 
-from test_modes import run_mode, tiny_path  # noqa: F401  (tiny_path is a fixture)
+from test_modes import run_mode
 
 
-def test_async_final_checkpoint_keeps_admitted_untrained_prompts(tiny_path, tmp_path):  # noqa: F811
+def test_async_final_checkpoint_keeps_admitted_untrained_prompts(tiny_path, tmp_path):
     records, _ = run_mode(tiny_path, tmp_path, "controller.mode=async", "buffer.async_ratio=2")
     trained = {g.prompt_uid for r in records for g in r.groups}
     checkpoints = sorted((tmp_path / "checkpoints").iterdir())
