@@ -12,15 +12,23 @@ would inflate every speedup; the one-thread sync isolates what asynchrony itself
 Throughput is measured at steady state: the first ``--warmup`` steps (actor start-up, admission filling the
 window) are skipped, and trained samples (tokens) are divided by the wall time of the remaining steps.
 
-Proposition 2 of the ROLL Flash report bounds the speedup of an asynchronous pipeline over a synchronous one:
+Each async arm is checked against a **resource ceiling** measured apart from it: with one core per role an
+async step can be no shorter than the engine needs to generate the step's samples with every decode slot
+busy on its one core (the ``engine_saturated_1thread`` arm: the bare engine fed more requests than it has
+slots) nor than the trainer needs on its one core with nothing beside it (``sync_batch_1thread``'s train
+step). Naive sync's step over the larger of the two is the most the arm can gain; the target is 70–100 % of
+it, and a result above it means the measurement is wrong.
+
+Proposition 2 of the ROLL Flash report is computed beside it, as published, and is not a target here:
 ``1 + K·L_gen / (N·(μ_gen + E·μ_train))`` (α → ∞), and at a finite α the ratio of its (8) and (11),
-``(A + L_gen) / (A + L_gen/(α+1))`` with ``A = N/K·(μ_gen + E·μ_train)``. The inputs are measured on the
-naive ``sync`` run (every sample of a step starts at once there, so a sample's engine latency is its
-generation time): μ_gen the mean and L_gen the longest generation time per sample, N samples per step,
-E = ``trainer.ppo_epochs``, and μ_train such that ``E·N/K·μ_train`` is the measured train-step wall time.
-K, the number of Prop. 1 "workers", is the engine's decode slots, ``engine.max_running_requests`` (set to N
-here): a continuous-batching engine runs that many samples at once and hands a freed slot to the next
-request at the next step, which is exactly queue scheduling over K workers.
+``(A + L_gen) / (A + L_gen/(α+1))`` with ``A = N/K·(μ_gen + E·μ_train)``, with μ_gen, L_gen (mean and
+longest generation time per sample), μ_train and K = ``engine.max_running_requests`` = N measured on the
+naive ``sync`` run. Measured speedups land above it (116–134 % in the first harness run), and the bound is
+what is wrong, not the measurement: (8) and (11) are both *upper* bounds on completion time, so their ratio
+bounds nothing; and its model is K workers that each generate at a fixed speed, while here one
+continuous-batching engine is the K "workers" and its per-step cost grows with how many slots are busy, so
+the latencies measured in sync (where occupancy falls through the tail) are not per-worker constants and a
+full engine in async generates a sample in less core time than sync's tail does.
 
     python bench/async_vs_sync.py [--quick] [--repeats 3] [--only NAME ...] [--out bench/results/async_vs_sync.json]
 """
@@ -44,9 +52,16 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 from asyncrl.app.runtimes import assemble_controller, make_proxy, runtime_parts  # noqa: E402
 from asyncrl.config.run import RunConfig, load_run_config  # noqa: E402
 from asyncrl.controller.controller import StepRecord  # noqa: E402
+from asyncrl.data.base import prompt_token_ids  # noqa: E402
+from asyncrl.data.registry import make_task  # noqa: E402
+from asyncrl.engine import make_engine  # noqa: E402
+from asyncrl.models.loading import load_model_and_tokenizer  # noqa: E402
 from asyncrl.rollout.prompt_source import PromptSource  # noqa: E402
+from asyncrl.rollout.rlvr_producer import request_seed, sampling_params  # noqa: E402
 from asyncrl.runtime.placement import plan_placement  # noqa: E402
+from asyncrl.types import Request  # noqa: E402
 from bench import harness  # noqa: E402
+from bench.engine import on_fresh_thread  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -78,7 +93,7 @@ VARIANTS = (
     ),
 )
 BASELINE, QUEUE_BASELINE = "sync_batch", "sync_queue"
-QUICK_VARIANTS = ("sync_batch", "sync_queue", "async_a2")
+QUICK_VARIANTS = ("sync_batch", "sync_queue", "async_a2", "sync_batch_1thread")
 CONTROLS = ("sync_batch_1thread", "sync_queue_1thread")
 """Sync with one thread per role (not colocated): immune to the thread oversubscription a loaded machine
 inflicts on the colocated 2-thread sync, at the cost of using one core per phase on a quiet one."""
@@ -251,12 +266,103 @@ def bound_fractions(raw: dict[str, list[dict[str, float]]], variant: Variant) ->
     }
 
 
-def targets(ratios: dict[str, dict], bounds: dict[str, dict]) -> dict[str, bool]:
-    """The issue's targets on medians over paired repeats (controls and the inline row are not targets)."""
+SATURATED = "engine_saturated_1thread"
+"""The bare engine on one thread, every decode slot kept busy: the fastest one core can generate this
+workload's responses. Not a training run, so it takes no part in the ratios."""
+SATURATION_STEPS = 4
+"""Steps' worth of requests the saturated engine serves; it is measured only while more are waiting than
+it has slots, so its tail does not count."""
+
+
+def saturated_engine_arm(work: Workload, out_dir: Path):
+    """A harness arm: the engine of the async arms (same model, engine config, prompts and sampling; one torch
+    thread, as ``runtime.rollout_num_cpus=1`` gives it) alone, fed more requests than it has slots."""
+    variant = next(v for v in VARIANTS if v.name == "async_a2")
+
+    def run() -> dict[str, float]:
+        config = run_config(variant, work, out_dir)
+        return on_fresh_thread(lambda: saturated_rate(config, SATURATION_STEPS * work.samples_per_step), 1)
+
+    return run
+
+
+def saturated_rate(config: RunConfig, num_requests: int) -> dict[str, float]:
+    """Generated tokens per second from the start until fewer requests remain than the engine has slots."""
+    model, tokenizer = load_model_and_tokenizer(config.model.path, device="cpu")
+    samples = make_task(config.task).split("train")
+    per_prompt = config.rollout.num_return_sequences
+    requests = [
+        Request(
+            request_id=str(i),
+            prompt_token_ids=prompt_token_ids(samples[i // per_prompt], tokenizer),
+            sampling=sampling_params(
+                config.rollout, request_seed(config.seed, str(i // per_prompt), i % per_prompt)
+            ),
+        )
+        for i in range(num_requests)
+    ]
+    engine = make_engine(model, tokenizer, config.engine, num_threads=1)
+    try:
+        return asyncio.run(_serve_until_unsaturated(engine, requests, config.engine.max_running_requests))
+    finally:
+        engine.shutdown()
+
+
+async def _serve_until_unsaturated(engine: Any, requests: list[Request], slots: int) -> dict[str, float]:
+    remaining = len(requests)
+    mark: dict[str, float] = {}
+    started = time.perf_counter()
+
+    async def serve(request: Request) -> None:
+        nonlocal remaining
+        await engine.generate(request)
+        remaining -= 1
+        if remaining < slots and not mark:
+            mark["seconds"] = time.perf_counter() - started
+            mark["tokens"] = float(engine.stats()["num_generated_tokens"])
+
+    await asyncio.gather(*(serve(r) for r in requests))
+    return {"tokens_per_s": mark["tokens"] / mark["seconds"], "saturated_s": mark["seconds"]}
+
+
+def resource_ceilings(
+    raw: dict[str, list[dict[str, float]]], variant: Variant, work: Workload
+) -> dict[str, Any]:
+    """Per paired repeat, the most an async arm with one core per role can gain over naive sync, and the share
+    of it the arm reached.
+
+    An async step can be no shorter than the engine needs to generate its samples at full occupancy on its
+    one core (``SATURATED``'s rate) nor than the trainer needs on its one core alone
+    (``sync_batch_1thread``'s train step, no other role computing beside it). Both are measured apart from
+    the arm, so this is a true bound: above 1 the measurement is wrong. Below, the gap is what the pipeline
+    loses to admission waits, weight syncs and the two roles slowing each other down."""
+    n = work.samples_per_step
+    ceilings, fractions, generation, training = [], [], [], []
+    for i, row in enumerate(raw[variant.name]):
+        sync_step = n / raw[BASELINE][i]["samples_per_s"]
+        gen_s = row["mean_response_tokens"] * n / raw[SATURATED][i]["tokens_per_s"]
+        train_s = raw["sync_batch_1thread"][i]["train_s"]
+        ceiling = sync_step / max(gen_s, train_s)
+        ceilings.append(ceiling)
+        fractions.append(row["samples_per_s"] / raw[BASELINE][i]["samples_per_s"] / ceiling)
+        generation.append(gen_s)
+        training.append(train_s)
+    return {
+        "ceiling": harness.summary(ceilings),
+        "fraction_of_ceiling": harness.summary(fractions),
+        "saturated_generation_s_per_step": harness.summary(generation),
+        "lone_train_s_per_step": harness.summary(training),
+    }
+
+
+def targets(ratios: dict[str, dict], ceilings: dict[str, dict]) -> dict[str, bool]:
+    """The issue's targets on medians over paired repeats (controls and the inline row are not targets).
+
+    The 70–100 % band is checked against the resource ceiling, not Proposition 2 (see the module
+    docstring for why its ratio is no bound on this engine)."""
     met = {
-        f"{name} within 70-100% of bound_at_alpha": 0.7 <= b["fraction_of_bound_at_alpha"]["median"] <= 1.0
-        for name, b in bounds.items()
-        if not name.endswith("_inline")
+        f"{name} within 70-100% of its resource ceiling": 0.7 <= c["fraction_of_ceiling"]["median"] <= 1.0
+        for name, c in ceilings.items()
     }
     if "async_a2_over_sync_batch" in ratios:
         met["async_a2 >= 2.0x sync_batch"] = ratios["async_a2_over_sync_batch"]["median"] >= 2.0
@@ -289,8 +395,10 @@ def main() -> None:
         chosen = tuple(dataclasses.replace(v, runtime="inline") for v in chosen)
     with tempfile.TemporaryDirectory(prefix="async-vs-sync-") as tmp:
         arms = {v.name: arm(v, work, Path(tmp) / v.name) for v in chosen}
+        if any(v.async_ratio > 0 for v in chosen):
+            arms[SATURATED] = saturated_engine_arm(work, Path(tmp) / SATURATED)
         raw = harness.run_arms(arms, harness.repeats_for(args), harness.print_run)
-    ratios, bounds = {}, {}
+    ratios, bounds, ceilings = {}, {}, {}
     if BASELINE in raw and QUEUE_BASELINE in raw:
         for variant in chosen:
             for base in (BASELINE, QUEUE_BASELINE, *CONTROLS):
@@ -300,10 +408,19 @@ def main() -> None:
                     )
             if variant.async_ratio > 0:
                 bounds[variant.name] = bound_fractions(raw, variant)
+                if "sync_batch_1thread" in raw and not variant.name.endswith("_inline"):
+                    ceilings[variant.name] = resource_ceilings(raw, variant, work)
     setup = vars(work) | {"N": work.samples_per_step, "workload": "training_bound (tiny-count on count)"}
-    extra = {"proposition2": bounds, "targets_met": targets(ratios, bounds)}
+    extra = {
+        "resource_ceiling": ceilings,
+        "proposition2": bounds,
+        "targets_met": targets(ratios, ceilings),
+    }
+    placement = resources(chosen, work) | {
+        SATURATED: "the bare engine alone on one torch thread (no trainer, no Ray): a ceiling input only"
+    }
     harness.write_result(
-        args, "async_vs_sync", raw, ratios=ratios, resources=resources(chosen, work), setup=setup, extra=extra
+        args, "async_vs_sync", raw, ratios=ratios, resources=placement, setup=setup, extra=extra
     )
 
 

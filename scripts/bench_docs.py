@@ -64,8 +64,43 @@ def render(name: str, results_dir: Path) -> str:
         for key, stats in result["ratios"].items():
             label = f"{key}: {stats['numerator']} / {stats['denominator']} {stats['metric']}"
             lines.append(f"| {label} | {spread(stats)} |")
+    lines += derived_rows(result)
     lines.append(f"\nResources: `{json.dumps(result['resources'])}`.")
     return "\n".join(lines) + "\n"
+
+
+STANDARD_KEYS = {
+    "schema",
+    "benchmark",
+    "command",
+    "commit",
+    "quick",
+    "repeats",
+    "machine",
+    "resources",
+    "setup",
+}
+STANDARD_KEYS |= {"arms", "ratios"}
+
+
+def derived_rows(result: dict[str, Any]) -> list[str]:
+    """What a benchmark derived beyond its arms (bounds, ceilings, targets): every summary (``min``/``median``/
+    ``max``) and every yes/no target found under its extra keys, as one more table."""
+    rows: list[str] = []
+
+    def walk(path: str, value: Any) -> None:
+        if isinstance(value, dict) and {"min", "median", "max"} <= set(value):
+            rows.append(f"| {path} | {spread(value)} |")
+        elif isinstance(value, bool):
+            rows.append(f"| {path} | {'met' if value else 'not met'} |")
+        elif isinstance(value, dict):
+            for key, inner in value.items():
+                walk(f"{path} / {key}" if path else key, inner)
+
+    for key, value in result.items():
+        if key not in STANDARD_KEYS:
+            walk(key, value)
+    return ["", "| derived | median (min–max) |", "|---|---:|", *rows] if rows else []
 
 
 def regenerate(text: str, results_dir: Path) -> str:

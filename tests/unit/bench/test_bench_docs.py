@@ -37,3 +37,12 @@ def test_a_harness_result_is_rendered_with_spread_and_an_old_one_is_not_quoted(t
     fresh = bench_docs.regenerate(text, tmp_path)
     assert "| a | t | 2 (1–3) |" in fresh and "stale" not in fresh
     assert "Not yet re-measured" in fresh
+
+
+def test_derived_summaries_and_targets_beyond_the_arms_are_rendered() -> None:
+    stats = {"min": 0.5, "median": 0.75, "max": 0.9, "runs": [0.5, 0.75, 0.9]}
+    result = {"arms": {}, "ceiling": {"async": {"fraction": stats}}, "targets_met": {"fast": False}}
+    rows = bench_docs.derived_rows(result)
+    assert "| ceiling / async / fraction | 0.75 (0.5–0.9) |" in rows
+    assert "| targets_met / fast | not met |" in rows
+    assert bench_docs.derived_rows({"arms": {}, "setup": {"x": stats}}) == []
