@@ -1,4 +1,4 @@
-"""Benchmark: every paradigm on the same long-tailed RLVR workload and the same 2 cores, against Proposition 2.
+"""Benchmark: every paradigm on the same long-tailed RLVR workload and the same 2 cores, against a resource ceiling.
 
 Each variant trains the same model on the same prompts (the shipped ``tiny-count`` checkpoint and its task: response
 lengths follow the task's log-normal list lengths, so a few responses are many times the median) with the same
@@ -12,6 +12,14 @@ would inflate every speedup; the one-thread sync isolates what asynchrony itself
 Throughput is measured at steady state: the first ``--warmup`` steps (actor start-up, admission filling the
 window) are skipped, and trained samples (tokens) are divided by the wall time of the remaining steps.
 
+Two workloads (``--workload``), each its own result file: ``generation_bound`` (the default and the headline)
+filters groups for signal (``rollout.filter=zero_variance``, DAPO's dynamic sampling) in every arm, so a step
+generates several times what it trains; the engine has K = 2N decode slots, and ``sync_queue`` keeps
+redundant prompts in flight so a filtered group is replaced at once, as ROLL Flash's tuned sync baseline
+does (``sync_batch`` generates its batch, filters, then generates the missing groups in another round).
+``training_bound`` trains every group (K = N): there generation takes only ~2x training and queue and batch
+scheduling cannot differ.
+
 Each async arm is checked against a **resource ceiling** measured apart from it: with one core per role an
 async step can be no shorter than the engine needs to generate the step's samples with every decode slot
 busy on its one core (the ``engine_saturated_1thread`` arm: the bare engine fed more requests than it has
@@ -22,15 +30,17 @@ it, and a result above it means the measurement is wrong.
 Proposition 2 of the ROLL Flash report is computed beside it, as published, and is not a target here:
 ``1 + K·L_gen / (N·(μ_gen + E·μ_train))`` (α → ∞), and at a finite α the ratio of its (8) and (11),
 ``(A + L_gen) / (A + L_gen/(α+1))`` with ``A = N/K·(μ_gen + E·μ_train)``, with μ_gen, L_gen (mean and
-longest generation time per sample), μ_train and K = ``engine.max_running_requests`` = N measured on the
-naive ``sync`` run. Measured speedups land above it (116–134 % in the first harness run), and the bound is
+longest generation time per sample), μ_train measured on the
+naive ``sync`` run and K = ``engine.max_running_requests``. Measured speedups landed above it in the first
+harness run (the training-bound table in docs/benchmarks.md), and the bound is
 what is wrong, not the measurement: (8) and (11) are both *upper* bounds on completion time, so their ratio
 bounds nothing; and its model is K workers that each generate at a fixed speed, while here one
 continuous-batching engine is the K "workers" and its per-step cost grows with how many slots are busy, so
 the latencies measured in sync (where occupancy falls through the tail) are not per-worker constants and a
 full engine in async generates a sample in less core time than sync's tail does.
 
-    python bench/async_vs_sync.py [--quick] [--repeats 3] [--only NAME ...] [--out bench/results/async_vs_sync.json]
+    python bench/async_vs_sync.py [--quick] [--workload generation_bound|training_bound] [--repeats 3]
+        [--only NAME ...] [--out bench/results/async_vs_sync.json]
 """
 
 from __future__ import annotations
@@ -103,25 +113,68 @@ inflicts on the colocated 2-thread sync, at the cost of using one core per phase
 class Workload:
     """The shape shared by every variant."""
 
+    name: str
     prompts_per_step: int
     samples_per_prompt: int
     max_new_tokens: int
     steps: int
     warmup: int
+    group_filter: str = "none"
+    """``rollout.filter`` of every arm: ``zero_variance`` trains only groups whose rewards differ (DAPO's
+    dynamic sampling), so a step needs several times its batch generated."""
+    slots_per_sample: int = 1
+    """The engine's decode slots K as a multiple of the N samples a step trains."""
+    queue_redundancy: int = 0
+    """Extra prompts ``sync_queue`` keeps in flight (``rollout.max_additional_running_prompts``), so a filtered
+    group is replaced without a second round: queue scheduling as ROLL Flash's tuned sync baseline runs it."""
 
     @property
     def samples_per_step(self) -> int:
         return self.prompts_per_step * self.samples_per_prompt
 
+    @property
+    def slots(self) -> int:
+        return self.slots_per_sample * self.samples_per_step
 
-FULL = Workload(prompts_per_step=8, samples_per_prompt=4, max_new_tokens=160, steps=12, warmup=3)
-QUICK = Workload(prompts_per_step=4, samples_per_prompt=4, max_new_tokens=96, steps=4, warmup=1)
+
+WORKLOADS = {
+    "generation_bound": Workload(
+        name="generation_bound",
+        prompts_per_step=8,
+        samples_per_prompt=4,
+        max_new_tokens=160,
+        steps=12,
+        warmup=3,
+        group_filter="zero_variance",
+        slots_per_sample=2,
+        queue_redundancy=4,
+    ),
+    "training_bound": Workload(
+        name="training_bound",
+        prompts_per_step=8,
+        samples_per_prompt=4,
+        max_new_tokens=160,
+        steps=12,
+        warmup=3,
+    ),
+}
+"""``generation_bound`` (the headline): the shipped model already answers most ``count`` prompts all right
+or all wrong, so with groups filtered for signal a sync step generates ~4x the samples it trains, and its
+generation takes ~4x its training. ``training_bound``: every group trained; generation takes ~2x training
+and asynchrony has less to hide."""
+QUICK = dataclasses.replace(
+    WORKLOADS["generation_bound"], name="quick", prompts_per_step=4, max_new_tokens=96, steps=4, warmup=1
+)
 
 
 def run_config(variant: Variant, work: Workload, out: Path) -> RunConfig:
     """The variant's overrides on the shared workload; a small learning rate keeps response lengths (the
     workload) from drifting apart between modes."""
-    n = work.samples_per_step
+    queue_only = (
+        (f"rollout.max_additional_running_prompts={work.queue_redundancy}",)
+        if "rollout.generation=queue" in variant.overrides and "controller.mode=sync" in variant.overrides
+        else ()
+    )
     shared = (
         f"output_dir={out / variant.name}",
         f"controller.num_steps={work.steps}",
@@ -129,9 +182,10 @@ def run_config(variant: Variant, work: Workload, out: Path) -> RunConfig:
         f"rollout.rollout_batch_size={work.prompts_per_step}",
         f"rollout.num_return_sequences={work.samples_per_prompt}",
         f"rollout.max_new_tokens={work.max_new_tokens}",
-        f"engine.max_running_requests={n}",
+        f"rollout.filter={work.group_filter}",
+        f"engine.max_running_requests={work.slots}",
         "engine.max_model_len=256",
-        f"engine.max_kv_tokens={n * 256}",
+        f"engine.max_kv_tokens={work.slots * 256}",
         "trainer.lr=1e-6",
         "model.path=tiny-count",  # count has the longest responses of the built-in tasks (~4 tokens a number)
         "task.type=count",
@@ -140,7 +194,7 @@ def run_config(variant: Variant, work: Workload, out: Path) -> RunConfig:
         "runtime.rollout_num_cpus=1",
         "runtime.train_num_cpus=1",
     )
-    return load_run_config(None, [*shared, *variant.overrides])
+    return load_run_config(None, [*shared, *variant.overrides, *queue_only])
 
 
 async def train_steps(config: RunConfig) -> list[dict[str, Any]]:
@@ -180,6 +234,7 @@ def step_record(record: StepRecord, proxy_stats: dict[str, Any]) -> dict[str, An
         "max_age": max(record.version - t.start_version for t in samples),
         "latencies_s": [t.timings.get("latency_s", float("nan")) for t in samples],
         "engine_idle": [float(e["idle_fraction"]) for e in engines if "idle_fraction" in e],
+        "generated_tokens": sum(int(e.get("total_tokens", 0)) for e in engines),
     }
 
 
@@ -188,12 +243,14 @@ def steady_state(steps: list[dict[str, Any]], warmup: int) -> dict[str, float]:
     kept = steps[warmup:]
     wall = kept[-1]["end_s"] - steps[warmup - 1]["end_s"] if warmup else kept[-1]["end_s"] - kept[0]["end_s"]
     counted = kept if warmup else kept[1:]
+    generated_before = (steps[warmup - 1] if warmup else kept[0])["generated_tokens"]
     return {
         "steps_measured": len(counted),
         "wall_s": wall,
         "samples_per_s": sum(s["samples"] for s in counted) / wall,
         "tokens_per_s": sum(s["tokens"] for s in counted) / wall,
         "mean_response_tokens": sum(s["tokens"] for s in counted) / sum(s["samples"] for s in counted),
+        "generated_tokens_per_step": (counted[-1]["generated_tokens"] - generated_before) / len(counted),
         "wait_s": statistics.fmean(s["wait_s"] for s in counted),
         "train_s": statistics.fmean(s["train_s"] for s in counted),
         "sync_s": statistics.fmean(s["sync_s"] for s in counted),
@@ -206,7 +263,7 @@ def proposition2_inputs(steps: list[dict[str, Any]], warmup: int, work: Workload
     """μ_gen, L_gen, μ_train, E, K, N measured on the naive sync run (module docstring)."""
     kept = steps[warmup:]
     latencies = [x for s in kept for x in s["latencies_s"]]
-    n = k = work.samples_per_step
+    n, k = work.samples_per_step, work.slots
     train_s = statistics.fmean(s["train_s"] for s in kept)
     return {
         "mu_gen_s": statistics.fmean(latencies),
@@ -266,12 +323,13 @@ def bound_fractions(raw: dict[str, list[dict[str, float]]], variant: Variant) ->
     }
 
 
+DEFAULT_OUT = "bench/results/async_vs_sync.json"
 SATURATED = "engine_saturated_1thread"
 """The bare engine on one thread, every decode slot kept busy: the fastest one core can generate this
 workload's responses. Not a training run, so it takes no part in the ratios."""
-SATURATION_STEPS = 4
-"""Steps' worth of requests the saturated engine serves; it is measured only while more are waiting than
-it has slots, so its tail does not count."""
+SATURATION_WAVES = 4
+"""Requests the saturated engine serves, in multiples of its slots; it is measured only while more are
+waiting than it has slots, so its tail does not count."""
 
 
 def saturated_engine_arm(work: Workload, out_dir: Path):
@@ -281,7 +339,7 @@ def saturated_engine_arm(work: Workload, out_dir: Path):
 
     def run() -> dict[str, float]:
         config = run_config(variant, work, out_dir)
-        return on_fresh_thread(lambda: saturated_rate(config, SATURATION_STEPS * work.samples_per_step), 1)
+        return on_fresh_thread(lambda: saturated_rate(config, SATURATION_WAVES * work.slots), 1)
 
     return run
 
@@ -332,7 +390,8 @@ def resource_ceilings(
     of it the arm reached.
 
     An async step can be no shorter than the engine needs to generate its samples at full occupancy on its
-    one core (``SATURATED``'s rate) nor than the trainer needs on its one core alone
+    one core (``SATURATED``'s rate; every token the arm's engine generated counts, filtered groups and
+    aborted surplus included) nor than the trainer needs on its one core alone
     (``sync_batch_1thread``'s train step, no other role computing beside it). Both are measured apart from
     the arm, so this is a true bound: above 1 the measurement is wrong. Below, the gap is what the pipeline
     loses to admission waits, weight syncs and the two roles slowing each other down."""
@@ -340,7 +399,7 @@ def resource_ceilings(
     ceilings, fractions, generation, training = [], [], [], []
     for i, row in enumerate(raw[variant.name]):
         sync_step = n / raw[BASELINE][i]["samples_per_s"]
-        gen_s = row["mean_response_tokens"] * n / raw[SATURATED][i]["tokens_per_s"]
+        gen_s = row["generated_tokens_per_step"] / raw[SATURATED][i]["tokens_per_s"]
         train_s = raw["sync_batch_1thread"][i]["train_s"]
         ceiling = sync_step / max(gen_s, train_s)
         ceilings.append(ceiling)
@@ -387,8 +446,11 @@ def main() -> None:
     parser.add_argument(
         "--only", nargs="*", help="variant names to run (comparisons need both sync baselines)"
     )
+    parser.add_argument("--workload", choices=list(WORKLOADS), default="generation_bound")
     args = parser.parse_args()
-    work = QUICK if args.quick else FULL
+    work = QUICK if args.quick else WORKLOADS[args.workload]
+    if args.workload != "generation_bound" and args.out == DEFAULT_OUT:
+        args.out = DEFAULT_OUT.replace(".json", f"_{args.workload}.json")
     names = args.only or (QUICK_VARIANTS if args.quick else [v.name for v in VARIANTS])
     chosen = tuple(v for v in VARIANTS if v.name in names)
     if args.quick:  # seconds: one process, no Ray start-up per run
@@ -410,7 +472,7 @@ def main() -> None:
                 bounds[variant.name] = bound_fractions(raw, variant)
                 if "sync_batch_1thread" in raw and not variant.name.endswith("_inline"):
                     ceilings[variant.name] = resource_ceilings(raw, variant, work)
-    setup = vars(work) | {"N": work.samples_per_step, "workload": "training_bound (tiny-count on count)"}
+    setup = vars(work) | {"N": work.samples_per_step, "K": work.slots, "model": "tiny-count on count"}
     extra = {
         "resource_ceiling": ceilings,
         "proposition2": bounds,
