@@ -94,10 +94,6 @@ class RunConfig:
                 "weight_sync.type=broadcast needs proxy.max_engine_restarts: 0 (a replacement engine would not be "
                 "a member of the broadcast group); use weight_sync.type: object_store to keep engine recovery"
             )
-        if self.engine.backend == "vllm" and self.controller.mode == "multi_version":
-            raise ValueError(
-                "engine.backend=vllm does not support controller.mode=multi_version (no KV migration)"
-            )
         if self.producer not in PRODUCERS:
             raise ValueError(
                 f"producer must be one of {', '.join(map(repr, PRODUCERS))}, got {self.producer!r}"

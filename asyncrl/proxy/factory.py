@@ -1,6 +1,7 @@
 """The proxy a controller mode needs, built one way for real runs and simulated ones.
 
-``multi_version`` gets the orchestrator (its engines must support request export/import), every other mode
+``multi_version`` gets the orchestrator over migratable engines (an engine that cannot export a request with
+its KV, such as vLLM, migrates by recomputing the prefix: proxy/recompute_migration.py), every other mode
 an ``LLMProxy`` with the mode's weight-update policy unless ``proxy.update_policy`` names one.
 """
 
@@ -14,6 +15,7 @@ from asyncrl.config.proxy import ProxyConfig
 from asyncrl.controller.modes import mode_spec
 from asyncrl.proxy.llm_proxy import LLMProxy
 from asyncrl.proxy.multi_version import MultiVersionProxy
+from asyncrl.proxy.recompute_migration import migratable
 from asyncrl.proxy.worker import EngineClient
 
 
@@ -34,7 +36,11 @@ def proxy_for_mode(
     spec = mode_spec(mode)
     if spec.multi_version:
         return MultiVersionProxy(
-            engines, config, async_ratio=async_ratio, slots_per_engine=slots_per_engine, clock=clock
+            [migratable(engine) for engine in engines],
+            config,
+            async_ratio=async_ratio,
+            slots_per_engine=slots_per_engine,
+            clock=clock,
         )
     policy_config = replace(config, update_policy=config.update_policy or spec.update_policy)
     return LLMProxy(engines, policy_config, initial_version=0, clock=clock)

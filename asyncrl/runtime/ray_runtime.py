@@ -276,10 +276,12 @@ class RayEngineClient:
     ``FlatWeights``), which is forwarded as is, or ordinary named tensors, which are published once.
     """
 
-    def __init__(self, handle: Any, name: str, config: RuntimeConfig) -> None:
+    def __init__(self, handle: Any, name: str, config: RuntimeConfig, *, exports_kv: bool = True) -> None:
         self.handle = handle
         self.name = name
         self.config = config
+        self.exports_kv = exports_kv
+        """Whether the actor's engine can hand a request over with its KV (the built-in one; not vLLM)."""
 
     async def generate(self, request: Request) -> Generation:
         ref = self.handle.generate.remote(request)
@@ -352,7 +354,8 @@ def spawn_engine(
     actor = ray.remote(EngineActor).options(
         max_restarts=0, max_task_retries=0, max_concurrency=ENGINE_MAX_CONCURRENCY, **options
     )
-    return RayEngineClient(actor.remote(model, engine, num_threads, cores, seed), name, config)
+    handle = actor.remote(model, engine, num_threads, cores, seed)
+    return RayEngineClient(handle, name, config, exports_kv=engine.backend == "builtin")
 
 
 class RayEngineFactory:

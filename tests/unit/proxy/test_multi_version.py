@@ -8,6 +8,7 @@ import pytest
 
 from asyncrl.proxy.errors import EngineFailure
 from asyncrl.proxy.multi_version import EngineView, MultiVersionProxy, Switch, plan_switches, target_partition
+from asyncrl.proxy.recompute_migration import RecomputeMigration, migratable
 from asyncrl.sim.clock import run_seeds, run_shuffled
 from asyncrl.testing.fake_engine import FakeEngine, expected_tokens, make_request
 from asyncrl.types import FinishReason
@@ -137,8 +138,11 @@ def test_abort_reaches_a_request_on_its_engine_and_a_held_one() -> None:
     assert empty.token_ids == [] and held.finish_reason is FinishReason.ABORT
 
 
-def test_real_engines_migrate_kv_and_continue_token_identical() -> None:
-    """Two AsyncEngines on a tiny random Qwen2: the update moves engine 0's requests, KV included, to engine 1."""
+@pytest.mark.parametrize("migration", ["kv", "recompute"])
+def test_real_engines_migrate_and_continue_token_identical(migration: str) -> None:
+    """Two AsyncEngines on a tiny random Qwen2: the update moves engine 0's requests to engine 1, with their KV
+    or (as for vLLM) as prefixes the receiver prefills again; either way the tokens are those of an
+    uninterrupted run."""
     from test_proxy_real_engine import tiny_qwen2
 
     from asyncrl.config.engine import EngineConfig
@@ -162,7 +166,8 @@ def test_real_engines_migrate_kv_and_continue_token_identical() -> None:
     async def scenario():
         engines = [make_engine(tiny_qwen2(0), None, config) for _ in range(2)]
         try:
-            proxy = MultiVersionProxy(engines, async_ratio=1.0, slots_per_engine=8)
+            clients = engines if migration == "kv" else [RecomputeMigration(e) for e in engines]
+            proxy = MultiVersionProxy(clients, async_ratio=1.0, slots_per_engine=8)
             calls = [asyncio.ensure_future(proxy.generate(request(i))) for i in range(4)]
             while min(e.core.num_generated_tokens for e in engines) < 6:
                 await asyncio.sleep(0.001)
@@ -180,7 +185,7 @@ def test_real_engines_migrate_kv_and_continue_token_identical() -> None:
     generations, stats = asyncio.run(scenario())
     assert {g.request_id: g.token_ids for g in generations} == expected
     assert all(g.versions == [0] * 100 for g in generations)
-    assert stats["num_migrations"] == 2 and stats["kv_bytes_moved"] > 0
+    assert stats["num_migrations"] == 2 and (stats["kv_bytes_moved"] > 0) == (migration == "kv")
     assert [e["version"] for e in stats["engines"]] == [1, 0]
 
 
@@ -239,3 +244,52 @@ def test_held_calls_do_not_overfill_the_first_engine_at_the_new_version() -> Non
         versions, peak = run_shuffled(after_update_scenario, seed=seed)
         assert versions == [1] * 6
         assert peak <= 2
+
+
+class PrefixOnlyEngine:
+    """A FakeEngine seen only through the ``EngineClient`` protocol: no KV export, like vLLM."""
+
+    def __init__(self, engine: FakeEngine) -> None:
+        self.inner = engine
+        self.generate, self.abort = engine.generate, engine.abort
+        self.pause, self.update_weights, self.resume = engine.pause, engine.update_weights, engine.resume
+
+
+async def recompute_scenario(seed: int) -> tuple[MultiVersionProxy, list, object]:
+    engines = [PrefixOnlyEngine(FakeEngine(lengths=20, step_s=1.0)) for _ in range(2)]
+    wrapped = [migratable(e) for e in engines]
+    assert all(isinstance(w, RecomputeMigration) for w in wrapped)
+    proxy = MultiVersionProxy(wrapped, async_ratio=1.0, clock=asyncio.get_running_loop().time)
+    old = [
+        asyncio.ensure_future(proxy.generate(make_request(f"old{i}", max_new_tokens=20))) for i in range(4)
+    ]
+    await asyncio.sleep(5.5)
+    await update(proxy, 1)
+    await proxy.update_applied(1)
+    new = await proxy.generate(make_request("new", max_new_tokens=20))
+    return proxy, [await call for call in old], new
+
+
+def test_engines_without_kv_export_migrate_by_recomputing_the_prefix_under_every_schedule() -> None:
+    """The multi-version contract holds when requests move as prefixes (vLLM's way): every old request ends
+    identical to an uninterrupted run, all at v0, and the receiver prefilled what the donor had generated."""
+
+    async def one(seed: int) -> None:
+        proxy, old, new = await recompute_scenario(seed)
+        for generation in old:
+            tokens, logprobs = expected_tokens(generation.request_id, 20)
+            assert (generation.token_ids, generation.logprobs) == (tokens, logprobs)
+            assert generation.versions == [0] * 20 and generation.finish_reason is FinishReason.LENGTH
+        assert new.versions == [1] * 20
+        stats = proxy.stats()
+        assert stats["num_calls"] == 0 and stats["kv_bytes_moved"] == 0
+        assert stats["num_migrations"] == 2
+
+    assert run_seeds(one, range(200)) == 200
+
+
+def test_an_engine_that_exports_kv_is_not_wrapped_unless_it_says_it_cannot() -> None:
+    engine = FakeEngine(lengths=5)
+    assert migratable(engine) is engine
+    engine.exports_kv = False  # e.g. a Ray client whose actor runs vLLM
+    assert isinstance(migratable(engine), RecomputeMigration)
