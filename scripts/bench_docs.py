@@ -64,8 +64,27 @@ def render(name: str, results_dir: Path) -> str:
         for key, stats in result["ratios"].items():
             label = f"{key}: {stats['numerator']} / {stats['denominator']} {stats['metric']}"
             lines.append(f"| {label} | {spread(stats)} |")
+    lines += render_table(result.get("table"))
     lines.append(f"\nResources: `{json.dumps(result['resources'])}`.")
     return "\n".join(lines) + "\n"
+
+
+def cell(value: Any) -> str:
+    """A table cell: numbers as ``number`` writes them, anything else (names, yes/no) as text."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return number(value)
+    return str(value)
+
+
+def render_table(table: dict[str, Any] | None) -> list[str]:
+    """A benchmark's own derived table (``{"title", "columns", "rows"}`` in its result, e.g. predictions set
+    beside measurements), numbers formatted like the arms'; nothing when the result has none."""
+    if not table:
+        return []
+    lines = ["", f"{table['title']}:", "", "| " + " | ".join(table["columns"]) + " |"]
+    lines.append("|" + "---|" * len(table["columns"]))
+    lines += ["| " + " | ".join(cell(value) for value in row) + " |" for row in table["rows"]]
+    return lines
 
 
 def regenerate(text: str, results_dir: Path) -> str:
