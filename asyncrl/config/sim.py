@@ -163,7 +163,8 @@ class SimTrainerConfig:
     concurrent_slowdown: float = 1.0
     """Factor on a training step's time when an engine is generating as it starts: contention for what the
     two pools share (host CPUs, memory bandwidth, network). 1 for dedicated hardware; on a CPU test bed
-    where rollout and training share the cores it is well above 1 (``bench/sim_vs_real.py`` measured ~1.8).
+    where rollout and training share the cores it is above 1 (``bench/sim_vs_real.py`` measures it: a bare
+    train step timed alone and while a second process decodes).
     Applied to the whole step, so overlap that ends mid-step is charged in full."""
 
     def __post_init__(self) -> None:
