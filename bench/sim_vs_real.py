@@ -1,134 +1,200 @@
-"""Cross-check of the simulator against a real run: the step-time ratio of two modes, real vs simulated.
+"""Simulator validation: calibrate from micro-measurements of the bare parts, then predict real runs it never saw.
 
-One small configuration (the embedded tiny ``count`` model and task, 8 prompts x 4 samples per step) runs for
-real in two modes through the same runtime as ``bench/async_vs_sync.py`` (``runtime.type=local``: the trainer
-and the engine are Ray actors with one CPU each): ``sync`` with batch generation, its roles kept on separate
-cores (``runtime.colocate=never``), and ``async`` at α = 2. Both modes then give every role the same hardware,
-so one set of cost parameters describes both and the ratio of their step times isolates what scheduling does.
+The real runs are ``bench/async_vs_sync.py``'s (its runtime and helpers: the shipped ``tiny-count`` model on the
+``count`` task, ``runtime.type=local``, the engine and the trainer Ray actors with one core and one torch
+thread each), in five configurations: ``sync`` (batch generation, roles on separate cores), ``async`` at
+α = 1 and α = 2 on the same batch (8 prompts × 4 samples), and ``sync`` and ``async`` α = 2 on a wider batch
+(16 × 4). Each runs ``--repeats`` times, interleaved through ``harness.run_arms``; its metric is the steady
+step time (wall time after the warm-up steps / steps).
 
-Calibration (``asyncrl.sim.calibrate``), one cost model for both modes:
-- decode step time and per-step fixed cost: in situ, from the real sync run (``in_situ_engine``); a profiling
-  pass over the bare engine (``LLMEngine``, one torch thread like the actor, ``fit_decode_step``) is
-  simulated beside it to show what the runtime's overheads add;
-- train time per token and fixed overhead: a line through (tokens, train seconds) of the real sync steps;
-- weight-sync time: the mean ``sync_s`` of the real sync steps;
-- response lengths: every response of the real sync run, replayed as an empirical distribution drawn per
-  response (the samples of one ``count`` prompt vary too much for ``lengths.per_prompt`` to fit: drawing a
-  group's longest for all of it doubled the mean); the prompt length is the mean prompt's;
-- ``trainer.concurrent_slowdown``: how much slower the async run trained than that line predicts (the one
-  input taken from the async run: on 2 shared cores, generation and the driver slow training down).
-The headline simulates both modes with all of it; ``sync_only`` leaves the slowdown out (a prediction from the
-sync run alone). The ratios are compared (the issue asks for 25 %). Steady state: the first
-``WORK.warmup`` steps are skipped in both. ``--reuse-real`` re-simulates the real steps an earlier run
-recorded in ``--out``.
+Calibration touches none of those runs (``asyncrl.sim.calibrate``), and uses the thread count the real
+engine and trainer actors get (``runtime.placement``):
+- decode: the bare ``LLMEngine`` stepping batches of 1-64 fixed-length requests; a line ``a + b · batch``
+  through the decode steps, prefill per prompt token from the first steps;
+- training: the bare ``Trainer`` (the runs' trainer, loss and advantage settings) on synthetic batches of
+  two sizes and two response lengths; a line through (tokens, seconds) gives the per-token cost and the
+  fixed overhead;
+- contention: the same train step timed again while a separate process decodes with the bare engine
+  (``trainer.concurrent_slowdown``; the async runs overlap the two);
+- weight sync: the trainer's weights published through the ``object_store`` transport's flat buffers
+  (in-process, without Ray's object store) and loaded into the bare engine;
+- response lengths: a short generation pass of the bare engine over task prompts drawn with another seed,
+  replayed per response as an empirical distribution; prompt length: that pass's mean prompt.
+Each configuration is then simulated with the real run's own ``rollout``, ``buffer``, ``controller`` and
+``proxy`` sections. Reported per configuration: real step time (min/median/max), simulated step time, the
+error against the median and whether the prediction lies within the real spread; and the async/sync speedup,
+real (per paired repeat) against simulated.
 
-    python bench/sim_vs_real.py [--out bench/results/sim_vs_real.json] [--reuse-real]
+What the calibration cannot see, by design: the runtime's own per-step costs (Ray calls, the driver's
+producer, rewards and proxy on the shared cores). The error column is how much they weigh.
+
+    python bench/sim_vs_real.py [--quick] [--repeats 3] [--out bench/results/sim_vs_real.json]
 """
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import json
-import os
+import copy
+import dataclasses
+import multiprocessing
+import random
 import statistics
-import sys
 import tempfile
 import time
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+import torch
 
-import torch  # noqa: E402
+from asyncrl.app.simulate import simulate
+from asyncrl.config.run import RunConfig
+from asyncrl.config.sim import LengthConfig, SimConfig, SimEngineConfig, SimTrainerConfig
+from asyncrl.data.base import prompt_token_ids
+from asyncrl.data.registry import make_task
+from asyncrl.engine.llm_engine import LLMEngine
+from asyncrl.models.loading import load_model_and_tokenizer, state_dict_for_sync
+from asyncrl.rollout.rlvr_producer import request_seed, sampling_params
+from asyncrl.runtime.placement import plan_placement
+from asyncrl.sim import calibrate
+from asyncrl.trainer.trainer import Trainer
+from asyncrl.types import Group, Request, SamplingParams, Trajectory
+from asyncrl.weight_sync.transports import FlatBufferSync
+from bench import harness
+from bench.async_vs_sync import VARIANTS, Variant, Workload, arm, run_config
 
-import asyncrl  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).parent))
-from async_vs_sync import VARIANTS, Variant, Workload, run_config, settle  # noqa: E402
-
-from asyncrl.app.runtimes import assemble_controller, make_proxy, runtime_parts  # noqa: E402
-from asyncrl.app.simulate import simulate  # noqa: E402
-from asyncrl.config.base import to_dict  # noqa: E402
-from asyncrl.config.loader import from_dict  # noqa: E402
-from asyncrl.config.run import RunConfig  # noqa: E402
-from asyncrl.config.sim import SimConfig  # noqa: E402
-from asyncrl.controller.controller import StepRecord  # noqa: E402
-from asyncrl.engine.llm_engine import LLMEngine  # noqa: E402
-from asyncrl.models.loading import load_model_and_tokenizer  # noqa: E402
-from asyncrl.rollout.prompt_source import PromptSource  # noqa: E402
-from asyncrl.sim import calibrate  # noqa: E402
-from asyncrl.sim.result import SimResult  # noqa: E402
-from asyncrl.types import Request, SamplingParams  # noqa: E402
-
-WORK = Workload(prompts_per_step=8, samples_per_prompt=4, max_new_tokens=160, steps=12, warmup=3)
-MODES = {v.name: v for v in VARIANTS if v.name in ("sync_batch_1thread", "async_a2")}
-BASE, OTHER = "sync_batch_1thread", "async_a2"
-PROFILE_BATCHES = (1, 2, 4, 8, 16, 32)
-PROFILE_STEPS = 12
-TOLERANCE = 0.25
-COUNT_MODEL = Path(asyncrl.__file__).parent / "assets" / "tiny-count"
-
-
-async def real_steps(config: RunConfig) -> list[dict[str, Any]]:
-    """Run the config through the real parts; per step: end time, phase times and every sample's lengths."""
-    steps: list[dict[str, Any]] = []
-    with runtime_parts(config) as parts:
-        source = PromptSource(parts.task.split("train"), seed=config.seed)
-        proxy = make_proxy(parts)
-
-        def on_step(record: StepRecord) -> None:
-            samples = [t for g in record.groups for t in g.trajectories]
-            steps.append(
-                {
-                    "end_s": time.perf_counter(),
-                    "wait_s": record.wait_s,
-                    "train_s": record.train_s,
-                    "sync_s": record.sync_s,
-                    "prompt_tokens": [t.num_prompt_tokens for t in samples],
-                    "response_tokens": [t.num_response_tokens for t in samples],
-                }
-            )
-
-        controller = assemble_controller(parts, proxy, source, on_step)
-        await controller.run(config.controller.num_steps)
-        proxy.close()
-        await settle()
-    return steps
+NARROW, NARROW_QUICK = (
+    Workload(name="narrow", prompts_per_step=8, samples_per_prompt=4, max_new_tokens=160, steps=12, warmup=3),
+    Workload(
+        name="narrow_quick", prompts_per_step=2, samples_per_prompt=4, max_new_tokens=64, steps=4, warmup=1
+    ),
+)
+WIDE, WIDE_QUICK = (
+    Workload(name="wide", prompts_per_step=16, samples_per_prompt=4, max_new_tokens=160, steps=12, warmup=3),
+    Workload(
+        name="wide_quick", prompts_per_step=4, samples_per_prompt=4, max_new_tokens=64, steps=4, warmup=1
+    ),
+)
+_BY_NAME = {v.name: v for v in VARIANTS}
+SYNC = _BY_NAME["sync_batch_1thread"]
+ASYNC_A1 = Variant("async_a1", ("controller.mode=async", "buffer.async_ratio=1"), 1.0)
+ASYNC_A2 = _BY_NAME["async_a2"]
+CALIBRATION_SEED = 12_345
+"""Seed of the generation pass's prompt draw and sampling: not the runs' seed, so it sees other prompts."""
 
 
-def steady_step_s(end_times: list[float], warmup: int) -> float:
-    """Mean step time after ``warmup`` steps: (last end - end of the last warm-up step) / steps counted."""
-    return (end_times[-1] - end_times[warmup - 1]) / (len(end_times) - warmup)
+SPEEDUPS = {
+    "async_a1_over_sync": ("async_a1", "sync"),
+    "async_a2_over_sync": ("async_a2", "sync"),
+    "async_a2_wide_over_sync_wide": ("async_a2_wide", "sync_wide"),
+}
+"""Speedup = sync step time / async step time on the same batch shape."""
 
 
-def profile_engine(config: RunConfig, prompt_tokens: int) -> dict[str, Any]:
-    """Time the real engine's steps at each batch size (one torch thread, as in its actor): the first step of
-    a batch prefills every prompt, the others decode. Returns the raw timings and the fitted cost model."""
-    model, tokenizer = load_model_and_tokenizer(config.model.path, config.model.dtype, "cpu")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+@dataclass(frozen=True)
+class Prediction:
+    """One predicted configuration: a mode (``Variant``) on a batch shape."""
+
+    name: str
+    variant: Variant
+    work: Workload
+
+
+def configurations(quick: bool) -> tuple[Prediction, ...]:
+    narrow, wide = (NARROW_QUICK, WIDE_QUICK) if quick else (NARROW, WIDE)
+    return (
+        Prediction("sync", SYNC, narrow),
+        Prediction("async_a1", ASYNC_A1, narrow),
+        Prediction("async_a2", ASYNC_A2, narrow),
+        Prediction("sync_wide", SYNC, wide),
+        Prediction("async_a2_wide", ASYNC_A2, wide),
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sizes:
+    """How much calibration work to do (``--quick`` shrinks it to seconds)."""
+
+    profile_batches: tuple[int, ...]
+    profile_steps: int
+    train_samples: tuple[int, ...]
+    train_response_tokens: tuple[int, ...]
+    train_repeats: int
+    pass_prompts: int
+    pass_samples: int
+
+
+FULL_SIZES = Sizes(
+    profile_batches=(1, 2, 4, 8, 16, 32, 64),
+    profile_steps=12,
+    train_samples=(32, 64),
+    train_response_tokens=(8, 24),
+    train_repeats=3,
+    pass_prompts=64,
+    pass_samples=4,
+)
+QUICK_SIZES = Sizes(
+    profile_batches=(1, 4),
+    profile_steps=3,
+    train_samples=(4,),
+    train_response_tokens=(4, 8),
+    train_repeats=1,
+    pass_prompts=4,
+    pass_samples=2,
+)
+
+
+# ---- the real runs -----------------------------------------------------------------------------------
+
+
+def real_arm(prediction: Prediction, out_dir: Path, quick: bool) -> harness.Arm:
+    """``async_vs_sync``'s arm for the configuration (inline in ``--quick``), reporting its steady step time."""
+    variant = dataclasses.replace(prediction.variant, runtime="inline") if quick else prediction.variant
+    run = arm(variant, prediction.work, out_dir)
+
+    def measured() -> dict[str, float]:
+        metrics = run()
+        return {"step_s": metrics["wall_s"] / metrics["steps_measured"], **metrics}
+
+    return measured
+
+
+def threads_of(config: RunConfig) -> tuple[int, int]:
+    """(engine threads, trainer threads) of the run's placement: what the micro-measurements must use."""
+    placement = plan_placement(
+        config.runtime, num_engines=config.rollout.num_engines, mode=config.controller.mode
+    )
+    return placement.engine_threads, placement.trainer_threads
+
+
+# ---- micro-measurements ------------------------------------------------------------------------------
+
+
+def with_threads(threads: int, measure: Callable[[], Any]) -> Any:
+    """Run ``measure`` with ``threads`` torch threads, restoring the count after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
     try:
-        rows = [profile_batch(model, tokenizer, config, batch, prompt_tokens) for batch in PROFILE_BATCHES]
+        return measure()
     finally:
-        torch.set_num_threads(threads)
-    batches = [row["batch"] for row in rows]
-    decode_s, knee = calibrate.fit_decode_step(batches, [row["decode_step_s"] for row in rows])
-    prefill = [max(0.0, r["first_step_s"] - r["decode_step_s"]) / (r["batch"] * prompt_tokens) for r in rows]
-    return {
-        "rows": rows,
-        "decode_step_s": decode_s,
-        "knee_batch": knee,
-        "prefill_s_per_token": statistics.median(prefill),
-    }
+        torch.set_num_threads(before)
 
 
-def profile_batch(model: Any, tokenizer: Any, config: RunConfig, batch: int, prompt_tokens: int) -> dict:
-    """Median decode-step time and first (prefill) step time of ``batch`` requests of fixed length."""
-    engine = LLMEngine(model, tokenizer, config.engine)
-    sampling = SamplingParams(max_new_tokens=PROFILE_STEPS + 1, ignore_eos=True)
+def profile_engine(
+    model: Any, config: RunConfig, prompt_tokens: int, sizes: Sizes
+) -> list[calibrate.EngineProfile]:
+    """Every batch size of ``sizes``: first (prefill) and median decode step of the bare engine."""
+    return [
+        profile_batch(model, config, batch, prompt_tokens, sizes.profile_steps)
+        for batch in sizes.profile_batches
+    ]
+
+
+def profile_batch(
+    model: Any, config: RunConfig, batch: int, prompt_tokens: int, steps: int
+) -> calibrate.EngineProfile:
+    engine = LLMEngine(model, None, config.engine)
+    sampling = SamplingParams(max_new_tokens=steps + 1, ignore_eos=True)
     for index in range(batch):
         prompt = [(7 * index + j) % 100 + 3 for j in range(prompt_tokens)]
         engine.add_request(
@@ -139,232 +205,344 @@ def profile_batch(model: Any, tokenizer: Any, config: RunConfig, batch: int, pro
         started = time.perf_counter()
         engine.step()
         times.append(time.perf_counter() - started)
-    return {"batch": batch, "first_step_s": times[0], "decode_step_s": statistics.median(times[1:])}
-
-
-def in_situ_engine(
-    sync_steps: list[dict[str, Any]], prompt_tokens: int, profiled_decode_s: float
-) -> dict[str, float]:
-    """The engine's cost model as the real sync run saw it. In ``sync`` with batch generation every request
-    of a step starts at once and the step waits for the longest, so ``wait_s ≈ a + d · longest response``:
-    ``d`` is the decode step time inside the runtime (actor, event loop and proxy overheads included) and
-    ``a`` the per-step fixed cost, charged as prefill of the step's prompts. Flat in the batch size. If the
-    steps' longest responses are too alike to give a slope, the profiled decode step is used."""
-    kept = sync_steps[WORK.warmup :]
-    fixed, per_token = calibrate.fit_line(
-        [max(s["response_tokens"]) for s in kept], [s["wait_s"] for s in kept]
-    )
-    return {
-        "decode_step_s": per_token or profiled_decode_s,
-        "knee_batch": WORK.samples_per_step,
-        "prefill_s_per_token": fixed / (WORK.samples_per_step * prompt_tokens),
-    }
-
-
-def step_tokens(step: dict[str, Any]) -> int:
-    """Tokens a step trained on: prompts and responses (what the simulated trainer counts)."""
-    return sum(step["prompt_tokens"]) + sum(step["response_tokens"])
-
-
-def train_fit(sync_steps: list[dict[str, Any]]) -> tuple[float, float]:
-    """(step_overhead_s, s_per_token) of the real sync run's train steps (engines idle meanwhile)."""
-    kept = sync_steps[WORK.warmup :]
-    return calibrate.fit_line([step_tokens(s) for s in kept], [s["train_s"] for s in kept])
-
-
-def measured_slowdown(sync_steps: list[dict[str, Any]], async_steps: list[dict[str, Any]]) -> float:
-    """How much slower the async run trained than the sync run's fit predicts for the same tokens: the
-    contention of generation running on the other core (``trainer.concurrent_slowdown``), at least 1."""
-    overhead, per_token = train_fit(sync_steps)
-    kept = async_steps[WORK.warmup :]
-    predicted = [overhead + per_token * step_tokens(s) for s in kept]
-    return max(1.0, sum(s["train_s"] for s in kept) / sum(predicted))
-
-
-def calibrated_config(
-    variant: Variant,
-    sync_steps: list[dict[str, Any]],
-    engine: dict[str, Any],
-    lengths_path: Path,
-    slowdown: float,
-) -> SimConfig:
-    """The real configuration as a simulation: ``engine`` costs, the trainer, weight-sync and prompt length
-    measured on the real sync run, and the trainer's ``concurrent_slowdown``."""
-    kept = sync_steps[WORK.warmup :]
-    overhead, per_token = train_fit(sync_steps)
-    mode = "sync" if variant.async_ratio == 0 else "async"
-    n = WORK.samples_per_step
-    return from_dict(
-        SimConfig,
-        {
-            "seed": 0,
-            "num_prompts": 1000,
-            "prompt_tokens": prompt_length(sync_steps),
-            "lengths": {"distribution": "empirical", "path": str(lengths_path)},
-            "engine": {
-                "decode_step_s": engine["decode_step_s"],
-                "knee_batch": engine["knee_batch"],
-                "prefill_s_per_token": engine["prefill_s_per_token"],
-                "max_running_requests": n,
-                "max_kv_tokens": n * 256,
-                "weight_update_s": statistics.fmean(s["sync_s"] for s in kept),
-            },
-            "trainer": {
-                "num_gpus": 1,
-                "gpu_s_per_token": per_token,
-                "step_overhead_s": overhead,
-                "concurrent_slowdown": slowdown,
-            },
-            "rollout": {
-                "num_engines": 1,
-                "rollout_batch_size": WORK.prompts_per_step,
-                "num_return_sequences": WORK.samples_per_prompt,
-                "max_new_tokens": WORK.max_new_tokens,
-                "generation": "batch" if mode == "sync" else "queue",
-            },
-            "buffer": {"async_ratio": variant.async_ratio},
-            "controller": {"mode": mode, "num_steps": WORK.steps},
-        },
+    return calibrate.EngineProfile(
+        batch=batch,
+        prompt_tokens=prompt_tokens,
+        first_step_s=times[0],
+        decode_step_s=statistics.median(times[1:]),
     )
 
 
-def prompt_length(steps: list[dict[str, Any]]) -> int:
-    prompts = [p for s in steps for p in s["prompt_tokens"]]
-    return max(1, round(statistics.fmean(prompts)))
+def generation_pass(
+    model: Any, tokenizer: Any, config: RunConfig, sizes: Sizes
+) -> tuple[list[int], list[int]]:
+    """(prompt lengths, response lengths) of the bare engine sampling the task's prompts as a run does
+    (``rollout`` sampling settings), on prompts drawn with ``CALIBRATION_SEED``."""
+    samples = random.Random(CALIBRATION_SEED).sample(
+        list(make_task(config.task).split("train")), sizes.pass_prompts
+    )
+    engine = LLMEngine(model, tokenizer, config.engine)
+    prompts = []
+    for p, sample in enumerate(samples):
+        ids = prompt_token_ids(sample, tokenizer)
+        prompts.append(len(ids))
+        for i in range(sizes.pass_samples):
+            sampling = sampling_params(config.rollout, request_seed(CALIBRATION_SEED, sample.uid, i))
+            engine.add_request(Request(request_id=f"c{p}#{i}", prompt_token_ids=ids, sampling=sampling))
+    responses = []
+    while engine.has_work():
+        responses += [generation.num_tokens for generation in engine.step()]
+    return prompts, responses
 
 
-def summarize_real(steps: list[dict[str, Any]]) -> dict[str, Any]:
-    kept = steps[WORK.warmup :]
+def synthetic_groups(
+    num_samples: int, group_size: int, prompt_tokens: int, response_tokens: int
+) -> list[Group]:
+    """A batch of ``num_samples`` made-up trajectories of fixed lengths, rewards alternating 0/1 (so GRPO
+    advantages are not all zero and the loss has a gradient)."""
+    gen = torch.Generator().manual_seed(num_samples * 1000 + response_tokens)
+    groups = []
+    for p in range(num_samples // group_size):
+        prompt = torch.randint(3, 100, (prompt_tokens,), generator=gen).tolist()
+        trajectories = [
+            Trajectory(
+                prompt_uid=f"p{p}",
+                sample_index=i,
+                token_ids=prompt + torch.randint(3, 100, (response_tokens,), generator=gen).tolist(),
+                loss_mask=[0] * prompt_tokens + [1] * response_tokens,
+                logprobs=[0.0] * prompt_tokens + [-1.0] * response_tokens,
+                versions=[-1] * prompt_tokens + [0] * response_tokens,
+                start_version=0,
+                num_prompt_tokens=prompt_tokens,
+                reward=float(i % 2),
+            )
+            for i in range(group_size)
+        ]
+        groups.append(Group(prompt_uid=f"p{p}", trajectories=trajectories))
+    return groups
+
+
+def bare_trainer(model: Any, config: RunConfig) -> Trainer:
+    return Trainer(copy.deepcopy(model), config.trainer, config.loss, config.advantage)
+
+
+def time_train_step(trainer: Trainer, groups: list[Group], repeats: int) -> list[float]:
+    """``repeats`` timed train steps after one untimed (first-call allocation)."""
+    trainer.train_step(groups, trainer.version)
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        trainer.train_step(groups, trainer.version)
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def measure_training(
+    trainer: Trainer, config: RunConfig, prompt_tokens: int, sizes: Sizes
+) -> list[dict[str, float]]:
+    """Median seconds of a train step at every (samples, response tokens) of ``sizes``; tokens counted as
+    the simulated trainer counts them (prompt + response)."""
+    rows = []
+    for samples in sizes.train_samples:
+        for response in sizes.train_response_tokens:
+            groups = synthetic_groups(samples, config.rollout.num_return_sequences, prompt_tokens, response)
+            seconds = statistics.median(time_train_step(trainer, groups, sizes.train_repeats))
+            rows.append(
+                {"samples": samples, "tokens": samples * (prompt_tokens + response), "seconds": seconds}
+            )
+    return rows
+
+
+def decode_until_stopped(model_path: str, dtype: str, threads: int, stop: Any, ready: Any) -> None:
+    """A separate process's bare engine decoding a full batch until ``stop`` is set (the contention load)."""
+    torch.set_num_threads(threads)
+    model, _ = load_model_and_tokenizer(model_path, dtype, "cpu")
+    engine = LLMEngine(model)
+    sampling = SamplingParams(max_new_tokens=64, ignore_eos=True)
+    ready.set()
+    batch = 0
+    while not stop.is_set():
+        batch += 1
+        for index in range(32):
+            engine.add_request(
+                Request(request_id=f"b{batch}-{index}", prompt_token_ids=[3] * 12, sampling=sampling)
+            )
+        while engine.has_work() and not stop.is_set():
+            engine.step()
+
+
+def measure_contention(
+    trainer: Trainer, config: RunConfig, groups: list[Group], threads: int, repeats: int
+) -> dict:
+    """Train steps timed alone, then while another process decodes with ``threads`` threads."""
+    alone = time_train_step(trainer, groups, repeats)
+    context = multiprocessing.get_context("spawn")
+    stop, ready = context.Event(), context.Event()
+    model = config.model
+    decoder = context.Process(
+        target=decode_until_stopped, args=(model.path, model.dtype, threads, stop, ready)
+    )
+    decoder.start()
+    try:
+        if not ready.wait(timeout=120):
+            raise RuntimeError("the contention decoder did not start within 120 s")
+        beside = time_train_step(trainer, groups, repeats)
+    finally:
+        stop.set()
+        decoder.join(timeout=30)
+    return {"alone_s": alone, "beside_s": beside, "slowdown": calibrate.concurrent_slowdown(alone, beside)}
+
+
+def measure_weight_sync(trainer: Trainer, model: Any, config: RunConfig, repeats: int) -> list[float]:
+    """Seconds to publish the trainer's weights as flat buffers and load them into a bare engine."""
+    engine = LLMEngine(copy.deepcopy(model), None, config.engine)
+    transport = FlatBufferSync()
+    times = []
+    for version in range(1, repeats + 1):
+        started = time.perf_counter()
+        update = transport.publish(version, state_dict_for_sync(trainer.model))
+        engine.update_weights(update, version)
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def calibrate_all(config: RunConfig, sizes: Sizes) -> dict[str, Any]:
+    """Every micro-measurement and the cost model fitted to it (module docstring)."""
+    engine_threads, trainer_threads = threads_of(config)
+    model, tokenizer = load_model_and_tokenizer(config.model.path, config.model.dtype, "cpu")
+    prompts, responses = with_threads(
+        engine_threads, lambda: generation_pass(model, tokenizer, config, sizes)
+    )
+    prompt_tokens = max(1, round(statistics.fmean(prompts)))
+    profile = with_threads(engine_threads, lambda: profile_engine(model, config, prompt_tokens, sizes))
+    trainer = bare_trainer(model, config)
+    training = with_threads(trainer_threads, lambda: measure_training(trainer, config, prompt_tokens, sizes))
+    train_fixed, train_per_token = calibrate.fit_line(
+        [r["tokens"] for r in training], [r["seconds"] for r in training]
+    )
+    contention_groups = synthetic_groups(
+        sizes.train_samples[0],
+        config.rollout.num_return_sequences,
+        prompt_tokens,
+        sizes.train_response_tokens[-1],
+    )
+    contention = with_threads(
+        trainer_threads,
+        lambda: measure_contention(trainer, config, contention_groups, engine_threads, sizes.train_repeats),
+    )
+    sync_s = with_threads(trainer_threads, lambda: measure_weight_sync(trainer, model, config, 5))
     return {
-        "step_s": steady_step_s([s["end_s"] for s in steps], WORK.warmup),
-        "wait_s": statistics.fmean(s["wait_s"] for s in kept),
-        "train_s": statistics.fmean(s["train_s"] for s in kept),
-        "sync_s": statistics.fmean(s["sync_s"] for s in kept),
-        "mean_response_tokens": statistics.fmean(x for s in kept for x in s["response_tokens"]),
+        "threads": {"engine": engine_threads, "trainer": trainer_threads},
+        "prompt_tokens": prompt_tokens,
+        "response_lengths": responses,
+        "response_length_summary": length_summary(responses),
+        "engine_profile": [dataclasses.asdict(row) for row in profile],
+        "engine": dataclasses.asdict(calibrate.fit_engine(profile)),
+        "training": training,
+        "trainer": {"step_overhead_s": train_fixed, "gpu_s_per_token": train_per_token},
+        "contention": contention,
+        "weight_sync_s": sync_s,
     }
 
 
-def run_real(out_dir: Path) -> dict[str, list[dict[str, Any]]]:
-    """Both modes for real; per step as ``real_steps`` records it."""
-    return {name: asyncio.run(real_steps(mode_config(v, out_dir))) for name, v in MODES.items()}
+def length_summary(lengths: list[int]) -> dict[str, float]:
+    """Count, mean, median, p99 and max of the generation pass's response lengths (for the record)."""
+    ordered = sorted(lengths)
+    return {
+        "count": len(ordered),
+        "mean": statistics.fmean(ordered),
+        "median": statistics.median(ordered),
+        "p99": ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))],
+        "max": ordered[-1],
+    }
 
 
-def mode_config(variant: Variant, out_dir: Path) -> RunConfig:
-    """``async_vs_sync``'s configuration of the variant, pinned to the ``count`` task and its shipped
-    checkpoint (long-tailed response lengths), whatever the defaults are."""
-    config = run_config(variant, WORK, out_dir)
-    return replace(
-        config, model=replace(config.model, path=str(COUNT_MODEL)), task=replace(config.task, type="count")
+# ---- the simulation ----------------------------------------------------------------------------------
+
+
+def sim_config(config: RunConfig, calibration: dict[str, Any], lengths_path: Path) -> SimConfig:
+    """The real run's configuration with the calibrated cost models: its own rollout, buffer, controller and
+    proxy sections, so the simulated run is scheduled exactly as the real one."""
+    engine = calibration["engine"]
+    return SimConfig(
+        seed=0,
+        num_prompts=1000,
+        prompt_tokens=calibration["prompt_tokens"],
+        lengths=LengthConfig(distribution="empirical", path=str(lengths_path)),
+        engine=SimEngineConfig(
+            decode_step_s=engine["decode_step_s"],
+            decode_s_per_request=engine["decode_s_per_request"],
+            knee_batch=config.engine.max_running_requests,
+            prefill_s_per_token=engine["prefill_s_per_token"],
+            max_running_requests=config.engine.max_running_requests,
+            max_kv_tokens=config.engine.max_kv_tokens,
+            max_model_len=config.engine.max_model_len,
+            weight_update_s=statistics.median(calibration["weight_sync_s"]),
+        ),
+        trainer=SimTrainerConfig(
+            num_gpus=1,
+            gpu_s_per_token=calibration["trainer"]["gpu_s_per_token"],
+            step_overhead_s=calibration["trainer"]["step_overhead_s"],
+            epochs=config.trainer.ppo_epochs,
+            concurrent_slowdown=calibration["contention"]["slowdown"],
+        ),
+        rollout=config.rollout,
+        buffer=config.buffer,
+        controller=config.controller,
+        proxy=config.proxy,
+        timeline="none",
     )
 
 
-def simulate_with(
-    engine: dict[str, Any], sync_steps: list[dict[str, Any]], lengths_path: Path, slowdown: float
-) -> dict[str, Any]:
-    """Both modes simulated with one calibration; their steady step times and ratio."""
-    configs = {
-        name: calibrated_config(v, sync_steps, engine, lengths_path, slowdown) for name, v in MODES.items()
-    }
-    results = {name: simulate(config) for name, config in configs.items()}
+def simulated_step_s(config: SimConfig, warmup: int) -> float:
+    """Steady simulated step time, as the real runs measure it: after ``warmup`` steps, wall / steps."""
+    ends = [step.end_s for step in simulate(config).steps]
+    return (ends[-1] - ends[warmup - 1]) / (len(ends) - warmup)
+
+
+def predictions(
+    chosen: tuple[Prediction, ...], raw: dict[str, list[dict[str, float]]], calibration: dict, out_dir: Path
+) -> dict[str, dict[str, Any]]:
+    """Per configuration: its real step times against the simulated one (``calibrate.prediction``)."""
+    lengths_path = calibrate.write_lengths_jsonl(calibration["response_lengths"], out_dir / "lengths.jsonl")
+    scored = {}
+    for prediction in chosen:
+        config = run_config(prediction.variant, prediction.work, out_dir / "unused")
+        simulated = simulated_step_s(sim_config(config, calibration, lengths_path), prediction.work.warmup)
+        scored[prediction.name] = calibrate.prediction(
+            [run["step_s"] for run in raw[prediction.name]], simulated
+        )
+    return scored
+
+
+def speedups(raw: dict[str, list[dict[str, float]]], scored: dict[str, dict[str, Any]]) -> tuple[dict, dict]:
+    """Real speedups per paired repeat (sync step / async step, via ``harness.paired_ratio``) and the
+    simulated ones beside them."""
+    real, simulated = {}, {}
+    for name, (fast, slow) in SPEEDUPS.items():
+        real[name] = harness.paired_ratio(raw, slow, fast, "step_s")
+        sim = scored[slow]["simulated"] / scored[fast]["simulated"]
+        simulated[name] = {"simulated": sim, "error_vs_median": sim / real[name]["median"] - 1}
+    return real, simulated
+
+
+def table(scored: dict[str, dict[str, Any]], simulated_speedups: dict, real_speedups: dict) -> dict[str, Any]:
+    """The rows ``scripts/bench_docs.py`` renders beside the arms: predictions, then speedups."""
+    rows = [
+        [
+            name,
+            s["real_min"],
+            s["real_median"],
+            s["real_max"],
+            s["simulated"],
+            s["error_vs_median"],
+            s["within_real_spread"],
+        ]
+        for name, s in scored.items()
+    ]
+    rows += [
+        [
+            name,
+            real_speedups[name]["min"],
+            real_speedups[name]["median"],
+            real_speedups[name]["max"],
+            s["simulated"],
+            s["error_vs_median"],
+            real_speedups[name]["min"] <= s["simulated"] <= real_speedups[name]["max"],
+        ]
+        for name, s in simulated_speedups.items()
+    ]
+    columns = [
+        "configuration (step s) / speedup",
+        "real min",
+        "real median",
+        "real max",
+        "simulated",
+        "error vs median",
+        "within real spread",
+    ]
     return {
-        "engine": engine,
-        "sim_configs": {name: to_plain(config) for name, config in configs.items()},
-        "simulated": {name: summarize_sim(result) for name, result in results.items()},
-        "ratio": steady_step_s([s.end_s for s in results[BASE].steps], WORK.warmup)
-        / steady_step_s([s.end_s for s in results[OTHER].steps], WORK.warmup),
+        "title": "Predicted vs real (simulator calibrated on micro-measurements only)",
+        "columns": columns,
+        "rows": rows,
     }
 
 
-def summarize_sim(result: SimResult) -> dict[str, float]:
-    """The simulated run in the terms ``summarize_real`` uses."""
-    kept = result.steps[WORK.warmup :]
-    return {
-        "step_s": steady_step_s([s.end_s for s in result.steps], WORK.warmup),
-        "wait_s": statistics.fmean(s.wait_s for s in kept),
-        "train_s": statistics.fmean(s.train_s for s in kept),
-        "sync_s": statistics.fmean(s.sync_s for s in kept),
-        "mean_response_tokens": statistics.fmean(s.mean_response_length for s in kept),
-    }
-
-
-def cross_check(real: dict[str, list[dict[str, Any]]], out_dir: Path) -> dict[str, Any]:
-    """Calibrate, simulate both modes and compare the ratios, three ways (one cost model for both modes in
-    each):
-    - ``with_contention`` (the headline): every cost from the real sync run, the engine's in situ
-      (``in_situ_engine``), plus the trainer's ``concurrent_slowdown`` measured on the async run;
-    - ``sync_only``: the same without contention (slowdown 1): a prediction from the sync run alone;
-    - ``isolated_engine``: as ``sync_only`` but the engine's costs from the profiling pass."""
-    sync_steps = real[BASE]
-    prompt_tokens = prompt_length(sync_steps)
-    lengths = [x for s in sync_steps for x in s["response_tokens"]]
-    lengths_path = calibrate.write_lengths_jsonl(lengths, out_dir / "lengths.jsonl")
-    profile = profile_engine(mode_config(MODES[BASE], out_dir), prompt_tokens)
-    profiled = {k: v for k, v in profile.items() if k != "rows"}
-    engine = in_situ_engine(sync_steps, prompt_tokens, profiled["decode_step_s"])
-    slowdown = measured_slowdown(sync_steps, real[OTHER])
-    sims = {
-        "with_contention": simulate_with(engine, sync_steps, lengths_path, slowdown),
-        "sync_only": simulate_with(engine, sync_steps, lengths_path, 1.0),
-        "isolated_engine": simulate_with(profiled, sync_steps, lengths_path, 1.0),
-    }
-    sims["isolated_engine"]["profile"] = profile["rows"]
-    real_step = {name: summarize_real(steps) for name, steps in real.items()}
-    real_ratio = real_step[BASE]["step_s"] / real_step[OTHER]["step_s"]
-    for sim in sims.values():
-        sim["relative_difference"] = calibrate.ratio_agreement(real_ratio, sim["ratio"])
-        sim["agree_within_25_percent"] = sim["relative_difference"] <= TOLERANCE
-    headline = sims["with_contention"]
-    return {
-        "real": real_step,
-        "real_ratio": real_ratio,
-        "simulated_ratio": headline["ratio"],
-        "relative_difference": headline["relative_difference"],
-        "agree_within_25_percent": headline["agree_within_25_percent"],
-        "measured_concurrent_slowdown": slowdown,
-        **sims,
-        "num_lengths": len(lengths),
-    }
-
-
-def to_plain(config: SimConfig) -> dict[str, Any]:
-    """The calibrated parts of a simulated configuration, for the JSON file."""
-    return {key: to_dict(config)[key] for key in ("prompt_tokens", "engine", "trainer")}
-
-
-def write_json(path: Path, report: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=1) + "\n")
+def describe(prediction: Prediction) -> dict[str, Any]:
+    """How the configuration's real run splits the cores (its placement, as the runtime plans it)."""
+    config = run_config(prediction.variant, prediction.work, Path("unused"))
+    return plan_placement(
+        config.runtime, num_engines=config.rollout.num_engines, mode=config.controller.mode
+    ).describe()
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="bench/results/sim_vs_real.json")
-    parser.add_argument(
-        "--reuse-real", action="store_true", help="re-simulate the real steps recorded in --out, no real runs"
-    )
-    args = parser.parse_args()
-    out = Path(args.out)
-    report: dict[str, Any] = {"ratio": f"{BASE} step time / {OTHER} step time", "workload": vars(WORK)}
+    args = harness.parser(__doc__.splitlines()[0], "sim_vs_real").parse_args()
+    chosen = configurations(args.quick)
+    sizes = QUICK_SIZES if args.quick else FULL_SIZES
+    base = run_config(SYNC, chosen[0].work, Path("unused"))
+    calibration = calibrate_all(base, sizes)
     with tempfile.TemporaryDirectory(prefix="sim-vs-real-") as tmp:
-        if args.reuse_real:
-            previous = json.loads(out.read_text())
-            real = previous["real_steps"]
-            kept = ("real_runs_date", "earlier_runs")
-            report |= {k: previous[k] for k in previous if k.startswith("load_average") or k in kept}
-            report["resimulated_at"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-        else:
-            report["load_average_at_start"] = os.getloadavg()
-            report["real_runs_date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-            real = run_real(Path(tmp))
-            report |= {"load_average_after_real_runs": os.getloadavg(), "real_steps": real}
-            write_json(out, report)  # the real runs are the slow part: keep them if the analysis fails
-        report |= cross_check(real, Path(tmp))
-    report["real_steps"] = real
-    write_json(out, report)
-    keys = ("real", "real_ratio", "simulated_ratio", "relative_difference", "agree_within_25_percent")
-    print(json.dumps({k: report[k] for k in keys}, indent=1))
-    for name in ("sync_only", "isolated_engine"):
-        print(name, "ratio", report[name]["ratio"], "simulated", report[name]["simulated"])
+        arms = {p.name: real_arm(p, Path(tmp) / p.name, args.quick) for p in chosen}
+        raw = harness.run_arms(arms, harness.repeats_for(args), harness.print_run)
+        scored = predictions(chosen, raw, calibration, Path(tmp))
+    real_speedups, simulated_speedups = speedups(raw, scored)
+    resources = {
+        p.name: {"runtime": "inline" if args.quick else p.variant.runtime, **describe(p)} for p in chosen
+    } | {
+        "calibration": f"one process; engine {calibration['threads']['engine']} thread(s), trainer "
+        f"{calibration['threads']['trainer']} (the real actors' counts); contention load: a second process"
+    }
+    setup = {p.name: vars(p.work) | {"mode_overrides": list(p.variant.overrides)} for p in chosen}
+    extra = {
+        "calibration": {k: v for k, v in calibration.items() if k != "response_lengths"},
+        "predictions": scored,
+        "speedups_simulated": simulated_speedups,
+        "table": table(scored, simulated_speedups, real_speedups),
+    }
+    harness.write_result(
+        args, "sim_vs_real", raw, ratios=real_speedups, resources=resources, setup=setup, extra=extra
+    )
 
 
 if __name__ == "__main__":

@@ -1,8 +1,17 @@
 """Simulator scale benchmark: wall time of 100 simulated training steps at 256, 1,024 and 4,096 accelerators.
 
 The workload grows with the cluster (weak scaling): a quarter of the accelerators train, the rest serve in
-engines of ``GPUS_PER_ENGINE``, and each step trains one sample per training accelerator (see ``config_for``),
-so requests per step grow linearly with the cluster and ``us_per_request`` flat means wall time linear.
+tensor-parallel engines of ``GPUS_PER_ENGINE`` accelerators each, and each step trains one sample per training
+accelerator (see ``config_for``), so requests per step grow linearly with the cluster and ``us_per_request``
+flat means wall time linear. "4,096 accelerators" is therefore 1,024 training + 192 engines × 16 serving; with
+α = 2 at most (⌊α⌋ + 1) × 1,024 = 3,072 requests are admitted and untrained at once (``asyncrl.staleness``),
+16 per engine on average, far below the 256 slots each engine has: the cluster size scales the simulator's
+bookkeeping (engines, routing, requests), not a saturated serving load.
+
+Each engine's cost is the tensor-parallel model of ``asyncrl.sim.cost``: ``DECODE_STEP_S`` and
+``PREFILL_S_PER_TOKEN`` are one accelerator's, so a 16-way engine steps in 0.35 / 16 s plus its all-reduces
+(28 layers × 2 × 30 hops × 5 µs = 8.4 ms), ≈ 0.030 s at up to ``knee_batch`` requests: the per-engine step
+this benchmark used before ``gpus_per_engine`` entered the cost model, so its results stay comparable.
 
 ``simulate`` pauses Python's cyclic garbage collector during the run, as ``asyncrl simulate`` does
 (``asyncrl.sim.gc_pause``; ``--gc on`` keeps it running): the simulator keeps hundreds of thousands of
@@ -24,12 +33,17 @@ from asyncrl.controller.modes import async_ratio_for
 from bench import harness
 
 GPUS_PER_ENGINE = 16
+DECODE_STEP_S = 0.35
+"""One accelerator's decode step of a model that needs 16 per engine (module docstring)."""
+PREFILL_S_PER_TOKEN = 1.6e-4
+"""One accelerator's prefill per token: 1e-5 s per token on the 16-way engine."""
 GROUP_SIZE = 8
 TOTALS = ("sim_time_s", "mean_step_s", "tokens_per_s", "engine_busy_fraction", "mean_staleness")
 
 
 def config_for(num_gpus: int, num_steps: int, mode: str) -> SimConfig:
-    """A quarter of ``num_gpus`` trains; the rest serve in engines of 16; num_gpus/4 samples per step."""
+    """A quarter of ``num_gpus`` trains; the rest serve in tensor-parallel engines of 16 (default all-reduce
+    model: 28 layers, 5 µs per hop); num_gpus/4 samples per step."""
     num_train = num_gpus // 4
     return from_dict(
         SimConfig,
@@ -40,10 +54,10 @@ def config_for(num_gpus: int, num_steps: int, mode: str) -> SimConfig:
             "lengths": {"distribution": "lognormal", "mean": 2000.0, "sigma": 1.0},
             "engine": {
                 "gpus_per_engine": GPUS_PER_ENGINE,
-                "decode_step_s": 0.03,
+                "decode_step_s": DECODE_STEP_S,
                 "knee_batch": 128,
                 "max_running_requests": 256,
-                "prefill_s_per_token": 1e-5,
+                "prefill_s_per_token": PREFILL_S_PER_TOKEN,
                 "weight_update_s": 5.0,
             },
             "trainer": {"num_gpus": num_train, "gpu_s_per_token": 0.02, "step_overhead_s": 10.0},

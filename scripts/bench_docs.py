@@ -65,6 +65,7 @@ def render(name: str, results_dir: Path) -> str:
             label = f"{key}: {stats['numerator']} / {stats['denominator']} {stats['metric']}"
             lines.append(f"| {label} | {spread(stats)} |")
     lines += derived_rows(result)
+    lines += render_table(result.get("table"))
     lines.append(f"\nResources: `{json.dumps(result['resources'])}`.")
     return "\n".join(lines) + "\n"
 
@@ -80,7 +81,7 @@ STANDARD_KEYS = {
     "resources",
     "setup",
 }
-STANDARD_KEYS |= {"arms", "ratios"}
+STANDARD_KEYS |= {"arms", "ratios", "table"}
 
 
 def derived_rows(result: dict[str, Any]) -> list[str]:
@@ -101,6 +102,24 @@ def derived_rows(result: dict[str, Any]) -> list[str]:
         if key not in STANDARD_KEYS:
             walk(key, value)
     return ["", "| derived | median (min–max) |", "|---|---:|", *rows] if rows else []
+
+
+def cell(value: Any) -> str:
+    """A table cell: numbers as ``number`` writes them, anything else (names, yes/no) as text."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return number(value)
+    return str(value)
+
+
+def render_table(table: dict[str, Any] | None) -> list[str]:
+    """A benchmark's own derived table (``{"title", "columns", "rows"}`` in its result, e.g. predictions set
+    beside measurements), numbers formatted like the arms'; nothing when the result has none."""
+    if not table:
+        return []
+    lines = ["", f"{table['title']}:", "", "| " + " | ".join(table["columns"]) + " |"]
+    lines.append("|" + "---|" * len(table["columns"]))
+    lines += ["| " + " | ".join(cell(value) for value in row) + " |" for row in table["rows"]]
+    return lines
 
 
 def regenerate(text: str, results_dir: Path) -> str:

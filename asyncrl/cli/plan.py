@@ -61,15 +61,18 @@ def check_by_simulation(args: argparse.Namespace, num_train: int) -> tuple[float
 
 def plan_config(args: argparse.Namespace, rollout_workers: int, train_workers: int | None, mode: str):
     """One engine whose ``rollout_workers`` slots are the generating workers (queue scheduling), lengths
-    lognormal with mean μ_gen and at most L_gen, a trainer at μ_train per sample per worker."""
+    lognormal with mean μ_gen and at most L_gen, a trainer at μ_train per sample per worker.
+
+    The slots stand for independent single-accelerator workers fed from one queue, not a tensor-parallel
+    group: ``gpus_per_engine`` stays 1 (it would split each step's compute). The sync placement
+    (``train_workers`` None) trains on the same ``rollout_workers`` workers, given as the trainer's count."""
     from asyncrl.config.loader import from_dict
     from asyncrl.config.sim import SimConfig
     from asyncrl.controller.modes import async_ratio_for
 
     max_tokens = max(MEAN_TOKENS, round(MEAN_TOKENS * args.l_gen / args.mu_gen))
     trainer = {
-        "colocated": train_workers is None,
-        "num_gpus": train_workers or 1,
+        "num_gpus": train_workers or rollout_workers,
         "epochs": args.epochs,
         "gpu_s_per_token": args.mu_train / (MEAN_TOKENS + 1),
         "step_overhead_s": 0.0,
@@ -81,7 +84,6 @@ def plan_config(args: argparse.Namespace, rollout_workers: int, train_workers: i
             "timeline": "none",
             "lengths": {"distribution": "lognormal", "mean": float(MEAN_TOKENS), "sigma": 1.0},
             "engine": {
-                "gpus_per_engine": rollout_workers,
                 "max_running_requests": rollout_workers,
                 "knee_batch": rollout_workers,
                 "decode_step_s": args.mu_gen / MEAN_TOKENS,

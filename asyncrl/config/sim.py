@@ -67,18 +67,37 @@ class LengthConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class SimEngineConfig:
-    """Cost model of one engine replica (one serving group of ``gpus_per_engine`` accelerators).
+    """Cost model of one engine replica: a tensor-parallel group of ``gpus_per_engine`` accelerators.
 
-    Decode step time = ``decode_step_s · max(1, running / knee_batch) + kv_s_per_token · KV tokens``:
-    memory-bound decoding costs about the same for any batch up to the knee, then grows linearly; attention
-    over the cached context adds a term per KV token. Newly admitted prompts are prefilled in the first step
-    they join, at ``prefill_s_per_token`` per prompt token.
+    The compute of a decode step *on one accelerator* is ``decode_step_s · max(1, running / knee_batch) +
+    decode_s_per_request · running + kv_s_per_token · KV tokens``: memory-bound decoding costs about the same
+    for any batch up to the knee, then grows linearly; a per-request term covers work that grows with every
+    batch row (sampling, the output layer on a CPU); attention over the cached context adds a term per KV
+    token. Newly admitted prompts are prefilled in the first step they join, at ``prefill_s_per_token`` per
+    prompt token. With ``g = gpus_per_engine`` (tensor parallelism: every layer's weights and heads split g
+    ways) that compute and the prefill are divided by g, and each step adds the all-reduces that join the
+    shards: ``num_layers · 2 · 2(g − 1) · allreduce_hop_s`` (see ``allreduce_hop_s``; ``asyncrl.sim.cost``).
+    The knee does not move with g: each accelerator still runs the whole batch over its share of the weights.
     """
 
     gpus_per_engine: int = 1
-    """Accelerators behind one engine (tensor/pipeline parallel group); counts toward the cluster size."""
+    """Accelerators behind one engine, as one tensor-parallel group: they divide a step's compute and add its
+    all-reduces (class docstring), and all of them count toward the cluster size (``SimConfig.num_gpus``)."""
     decode_step_s: float = 0.02
-    """Time of one decode step with at most ``knee_batch`` running requests and an empty KV cache."""
+    """Time of one decode step *on a single accelerator* with at most ``knee_batch`` running requests and an
+    empty KV cache (an engine of ``gpus_per_engine`` accelerators takes 1/g of it plus its all-reduces)."""
+    decode_s_per_request: float = 0.0
+    """Extra single-accelerator decode-step time per running request, at any batch size (0: the knee model
+    alone). ``bench/sim_vs_real.py`` fits it on a CPU, where a step grows with the batch from the first row."""
+    num_layers: int = 28
+    """Transformer layers of the served model: the all-reduces of a tensor-parallel step are per layer. The
+    default matches ``kv_bytes_per_token``'s Qwen2.5-7B-like model."""
+    allreduce_hop_s: float = 5e-6
+    """Latency of one hop of a ring all-reduce inside a tensor-parallel engine. A decode step all-reduces
+    twice per layer (after attention and after the MLP, Megatron-style), and a ring over g accelerators takes
+    2(g − 1) hops, so a step pays ``num_layers · 4(g − 1) · allreduce_hop_s`` (0 when g = 1). Latency only:
+    a decode step's messages (batch × hidden activations) are small enough that hops, not bandwidth, dominate.
+    The default is an order-of-magnitude figure for an intra-node GPU link, not a measurement."""
     knee_batch: int = 64
     """Running requests up to which a decode step costs the same (memory-bound regime)."""
     kv_s_per_token: float = 0.0
@@ -106,7 +125,7 @@ class SimEngineConfig:
     cost model's context handling free; ~5.7e-6 is the default ``kv_bytes_per_token`` over 10 GB/s."""
 
     def __post_init__(self) -> None:
-        for name in ("gpus_per_engine", "knee_batch", "max_running_requests", "max_kv_tokens"):
+        for name in ("gpus_per_engine", "knee_batch", "max_running_requests", "max_kv_tokens", "num_layers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"engine.{name} must be >= 1, got {getattr(self, name)}")
         if self.max_model_len is not None and self.max_model_len < 2:
@@ -114,6 +133,8 @@ class SimEngineConfig:
         if not self.decode_step_s > 0:
             raise ValueError(f"engine.decode_step_s must be > 0, got {self.decode_step_s}")
         for name in (
+            "decode_s_per_request",
+            "allreduce_hop_s",
             "kv_s_per_token",
             "prefill_s_per_token",
             "weight_update_s",
@@ -142,7 +163,8 @@ class SimTrainerConfig:
     concurrent_slowdown: float = 1.0
     """Factor on a training step's time when an engine is generating as it starts: contention for what the
     two pools share (host CPUs, memory bandwidth, network). 1 for dedicated hardware; on a CPU test bed
-    where rollout and training share the cores it is well above 1 (``bench/sim_vs_real.py`` measured ~1.8).
+    where rollout and training share the cores it is above 1 (``bench/sim_vs_real.py`` measures it: a bare
+    train step timed alone and while a second process decodes).
     Applied to the whole step, so overlap that ends mid-step is charged in full."""
 
     def __post_init__(self) -> None:

@@ -1,7 +1,9 @@
-"""Fitting the simulator's cost models to measurements of a real run (``bench/sim_vs_real.py``).
+"""Fitting the simulator's cost models to micro-measurements, and scoring its predictions of real runs
+(``bench/sim_vs_real.py``).
 
 Key decision: every fit is a closed-form least-squares fit of the cost model's own formula, so the fitted
-parameters mean exactly what ``asyncrl.sim.cost`` does with them (no free shape the simulator cannot replay).
+parameters mean exactly what ``asyncrl.sim.cost`` does with them (no free shape the simulator cannot replay),
+and the points come from the bare parts (engine, trainer, weight transport), never from the runs predicted.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -34,31 +37,48 @@ def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
     return intercept, slope
 
 
-def knee_factors(batches: Sequence[int], knee: int) -> list[float]:
-    """The decode cost model's batch factor ``max(1, batch / knee)`` for each batch size."""
-    return [max(1.0, batch / knee) for batch in batches]
+@dataclass(frozen=True, kw_only=True)
+class EngineProfile:
+    """One batch size of a profiling pass over the bare engine: ``batch`` requests of ``prompt_tokens``
+    tokens joined at once; the first step prefills them all, the later ones only decode."""
+
+    batch: int
+    prompt_tokens: int
+    first_step_s: float
+    decode_step_s: float
+    """Median of the decode-only steps."""
 
 
-def fit_decode_step(batches: Sequence[int], step_s: Sequence[float]) -> tuple[float, int]:
-    """(decode_step_s, knee_batch) of ``decode_step_s · max(1, batch / knee_batch)`` fitting the points best.
+@dataclass(frozen=True, kw_only=True)
+class EngineCosts:
+    """The ``SimEngineConfig`` fields a profile gives (one accelerator; knee at the profiled maximum)."""
 
-    Each observed batch size is tried as the knee (the largest one means "flat over the whole range"); for a
-    given knee the best ``decode_step_s`` is the closed form ``Σ f·t / Σ f²``.
-    """
-    if len(batches) != len(step_s) or not batches:
-        raise ValueError(
-            f"fit_decode_step needs as many batches as step times and at least one, got {len(batches)}, "
-            f"{len(step_s)}"
-        )
-    best: tuple[float, float, int] | None = None
-    for knee in sorted(set(batches)):
-        factors = knee_factors(batches, knee)
-        scale = sum(f * t for f, t in zip(factors, step_s, strict=True)) / sum(f * f for f in factors)
-        error = sum((scale * f - t) ** 2 for f, t in zip(factors, step_s, strict=True))
-        if best is None or error < best[0] - 1e-15:
-            best = (error, scale, knee)
-    assert best is not None
-    return best[1], best[2]
+    decode_step_s: float
+    decode_s_per_request: float
+    prefill_s_per_token: float
+
+
+def fit_engine(profile: Sequence[EngineProfile]) -> EngineCosts:
+    """Decode step ``a + b · batch`` (the knee model with its knee past every batch, plus the per-request
+    term: on a CPU a step grows with the batch from the first row), and prefill per prompt token as the
+    median over batches of (first step - decode step) / (batch x prompt tokens)."""
+    if not profile:
+        raise ValueError("fit_engine needs at least one profiled batch")
+    fixed, per_request = fit_line([p.batch for p in profile], [p.decode_step_s for p in profile])
+    prefill = [max(0.0, p.first_step_s - p.decode_step_s) / (p.batch * p.prompt_tokens) for p in profile]
+    if fixed <= 0:  # the cost model needs a positive step; a line through the origin puts it all per request
+        fixed, per_request = per_request, 0.0
+    return EngineCosts(
+        decode_step_s=fixed, decode_s_per_request=per_request, prefill_s_per_token=statistics.median(prefill)
+    )
+
+
+def concurrent_slowdown(alone_s: Sequence[float], beside_s: Sequence[float]) -> float:
+    """``trainer.concurrent_slowdown``: the median train step beside a generating engine over the median
+    alone, at least 1 (the cost model only slows training down)."""
+    if not alone_s or not beside_s:
+        raise ValueError("concurrent_slowdown needs train steps timed both alone and beside an engine")
+    return max(1.0, statistics.median(beside_s) / statistics.median(alone_s))
 
 
 def write_lengths_jsonl(lengths: Iterable[int], path: str | Path) -> Path:
@@ -68,8 +88,20 @@ def write_lengths_jsonl(lengths: Iterable[int], path: str | Path) -> Path:
     return path
 
 
-def ratio_agreement(real_ratio: float, simulated_ratio: float) -> float:
-    """Relative difference of the simulated ratio from the real one: ``|sim / real - 1|``."""
-    if not real_ratio > 0:
-        raise ValueError(f"real_ratio must be > 0, got {real_ratio}")
-    return abs(simulated_ratio / real_ratio - 1)
+def prediction(real_runs: Sequence[float], simulated: float) -> dict[str, float | bool]:
+    """How a simulated value compares with repeated real ones: the real runs' min/median/max, the signed
+    error of the prediction against the median (``simulated / median - 1``), and whether it lies within
+    the real spread (min to max)."""
+    if not real_runs:
+        raise ValueError("prediction needs at least one real run")
+    median = statistics.median(real_runs)
+    if not median > 0:
+        raise ValueError(f"the real median must be > 0, got {median}")
+    return {
+        "real_min": min(real_runs),
+        "real_median": median,
+        "real_max": max(real_runs),
+        "simulated": simulated,
+        "error_vs_median": simulated / median - 1,
+        "within_real_spread": min(real_runs) <= simulated <= max(real_runs),
+    }

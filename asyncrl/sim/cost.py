@@ -3,17 +3,46 @@
 Key decision: an engine's running batch only changes at step boundaries, so between two changes every step
 has a known cost and the time of the next finish is a closed form (the KV term grows by the batch size
 each step: an arithmetic series). The simulated engine jumps from change to change instead of stepping.
+
+A tensor-parallel engine of g accelerators divides every compute term by g and pays its all-reduces once per
+step (``tp_allreduce_s``), so it is faster per step than one accelerator but never g times faster.
 """
 
 from __future__ import annotations
 
 from asyncrl.config.sim import SimEngineConfig, SimTrainerConfig
 
+ALLREDUCES_PER_LAYER = 2
+"""Megatron-style tensor parallelism joins the shards after attention and after the MLP of every layer."""
+
+
+def ring_hops(num_gpus: int) -> int:
+    """Hops of one ring all-reduce over ``num_gpus`` accelerators: g-1 to reduce-scatter, g-1 to gather."""
+    return 2 * (num_gpus - 1)
+
+
+def tp_allreduce_s(config: SimEngineConfig) -> float:
+    """The all-reduce time of one decode step of the engine's tensor-parallel group (0 on one accelerator)."""
+    hops = ring_hops(config.gpus_per_engine)
+    return config.num_layers * ALLREDUCES_PER_LAYER * hops * config.allreduce_hop_s
+
 
 def decode_step_s(config: SimEngineConfig, num_running: int, num_kv_tokens: int) -> float:
-    """One decode step: flat up to ``knee_batch`` running requests, then linear; plus a per-KV-token term."""
+    """One decode step: flat up to ``knee_batch`` running requests, then linear; plus a per-request and a
+    per-KV-token term; that compute split over the tensor-parallel group, plus its all-reduces."""
     batch_factor = max(1.0, num_running / config.knee_batch)
-    return config.decode_step_s * batch_factor + config.kv_s_per_token * num_kv_tokens
+    compute_s = (
+        config.decode_step_s * batch_factor
+        + config.decode_s_per_request * num_running
+        + config.kv_s_per_token * num_kv_tokens
+    )
+    return compute_s / config.gpus_per_engine + tp_allreduce_s(config)
+
+
+def prefill_s(config: SimEngineConfig, num_tokens: int) -> float:
+    """Prefill of ``num_tokens`` context tokens, split over the tensor-parallel group (its all-reduces ride
+    on the step's own)."""
+    return num_tokens * config.prefill_s_per_token / config.gpus_per_engine
 
 
 def segment_s(
@@ -24,8 +53,8 @@ def segment_s(
     if num_steps <= 0:
         return 0.0
     first = decode_step_s(config, num_running, num_kv_tokens)
-    growth = config.kv_s_per_token * num_running * num_steps * (num_steps - 1) / 2
-    return prefill_s + num_steps * first + growth
+    kv_growth = config.kv_s_per_token * num_running * num_steps * (num_steps - 1) / 2
+    return prefill_s + num_steps * first + kv_growth / config.gpus_per_engine
 
 
 def steps_done(

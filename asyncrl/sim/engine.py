@@ -345,7 +345,7 @@ class SimEngine:
         now = loop.time()
         if self._busy_since is None:
             self._busy_since = now
-        prefill_s = prefill_tokens * self.config.prefill_s_per_token
+        prefill_s = cost.prefill_s(self.config, prefill_tokens)
         segment_s = cost.segment_s(self.config, len(self.running), num_kv, num_steps, prefill_s)
         timer = loop.call_at(now + segment_s, self._on_boundary)
         self._segment = _Segment(now, len(self.running), num_kv, prefill_s, num_steps, timer)

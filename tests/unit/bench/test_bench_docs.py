@@ -46,3 +46,23 @@ def test_derived_summaries_and_targets_beyond_the_arms_are_rendered() -> None:
     assert "| ceiling / async / fraction | 0.75 (0.5–0.9) |" in rows
     assert "| targets_met / fast | not met |" in rows
     assert bench_docs.derived_rows({"arms": {}, "setup": {"x": stats}}) == []
+
+
+def test_a_derived_table_is_rendered_after_the_ratios(tmp_path: Path) -> None:
+    stats = {"min": 1.0, "median": 2.0, "max": 3.0, "runs": [1.0, 2.0, 3.0]}
+    result = {
+        "schema": bench_docs.SCHEMA_VERSION,
+        "benchmark": "t",
+        "command": "python bench/t.py",
+        "commit": "abc",
+        "quick": False,
+        "repeats": 3,
+        "machine": {"cpu_model": "cpu", "cores": 2, "torch_threads": 2, "torch": "2"},
+        "resources": {},
+        "arms": {"a": {"t": stats}},
+        "ratios": {},
+        "table": {"title": "Predicted", "columns": ["arm", "sim", "ok"], "rows": [["a", 0.12345, True]]},
+    }
+    (tmp_path / "t.json").write_text(json.dumps(result))
+    fresh = bench_docs.regenerate("<!-- bench:t -->\n<!-- /bench:t -->\n", tmp_path)
+    assert "Predicted:\n\n| arm | sim | ok |\n|---|---|---|\n| a | 0.123 | True |" in fresh

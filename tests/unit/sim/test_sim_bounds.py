@@ -1,7 +1,8 @@
 """The simulator against the ROLL Flash report's bounds, and its behaviours' directions, on random workloads.
 
 Proposition 1 assumes K identical workers fed from one queue: here one engine with K slots and a decode
-step that is flat up to K running requests (each slot is then an independent worker).
+step that is flat up to K running requests (each slot is then an independent worker), on one accelerator
+(``gpus_per_engine`` 1: the slots are not a tensor-parallel group), and a trainer on the same K workers.
 """
 
 from __future__ import annotations
@@ -26,14 +27,13 @@ def queue_config(seed: int, k: int, groups: int, group_size: int, **overrides) -
         "prompt_tokens": PROMPT_TOKENS,
         "lengths": {"distribution": "lognormal", "mean": 50.0, "sigma": 1.0},
         "engine": {
-            "gpus_per_engine": k,
             "max_running_requests": k,
             "knee_batch": k,
             "decode_step_s": STEP_S,
             "weight_update_s": 0.0,
         },
         "trainer": {
-            "colocated": True,
+            "num_gpus": k,  # the K workers also train (sync); the slots are not a tensor-parallel group
             "gpu_s_per_token": GPU_S_PER_TOKEN,
             "step_overhead_s": 0.0,
             "epochs": 2,

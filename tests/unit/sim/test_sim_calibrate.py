@@ -4,7 +4,14 @@ import json
 import pytest
 
 from asyncrl.config.sim import LengthConfig
-from asyncrl.sim.calibrate import fit_decode_step, fit_line, ratio_agreement, write_lengths_jsonl
+from asyncrl.sim.calibrate import (
+    EngineProfile,
+    concurrent_slowdown,
+    fit_engine,
+    fit_line,
+    prediction,
+    write_lengths_jsonl,
+)
 from asyncrl.sim.gc_pause import gc_paused
 from asyncrl.sim.workload import LengthModel, read_empirical_lengths
 
@@ -34,37 +41,48 @@ def test_fit_line_rejects_mismatched_points():
         fit_line([1, 2], [1.0])
 
 
-def test_fit_decode_step_recovers_flat_then_linear():
-    batches = [1, 2, 4, 8, 16, 32]
-    times = [0.01 * max(1.0, b / 8) for b in batches]  # 0.01 s up to 8 running, then linear
-    scale, knee = fit_decode_step(batches, times)
-    assert knee == 8
-    assert scale == pytest.approx(0.01)
+def profile(batch: int, decode_s: float, first_s: float, prompt_tokens: int = 10) -> EngineProfile:
+    return EngineProfile(
+        batch=batch, prompt_tokens=prompt_tokens, first_step_s=first_s, decode_step_s=decode_s
+    )
 
 
-def test_fit_decode_step_flat_data_puts_the_knee_at_the_largest_batch():
-    scale, knee = fit_decode_step([1, 4, 16], [0.02, 0.02, 0.02])
-    assert (scale, knee) == (pytest.approx(0.02), 16)
+def test_fit_engine_recovers_a_per_request_line_and_the_prefill_per_token():
+    # decode 5 ms + 0.25 ms per request; prefill 0.1 ms per prompt token (10 tokens each)
+    rows = [profile(b, 0.005 + 0.00025 * b, 0.005 + 0.00025 * b + 0.0001 * 10 * b) for b in (1, 4, 16, 32)]
+    costs = fit_engine(rows)
+    assert costs.decode_step_s == pytest.approx(0.005)
+    assert costs.decode_s_per_request == pytest.approx(0.00025)
+    assert costs.prefill_s_per_token == pytest.approx(0.0001)
 
 
-def test_fit_decode_step_least_squares_scale_for_noisy_flat_data():
-    scale, knee = fit_decode_step([1, 2], [0.01, 0.03])
-    # knee 1: factors (1, 2) -> scale 0.07/5 = 0.014, error 0.00002; knee 2: factors (1, 1) -> 0.02, error 0.0002
-    assert knee == 1
-    assert scale == pytest.approx(0.014)
+def test_fit_engine_flat_steps_have_no_per_request_term_and_prefill_is_never_negative():
+    costs = fit_engine([profile(1, 0.02, 0.019), profile(8, 0.02, 0.02)])
+    assert (costs.decode_step_s, costs.decode_s_per_request, costs.prefill_s_per_token) == (0.02, 0.0, 0.0)
+
+
+def test_concurrent_slowdown_is_a_ratio_of_medians_and_never_below_one():
+    assert concurrent_slowdown([1.0, 2.0, 9.0], [3.0, 3.0, 4.0]) == pytest.approx(1.5)
+    assert concurrent_slowdown([2.0], [1.0]) == 1.0
+    with pytest.raises(ValueError, match="alone and beside"):
+        concurrent_slowdown([], [1.0])
+
+
+def test_prediction_scores_the_error_against_the_median_and_the_spread():
+    scored = prediction([1.0, 1.2, 0.9], 1.1)
+    assert scored["real_median"] == 1.0 and (scored["real_min"], scored["real_max"]) == (0.9, 1.2)
+    assert scored["error_vs_median"] == pytest.approx(0.1)
+    assert scored["within_real_spread"] is True
+    assert prediction([1.0, 1.2, 0.9], 1.3)["within_real_spread"] is False
+    assert prediction([1.0], 0.5)["error_vs_median"] == pytest.approx(-0.5)
+    with pytest.raises(ValueError, match="at least one"):
+        prediction([], 1.0)
 
 
 def test_written_lengths_read_back_as_empirical(tmp_path):
     path = write_lengths_jsonl([3, 10, 7], tmp_path / "lengths.jsonl")
     assert [json.loads(line) for line in path.read_text().splitlines()] == [3, 10, 7]
     assert read_empirical_lengths(str(path)) == [3, 10, 7]
-
-
-def test_ratio_agreement_is_relative_to_the_real_ratio():
-    assert ratio_agreement(2.0, 2.5) == pytest.approx(0.25)
-    assert ratio_agreement(2.0, 1.5) == pytest.approx(0.25)
-    with pytest.raises(ValueError, match="real_ratio"):
-        ratio_agreement(0.0, 1.0)
 
 
 def test_gc_paused_disables_then_restores_the_collector():

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from asyncrl.config.rollout import RolloutConfig
 from asyncrl.config.sim import LengthConfig, SimConfig, SimEngineConfig, SimRewardConfig, SimTrainerConfig
 from asyncrl.sim import cost, plan
 from asyncrl.sim.workload import LengthModel, PassRates, prompt_uid, read_empirical_lengths
@@ -24,6 +25,64 @@ def test_segment_sums_the_growing_kv_series_and_prefill():
     # 3 steps, batch 2, kv 10 -> 12 -> 14: (0.5+0.1) + (0.5+0.12) + (0.5+0.14) = 1.86, plus prefill 0.25
     assert cost.segment_s(ENGINE, 2, 10, 3, prefill_s=0.25) == pytest.approx(2.11)
     assert cost.segment_s(ENGINE, 2, 10, 0, prefill_s=0.25) == 0.0
+
+
+def test_per_request_term_adds_to_every_step():
+    engine = SimEngineConfig(decode_step_s=0.5, knee_batch=4, decode_s_per_request=0.01)
+    assert cost.decode_step_s(engine, 3, 0) == pytest.approx(0.53)
+    assert cost.decode_step_s(engine, 8, 0) == pytest.approx(1.08)
+
+
+def test_one_accelerator_pays_no_all_reduce_and_its_step_is_unchanged():
+    single = SimEngineConfig(decode_step_s=0.5, knee_batch=4, kv_s_per_token=0.01, allreduce_hop_s=1.0)
+    assert cost.tp_allreduce_s(single) == 0.0
+    assert cost.decode_step_s(single, 2, 100) == cost.decode_step_s(ENGINE, 2, 100)
+    assert cost.segment_s(single, 2, 10, 3, 0.25) == cost.segment_s(ENGINE, 2, 10, 3, 0.25)
+    assert cost.prefill_s(single, 100) == 100 * single.prefill_s_per_token
+
+
+def test_tensor_parallel_step_splits_compute_and_adds_ring_all_reduces_per_layer():
+    # g = 2: 2 all-reduces x 2 hops per layer x 10 layers x 1 ms = 40 ms; compute 1.5 s / 2
+    engine = SimEngineConfig(
+        decode_step_s=0.5,
+        knee_batch=4,
+        kv_s_per_token=0.01,
+        prefill_s_per_token=0.02,
+        gpus_per_engine=2,
+        num_layers=10,
+        allreduce_hop_s=0.001,
+    )
+    assert cost.tp_allreduce_s(engine) == pytest.approx(0.04)
+    assert cost.decode_step_s(engine, 2, 100) == pytest.approx(1.5 / 2 + 0.04)
+    assert cost.prefill_s(engine, 100) == pytest.approx(1.0)
+    # 3 steps from kv 10: compute 1.86 / 2 plus 3 steps of all-reduce
+    assert cost.segment_s(engine, 2, 10, 3, prefill_s=0.25) == pytest.approx(0.25 + 1.86 / 2 + 3 * 0.04)
+    # g = 8: 14 hops per all-reduce
+    assert cost.tp_allreduce_s(SimEngineConfig(gpus_per_engine=8, num_layers=10, allreduce_hop_s=0.001)) == (
+        pytest.approx(10 * 2 * 14 * 0.001)
+    )
+
+
+def test_two_accelerators_decode_faster_than_one_but_less_than_twice_as_fast_by_default():
+    one, two = SimEngineConfig(), SimEngineConfig(gpus_per_engine=2)
+    for running in (1, 64, 256):
+        step_1, step_2 = cost.decode_step_s(one, running, 5000), cost.decode_step_s(two, running, 5000)
+        assert step_1 / 2 < step_2 < step_1
+
+
+def test_every_accelerator_of_a_tensor_parallel_engine_counts_toward_the_cluster():
+    config = SimConfig(
+        engine=SimEngineConfig(gpus_per_engine=4),
+        trainer=SimTrainerConfig(num_gpus=8),
+        rollout=RolloutConfig(num_engines=3),
+    )
+    assert (config.num_rollout_gpus, config.num_train_gpus, config.num_gpus) == (12, 8, 20)
+    colocated = SimConfig(
+        engine=SimEngineConfig(gpus_per_engine=4),
+        trainer=SimTrainerConfig(num_gpus=8, colocated=True),
+        rollout=RolloutConfig(num_engines=3),
+    )
+    assert (colocated.num_train_gpus, colocated.num_gpus) == (12, 12)
 
 
 def test_steps_done_inverts_the_segment_time():
