@@ -6,7 +6,16 @@ a long-tailed workload (lognormal, clipped to [4, 512], as reasoning outputs are
 HF runs static batches of ``max_running_requests`` requests in arrival order, each until its longest member
 is done; only the tokens each request asked for count towards its throughput.
 
-    python bench/engine.py [--quick] [--threads N] [--repeats 3] [--vllm] [--out bench/results/engine.json]
+    python bench/engine.py [--quick] [--threads N ...] [--repeats 3] [--vllm] [--out bench/results/engine.json]
+
+Every comparison runs at torch's default thread count (what a user gets) and at 1 thread, beside it.
+
+**Compute ceiling.** On the larger model of the generation-bound workload (``bench/workloads.py``, ~21 M
+parameters) the engine decodes a uniform batch of 64 requests, and a ``gemm_ceiling`` arm times, in the same run
+and on the same threads, exactly the matrix products one decode step of that batch needs (every layer's
+q/k/v/o and MLP projections, then the LM head, at 64 rows): the tokens/s the machine's GEMMs allow if decoding
+were nothing else. The engine's share of it (``large_uniform_share_of_gemm_ceiling``) is the fraction the target
+asks for (>= 40 %); attention, sampling and scheduling are what the remaining share is spent on.
 
 ``--vllm`` adds the vLLM backend (``engine.backend=vllm``, a worker in vLLM's own environment: run
 ``asyncrl backends install vllm`` first) as a third arm on the same model and requests; its start-up (worker
@@ -20,6 +29,7 @@ import functools
 import os
 import statistics
 import time
+from typing import Any
 
 import numpy as np
 import torch
@@ -63,6 +73,54 @@ def workload(
     else:
         lengths = np.full(num_requests, min(64, max_output))
     return list(zip(prompts, lengths.tolist(), strict=True))
+
+
+LARGE_BATCH, LARGE_PROMPT, LARGE_OUTPUT = 64, 32, 64
+"""The ceiling comparison: 64 requests, all decoding at once, 32-token prompts, 64 tokens each."""
+
+
+def large_model(quick: bool):
+    """The generation-bound workload's model (random weights, float32, eval); its small twin in ``--quick``."""
+    from bench.workloads import GENERATION_BOUND, QUICK, build_model
+
+    return build_model((QUICK if quick else GENERATION_BOUND).model)
+
+
+def large_workload(vocab: int, batch: int) -> list[tuple[list[int], int]]:
+    rng = np.random.default_rng(2)
+    return [(rng.integers(3, vocab, size=LARGE_PROMPT).tolist(), LARGE_OUTPUT) for _ in range(batch)]
+
+
+def decode_gemm_shapes(config: Any) -> list[tuple[int, int]]:
+    """(in, out) of every matrix product in one decode step of a Qwen2/Llama-shaped model."""
+    hidden, inter = config.hidden_size, config.intermediate_size
+    head_dim = hidden // config.num_attention_heads
+    kv = config.num_key_value_heads * head_dim
+    per_layer = [(hidden, hidden), (hidden, kv), (hidden, kv), (hidden, hidden)]
+    per_layer += [(hidden, inter), (hidden, inter), (inter, hidden)]
+    return per_layer * config.num_hidden_layers + [(hidden, config.vocab_size)]
+
+
+@torch.inference_mode()
+def gemm_ceiling(config: Any, batch: int, seconds: float = 2.0) -> dict[str, float]:
+    """Decode steps per second if a step were only its matrix products (random operands of the model's
+    shapes, ``batch`` rows), as tokens/s; run for about ``seconds`` after one untimed pass."""
+    shapes = decode_gemm_shapes(config)
+    weights = [torch.randn(n_in, n_out) for n_in, n_out in shapes]
+    inputs = {n_in: torch.randn(batch, n_in) for n_in, _ in shapes}
+
+    def step() -> None:
+        for weight in weights:
+            torch.mm(inputs[weight.shape[0]], weight)
+
+    step()
+    steps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        step()
+        steps += 1
+    elapsed = time.perf_counter() - start
+    flops_per_step = 2 * batch * sum(n_in * n_out for n_in, n_out in shapes)
+    return {"tokens_per_s": steps * batch / elapsed, "gflops": steps * flops_per_step / elapsed / 1e9}
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -224,29 +282,45 @@ def length_stats(work: list[tuple[list[int], int]]) -> dict[str, float]:
     }
 
 
+def thread_counts(asked: list[int]) -> list[int]:
+    """The thread counts to compare at: what was asked, else torch's default (what a user gets) and 1."""
+    if asked:
+        return asked
+    default = torch.get_num_threads()
+    return [default, 1] if default != 1 else [1]
+
+
 def main() -> None:
     parser = harness.parser(__doc__.splitlines()[0], "engine")
     parser.add_argument(
-        "--threads", type=int, default=0, help="torch intra-op threads; 0 keeps torch's default"
+        "--threads", type=int, nargs="*", default=[], help="torch threads per arm (default: torch's, then 1)"
     )
     parser.add_argument("--vllm", action="store_true", help="add the vLLM backend as a third arm")
     args = parser.parse_args()
-    threads = args.threads or torch.get_num_threads()
+    counts = thread_counts(args.threads)
+    default_threads = counts[0]
     torch.set_num_threads(1)  # the main thread only orchestrates; the arms compute on threads of their own
     num_requests, batch_size, max_output = (12, 4, 32) if args.quick else (256, 64, MAX_OUTPUT)
-    model = tiny_model()
+    large_batch = 8 if args.quick else LARGE_BATCH
+    model, large = tiny_model(), large_model(args.quick)
     works = {
         kind: workload(kind, num_requests, seed=1, max_output=max_output) for kind in ("long_tail", "uniform")
     }
+    large_work = large_workload(large.config.vocab_size, large_batch)
     arms = {}
-    for kind, work in works.items():
-        arms[f"engine_{kind}"] = functools.partial(
-            lambda w: flat(run_engine(model, w, batch_size, threads)), work
-        )
-        arms[f"hf_{kind}"] = functools.partial(
-            lambda w: flat(on_fresh_thread(lambda: run_hf(model, w, batch_size), threads)), work
-        )
-    vllm, vllm_startup_s = start_vllm(model, 64 + max_output, threads) if args.vllm else (None, None)
+    for threads in counts:
+        for kind, work in works.items():
+            arms[f"engine_{kind}_t{threads}"] = functools.partial(
+                lambda w, t: flat(run_engine(model, w, batch_size, t)), work, threads
+            )
+            arms[f"hf_{kind}_t{threads}"] = functools.partial(
+                lambda w, t: flat(on_fresh_thread(lambda: run_hf(model, w, batch_size), t)), work, threads
+            )
+    arms["engine_large_uniform"] = lambda: flat(run_engine(large, large_work, large_batch, default_threads))
+    arms["gemm_ceiling_large"] = lambda: on_fresh_thread(
+        lambda: gemm_ceiling(large.config, large_batch), default_threads
+    )
+    vllm, vllm_startup_s = start_vllm(model, 64 + max_output, default_threads) if args.vllm else (None, None)
     if vllm is not None:
         for kind, work in works.items():
             arms[f"vllm_{kind}"] = functools.partial(lambda w: flat(run_vllm(vllm, w)), work)
@@ -256,13 +330,19 @@ def main() -> None:
         if vllm is not None:
             vllm.shutdown()
     ratios = {
-        f"{kind}_throughput": harness.paired_ratio(raw, f"engine_{kind}", f"hf_{kind}", "tokens_per_s")
+        f"{kind}_throughput_t{threads}": harness.paired_ratio(
+            raw, f"engine_{kind}_t{threads}", f"hf_{kind}_t{threads}", "tokens_per_s"
+        )
+        for threads in counts
         for kind in works
     }
+    ratios["large_uniform_share_of_gemm_ceiling"] = harness.paired_ratio(
+        raw, "engine_large_uniform", "gemm_ceiling_large", "tokens_per_s"
+    )
     if vllm is not None:
         ratios |= {
             f"{kind}_engine_over_vllm": harness.paired_ratio(
-                raw, f"engine_{kind}", f"vllm_{kind}", "tokens_per_s"
+                raw, f"engine_{kind}_t{default_threads}", f"vllm_{kind}", "tokens_per_s"
             )
             for kind in works
         }
@@ -273,19 +353,27 @@ def main() -> None:
             "layers": 4,
             "params": sum(p.numel() for p in model.parameters()),
         },
+        "large_model": {
+            "hidden": large.config.hidden_size,
+            "layers": large.config.num_hidden_layers,
+            "params": sum(p.numel() for p in large.parameters()),
+            "batch": large_batch,
+            "prompt_tokens": LARGE_PROMPT,
+            "output_tokens": LARGE_OUTPUT,
+        },
         "num_requests": num_requests,
         "batch_size": batch_size,
         "output_len": {kind: length_stats(work) for kind, work in works.items()},
         "transformers": transformers.__version__,
     }
     resources = {
-        "all_arms": f"one process, arms run one at a time, each on its own thread with {threads} torch threads "
-        "(the main thread keeps 1)"
+        "all_arms": "one process, arms run one at a time, each on its own thread with the torch threads its "
+        f"name says (_tN), the large-model and ceiling arms with {default_threads} (the main thread keeps 1)"
     }
     if vllm is not None:
         setup["vllm_startup_s"] = vllm_startup_s
-        resources["vllm"] = f"a worker process in vLLM's environment, OMP_NUM_THREADS={threads}"
-    torch.set_num_threads(threads)  # the machine record states the arms' thread count
+        resources["vllm"] = f"a worker process in vLLM's environment, OMP_NUM_THREADS={default_threads}"
+    torch.set_num_threads(default_threads)  # the machine record states the default arms' thread count
     harness.write_result(args, "engine", raw, ratios=ratios, resources=resources, setup=setup)
 
 
