@@ -1,12 +1,17 @@
-"""Benchmark: the embedded default run (``asyncrl train``, no arguments) as a user gets it, one run per seed.
+"""Benchmark: a shipped example run as a user gets it (``asyncrl train``, no arguments, by default), one run per
+seed, beside a real sync run of the same example.
 
-Each repeat is the whole default run (``asyncrl/examples/default.yaml``: async α = 2, 150 steps, held-out
-reward on 512 prompts before and after) at the default threads, with the repeat's index as ``seed``, so the
-spread is across seeds as well as time. Metrics: held-out reward before and after, the gain, the run's wall
-time and its training loop's, and trained samples per second. Target (README): a gain of at least +0.15
-within 10 minutes.
+Each repeat is the whole example run (``--example default``: ``asyncrl/examples/default.yaml``, async α = 2,
+150 steps, held-out reward on 512 prompts before and after; ``--example agentic``:
+``asyncrl/examples/agentic.yaml``, the multi-turn ``copy_chain`` example) at the default threads, with the
+repeat's index as ``seed``, so the spread is across seeds as well as time. The ``sync`` arm is the same run with
+``controller.mode=sync`` (α = 0) on the same seed, interleaved with it: the measured answer to "how long would
+sync take", and the parity check (both must learn). Metrics: held-out reward before and after, the gain, the
+run's wall time and its training loop's, trained samples per second. Targets (README, issue 14): a gain of at
+least +0.15 within 10 minutes, and the async run reaching sync's held-out reward in at most half sync's
+wall-clock (``sync_over_<example>_train_wall_s`` ≥ 2 with the async gain within the sync gains' spread).
 
-    python bench/default_run.py [--quick] [--repeats 3] [--out bench/results/default_run.json]
+    python bench/default_run.py [--example default|agentic] [--quick] [--repeats 3] [--out FILE]
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import asyncio
 import itertools
 import tempfile
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -23,17 +29,21 @@ from asyncrl.cli.train import DEFAULT_EXAMPLE
 from asyncrl.config.run import load_run_config
 from bench import harness
 
-QUICK_OVERRIDES = ["controller.num_steps=2", "controller.eval_prompts=16", "task.num_eval=16"]
+EXAMPLES = {"default": DEFAULT_EXAMPLE, "agentic": DEFAULT_EXAMPLE.parent / "agentic.yaml"}
+QUICK_OVERRIDES = {
+    "default": ["controller.num_steps=2", "controller.eval_prompts=16", "task.num_eval=16"],
+    "agentic": ["controller.num_steps=2", "controller.eval_prompts=16"],
+}
+SYNC_OVERRIDES = ["controller.mode=sync", "buffer.async_ratio=0"]
 
 
-def default_run_arm(overrides: list[str]) -> Callable[[], dict[str, float]]:
+def example_run_arm(config_path: Path, overrides: list[str]) -> Callable[[], dict[str, float]]:
+    """A harness arm: one whole run of the example, on the next seed (0, 1, 2, … per arm)."""
     seeds = itertools.count()
 
     def run() -> dict[str, float]:
         with tempfile.TemporaryDirectory() as out:
-            config = load_run_config(
-                DEFAULT_EXAMPLE, [f"seed={next(seeds)}", f"output_dir={out}", *overrides]
-            )
+            config = load_run_config(config_path, [f"seed={next(seeds)}", f"output_dir={out}", *overrides])
             summary = asyncio.run(train(config, console=None))
         before = summary.eval_before["eval/reward_mean"]
         after = summary.eval_after["eval/reward_mean"]
@@ -50,20 +60,34 @@ def default_run_arm(overrides: list[str]) -> Callable[[], dict[str, float]]:
 
 
 def main() -> None:
-    args = harness.parser(__doc__.splitlines()[0], "default_run").parse_args()
-    overrides = QUICK_OVERRIDES if args.quick else []
-    raw = harness.run_arms(
-        {"default": default_run_arm(overrides)}, harness.repeats_for(args), harness.print_run
-    )
+    parser = harness.parser(__doc__.splitlines()[0], "default_run")
+    parser.add_argument("--example", choices=list(EXAMPLES), default="default")
+    args = parser.parse_args()
+    if args.example != "default" and args.out == "bench/results/default_run.json":
+        args.out = f"bench/results/{args.example}_run.json"  # each example its own result file
+    config_path = EXAMPLES[args.example]
+    quick = QUICK_OVERRIDES[args.example] if args.quick else []
+    arms = {
+        args.example: example_run_arm(config_path, quick),
+        "sync": example_run_arm(config_path, [*quick, *SYNC_OVERRIDES]),
+    }
+    raw = harness.run_arms(arms, harness.repeats_for(args), harness.print_run)
+    ratios = {
+        f"sync_over_{args.example}_{metric}": harness.paired_ratio(raw, "sync", args.example, metric)
+        for metric in ("train_wall_s", "wall_s")
+    }
+    threads = torch.get_num_threads()
     resources = {
-        "default": f"asyncrl train as a user runs it: one process, {torch.get_num_threads()} torch threads"
+        args.example: f"asyncrl train as a user runs it: one process, {threads} torch threads",
+        "sync": f"the same, controller.mode=sync (alpha 0): one process, {threads} torch threads",
     }
     setup = {
-        "config": "asyncrl/examples/default.yaml",
-        "seeds": "repeat i runs seed=i",
-        "target": "gain >= 0.15 within 600 s",
+        "config": str(config_path.relative_to(Path(__file__).resolve().parents[1])),
+        "seeds": "repeat i of each arm runs seed=i",
+        "targets": "gain >= 0.15 within 600 s; sync_over_*_train_wall_s >= 2 at reward parity",
     }
-    harness.write_result(args, "default_run", raw, resources=resources, setup=setup)
+    name = f"{args.example}_run" if args.example != "default" else "default_run"
+    harness.write_result(args, name, raw, ratios=ratios, resources=resources, setup=setup)
 
 
 if __name__ == "__main__":

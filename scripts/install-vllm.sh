@@ -20,7 +20,9 @@ fi
 "$python_bin" -m venv "$venv"
 "$venv/bin/pip" install --quiet --upgrade pip
 # torch pinned in the same command, or the resolver fetches a 5.5 GB CUDA build; ray pinned to asyncrl's.
-"$venv/bin/pip" install --quiet "torch==2.13.0" "$wheel" "ray==2.60.0" "numpy==2.4.6" "safetensors==0.8.0"
+# numpy is left to vLLM's resolver (numba caps it below asyncrl's): only builtins and safetensors bytes cross
+# between the two environments, never numpy objects.
+"$venv/bin/pip" install --quiet "torch==2.13.0" "$wheel" "ray==2.60.0" "safetensors==0.8.0"
 # The PyPI torchvision/torchaudio/torchcodec vLLM pulls break `from vllm import LLM` (torchvision::nms).
 "$venv/bin/pip" uninstall --quiet -y torchvision torchaudio torchcodec || true
 healthy || { echo "vLLM environment at $venv is unhealthy: 'from vllm import LLM' fails" >&2; exit 1; }

@@ -44,3 +44,15 @@ def test_quick_run_writes_the_schema(name: str, tmp_path: Path) -> None:
     harness.check_schema(result)
     assert result["benchmark"] == name and result["quick"] is True
     assert "--quick" in result["command"]
+
+
+def test_quick_agentic_example_run_writes_its_own_result(tmp_path: Path) -> None:
+    """default_run.py --example agentic: the agentic example and its sync twin, under its own name."""
+    out = tmp_path / "agentic_run.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled"}
+    command = [sys.executable, "bench/default_run.py", "--quick", "--example", "agentic", "--out", str(out)]
+    subprocess.run(command, cwd=ROOT, env=env, check=True, capture_output=True, timeout=120)
+    result = json.loads(out.read_text())
+    harness.check_schema(result)
+    assert result["benchmark"] == "agentic_run" and set(result["arms"]) == {"agentic", "sync"}
+    assert "sync_over_agentic_train_wall_s" in result["ratios"]
