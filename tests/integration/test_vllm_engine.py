@@ -7,6 +7,7 @@ Skipped (with the reason) where vLLM's environment is absent: ``asyncrl backends
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 import torch
@@ -191,3 +192,53 @@ def test_vllm_engines_as_ray_actors_train_an_async_run(tmp_path):
     assert all(line["staleness/max"] <= 1 for line in lines)
     placed = json.loads((tmp_path / "placement.json").read_text())
     assert len(placed["engines"]) == 1 and placed["engines"][0]["pid"] != placed["trainer_ranks"][0]["pid"]
+
+
+def test_multi_version_moves_requests_between_vllm_engines_by_recompute(engine, hf):
+    """controller.mode=multi_version on vLLM: an update switches one engine to the new weights and its
+    in-flight requests move, as prefixes, to the engine still on their version, which prefills them again;
+    every request ends as an uninterrupted greedy run would, all its tokens on v0."""
+    from asyncrl.config.proxy import ProxyConfig
+    from asyncrl.proxy.factory import proxy_for_mode
+
+    _, tokenizer = hf
+    prompts = [tokenizer.encode(p) for p in PROMPTS] + [tokenizer.encode("copy 2 d: m n")]
+    reference = [
+        asyncio.run(engine.generate(greedy(f"ref{i}", p, n=120))).token_ids for i, p in enumerate(prompts)
+    ]
+    second = VLLMEngineClient.start(DEFAULT_MODEL_DIR, VLLMConfig(), max_model_len=256)
+    weights = {k: v + 0.01 for k, v in state_dict_for_sync(hf[0]).items()}
+
+    async def scenario():
+        engines = [engine, second]
+        proxy = proxy_for_mode(engines, ProxyConfig(), "multi_version", async_ratio=1.0, slots_per_engine=8)
+        base = engine.version
+        calls = [
+            asyncio.ensure_future(proxy.generate(greedy(f"mv{i}", p, n=120))) for i, p in enumerate(prompts)
+        ]
+        held: set[int] = set()
+        deadline = time.monotonic() + 60
+        while len(held) < 2:  # hold each engine as soon as both its requests are mid-generation
+            assert time.monotonic() < deadline, "the requests never ran two per engine"
+            for index, client in enumerate(engines):
+                running = (await client.worker_stats())["running_tokens"]
+                if index not in held and len(running) == 2 and min(running.values()) >= 1:
+                    await client.pause()
+                    held.add(index)
+        await proxy.suspend()
+        await proxy.model_update(weights, base + 1)
+        await proxy.resume()
+        await proxy.update_applied(base + 1)
+        await asyncio.gather(*(e.resume() for e in engines))
+        generations = await asyncio.gather(*calls)
+        await proxy.aclose()
+        return base, generations, proxy.stats()
+
+    try:
+        base, generations, stats = asyncio.run(scenario())
+    finally:
+        second.shutdown()
+    assert stats["num_migrations"] == 2 and stats["kv_bytes_moved"] == 0
+    for generation, expected in zip(generations, reference, strict=True):
+        assert generation.token_ids == expected
+        assert generation.versions == [base] * 120 and generation.finish_reason is FinishReason.LENGTH
