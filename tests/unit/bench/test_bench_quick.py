@@ -15,8 +15,17 @@ import pytest
 from bench import harness
 
 ROOT = Path(__file__).resolve().parents[3]
-QUICK = ["simulator", "engine", "trainer", "async_vs_sync", "offpolicy", "distributed", "default_run"]
-"""Benchmarks on the harness. Still to port: sim_vs_real, sync_vs_trl (issue 14)."""
+QUICK = [
+    "simulator",
+    "engine",
+    "trainer",
+    "async_vs_sync",
+    "offpolicy",
+    "distributed",
+    "default_run",
+    "sync_vs_trl",
+]
+"""Benchmarks on the harness. Still to port: sim_vs_real (issue 14)."""
 
 
 @pytest.mark.parametrize("name", QUICK)
