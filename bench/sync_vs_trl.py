@@ -1,34 +1,59 @@
-"""Benchmark: asyncrl's synchronous mode against TRL's ``GRPOTrainer`` on the same RL work, side by side.
+"""Benchmark: asyncrl's synchronous mode against TRL's ``GRPOTrainer`` on the same RL work, both learning.
 
-Both train the same starting checkpoint (default: the shipped warm-start model) on the same prompts of the same
-task, in the same order, with the same batch shape (prompts per step × group size), generation cap, sampling
-(temperature 1, no top-k/top-p), optimiser (AdamW, constant lr, no weight decay, gradient clipping at 1.0),
-loss (PPO-clip ε=0.2, token-mean over the batch, no KL), advantages (group mean and std) and number of steps.
-Samples/s is trained samples over the wall time of the training loop (generation, reward, training and, for
-asyncrl, the weight copy into its engine); model loading and evaluation are outside it. Samples per process
-CPU-second (end of step 1 to end of the last step) is reported too: on a shared machine it depends far less
-on other jobs than wall time does.
+Arms ``asyncrl_sync`` (``controller.mode=sync``, inline runtime) and ``trl_grpo`` (TRL 1.16, ``use_cpu=True``,
+Hugging Face ``generate`` for rollouts) train the same start checkpoint on the same prompts in the same order
+(TRL's dataset is asyncrl's own ``PromptSource`` order, ``shuffle_dataset=False``), with the same batch
+(prompts per step × group size), generation cap, sampling (temperature 1, no top-k/top-p), optimiser (AdamW,
+constant lr, no weight decay, clipping at 1.0), loss (PPO-clip ε = 0.2, token-mean, no KL: TRL
+``loss_type="dapo"``, ``beta=0``), group-normalised advantages and reward (asyncrl's configured reward, called
+by a TRL reward function). Both run in this one process with the same torch thread count, set before each run.
+Repeat i uses seed i on both sides (data order, sampling, TRL's seed); arms interleave A B, B A, ...
 
-Held-out reward is measured by one piece of code for the start model and both results: Hugging Face
-``generate`` at temperature 1, ``--eval-k`` samples per held-out prompt, scored by the task's own reward
-(``asyncrl.models.sft.evaluate_by_sampling``), with the same seed.
+Workload, and why: the shipped warm start ``tiny-copy`` on the ``copy`` task (the default run's pair, built to
+leave RL something it can learn in minutes), 40 steps of 16 prompts × 8 = 5,120 samples, lr 5e-4 (5× the
+default run's), at most 64 new tokens. The earlier version of this benchmark (``tiny-count`` on ``count``, lr
+1e-4, 20 steps of 64) moved neither side's held-out reward beyond the evaluation's noise, so it timed two
+runs that did not learn. In two short exploratory runs here (seeds 0 and 1, one run per side each, on a
+loaded machine) the chosen settings took the held-out reward from 0.32–0.33 to 0.55–0.60 on both sides
+(gains +0.21 to +0.27, against an evaluation noise of 0.03–0.04), most of it in the first 15 steps, with the
+two sides' curves step for step within the noise; the default's lr 1e-4 needs ~150 steps for as much. The 64-token
+cap is above every copy answer of the task (at most 40 tokens and EOS), so it cuts nothing that could be
+right. The held-out split is the task's own, 512 prompts × 2 samples, as in the default run.
 
-    python bench/sync_vs_trl.py [--quick] [--repeats 2] [--profile-engine] [--out bench/results/sync_vs_trl.json]
+Metrics per run: samples/s over the training loop (start of the loop to the end of the last step:
+generation, reward, training, asyncrl's weight copy; loading and evaluation outside), samples per process
+CPU-second (end of step 1 to the end of the last step, all threads: far less sensitive to other jobs on a
+shared machine than wall time), the phases (``rollout_s``: generating and scoring a step's samples;
+``generate_s``: of that, in the generator itself; ``train_s``: the rest of the loop for TRL, the trainer's
+step for asyncrl; ``other_s``: asyncrl's weight copy and controller, 0 for TRL where it is inside
+``train_s``), and held-out reward before, after and at a few checkpoint steps with the wall time of the loop
+at each. Held-out reward is measured by one piece of code for every model
+(``asyncrl.models.sft.evaluate_by_sampling``: HF ``generate`` at temperature 1, ``eval_k`` samples per
+prompt, scored by the task's reward, always seed 0); the weights at a checkpoint are a copy taken in the loop
+(a few ms for this 1 M-parameter model, on both sides) and evaluated after it.
+
+Paired per repeat: asyncrl / TRL samples/s and samples per CPU-second, and "speedup to TRL's final reward":
+TRL's loop time to its first checkpoint at or above TRL's own final held-out reward, over asyncrl's time to
+its first checkpoint at or above that same reward (0 when asyncrl never reaches it), both allowing the
+evaluation's noise (two standard errors, ``1/sqrt(eval_prompts × eval_k)``), since both runs flatten out near
+the same reward. Checkpoints (every 5 steps) make this coarse: a side is credited only at the first
+checkpoint it is seen there.
+
+    python bench/sync_vs_trl.py [--quick] [--repeats 3] [--out bench/results/sync_vs_trl.json]
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
+import itertools
 import json
+import math
 import os
-import platform
-import shutil
-import statistics
+import tempfile
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,11 +75,16 @@ from asyncrl.models.loading import load_model_and_tokenizer, resolve_model_path 
 from asyncrl.models.sft import evaluate_by_sampling  # noqa: E402
 from asyncrl.rewards.service import make_reward_fn  # noqa: E402
 from asyncrl.rollout.prompt_source import PromptSource  # noqa: E402
+from asyncrl.runtime.inline import LocalTrainer  # noqa: E402
+from bench import harness  # noqa: E402
+
+EVAL_SEED = 0
+"""Every evaluation samples with this seed, so two models' numbers differ by the model, not the dice."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class Setup:
-    """The shared shape of both runs."""
+    """The shared shape of both arms' runs."""
 
     model_path: str
     task_type: str
@@ -63,31 +93,30 @@ class Setup:
     group_size: int
     max_new_tokens: int
     lr: float
-    seed: int
-    workdir: Path
+    threads: int
+    eval_prompts: int
+    eval_k: int
+    checkpoints: tuple[int, ...]
+    """Steps after which the weights are copied for evaluation; always includes the last step."""
 
     @property
     def samples_per_step(self) -> int:
         return self.prompts_per_step * self.group_size
 
 
-@dataclass(frozen=True, kw_only=True)
-class RunResult:
-    """One framework's run: throughput, phase times and the trained model."""
+@dataclass
+class Trace:
+    """What one training loop recorded: step ends on both clocks, weight copies and phase times."""
 
-    name: str
-    samples: int
-    train_wall_s: float
-    phases_s: dict[str, float]
-    step_s: list[float]
-    step_ends: list[tuple[float, float]]
-    model: Any
-    load_before: float
-    load_after: float
-
-    @property
-    def samples_per_s(self) -> float:
-        return self.samples / self.train_wall_s
+    loop_start: float = 0.0
+    """When TRL's loop began (asyncrl reports loop times itself, in metrics.jsonl)."""
+    step_ends: list[tuple[float, float]] = field(default_factory=list)
+    """(wall, process CPU) at the end of every step."""
+    snapshots: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
+    elapsed_at: dict[int, float] = field(default_factory=dict)
+    """Loop seconds at the end of each checkpoint step."""
+    phases_s: dict[str, float] = field(default_factory=dict)
+    """Loop seconds (``loop_s``) and their split into phases, as the module docstring defines them."""
 
 
 def clocks() -> tuple[float, float]:
@@ -95,47 +124,50 @@ def clocks() -> tuple[float, float]:
     return time.perf_counter(), time.process_time()
 
 
+def weights(model: Any) -> dict[str, torch.Tensor]:
+    """A copy of every weight (the same code on both sides, taken inside the timed loop)."""
+    return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+
+
+# ---------------------------------------------------------------- asyncrl
+
+
 @contextlib.contextmanager
-def recording_step_ends(ends: list[tuple[float, float]]) -> Iterator[None]:
-    """Record ``clocks()`` whenever asyncrl logs a step (a bench-only wrapper; asyncrl itself is unchanged)."""
+def tracing_asyncrl(trace: Trace, checkpoints: tuple[int, ...]) -> Iterator[None]:
+    """Record step ends (a ``MetricsTracker`` subclass) and copy the weights at checkpoint steps (after the
+    weight sync of the step); bench-only wrappers, removed on exit, so asyncrl itself is unchanged."""
 
     class RecordingTracker(MetricsTracker):
         def log(self, step: int, metrics: Any) -> None:
-            ends.append(clocks())
+            trace.step_ends.append(clocks())
             super().log(step, metrics)
 
+    original_sync = LocalTrainer.state_for_sync
+
+    def state_for_sync(self: LocalTrainer) -> Any:
+        update = original_sync(self)
+        if self.trainer.step in checkpoints:
+            trace.snapshots[self.trainer.step] = weights(self.trainer.model)
+        return update
+
     training_module.MetricsTracker = RecordingTracker
+    LocalTrainer.state_for_sync = state_for_sync
     try:
         yield
     finally:
         training_module.MetricsTracker = MetricsTracker
+        LocalTrainer.state_for_sync = original_sync
 
 
-def load() -> float:
-    """The 1-minute load average (the machine is shared; the number says how quiet it was)."""
-    return os.getloadavg()[0]
-
-
-def fresh_dir(path: Path) -> Path:
-    """``path`` emptied: a run's metrics.jsonl is appended to, so a rerun must not find the last one's."""
-    shutil.rmtree(path, ignore_errors=True)
-    return path
-
-
-def ordered_prompts(train_split: list[TaskSample], setup: Setup) -> list[TaskSample]:
-    """The prompts asyncrl's sync mode trains on, in its order, so TRL gets exactly the same ones."""
-    source = PromptSource(train_split, seed=setup.seed)
-    return [source.next().sample for _ in range(setup.steps * setup.prompts_per_step)]
-
-
-def asyncrl_overrides(setup: Setup, output_dir: Path) -> list[str]:
+def asyncrl_overrides(setup: Setup, seed: int, output_dir: str) -> list[str]:
     """asyncrl's sync mode with the shared settings (its own evaluation off: both use the common one)."""
     return [
         f"model.path={setup.model_path}",
         f"task.type={setup.task_type}",
+        f"task.num_eval={setup.eval_prompts}",
         "model.device=cpu",
         f"output_dir={output_dir}",
-        f"seed={setup.seed}",
+        f"seed={seed}",
         "runtime.type=inline",
         "controller.mode=sync",
         f"controller.num_steps={setup.steps}",
@@ -156,31 +188,68 @@ def asyncrl_overrides(setup: Setup, output_dir: Path) -> list[str]:
     ]
 
 
-def run_asyncrl(setup: Setup, tag: str) -> RunResult:
-    """One asyncrl sync run; phase times come from its metrics.jsonl."""
-    output_dir = fresh_dir(setup.workdir / f"asyncrl-{tag}")
-    config = load_run_config(None, asyncrl_overrides(setup, output_dir))
-    load_before, step_ends = load(), []
-    with recording_step_ends(step_ends):
-        summary = asyncio.run(train(config, console=None))
-    rows = [json.loads(line) for line in Path(summary.metrics_path).read_text().splitlines() if line.strip()]
-    phases = {phase: sum(row[f"time/{phase}_s"] for row in rows) for phase in ("wait", "train", "sync")}
-    model = transformers.AutoModelForCausalLM.from_pretrained(Path(summary.checkpoint) / "model")
-    return RunResult(
-        name="asyncrl sync",
-        samples=summary.trained_samples,
-        train_wall_s=summary.train_wall_s,
-        phases_s=phases,
-        step_s=[row["time/step_s"] for row in rows],
-        step_ends=step_ends,
-        model=model.eval(),
-        load_before=load_before,
-        load_after=load(),
-    )
+def run_asyncrl(setup: Setup, seed: int) -> Trace:
+    """One asyncrl sync run; loop times and phases come from its metrics.jsonl."""
+    trace = Trace()
+    with tempfile.TemporaryDirectory() as out:
+        config = load_run_config(None, asyncrl_overrides(setup, seed, out))
+        with tracing_asyncrl(trace, setup.checkpoints):
+            summary = asyncio.run(train(config, console=None))
+        rows = [json.loads(line) for line in Path(summary.metrics_path).read_text().splitlines() if line]
+    rows = [row for row in rows if "time/elapsed_s" in row]
+    trace.elapsed_at = {step: rows[step - 1]["time/elapsed_s"] for step in trace.snapshots}
+    loop_s = rows[-1]["time/elapsed_s"]
+    rollout_s = sum(row["time/wait_s"] for row in rows)
+    train_s = sum(row["time/train_s"] for row in rows)
+    trace.phases_s = {
+        "loop_s": loop_s,
+        "rollout_s": rollout_s,
+        "generate_s": summary.phase_busy_s["generation"],
+        "train_s": train_s,
+        "other_s": loop_s - rollout_s - train_s,
+    }
+    return trace
 
 
-def trl_reward(reward_fn: Any, by_uid: dict[str, TaskSample]) -> Any:
+# ---------------------------------------------------------------- TRL
+
+
+class TrlTracer(transformers.TrainerCallback):
+    """Step ends on both clocks and weight copies at checkpoint steps, from TRL's own callback hooks."""
+
+    def __init__(self, trace: Trace, checkpoints: tuple[int, ...]) -> None:
+        self.trace = trace
+        self.checkpoints = checkpoints
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.trace.loop_start = time.perf_counter()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step in self.checkpoints:
+            self.trace.snapshots[state.global_step] = weights(kwargs["model"])
+        now = clocks()
+        self.trace.step_ends.append(now)
+        if state.global_step in self.checkpoints:
+            self.trace.elapsed_at[state.global_step] = now[0] - self.trace.loop_start
+
+
+def timed(obj: Any, name: str, spent: list[float]) -> None:
+    """Wrap ``obj.name`` (on this instance only) so the seconds spent in it are appended to ``spent``."""
+    original = getattr(obj, name)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            spent.append(time.perf_counter() - start)
+
+    setattr(obj, name, wrapper)
+
+
+def trl_reward(by_uid: dict[str, TaskSample]) -> Callable[..., list[float]]:
     """A TRL reward function calling asyncrl's configured reward on each completion's own sample."""
+    reward_fn = make_reward_fn(RewardConfig())
 
     def asyncrl_reward(prompts: list[str], completions: list[str], uid: list[str], **_: Any) -> list[float]:
         return [reward_fn(text, by_uid[u])[0] for text, u in zip(completions, uid, strict=True)]
@@ -188,45 +257,15 @@ def trl_reward(reward_fn: Any, by_uid: dict[str, TaskSample]) -> Any:
     return asyncrl_reward
 
 
-class StepTimer(transformers.TrainerCallback):
-    """Wall time of each TRL optimiser step (generation, reward and training together)."""
-
-    def __init__(self) -> None:
-        self.step_s: list[float] = []
-        self.step_ends: list[tuple[float, float]] = []
-        self._start = 0.0
-
-    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._start = time.perf_counter()
-
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.step_s.append(time.perf_counter() - self._start)
-        self.step_ends.append(clocks())
-
-
-def timed_generate(model: Any, spent: list[float]) -> None:
-    """Wrap ``model.generate`` on this instance so the time TRL spends generating is measured."""
-    original = model.generate
-
-    def generate(*args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        try:
-            return original(*args, **kwargs)
-        finally:
-            spent.append(time.perf_counter() - start)
-
-    model.generate = generate
-
-
-def trl_config(setup: Setup, output_dir: Path) -> Any:
-    """GRPOConfig matching asyncrl's settings: one optimiser step per prompts×group samples, no KL."""
+def trl_config(setup: Setup, seed: int, output_dir: str) -> Any:
+    """GRPOConfig matching asyncrl's settings: one optimiser step per prompts × group samples, no KL."""
     from trl import GRPOConfig
 
     return GRPOConfig(
-        output_dir=str(output_dir),
+        output_dir=output_dir,
         use_cpu=True,
         report_to="none",
-        seed=setup.seed,
+        seed=seed,
         max_steps=setup.steps,
         per_device_train_batch_size=setup.samples_per_step,
         gradient_accumulation_steps=1,
@@ -258,208 +297,187 @@ def trl_config(setup: Setup, output_dir: Path) -> Any:
     )
 
 
-def run_trl(setup: Setup, prompts: list[TaskSample], tag: str) -> RunResult:
-    """One TRL GRPOTrainer run on exactly ``prompts`` (in order), rewarded by asyncrl's reward function."""
+def run_trl(setup: Setup, seed: int, prompts: list[TaskSample]) -> Trace:
+    """One TRL ``GRPOTrainer`` run on exactly ``prompts`` (in order)."""
     from datasets import Dataset
     from trl import GRPOTrainer
 
     model, tokenizer = load_model_and_tokenizer(setup.model_path, device="cpu")
     rows = {"prompt": [render_prompt(s, tokenizer) for s in prompts], "uid": [s.uid for s in prompts]}
-    reward = trl_reward(make_reward_fn(RewardConfig()), {s.uid: s for s in prompts})
-    trainer = GRPOTrainer(
-        model=model.train(),
-        reward_funcs=[reward],
-        args=trl_config(setup, fresh_dir(setup.workdir / f"trl-{tag}")),
-        train_dataset=Dataset.from_dict(rows),
-        processing_class=tokenizer,
-    )
-    timer, generate_s = StepTimer(), []
-    trainer.add_callback(timer)
-    timed_generate(trainer.model, generate_s)
-    load_before = load()
-    start = time.perf_counter()
-    trainer.train()
-    wall = time.perf_counter() - start
-    samples = trainer.state.global_step * setup.samples_per_step
-    return RunResult(
-        name="TRL GRPOTrainer",
-        samples=samples,
-        train_wall_s=wall,
-        phases_s={"generate": sum(generate_s), "rest": wall - sum(generate_s)},
-        step_s=timer.step_s,
-        step_ends=timer.step_ends,
-        model=trainer.model.eval(),
-        load_before=load_before,
-        load_after=load(),
-    )
-
-
-def held_out_reward(model: Any, tokenizer: Any, held_out: list[TaskSample], args: argparse.Namespace) -> dict:
-    """The common evaluation: mean reward and pass@k of temperature-1 HF ``generate`` samples."""
-    result = evaluate_by_sampling(
-        model, tokenizer, held_out, k=args.eval_k, max_new_tokens=args.max_new_tokens, seed=args.seed
-    )
-    return {
-        "reward_mean": result.mean_reward,
-        f"pass_at_{result.k}": result.pass_at_k,
-        "response_tokens_mean": result.mean_response_tokens,
-        "eval_s": result.seconds,
-    }
-
-
-def after_first_step(run: RunResult) -> dict:
-    """Samples per wall second and per process-CPU second from the end of step 1 to the end of the last step.
-
-    CPU seconds are what the run itself consumed (all its threads), so they say little about how busy the
-    shared machine was; wall seconds include waiting for a core.
-    """
-    (wall0, cpu0), (wall1, cpu1) = run.step_ends[0], run.step_ends[-1]
-    samples = run.samples * (len(run.step_ends) - 1) / len(run.step_ends)
-    return {
-        "steady_samples_per_s": round(samples / (wall1 - wall0), 3),
-        "steady_samples_per_cpu_s": round(samples / (cpu1 - cpu0), 3),
-        "steady_cpu_s": round(cpu1 - cpu0, 3),
-    }
-
-
-def describe(run: RunResult, evaluation: dict) -> dict:
-    """The JSON record of one run."""
-    steady = run.step_s[1:] or run.step_s
-    return {
-        "framework": run.name,
-        "samples": run.samples,
-        "train_wall_s": round(run.train_wall_s, 3),
-        "samples_per_s": round(run.samples_per_s, 3),
-        "step_s_median": round(statistics.median(steady), 3),
-        "first_step_s": round(run.step_s[0], 3) if run.step_s else None,
-        "phases_s": {k: round(v, 3) for k, v in run.phases_s.items()},
-        **after_first_step(run),
-        "load_before": run.load_before,
-        "load_after": run.load_after,
-        "held_out": evaluation,
-    }
-
-
-@contextlib.contextmanager
-def timing_model_runner(spent: dict[str, list[float]]) -> Iterator[None]:
-    """Time each prefill and decode forward of asyncrl's engine (a bench-only wrapper, removed on exit)."""
-    from asyncrl.engine.model_runner import ModelRunner
-
-    originals = {name: getattr(ModelRunner, name) for name in ("_prefill", "_decode")}
-
-    def timed(name: str) -> Any:
-        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return originals[name](self, *args, **kwargs)
-            finally:
-                spent.setdefault(name, []).append(time.perf_counter() - start)
-
-        return wrapper
-
-    for name in originals:
-        setattr(ModelRunner, name, timed(name))
-    try:
-        yield
-    finally:
-        for name, original in originals.items():
-            setattr(ModelRunner, name, original)
-
-
-def profile_generation(setup: Setup, prompts: list[TaskSample]) -> dict:
-    """One step's rollout (the first batch of prompts × group) through asyncrl's engine and HF ``generate``.
-
-    Splits the engine's time into prefill (one forward per request) and batched decode forwards.
-    """
-    from asyncrl.engine.llm_engine import LLMEngine
-    from asyncrl.types import Request, SamplingParams
-
-    model, tokenizer = load_model_and_tokenizer(setup.model_path, device="cpu")
-    batch = [s for s in prompts[: setup.prompts_per_step] for _ in range(setup.group_size)]
-    engine, spent = LLMEngine(model, tokenizer), {}
-    for index, sample in enumerate(batch):
-        sampling = SamplingParams(max_new_tokens=setup.max_new_tokens, temperature=1.0, seed=index)
-        engine.add_request(
-            Request(
-                request_id=str(index), prompt_token_ids=tokenizer.encode(sample.prompt), sampling=sampling
-            )
+    trace = Trace()
+    with tempfile.TemporaryDirectory() as out:
+        trainer = GRPOTrainer(
+            model=model.train(),
+            reward_funcs=[trl_reward({s.uid: s for s in prompts})],
+            args=trl_config(setup, seed, out),
+            train_dataset=Dataset.from_dict(rows),
+            processing_class=tokenizer,
         )
-    start, steps = time.perf_counter(), 0
-    with timing_model_runner(spent), torch.inference_mode():
-        while engine.has_work():
-            engine.step()
-            steps += 1
-    engine_s = time.perf_counter() - start
-    inputs = tokenizer([s.prompt for s in batch], return_tensors="pt", padding=True)
-    start = time.perf_counter()
-    with torch.inference_mode():
-        model.generate(**inputs, max_new_tokens=setup.max_new_tokens, do_sample=True, top_k=0, pad_token_id=0)
-    return {
-        "requests": len(batch),
-        "engine_s": round(engine_s, 3),
-        "engine_steps": steps,
-        "prefill_s": round(sum(spent.get("_prefill", [])), 3),
-        "prefill_forwards": len(spent.get("_prefill", [])),
-        "decode_s": round(sum(spent.get("_decode", [])), 3),
-        "decode_forwards": len(spent.get("_decode", [])),
-        "hf_generate_s": round(time.perf_counter() - start, 3),
+        trainer.add_callback(TrlTracer(trace, setup.checkpoints))
+        rollout_s: list[float] = []
+        generate_s: list[float] = []
+        timed(trainer, "_generate_and_score_completions", rollout_s)
+        timed(trainer.model, "generate", generate_s)
+        trainer.train()
+    loop_s = trace.step_ends[-1][0] - trace.loop_start
+    trace.phases_s = {
+        "loop_s": loop_s,
+        "rollout_s": sum(rollout_s),
+        "generate_s": sum(generate_s),
+        "train_s": loop_s - sum(rollout_s),
+        "other_s": 0.0,
+    }
+    return trace
+
+
+# ---------------------------------------------------------------- the common part
+
+
+class Evaluator:
+    """The one evaluation every model gets: the start model's architecture with the weights to judge."""
+
+    def __init__(self, setup: Setup, held_out: list[TaskSample]) -> None:
+        self.setup = setup
+        self.held_out = held_out
+        self.model, self.tokenizer = load_model_and_tokenizer(setup.model_path, device="cpu")
+        self.model.eval()
+
+    def reward(self, state: dict[str, torch.Tensor] | None = None) -> float:
+        """Mean held-out reward of ``state`` (None: the start model)."""
+        if state is not None:
+            self.model.load_state_dict(state)
+        torch.set_num_threads(self.setup.threads)
+        result = evaluate_by_sampling(
+            self.model,
+            self.tokenizer,
+            self.held_out,
+            k=self.setup.eval_k,
+            max_new_tokens=self.setup.max_new_tokens,
+            seed=EVAL_SEED,
+        )
+        return result.mean_reward
+
+
+def run_metrics(setup: Setup, trace: Trace, evaluator: Evaluator, reward_before: float) -> dict[str, float]:
+    """One run's metrics: throughput on both clocks, phases, held-out reward at every checkpoint."""
+    cpu0, cpu1 = trace.step_ends[0][1], trace.step_ends[-1][1]
+    steady_samples = setup.samples_per_step * (len(trace.step_ends) - 1)
+    metrics = {
+        "samples_per_s": setup.samples_per_step * len(trace.step_ends) / trace.phases_s["loop_s"],
+        "samples_per_cpu_s": steady_samples / max(cpu1 - cpu0, 1e-9),
+        **trace.phases_s,
+    }
+    for step in sorted(trace.snapshots):
+        metrics[f"reward_at_step_{step}"] = evaluator.reward(trace.snapshots[step])
+        metrics[f"elapsed_at_step_{step}"] = trace.elapsed_at[step]
+    after = metrics[f"reward_at_step_{setup.steps}"]
+    return metrics | {
+        "reward_before": reward_before,
+        "reward_after": after,
+        "reward_gain": after - reward_before,
     }
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a smoke run of seconds (tiny shapes)")
+def arms(setup: Setup, task: Any, evaluator: Evaluator, reward_before: float) -> dict[str, harness.Arm]:
+    """The two arms; each counts its own repeats, and repeat i runs seed i."""
+    train_split = list(task.split("train"))
+    seeds = {"asyncrl_sync": itertools.count(), "trl_grpo": itertools.count()}
+
+    def asyncrl_sync() -> dict[str, float]:
+        torch.set_num_threads(setup.threads)  # asyncrl's inline runtime leaves this thread at 1
+        trace = run_asyncrl(setup, next(seeds["asyncrl_sync"]))
+        return run_metrics(setup, trace, evaluator, reward_before)
+
+    def trl_grpo() -> dict[str, float]:
+        seed = next(seeds["trl_grpo"])
+        source = PromptSource(train_split, seed=seed)
+        prompts = [source.next().sample for _ in range(setup.steps * setup.prompts_per_step)]
+        torch.set_num_threads(setup.threads)
+        trace = run_trl(setup, seed, prompts)
+        return run_metrics(setup, trace, evaluator, reward_before)
+
+    return {"asyncrl_sync": asyncrl_sync, "trl_grpo": trl_grpo}
+
+
+def first_reaching(run: dict[str, float], steps: tuple[int, ...], target: float) -> float:
+    """Loop seconds at the first checkpoint whose held-out reward is at least ``target``; inf if none."""
+    for step in steps:
+        if run[f"reward_at_step_{step}"] >= target:
+            return run[f"elapsed_at_step_{step}"]
+    return float("inf")
+
+
+def eval_noise(setup: Setup) -> float:
+    """Two standard errors of one evaluation's mean reward at worst (rate 1/2), as if its ``eval_prompts ×
+    eval_k`` 0/1 outcomes were independent: ``1 / sqrt(n)``."""
+    return 1 / math.sqrt(setup.eval_prompts * setup.eval_k)
+
+
+def speedup_to_trl_final(raw: dict[str, list[dict[str, float]]], setup: Setup) -> dict[str, Any]:
+    """Per paired repeat: TRL's loop time to its own final held-out reward over asyncrl's time to it.
+
+    "Reaching" allows the evaluation's noise (:func:`eval_noise`) on both sides: both runs flatten out near the
+    same reward, so a strict threshold would turn a 0.01 difference at the end, well inside the noise, into
+    "never reached"."""
+    ratios = []
+    for ours, theirs in zip(raw["asyncrl_sync"], raw["trl_grpo"], strict=True):
+        target = theirs["reward_after"] - eval_noise(setup)
+        ratios.append(
+            first_reaching(theirs, setup.checkpoints, target)
+            / first_reaching(ours, setup.checkpoints, target)
+        )
+    return {
+        "numerator": "trl_grpo",
+        "denominator": "asyncrl_sync",
+        "metric": "loop s to TRL's final held-out reward, within eval noise (0: asyncrl never reached it)",
+        **harness.summary(ratios),
+    }
+
+
+def learning_check(raw: dict[str, list[dict[str, float]]], setup: Setup) -> dict[str, Any]:
+    """Per arm: did held-out reward rise beyond the noise? Its smallest gain over the seeds against the seeds'
+    spread of the final reward and against the evaluation's noise (:func:`eval_noise`): a benchmark of runs
+    that do not learn compares nothing."""
+    checks = {}
+    for arm, runs in raw.items():
+        gains, finals = [r["reward_gain"] for r in runs], [r["reward_after"] for r in runs]
+        spread = max(finals) - min(finals)
+        checks[arm] = {
+            "min_gain": min(gains),
+            "seed_spread_of_reward_after": spread,
+            "eval_noise": eval_noise(setup),
+            "learns": min(gains) > max(spread, eval_noise(setup)),
+        }
+    return checks
+
+
+def parse_args() -> Any:
+    parser = harness.parser(__doc__.splitlines()[0], "sync_vs_trl")
     parser.add_argument(
-        "--model",
-        default="tiny-count",
-        help="start checkpoint (a directory or a shipped name; '': the default)",
+        "--model", default="tiny-copy", help="start checkpoint (a directory or a shipped name)"
     )
-    parser.add_argument("--task", default="count", help="built-in task type (the measured run: count)")
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--prompts-per-step", type=int, default=8)
+    parser.add_argument("--task", default="copy", help="built-in task type")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--prompts-per-step", type=int, default=16)
     parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--lr", type=float, default=1e-4)
-    parser.add_argument("--eval-prompts", type=int, default=128)
-    parser.add_argument("--eval-k", type=int, default=4, help="samples per held-out prompt")
-    parser.add_argument("--repeats", type=int, default=2, help="alternate the two frameworks this many times")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument(
-        "--threads", type=int, default=1, help="torch threads (1: robust on the shared 2-core VM)"
+        "--threads", type=int, default=len(os.sched_getaffinity(0)), help="torch threads, both"
     )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--profile-engine", action="store_true", help="also time one rollout batch in detail")
-    parser.add_argument("--workdir", default="/tmp/bench_sync_vs_trl")
-    parser.add_argument("--out", default="bench/results/sync_vs_trl.json")
+    parser.add_argument("--eval-prompts", type=int, default=512, help="the task's held-out split size")
+    parser.add_argument("--eval-k", type=int, default=2, help="samples per held-out prompt")
+    parser.add_argument("--num-checkpoints", type=int, default=8, help="evenly spaced, the last at the end")
     args = parser.parse_args()
     if args.quick:
         args.steps, args.prompts_per_step, args.group_size = 2, 2, 4
-        args.max_new_tokens, args.eval_prompts, args.eval_k, args.repeats = 32, 8, 1, 1
+        args.max_new_tokens, args.eval_prompts, args.eval_k, args.num_checkpoints = 32, 8, 1, 2
     return args
 
 
-def summarise(runs: list[dict]) -> dict:
-    """Medians over repeats per framework, and the headline ratio."""
-    by_name: dict[str, list[dict]] = {}
-    for run in runs:
-        by_name.setdefault(run["framework"], []).append(run)
-    medians = {
-        name: {
-            "samples_per_s": statistics.median(r["samples_per_s"] for r in rs),
-            "samples_per_cpu_s": statistics.median(r["steady_samples_per_cpu_s"] for r in rs),
-            "held_out_reward": statistics.median(r["held_out"]["reward_mean"] for r in rs),
-        }
-        for name, rs in by_name.items()
-    }
-    ours, theirs = medians["asyncrl sync"], medians["TRL GRPOTrainer"]
-    return {
-        "medians": medians,
-        "samples_per_s_ratio": ours["samples_per_s"] / theirs["samples_per_s"],
-        "samples_per_cpu_s_ratio": ours["samples_per_cpu_s"] / theirs["samples_per_cpu_s"],
-        "reward_difference": ours["held_out_reward"] - theirs["held_out_reward"],
-    }
-
-
-def setup_from(args: argparse.Namespace) -> Setup:
+def setup_from(args: Any) -> Setup:
+    every = max(1, args.steps // args.num_checkpoints)
+    checkpoints = tuple(sorted({*range(every, args.steps + 1, every), args.steps}))
     return Setup(
         model_path=str(resolve_model_path(args.model)),
         task_type=args.task,
@@ -468,73 +486,58 @@ def setup_from(args: argparse.Namespace) -> Setup:
         group_size=args.group_size,
         max_new_tokens=args.max_new_tokens,
         lr=args.lr,
-        seed=args.seed,
-        workdir=Path(args.workdir),
+        threads=args.threads,
+        eval_prompts=args.eval_prompts,
+        eval_k=args.eval_k,
+        checkpoints=checkpoints,
     )
 
 
-def evaluated(run: RunResult, tokenizer: Any, held_out: list[TaskSample], args: argparse.Namespace) -> dict:
-    """The run's JSON record with its held-out reward, printed as it lands."""
-    record = describe(run, held_out_reward(run.model, tokenizer, held_out, args))
-    print(json.dumps(record), flush=True)
-    return record
-
-
-def report(args: argparse.Namespace, setup: Setup, held_out: list, before: dict, runs: list[dict]) -> dict:
-    """The whole JSON result: setup, machine, start model, every run and the summary."""
+def resources(setup: Setup) -> dict[str, str]:
+    """How the cores were used: the same threads on both sides, one process, one phase at a time."""
+    threads = f"{setup.threads} torch threads (set before each run)"
     return {
-        "benchmark": "sync_vs_trl",
-        "quick": args.quick,
-        "setup": {
-            "model": setup.model_path,
-            "task": args.task,
-            "steps": setup.steps,
-            "prompts_per_step": setup.prompts_per_step,
-            "group_size": setup.group_size,
-            "samples_per_step": setup.samples_per_step,
-            "max_new_tokens": setup.max_new_tokens,
-            "lr": setup.lr,
-            "seed": setup.seed,
-            "eval_prompts": len(held_out),
-            "eval_k": args.eval_k,
-            "threads": args.threads,
-            "repeats": args.repeats,
-        },
-        "machine": {
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "trl": __import__("trl").__version__,
-        },
-        "start_model_held_out": before,
-        "runs": runs,
-        "summary": summarise(runs),
+        "asyncrl_sync": f"one process, inline runtime: engine and trainer on their own threads, each with "
+        f"{threads}, used one phase at a time (sync)",
+        "trl_grpo": f"one process (the same one), {threads}",
     }
 
 
-def main() -> int:
+def described(setup: Setup) -> dict[str, Any]:
+    """The workload as the result JSON records it."""
+    return asdict(setup) | {
+        "seeds": "repeat i runs seed i on both sides",
+        "eval_seed": EVAL_SEED,
+        "target": "asyncrl_sync >= 1.5x trl_grpo samples/s; both rewards rising beyond the noise",
+    }
+
+
+def main() -> None:
     args = parse_args()
-    torch.set_num_threads(args.threads)
     setup = setup_from(args)
-    task = make_task(TaskConfig(type=setup.task_type))
-    prompts = ordered_prompts(list(task.split("train")), setup)
-    held_out = list(task.split("eval"))[: args.eval_prompts]
-    start_model, tokenizer = load_model_and_tokenizer(setup.model_path, device="cpu")
-    before = held_out_reward(start_model, tokenizer, held_out, args)
-    print(f"start model: held-out reward {before['reward_mean']:.3f}", flush=True)
-    runs = []
-    for repeat in range(args.repeats):
-        runs.append(evaluated(run_asyncrl(setup, str(repeat)), tokenizer, held_out, args))
-        runs.append(evaluated(run_trl(setup, prompts, str(repeat)), tokenizer, held_out, args))
-    result = report(args, setup, held_out, before, runs)
-    if args.profile_engine:
-        result["generation_profile"] = profile_generation(setup, prompts)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps(result["summary"], indent=1))
-    return 0
+    torch.set_num_threads(setup.threads)
+    task = make_task(TaskConfig(type=setup.task_type, num_eval=setup.eval_prompts))
+    evaluator = Evaluator(setup, list(task.split("eval")))
+    reward_before = evaluator.reward()
+    print(f"start model: held-out reward {reward_before:.3f}", flush=True)
+    raw = harness.run_arms(
+        arms(setup, task, evaluator, reward_before), harness.repeats_for(args), harness.print_run
+    )
+    ratios = {
+        "samples_per_s": harness.paired_ratio(raw, "asyncrl_sync", "trl_grpo", "samples_per_s"),
+        "samples_per_cpu_s": harness.paired_ratio(raw, "asyncrl_sync", "trl_grpo", "samples_per_cpu_s"),
+        "speedup_to_trl_final_reward": speedup_to_trl_final(raw, setup),
+    }
+    harness.write_result(
+        args,
+        "sync_vs_trl",
+        raw,
+        ratios=ratios,
+        resources=resources(setup),
+        setup=described(setup),
+        extra={"learning": learning_check(raw, setup)},
+    )
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main()

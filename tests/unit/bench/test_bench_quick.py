@@ -24,8 +24,9 @@ QUICK = [
     "distributed",
     "default_run",
     "sim_vs_real",
+    "sync_vs_trl",
 ]
-"""Benchmarks on the harness. Still to port: sync_vs_trl (issue 14)."""
+"""Every benchmark on the harness (agentic.py's quick run is tests/integration/test_bench_agentic.py)."""
 
 
 @pytest.mark.parametrize("name", QUICK)
