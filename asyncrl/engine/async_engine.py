@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -29,6 +29,9 @@ from asyncrl.engine.weights import NamedTensors
 from asyncrl.types import Generation, Request
 
 logger = logging.getLogger(__name__)
+
+TokenObserver = Callable[[Sequence[int]], None]
+"""Called with a request's whole output so far (prefix included, as its Generation will start)."""
 
 
 class EngineStoppedError(RuntimeError):
@@ -48,6 +51,7 @@ class AsyncEngine:
         self._cond = threading.Condition()
         self._commands: deque[_Command] = deque()
         self._pending: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
+        self._observers: dict[str, _Observer] = {}
         self._stopped: BaseException | None = None
         self._started_at = time.perf_counter()
         self._idle_seconds = 0.0
@@ -58,6 +62,17 @@ class AsyncEngine:
     async def generate(self, request: Request) -> Generation:
         """The finished generation; an abort returns the partial one. Cancelling the call aborts the request."""
         return await self._serve(request.request_id, lambda: self.core.add_request(request))
+
+    async def generate_observed(self, request: Request, observe: TokenObserver) -> Generation:
+        """``generate``, with ``observe`` called on the caller's loop with the output so far after each engine
+        step that sampled a token for it (one token per step in decode), so a server can stream them."""
+        loop = asyncio.get_running_loop()
+
+        def add() -> None:
+            self.core.add_request(request)
+            self._observers[request.request_id] = _Observer(loop, observe)
+
+        return await self._serve(request.request_id, add)
 
     async def export_request(self, request_id: str) -> RequestState | None:
         """Take an in-flight request out with its KV (engine/migration.py); its ``generate`` call returns the
@@ -158,6 +173,7 @@ class AsyncEngine:
         return generation
 
     def _deliver(self, generation: Generation) -> None:
+        self._observers.pop(generation.request_id, None)
         loop, future = self._pending.pop(generation.request_id)
         resolve_threadsafe(loop, future, result=generation)
 
@@ -167,6 +183,7 @@ class AsyncEngine:
             while self._next_commands():
                 for generation in self.core.step():
                     self._deliver(generation)
+                self._report_progress()
         except (
             Exception
         ) as exc:  # deliberate: the failure must reach every waiting caller, not kill them silently
@@ -176,6 +193,19 @@ class AsyncEngine:
                 self._stopped.__cause__ = exc
         finally:
             self._fail_pending()
+
+    def _report_progress(self) -> None:
+        """Tell each observer of a still-running request its output, when a step added to it (finished
+        requests were reported by their Generation)."""
+        for request_id, observer in self._observers.items():
+            token_ids = self.core.output_so_far(request_id)
+            if (
+                token_ids is not None
+                and len(token_ids) != observer.num_reported
+                and not observer.loop.is_closed()
+            ):
+                observer.num_reported = len(token_ids)
+                observer.loop.call_soon_threadsafe(observer.observe, list(token_ids))
 
     def _next_commands(self) -> bool:
         """Run queued commands, sleeping while there is nothing to do; False once the engine must stop."""
@@ -206,6 +236,14 @@ class AsyncEngine:
         for loop, future in self._pending.values():
             resolve_threadsafe(loop, future, exception=error)
         self._pending.clear()
+        self._observers.clear()
+
+
+class _Observer:
+    """Where an observed request's progress goes, and how much of it was already told."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, observe: TokenObserver) -> None:
+        self.loop, self.observe, self.num_reported = loop, observe, 0
 
 
 class _Command:

@@ -7,9 +7,9 @@ versions, health, and busy time for the idle fraction.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from asyncrl.proxy.routing import EngineLoad
 from asyncrl.types import Generation, Request
@@ -36,6 +36,25 @@ class EngineClient(Protocol):
     async def update_weights(self, named_tensors: NamedTensors, version: int) -> None: ...
 
     async def resume(self) -> None: ...
+
+
+TokenObserver = Callable[[Sequence[int]], None]
+"""Hears a request's whole output so far (prefix included) while it is generated; see ``generate_on``."""
+
+
+@runtime_checkable
+class ObservableEngineClient(Protocol):
+    """An engine that can also report a request's output as it is sampled (the built-in engine does), so the
+    endpoint streams tokens as they come; other engines' results arrive whole, as one piece."""
+
+    async def generate_observed(self, request: Request, observe: TokenObserver) -> Generation: ...
+
+
+async def generate_on(client: EngineClient, request: Request, observe: TokenObserver | None) -> Generation:
+    """``client.generate(request)``, observed token by token when asked and the engine can report progress."""
+    if observe is not None and isinstance(client, ObservableEngineClient):
+        return await client.generate_observed(request, observe)
+    return await client.generate(request)
 
 
 @dataclass(frozen=True, kw_only=True)
