@@ -15,8 +15,18 @@ import pytest
 from bench import harness
 
 ROOT = Path(__file__).resolve().parents[3]
-QUICK = ["simulator", "engine", "trainer", "async_vs_sync", "offpolicy", "distributed", "default_run"]
-"""Benchmarks on the harness. Still to port: sim_vs_real, sync_vs_trl (issue 14)."""
+QUICK = [
+    "simulator",
+    "engine",
+    "trainer",
+    "async_vs_sync",
+    "offpolicy",
+    "distributed",
+    "default_run",
+    "agentic_learning",
+]
+"""Benchmarks on the harness. ``agentic`` runs in tests/integration/test_bench_agentic.py, which also checks
+its episode ledgers. Still to port: sim_vs_real, sync_vs_trl (issue 14)."""
 
 
 @pytest.mark.parametrize("name", QUICK)
