@@ -37,3 +37,28 @@ def test_a_harness_result_is_rendered_with_spread_and_an_old_one_is_not_quoted(t
     fresh = bench_docs.regenerate(text, tmp_path)
     assert "| a | t | 2 (1–3) |" in fresh and "stale" not in fresh
     assert "Not yet re-measured" in fresh
+
+
+def test_a_sweep_of_many_arms_is_one_row_per_arm_with_its_targets(tmp_path: Path) -> None:
+    def stats(value: float) -> dict[str, object]:
+        return {"min": value, "median": value, "max": value, "runs": [value]}
+
+    arms = {f"s/{name}": {"rate": stats(i + 1.0), "count": stats(10.0)} for i, name in enumerate("abcd")}
+    result = {
+        "schema": bench_docs.SCHEMA_VERSION,
+        "benchmark": "sweep",
+        "command": "python bench/sweep.py",
+        "commit": "abc",
+        "quick": False,
+        "repeats": 1,
+        "machine": {"cpu_model": "cpu", "cores": 2, "torch_threads": 2, "torch": "2"},
+        "resources": {},
+        "arms": arms,
+        "ratios": {},
+        "targets": {"fast": True, "faster": False},
+    }
+    (tmp_path / "sweep.json").write_text(json.dumps(result))
+    fresh = bench_docs.regenerate("<!-- bench:sweep -->\n<!-- /bench:sweep -->\n", tmp_path)
+    assert "| arm | rate | count |" in fresh
+    assert "| s/c | 3 (3–3) | 10 (10–10) |" in fresh
+    assert "Targets: fast: met, faster: NOT met." in fresh
