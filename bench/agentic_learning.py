@@ -29,7 +29,7 @@ from asyncrl.app.train import train  # noqa: E402
 from asyncrl.config.env_kinds import SokobanConfig  # noqa: E402
 from asyncrl.config.run import load_run_config  # noqa: E402
 from asyncrl.config.sft import SFTConfig  # noqa: E402
-from asyncrl.envs.warm_start import warm_start  # noqa: E402
+from asyncrl.envs.warm_start import scripted_episode, warm_start  # noqa: E402
 from bench import harness  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parents[1] / "asyncrl" / "examples" / "agentic_sokoban.yaml"
@@ -65,7 +65,7 @@ def sokoban_arm(warm_steps: int, num_rooms: int, overrides: list[str]) -> Callab
             warm_start(
                 model_path="tiny-copy",
                 out_dir=str(model_dir),
-                sokoban=SokobanConfig(num_pulls=2),
+                episode=lambda demo_seed: scripted_episode(SokobanConfig(num_pulls=2), demo_seed),
                 num_rooms=num_rooms,
                 sft=warm_sft(seed, warm_steps),
             )
