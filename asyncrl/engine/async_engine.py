@@ -8,7 +8,9 @@ Only the engine thread touches the ``LLMEngine`` core, and commands (add, abort,
 between steps, so ``await pause()`` returns with no step in flight. The thread sleeps on the condition when
 it has no commands and nothing to step (no busy spin). Invariants: every ``generate`` future is resolved
 exactly once (a generation, a ValueError for its own bad input, or the loop's failure); a failure in the step
-loop or a shutdown reaches every waiting caller, and later calls fail at once.
+loop or a shutdown reaches every waiting caller, and later calls fail at once. A request served by
+``generate_observed`` also has its output so far reported after each step that added to it, on the caller's
+loop and before its future resolves (the endpoint streams tokens from it).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -26,12 +28,9 @@ import torch
 from asyncrl.engine.llm_engine import LLMEngine
 from asyncrl.engine.migration import RequestState
 from asyncrl.engine.weights import NamedTensors
-from asyncrl.types import Generation, Request
+from asyncrl.types import Generation, Request, TokenObserver
 
 logger = logging.getLogger(__name__)
-
-TokenObserver = Callable[[Sequence[int]], None]
-"""Called with a request's whole output so far (prefix included, as its Generation will start)."""
 
 
 class EngineStoppedError(RuntimeError):

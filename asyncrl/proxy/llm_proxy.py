@@ -69,11 +69,10 @@ from asyncrl.proxy.worker import (
     EngineWorker,
     NamedTensors,
     PendingUpdate,
-    TokenObserver,
     generate_on,
     snapshot_named_tensors,
 )
-from asyncrl.types import FinishReason, Generation, Request
+from asyncrl.types import FinishReason, Generation, Request, TokenObserver
 from asyncrl.weight_sync.protocol import WeightUpdate
 
 logger = logging.getLogger(__name__)

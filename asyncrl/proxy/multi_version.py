@@ -67,12 +67,11 @@ from asyncrl.proxy.worker import (
     EngineWorker,
     NamedTensors,
     PendingUpdate,
-    TokenObserver,
     generate_on,
     snapshot_named_tensors,
 )
 from asyncrl.staleness import max_policy_age
-from asyncrl.types import FinishReason, Generation, Request
+from asyncrl.types import FinishReason, Generation, Request, TokenObserver
 
 logger = logging.getLogger(__name__)
 

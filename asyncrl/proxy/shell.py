@@ -18,8 +18,8 @@ from asyncrl.proxy.engine_set import EngineSet
 from asyncrl.proxy.errors import ProxyClosed
 from asyncrl.proxy.routing import AffinityTable, LoadIndex
 from asyncrl.proxy.wakeup import Wakeup
-from asyncrl.proxy.worker import EngineClient, EngineWorker, TokenObserver
-from asyncrl.types import Generation, InvalidRequest, Request, checked_request
+from asyncrl.proxy.worker import EngineClient, EngineWorker
+from asyncrl.types import Generation, InvalidRequest, Request, TokenObserver, checked_request
 
 
 class ProxyShell(abc.ABC):

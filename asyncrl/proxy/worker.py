@@ -7,12 +7,12 @@ versions, health, and busy time for the idle fraction.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from asyncrl.proxy.routing import EngineLoad
-from asyncrl.types import Generation, Request
+from asyncrl.types import Generation, Request, TokenObserver
 from asyncrl.weight_sync.protocol import WeightUpdate
 
 NamedTensors = Mapping[str, Any] | Iterable[tuple[str, Any]]
@@ -36,10 +36,6 @@ class EngineClient(Protocol):
     async def update_weights(self, named_tensors: NamedTensors, version: int) -> None: ...
 
     async def resume(self) -> None: ...
-
-
-TokenObserver = Callable[[Sequence[int]], None]
-"""Hears a request's whole output so far (prefix included) while it is generated; see ``generate_on``."""
 
 
 @runtime_checkable

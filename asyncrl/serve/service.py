@@ -17,14 +17,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from asyncrl.config.serve import ServeConfig
-from asyncrl.proxy.worker import TokenObserver
 from asyncrl.serve.chat_format import ChatFormat, Message, make_chat_format, stored_message, tools_message
 from asyncrl.serve.deltas import TextDeltas
 from asyncrl.serve.schemas import ChatRequest, CompletionRequest, ServeError, check_bounds
 from asyncrl.serve.tito import Branch, TrajectoryTokens, message_key
 from asyncrl.serve.toolcalls import parse_tool_calls
 from asyncrl.serve.trajectories import ServedTrajectory, TrajectorySink, TrajectoryState, TrajectoryStore
-from asyncrl.types import FinishReason, Generation, Request, SamplingParams
+from asyncrl.types import FinishReason, Generation, Request, SamplingParams, TokenObserver
 
 logger = logging.getLogger(__name__)
 
