@@ -1,12 +1,13 @@
-"""Benchmark: does multi-turn RL improve the tiny model on a real environment? Sokoban, one run per seed.
+"""Benchmark: does multi-turn RL improve the tiny model on real environments? Sokoban and FrozenLake, per seed.
 
-Each repeat is one seed end to end: the warm start on scripted optimal episodes (``asyncrl.envs.warm_start``,
-seeded), then the RL run of ``asyncrl/examples/agentic_sokoban.yaml`` (seeded) from it. Repeat i runs seed i, so
-the spread is across seeds (as in ``bench/default_run.py``). Metrics: the held-out env return before and after
-RL (the run's own evaluation: the same held-out rooms and sampling seeds before and after), the gain, and the
-warm-start and RL wall times.
+One arm per env. Each repeat is one seed end to end: the warm start on scripted shortest-path episodes
+(``asyncrl.envs.warm_start``, seeded), then the RL run of the env's example config (seeded) from it:
+``asyncrl/examples/agentic_sokoban.yaml``, ``asyncrl/examples/agentic_frozen_lake.yaml``. Repeat i runs seed i,
+so the spread is across seeds (as in ``bench/default_run.py``). Metrics: the held-out env return before and
+after RL (the run's own evaluation: the same held-out maps and sampling seeds before and after), the gain, and
+the warm-start and RL wall times.
 
-    python bench/agentic_learning.py [--quick] [--repeats 3] [--warm-steps 150]
+    python bench/agentic_learning.py [--quick] [--repeats 3] [--envs sokoban,frozen_lake] [--warm-steps 150]
                                      [--out bench/results/agentic_learning.json] [key=value ...]
 """
 
@@ -29,10 +30,18 @@ from asyncrl.app.train import train  # noqa: E402
 from asyncrl.config.env_kinds import SokobanConfig  # noqa: E402
 from asyncrl.config.run import load_run_config  # noqa: E402
 from asyncrl.config.sft import SFTConfig  # noqa: E402
-from asyncrl.envs.warm_start import scripted_episode, warm_start  # noqa: E402
+from asyncrl.envs.warm_start import Episode, frozen_lake_episode, scripted_episode, warm_start  # noqa: E402
 from bench import harness  # noqa: E402
 
-CONFIG = Path(__file__).resolve().parents[1] / "asyncrl" / "examples" / "agentic_sokoban.yaml"
+EXAMPLES = Path(__file__).resolve().parents[1] / "asyncrl" / "examples"
+ENVS: dict[str, tuple[Path, Callable[[int], Episode]]] = {
+    "sokoban": (
+        EXAMPLES / "agentic_sokoban.yaml",
+        lambda seed: scripted_episode(SokobanConfig(num_pulls=2), seed),
+    ),
+    "frozen_lake": (EXAMPLES / "agentic_frozen_lake.yaml", lambda seed: frozen_lake_episode(4, seed)),
+}
+"""Per env: its RL example config and its scripted episodes (the settings the example's comments give)."""
 NUM_ROOMS = 64
 QUICK_NUM_ROOMS = 4
 QUICK_WARM_STEPS = 2
@@ -53,8 +62,11 @@ def warm_sft(seed: int, steps: int) -> SFTConfig:
     )
 
 
-def sokoban_arm(warm_steps: int, num_rooms: int, overrides: list[str]) -> Callable[[], dict[str, float]]:
+def learning_arm(
+    env: str, warm_steps: int, num_rooms: int, overrides: list[str]
+) -> Callable[[], dict[str, float]]:
     """One seed per call (0, 1, …): warm start, then RL from it; the held-out return before and after RL."""
+    config_path, episode = ENVS[env]
     seeds = itertools.count()
 
     def run() -> dict[str, float]:
@@ -65,13 +77,14 @@ def sokoban_arm(warm_steps: int, num_rooms: int, overrides: list[str]) -> Callab
             warm_start(
                 model_path="tiny-copy",
                 out_dir=str(model_dir),
-                episode=lambda demo_seed: scripted_episode(SokobanConfig(num_pulls=2), demo_seed),
+                episode=episode,
                 num_rooms=num_rooms,
                 sft=warm_sft(seed, warm_steps),
             )
             warm_s = time.perf_counter() - started
             config = load_run_config(
-                str(CONFIG), [f"model.path={model_dir}", f"output_dir={out_dir}", f"seed={seed}", *overrides]
+                str(config_path),
+                [f"model.path={model_dir}", f"output_dir={out_dir}", f"seed={seed}", *overrides],
             )
             summary = asyncio.run(train(config, console=None))
         before = summary.eval_before["eval/reward_mean"]
@@ -89,28 +102,26 @@ def sokoban_arm(warm_steps: int, num_rooms: int, overrides: list[str]) -> Callab
 
 def main() -> None:
     parser = harness.parser(__doc__.splitlines()[0], "agentic_learning")
+    parser.add_argument("--envs", default=",".join(ENVS), help=f"comma-separated, of {', '.join(ENVS)}")
     parser.add_argument("--warm-steps", type=int, default=150, help="warm-start SFT steps (full runs)")
     parser.add_argument("overrides", nargs="*", help="config overrides for the RL runs (key=value)")
     args = parser.parse_args()
+    envs = args.envs.split(",")
+    if unknown := set(envs) - set(ENVS):
+        raise SystemExit(f"--envs: unknown {sorted(unknown)}; known: {', '.join(ENVS)}")
     warm_steps = QUICK_WARM_STEPS if args.quick else args.warm_steps
     num_rooms = QUICK_NUM_ROOMS if args.quick else NUM_ROOMS
     overrides = [*args.overrides, *(QUICK_OVERRIDES if args.quick else [])]
-    raw = harness.run_arms(
-        {"sokoban": sokoban_arm(warm_steps, num_rooms, overrides)},
-        harness.repeats_for(args),
-        harness.print_run,
-    )
-    resources = {
-        "sokoban": f"warm start then asyncrl train, in one process, one after the other; "
-        f"{torch.get_num_threads()} torch threads"
-    }
+    arms = {env: learning_arm(env, warm_steps, num_rooms, overrides) for env in envs}
+    raw = harness.run_arms(arms, harness.repeats_for(args), harness.print_run)
+    how = f"warm start then asyncrl train, in one process, one after the other; {torch.get_num_threads()} torch threads"
     setup = {
-        "config": "asyncrl/examples/agentic_sokoban.yaml",
+        "configs": {env: f"asyncrl/examples/{ENVS[env][0].name}" for env in envs},
         "seeds": "repeat i runs seed=i (warm start and RL)",
         "warm_start": {"steps": warm_steps, "num_rooms": num_rooms, "model": "tiny-copy"},
         "rl_overrides": overrides,
     }
-    harness.write_result(args, "agentic_learning", raw, resources=resources, setup=setup)
+    harness.write_result(args, "agentic_learning", raw, resources=dict.fromkeys(envs, how), setup=setup)
 
 
 if __name__ == "__main__":

@@ -63,3 +63,10 @@ def test_scripted_frozen_lake_episode_reaches_the_goal_in_the_env() -> None:
                 if not result.terminated:
                     assert result.observation == observations[i + 1]
             assert result.reward == 1.0
+
+
+def test_the_frozen_lake_example_configs_start_from_its_warm_start() -> None:
+    built_in = load_config(RunConfig, "asyncrl/examples/agentic_frozen_lake.yaml")
+    external = load_config(RunConfig, "asyncrl/examples/agents/frozen_lake.yaml")
+    assert built_in.env is not None and built_in.env.type == "asyncrl.envs.frozen_lake:make_4x4"
+    assert built_in.model.path == external.model.path == "runs/tiny-frozen-lake"
