@@ -1,8 +1,14 @@
-"""Streamed text pieces: only what the final answer is sure to start with, each piece once."""
+"""Streamed text pieces: only what the final answer is sure to start with, each piece once; the close sends the
+rest."""
 
 from __future__ import annotations
 
+import pytest
+
+from asyncrl.serve.app import _Chunks
 from asyncrl.serve.deltas import TextDeltas, partial_suffix
+from asyncrl.serve.schemas import ServeError
+from asyncrl.serve.service import CallResult, Choice
 
 PIECES = {
     1: " Hi",
@@ -51,3 +57,17 @@ def test_partial_suffix() -> None:
     assert partial_suffix("a <tool", "<tool_call>") == 5
     assert partial_suffix("a <", "<tool_call>") == 1
     assert partial_suffix("a b", "<tool_call>") == 0
+
+
+def test_the_close_sends_what_was_held_back_and_refuses_a_diverged_answer() -> None:
+    choice = Choice(
+        text="Hi there", tool_calls=[], finish_reason="stop", token_ids=[1, 2], logprobs=[], versions=[]
+    )
+    result = CallResult(choices=[choice], num_prompt_tokens=3, trajectory_id=None, branch=None)
+    chunks = _Chunks("chat", "m")
+    closing = chunks.closing(result, {0: "Hi"})
+    assert [c["choices"][0]["delta"] for c in closing] == [{"content": " there"}, {}]
+    assert closing[-1]["choices"][0]["finish_reason"] == "stop"
+    with pytest.raises(ServeError) as refused:
+        chunks.closing(result, {0: "Ho"})
+    assert refused.value.status == 503
