@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
@@ -216,6 +216,11 @@ class Generation:
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+
+TokenObserver = Callable[[Sequence[int]], None]
+"""Hears a request's whole output so far while it is generated (a continued request's prefix included, as its
+``Generation`` will start): the engine-to-server seam for streaming tokens."""
 
 
 class TrajectoryStatus(str, enum.Enum):

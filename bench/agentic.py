@@ -3,7 +3,7 @@
 The shipped ``tiny-copy`` model plays the built-in ``copy_chain`` env through the real engine, proxy, buffer,
 controller and trainer (``runtime.type=inline``: one process, so every arm uses the same cores the same way),
 with the latency/fault wrapper (``env.faults``) adding a lognormal delay to every reset and step. Seconds-scale
-agentic env steps are scaled down by ``--time-scale`` so a run takes seconds; the delays stay much larger than
+agentic env steps are scaled down by ``time_scale`` so a run takes seconds; the delays stay much larger than
 a generation or a train step, so the comparison is about env-level asynchrony, not compute.
 
 Arms (the same batch: ``rollout_batch_size`` groups × ``num_return_sequences`` episodes per step):
@@ -14,31 +14,28 @@ Arms (the same batch: ``rollout_batch_size`` groups × ``num_return_sequences`` 
   response is ready, and rollout overlaps training.
 - ``async_redundant``: ``env_async`` plus redundant env groups and episodes (the slowest are cut, recorded).
 
-Sections: ``headline`` (high-variance lognormal, all three arms), ``sigma_sweep`` (σ at fixed mean, sync vs
-env_async), ``redundancy`` (more env groups vs larger groups, with fail-slow hangs and fail-stop crashes
-injected; the step timeout catches hangs). Every arm of a section runs ``--repeats`` times, interleaved (repeat
-r runs every arm before repeat r+1), and ratios are taken per paired repeat. Throughput is trained episodes
-per second over the steps after ``--warmup``. Every run asserts its episode ledger: each episode started was
-trained, dropped by the producer with a reason, or dropped by the buffer with a reason.
+Sections, each its own :func:`harness.run_arms` call (arms interleaved within it, ratios against its ``sync``
+arm per paired repeat): ``headline`` (high-variance lognormal, all three arms), ``sigma{σ}`` (σ at fixed mean,
+sync vs env_async), ``redundancy`` (more env groups vs larger groups, with fail-slow hangs and fail-stop crashes
+injected; the step timeout catches hangs). Arms are named ``section/arm``. Throughput is trained episodes per
+second over the steps after ``warmup``. Every run asserts its episode ledger: each episode started was trained,
+dropped by the producer with a reason, or dropped by the buffer with a reason.
 
-    python bench/agentic.py [--quick] [--out bench/results/agentic.json]
+    python bench/agentic.py [--quick] [--repeats 3] [--sections headline sigma_sweep redundancy]
+                            [--out bench/results/agentic.json]
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import collections
 import itertools
-import json
 import os
-import platform
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +50,9 @@ from asyncrl.app.train import runtime_parts  # noqa: E402
 from asyncrl.config.run import RunConfig, load_run_config  # noqa: E402
 from asyncrl.controller.controller import StepRecord  # noqa: E402
 from asyncrl.types import Trajectory  # noqa: E402
+from bench import harness  # noqa: E402
+
+SECTIONS = ("headline", "sigma_sweep", "redundancy")
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,6 @@ class Workload:
     num_turns: int
     steps: int
     warmup: int
-    repeats: int
     mean_delay_s: float
     time_scale: float
     headline_sigma: float
@@ -81,7 +80,6 @@ FULL = Workload(
     num_turns=2,
     steps=10,
     warmup=2,
-    repeats=3,
     mean_delay_s=2.0,
     time_scale=0.1,
     headline_sigma=1.5,
@@ -96,7 +94,6 @@ QUICK = replace(
     episodes_per_group=2,
     steps=3,
     warmup=1,
-    repeats=1,
     time_scale=0.005,
     sigmas=(0.0, 1.5),
     redundancy=((0, 0), (1, 1)),
@@ -107,30 +104,60 @@ QUICK = replace(
 
 @dataclass(frozen=True)
 class Arm:
+    """One setting: sync or env-async stepping, plus redundant env groups and episodes per group."""
+
     name: str
-    overrides: tuple[str, ...]
+    sync: bool = False
+    extra_groups: int = 0
+    extra_episodes: int = 0
+
+    def mode_overrides(self) -> list[str]:
+        if self.sync:
+            return ["controller.mode=sync", "buffer.async_ratio=0", "env_manager.stepping=batch"]
+        return ["controller.mode=async", "buffer.async_ratio=1", "env_manager.stepping=async"]
 
 
-def stepping_arm(name: str, extra_groups: int = 0, extra_episodes: int = 0, *, sync: bool = False) -> Arm:
-    if sync:
-        mode = ("controller.mode=sync", "buffer.async_ratio=0", "env_manager.stepping=batch")
-    else:
-        mode = ("controller.mode=async", "buffer.async_ratio=1", "env_manager.stepping=async")
-    return Arm(name, (*mode, f"+groups={extra_groups}", f"+episodes={extra_episodes}"))
+@dataclass(frozen=True)
+class Section:
+    """Arms compared under one latency setting; the first arm is the ``sync`` baseline of its ratios."""
+
+    name: str
+    arms: tuple[Arm, ...]
+    sigma: float
+    faults: bool
 
 
-SYNC = stepping_arm("sync", sync=True)
-ENV_ASYNC = stepping_arm("env_async")
+SYNC = Arm("sync", sync=True)
+ENV_ASYNC = Arm("env_async")
 
 
-def run_config(arm: Arm, work: Workload, out: Path, *, sigma: float, faults: bool) -> RunConfig:
-    """The arm's overrides on the shared workload (``+groups``/``+episodes`` are this script's redundancy)."""
-    extra = {o.split("=")[0]: int(o.split("=")[1]) for o in arm.overrides if o.startswith("+")}
+def sections(work: Workload, wanted: list[str]) -> list[Section]:
+    """The sections asked for, in the order they run."""
+    redundant = Arm(
+        "async_redundant",
+        extra_groups=max(1, work.groups_per_step // 2),
+        extra_episodes=max(1, work.episodes_per_group // 2),
+    )
+    swept = tuple(
+        Arm(f"async_groups+{g}_episodes+{e}", extra_groups=g, extra_episodes=e) for g, e in work.redundancy
+    )
+    chosen = []
+    if "headline" in wanted:
+        chosen.append(Section("headline", (SYNC, ENV_ASYNC, redundant), work.headline_sigma, faults=False))
+    if "sigma_sweep" in wanted:
+        chosen += [Section(f"sigma{s}", (SYNC, ENV_ASYNC), s, faults=False) for s in work.sigmas]
+    if "redundancy" in wanted:
+        chosen.append(Section("redundancy", (SYNC, *swept), work.headline_sigma, faults=True))
+    return chosen
+
+
+def run_config(arm: Arm, section: Section, work: Workload, out: Path) -> RunConfig:
+    """The arm's settings on the shared workload."""
     scale = work.time_scale
     n, b = work.episodes_per_group, work.groups_per_step
     max_context = 64 * work.num_turns
-    shared = [
-        f"output_dir={out / arm.name}",
+    overrides = [
+        f"output_dir={out}",
         "producer=agentic",
         "model.path=tiny-copy",
         "model.device=cpu",
@@ -144,25 +171,25 @@ def run_config(arm: Arm, work: Workload, out: Path, *, sigma: float, faults: boo
         "env.max_items=4",
         "env.faults.delay=lognormal",
         f"env.faults.mean_s={work.mean_delay_s * scale}",
-        f"env.faults.sigma={sigma}",
+        f"env.faults.sigma={section.sigma}",
         f"rollout.rollout_batch_size={b}",
         f"rollout.num_return_sequences={n}",
         "rollout.max_new_tokens=12",
-        f"env_manager.num_env_groups={b + extra['+groups']}",
-        f"env_manager.group_size={n + extra['+episodes']}",
+        f"env_manager.num_env_groups={b + arm.extra_groups}",
+        f"env_manager.group_size={n + arm.extra_episodes}",
         f"env_manager.max_context_tokens={max_context}",
         f"engine.max_model_len={max_context}",
         f"env_manager.step_timeout_s={30 * work.mean_delay_s * scale}",  # catches hangs, not the tail
         "trainer.lr=1e-6",
+        *arm.mode_overrides(),
     ]
-    if faults:
-        shared += [
+    if section.faults:
+        overrides += [
             f"env.faults.fail_slow_prob={work.fail_slow_prob}",
             f"env.faults.fail_stop_prob={work.fail_stop_prob}",
             f"env.faults.hang_s={1000 * work.mean_delay_s * scale}",
         ]
-    modes = [o for o in arm.overrides if not o.startswith("+")]
-    return load_run_config(None, [*shared, *modes])
+    return load_run_config(None, overrides)
 
 
 async def train_run(config: RunConfig) -> dict[str, Any]:
@@ -210,7 +237,7 @@ def episode_ledger(
         "trained": trained,
         "dropped_by_producer": len(dropped),
         "dropped_by_buffer": buffer_dropped,
-        "drop_reasons": dict(sorted(reasons.items())),
+        "drop_reasons": reasons,
     }
 
 
@@ -220,127 +247,105 @@ def _reason_kind(reason: str) -> str:
 
 
 def throughput(steps: list[dict[str, float]], warmup: int) -> float:
-    """Trained episodes per second over the steps after ``warmup``."""
+    """Trained episodes per second over the steps after ``warmup`` (their first step's start is the end of
+    the last warm-up step)."""
     kept = steps[warmup:]
     wall = kept[-1]["end_s"] - steps[warmup - 1]["end_s"]
     return sum(s["episodes"] for s in kept) / wall
 
 
-def run_section(
-    name: str, arms: list[Arm], work: Workload, out: Path, *, sigma: float, faults: bool
-) -> dict[str, Any]:
-    """Every arm ``work.repeats`` times, interleaved; paired ratios against the section's first arm."""
-    repeats: dict[str, list[dict[str, Any]]] = {arm.name: [] for arm in arms}
-    for r in range(work.repeats):
-        for arm in arms:
-            config = run_config(arm, work, out / f"{name}-r{r}", sigma=sigma, faults=faults)
-            result = asyncio.run(train_run(config))
-            row = {
-                "repeat": r,
-                "episodes_per_s": throughput(result["steps"], work.warmup),
-                **result["ledger"],
-            }
-            row["train_s_mean"] = statistics.fmean(s["train_s"] for s in result["steps"])
-            repeats[arm.name].append(row)
-            print(name, f"sigma={sigma}", arm.name, json.dumps(row), flush=True)
-    base = arms[0].name
-    summary = {}
-    for arm in arms:
-        rates = [row["episodes_per_s"] for row in repeats[arm.name]]
-        ratios = [a / b for a, b in zip(rates, (row["episodes_per_s"] for row in repeats[base]), strict=True)]
-        summary[arm.name] = {
-            "overrides": list(arm.overrides),
-            "episodes_per_s": spread(rates),
-            f"ratio_vs_{base}_per_repeat": ratios,
-            f"ratio_vs_{base}": spread(ratios),
+def arm_runner(
+    arm: Arm, section: Section, work: Workload, scratch: Path, reasons: collections.Counter[str]
+) -> Callable[[], dict[str, float]]:
+    """The harness arm: one training run, its numeric metrics returned, its drop reasons added to ``reasons``
+    (summed over repeats: reasons are counts, not a repeated measurement)."""
+    repeat = itertools.count()
+
+    def run() -> dict[str, float]:
+        out = scratch / section.name / f"{arm.name}-r{next(repeat)}"
+        result = asyncio.run(train_run(run_config(arm, section, work, out)))
+        ledger = result["ledger"]
+        reasons.update(ledger.pop("drop_reasons"))
+        return {
+            "episodes_per_s": throughput(result["steps"], work.warmup),
+            **ledger,
+            "train_s_mean": statistics.fmean(s["train_s"] for s in result["steps"]),
         }
-    return {"sigma": sigma, "faults": faults, "repeats": repeats, "summary": summary}
+
+    return run
 
 
-def spread(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
-def redundancy_arms(work: Workload) -> list[Arm]:
-    return [stepping_arm(f"async_groups+{g}_episodes+{e}", g, e) for g, e in work.redundancy]
-
-
-def machine() -> dict[str, Any]:
-    return {
-        "platform": platform.platform(),
-        "python": sys.version.split()[0],
-        "cpus": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "load_average_at_start": os.getloadavg(),
-        "torch": torch.__version__,
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+def run_section(
+    section: Section, work: Workload, repeats: int, scratch: Path
+) -> tuple[dict[str, list[dict[str, float]]], dict[str, Any], dict[str, dict[str, int]]]:
+    """The section's arms interleaved: raw runs, ratios of each arm over the section's sync, drop reasons."""
+    reasons = {arm.name: collections.Counter[str]() for arm in section.arms}
+    arms = {
+        f"{section.name}/{arm.name}": arm_runner(arm, section, work, scratch, reasons[arm.name])
+        for arm in section.arms
     }
-
-
-def commit() -> str:
-    probe = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
-    dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, check=False)
-    return probe.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
-
-
-def run_all(work: Workload, out: Path, sections: list[str]) -> dict[str, Any]:
-    report: dict[str, Any] = {
-        "command": " ".join([sys.executable, *sys.argv]),
-        "commit": commit(),
-        "machine": machine(),
-        "workload": {k: v for k, v in vars(work).items()},
+    raw = harness.run_arms(arms, repeats, harness.print_run)
+    base = f"{section.name}/{section.arms[0].name}"
+    ratios = {
+        f"{name}_vs_sync": harness.paired_ratio(raw, name, base, "episodes_per_s")
+        for name in arms
+        if name != base
     }
-    redundant = stepping_arm(
-        "async_redundant", max(1, work.groups_per_step // 2), max(1, work.episodes_per_group // 2)
-    )
-    if "headline" in sections:
-        arms = [SYNC, ENV_ASYNC, redundant]
-        report["headline"] = run_section("headline", arms, work, out, sigma=work.headline_sigma, faults=False)
-    if "sigma_sweep" in sections:
-        report["sigma_sweep"] = [
-            run_section(f"sigma{s}", [SYNC, ENV_ASYNC], work, out, sigma=s, faults=False) for s in work.sigmas
-        ]
-    if "redundancy" in sections:
-        arms = [SYNC, *redundancy_arms(work)]
-        report["redundancy"] = run_section(
-            "redundancy", arms, work, out, sigma=work.headline_sigma, faults=True
-        )
-    report["targets"] = targets(report)
-    report["load_average_at_end"] = os.getloadavg()
-    return report
+    drop_reasons = {f"{section.name}/{a}": dict(sorted(c.items())) for a, c in reasons.items()}
+    return raw, ratios, drop_reasons
 
 
-def targets(report: dict[str, Any]) -> dict[str, bool]:
+def targets(ratios: dict[str, dict[str, Any]], work: Workload) -> dict[str, bool]:
     """The issue's targets, for the sections that ran (medians of paired ratios)."""
     met = {}
-    if "headline" in report:
-        best = max(v["ratio_vs_sync"]["median"] for v in report["headline"]["summary"].values())
-        met["headline: best async arm >= 2x sync episodes/s"] = best >= 2.0
-    if "sigma_sweep" in report:
-        ratios = [s["summary"]["env_async"]["ratio_vs_sync"]["median"] for s in report["sigma_sweep"]]
+    headline = [r["median"] for key, r in ratios.items() if key.startswith("headline/")]
+    if headline:
+        met["headline: best async arm >= 2x sync episodes/s"] = max(headline) >= 2.0
+    swept = [ratios.get(f"sigma{s}/env_async_vs_sync") for s in work.sigmas]
+    if all(swept):
+        medians = [r["median"] for r in swept]
         met["sigma sweep: env_async/sync grows with sigma"] = all(
-            b >= a for a, b in itertools.pairwise(ratios)
+            b >= a for a, b in itertools.pairwise(medians)
         )
     return met
 
 
+def resources() -> dict[str, str]:
+    """How every arm uses the cores: the same way, which is what makes the arms comparable."""
+    return {
+        "all arms": (
+            f"runtime.type=inline: engine, env manager, buffer and trainer in one process and one event loop, "
+            f"{torch.get_num_threads()} torch threads; env delays are sleeps (no core held)"
+        )
+    }
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--quick", action="store_true", help="a smoke run in seconds (one repeat, tiny delays)"
-    )
-    parser.add_argument("--out", default="bench/results/agentic.json")
-    parser.add_argument("--sections", nargs="*", default=["headline", "sigma_sweep", "redundancy"])
-    parser.add_argument("--repeats", type=int, help="repeats per arm (default 3; --quick 1)")
+    parser = harness.parser(__doc__.splitlines()[0], "agentic")
+    parser.add_argument("--sections", nargs="*", default=list(SECTIONS), choices=SECTIONS)
     args = parser.parse_args()
     work = QUICK if args.quick else FULL
-    if args.repeats:
-        work = replace(work, repeats=args.repeats)
+    repeats = harness.repeats_for(args)
+    raw: dict[str, list[dict[str, float]]] = {}
+    ratios: dict[str, dict[str, Any]] = {}
+    drop_reasons: dict[str, dict[str, int]] = {}
     with tempfile.TemporaryDirectory(prefix="agentic-bench-") as tmp:
-        report = run_all(work, Path(tmp), args.sections)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=1))
-    print(json.dumps(report["targets"], indent=1))
+        for section in sections(work, args.sections):
+            section_raw, section_ratios, section_reasons = run_section(section, work, repeats, Path(tmp))
+            raw |= section_raw
+            ratios |= section_ratios
+            drop_reasons |= section_reasons
+    met = targets(ratios, work)
+    harness.write_result(
+        args,
+        "agentic",
+        raw,
+        ratios=ratios,
+        resources=resources(),
+        setup={**asdict(work), "sections": args.sections},
+        extra={"targets": met, "drop_reasons": drop_reasons},
+    )
+    print(met, flush=True)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 Each benchmark's table lives between ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->`` in the docs; this
 script rewrites what is between them from ``bench/results/NAME.json``: every arm's metrics as median (min–max)
-over its repeats, then the paired ratios. A result file that predates the harness schema (no repeats, no
+over its repeats (one row per arm when a sweep has many), then the paired ratios and the targets if any. A result file that predates the harness schema (no repeats, no
 spread) is not quoted: its block says so, and the prose around it is from a single run.
 
     python scripts/bench_docs.py           # rewrite docs/benchmarks.md
@@ -54,11 +54,8 @@ def render(name: str, results_dir: Path) -> str:
         f"repeats per arm{' (--quick: a smoke run, not a result)' if result['quick'] else ''}; "
         f"median (min–max). Command: `{result['command']}`.",
         "",
-        "| arm | metric | median (min–max) |",
-        "|-----|--------|-----------------:|",
+        *arms_table(result["arms"]),
     ]
-    for arm, metrics in result["arms"].items():
-        lines += [f"| {arm} | {metric} | {spread(stats)} |" for metric, stats in metrics.items()]
     if result["ratios"]:
         lines += ["", "| ratio (per paired repeat) | median (min–max) |", "|---|---:|"]
         for key, stats in result["ratios"].items():
@@ -119,6 +116,26 @@ def render_table(table: dict[str, Any] | None) -> list[str]:
     lines = ["", f"{table['title']}:", "", "| " + " | ".join(table["columns"]) + " |"]
     lines.append("|" + "---|" * len(table["columns"]))
     lines += ["| " + " | ".join(cell(value) for value in row) + " |" for row in table["rows"]]
+    return lines
+
+
+WIDE_FROM_ARMS = 4
+"""From this many arms sharing their metrics, one row per arm (a column per metric) instead of per metric."""
+
+
+def arms_table(arms: dict[str, dict[str, Any]]) -> list[str]:
+    """The arms' metrics as markdown rows: one row per (arm, metric), or one per arm when many arms share
+    the same metrics (a sweep), so the table stays readable."""
+    metrics = list(next(iter(arms.values())))
+    if len(arms) >= WIDE_FROM_ARMS and all(list(m) == metrics for m in arms.values()):
+        lines = ["| arm | " + " | ".join(metrics) + " |", "|---|" + "---:|" * len(metrics)]
+        return lines + [
+            f"| {arm} | " + " | ".join(spread(stats[m]) for m in metrics) + " |"
+            for arm, stats in arms.items()
+        ]
+    lines = ["| arm | metric | median (min–max) |", "|-----|--------|-----------------:|"]
+    for arm, stats in arms.items():
+        lines += [f"| {arm} | {metric} | {spread(values)} |" for metric, values in stats.items()]
     return lines
 
 

@@ -8,7 +8,9 @@ Only the engine thread touches the ``LLMEngine`` core, and commands (add, abort,
 between steps, so ``await pause()`` returns with no step in flight. The thread sleeps on the condition when
 it has no commands and nothing to step (no busy spin). Invariants: every ``generate`` future is resolved
 exactly once (a generation, a ValueError for its own bad input, or the loop's failure); a failure in the step
-loop or a shutdown reaches every waiting caller, and later calls fail at once.
+loop or a shutdown reaches every waiting caller, and later calls fail at once. A request served by
+``generate_observed`` also has its output so far reported after each step that added to it, on the caller's
+loop and before its future resolves (the endpoint streams tokens from it).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import torch
 from asyncrl.engine.llm_engine import LLMEngine
 from asyncrl.engine.migration import RequestState
 from asyncrl.engine.weights import NamedTensors
-from asyncrl.types import Generation, Request
+from asyncrl.types import Generation, Request, TokenObserver
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +50,7 @@ class AsyncEngine:
         self._cond = threading.Condition()
         self._commands: deque[_Command] = deque()
         self._pending: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
+        self._observers: dict[str, _Observer] = {}
         self._stopped: BaseException | None = None
         self._started_at = time.perf_counter()
         self._idle_seconds = 0.0
@@ -58,6 +61,17 @@ class AsyncEngine:
     async def generate(self, request: Request) -> Generation:
         """The finished generation; an abort returns the partial one. Cancelling the call aborts the request."""
         return await self._serve(request.request_id, lambda: self.core.add_request(request))
+
+    async def generate_observed(self, request: Request, observe: TokenObserver) -> Generation:
+        """``generate``, with ``observe`` called on the caller's loop with the output so far after each engine
+        step that sampled a token for it (one token per step in decode), so a server can stream them."""
+        loop = asyncio.get_running_loop()
+
+        def add() -> None:
+            self.core.add_request(request)
+            self._observers[request.request_id] = _Observer(loop, observe)
+
+        return await self._serve(request.request_id, add)
 
     async def export_request(self, request_id: str) -> RequestState | None:
         """Take an in-flight request out with its KV (engine/migration.py); its ``generate`` call returns the
@@ -158,6 +172,7 @@ class AsyncEngine:
         return generation
 
     def _deliver(self, generation: Generation) -> None:
+        self._observers.pop(generation.request_id, None)
         loop, future = self._pending.pop(generation.request_id)
         resolve_threadsafe(loop, future, result=generation)
 
@@ -167,6 +182,7 @@ class AsyncEngine:
             while self._next_commands():
                 for generation in self.core.step():
                     self._deliver(generation)
+                self._report_progress()
         except (
             Exception
         ) as exc:  # deliberate: the failure must reach every waiting caller, not kill them silently
@@ -176,6 +192,19 @@ class AsyncEngine:
                 self._stopped.__cause__ = exc
         finally:
             self._fail_pending()
+
+    def _report_progress(self) -> None:
+        """Tell each observer of a still-running request its output, when a step added to it (finished
+        requests were reported by their Generation)."""
+        for request_id, observer in self._observers.items():
+            token_ids = self.core.output_so_far(request_id)
+            if (
+                token_ids is not None
+                and len(token_ids) != observer.num_reported
+                and not observer.loop.is_closed()
+            ):
+                observer.num_reported = len(token_ids)
+                observer.loop.call_soon_threadsafe(observer.observe, list(token_ids))
 
     def _next_commands(self) -> bool:
         """Run queued commands, sleeping while there is nothing to do; False once the engine must stop."""
@@ -206,6 +235,14 @@ class AsyncEngine:
         for loop, future in self._pending.values():
             resolve_threadsafe(loop, future, exception=error)
         self._pending.clear()
+        self._observers.clear()
+
+
+class _Observer:
+    """Where an observed request's progress goes, and how much of it was already told."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, observe: TokenObserver) -> None:
+        self.loop, self.observe, self.num_reported = loop, observe, 0
 
 
 class _Command:

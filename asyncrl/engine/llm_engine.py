@@ -122,6 +122,12 @@ class LLMEngine:
     def has_work(self) -> bool:
         return self.scheduler.has_work
 
+    def output_so_far(self, request_id: str) -> list[int] | None:
+        """The token ids the request's Generation would hold now (its prefix included); None if not in flight.
+        Read between steps, for callers that stream tokens as they are sampled."""
+        seq = self._sequences.get(request_id)
+        return None if seq is None else seq.output_token_ids
+
     def stats(self) -> dict[str, Any]:
         return {
             "running": len(self.scheduler.running),

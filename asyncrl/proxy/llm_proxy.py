@@ -69,9 +69,10 @@ from asyncrl.proxy.worker import (
     EngineWorker,
     NamedTensors,
     PendingUpdate,
+    generate_on,
     snapshot_named_tensors,
 )
-from asyncrl.types import FinishReason, Generation, Request
+from asyncrl.types import FinishReason, Generation, Request, TokenObserver
 from asyncrl.weight_sync.protocol import WeightUpdate
 
 logger = logging.getLogger(__name__)
@@ -93,6 +94,8 @@ class _Call:
     """Engines that failed this call (skipped by retries)."""
     chosen: int | None = None
     """The engine routing chose when the call last found it submittable (see ``_submittable``)."""
+    observe: TokenObserver | None = None
+    """Hears the output so far (a continuation's includes the earlier pieces: the engine stitches them)."""
 
 
 class LLMProxy(ProxyShell):
@@ -132,8 +135,8 @@ class LLMProxy(ProxyShell):
 
     # ----------------------------------------------------------------------------------------------- requests
 
-    def _new_call(self, request: Request) -> _Call:
-        return _Call(request=request)
+    def _new_call(self, request: Request, observe: TokenObserver | None) -> _Call:
+        return _Call(request=request, observe=observe)
 
     async def abort(self, request_id: str) -> Generation | None:
         """End a request now; its partial Generation, or None if it is not in flight here.
@@ -227,7 +230,9 @@ class LLMProxy(ProxyShell):
         """One engine call; synchronous up to the first await, so the routed engine is still ready when counted."""
         assert worker.ready and not self._suspended, "submitting to an engine that is not ready"
         request = continuation_request(call.request, call.partial)
-        task = self._engines.start(worker, request, lambda: _generate_continued(worker, request))
+        task = self._engines.start(
+            worker, request, lambda: _generate_continued(worker, request, call.observe)
+        )
         self._affinity.add(request.affinity_key, worker.index)
         call.worker, call.task = worker, task
         try:
@@ -439,9 +444,11 @@ class LLMProxy(ProxyShell):
         }
 
 
-async def _generate_continued(worker: EngineWorker, request: Request) -> Generation:
+async def _generate_continued(
+    worker: EngineWorker, request: Request, observe: TokenObserver | None
+) -> Generation:
     """The engine's Generation for ``request``; ``ValueError`` if it does not continue the request's prefix."""
-    generation = await worker.client.generate(request)
+    generation = await generate_on(worker.client, request, observe)
     check_continued(generation, request)
     return generation
 

@@ -67,10 +67,11 @@ from asyncrl.proxy.worker import (
     EngineWorker,
     NamedTensors,
     PendingUpdate,
+    generate_on,
     snapshot_named_tensors,
 )
 from asyncrl.staleness import max_policy_age
-from asyncrl.types import FinishReason, Generation, Request
+from asyncrl.types import FinishReason, Generation, Request, TokenObserver
 
 logger = logging.getLogger(__name__)
 
@@ -229,6 +230,8 @@ class _Call:
     """Set while the call is being exported: resolves to its receiver and state, or None if it stayed."""
     excluded: set[int] = field(default_factory=set)
     """Engines that failed this call (a retry goes elsewhere)."""
+    observe: TokenObserver | None = None
+    """Hears the output so far on the first engine of a dispatch (a migrated request's rest comes whole)."""
 
 
 class MultiVersionProxy(ProxyShell):
@@ -259,8 +262,8 @@ class MultiVersionProxy(ProxyShell):
 
     # ----------------------------------------------------------------------------------------------- requests
 
-    def _new_call(self, request: Request) -> _Call:
-        return _Call(request=request)
+    def _new_call(self, request: Request, observe: TokenObserver | None) -> _Call:
+        return _Call(request=request, observe=observe)
 
     def _call_ended(self, call: _Call) -> None:
         self._forget_handoff(call)
@@ -314,7 +317,7 @@ class MultiVersionProxy(ProxyShell):
         request = replace(call.request, version=call.version)
 
         def run(engine: EngineWorker) -> Awaitable[Generation]:
-            return engine.client.generate(request)
+            return generate_on(engine.client, request, call.observe)
 
         while True:
             generation = await self._attempt(call, worker, request, run)

@@ -19,7 +19,7 @@ from asyncrl.proxy.errors import ProxyClosed
 from asyncrl.proxy.routing import AffinityTable, LoadIndex
 from asyncrl.proxy.wakeup import Wakeup
 from asyncrl.proxy.worker import EngineClient, EngineWorker
-from asyncrl.types import Generation, InvalidRequest, Request, checked_request
+from asyncrl.types import Generation, InvalidRequest, Request, TokenObserver, checked_request
 
 
 class ProxyShell(abc.ABC):
@@ -57,7 +57,7 @@ class ProxyShell(abc.ABC):
     # ----------------------------------------------------------------------------------------- what differs
 
     @abc.abstractmethod
-    def _new_call(self, request: Request) -> Any:
+    def _new_call(self, request: Request, observe: TokenObserver | None) -> Any:
         """The proxy's own record of one ``generate`` call."""
 
     @abc.abstractmethod
@@ -77,8 +77,12 @@ class ProxyShell(abc.ABC):
 
     # ----------------------------------------------------------------------------------------------- requests
 
-    async def generate(self, request: Request) -> Generation:
-        """Serve ``request`` and return its output (how: the subclass's module docstring)."""
+    async def generate(self, request: Request, observe: TokenObserver | None = None) -> Generation:
+        """Serve ``request`` and return its output (how: the subclass's module docstring).
+
+        ``observe`` hears the output so far while engines that can report it (``ObservableEngineClient``)
+        generate; it may hear a shorter or different output after a retry from scratch, and nothing at all
+        from other engines. The returned Generation is the truth."""
         self._check_open()
         request = checked_request(request)  # a bad request fails its caller here and reaches no engine
         if request.version is not None and request.version > self._latest_version:
@@ -88,7 +92,7 @@ class ProxyShell(abc.ABC):
             )
         if request.request_id in self._calls:
             raise ValueError(f"request {request.request_id!r} is already in flight in this proxy")
-        call = self._new_call(request)
+        call = self._new_call(request, observe)
         self._calls[request.request_id] = call
         try:
             return await self._serve(call)

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from asyncrl.proxy.routing import EngineLoad
-from asyncrl.types import Generation, Request
+from asyncrl.types import Generation, Request, TokenObserver
 from asyncrl.weight_sync.protocol import WeightUpdate
 
 NamedTensors = Mapping[str, Any] | Iterable[tuple[str, Any]]
@@ -36,6 +36,21 @@ class EngineClient(Protocol):
     async def update_weights(self, named_tensors: NamedTensors, version: int) -> None: ...
 
     async def resume(self) -> None: ...
+
+
+@runtime_checkable
+class ObservableEngineClient(Protocol):
+    """An engine that can also report a request's output as it is sampled (the built-in engine does), so the
+    endpoint streams tokens as they come; other engines' results arrive whole, as one piece."""
+
+    async def generate_observed(self, request: Request, observe: TokenObserver) -> Generation: ...
+
+
+async def generate_on(client: EngineClient, request: Request, observe: TokenObserver | None) -> Generation:
+    """``client.generate(request)``, observed token by token when asked and the engine can report progress."""
+    if observe is not None and isinstance(client, ObservableEngineClient):
+        return await client.generate_observed(request, observe)
+    return await client.generate(request)
 
 
 @dataclass(frozen=True, kw_only=True)

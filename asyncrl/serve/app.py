@@ -4,7 +4,7 @@ Routes (each /v1 route also under ``/trajectories/{trajectory_id}`` and
 ``/groups/{group_id}/trajectories/{trajectory_id}``, which name the trajectory a call extends)::
 
     GET  /v1/models                     the one served model
-    POST /v1/chat/completions           chat (tools, streaming SSE or not)
+    POST /v1/chat/completions           chat (tools, streaming SSE token by token, or not)
     POST /v1/completions                raw-text completion
     POST /trajectories/{id}/finish      {"reward": float | null}: end the episode (null: serve.reward_fn scores)
     POST /trajectories/{id}/abort       {"reason": str}: give it up (exported, never trained)
@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
 from asyncrl.serve.schemas import ChatRequest, CompletionRequest, ServeError, check_bounds
-from asyncrl.serve.service import CallResult, Choice, CompletionService
+from asyncrl.serve.service import CallResult, Choice, CompletionService, TextObserver
 
 logger = logging.getLogger(__name__)
 
@@ -86,28 +86,27 @@ def make_app(service: CompletionService) -> FastAPI:
     async def chat(body: ChatRequest, request: Request) -> Any:
         trajectory_id, group_id = identify(request)
         check_bounds(body, config, tracked=trajectory_id is not None)
-        call = service.chat(body, trajectory_id, group_id)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return await _stream(
-                call,
-                lambda result, created, cid: _chat_chunks(
-                    result, created, cid, config.model_name, include_usage
-                ),
+                lambda on_text: service.chat(body, trajectory_id, group_id, on_text),
+                _Chunks("chat", config.model_name, include_usage),
+                body.n,
             )
-        result = await call
+        result = await service.chat(body, trajectory_id, group_id)
         return _chat_response(result, config.model_name, body.logprobs, service.tokenizer)
 
     @router.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Any:
         trajectory_id, group_id = identify(request)
         check_bounds(body, config, tracked=trajectory_id is not None)
-        call = service.complete(body, trajectory_id, group_id)
         if body.stream:
             return await _stream(
-                call, lambda result, created, cid: _completion_chunks(result, created, cid, config.model_name)
+                lambda on_text: service.complete(body, trajectory_id, group_id, on_text),
+                _Chunks("completion", config.model_name),
+                body.n,
             )
-        return _completion_response(await call, config.model_name)
+        return _completion_response(await service.complete(body, trajectory_id, group_id), config.model_name)
 
     for prefix in TRAJECTORY_PREFIXES:
         app.include_router(router, prefix=prefix)
@@ -220,12 +219,76 @@ def _completion_response(result: CallResult, model: str) -> dict[str, Any]:
 # ---- streaming --------------------------------------------------------------------------------------------
 
 
+class _Chunks:
+    """The SSE chunks of one streaming route: pieces of text as they come, then the close from the result."""
+
+    def __init__(self, kind: str, model: str, include_usage: bool = False) -> None:
+        self.kind, self.model, self.include_usage = kind, model, include_usage
+        self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+
+    def _chunk(self, index: int, text: str | None, finish: str | None = None, **delta: Any) -> dict[str, Any]:
+        if self.kind == "chat":
+            content = {} if text is None else {"content": text}
+            choice = {
+                "index": index,
+                "delta": {**delta, **content},
+                "finish_reason": finish,
+                "logprobs": None,
+            }
+            kind = "chat.completion.chunk"
+        else:
+            choice = {"index": index, "text": text or "", "finish_reason": finish, "logprobs": None}
+            kind = "text_completion"
+        return {
+            "id": self.id,
+            "object": kind,
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+        }
+
+    def opening(self, num_choices: int) -> list[dict[str, Any]]:
+        """Chat announces each answer's role first (as OpenAI does); completions start with text."""
+        if self.kind != "chat":
+            return []
+        return [self._chunk(i, "", role="assistant") for i in range(num_choices)]
+
+    def piece(self, index: int, text: str) -> dict[str, Any]:
+        return self._chunk(index, text)
+
+    def closing(self, result: CallResult, sent: dict[int, str]) -> list[dict[str, Any]]:
+        """Per answer: the text not streamed yet, its tool calls, its finish reason; then the usage if asked.
+        ``ServeError`` if what was streamed is not how the final answer starts (a re-run that diverged)."""
+        out = []
+        for index, choice in enumerate(result.choices):
+            streamed = sent.get(index, "")
+            if not choice.text.startswith(streamed):
+                raise ServeError(
+                    503,
+                    "the answer was generated again after an engine failure and differs from the text "
+                    "already streamed; retry the call",
+                    None,
+                    "server_error",
+                )
+            if len(choice.text) > len(streamed):
+                out.append(self.piece(index, choice.text[len(streamed) :]))
+            for i, call in enumerate(_tool_calls(choice, index)):
+                out.append(self._chunk(index, None, tool_calls=[{"index": i, **call}]))
+            out.append(self._chunk(index, None, choice.finish_reason))
+        if self.include_usage:
+            out.append({**self._chunk(0, None), "choices": [], "usage": _usage(result)})
+        return out
+
+
 async def _stream(
-    call: Awaitable[CallResult], chunks: Callable[[CallResult, int, str], list[dict[str, Any]]]
+    start: Callable[[TextObserver], Awaitable[CallResult]], chunks: _Chunks, num_choices: int
 ) -> Any:
-    """Server-sent events of ``call``. The built-in engine returns a turn whole, so the chunks follow once
-    it is done; until then SSE comments keep the connection alive (a weight update may hold the call)."""
-    task = asyncio.ensure_future(call)
+    """Server-sent events of a call: each piece of text as the engine samples it (engines that cannot report
+    progress give the whole answer at the end). While nothing comes, SSE comments keep the connection alive
+    (a weight update may hold the call)."""
+    pieces: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
+    task = asyncio.ensure_future(start(lambda index, text: pieces.put_nowait((index, text))))
     await asyncio.wait({task}, timeout=0.05)
     if task.done() and task.exception() is not None:  # refused before generating: a plain 4xx
         error = task.exception()
@@ -234,67 +297,50 @@ async def _stream(
         raise error
 
     async def events() -> AsyncIterator[str]:
-        while not task.done():
-            done, _ = await asyncio.wait({task}, timeout=KEEPALIVE_S)
-            if not done:
+        sent: dict[int, str] = {}
+        for chunk in chunks.opening(num_choices):
+            yield _event(chunk)
+        async for index, text in _pieces_until(task, pieces):
+            if text is None:
                 yield ": keep-alive\n\n"
-        error = task.exception()
-        if error is not None:
-            body = error.body() if isinstance(error, ServeError) else ServeError(500, str(error)).body()
-            yield f"data: {json.dumps(body)}\n\n"
+                continue
+            sent[index] = sent.get(index, "") + text
+            yield _event(chunks.piece(index, text))
+        try:
+            closing = chunks.closing(task.result(), sent)
+        except Exception as error:  # deliberate: a failed call ends its stream with an error event
+            yield _event((error if isinstance(error, ServeError) else ServeError(500, str(error))).body())
             return
-        for chunk in chunks(task.result(), int(time.time()), uuid.uuid4().hex):
-            yield f"data: {json.dumps(chunk)}\n\n"
+        for chunk in closing:
+            yield _event(chunk)
         yield "data: [DONE]\n\n"
 
     return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
-def _chat_chunks(
-    result: CallResult, created: int, cid: str, model: str, include_usage: bool
-) -> list[dict[str, Any]]:
-    def chunk(index: int, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-        return {
-            "id": f"chatcmpl-{cid}",
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-            "choices": [{"index": index, "delta": delta, "finish_reason": finish, "logprobs": None}],
-        }
-
-    out = []
-    for index, choice in enumerate(result.choices):
-        out.append(chunk(index, {"role": "assistant", "content": ""}))
-        if choice.text:
-            out.append(chunk(index, {"content": choice.text}))
-        for i, call in enumerate(_tool_calls(choice, index)):
-            out.append(chunk(index, {"tool_calls": [{"index": i, **call}]}))
-        out.append(chunk(index, {}, choice.finish_reason))
-    if include_usage:
-        out.append(
-            {
-                "id": f"chatcmpl-{cid}",
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": model,
-                "choices": [],
-                "usage": _usage(result),
-            }
-        )
-    return out
+async def _pieces_until(
+    task: asyncio.Future[CallResult], pieces: asyncio.Queue[tuple[int, str]]
+) -> AsyncIterator[tuple[int, str | None]]:
+    """Every piece queued until ``task`` is done (those queued before it ended included), in order; a
+    ``(0, None)`` each ``KEEPALIVE_S`` without one."""
+    while True:
+        if not pieces.empty():
+            yield pieces.get_nowait()
+            continue
+        if task.done():
+            return
+        getter = asyncio.ensure_future(pieces.get())
+        done, _ = await asyncio.wait({task, getter}, timeout=KEEPALIVE_S, return_when=asyncio.FIRST_COMPLETED)
+        if getter in done:
+            yield getter.result()
+            continue
+        getter.cancel()
+        if not done:
+            yield 0, None
 
 
-def _completion_chunks(result: CallResult, created: int, cid: str, model: str) -> list[dict[str, Any]]:
-    return [
-        {
-            "id": f"cmpl-{cid}",
-            "object": "text_completion",
-            "created": created,
-            "model": model,
-            "choices": [{"index": i, "text": c.text, "finish_reason": c.finish_reason, "logprobs": None}],
-        }
-        for i, c in enumerate(result.choices)
-    ]
+def _event(body: dict[str, Any]) -> str:
+    return f"data: {json.dumps(body)}\n\n"
 
 
 # ---- errors and limits ------------------------------------------------------------------------------------

@@ -18,17 +18,25 @@ from typing import Any, Protocol
 
 from asyncrl.config.serve import ServeConfig
 from asyncrl.serve.chat_format import ChatFormat, Message, make_chat_format, stored_message, tools_message
+from asyncrl.serve.deltas import TextDeltas
 from asyncrl.serve.schemas import ChatRequest, CompletionRequest, ServeError, check_bounds
 from asyncrl.serve.tito import Branch, TrajectoryTokens, message_key
 from asyncrl.serve.toolcalls import parse_tool_calls
 from asyncrl.serve.trajectories import ServedTrajectory, TrajectorySink, TrajectoryState, TrajectoryStore
-from asyncrl.types import FinishReason, Generation, Request, SamplingParams
+from asyncrl.types import FinishReason, Generation, Request, SamplingParams, TokenObserver
 
 logger = logging.getLogger(__name__)
 
 
+TextObserver = Callable[[int, str], None]
+"""Hears ``(choice index, new text)`` while a call's answers are generated: a streaming route's deltas."""
+
+
 class GenerateClient(Protocol):
-    async def generate(self, request: Request) -> Generation: ...
+    """The proxy as the service uses it; ``observe`` hears each request's output so far, where the engines
+    can report it (the built-in one can; others give nothing until the answer is whole)."""
+
+    async def generate(self, request: Request, observe: TokenObserver | None = None) -> Generation: ...
 
 
 @dataclass(kw_only=True)
@@ -76,7 +84,14 @@ class CompletionService:
 
     # ---- routes -----------------------------------------------------------------------------------------
 
-    async def chat(self, request: ChatRequest, trajectory_id: str | None, group_id: str | None) -> CallResult:
+    async def chat(
+        self,
+        request: ChatRequest,
+        trajectory_id: str | None,
+        group_id: str | None,
+        on_text: TextObserver | None = None,
+    ) -> CallResult:
+        """A chat call; ``on_text`` (streaming) hears each answer's content as it is generated."""
         max_tokens = check_bounds(request, self.config, tracked=trajectory_id is not None)
         messages = [stored_message(m.model_dump(exclude_none=True)) for m in request.messages]
         if request.tools and request.tool_choice != "none":
@@ -90,12 +105,18 @@ class CompletionService:
             sampling,
             lambda tokens: tokens.prompt(messages, keys),
             kind="chat",
+            on_text=on_text,
         )
 
     async def complete(
-        self, request: CompletionRequest, trajectory_id: str | None, group_id: str | None
+        self,
+        request: CompletionRequest,
+        trajectory_id: str | None,
+        group_id: str | None,
+        on_text: TextObserver | None = None,
     ) -> CallResult:
-        """A raw-text completion; on a named trajectory the prompt extends it by text (``prompt_text``)."""
+        """A raw-text completion; on a named trajectory the prompt extends it by text (``prompt_text``).
+        ``on_text`` (streaming) hears each answer's text as it is generated."""
         max_tokens = check_bounds(request, self.config, tracked=trajectory_id is not None)
         if not request.prompt:
             raise ServeError(400, "prompt must not be empty", "prompt")
@@ -107,6 +128,7 @@ class CompletionService:
             sampling,
             lambda tokens: tokens.prompt_text(request.prompt),
             kind="completion",
+            on_text=on_text,
         )
 
     async def finish(self, trajectory_id: str, reward: float | None) -> ServedTrajectory:
@@ -135,6 +157,7 @@ class CompletionService:
         prompt: Callable[[TrajectoryTokens], Branch],
         *,
         kind: str,
+        on_text: TextObserver | None,
     ) -> CallResult:
         if trajectory_id is None:  # an unnamed call: n independent one-turn trajectories, not kept
             self._num_calls += 1
@@ -145,7 +168,15 @@ class CompletionService:
             num_prompt = len(pairs[0][1].token_ids)
             choices = await asyncio.gather(
                 *(
-                    self._turn(f"call-{self._num_calls}.{i}", branch, 0, sampling, tokens, kind)
+                    self._turn(
+                        f"call-{self._num_calls}.{i}",
+                        branch,
+                        0,
+                        sampling,
+                        tokens,
+                        kind,
+                        self._observer(i, on_text, kind),
+                    )
                     for i, (tokens, branch) in enumerate(pairs)
                 )
             )
@@ -161,7 +192,13 @@ class CompletionService:
             num_prompt = len(branch.token_ids)
             try:
                 choice = await self._turn(
-                    trajectory_id, branch, branch.num_turns, sampling, trajectory.tokens, kind
+                    trajectory_id,
+                    branch,
+                    branch.num_turns,
+                    sampling,
+                    trajectory.tokens,
+                    kind,
+                    self._observer(0, on_text, kind),
                 )
             finally:
                 trajectory.last_active = self.store.clock()
@@ -175,6 +212,12 @@ class CompletionService:
     def _tokens(self, kind: str) -> TrajectoryTokens:
         return self.store.new_tokens(kind)
 
+    def _observer(self, index: int, on_text: TextObserver | None, kind: str) -> TokenObserver | None:
+        """The token observer feeding answer ``index``'s text pieces to ``on_text`` (None: not streaming)."""
+        if on_text is None:
+            return None
+        return TextDeltas(self.tokenizer, lambda text: on_text(index, text), chat=kind == "chat")
+
     async def _turn(
         self,
         name: str,
@@ -183,6 +226,7 @@ class CompletionService:
         sampling: SamplingParams,
         tokens: TrajectoryTokens,
         kind: str,
+        observe: TokenObserver | None,
     ) -> Choice:
         """Generate one turn on ``branch`` and record it (rolled back if the generation fails)."""
         if len(branch.token_ids) + sampling.max_new_tokens > self.config.max_context_tokens:
@@ -202,7 +246,7 @@ class CompletionService:
             affinity_key=name,
         )
         try:
-            generation = await self.proxy.generate(request)
+            generation = await self.proxy.generate(request, observe)
         except Exception as err:  # deliberate: an engine failure is this call's 503, never the server's crash
             tokens.rollback(branch)
             logger.warning("generation %s failed: %s: %s", request_id, type(err).__name__, err)

@@ -66,3 +66,28 @@ def test_a_derived_table_is_rendered_after_the_ratios(tmp_path: Path) -> None:
     (tmp_path / "t.json").write_text(json.dumps(result))
     fresh = bench_docs.regenerate("<!-- bench:t -->\n<!-- /bench:t -->\n", tmp_path)
     assert "Predicted:\n\n| arm | sim | ok |\n|---|---|---|\n| a | 0.123 | True |" in fresh
+
+
+def test_a_sweep_of_many_arms_is_one_row_per_arm_with_its_targets(tmp_path: Path) -> None:
+    def stats(value: float) -> dict[str, object]:
+        return {"min": value, "median": value, "max": value, "runs": [value]}
+
+    arms = {f"s/{name}": {"rate": stats(i + 1.0), "count": stats(10.0)} for i, name in enumerate("abcd")}
+    result = {
+        "schema": bench_docs.SCHEMA_VERSION,
+        "benchmark": "sweep",
+        "command": "python bench/sweep.py",
+        "commit": "abc",
+        "quick": False,
+        "repeats": 1,
+        "machine": {"cpu_model": "cpu", "cores": 2, "torch_threads": 2, "torch": "2"},
+        "resources": {},
+        "arms": arms,
+        "ratios": {},
+        "targets": {"fast": True, "faster": False},
+    }
+    (tmp_path / "sweep.json").write_text(json.dumps(result))
+    fresh = bench_docs.regenerate("<!-- bench:sweep -->\n<!-- /bench:sweep -->\n", tmp_path)
+    assert "| arm | rate | count |" in fresh
+    assert "| s/c | 3 (3–3) | 10 (10–10) |" in fresh
+    assert "| targets / fast | met |" in fresh and "| targets / faster | not met |" in fresh

@@ -25,8 +25,10 @@ QUICK = [
     "default_run",
     "sim_vs_real",
     "sync_vs_trl",
+    "agentic_learning",
 ]
-"""Every benchmark on the harness (agentic.py's quick run is tests/integration/test_bench_agentic.py)."""
+"""Every benchmark on the harness. ``agentic`` runs in tests/integration/test_bench_agentic.py, which also checks
+its episode ledgers."""
 
 
 @pytest.mark.parametrize("name", QUICK)

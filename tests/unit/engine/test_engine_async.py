@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from dataclasses import replace
 
 import pytest
 from engine_testlib import engine, hf_greedy, request, tiny_qwen2
@@ -199,3 +200,27 @@ def test_random_async_interleavings_end_every_request_exactly_once(qwen2, seed):
     finally:
         served.shutdown()
     assert len(ledger) == num_tasks and all(len(ends) == 1 for ends in ledger.values())
+
+
+def test_an_observed_request_hears_each_token_then_gets_the_same_generation(async_engine):
+    """Decode samples one token per step, so the observer hears outputs of length 1, 2, …, n - 1 (the n-th
+    comes with the Generation), each the start of the final tokens; a continued request's start with its prefix."""
+    heard: list[list[int]] = []
+
+    async def main():
+        plain = request("a", PROMPTS[0], temperature=0, max_new_tokens=6, ignore_eos=True)
+        generation = await async_engine.generate_observed(plain, heard.append)
+        continued = replace(
+            request("b", PROMPTS[0], temperature=0, max_new_tokens=6, ignore_eos=True),
+            prefix_token_ids=generation.token_ids[:2],
+            prefix_logprobs=generation.logprobs[:2],
+            prefix_versions=generation.versions[:2],
+        )
+        continued_heard: list[list[int]] = []
+        rest = await async_engine.generate_observed(continued, continued_heard.append)
+        return generation, continued_heard, rest
+
+    generation, continued_heard, rest = run(main())
+    assert heard == [generation.token_ids[:n] for n in range(1, 6)]
+    assert rest.token_ids == generation.token_ids
+    assert continued_heard == [generation.token_ids[:n] for n in range(3, 6)]

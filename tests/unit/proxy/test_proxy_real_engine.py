@@ -77,3 +77,24 @@ def test_unasked_abort_is_continued_to_the_uninterrupted_output(engines: list[As
         assert proxy.stats()["num_continuations"] == 1
 
     asyncio.run(main())
+
+
+def test_an_observed_call_hears_one_growing_output_across_an_unasked_abort(engines: list[AsyncEngine]):
+    """What a streaming endpoint relies on: every report extends the previous one and starts the final
+    Generation, also when the proxy continues the request on another engine after an abort it did not ask for."""
+
+    async def main() -> None:
+        proxy = LLMProxy(engines, ProxyConfig(update_policy="in_flight"))
+        heard: list[list[int]] = []
+        task = asyncio.create_task(
+            proxy.generate(request("r", max_new_tokens=40, temperature=0.0), heard.append)
+        )
+        await wait_for_tokens(engines, 5)
+        for engine in engines:
+            await engine.abort("r")
+        generation = await task
+        assert proxy.stats()["num_continuations"] == 1
+        assert len(heard) > 1 and all(len(b) > len(a) for a, b in zip(heard, heard[1:], strict=False))
+        assert all(generation.token_ids[: len(report)] == report for report in heard)
+
+    asyncio.run(main())

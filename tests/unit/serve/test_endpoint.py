@@ -237,20 +237,40 @@ class ScriptedEngine:
     def shutdown(self) -> None: ...
 
 
-def test_streaming_chat(served: Served) -> None:
-    c = client(served, "stream")
-    stream = c.chat.completions.create(
-        model="asyncrl-policy",
-        messages=[{"role": "user", "content": COPY.format("r s")}],
-        max_tokens=12,
-        temperature=0,
-        stream=True,
-        stream_options={"include_usage": True},
+LETTERS = " ".join("abcdefghijkl")
+
+
+def test_streaming_chat_sends_tokens_as_they_come_and_the_same_text(served: Served) -> None:
+    """Several content chunks for a many-token answer, and together the text the same call gives unstreamed."""
+    asked = {
+        "model": "asyncrl-policy",
+        "messages": [{"role": "user", "content": COPY.format(LETTERS)}],
+        "max_tokens": 40,
+        "seed": 7,
+    }
+    whole = client(served, "whole-chat").chat.completions.create(**asked)
+    stream = client(served, "stream-chat").chat.completions.create(
+        **asked, stream=True, stream_options={"include_usage": True}
     )
     chunks = list(stream)
-    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
-    assert text.split() == ["r", "s"]
-    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+    pieces = [ch.choices[0].delta.content for ch in chunks if ch.choices and ch.choices[0].delta.content]
+    assert len(pieces) > 1
+    assert "".join(pieces) == whole.choices[0].message.content
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == whole.choices[0].finish_reason
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    streamed = served.service.store.get("stream-chat").live_branch
+    assert streamed.token_ids == served.service.store.get("whole-chat").live_branch.token_ids
+
+
+def test_streaming_completions_sends_tokens_as_they_come_and_the_same_text(served: Served) -> None:
+    asked = {"model": "asyncrl-policy", "prompt": COPY.format(LETTERS), "max_tokens": 40, "seed": 3}
+    whole = client(served).completions.create(**asked)
+    chunks = list(client(served).completions.create(**asked, stream=True))
+    pieces = [ch.choices[0].text for ch in chunks if ch.choices[0].text]
+    assert len(pieces) > 1
+    assert "".join(pieces) == whole.choices[0].text
+    assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
 
 
 def test_a_weight_update_during_a_call_is_invisible_to_the_client(served: Served, tiny) -> None:
