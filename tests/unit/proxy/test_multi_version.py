@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 
@@ -56,9 +57,13 @@ async def update(proxy: MultiVersionProxy, version: int) -> None:
     await proxy.resume()
 
 
-async def migration_scenario() -> tuple[MultiVersionProxy, list[FakeEngine], list, object, list[int]]:
+async def migration_scenario(
+    clients: Callable[[list[FakeEngine]], list] = list,
+) -> tuple[MultiVersionProxy, list[FakeEngine], list, object, list[int]]:
+    """Four requests on two engines; an update mid-way moves one engine's requests to the other. ``clients``
+    turns the fake engines into what the proxy drives (themselves by default)."""
     engines = [FakeEngine(lengths=20, step_s=1.0) for _ in range(2)]
-    proxy = MultiVersionProxy(engines, async_ratio=1.0, clock=asyncio.get_running_loop().time)
+    proxy = MultiVersionProxy(clients(engines), async_ratio=1.0, clock=asyncio.get_running_loop().time)
     old = [
         asyncio.ensure_future(proxy.generate(make_request(f"old{i}", max_new_tokens=20))) for i in range(4)
     ]
@@ -255,19 +260,11 @@ class PrefixOnlyEngine:
         self.pause, self.update_weights, self.resume = engine.pause, engine.update_weights, engine.resume
 
 
-async def recompute_scenario(seed: int) -> tuple[MultiVersionProxy, list, object]:
-    engines = [PrefixOnlyEngine(FakeEngine(lengths=20, step_s=1.0)) for _ in range(2)]
-    wrapped = [migratable(e) for e in engines]
+def prefix_only_migratable(engines: list[FakeEngine]) -> list:
+    """The engines as vLLM looks to the proxy (no KV export), made migratable the way the factory does it."""
+    wrapped = [migratable(PrefixOnlyEngine(engine)) for engine in engines]
     assert all(isinstance(w, RecomputeMigration) for w in wrapped)
-    proxy = MultiVersionProxy(wrapped, async_ratio=1.0, clock=asyncio.get_running_loop().time)
-    old = [
-        asyncio.ensure_future(proxy.generate(make_request(f"old{i}", max_new_tokens=20))) for i in range(4)
-    ]
-    await asyncio.sleep(5.5)
-    await update(proxy, 1)
-    await proxy.update_applied(1)
-    new = await proxy.generate(make_request("new", max_new_tokens=20))
-    return proxy, [await call for call in old], new
+    return wrapped
 
 
 def test_engines_without_kv_export_migrate_by_recomputing_the_prefix_under_every_schedule() -> None:
@@ -275,7 +272,7 @@ def test_engines_without_kv_export_migrate_by_recomputing_the_prefix_under_every
     identical to an uninterrupted run, all at v0, and the receiver prefilled what the donor had generated."""
 
     async def one(seed: int) -> None:
-        proxy, old, new = await recompute_scenario(seed)
+        proxy, _, old, new, _ = await migration_scenario(prefix_only_migratable)
         for generation in old:
             tokens, logprobs = expected_tokens(generation.request_id, 20)
             assert (generation.token_ids, generation.logprobs) == (tokens, logprobs)
