@@ -82,11 +82,13 @@ class Variant:
     overrides: tuple[str, ...]
     async_ratio: float
     runtime: str = "local"
+    redundant_prompts: bool = False
+    """Keeps the workload's ``queue_redundancy`` extra prompts in flight (the queue-scheduled sync arms)."""
 
 
 VARIANTS = (
     Variant("sync_batch", ("controller.mode=sync", "rollout.generation=batch"), 0.0),
-    Variant("sync_queue", ("controller.mode=sync", "rollout.generation=queue"), 0.0),
+    Variant("sync_queue", ("controller.mode=sync", "rollout.generation=queue"), 0.0, redundant_prompts=True),
     Variant("one_step_off", ("controller.mode=one_step_off", "buffer.async_ratio=1"), 1.0),
     Variant("async_a2", ("controller.mode=async", "buffer.async_ratio=2"), 2.0),
     Variant("partial_rollout_a1", ("controller.mode=partial_rollout", "buffer.async_ratio=1"), 1.0),
@@ -100,6 +102,7 @@ VARIANTS = (
         "sync_queue_1thread",
         ("controller.mode=sync", "rollout.generation=queue", "runtime.colocate=never"),
         0.0,
+        redundant_prompts=True,
     ),
 )
 BASELINE, QUEUE_BASELINE = "sync_batch", "sync_queue"
@@ -172,7 +175,7 @@ def run_config(variant: Variant, work: Workload, out: Path) -> RunConfig:
     workload) from drifting apart between modes."""
     queue_only = (
         (f"rollout.max_additional_running_prompts={work.queue_redundancy}",)
-        if "rollout.generation=queue" in variant.overrides and "controller.mode=sync" in variant.overrides
+        if variant.redundant_prompts
         else ()
     )
     shared = (

@@ -12,6 +12,23 @@ bench_docs = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bench_docs)
 
 
+def harness_result(name: str, arms: dict, **extra: object) -> dict[str, object]:
+    """A result in the harness schema with ``arms`` and whatever else the test adds (ratios default empty)."""
+    return {
+        "schema": bench_docs.SCHEMA_VERSION,
+        "benchmark": name,
+        "command": f"python bench/{name}.py",
+        "commit": "abc",
+        "quick": False,
+        "repeats": 3,
+        "machine": {"cpu_model": "cpu", "cores": 2, "torch_threads": 2, "torch": "2"},
+        "resources": {},
+        "arms": arms,
+        "ratios": {},
+        **extra,
+    }
+
+
 def test_docs_tables_are_in_sync_with_the_result_files() -> None:
     text = (ROOT / "docs/benchmarks.md").read_text()
     assert bench_docs.regenerate(text, ROOT / "bench/results") == text, "run: python scripts/bench_docs.py"
@@ -19,18 +36,8 @@ def test_docs_tables_are_in_sync_with_the_result_files() -> None:
 
 def test_a_harness_result_is_rendered_with_spread_and_an_old_one_is_not_quoted(tmp_path: Path) -> None:
     stats = {"min": 1.0, "median": 2.0, "max": 3.0, "runs": [1.0, 2.0, 3.0]}
-    result = {
-        "schema": bench_docs.SCHEMA_VERSION,
-        "benchmark": "new",
-        "command": "python bench/new.py",
-        "commit": "abc",
-        "quick": False,
-        "repeats": 3,
-        "machine": {"cpu_model": "cpu", "cores": 2, "torch_threads": 2, "torch": "2"},
-        "resources": {},
-        "arms": {"a": {"t": stats}},
-        "ratios": {"r": {"numerator": "a", "denominator": "b", "metric": "t", **stats}},
-    }
+    ratios = {"r": {"numerator": "a", "denominator": "b", "metric": "t", **stats}}
+    result = harness_result("new", {"a": {"t": stats}}, ratios=ratios)
     (tmp_path / "new.json").write_text(json.dumps(result))
     (tmp_path / "old.json").write_text(json.dumps({"runs": [1]}))
     text = "<!-- bench:new -->\nstale\n<!-- /bench:new -->\n<!-- bench:old -->\n<!-- /bench:old -->\n"
@@ -50,19 +57,8 @@ def test_derived_summaries_and_targets_beyond_the_arms_are_rendered() -> None:
 
 def test_a_derived_table_is_rendered_after_the_ratios(tmp_path: Path) -> None:
     stats = {"min": 1.0, "median": 2.0, "max": 3.0, "runs": [1.0, 2.0, 3.0]}
-    result = {
-        "schema": bench_docs.SCHEMA_VERSION,
-        "benchmark": "t",
-        "command": "python bench/t.py",
-        "commit": "abc",
-        "quick": False,
-        "repeats": 3,
-        "machine": {"cpu_model": "cpu", "cores": 2, "torch_threads": 2, "torch": "2"},
-        "resources": {},
-        "arms": {"a": {"t": stats}},
-        "ratios": {},
-        "table": {"title": "Predicted", "columns": ["arm", "sim", "ok"], "rows": [["a", 0.12345, True]]},
-    }
+    table = {"title": "Predicted", "columns": ["arm", "sim", "ok"], "rows": [["a", 0.12345, True]]}
+    result = harness_result("t", {"a": {"t": stats}}, table=table)
     (tmp_path / "t.json").write_text(json.dumps(result))
     fresh = bench_docs.regenerate("<!-- bench:t -->\n<!-- /bench:t -->\n", tmp_path)
     assert "Predicted:\n\n| arm | sim | ok |\n|---|---|---|\n| a | 0.123 | True |" in fresh
@@ -73,19 +69,7 @@ def test_a_sweep_of_many_arms_is_one_row_per_arm_with_its_targets(tmp_path: Path
         return {"min": value, "median": value, "max": value, "runs": [value]}
 
     arms = {f"s/{name}": {"rate": stats(i + 1.0), "count": stats(10.0)} for i, name in enumerate("abcd")}
-    result = {
-        "schema": bench_docs.SCHEMA_VERSION,
-        "benchmark": "sweep",
-        "command": "python bench/sweep.py",
-        "commit": "abc",
-        "quick": False,
-        "repeats": 1,
-        "machine": {"cpu_model": "cpu", "cores": 2, "torch_threads": 2, "torch": "2"},
-        "resources": {},
-        "arms": arms,
-        "ratios": {},
-        "targets": {"fast": True, "faster": False},
-    }
+    result = harness_result("sweep", arms, repeats=1, targets={"fast": True, "faster": False})
     (tmp_path / "sweep.json").write_text(json.dumps(result))
     fresh = bench_docs.regenerate("<!-- bench:sweep -->\n<!-- /bench:sweep -->\n", tmp_path)
     assert "| arm | rate | count |" in fresh
