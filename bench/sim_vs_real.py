@@ -2,9 +2,10 @@
 
 The real runs are ``bench/async_vs_sync.py``'s (its runtime and helpers: the shipped ``tiny-count`` model on the
 ``count`` task, ``runtime.type=local``, the engine and the trainer Ray actors with one core and one torch
-thread each), in five configurations: ``sync`` (batch generation, roles on separate cores), ``async`` at
-α = 1 and α = 2 on the same batch (8 prompts × 4 samples), and ``sync`` and ``async`` α = 2 on a wider batch
-(16 × 4). Each runs ``--repeats`` times, interleaved through ``harness.run_arms``; its metric is the steady
+thread each), in seven configurations: ``sync`` (batch generation, roles on separate cores), ``async`` at
+α = 1 and α = 2 on the same batch (8 prompts × 4 samples), ``sync`` and ``async`` α = 2 on a wider batch
+(16 × 4), and ``sync`` and ``async`` α = 2 on ``async_vs_sync``'s generation-bound workload (``_filtered``:
+only groups whose rewards differ are trained, twice the decode slots). Each runs ``--repeats`` times, interleaved through ``harness.run_arms``; its metric is the steady
 step time (wall time after the warm-up steps / steps).
 
 Calibration touches none of those runs (``asyncrl.sim.calibrate``), and uses the thread count the real
@@ -19,7 +20,11 @@ engine and trainer actors get (``runtime.placement``):
 - weight sync: the trainer's weights published through the ``object_store`` transport's flat buffers
   (in-process, without Ray's object store) and loaded into the bare engine;
 - response lengths: a short generation pass of the bare engine over task prompts drawn with another seed,
-  replayed per response as an empirical distribution; prompt length: that pass's mean prompt.
+  replayed per response as an empirical distribution; prompt length: that pass's mean prompt;
+- pass rates: that pass's responses scored by the run's reward, a Beta fitted to the per-prompt pass rates
+  (``calibrate.fit_pass_rates``), which decides how many groups the filtered runs drop. The simulator draws
+  rewards independently of lengths, so a correlation between the two (long answers failing more) is not
+  replayed.
 Each configuration is then simulated with the real run's own ``rollout``, ``buffer``, ``controller`` and
 ``proxy`` sections. Reported per configuration: real step time (min/median/max), simulated step time, the
 error against the median and whether the prediction lies within the real spread; and the async/sync speedup,
@@ -49,19 +54,20 @@ import torch
 
 from asyncrl.app.simulate import simulate
 from asyncrl.config.run import RunConfig
-from asyncrl.config.sim import LengthConfig, SimConfig, SimEngineConfig, SimTrainerConfig
+from asyncrl.config.sim import LengthConfig, SimConfig, SimEngineConfig, SimRewardConfig, SimTrainerConfig
 from asyncrl.data.base import prompt_token_ids
 from asyncrl.data.registry import make_task
 from asyncrl.engine.llm_engine import LLMEngine
 from asyncrl.models.loading import load_model_and_tokenizer, state_dict_for_sync
-from asyncrl.rollout.rlvr_producer import request_seed, sampling_params
+from asyncrl.rewards.service import make_reward_fn
+from asyncrl.rollout.rlvr_producer import request_seed, response_text, sampling_params
 from asyncrl.runtime.placement import plan_placement
 from asyncrl.sim import calibrate
 from asyncrl.trainer.trainer import Trainer
 from asyncrl.types import Group, Request, SamplingParams, Trajectory
 from asyncrl.weight_sync.transports import FlatBufferSync
 from bench import harness
-from bench.async_vs_sync import VARIANTS, Variant, Workload, arm, run_config
+from bench.async_vs_sync import QUICK, VARIANTS, WORKLOADS, Variant, Workload, arm, run_config
 
 NARROW, NARROW_QUICK = (
     Workload(name="narrow", prompts_per_step=8, samples_per_prompt=4, max_new_tokens=160, steps=12, warmup=3),
@@ -75,6 +81,12 @@ WIDE, WIDE_QUICK = (
         name="wide_quick", prompts_per_step=4, samples_per_prompt=4, max_new_tokens=64, steps=4, warmup=1
     ),
 )
+FILTERED, FILTERED_QUICK = (
+    dataclasses.replace(WORKLOADS["generation_bound"], name="filtered"),
+    dataclasses.replace(QUICK, name="filtered_quick"),
+)
+"""``async_vs_sync``'s generation-bound workload: only groups whose rewards differ are trained, so the pass
+rates the calibration fits decide how much a step generates."""
 _BY_NAME = {v.name: v for v in VARIANTS}
 SYNC = _BY_NAME["sync_batch_1thread"]
 ASYNC_A1 = Variant("async_a1", ("controller.mode=async", "buffer.async_ratio=1"), 1.0)
@@ -87,6 +99,7 @@ SPEEDUPS = {
     "async_a1_over_sync": ("async_a1", "sync"),
     "async_a2_over_sync": ("async_a2", "sync"),
     "async_a2_wide_over_sync_wide": ("async_a2_wide", "sync_wide"),
+    "async_a2_filtered_over_sync_filtered": ("async_a2_filtered", "sync_filtered"),
 }
 """Speedup = sync step time / async step time on the same batch shape."""
 
@@ -101,13 +114,15 @@ class Prediction:
 
 
 def configurations(quick: bool) -> tuple[Prediction, ...]:
-    narrow, wide = (NARROW_QUICK, WIDE_QUICK) if quick else (NARROW, WIDE)
+    narrow, wide, filtered = (NARROW_QUICK, WIDE_QUICK, FILTERED_QUICK) if quick else (NARROW, WIDE, FILTERED)
     return (
         Prediction("sync", SYNC, narrow),
         Prediction("async_a1", ASYNC_A1, narrow),
         Prediction("async_a2", ASYNC_A2, narrow),
         Prediction("sync_wide", SYNC, wide),
         Prediction("async_a2_wide", ASYNC_A2, wide),
+        Prediction("sync_filtered", SYNC, filtered),
+        Prediction("async_a2_filtered", ASYNC_A2, filtered),
     )
 
 
@@ -130,7 +145,7 @@ FULL_SIZES = Sizes(
     train_samples=(32, 64),
     train_response_tokens=(8, 24),
     train_repeats=3,
-    pass_prompts=64,
+    pass_prompts=128,
     pass_samples=4,
 )
 QUICK_SIZES = Sizes(
@@ -213,11 +228,19 @@ def profile_batch(
     )
 
 
-def generation_pass(
-    model: Any, tokenizer: Any, config: RunConfig, sizes: Sizes
-) -> tuple[list[int], list[int]]:
-    """(prompt lengths, response lengths) of the bare engine sampling the task's prompts as a run does
-    (``rollout`` sampling settings), on prompts drawn with ``CALIBRATION_SEED``."""
+@dataclass(frozen=True)
+class GenerationPass:
+    """What the bare engine's pass over unseen prompts gives the calibration."""
+
+    prompt_lengths: list[int]
+    response_lengths: list[int]
+    rewards_per_prompt: list[list[float]]
+    """The run's reward of each prompt's ``pass_samples`` responses: the pass rates behind filtering."""
+
+
+def generation_pass(model: Any, tokenizer: Any, config: RunConfig, sizes: Sizes) -> GenerationPass:
+    """The bare engine sampling the task's prompts as a run does (``rollout`` sampling settings, the run's
+    reward), on prompts drawn with ``CALIBRATION_SEED``."""
     samples = random.Random(CALIBRATION_SEED).sample(
         list(make_task(config.task).split("train")), sizes.pass_prompts
     )
@@ -229,10 +252,14 @@ def generation_pass(
         for i in range(sizes.pass_samples):
             sampling = sampling_params(config.rollout, request_seed(CALIBRATION_SEED, sample.uid, i))
             engine.add_request(Request(request_id=f"c{p}#{i}", prompt_token_ids=ids, sampling=sampling))
-    responses = []
+    responses, rewards = [], [[0.0] * sizes.pass_samples for _ in samples]
+    reward = make_reward_fn(config.reward)
     while engine.has_work():
-        responses += [generation.num_tokens for generation in engine.step()]
-    return prompts, responses
+        for generation in engine.step():
+            responses.append(generation.num_tokens)
+            p, _, i = generation.request_id[1:].partition("#")
+            rewards[int(p)][int(i)] = reward(response_text(generation, tokenizer), samples[int(p)])[0]
+    return GenerationPass(prompts, responses, rewards)
 
 
 def synthetic_groups(
@@ -350,10 +377,9 @@ def calibrate_all(config: RunConfig, sizes: Sizes) -> dict[str, Any]:
     """Every micro-measurement and the cost model fitted to it (module docstring)."""
     engine_threads, trainer_threads = threads_of(config)
     model, tokenizer = load_model_and_tokenizer(config.model.path, config.model.dtype, "cpu")
-    prompts, responses = with_threads(
-        engine_threads, lambda: generation_pass(model, tokenizer, config, sizes)
-    )
-    prompt_tokens = max(1, round(statistics.fmean(prompts)))
+    observed = with_threads(engine_threads, lambda: generation_pass(model, tokenizer, config, sizes))
+    prompt_tokens = max(1, round(statistics.fmean(observed.prompt_lengths)))
+    alpha, beta = calibrate.fit_pass_rates(observed.rewards_per_prompt)
     profile = with_threads(engine_threads, lambda: profile_engine(model, config, prompt_tokens, sizes))
     trainer = bare_trainer(model, config)
     training = with_threads(trainer_threads, lambda: measure_training(trainer, config, prompt_tokens, sizes))
@@ -374,8 +400,15 @@ def calibrate_all(config: RunConfig, sizes: Sizes) -> dict[str, Any]:
     return {
         "threads": {"engine": engine_threads, "trainer": trainer_threads},
         "prompt_tokens": prompt_tokens,
-        "response_lengths": responses,
-        "response_length_summary": length_summary(responses),
+        "response_lengths": observed.response_lengths,
+        "response_length_summary": length_summary(observed.response_lengths),
+        "pass_rates": {
+            "alpha": alpha,
+            "beta": beta,
+            "prompts": len(observed.rewards_per_prompt),
+            "groups_with_reward_variance": sum(len(set(r)) > 1 for r in observed.rewards_per_prompt)
+            / len(observed.rewards_per_prompt),
+        },
         "engine_profile": [dataclasses.asdict(row) for row in profile],
         "engine": dataclasses.asdict(calibrate.fit_engine(profile)),
         "training": training,
@@ -418,6 +451,10 @@ def sim_config(config: RunConfig, calibration: dict[str, Any], lengths_path: Pat
             max_kv_tokens=config.engine.max_kv_tokens,
             max_model_len=config.engine.max_model_len,
             weight_update_s=statistics.median(calibration["weight_sync_s"]),
+        ),
+        reward=SimRewardConfig(
+            pass_rate_alpha=calibration["pass_rates"]["alpha"],
+            pass_rate_beta=calibration["pass_rates"]["beta"],
         ),
         trainer=SimTrainerConfig(
             num_gpus=1,

@@ -81,6 +81,37 @@ def concurrent_slowdown(alone_s: Sequence[float], beside_s: Sequence[float]) -> 
     return max(1.0, statistics.median(beside_s) / statistics.median(alone_s))
 
 
+PASS_RATE_CONCENTRATION_BOUNDS = (0.01, 1e6)
+"""Limits of the fitted Beta's ``alpha + beta``: near 0 every prompt is all-right or all-wrong, near the upper
+limit every prompt has the same pass rate (no overdispersion left to explain)."""
+
+
+def fit_pass_rates(rewards_per_prompt: Sequence[Sequence[float]]) -> tuple[float, float]:
+    """``(pass_rate_alpha, pass_rate_beta)`` of ``SimRewardConfig`` from rewards sampled ``n`` times per prompt.
+
+    Why a beta-binomial moment fit rather than a Beta fit to each prompt's observed mean: with a few samples
+    per prompt the observed means spread far wider than the pass rates behind them, and what dynamic
+    filtering drops (groups whose rewards are all equal) depends on exactly that spread. The mean reward
+    gives ``alpha / (alpha + beta)``; the variance of the per-prompt reward sums against the binomial one
+    gives the concentration ``alpha + beta`` (Var = n m (1 - m) (s + n) / (s + 1)).
+    """
+    sizes = {len(rewards) for rewards in rewards_per_prompt}
+    if len(rewards_per_prompt) < 2 or len(sizes) != 1 or min(sizes) < 2:
+        raise ValueError("fit_pass_rates needs >= 2 prompts with the same number (>= 2) of rewards each")
+    n = sizes.pop()
+    if any(not 0.0 <= reward <= 1.0 for rewards in rewards_per_prompt for reward in rewards):
+        raise ValueError("fit_pass_rates needs rewards in [0, 1]")
+    sums = [sum(rewards) for rewards in rewards_per_prompt]
+    mean = statistics.fmean(sums) / n
+    if mean in (0.0, 1.0):
+        raise ValueError(f"every sampled reward is {mean:g}: no pass rate to fit beyond it")
+    dispersion = statistics.pvariance(sums) / (n * mean * (1 - mean))
+    low, high = PASS_RATE_CONCENTRATION_BOUNDS
+    concentration = high if dispersion <= 1 else (n - dispersion) / (dispersion - 1)
+    concentration = min(high, max(low, concentration))
+    return mean * concentration, (1 - mean) * concentration
+
+
 def write_lengths_jsonl(lengths: Iterable[int], path: str | Path) -> Path:
     """Write lengths one per line, the format ``lengths.distribution: empirical`` reads."""
     path = Path(path)

@@ -1,14 +1,17 @@
 import gc
 import json
+import random
 
 import pytest
 
 from asyncrl.config.sim import LengthConfig
 from asyncrl.sim.calibrate import (
+    PASS_RATE_CONCENTRATION_BOUNDS,
     EngineProfile,
     concurrent_slowdown,
     fit_engine,
     fit_line,
+    fit_pass_rates,
     prediction,
     write_lengths_jsonl,
 )
@@ -104,3 +107,39 @@ def test_per_prompt_lengths_are_shared_by_every_response_of_a_prompt(tmp_path):
     assert len({shared(f"q{uid}@0#0") for uid in range(20)}) > 1
     each = LengthModel(LengthConfig(distribution="empirical", path=str(path)), 2000, seed=0)
     assert len({each(f"q1@0#{i}") for i in range(8)}) > 1
+
+
+def beta_binomial_rewards(alpha: float, beta: float, prompts: int, n: int, seed: int) -> list[list[float]]:
+    rng = random.Random(seed)
+    rewards = []
+    for _ in range(prompts):
+        rate = rng.betavariate(alpha, beta)
+        rewards.append([float(rng.random() < rate) for _ in range(n)])
+    return rewards
+
+
+@pytest.mark.parametrize(("alpha", "beta"), [(0.3, 0.5), (2.0, 1.0), (0.1, 0.1)])
+def test_fit_pass_rates_recovers_the_beta_behind_sampled_groups(alpha: float, beta: float):
+    fitted_alpha, fitted_beta = fit_pass_rates(beta_binomial_rewards(alpha, beta, 20_000, 4, seed=1))
+    assert fitted_alpha / (fitted_alpha + fitted_beta) == pytest.approx(alpha / (alpha + beta), abs=0.01)
+    assert fitted_alpha + fitted_beta == pytest.approx(alpha + beta, rel=0.15)
+
+
+def test_fit_pass_rates_without_overdispersion_gives_one_shared_rate():
+    alpha, beta = fit_pass_rates(beta_binomial_rewards(1e6 * 0.3, 1e6 * 0.7, 20_000, 4, seed=2))
+    assert alpha + beta == PASS_RATE_CONCENTRATION_BOUNDS[1]
+    assert alpha / (alpha + beta) == pytest.approx(0.3, abs=0.01)
+
+
+@pytest.mark.parametrize(
+    ("rewards", "message"),
+    [
+        ([[1.0, 0.0]], ">= 2 prompts"),
+        ([[1.0, 0.0], [1.0]], "same number"),
+        ([[1.0, 1.0], [1.0, 1.0]], "every sampled reward is 1"),
+        ([[1.0, 2.0], [0.0, 1.0]], "in \\[0, 1\\]"),
+    ],
+)
+def test_fit_pass_rates_refuses_what_it_cannot_fit(rewards: list[list[float]], message: str):
+    with pytest.raises(ValueError, match=message):
+        fit_pass_rates(rewards)
