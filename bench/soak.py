@@ -18,19 +18,22 @@ has trained its steps and every fault has been dealt with (the last engine repla
   samples/s of the other steps);
 - ``recovery_s``: seconds from an engine fault to its replacement holding the current weights.
 
-    python bench/soak.py [--quick] [--minutes 10] [--out bench/results/soak.json]
+Repeat i runs seed i (its own fault schedule), so the spread is across fault schedules.
+
+    python bench/soak.py [--quick] [--repeats 3] [--minutes 10] [--out bench/results/soak.json]
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import random
 import statistics
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -264,20 +267,31 @@ def soak_once(work: Workload, deadline_s: float) -> tuple[dict[str, float], dict
 
 
 def main() -> None:
-    parser = harness.parser(__doc__.splitlines()[0], "soak", default_repeats=1)
-    parser.add_argument("--minutes", type=float, default=10.0, help="stop after the step in progress then")
+    parser = harness.parser(__doc__.splitlines()[0], "soak")
+    parser.add_argument(
+        "--minutes", type=float, default=10.0, help="per repeat: stop after the step in progress then"
+    )
     args = parser.parse_args()
-    work = QUICK if args.quick else FULL
+    base = QUICK if args.quick else FULL
     deadline_s = 120.0 if args.quick else 60.0 * args.minutes
-    metrics, detail = soak_once(work, deadline_s)
-    print("soak", metrics, flush=True)
+    details: list[dict[str, Any]] = []
+    seeds = itertools.count()
+
+    def one_seed() -> dict[str, float]:
+        """Repeat i runs seed i: its own fault schedule and kinds, so the repeats are three different soaks."""
+        seed = next(seeds)
+        metrics, detail = soak_once(replace(base, seed=seed), deadline_s)
+        details.append({"seed": seed, **detail})
+        return metrics
+
+    raw = harness.run_arms({"soak": one_seed}, harness.repeats_for(args), harness.print_run)
     harness.write_result(
         args,
         "soak",
-        {"soak": [metrics]},
+        raw,
         resources={"soak": {"runtime": "inline", "engines": 2, "torch_threads": "the process's"}},
-        setup={**asdict(work), "deadline_s": deadline_s},
-        extra=detail,
+        setup={**asdict(base), "seed": "repeat i runs seed i", "deadline_s": deadline_s},
+        extra={"runs": details},
     )
 
 

@@ -24,13 +24,15 @@ def test_soak_quick_survives_every_fault_and_loses_no_sample(tmp_path: Path) -> 
     harness.check_schema(result)
     assert result["benchmark"] == "soak" and result["quick"] is True and "--quick" in result["command"]
     metrics = {name: stats["median"] for name, stats in result["arms"]["soak"].items()}
-    kinds = sorted(fault["kind"] for fault in result["faults"])
+    [run] = result["runs"]
+    assert run["seed"] == 0
+    kinds = sorted(fault["kind"] for fault in run["faults"])
     assert kinds == ["engine_kill", "engine_wedge", "reward_hang", "reward_raise"]
     assert metrics["faults_injected"] == metrics["faults_survived"] == 4
     assert metrics["samples_lost"] == 0
     assert metrics["engine_restarts"] == 2
     assert metrics["steps"] >= result["setup"]["steps"]
-    assert all(fault["survived"] for fault in result["faults"])
+    assert all(fault["survived"] for fault in run["faults"])
     # a step may train fewer than 2 x 2 samples only where a failing reward marked some as failed
-    short = sum(4 - step["samples"] for step in result["steps"])
+    short = sum(4 - step["samples"] for step in run["steps"])
     assert 0 <= short <= metrics["reward_failures"]
