@@ -131,13 +131,24 @@ def check_run(
     lines: list[dict],
     async_ratio: float,
     versions_ok: Callable[[StepRecord], bool] = one_version_per_trajectory,
+    *,
+    exact_ages: bool = True,
 ) -> None:
     """The checks every mode shares, plus the exact oldest age per step: admission lets rollout start
     ⌊α⌋ batches ahead at once, and the buffer hands out oldest first, so step k trains samples of age
-    min(k - 1, ⌊α⌋) — a mode that failed to run ahead (or ran further) shows up here."""
+    min(k - 1, ⌊α⌋) — a mode that failed to run ahead (or ran further) shows up here.
+
+    ``exact_ages=False`` (separate processes): the ages are bounded the same way and reach ⌊α⌋ at least once,
+    but may be lower on some steps, because a producer whose process is slow to take freed admission admits
+    under the next version; that is fresher data, never a broken bound."""
     assert_versions_advance(records, lines)
     bound = math.floor(async_ratio)
-    assert [line["staleness/max"] for line in lines] == [float(min(k, bound)) for k in range(NUM_STEPS)]
+    ages = [line["staleness/max"] for line in lines]
+    expected = [float(min(k, bound)) for k in range(NUM_STEPS)]
+    if exact_ages:
+        assert ages == expected
+    else:
+        assert all(age <= most for age, most in zip(ages, expected, strict=True)) and max(ages) == bound
     assert_fresh(records, lines, async_ratio)
     assert all(versions_ok(record) for record in records)
     assert all(len(record.groups) == 2 and all(len(g) == 3 for g in record.groups) for record in records)
@@ -189,11 +200,13 @@ def test_mode_on_ray_actors(tiny_path, tmp_path, mode):
     overrides, async_ratio, versions_ok = RAY_MODES[mode]
     cpus = ("runtime.rollout_num_cpus=1", "runtime.train_num_cpus=1")
     records, lines = run_mode(tiny_path, tmp_path, *overrides, "runtime.type=local", *cpus)
-    check_run(records, lines, async_ratio=async_ratio, versions_ok=versions_ok)
+    check_run(records, lines, async_ratio=async_ratio, versions_ok=versions_ok, exact_ages=False)
     assert all("engine0/idle_fraction" in line for line in lines)
 
 
-def check_multi_version_run(tiny_path: Path, out: Path, *overrides: str) -> Controller:
+def check_multi_version_run(
+    tiny_path: Path, out: Path, *overrides: str, exact_ages: bool = True
+) -> Controller:
     """A multi_version run (α = 1, two engines): every mode check, and no group dropped but by the run's end."""
     controllers: list[Controller] = []
     records, lines = run_mode(
@@ -205,7 +218,7 @@ def check_multi_version_run(tiny_path: Path, out: Path, *overrides: str) -> Cont
         *overrides,
         controllers=controllers,
     )
-    check_run(records, lines, async_ratio=1.0)
+    check_run(records, lines, async_ratio=1.0, exact_ages=exact_ages)
     (controller,) = controllers
     cut_at_end = {"producer stopped", "training finished"}
     assert [d.reason for d in controller.buffer.take_dropped() if d.reason not in cut_at_end] == []
@@ -221,6 +234,5 @@ def test_multi_version_keeps_one_version_per_trajectory_and_drops_nothing(tiny_p
 def test_multi_version_on_ray_actors(tiny_path, tmp_path):
     """Engines in actors: requests that migrate travel actor to actor with their KV
     (tests/integration/test_ray_runtime.py forces and checks one migration exactly)."""
-    check_multi_version_run(
-        tiny_path, tmp_path, "runtime.type=local", "runtime.rollout_num_cpus=1", "runtime.train_num_cpus=1"
-    )
+    cpus = ("runtime.rollout_num_cpus=1", "runtime.train_num_cpus=1")
+    check_multi_version_run(tiny_path, tmp_path, "runtime.type=local", *cpus, exact_ages=False)
