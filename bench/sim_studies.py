@@ -38,6 +38,17 @@ SIGMAS = ((10, 1), (10, 5), (10, 7), (10, 10), (50, 5))
 """(μ, σ) of the env step latency: Fig. 9's left panel at μ = 10 s, and its right panel's (50, 5)."""
 REDUNDANT_CELLS = ((32, 8), (32, 9), (32, 12), (34, 11), (36, 8), (36, 9), (36, 11), (36, 12))
 """(env groups, group size): Fig. 10's cells, and the pairs with equal env counts the docs compare."""
+SAME_ENVS = (((32, 9), (36, 8)), ((32, 12), (34, 11)))
+"""Pairs of cells with (about) as many environments: larger groups against more groups, env for env."""
+FIG9 = {
+    (10, 1): "1.16×",
+    (10, 7): "2.12×",
+    (10, 10): "2.46× (892 s → 362 s)",
+    (50, 5): "1.20× (Fig. 9, right)",
+}
+"""Batch over env-level async step time at batch 512, Fig. 9 (quoted)."""
+FIG10 = {(36, 9): "3.10×", (36, 11): "5.24×", (36, 12): "5.45× (243 s → 45 s)"}
+"""32×8 over the cell's step time, Fig. 10 (quoted)."""
 PLAN_ARGS = argparse.Namespace(
     mu_gen=10.0, l_gen=100.0, mu_train=2.0, epochs=1, workers=32, samples=256, alpha=2.0, steps=10
 )
@@ -195,13 +206,6 @@ def mode_studies() -> dict[str, Study]:
 def agentic_studies() -> dict[str, Study]:
     """Env-level async rollout as the env latency's σ grows (Fig. 9) and redundant environments under two
     failure models (Fig. 10)."""
-    fig9 = {
-        (10, 1): "1.16×",
-        (10, 7): "2.12×",
-        (10, 10): "2.46× (892 s → 362 s)",
-        (50, 5): "1.20× (Fig. 9, right)",
-    }
-    fig10 = {(36, 9): "3.10×", (36, 11): "5.24×", (36, 12): "5.45× (243 s → 45 s)"}
     latency = {
         f"mu{mu}_sigma{sigma}/{stepping}": (
             f"env.mean_s={mu}",
@@ -227,7 +231,7 @@ def agentic_studies() -> dict[str, Study]:
             metrics=("mean_step_s", "engine_busy_fraction"),
             ratios={
                 f"mu{mu}_sigma{sigma}": Ratio(
-                    f"mu{mu}_sigma{sigma}/batch", f"mu{mu}_sigma{sigma}/async", report=fig9.get((mu, sigma))
+                    f"mu{mu}_sigma{sigma}/batch", f"mu{mu}_sigma{sigma}/async", report=FIG9.get((mu, sigma))
                 )
                 for mu, sigma in SIGMAS
             },
@@ -241,9 +245,16 @@ def agentic_studies() -> dict[str, Study]:
             points=redundant,
             metrics=("mean_step_s", "engine_busy_fraction"),
             ratios={
-                f"{model}/{g}x{n}": Ratio(f"{model}/32x8", f"{model}/{g}x{n}", report=fig10.get((g, n)))
-                for model in models
-                for g, n in REDUNDANT_CELLS[1:]
+                **{
+                    f"{model}/{g}x{n}": Ratio(f"{model}/32x8", f"{model}/{g}x{n}", report=FIG10.get((g, n)))
+                    for model in models
+                    for g, n in REDUNDANT_CELLS[1:]
+                },
+                **{
+                    f"{model}/same_envs_{a}x{b}_vs_{c}x{d}": Ratio(f"{model}/{a}x{b}", f"{model}/{c}x{d}")
+                    for model in models
+                    for (a, b), (c, d) in SAME_ENVS
+                },
             },
             report="32×8 takes 243 s; more env groups help more than larger groups (Fig. 10; failure model not stated)",
         ),
