@@ -1,12 +1,17 @@
-"""Regenerate the numbers tables in docs/benchmarks.md from bench/results/*.json, so no number is typed by hand.
+"""Regenerate the numbers tables in README.md and docs/*.md from bench/results/*.json, so no number is typed by hand.
 
 Each benchmark's table lives between ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->`` in the docs; this
 script rewrites what is between them from ``bench/results/NAME.json``: every arm's metrics as median (min–max)
 over its repeats (one row per arm when a sweep has many), then the paired ratios and the targets if any. A result file that predates the harness schema (no repeats, no
 spread) is not quoted: its block says so, and the prose around it is from a single run.
 
-    python scripts/bench_docs.py           # rewrite docs/benchmarks.md
-    python scripts/bench_docs.py --check   # exit 1 if the docs are out of sync with the JSON
+A result that holds several ``studies`` (``bench/sim_studies.py``: one per table of docs/simulator.md) is too
+big for one table: ``<!-- bench:NAME -->`` then renders an index of its studies, and each study's own table
+sits where the docs discuss it, between ``<!-- bench:NAME:STUDY -->`` and ``<!-- /bench:NAME:STUDY -->``
+(the arms and ratios named ``STUDY/...``, with the reference figures the study quotes beside its ratios).
+
+    python scripts/bench_docs.py           # rewrite every doc with a block
+    python scripts/bench_docs.py --check   # exit 1 if a doc is out of sync with the JSON
 """
 
 from __future__ import annotations
@@ -21,7 +26,9 @@ from typing import Any
 from bench.harness import SCHEMA_VERSION, check_schema
 
 ROOT = Path(__file__).resolve().parent.parent
-BLOCK = re.compile(r"(<!-- bench:(?P<name>[a-z_]+) -->\n)(?P<body>.*?)(<!-- /bench:(?P=name) -->)", re.DOTALL)
+BLOCK = re.compile(
+    r"(<!-- bench:(?P<name>[a-z_]+(?::[a-z_]+)?) -->\n)(?P<body>.*?)(<!-- /bench:(?P=name) -->)", re.DOTALL
+)
 
 
 def number(value: float) -> str:
@@ -35,8 +42,8 @@ def spread(stats: dict[str, Any]) -> str:
     return f"{number(stats['median'])} ({number(stats['min'])}–{number(stats['max'])})"
 
 
-def render(name: str, results_dir: Path) -> str:
-    """The markdown for one benchmark's block."""
+def load(name: str, results_dir: Path) -> dict[str, Any] | str:
+    """``bench/results/NAME.json`` checked against the schema, or the note a block shows in its place."""
     path = results_dir / f"{name}.json"
     if not path.exists():
         return f"_No result yet: run the command above to write `bench/results/{name}.json`._\n"
@@ -47,6 +54,17 @@ def render(name: str, results_dir: Path) -> str:
             f"(one run per arm, no spread), so its numbers are not quoted here._\n"
         )
     check_schema(result)
+    return result
+
+
+def render(name: str, results_dir: Path) -> str:
+    """The markdown for one block: a whole result (``NAME``) or one of its studies (``NAME:STUDY``)."""
+    result_name, _, study = name.partition(":")
+    result = load(result_name, results_dir)
+    if isinstance(result, str):
+        return result
+    if study:
+        return render_study(result, result_name, study)
     machine = result["machine"]
     lines = [
         f"Measured at commit `{result['commit'][:12]}` on {machine['cpu_model']} ({machine['cores']} cores, "
@@ -54,16 +72,74 @@ def render(name: str, results_dir: Path) -> str:
         f"repeats per arm{' (--quick: a smoke run, not a result)' if result['quick'] else ''}; "
         f"median (min–max). Command: `{result['command']}`.",
         "",
-        *arms_table(result["arms"]),
     ]
-    if result["ratios"]:
-        lines += ["", "| ratio (per paired repeat) | median (min–max) |", "|---|---:|"]
-        for key, stats in result["ratios"].items():
-            label = f"{key}: {stats['numerator']} / {stats['denominator']} {stats['metric']}"
-            lines.append(f"| {label} | {spread(stats)} |")
+    if "studies" in result:
+        lines += studies_index(result)
+    else:
+        lines += [*arms_table(result["arms"]), *ratios_table(result["ratios"])]
     lines += derived_rows(result)
     lines += render_table(result.get("table"))
     lines.append(f"\nResources: `{json.dumps(result['resources'])}`.")
+    return "\n".join(lines) + "\n"
+
+
+def ratios_table(ratios: dict[str, Any], prefix: str = "") -> list[str]:
+    """The paired ratios as rows, their arms' ``prefix`` dropped; a column of the reference figures when any
+    ratio carries one (``report``: quoted from a paper, not measured)."""
+    if not ratios:
+        return []
+    quoted = any("report" in stats for stats in ratios.values())
+    lines = [
+        "",
+        "| ratio (per paired repeat) | median (min–max) |" + (" report (quoted) |" if quoted else ""),
+    ]
+    lines.append("|---|---:|" + ("---|" if quoted else ""))
+    for key, stats in ratios.items():
+        arms = f"{stats['numerator'].removeprefix(prefix)} / {stats['denominator'].removeprefix(prefix)}"
+        row = f"| {key.removeprefix(prefix)}: {arms} {stats['metric']} | {spread(stats)} |"
+        lines.append(row + (f" {stats.get('report', '—')} |" if quoted else ""))
+    return lines
+
+
+def studies_index(result: dict[str, Any]) -> list[str]:
+    """One row per study of a many-study result (each study's table is its own ``NAME:STUDY`` block), and
+    the whole run's wall time when the result records it (``run_wall_s``)."""
+    lines = ["| study | what | points | steps | wall (s) |", "|---|---|---:|---:|---:|"]
+    lines += [
+        f"| {name} | {s['title']} | {len(s['points'])} | {s['steps']} | {number(s['wall_s'])} |"
+        for name, s in result["studies"].items()
+    ]
+    if "run_wall_s" in result:
+        lines.append(f"\nThe whole run: {number(result['run_wall_s'])} s of wall time.")
+    return lines
+
+
+def render_study(result: dict[str, Any], name: str, study_name: str) -> str:
+    """One study's block: its arms (one row per point), its paired ratios beside the reference figures, what
+    it derived, and the reference finding that is not one ratio."""
+    study = result.get("studies", {}).get(study_name)
+    if study is None:
+        return f"_`bench/results/{name}.json` has no study `{study_name}`: run `python bench/{name}.py`._\n"
+    prefix = f"{study_name}/"
+    arms = {
+        arm.removeprefix(prefix): stats for arm, stats in result["arms"].items() if arm.startswith(prefix)
+    }
+    ratios = {key: stats for key, stats in result["ratios"].items() if key.startswith(prefix)}
+    lines = [
+        f"Simulated at commit `{result['commit'][:12]}` by `{result['command']}` "
+        f"({number(study['wall_s'])} s of wall time for this study on {result['machine']['cpu_model']}): "
+        f"{study['steps']} steps per point, {result['repeats']} seeds per point (repeat i is seed i), "
+        f"median (min–max) over the seeds{' (--quick: a smoke run, not a result)' if result['quick'] else ''}. "
+        f"By hand: `{study['command']}`.",
+        "",
+        *arms_table(arms, wide_from=1),
+        *ratios_table(ratios, prefix),
+    ]
+    if study.get("derived"):
+        lines += ["", "| derived | value |", "|---|---:|"]
+        lines += [f"| {key} | {cell(value)} |" for key, value in study["derived"].items()]
+    if study.get("report"):
+        lines.append(f"\nROLL Flash report (quoted from the paper, not measured here): {study['report']}.")
     return "\n".join(lines) + "\n"
 
 
@@ -123,11 +199,11 @@ WIDE_FROM_ARMS = 4
 """From this many arms sharing their metrics, one row per arm (a column per metric) instead of per metric."""
 
 
-def arms_table(arms: dict[str, dict[str, Any]]) -> list[str]:
-    """The arms' metrics as markdown rows: one row per (arm, metric), or one per arm when many arms share
-    the same metrics (a sweep), so the table stays readable."""
+def arms_table(arms: dict[str, dict[str, Any]], wide_from: int = WIDE_FROM_ARMS) -> list[str]:
+    """The arms' metrics as markdown rows: one row per (arm, metric), or one per arm when ``wide_from`` or
+    more arms share the same metrics (a sweep), so the table stays readable."""
     metrics = list(next(iter(arms.values())))
-    if len(arms) >= WIDE_FROM_ARMS and all(list(m) == metrics for m in arms.values()):
+    if len(arms) >= wide_from and all(list(m) == metrics for m in arms.values()):
         lines = ["| arm | " + " | ".join(metrics) + " |", "|---|" + "---:|" * len(metrics)]
         return lines + [
             f"| {arm} | " + " | ".join(spread(stats[m]) for m in metrics) + " |"
@@ -144,20 +220,27 @@ def regenerate(text: str, results_dir: Path) -> str:
     return BLOCK.sub(lambda m: m.group(1) + render(m.group("name"), results_dir) + m.group(4), text)
 
 
+def doc_files() -> list[Path]:
+    """Every file that may hold a block: README.md and docs/*.md (one without a block is left as it is)."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if the docs are not what the JSON says")
-    parser.add_argument("--docs", default=str(ROOT / "docs/benchmarks.md"))
+    parser.add_argument("--docs", nargs="*", help="files to rewrite (default: README.md and docs/*.md)")
     parser.add_argument("--results", default=str(ROOT / "bench/results"))
     args = parser.parse_args()
-    docs = Path(args.docs)
-    text = docs.read_text()
-    fresh = regenerate(text, Path(args.results))
-    if args.check:
+    stale = []
+    for docs in [Path(p) for p in args.docs] if args.docs else doc_files():
+        text = docs.read_text()
+        fresh = regenerate(text, Path(args.results))
         if fresh != text:
-            sys.exit(f"{docs} is out of sync with {args.results}: run python scripts/bench_docs.py")
-        return
-    docs.write_text(fresh)
+            stale.append(str(docs))
+            if not args.check:
+                docs.write_text(fresh)
+    if args.check and stale:
+        sys.exit(f"{', '.join(stale)} out of sync with {args.results}: run python scripts/bench_docs.py")
 
 
 if __name__ == "__main__":
