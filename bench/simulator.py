@@ -15,7 +15,7 @@ this benchmark used before ``gpus_per_engine`` entered the cost model, so its re
 
 ``simulate`` pauses Python's cyclic garbage collector during the run, as ``asyncrl simulate`` does
 (``asyncrl.sim.gc_pause``; ``--gc on`` keeps it running): the simulator keeps hundreds of thousands of
-objects alive and every full collection re-scans them all (70 s instead of 42 s at 4,096 accelerators).
+objects alive and every full collection re-scans them all (``--gc on`` measures what that costs).
 Reference counting still frees everything; one collection runs at the end of each run (inside the timing).
 Writes bench/results/simulator.json. Run: ``python bench/simulator.py [--quick] [--steps 100] [--sizes 256,1024,4096] [--repeats 3]``.
 """
