@@ -18,6 +18,7 @@ import itertools
 import json
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import tempfile
@@ -111,11 +112,14 @@ class VLLMEngineClient:
             json.dumps({"tensor_parallel_size": config.tensor_parallel_size, **config.engine_args}),
         ]
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # never asyncrl's packages there
-        env |= {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1")}
+        env |= {"OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1")}
         log = Path(os.environ.get("ASYNCRL_VLLM_LOG", os.devnull))
         # stderr goes to a file, not a pipe: an unread pipe would fill with vLLM's logs and block the worker
         stderr = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the worker; closed with the process)
-        process = subprocess.Popen(command, stdout=log.open("ab"), stderr=stderr, env=env)
+        # a session of its own: vLLM's engine-core processes are the worker's children, and a kill must reach them
+        process = subprocess.Popen(
+            command, stdout=log.open("ab"), stderr=stderr, env=env, start_new_session=True
+        )
         process._asyncrl_stderr = stderr  # type: ignore[attr-defined]
         conn = _connect(process, port, authkey, config.startup_timeout_s)
         ready = conn.recv()
@@ -224,8 +228,7 @@ class VLLMEngineClient:
         try:
             self._process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            self._process.kill()
-            self._process.wait()
+            _kill(self._process)
         self._conn.close()
 
     # ---- plumbing ------------------------------------------------------------------------------------
@@ -348,8 +351,15 @@ def _connect(process: subprocess.Popen, port: int, authkey: bytes, timeout_s: fl
             return Client(("127.0.0.1", port), authkey=authkey)
         except ConnectionRefusedError:
             time.sleep(0.1)
-    process.kill()
+    _kill(process)
     raise VLLMWorkerError(f"vLLM worker did not answer within {timeout_s:g} s")
+
+
+def _kill(process: subprocess.Popen) -> None:
+    """Kill the worker and every process of its session (vLLM's engine core and its workers)."""
+    with contextlib.suppress(ProcessLookupError):  # already gone
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
 
 
 def _stderr_tail(process: subprocess.Popen, num_chars: int = 3000) -> str:
