@@ -194,19 +194,21 @@ def test_vllm_engines_as_ray_actors_train_an_async_run(tmp_path):
     assert len(placed["engines"]) == 1 and placed["engines"][0]["pid"] != placed["trainer_ranks"][0]["pid"]
 
 
-def test_multi_version_moves_requests_between_vllm_engines_by_recompute(engine, hf):
+def test_multi_version_moves_requests_between_vllm_engines_by_recompute(hf):
     """controller.mode=multi_version on vLLM: an update switches one engine to the new weights and its
     in-flight requests move, as prefixes, to the engine still on their version, which prefills them again;
-    every request ends as an uninterrupted greedy run would, all its tokens on v0."""
+    every request ends as an uninterrupted greedy run would, all its tokens on v0. Two fresh engines: the
+    proxy starts at version 0, so its engines must serve v0 (the module's engine has taken updates)."""
     from asyncrl.config.proxy import ProxyConfig
     from asyncrl.proxy.factory import proxy_for_mode
 
     _, tokenizer = hf
     prompts = [tokenizer.encode(p) for p in PROMPTS] + [tokenizer.encode("copy 2 d: m n")]
+    engine = VLLMEngineClient.start(DEFAULT_MODEL_DIR, VLLMConfig(), max_model_len=256)
+    second = VLLMEngineClient.start(DEFAULT_MODEL_DIR, VLLMConfig(), max_model_len=256)
     reference = [
         asyncio.run(engine.generate(greedy(f"ref{i}", p, n=120))).token_ids for i, p in enumerate(prompts)
     ]
-    second = VLLMEngineClient.start(DEFAULT_MODEL_DIR, VLLMConfig(), max_model_len=256)
     weights = {k: v + 0.01 for k, v in state_dict_for_sync(hf[0]).items()}
 
     async def scenario():
@@ -237,6 +239,7 @@ def test_multi_version_moves_requests_between_vllm_engines_by_recompute(engine, 
     try:
         base, generations, stats = asyncio.run(scenario())
     finally:
+        engine.shutdown()
         second.shutdown()
     assert stats["num_migrations"] == 2 and stats["kv_bytes_moved"] == 0
     for generation, expected in zip(generations, reference, strict=True):
