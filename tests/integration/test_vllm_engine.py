@@ -157,10 +157,76 @@ def test_a_mismatched_or_stale_update_is_refused_and_the_old_weights_keep_servin
     assert asyncio.run(engine.generate(greedy("after", prompt))).token_ids == before
 
 
+def test_a_broadcast_update_lands_in_the_vllm_worker_like_the_pipe_update_and_a_mismatch_is_refused(
+    engine, hf
+):
+    """weight_sync.type=broadcast on vLLM: vLLM's worker joins the trainer's gloo group, stages the broadcast
+    buckets and applies them in place. Greedy tokens then equal those after the same weights sent over the
+    worker pipe and HF's with those weights; a bucket with a wrong shape is refused by name, old weights kept."""
+    from asyncrl.trainer.distributed.process_group import free_port
+    from asyncrl.weight_sync.broadcast import WeightGroup
+    from asyncrl.weight_sync.flat import pack_state
+    from asyncrl.weight_sync.transports import update_of_buckets
+
+    model, tokenizer = hf
+    prompt = tokenizer.encode(PROMPTS[0])
+    original = state_dict_for_sync(model)
+    model_with_new = AutoModelForCausalLM.from_pretrained(DEFAULT_MODEL_DIR, local_files_only=True).eval()
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for parameter in model_with_new.parameters():  # a tied matrix once: both names get the same update
+            parameter.add_(0.2 * torch.randn_like(parameter))
+    new = state_dict_for_sync(model_with_new)
+    base = engine.version
+
+    async def update_by_pipe(weights, version):
+        await engine.pause()
+        await engine.update_weights(weights, version=version)
+        await engine.resume()
+        return await engine.generate(greedy(f"pipe{version}", prompt, 24))
+
+    async def broadcast(group, buckets, version):
+        staged = asyncio.ensure_future(engine.stage_weights())
+        await asyncio.to_thread(group.send, [pack_state(b, version) for b in buckets])
+        assert await staged == version
+        flats = [pack_state(b, version).without_buffers() for b in buckets]
+        await engine.update_weights(update_of_buckets(flats, "broadcast", None), version)
+
+    async def scenario():
+        by_pipe = await update_by_pipe(new, base + 1)
+        await update_by_pipe(original, base + 2)
+        port = free_port()
+        trainer = asyncio.ensure_future(
+            asyncio.to_thread(
+                WeightGroup, host="127.0.0.1", port=port, rank=0, world_size=2, device="cpu", timeout_s=60
+            )
+        )
+        await engine.join_weight_group(
+            host="127.0.0.1", port=port, rank=1, world_size=2, device="cpu", timeout_s=60
+        )
+        group = await trainer
+        names = list(new)
+        await broadcast(group, [{n: new[n] for n in names[:3]}, {n: new[n] for n in names[3:]}], base + 3)
+        by_broadcast = await engine.generate(greedy("bcast", prompt, 24))
+        with pytest.raises(WeightSyncError, match="'model.norm.weight' has shape"):
+            await broadcast(group, [{**original, "model.norm.weight": torch.ones(3)}], base + 4)
+        kept = await engine.generate(greedy("kept", prompt, 24))
+        return by_pipe, by_broadcast, kept
+
+    by_pipe, by_broadcast, kept = asyncio.run(scenario())
+    tokens, _ = hf_greedy_with_logprobs(model_with_new, prompt, 24)
+    assert by_broadcast.token_ids == by_pipe.token_ids == tokens
+    assert tokens != hf_greedy_with_logprobs(model, prompt, 24)[0], "the new weights change the tokens"
+    assert set(by_broadcast.versions) == {base + 3} and engine.version == base + 3
+    assert kept.token_ids == tokens and set(kept.versions) == {base + 3}
+
+
 @pytest.mark.ray
-def test_vllm_engines_as_ray_actors_train_an_async_run(tmp_path):
+@pytest.mark.parametrize("transport", ["object_store", "broadcast"])
+def test_vllm_engines_as_ray_actors_train_an_async_run(tmp_path, transport):
     """engine.backend=vllm under the Ray runtime: each vLLM worker is started by its engine actor (so it runs
-    in the actor's bundle), weights arrive as object-store buckets, and a short async run trains every step."""
+    in the actor's bundle), weights arrive as object-store buckets or are broadcast by trainer rank 0 straight
+    into vLLM's worker, and a short async run trains every step."""
     import json
     from pathlib import Path
 
@@ -183,6 +249,8 @@ def test_vllm_engines_as_ray_actors_train_an_async_run(tmp_path):
             "rollout.max_new_tokens=16",
             "engine.max_model_len=256",
             "model.device=cpu",
+            f"weight_sync.type={transport}",
+            f"proxy.max_engine_restarts={0 if transport == 'broadcast' else 8}",
             f"output_dir={tmp_path}",
         ],
     )

@@ -33,7 +33,14 @@ from asyncrl.config.engine import EngineConfig, VLLMConfig
 from asyncrl.engine.async_engine import resolve_threadsafe
 from asyncrl.models.loading import resolve_model_path
 from asyncrl.types import FinishReason, Generation, Request
-from asyncrl.weight_sync.protocol import ManifestEntry, WeightSyncError, WeightUpdate, check_manifest
+from asyncrl.weight_sync.broadcast import GROUP_PREFIX
+from asyncrl.weight_sync.protocol import (
+    ManifestEntry,
+    WeightSyncError,
+    WeightUpdate,
+    check_manifest,
+    check_version,
+)
 from asyncrl.weight_sync.receiver import tensors_of
 
 WORKER = Path(__file__).with_name("worker_main.py")
@@ -193,6 +200,9 @@ class VLLMEngineClient:
         on a mismatch or a stale version: nothing is sent, the old weights keep serving)."""
         from safetensors.torch import save
 
+        if isinstance(named_tensors, WeightUpdate) and named_tensors.transport == "broadcast":
+            await self._apply_staged(named_tensors, version)
+            return
         named = tensors_of(named_tensors, serving_version=self.version, shapes=self._expected_shapes)
         items = dict(named.items() if isinstance(named, Mapping) else named)
         manifest = tuple(
@@ -207,6 +217,38 @@ class VLLMEngineClient:
         check_manifest(update, self._expected_shapes)
         payload = save({name: t.detach().contiguous().clone().cpu() for name, t in items.items()})
         self.version = await self._call("update", version=version, safetensors=payload)
+
+    async def join_weight_group(
+        self, *, host: str, port: int, rank: int, world_size: int, device: str, timeout_s: float
+    ) -> None:
+        """Make vLLM's worker a member (``rank``) of the trainer's weight-broadcast group
+        (``weight_sync.broadcast``); returns once every member joined."""
+        await self._call(
+            "join_group",
+            host=host,
+            port=port,
+            rank=rank,
+            world_size=world_size,
+            device=device,
+            timeout_s=timeout_s,
+            prefix=GROUP_PREFIX,
+        )
+
+    async def stage_weights(self) -> int:
+        """Receive the next broadcast update into staging on vLLM's worker (applied later by
+        ``update_weights``); its version."""
+        return await self._call("stage")
+
+    async def _apply_staged(self, update: WeightUpdate, version: int) -> None:
+        """Serve a staged broadcast update after checking its version and manifest against the served
+        model (``WeightSyncError``: nothing is applied, the old weights keep serving)."""
+        if update.version != version:
+            raise WeightSyncError(
+                f"update_weights: the update is version {update.version}, the call says {version}"
+            )
+        check_version(update, self.version)
+        check_manifest(update, self._expected_shapes)
+        self.version = await self._call("apply_staged", version=version)
 
     async def worker_stats(self) -> dict[str, Any]:
         """The worker's own view: served version, paused, tokens generated so far per running request."""

@@ -252,6 +252,33 @@ class Worker:
         await self.apply_version(version)
         return version
 
+    async def op_join_group(self, message: dict) -> None:
+        """Join the trainer's weight-broadcast group (``asyncrl.weight_sync.broadcast``) from vLLM's own
+        worker, so broadcast weights land next to the model (on its GPU with NCCL) and skip this process."""
+        num_shards = self.engine.vllm_config.parallel_config.tensor_parallel_size
+        if num_shards > 1:  # each tensor-parallel worker would join as the same rank
+            raise ValueError(
+                f"weight_sync.type=broadcast into vLLM needs tensor_parallel_size 1, got {num_shards}; "
+                "use weight_sync.type: object_store"
+            )
+        fields = ("host", "port", "rank", "world_size", "device", "timeout_s", "prefix")
+        await self.engine.collective_rpc(_join_group, args=tuple(message[f] for f in fields))
+
+    async def op_stage(self, message: dict) -> int:
+        """Receive the next broadcast update into staging on vLLM's worker; its version. vLLM's engine core
+        runs no step while it receives (a collective call holds its loop)."""
+        (version,) = await self.engine.collective_rpc(_stage)
+        return version
+
+    async def op_apply_staged(self, message: dict) -> int:
+        """Serve the staged broadcast update ``version`` (checked against the model by the client)."""
+        version = int(message["version"])
+        if version < self.version:
+            raise ValueError(f"weight update v{version} is older than the served v{self.version}; refused")
+        await self.engine.collective_rpc(_apply_staged, args=(version,))
+        await self.apply_version(version)
+        return version
+
     async def apply_version(self, version: int) -> None:
         """After new weights are in: drop cached prefixes of the old ones and stamp later tokens ``version``."""
         await self.engine.reset_prefix_cache()
@@ -274,6 +301,87 @@ def _reload_named(worker, named_tensors) -> None:
     method = getattr(lm_head, "quant_method", None)
     if method is not None and hasattr(method, "process_weights_after_loading"):
         method.process_weights_after_loading(lm_head)  # the CPU backend keeps a packed copy of lm_head
+
+
+# ---- the broadcast member, on vLLM's worker (wire contract: asyncrl/weight_sync/broadcast.py) ------------
+
+
+def _join_group(worker, host, port, rank, world_size, device, timeout_s, prefix) -> None:
+    """Join as ``rank`` a standalone group over the trainer's ``TCPStore``: gloo on CPU, NCCL on CUDA."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    timeout = timedelta(seconds=timeout_s)
+    store = dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
+    prefixed = dist.PrefixStore(prefix, store)
+    if torch.device(device).type == "cuda":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        group = dist.ProcessGroupNCCL(prefixed, rank, world_size, options)
+        device = worker.device  # the GPU this vLLM worker serves from
+    else:
+        group = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
+    worker.asyncrl_weights = {"store": store, "group": group, "device": torch.device(device), "staged": {}}
+
+
+def _broadcast_into(member: dict, tensor) -> None:
+    """Receive rank 0's broadcast into ``tensor`` (on the member's device)."""
+    import torch.distributed as dist
+
+    options = dist.BroadcastOptions()
+    options.rootRank = 0
+    member["group"].broadcast([tensor], options).wait()
+
+
+def _stage(worker) -> int:
+    """Receive every bucket of one update (headers, then raw bytes straight into buffers on the model's
+    device) and keep them under their version until applied."""
+    import numpy as np
+    import torch
+
+    member = worker.asyncrl_weights
+    buckets, version = [], None
+    while True:
+        length = torch.zeros(1, dtype=torch.int64, device=member["device"])
+        _broadcast_into(member, length)
+        if int(length) == 0:
+            break
+        header = torch.empty(int(length), dtype=torch.uint8, device=member["device"])
+        _broadcast_into(member, header)
+        fields = json.loads(header.cpu().numpy().tobytes())
+        buffers = {}
+        for dtype, num_elements, carrier in fields["buffers"]:
+            num_bytes = num_elements * np.dtype(carrier).itemsize
+            raw = torch.empty(num_bytes, dtype=torch.uint8, device=member["device"])
+            _broadcast_into(member, raw)
+            buffers[dtype] = raw.view(getattr(torch, dtype))
+        buckets.append((fields["manifest"], buffers))
+        version = fields["version"]
+    member["staged"][version] = buckets
+    return version
+
+
+def _apply_staged(worker, version: int) -> None:
+    """Load staged ``version`` into the model in place; older staged versions are dropped with it."""
+    staged = worker.asyncrl_weights["staged"]
+    if version not in staged:
+        raise ValueError(f"weight update v{version}: no broadcast of it was staged on this engine")
+    buckets = staged.pop(version)
+    for old in [v for v in staged if v < version]:
+        del staged[old]
+    _reload_named(worker, _views(buckets))
+
+
+def _views(buckets):
+    """(name, tensor) views into the staged buffers, bucket by bucket (tied names view one span)."""
+    for manifest, buffers in buckets:
+        for name, dtype, shape, offset in manifest:
+            numel = 1
+            for size in shape:
+                numel *= size
+            yield name, buffers[dtype][offset : offset + numel].view(shape)
 
 
 def _versions(spans, num_tokens: int) -> list[int]:
