@@ -307,9 +307,11 @@ class VLLMEngineClient:
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         event = message["event"]
-        if event == "fatal":  # the worker's step loop died: every waiting call fails with its reason
+        if event == "fatal":  # vLLM's engine died in the worker: every waiting call fails with its reason
             self._fail(
-                VLLMWorkerError(f"vLLM worker step loop failed: {message['error']}\n{message['traceback']}")
+                VLLMWorkerError(
+                    f"vLLM engine failed in the worker: {message['error']}\n{message['traceback']}"
+                )
             )
             return
         if event == "finished":
