@@ -88,18 +88,25 @@ def test_greedy_tokens_equal_hf_and_the_builtin_engine_and_logprobs_are_within_1
 def test_abort_returns_the_prefix_generated_so_far(engine, hf):
     _, tokenizer = hf
 
-    async def scenario():
+    async def abort_once_started(rid: str):
+        """Abort ``rid`` as soon as it has a token (on a fast engine it may finish first: then try again)."""
+        prompt = tokenizer.encode(PROMPTS[1])
         task = asyncio.ensure_future(
-            engine.generate(
-                request("long", tokenizer.encode(PROMPTS[1]), max_new_tokens=200, ignore_eos=True)
-            )
+            engine.generate(request(rid, prompt, max_new_tokens=200, ignore_eos=True))
         )
-        await asyncio.sleep(0.3)
-        aborted = await engine.abort("long")
+        while (await engine.worker_stats())["running_tokens"].get(rid, 0) < 1 and not task.done():
+            await asyncio.sleep(0.001)
+        aborted = await engine.abort(rid)
         return aborted, await task
 
+    async def scenario():
+        for attempt in range(10):
+            aborted, finished = await abort_once_started(f"long{attempt}")
+            if finished.finish_reason is FinishReason.ABORT:
+                return aborted, finished
+        pytest.fail("every request finished before it could be aborted")
+
     aborted, finished = asyncio.run(scenario())
-    assert finished.finish_reason is FinishReason.ABORT
     assert 0 < len(finished.token_ids) < 200 and len(finished.logprobs) == len(finished.token_ids)
     assert aborted is None or list(aborted.token_ids) == list(finished.token_ids)
 
@@ -113,11 +120,26 @@ def test_a_weight_update_mid_generation_switches_the_following_tokens_and_their_
     torch.manual_seed(0)
     other = {name: torch.randn_like(t) * 0.2 for name, t in state_dict_for_sync(model).items()}
 
-    async def scenario():
-        task = asyncio.ensure_future(engine.generate(greedy("mid", prompt, N)))
-        while (await engine.worker_stats())["running_tokens"].get("mid", 0) < 5:
+    async def paused_mid_generation(attempt: int) -> asyncio.Future | None:
+        """A request paused with >= 5 of its N tokens, or None when it finished first (vLLM's engine core
+        runs ahead of the worker's loop, so a poll can miss the whole generation)."""
+        rid = f"mid{attempt}"
+        task = asyncio.ensure_future(engine.generate(greedy(rid, prompt, N)))
+        while (await engine.worker_stats())["running_tokens"].get(rid, 0) < 5 and not task.done():
             await asyncio.sleep(0.001)
         await engine.pause()
+        if rid in (await engine.worker_stats())["running_tokens"]:
+            return task
+        await engine.resume()
+        await task
+        return None
+
+    async def scenario():
+        for attempt in range(10):
+            if task := await paused_mid_generation(attempt):
+                break
+        else:
+            pytest.fail("every request finished before it could be paused mid-generation")
         await engine.update_weights(other, version=1)
         await engine.resume()
         generation = await task
