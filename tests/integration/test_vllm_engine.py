@@ -305,18 +305,18 @@ def test_multi_version_moves_requests_between_vllm_engines_by_recompute(hf):
         engines = [engine, second]
         proxy = proxy_for_mode(engines, ProxyConfig(), "multi_version", async_ratio=1.0, slots_per_engine=8)
         base = engine.version
+        await asyncio.gather(*(e.pause() for e in engines))  # held from the start: nothing can run away
         calls = [
             asyncio.ensure_future(proxy.generate(greedy(f"mv{i}", p, n=120))) for i, p in enumerate(prompts)
         ]
-        held: set[int] = set()
         deadline = time.monotonic() + 60
-        while len(held) < 2:  # hold each engine as soon as both its requests are mid-generation
-            assert time.monotonic() < deadline, "the requests never ran two per engine"
-            for index, client in enumerate(engines):
-                running = (await client.worker_stats())["running_tokens"]
-                if index not in held and len(running) == 2 and min(running.values()) >= 1:
-                    await client.pause()
-                    held.add(index)
+        for client in engines:  # step each held engine in short bursts until both its requests have tokens
+            while len(running := (await client.worker_stats())["running_tokens"]) < 2 or (
+                min(running.values()) < 1
+            ):
+                assert time.monotonic() < deadline, f"the requests never ran two per engine: {running}"
+                await client.resume()
+                await client.pause()
         await proxy.suspend()
         await proxy.model_update(weights, base + 1)
         await proxy.resume()
