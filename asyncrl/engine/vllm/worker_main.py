@@ -400,5 +400,20 @@ def _sampled_logprob(entry, token: int) -> float:
     return float(getattr(value, "logprob", value))
 
 
+def _die_with_parent() -> None:
+    """Ask Linux to kill this process when its parent dies. vLLM's engine core does not watch the process that
+    spawned it, so when this worker is killed outright (a Ray actor's children are SIGKILLed with it) the
+    engine core would live on, holding its memory."""
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+if __name__ == "__mp_main__" and sys.platform == "linux":
+    _die_with_parent()  # vLLM's spawned processes (engine core, its workers) re-import this file under this name
+
 if __name__ == "__main__":
     main()
