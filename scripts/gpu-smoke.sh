@@ -21,8 +21,16 @@ GPUS=$(python -c "import torch; print(torch.cuda.device_count())")
 if [ "$GPUS" -ge 2 ]; then
   echo "== FSDP2 over NCCL: one sharded step against one process ($GPUS GPUs)"
   python scripts/gpu_fsdp_check.py
+  # NEVER RUN ON A GPU so far: only its CPU twin (gloo into vLLM's CPU worker) is tested
+  # (tests/integration/test_vllm_engine.py, the broadcast test).
+  echo "== vLLM on Ray, weights broadcast over NCCL from the trainer straight into vLLM's worker (2 GPUs)"
+  python -m asyncrl.cli.main train engine.backend=vllm runtime.type=local model.device=cuda \
+    trainer.num_workers=1 rollout.num_engines=1 weight_sync.type=broadcast proxy.max_engine_restarts=0 \
+    controller.num_steps=10 controller.eval_prompts=64 output_dir=runs/gpu-smoke/vllm-broadcast \
+    metrics.progress=lines
 else
   echo "== only $GPUS GPU: the NCCL trainer needs one GPU per rank; FSDP2 over NCCL was NOT checked"
+  echo "== only $GPUS GPU: NCCL needs the trainer and vLLM on different GPUs; the vLLM broadcast was NOT checked"
 fi
 if [ "$GPUS" -ge 3 ]; then
   echo "== a short RL run on Ray: a 2-rank NCCL trainer and one engine, each on its own GPU"

@@ -161,6 +161,8 @@ class EngineActor:
         self.weight_group: WeightGroup | None = None
         self.staged: dict[int, list[Any]] = {}
         """Broadcast updates received but not yet applied, by version."""
+        self.engine_joins_group = engine.backend == "vllm"
+        """Whether the engine itself (vLLM's worker) is the broadcast member and stages the updates."""
         if engine.backend == "vllm":
             from asyncrl.engine.vllm import VLLMEngineClient
 
@@ -207,7 +209,9 @@ class EngineActor:
                 f"update_weights: the update is version {update.version}, the call says {version}"
             )
         check_version(update, self.engine.version)
-        if update.transport == "broadcast":
+        if update.transport == "broadcast" and self.engine_joins_group:
+            fetched = update  # staged inside the vLLM worker, which applies it
+        elif update.transport == "broadcast":
             fetched = replace(
                 update, transport="object_store", handle=tuple(self._take_staged(update.version))
             )
@@ -218,8 +222,14 @@ class EngineActor:
     async def join_weight_group(
         self, host: str, port: int, rank: int, world_size: int, timeout_s: float
     ) -> None:
-        """Join the weight-broadcast group as ``rank`` (off the actor's loop: it blocks until all joined)."""
+        """Join the weight-broadcast group as ``rank`` (off the actor's loop: it blocks until all joined); a
+        vLLM engine's worker joins in its place, so the weights go straight into vLLM's worker."""
         device = str(self._device())
+        if self.engine_joins_group:
+            await self.engine.join_weight_group(
+                host=host, port=port, rank=rank, world_size=world_size, device=device, timeout_s=timeout_s
+            )
+            return
         self.weight_group = await asyncio.to_thread(
             WeightGroup,
             host=host,
@@ -231,7 +241,10 @@ class EngineActor:
         )
 
     async def stage_weights(self) -> int:
-        """Receive the next broadcast update into staging (generation goes on meanwhile); its version."""
+        """Receive the next broadcast update into staging (generation goes on meanwhile, except on vLLM,
+        whose engine core waits for the receive); its version."""
+        if self.engine_joins_group:
+            return await self.engine.stage_weights()
         buckets = await asyncio.to_thread(self.weight_group.receive)
         version = buckets[0].version
         self.staged[version] = buckets

@@ -15,13 +15,24 @@ Key decisions:
   trainer's FSDP2 group, so the engines never join the trainer's collectives.
 - Members are fixed when the group forms: an engine that replaces a failed one is not in it, so the broadcast
   transport is refused together with engine recovery (``proxy.max_engine_restarts`` must be 0).
-- Each bucket travels as a small pickled header (version, manifest, buffer sizes) then its buffers; an empty
-  header ends the update. Buffers cross as raw bytes (``weight_sync.flat``), so every dtype travels alike.
+- Each bucket travels as a small header then its buffers; an empty header ends the update. Buffers cross as
+  raw bytes (``weight_sync.flat``), so every dtype travels alike. The header is plain JSON, not a pickle, so
+  a member that cannot import asyncrl (the vLLM worker, ``engine/vllm/worker_main.py``) reads it too.
+
+Wire contract (every broadcast from rank 0, in this order):
+
+    per bucket:  int64[1] header length L > 0,  uint8[L] header,  then per buffer: uint8[nbytes] its bytes
+    the end:     int64[1] 0
+
+    header = {"version": int,
+              "manifest": [[name, dtype, shape, offset], ...],   # offset/shape in elements of dtype
+              "buffers": [[dtype, num_elements, carrier], ...]}  # in the order their bytes follow;
+                                                                 # carrier: numpy dtype string, e.g. "<u4"
 """
 
 from __future__ import annotations
 
-import pickle
+import json
 from collections.abc import Iterable
 from datetime import timedelta
 
@@ -29,7 +40,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from asyncrl.weight_sync.flat import FlatWeights
+from asyncrl.weight_sync.flat import FlatWeights, TensorEntry
 
 GROUP_PREFIX = "asyncrl-weights"
 
@@ -59,9 +70,7 @@ class WeightGroup:
         if self.rank != 0:
             raise RuntimeError("only rank 0 (the trainer) sends weights")
         for flat in buckets:
-            sizes = {dtype: buffer.size for dtype, buffer in flat.buffers.items()}
-            carriers = {dtype: buffer.dtype.str for dtype, buffer in flat.buffers.items()}
-            self._send_header(pickle.dumps((flat.version, flat.manifest, sizes, carriers)))
+            self._send_header(header_of(flat))
             for buffer in flat.buffers.values():
                 self._broadcast(torch.from_numpy(buffer.view(np.uint8)))
         self._send_header(b"")
@@ -70,13 +79,17 @@ class WeightGroup:
         """Ranks 1..E: every bucket of one update, as ``FlatWeights`` this process owns."""
         buckets = []
         while header := self._receive_header():
-            version, manifest, sizes, carriers = pickle.loads(header)
+            fields = json.loads(header)
             buffers = {}
-            for dtype, size in sizes.items():
-                buffer = np.empty(size, np.dtype(carriers[dtype]))
+            for dtype, size, carrier in fields["buffers"]:
+                buffer = np.empty(size, np.dtype(carrier))
                 self._broadcast(torch.from_numpy(buffer.view(np.uint8)), into=True)
                 buffers[dtype] = buffer
-            buckets.append(FlatWeights(version=version, manifest=manifest, buffers=buffers))
+            manifest = tuple(
+                TensorEntry(name=name, dtype=dtype, shape=tuple(shape), offset=offset)
+                for name, dtype, shape, offset in fields["manifest"]
+            )
+            buckets.append(FlatWeights(version=fields["version"], manifest=manifest, buffers=buffers))
         return buckets
 
     def _send_header(self, header: bytes) -> None:
@@ -102,6 +115,17 @@ class WeightGroup:
         self._group.broadcast([on_device], options).wait()
         if into and on_device is not tensor:
             tensor.copy_(on_device.cpu())
+
+
+def header_of(flat: FlatWeights) -> bytes:
+    """The JSON header of one bucket (module docstring: wire contract)."""
+    return json.dumps(
+        {
+            "version": flat.version,
+            "manifest": [[e.name, e.dtype, list(e.shape), e.offset] for e in flat.manifest],
+            "buffers": [[dtype, int(b.size), b.dtype.str] for dtype, b in flat.buffers.items()],
+        }
+    ).encode()
 
 
 def _process_group(

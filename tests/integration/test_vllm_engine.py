@@ -88,18 +88,25 @@ def test_greedy_tokens_equal_hf_and_the_builtin_engine_and_logprobs_are_within_1
 def test_abort_returns_the_prefix_generated_so_far(engine, hf):
     _, tokenizer = hf
 
-    async def scenario():
+    async def abort_once_started(rid: str):
+        """Abort ``rid`` as soon as it has a token (on a fast engine it may finish first: then try again)."""
+        prompt = tokenizer.encode(PROMPTS[1])
         task = asyncio.ensure_future(
-            engine.generate(
-                request("long", tokenizer.encode(PROMPTS[1]), max_new_tokens=200, ignore_eos=True)
-            )
+            engine.generate(request(rid, prompt, max_new_tokens=200, ignore_eos=True))
         )
-        await asyncio.sleep(0.3)
-        aborted = await engine.abort("long")
+        while (await engine.worker_stats())["running_tokens"].get(rid, 0) < 1 and not task.done():
+            await asyncio.sleep(0.001)
+        aborted = await engine.abort(rid)
         return aborted, await task
 
+    async def scenario():
+        for attempt in range(10):
+            aborted, finished = await abort_once_started(f"long{attempt}")
+            if finished.finish_reason is FinishReason.ABORT:
+                return aborted, finished
+        pytest.fail("every request finished before it could be aborted")
+
     aborted, finished = asyncio.run(scenario())
-    assert finished.finish_reason is FinishReason.ABORT
     assert 0 < len(finished.token_ids) < 200 and len(finished.logprobs) == len(finished.token_ids)
     assert aborted is None or list(aborted.token_ids) == list(finished.token_ids)
 
@@ -113,11 +120,26 @@ def test_a_weight_update_mid_generation_switches_the_following_tokens_and_their_
     torch.manual_seed(0)
     other = {name: torch.randn_like(t) * 0.2 for name, t in state_dict_for_sync(model).items()}
 
-    async def scenario():
-        task = asyncio.ensure_future(engine.generate(greedy("mid", prompt, N)))
-        while (await engine.worker_stats())["running_tokens"].get("mid", 0) < 5:
+    async def paused_mid_generation(attempt: int) -> asyncio.Future | None:
+        """A request paused with >= 5 of its N tokens, or None when it finished first (vLLM's engine core
+        runs ahead of the worker's loop, so a poll can miss the whole generation)."""
+        rid = f"mid{attempt}"
+        task = asyncio.ensure_future(engine.generate(greedy(rid, prompt, N)))
+        while (await engine.worker_stats())["running_tokens"].get(rid, 0) < 5 and not task.done():
             await asyncio.sleep(0.001)
         await engine.pause()
+        if rid in (await engine.worker_stats())["running_tokens"]:
+            return task
+        await engine.resume()
+        await task
+        return None
+
+    async def scenario():
+        for attempt in range(10):
+            if task := await paused_mid_generation(attempt):
+                break
+        else:
+            pytest.fail("every request finished before it could be paused mid-generation")
         await engine.update_weights(other, version=1)
         await engine.resume()
         generation = await task
@@ -157,10 +179,76 @@ def test_a_mismatched_or_stale_update_is_refused_and_the_old_weights_keep_servin
     assert asyncio.run(engine.generate(greedy("after", prompt))).token_ids == before
 
 
+def test_a_broadcast_update_lands_in_the_vllm_worker_like_the_pipe_update_and_a_mismatch_is_refused(
+    engine, hf
+):
+    """weight_sync.type=broadcast on vLLM: vLLM's worker joins the trainer's gloo group, stages the broadcast
+    buckets and applies them in place. Greedy tokens then equal those after the same weights sent over the
+    worker pipe and HF's with those weights; a bucket with a wrong shape is refused by name, old weights kept."""
+    from asyncrl.trainer.distributed.process_group import free_port
+    from asyncrl.weight_sync.broadcast import WeightGroup
+    from asyncrl.weight_sync.flat import pack_state
+    from asyncrl.weight_sync.transports import update_of_buckets
+
+    model, tokenizer = hf
+    prompt = tokenizer.encode(PROMPTS[0])
+    original = state_dict_for_sync(model)
+    model_with_new = AutoModelForCausalLM.from_pretrained(DEFAULT_MODEL_DIR, local_files_only=True).eval()
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for parameter in model_with_new.parameters():  # a tied matrix once: both names get the same update
+            parameter.add_(0.2 * torch.randn_like(parameter))
+    new = state_dict_for_sync(model_with_new)
+    base = engine.version
+
+    async def update_by_pipe(weights, version):
+        await engine.pause()
+        await engine.update_weights(weights, version=version)
+        await engine.resume()
+        return await engine.generate(greedy(f"pipe{version}", prompt, 24))
+
+    async def broadcast(group, buckets, version):
+        staged = asyncio.ensure_future(engine.stage_weights())
+        await asyncio.to_thread(group.send, [pack_state(b, version) for b in buckets])
+        assert await staged == version
+        flats = [pack_state(b, version).without_buffers() for b in buckets]
+        await engine.update_weights(update_of_buckets(flats, "broadcast", None), version)
+
+    async def scenario():
+        by_pipe = await update_by_pipe(new, base + 1)
+        await update_by_pipe(original, base + 2)
+        port = free_port()
+        trainer = asyncio.ensure_future(
+            asyncio.to_thread(
+                WeightGroup, host="127.0.0.1", port=port, rank=0, world_size=2, device="cpu", timeout_s=60
+            )
+        )
+        await engine.join_weight_group(
+            host="127.0.0.1", port=port, rank=1, world_size=2, device="cpu", timeout_s=60
+        )
+        group = await trainer
+        names = list(new)
+        await broadcast(group, [{n: new[n] for n in names[:3]}, {n: new[n] for n in names[3:]}], base + 3)
+        by_broadcast = await engine.generate(greedy("bcast", prompt, 24))
+        with pytest.raises(WeightSyncError, match="'model.norm.weight' has shape"):
+            await broadcast(group, [{**original, "model.norm.weight": torch.ones(3)}], base + 4)
+        kept = await engine.generate(greedy("kept", prompt, 24))
+        return by_pipe, by_broadcast, kept
+
+    by_pipe, by_broadcast, kept = asyncio.run(scenario())
+    tokens, _ = hf_greedy_with_logprobs(model_with_new, prompt, 24)
+    assert by_broadcast.token_ids == by_pipe.token_ids == tokens
+    assert tokens != hf_greedy_with_logprobs(model, prompt, 24)[0], "the new weights change the tokens"
+    assert set(by_broadcast.versions) == {base + 3} and engine.version == base + 3
+    assert kept.token_ids == tokens and set(kept.versions) == {base + 3}
+
+
 @pytest.mark.ray
-def test_vllm_engines_as_ray_actors_train_an_async_run(tmp_path):
+@pytest.mark.parametrize("transport", ["object_store", "broadcast"])
+def test_vllm_engines_as_ray_actors_train_an_async_run(tmp_path, transport):
     """engine.backend=vllm under the Ray runtime: each vLLM worker is started by its engine actor (so it runs
-    in the actor's bundle), weights arrive as object-store buckets, and a short async run trains every step."""
+    in the actor's bundle), weights arrive as object-store buckets or are broadcast by trainer rank 0 straight
+    into vLLM's worker, and a short async run trains every step."""
     import json
     from pathlib import Path
 
@@ -183,6 +271,8 @@ def test_vllm_engines_as_ray_actors_train_an_async_run(tmp_path):
             "rollout.max_new_tokens=16",
             "engine.max_model_len=256",
             "model.device=cpu",
+            f"weight_sync.type={transport}",
+            f"proxy.max_engine_restarts={0 if transport == 'broadcast' else 8}",
             f"output_dir={tmp_path}",
         ],
     )
@@ -194,37 +284,39 @@ def test_vllm_engines_as_ray_actors_train_an_async_run(tmp_path):
     assert len(placed["engines"]) == 1 and placed["engines"][0]["pid"] != placed["trainer_ranks"][0]["pid"]
 
 
-def test_multi_version_moves_requests_between_vllm_engines_by_recompute(engine, hf):
+def test_multi_version_moves_requests_between_vllm_engines_by_recompute(hf):
     """controller.mode=multi_version on vLLM: an update switches one engine to the new weights and its
     in-flight requests move, as prefixes, to the engine still on their version, which prefills them again;
-    every request ends as an uninterrupted greedy run would, all its tokens on v0."""
+    every request ends as an uninterrupted greedy run would, all its tokens on v0. Two fresh engines: the
+    proxy starts at version 0, so its engines must serve v0 (the module's engine has taken updates)."""
     from asyncrl.config.proxy import ProxyConfig
     from asyncrl.proxy.factory import proxy_for_mode
 
     _, tokenizer = hf
     prompts = [tokenizer.encode(p) for p in PROMPTS] + [tokenizer.encode("copy 2 d: m n")]
+    engine = VLLMEngineClient.start(DEFAULT_MODEL_DIR, VLLMConfig(), max_model_len=256)
+    second = VLLMEngineClient.start(DEFAULT_MODEL_DIR, VLLMConfig(), max_model_len=256)
     reference = [
         asyncio.run(engine.generate(greedy(f"ref{i}", p, n=120))).token_ids for i, p in enumerate(prompts)
     ]
-    second = VLLMEngineClient.start(DEFAULT_MODEL_DIR, VLLMConfig(), max_model_len=256)
     weights = {k: v + 0.01 for k, v in state_dict_for_sync(hf[0]).items()}
 
     async def scenario():
         engines = [engine, second]
         proxy = proxy_for_mode(engines, ProxyConfig(), "multi_version", async_ratio=1.0, slots_per_engine=8)
         base = engine.version
+        await asyncio.gather(*(e.pause() for e in engines))  # held from the start: nothing can run away
         calls = [
             asyncio.ensure_future(proxy.generate(greedy(f"mv{i}", p, n=120))) for i, p in enumerate(prompts)
         ]
-        held: set[int] = set()
         deadline = time.monotonic() + 60
-        while len(held) < 2:  # hold each engine as soon as both its requests are mid-generation
-            assert time.monotonic() < deadline, "the requests never ran two per engine"
-            for index, client in enumerate(engines):
-                running = (await client.worker_stats())["running_tokens"]
-                if index not in held and len(running) == 2 and min(running.values()) >= 1:
-                    await client.pause()
-                    held.add(index)
+        for client in engines:  # step each held engine in short bursts until both its requests have tokens
+            while len(running := (await client.worker_stats())["running_tokens"]) < 2 or (
+                min(running.values()) < 1
+            ):
+                assert time.monotonic() < deadline, f"the requests never ran two per engine: {running}"
+                await client.resume()
+                await client.pause()
         await proxy.suspend()
         await proxy.model_update(weights, base + 1)
         await proxy.resume()
@@ -237,6 +329,7 @@ def test_multi_version_moves_requests_between_vllm_engines_by_recompute(engine, 
     try:
         base, generations, stats = asyncio.run(scenario())
     finally:
+        engine.shutdown()
         second.shutdown()
     assert stats["num_migrations"] == 2 and stats["kv_bytes_moved"] == 0
     for generation, expected in zip(generations, reference, strict=True):

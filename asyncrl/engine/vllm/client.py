@@ -18,6 +18,7 @@ import itertools
 import json
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import tempfile
@@ -32,7 +33,14 @@ from asyncrl.config.engine import EngineConfig, VLLMConfig
 from asyncrl.engine.async_engine import resolve_threadsafe
 from asyncrl.models.loading import resolve_model_path
 from asyncrl.types import FinishReason, Generation, Request
-from asyncrl.weight_sync.protocol import ManifestEntry, WeightSyncError, WeightUpdate, check_manifest
+from asyncrl.weight_sync.broadcast import GROUP_PREFIX
+from asyncrl.weight_sync.protocol import (
+    ManifestEntry,
+    WeightSyncError,
+    WeightUpdate,
+    check_manifest,
+    check_version,
+)
 from asyncrl.weight_sync.receiver import tensors_of
 
 WORKER = Path(__file__).with_name("worker_main.py")
@@ -111,11 +119,14 @@ class VLLMEngineClient:
             json.dumps({"tensor_parallel_size": config.tensor_parallel_size, **config.engine_args}),
         ]
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # never asyncrl's packages there
-        env |= {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1")}
+        env |= {"OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1")}
         log = Path(os.environ.get("ASYNCRL_VLLM_LOG", os.devnull))
         # stderr goes to a file, not a pipe: an unread pipe would fill with vLLM's logs and block the worker
         stderr = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the worker; closed with the process)
-        process = subprocess.Popen(command, stdout=log.open("ab"), stderr=stderr, env=env)
+        # a session of its own: vLLM's engine-core processes are the worker's children, and a kill must reach them
+        process = subprocess.Popen(
+            command, stdout=log.open("ab"), stderr=stderr, env=env, start_new_session=True
+        )
         process._asyncrl_stderr = stderr  # type: ignore[attr-defined]
         conn = _connect(process, port, authkey, config.startup_timeout_s)
         ready = conn.recv()
@@ -189,6 +200,9 @@ class VLLMEngineClient:
         on a mismatch or a stale version: nothing is sent, the old weights keep serving)."""
         from safetensors.torch import save
 
+        if isinstance(named_tensors, WeightUpdate) and named_tensors.transport == "broadcast":
+            await self._apply_staged(named_tensors, version)
+            return
         named = tensors_of(named_tensors, serving_version=self.version, shapes=self._expected_shapes)
         items = dict(named.items() if isinstance(named, Mapping) else named)
         manifest = tuple(
@@ -203,6 +217,38 @@ class VLLMEngineClient:
         check_manifest(update, self._expected_shapes)
         payload = save({name: t.detach().contiguous().clone().cpu() for name, t in items.items()})
         self.version = await self._call("update", version=version, safetensors=payload)
+
+    async def join_weight_group(
+        self, *, host: str, port: int, rank: int, world_size: int, device: str, timeout_s: float
+    ) -> None:
+        """Make vLLM's worker a member (``rank``) of the trainer's weight-broadcast group
+        (``weight_sync.broadcast``); returns once every member joined."""
+        await self._call(
+            "join_group",
+            host=host,
+            port=port,
+            rank=rank,
+            world_size=world_size,
+            device=device,
+            timeout_s=timeout_s,
+            prefix=GROUP_PREFIX,
+        )
+
+    async def stage_weights(self) -> int:
+        """Receive the next broadcast update into staging on vLLM's worker (applied later by
+        ``update_weights``); its version."""
+        return await self._call("stage")
+
+    async def _apply_staged(self, update: WeightUpdate, version: int) -> None:
+        """Serve a staged broadcast update after checking its version and manifest against the served
+        model (``WeightSyncError``: nothing is applied, the old weights keep serving)."""
+        if update.version != version:
+            raise WeightSyncError(
+                f"update_weights: the update is version {update.version}, the call says {version}"
+            )
+        check_version(update, self.version)
+        check_manifest(update, self._expected_shapes)
+        self.version = await self._call("apply_staged", version=version)
 
     async def worker_stats(self) -> dict[str, Any]:
         """The worker's own view: served version, paused, tokens generated so far per running request."""
@@ -224,8 +270,7 @@ class VLLMEngineClient:
         try:
             self._process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            self._process.kill()
-            self._process.wait()
+            _kill(self._process)
         self._conn.close()
 
     # ---- plumbing ------------------------------------------------------------------------------------
@@ -262,9 +307,11 @@ class VLLMEngineClient:
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         event = message["event"]
-        if event == "fatal":  # the worker's step loop died: every waiting call fails with its reason
+        if event == "fatal":  # vLLM's engine died in the worker: every waiting call fails with its reason
             self._fail(
-                VLLMWorkerError(f"vLLM worker step loop failed: {message['error']}\n{message['traceback']}")
+                VLLMWorkerError(
+                    f"vLLM engine failed in the worker: {message['error']}\n{message['traceback']}"
+                )
             )
             return
         if event == "finished":
@@ -348,8 +395,15 @@ def _connect(process: subprocess.Popen, port: int, authkey: bytes, timeout_s: fl
             return Client(("127.0.0.1", port), authkey=authkey)
         except ConnectionRefusedError:
             time.sleep(0.1)
-    process.kill()
+    _kill(process)
     raise VLLMWorkerError(f"vLLM worker did not answer within {timeout_s:g} s")
+
+
+def _kill(process: subprocess.Popen) -> None:
+    """Kill the worker and every process of its session (vLLM's engine core and its workers)."""
+    with contextlib.suppress(ProcessLookupError):  # already gone
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
 
 
 def _stderr_tail(process: subprocess.Popen, num_chars: int = 3000) -> str:

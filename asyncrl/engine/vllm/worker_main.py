@@ -1,14 +1,18 @@
 """The vLLM engine worker: runs *inside the vLLM environment*, serving one model over a local socket.
 
 Key decision: this file imports nothing from asyncrl (asyncrl pins a newer transformers than vLLM's CPU wheel,
-so the two live in separate environments). It speaks the small protocol of ``asyncrl.engine.vllm.protocol``
-over ``multiprocessing.connection`` on 127.0.0.1 with an auth key, carrying only builtins (ints, floats,
-strings, lists, dicts) and weights as safetensors bytes, never pickled objects of either side's libraries.
+so the two live in separate environments). It speaks a small protocol over ``multiprocessing.connection`` on
+127.0.0.1 with an auth key, carrying only builtins (ints, floats, strings, lists, dicts) and weights as
+safetensors bytes, never pickled objects of either side's libraries.
 
-One thread reads commands; one thread runs vLLM's ``LLMEngine.step()`` loop (continuous batching). Every
-sampled token is tagged with the weight version that produced it. ``pause`` stops stepping with every
-running request's KV kept; an update replaces the weights in place (``reload_weights``), resets the prefix
-cache, and ``resume`` continues the requests under the new weights ("keep" semantics).
+The engine is vLLM's async engine (``AsyncLLM``) on this process's asyncio loop: vLLM runs its engine core
+(scheduler, continuous batching, the model) in a child process and streams outputs back here. Commands are
+applied one at a time, in the order they arrive, so an ``abort`` always sees the ``add`` sent before it; each
+request's outputs are collected by a task of its own. Every token carries the weight version that sampled it:
+vLLM's engine core stamps each step's outputs with its current weight version, set here after each update.
+``pause`` freezes running requests with their KV (vLLM's ``keep`` pause mode); an update replaces the
+weights in place (``reload_weights``) and resets the prefix cache; ``resume`` continues the requests under
+the new weights ("keep" semantics).
 
     python worker_main.py --model DIR --port P --authkey-hex K [--dtype float32] [--max-model-len N]
 """
@@ -16,6 +20,7 @@ cache, and ``resume`` continues the requests under the new weights ("keep" seman
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
 import difflib
 import json
@@ -40,19 +45,20 @@ def main() -> None:
     parser.add_argument("--engine-args-json", default="{}")
     args = parser.parse_args()
     check_engine_args(json.loads(args.engine_args_json))
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(args.kv_cache_gib))))
+    # collective_rpc ships this file's functions (``_reload``) to vLLM's engine-core process by cloudpickle
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     with Listener(("127.0.0.1", args.port), authkey=bytes.fromhex(args.authkey_hex)) as listener:
         print("asyncrl-vllm-worker listening", flush=True)
         with listener.accept() as conn:
-            Worker(conn, args).serve()
+            asyncio.run(Worker(conn, args).serve())
 
 
 def check_engine_args(extra: dict) -> None:
-    """Exit with a message naming an unknown ``vllm.EngineArgs`` field and the closest valid one."""
-    from vllm import EngineArgs
+    """Exit with a message naming an unknown ``vllm.AsyncEngineArgs`` field and the closest valid one."""
+    from vllm import AsyncEngineArgs
 
-    valid = [f.name for f in dataclasses.fields(EngineArgs)]
+    valid = [f.name for f in dataclasses.fields(AsyncEngineArgs)]
     for name in extra:
         if name not in valid:
             close = difflib.get_close_matches(name, valid, n=1)
@@ -60,101 +66,69 @@ def check_engine_args(extra: dict) -> None:
             sys.exit(f"engine.vllm.engine_args: unknown vLLM engine argument {name!r}{hint}")
 
 
-class Worker:
-    def __init__(self, conn, args) -> None:
-        from vllm import EngineArgs
-        from vllm.v1.engine.llm_engine import LLMEngine
+def engine_args_of(args: argparse.Namespace):
+    """vLLM's engine arguments: token ids in and out, the sampled token's processed log-prob, eager mode."""
+    from vllm import AsyncEngineArgs
 
+    return AsyncEngineArgs(
+        model=args.model,
+        dtype=args.dtype,
+        max_model_len=args.max_model_len,
+        seed=args.seed,
+        skip_tokenizer_init=True,
+        enforce_eager=True,
+        max_num_seqs=args.max_num_seqs,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        logprobs_mode="processed_logprobs",
+        enable_prefix_caching=False,
+        disable_log_stats=True,
+        # vllm-cpu 0.32 rewinds a seeded request's generator when its prefill is chunked, which CPU
+        # generators cannot do ("CPU Generator does not use offset"): prefill whole prompts instead.
+        **{"enable_chunked_prefill": False, **json.loads(args.engine_args_json)},
+    )
+
+
+class Worker:
+    """One ``AsyncLLM`` and the requests it runs for the client at the other end of ``conn``."""
+
+    def __init__(self, conn, args: argparse.Namespace) -> None:
         self.conn = conn
+        self.args = args
         self.send_lock = threading.Lock()
-        engine_args = EngineArgs(
-            model=args.model,
-            dtype=args.dtype,
-            max_model_len=args.max_model_len,
-            seed=args.seed,
-            skip_tokenizer_init=True,
-            enforce_eager=True,
-            max_num_seqs=args.max_num_seqs,
-            gpu_memory_utilization=args.gpu_memory_utilization,
-            logprobs_mode="processed_logprobs",
-            enable_prefix_caching=False,
-            # vllm-cpu 0.32 rewinds a seeded request's generator when its prefill is chunked, which CPU
-            # generators cannot do ("CPU Generator does not use offset"): prefill whole prompts instead.
-            **{"enable_chunked_prefill": False, **json.loads(args.engine_args_json)},
-        )
-        self.engine = LLMEngine.from_engine_args(engine_args)
-        self.cond = threading.Condition()
         self.version = 0
         self.paused = False
-        self.stopped = False
         self.running: dict[str, dict] = {}
-        self.pending_commands: list = []
+        """request id → the tokens, log-probs and collector task of a request not yet finished."""
 
     # ---- protocol ---------------------------------------------------------------------------------------
 
-    def serve(self) -> None:
-        stepper = threading.Thread(target=self.step_loop, daemon=True)
-        stepper.start()
-        self.send({"event": "ready", "version": self.version, "pid": os.getpid()})
+    async def serve(self) -> None:
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self.engine = AsyncLLM.from_engine_args(engine_args_of(self.args))
         try:
+            await self.engine.update_weight_version(str(self.version))
+            self.send({"event": "ready", "version": self.version, "pid": os.getpid()})
+            loop = asyncio.get_running_loop()
             while True:
-                message = self.conn.recv()
+                try:
+                    message = await loop.run_in_executor(None, self.conn.recv)
+                except EOFError:
+                    break
                 if message["op"] == "shutdown":
                     break
-                self.enqueue(message)
-        except EOFError:
-            pass
+                await self.run_command(message)
         finally:
-            with self.cond:
-                self.stopped = True
-                self.cond.notify()
-            stepper.join(timeout=30)
-
-    def enqueue(self, message: dict) -> None:
-        with self.cond:
-            self.pending_commands.append(message)
-            self.cond.notify()
+            self.engine.shutdown()
 
     def send(self, message: dict) -> None:
         with self.send_lock:
             self.conn.send(message)
 
-    # ---- the engine thread ------------------------------------------------------------------------------
-
-    def step_loop(self) -> None:
-        try:
-            self.serve_steps()
-        except (
-            Exception
-        ) as err:  # deliberate: a dead step loop must reach every caller, not leave them waiting
-            self.send(
-                {
-                    "event": "fatal",
-                    "error": f"{type(err).__name__}: {err}",
-                    "traceback": traceback.format_exc(),
-                }
-            )
-
-    def serve_steps(self) -> None:
-        while True:
-            with self.cond:
-                while not self.stopped and not self.pending_commands and not self.can_step():
-                    self.cond.wait()
-                if self.stopped:
-                    return
-                commands, self.pending_commands = self.pending_commands, []
-            for command in commands:
-                self.run_command(command)
-            if self.can_step():
-                self.step()
-
-    def can_step(self) -> bool:
-        return not self.paused and bool(self.running)
-
-    def run_command(self, message: dict) -> None:
+    async def run_command(self, message: dict) -> None:
         op, call = message["op"], message.get("call")
         try:
-            result = getattr(self, f"op_{op}")(message)
+            result = await getattr(self, f"op_{op}")(message)
         except Exception as err:  # deliberate: every failure goes back to the caller, named
             self.send(
                 {
@@ -169,42 +143,59 @@ class Worker:
         if call is not None:
             self.send({"event": "result", "call": call, "result": result})
 
-    def step(self) -> None:
-        for output in self.engine.step():
-            state = self.running.get(output.request_id)
-            if state is None:
-                continue
-            completion = output.outputs[0]
-            new_ids = list(completion.token_ids)[len(state["token_ids"]) :]
-            new_logprobs = [
-                _sampled_logprob(entry, token)
-                for entry, token in zip(
-                    (completion.logprobs or [])[len(state["logprobs"]) :], new_ids, strict=False
-                )
-            ]
-            state["token_ids"] += new_ids
-            state["logprobs"] += new_logprobs
-            state["versions"] += [self.version] * len(new_ids)
-            if output.finished:
-                reason = "length" if completion.finish_reason == "length" else "stop"
-                self.finish(output.request_id, reason)
+    # ---- one request ------------------------------------------------------------------------------------
 
-    def finish(self, request_id: str, reason: str) -> dict:
+    async def collect(self, request_id: str, outputs) -> None:
+        """Gather ``request_id``'s outputs until it finishes, then send the generation; a failure of the
+        engine itself is fatal for every caller, a failure of this request fails its call alone."""
+        state = self.running[request_id]
+        try:
+            while True:
+                output = outputs.get_nowait() or await outputs.get()
+                completion = output.outputs[0]
+                state["token_ids"] += completion.token_ids
+                state["logprobs"] += [
+                    _sampled_logprob(entry, token)
+                    for entry, token in zip(completion.logprobs or [], completion.token_ids, strict=False)
+                ]
+                if output.finished:
+                    break
+        except Exception as err:  # deliberate: the failure reaches the waiting caller, never silence
+            self.running.pop(request_id)
+            state["done"].set_result(None)  # an abort waiting on it finds nothing left to return
+            event = "fatal" if self.engine.errored else "error"
+            self.send(
+                {
+                    "event": event,
+                    "call": None,
+                    "request_id": request_id,
+                    "error": f"{type(err).__name__}: {err}",
+                    "traceback": traceback.format_exc(),
+                }
+            )
+            return
+        finally:
+            outputs.close()
+        reason = {"length": "length", "abort": "abort"}.get(completion.finish_reason, "stop")
+        self.finish(request_id, reason, _versions(completion.weight_versions, len(state["token_ids"])))
+
+    def finish(self, request_id: str, reason: str, versions: list[int]) -> None:
         state = self.running.pop(request_id)
         generation = {
             "request_id": request_id,
             "token_ids": state["token_ids"],
             "logprobs": state["logprobs"],
-            "versions": state["versions"],
+            "versions": versions,
             "finish_reason": reason,
         }
+        state["done"].set_result(generation)
         self.send({"event": "finished", "generation": generation})
-        return generation
 
     # ---- operations -------------------------------------------------------------------------------------
 
-    def op_add(self, message: dict) -> None:
+    async def op_add(self, message: dict) -> None:
         from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
 
         sampling = message["sampling"]
         params = SamplingParams(
@@ -217,56 +208,189 @@ class Worker:
             ignore_eos=sampling["ignore_eos"],
             logprobs=0,
             detokenize=False,
+            output_kind=RequestOutputKind.DELTA,
         )
         request_id = message["request_id"]
         if request_id in self.running:
             raise ValueError(f"request {request_id!r} is already running")
-        self.engine.add_request(request_id, {"prompt_token_ids": message["prompt_token_ids"]}, params)
-        self.running[request_id] = {"token_ids": [], "logprobs": [], "versions": []}
+        outputs = await self.engine.add_request(
+            request_id, {"prompt_token_ids": message["prompt_token_ids"]}, params
+        )
+        done = asyncio.get_running_loop().create_future()
+        self.running[request_id] = {"token_ids": [], "logprobs": [], "done": done}
+        self.running[request_id]["task"] = asyncio.create_task(self.collect(request_id, outputs))
 
-    def op_abort(self, message: dict) -> dict | None:
-        request_id = message["request_id"]
-        if request_id not in self.running:
+    async def op_abort(self, message: dict) -> dict | None:
+        """The aborted request's generation so far (None if it is not running here)."""
+        state = self.running.get(message["request_id"])
+        if state is None:
             return None
-        self.engine.abort_request([request_id])
-        return self.finish(request_id, "abort")
+        await self.engine.abort(message["request_id"])
+        return await asyncio.shield(state["done"])
 
-    def op_pause(self, message: dict) -> None:
+    async def op_pause(self, message: dict) -> None:
+        await self.engine.pause_generation(mode="keep", clear_cache=False)
         self.paused = True
 
-    def op_resume(self, message: dict) -> None:
+    async def op_resume(self, message: dict) -> None:
+        await self.engine.resume_generation()
         self.paused = False
 
-    def op_stats(self, message: dict) -> dict:
+    async def op_stats(self, message: dict) -> dict:
         return {
             "version": self.version,
             "paused": self.paused,
             "running_tokens": {rid: len(state["token_ids"]) for rid, state in self.running.items()},
         }
 
-    def op_update(self, message: dict) -> int:
+    async def op_update(self, message: dict) -> int:
         """Weights as safetensors bytes; applied with every request paused in place (their KV kept)."""
-        from safetensors.torch import load
-
-        tensors = load(message["safetensors"])
         version = int(message["version"])
         if version < self.version:
             raise ValueError(f"weight update v{version} is older than the served v{self.version}; refused")
-        self.engine.collective_rpc(_reload, args=(list(tensors.items()),))
-        self.engine.reset_prefix_cache()
-        self.version = version
+        await self.engine.collective_rpc(_reload, args=(message["safetensors"],))
+        await self.apply_version(version)
         return version
 
+    async def op_join_group(self, message: dict) -> None:
+        """Join the trainer's weight-broadcast group (``asyncrl.weight_sync.broadcast``) from vLLM's own
+        worker, so broadcast weights land next to the model (on its GPU with NCCL) and skip this process."""
+        num_shards = self.engine.vllm_config.parallel_config.tensor_parallel_size
+        if num_shards > 1:  # each tensor-parallel worker would join as the same rank
+            raise ValueError(
+                f"weight_sync.type=broadcast into vLLM needs tensor_parallel_size 1, got {num_shards}; "
+                "use weight_sync.type: object_store"
+            )
+        fields = ("host", "port", "rank", "world_size", "device", "timeout_s", "prefix")
+        await self.engine.collective_rpc(_join_group, args=tuple(message[f] for f in fields))
 
-def _reload(worker, items) -> None:
-    """Runs on the vLLM worker: replace the weights in place, then repack a tied output layer."""
+    async def op_stage(self, message: dict) -> int:
+        """Receive the next broadcast update into staging on vLLM's worker; its version. vLLM's engine core
+        runs no step while it receives (a collective call holds its loop)."""
+        (version,) = await self.engine.collective_rpc(_stage)
+        return version
+
+    async def op_apply_staged(self, message: dict) -> int:
+        """Serve the staged broadcast update ``version`` (checked against the model by the client)."""
+        version = int(message["version"])
+        if version < self.version:
+            raise ValueError(f"weight update v{version} is older than the served v{self.version}; refused")
+        await self.engine.collective_rpc(_apply_staged, args=(version,))
+        await self.apply_version(version)
+        return version
+
+    async def apply_version(self, version: int) -> None:
+        """After new weights are in: drop cached prefixes of the old ones and stamp later tokens ``version``."""
+        await self.engine.reset_prefix_cache()
+        await self.engine.update_weight_version(str(version))
+        self.version = version
+
+
+def _reload(worker, safetensors_bytes: bytes) -> None:
+    """Runs on vLLM's worker: replace the weights in place, then repack a tied output layer."""
+    from safetensors.torch import load
+
+    _reload_named(worker, load(safetensors_bytes).items())
+
+
+def _reload_named(worker, named_tensors) -> None:
     model_runner = worker.model_runner
-    model_runner.reload_weights(weights_iterator=iter(items))
+    model_runner.reload_weights(weights_iterator=iter(named_tensors))
     model = model_runner.get_model()
     lm_head = getattr(model, "lm_head", None)
     method = getattr(lm_head, "quant_method", None)
     if method is not None and hasattr(method, "process_weights_after_loading"):
         method.process_weights_after_loading(lm_head)  # the CPU backend keeps a packed copy of lm_head
+
+
+# ---- the broadcast member, on vLLM's worker (wire contract: asyncrl/weight_sync/broadcast.py) ------------
+
+
+def _join_group(worker, host, port, rank, world_size, device, timeout_s, prefix) -> None:
+    """Join as ``rank`` a standalone group over the trainer's ``TCPStore``: gloo on CPU, NCCL on CUDA."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    timeout = timedelta(seconds=timeout_s)
+    store = dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
+    prefixed = dist.PrefixStore(prefix, store)
+    if torch.device(device).type == "cuda":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        group = dist.ProcessGroupNCCL(prefixed, rank, world_size, options)
+        device = worker.device  # the GPU this vLLM worker serves from
+    else:
+        group = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
+    worker.asyncrl_weights = {"store": store, "group": group, "device": torch.device(device), "staged": {}}
+
+
+def _broadcast_into(member: dict, tensor) -> None:
+    """Receive rank 0's broadcast into ``tensor`` (on the member's device)."""
+    import torch.distributed as dist
+
+    options = dist.BroadcastOptions()
+    options.rootRank = 0
+    member["group"].broadcast([tensor], options).wait()
+
+
+def _stage(worker) -> int:
+    """Receive every bucket of one update (headers, then raw bytes straight into buffers on the model's
+    device) and keep them under their version until applied."""
+    import numpy as np
+    import torch
+
+    member = worker.asyncrl_weights
+    buckets, version = [], None
+    while True:
+        length = torch.zeros(1, dtype=torch.int64, device=member["device"])
+        _broadcast_into(member, length)
+        if int(length) == 0:
+            break
+        header = torch.empty(int(length), dtype=torch.uint8, device=member["device"])
+        _broadcast_into(member, header)
+        fields = json.loads(header.cpu().numpy().tobytes())
+        buffers = {}
+        for dtype, num_elements, carrier in fields["buffers"]:
+            num_bytes = num_elements * np.dtype(carrier).itemsize
+            raw = torch.empty(num_bytes, dtype=torch.uint8, device=member["device"])
+            _broadcast_into(member, raw)
+            buffers[dtype] = raw.view(getattr(torch, dtype))
+        buckets.append((fields["manifest"], buffers))
+        version = fields["version"]
+    member["staged"][version] = buckets
+    return version
+
+
+def _apply_staged(worker, version: int) -> None:
+    """Load staged ``version`` into the model in place; older staged versions are dropped with it."""
+    staged = worker.asyncrl_weights["staged"]
+    if version not in staged:
+        raise ValueError(f"weight update v{version}: no broadcast of it was staged on this engine")
+    buckets = staged.pop(version)
+    for old in [v for v in staged if v < version]:
+        del staged[old]
+    _reload_named(worker, _views(buckets))
+
+
+def _views(buckets):
+    """(name, tensor) views into the staged buffers, bucket by bucket (tied names view one span)."""
+    for manifest, buffers in buckets:
+        for name, dtype, shape, offset in manifest:
+            numel = 1
+            for size in shape:
+                numel *= size
+            yield name, buffers[dtype][offset : offset + numel].view(shape)
+
+
+def _versions(spans, num_tokens: int) -> list[int]:
+    """Per-token versions from vLLM's weight-version spans (``[start, end)`` output-token ranges)."""
+    versions: list[int] = []
+    for span in spans or []:
+        versions += [int(span.version)] * (span.end - span.start)
+    assert len(versions) == num_tokens, f"weight-version spans cover {len(versions)} of {num_tokens} tokens"
+    return versions
 
 
 def _sampled_logprob(entry, token: int) -> float:
@@ -275,6 +399,21 @@ def _sampled_logprob(entry, token: int) -> float:
     value = entry[token]
     return float(getattr(value, "logprob", value))
 
+
+def _die_with_parent() -> None:
+    """Ask Linux to kill this process when its parent dies. vLLM's engine core does not watch the process that
+    spawned it, so when this worker is killed outright (a Ray actor's children are SIGKILLed with it) the
+    engine core would live on, holding its memory."""
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+if __name__ == "__mp_main__" and sys.platform == "linux":
+    _die_with_parent()  # vLLM's spawned processes (engine core, its workers) re-import this file under this name
 
 if __name__ == "__main__":
     main()
