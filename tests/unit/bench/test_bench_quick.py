@@ -26,6 +26,7 @@ QUICK = [
     "sim_vs_real",
     "sync_vs_trl",
     "agentic_learning",
+    "agents_external",
 ]
 """Every benchmark on the harness. ``agentic`` runs in tests/integration/test_bench_agentic.py, which also checks
 its episode ledgers."""
