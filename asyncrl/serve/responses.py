@@ -57,15 +57,7 @@ def chat_response(result: CallResult, model: str, logprobs: bool, tokenizer: Any
                 else None,
             }
         )
-    return {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": choices,
-        "usage": usage(result),
-        "asyncrl": _extra(result),
-    }
+    return _body("chatcmpl", "chat.completion", model, choices, result)
 
 
 def _token_logprob(tokenizer: Any, token_id: int, logprob: float) -> dict[str, Any]:
@@ -78,9 +70,16 @@ def completion_response(result: CallResult, model: str) -> dict[str, Any]:
         {"index": i, "text": c.text, "finish_reason": c.finish_reason, "logprobs": None}
         for i, c in enumerate(result.choices)
     ]
+    return _body("cmpl", "text_completion", model, choices, result)
+
+
+def _body(
+    id_prefix: str, kind: str, model: str, choices: list[dict[str, Any]], result: CallResult
+) -> dict[str, Any]:
+    """What both response kinds wrap their choices in: a fresh id, the object kind, usage and asyncrl's fields."""
     return {
-        "id": f"cmpl-{uuid.uuid4().hex}",
-        "object": "text_completion",
+        "id": f"{id_prefix}-{uuid.uuid4().hex}",
+        "object": kind,
         "created": int(time.time()),
         "model": model,
         "choices": choices,
