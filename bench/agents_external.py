@@ -23,7 +23,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -35,9 +34,14 @@ import torch  # noqa: E402
 from asyncrl.app.evaluate import evaluate_model  # noqa: E402
 from asyncrl.app.train import train  # noqa: E402
 from asyncrl.config.run import RunConfig, load_run_config  # noqa: E402
-from asyncrl.envs.warm_start import frozen_lake_episode, warm_start  # noqa: E402
 from bench import harness  # noqa: E402
-from bench.agentic_learning import NUM_ROOMS, QUICK_NUM_ROOMS, QUICK_WARM_STEPS, warm_sft  # noqa: E402
+from bench.agentic_learning import (  # noqa: E402
+    ENVS,
+    NUM_ROOMS,
+    QUICK_NUM_ROOMS,
+    QUICK_WARM_STEPS,
+    timed_warm_start,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "asyncrl" / "examples" / "agents" / "frozen_lake.yaml"
@@ -94,15 +98,7 @@ def external_arm(
         seed = next(seeds)
         with tempfile.TemporaryDirectory(prefix="agents-external-") as scratch:
             model_dir, out_dir = Path(scratch) / "model", Path(scratch) / "run"
-            started = time.perf_counter()
-            warm_start(
-                model_path="tiny-copy",
-                out_dir=str(model_dir),
-                episode=lambda room: frozen_lake_episode(4, room),
-                num_rooms=num_rooms,
-                sft=warm_sft(seed, warm_steps),
-            )
-            warm_s = time.perf_counter() - started
+            warm_s = timed_warm_start(model_dir, ENVS["frozen_lake"][1], num_rooms, seed, warm_steps)
             before = held_out(model_dir, seed, num_eval, None)
             config = load_run_config(
                 str(EXAMPLE), [f"model.path={model_dir}", f"output_dir={out_dir}", f"seed={seed}", *overrides]
