@@ -229,6 +229,23 @@ class CompletionService:
         observe: TokenObserver | None,
     ) -> Choice:
         """Generate one turn on ``branch`` and record it (rolled back if the generation fails)."""
+        request = self._request(f"{name}/b{branch.branch_id}/t{turn}", name, branch, sampling, tokens)
+        try:
+            generation = await self.proxy.generate(request, observe)
+        except Exception as err:  # deliberate: an engine failure is this call's 503, never the server's crash
+            tokens.rollback(branch)
+            logger.warning("generation %s failed: %s: %s", request.request_id, type(err).__name__, err)
+            raise ServeError(
+                503, f"generation failed: {type(err).__name__}: {err}", None, "server_error"
+            ) from err
+        return self._record(branch, tokens, generation, kind)
+
+    def _request(
+        self, request_id: str, name: str, branch: Branch, sampling: SamplingParams, tokens: TrajectoryTokens
+    ) -> Request:
+        """The engine request of a turn: the branch's tokens, seeded by the request id unless the call named a
+        seed, routed by the trajectory name (its prefix stays in one engine's cache). A context that cannot
+        hold ``max_tokens`` more is refused (400) and the branch rolled back."""
         if len(branch.token_ids) + sampling.max_new_tokens > self.config.max_context_tokens:
             tokens.rollback(branch)
             raise ServeError(
@@ -237,22 +254,17 @@ class CompletionService:
                 f"exceeds serve.max_context_tokens={self.config.max_context_tokens}",
                 "messages",
             )
-        request_id = f"{name}/b{branch.branch_id}/t{turn}"
         seed = sampling.seed if sampling.seed is not None else _seed(self.seed, request_id)
-        request = Request(
+        return Request(
             request_id=request_id,
             prompt_token_ids=list(branch.token_ids),
             sampling=SamplingParams(**{**_fields(sampling), "seed": seed}),
             affinity_key=name,
         )
-        try:
-            generation = await self.proxy.generate(request, observe)
-        except Exception as err:  # deliberate: an engine failure is this call's 503, never the server's crash
-            tokens.rollback(branch)
-            logger.warning("generation %s failed: %s: %s", request_id, type(err).__name__, err)
-            raise ServeError(
-                503, f"generation failed: {type(err).__name__}: {err}", None, "server_error"
-            ) from err
+
+    def _record(self, branch: Branch, tokens: TrajectoryTokens, generation: Generation, kind: str) -> Choice:
+        """Append the sampled tokens to ``branch`` as they were generated (the returned message's key, so the
+        next call can recognise it) and render the answer: content, parsed tool calls, finish reason."""
         token_ids = list(generation.token_ids)
         raw = self.tokenizer.decode(token_ids, skip_special_tokens=True)
         content, calls = parse_tool_calls(raw) if kind == "chat" else (raw, [])

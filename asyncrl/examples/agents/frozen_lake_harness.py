@@ -79,8 +79,13 @@ async def main(run_dir: Path, group_size: int, concurrent_groups: int, lake: int
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("run_dir", type=Path, help="the run's output_dir (it writes endpoint.json there)")
-    parser.add_argument("--group-size", type=int, default=4, help="= the run's rollout.num_return_sequences")
-    parser.add_argument("--concurrent-groups", type=int, default=2)
+    parser.add_argument("--group-size", type=int, default=8, help="= the run's rollout.num_return_sequences")
+    parser.add_argument(
+        "--concurrent-groups",
+        type=int,
+        default=8,
+        help="groups in play at once (2 x the run's rollout_batch_size keeps its buffer fed while it trains)",
+    )
     parser.add_argument("--lake", type=int, default=4, choices=(4, 8))
     parser.add_argument("--max-turns", type=int, default=8)
     args = parser.parse_args()

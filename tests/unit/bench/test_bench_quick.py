@@ -27,6 +27,7 @@ QUICK = [
     "sync_vs_trl",
     "agentic_learning",
     "sim_studies",
+    "agents_external",
 ]
 """Every benchmark on the harness. ``agentic`` runs in tests/integration/test_bench_agentic.py, which also checks
 its episode ledgers."""

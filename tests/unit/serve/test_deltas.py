@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from asyncrl.serve.app import _Chunks
 from asyncrl.serve.deltas import TextDeltas, partial_suffix
 from asyncrl.serve.schemas import ServeError
 from asyncrl.serve.service import CallResult, Choice
+from asyncrl.serve.streaming import Chunks
 
 PIECES = {
     1: " Hi",
@@ -64,7 +64,7 @@ def test_the_close_sends_what_was_held_back_and_refuses_a_diverged_answer() -> N
         text="Hi there", tool_calls=[], finish_reason="stop", token_ids=[1, 2], logprobs=[], versions=[]
     )
     result = CallResult(choices=[choice], num_prompt_tokens=3, trajectory_id=None, branch=None)
-    chunks = _Chunks("chat", "m")
+    chunks = Chunks("chat", "m")
     closing = chunks.closing(result, {0: "Hi"})
     assert [c["choices"][0]["delta"] for c in closing] == [{"content": " there"}, {}]
     assert closing[-1]["choices"][0]["finish_reason"] == "stop"

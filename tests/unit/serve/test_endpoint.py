@@ -310,6 +310,66 @@ def test_a_weight_update_during_a_call_is_invisible_to_the_client(served: Served
     assert answer.model_extra["asyncrl"]["versions"][0] == versions
 
 
+HOLD_AFTER = 4
+"""Sampled tokens after which the engine is held, so the update lands before the streamed answer can end."""
+
+
+def test_a_weight_update_landing_mid_stream_is_invisible_to_the_streaming_client(
+    served: Served, tiny, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The order is forced, not timed: a hook in the engine's own thread pauses it right after the step that
+    sampled the answer's HOLD_AFTER-th token; the client reads streamed text of those tokens; only then is the
+    update published (suspend, new weights, resume), which resumes the engine. The stream ends without an error,
+    its pieces join to the answer the same call gives with no update (the new weights hold the same values, so
+    any break in the continuation would show), and every token sampled after the update carries the new version."""
+    model, tokenizer = tiny
+    weights = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+    asked = {
+        "model": "asyncrl-policy",
+        "messages": [{"role": "user", "content": COPY.format(" ".join("abcdefghijklmnopqrstuvwxyz"))}],
+        "max_tokens": 100,
+        "temperature": 0,
+    }
+    reference = client(served, "mid-stream-reference").chat.completions.create(**asked)
+    core, step = served.engine.core, served.engine.core.step
+    held: list[int] = []
+
+    def step_then_hold() -> Any:  # runs in the engine thread, between two steps
+        generations = step()
+        output = core.output_so_far("mid-stream/b0/t0")
+        if not held and output is not None and len(output) >= HOLD_AFTER:
+            core.pause()
+            held.append(len(output))
+        return generations
+
+    monkeypatch.setattr(core, "step", step_then_hold)
+    old_version = max(served.proxy.versions())
+    new_version = old_version + 1
+
+    async def publish() -> None:
+        await served.proxy.suspend()
+        await served.proxy.model_update(weights, new_version)
+        await served.proxy.resume()
+
+    chunks = iter(client(served, "mid-stream").chat.completions.create(**asked, stream=True))
+    pieces: list[str | None] = []
+    while not any(pieces):  # streamed text of the tokens sampled before the hold
+        chunk = next(chunks)
+        pieces.append(chunk.choices[0].delta.content if chunk.choices else None)
+    assert held and served.proxy.versions() == [old_version]  # held, not finished, before the update
+    served.run(publish())
+    rest = list(chunks)
+    pieces += [chunk.choices[0].delta.content for chunk in rest if chunk.choices]
+    assert "".join(p for p in pieces if p) == reference.choices[0].message.content
+    assert [chunk.choices[0].finish_reason for chunk in rest if chunk.choices][-1] == "stop"
+    branch = served.service.store.get("mid-stream").live_branch
+    versions = [v for v, m in zip(branch.versions, branch.loss_mask, strict=True) if m]
+    num_before = held[0]
+    assert num_before < len(versions)
+    assert versions == [old_version] * num_before + [new_version] * (len(versions) - num_before)
+    assert branch.token_ids == served.service.store.get("mid-stream-reference").live_branch.token_ids
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [
