@@ -80,6 +80,8 @@ def render(name: str, results_dir: Path) -> str:
     lines += derived_rows(result)
     lines += render_table(result.get("table"))
     lines.append(f"\nResources: `{json.dumps(result['resources'])}`.")
+    if result.get("setup"):  # the workload's shape and one-off costs (e.g. a backend's start-up), as recorded
+        lines.append(f"\nSetup: `{json.dumps(result['setup'])}`.")
     return "\n".join(lines) + "\n"
 
 
