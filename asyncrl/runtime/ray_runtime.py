@@ -216,7 +216,8 @@ class EngineActor:
                 update, transport="object_store", handle=tuple(self._take_staged(update.version))
             )
         else:
-            fetched = replace(update, handle=tuple(ray.get(list(update.handle))))
+            # Awaited, not ray.get: a blocking get would stall the actor's loop (aborts, health probes).
+            fetched = replace(update, handle=tuple(await asyncio.gather(*update.handle)))
         await self.engine.update_weights(fetched, version)
 
     async def join_weight_group(
