@@ -24,6 +24,7 @@ import asyncio
 import dataclasses
 import difflib
 import json
+import math
 import os
 import sys
 import threading
@@ -245,9 +246,7 @@ class Worker:
 
     async def op_update(self, message: dict) -> int:
         """Weights as safetensors bytes; applied with every request paused in place (their KV kept)."""
-        version = int(message["version"])
-        if version < self.version:
-            raise ValueError(f"weight update v{version} is older than the served v{self.version}; refused")
+        version = self.newer_version(message)
         await self.engine.collective_rpc(_reload, args=(message["safetensors"],))
         await self.apply_version(version)
         return version
@@ -272,11 +271,16 @@ class Worker:
 
     async def op_apply_staged(self, message: dict) -> int:
         """Serve the staged broadcast update ``version`` (checked against the model by the client)."""
+        version = self.newer_version(message)
+        await self.engine.collective_rpc(_apply_staged, args=(version,))
+        await self.apply_version(version)
+        return version
+
+    def newer_version(self, message: dict) -> int:
+        """The update's version, refused before any weight moves when it is older than the served one."""
         version = int(message["version"])
         if version < self.version:
             raise ValueError(f"weight update v{version} is older than the served v{self.version}; refused")
-        await self.engine.collective_rpc(_apply_staged, args=(version,))
-        await self.apply_version(version)
         return version
 
     async def apply_version(self, version: int) -> None:
@@ -378,10 +382,7 @@ def _views(buckets):
     """(name, tensor) views into the staged buffers, bucket by bucket (tied names view one span)."""
     for manifest, buffers in buckets:
         for name, dtype, shape, offset in manifest:
-            numel = 1
-            for size in shape:
-                numel *= size
-            yield name, buffers[dtype][offset : offset + numel].view(shape)
+            yield name, buffers[dtype][offset : offset + math.prod(shape)].view(shape)
 
 
 def _versions(spans, num_tokens: int) -> list[int]:
