@@ -27,6 +27,7 @@ import torch
 from asyncrl.app.train import train
 from asyncrl.cli.train import DEFAULT_EXAMPLE
 from asyncrl.config.run import load_run_config
+from asyncrl.runtime.placement import plan_placement
 from bench import harness
 
 EXAMPLES = {"default": DEFAULT_EXAMPLE, "agentic": DEFAULT_EXAMPLE.parent / "agentic.yaml"}
@@ -59,6 +60,13 @@ def example_run_arm(config_path: Path, overrides: list[str]) -> Callable[[], dic
     return run
 
 
+def placement_of(config_path: Path, overrides: list[str], how: str) -> dict[str, object]:
+    """How the arm's run splits the cores: the inline runtime's placement plan (threads per role)."""
+    config = load_run_config(config_path, overrides)
+    plan = plan_placement(config.runtime, num_engines=config.rollout.num_engines, mode=config.controller.mode)
+    return {"how": how, "runtime": config.runtime.type, **plan.describe()}
+
+
 def main() -> None:
     parser = harness.parser(__doc__.splitlines()[0], "default_run")
     parser.add_argument("--example", choices=list(EXAMPLES), default="default")
@@ -71,15 +79,20 @@ def main() -> None:
         args.example: example_run_arm(config_path, quick),
         "sync": example_run_arm(config_path, [*quick, *SYNC_OVERRIDES]),
     }
+    default_threads = (
+        torch.get_num_threads()
+    )  # inline runs leave this thread at 1; the record states the default
     raw = harness.run_arms(arms, harness.repeats_for(args), harness.print_run)
+    torch.set_num_threads(default_threads)
     ratios = {
         f"sync_over_{args.example}_{metric}": harness.paired_ratio(raw, "sync", args.example, metric)
         for metric in ("train_wall_s", "wall_s")
     }
-    threads = torch.get_num_threads()
     resources = {
-        args.example: f"asyncrl train as a user runs it: one process, {threads} torch threads",
-        "sync": f"the same, controller.mode=sync (alpha 0): one process, {threads} torch threads",
+        args.example: placement_of(config_path, quick, "asyncrl train as a user runs it, in one process"),
+        "sync": placement_of(
+            config_path, [*quick, *SYNC_OVERRIDES], "the same, controller.mode=sync (alpha 0)"
+        ),
     }
     setup = {
         "config": str(config_path.relative_to(Path(__file__).resolve().parents[1])),

@@ -169,6 +169,9 @@ def asyncrl_overrides(setup: Setup, seed: int, output_dir: str) -> list[str]:
         f"output_dir={output_dir}",
         f"seed={seed}",
         "runtime.type=inline",
+        # sync colocates the roles: each computes with rollout + train CPUs = ``threads`` torch threads
+        f"runtime.rollout_num_cpus={setup.threads / 2}",
+        f"runtime.train_num_cpus={setup.threads / 2}",
         "controller.mode=sync",
         f"controller.num_steps={setup.steps}",
         "controller.eval_prompts=0",
@@ -384,7 +387,6 @@ def arms(setup: Setup, task: Any, evaluator: Evaluator, reward_before: float) ->
     seeds = {"asyncrl_sync": itertools.count(), "trl_grpo": itertools.count()}
 
     def asyncrl_sync() -> dict[str, float]:
-        torch.set_num_threads(setup.threads)  # asyncrl's inline runtime leaves this thread at 1
         trace = run_asyncrl(setup, next(seeds["asyncrl_sync"]))
         return run_metrics(setup, trace, evaluator, reward_before)
 
@@ -495,7 +497,7 @@ def setup_from(args: Any) -> Setup:
 
 def resources(setup: Setup) -> dict[str, str]:
     """How the cores were used: the same threads on both sides, one process, one phase at a time."""
-    threads = f"{setup.threads} torch threads (set before each run)"
+    threads = f"{setup.threads} torch threads"
     return {
         "asyncrl_sync": f"one process, inline runtime: engine and trainer on their own threads, each with "
         f"{threads}, used one phase at a time (sync)",

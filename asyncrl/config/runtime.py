@@ -8,6 +8,7 @@ and training disjoint shares (``rollout_num_cpus`` / ``train_num_cpus``), so nei
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -35,11 +36,13 @@ class RuntimeConfig:
     ``address``."""
     address: str = ""
     """Address of the existing Ray cluster (``type: cluster`` only), e.g. ``ray://head:10001`` or ``auto``."""
-    rollout_num_cpus: float = 1.0
-    """CPUs of the rollout role, split evenly over the engine replicas: each engine actor reserves its share
-    as a Ray resource and runs torch with that many threads (at least 1)."""
-    train_num_cpus: float = 1.0
-    """CPUs of the trainer actor: its Ray resource and its torch threads (at least 1)."""
+    rollout_num_cpus: float | None = None
+    """CPUs of the rollout role, split evenly over the engine replicas: each engine reserves its share
+    as a Ray resource and runs torch with that many threads (at least 1). null: what ``train_num_cpus``
+    leaves of this machine's usable cores (at least 1; on a ``cluster`` runtime, 1)."""
+    train_num_cpus: float | None = None
+    """CPUs of the trainer: its Ray resource and its torch threads (at least 1). null: half of this
+    machine's usable cores, rounded down (at least 1; on a ``cluster`` runtime, 1)."""
     colocate: Literal["auto", "always", "never"] = "auto"
     """auto: colocate rollout and training in ``sync`` mode only (module docstring); always / never force it."""
     pin_cores: bool = False
@@ -115,10 +118,27 @@ class RuntimeConfig:
                 if amount <= 0:
                     raise ValueError(f"runtime.{name}.{key} must be > 0, got {amount}")
         for name in _POSITIVE_FIELDS:
-            if getattr(self, name) <= 0:
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"runtime.{name} must be > 0, got {getattr(self, name)}")
 
-    @property
-    def num_cpus(self) -> float:
-        """CPUs of the whole run: rollout plus training (a local Ray is started with this many)."""
-        return self.rollout_num_cpus + self.train_num_cpus
+    def cpu_shares(self, usable_cores: int | None = None) -> tuple[float, float]:
+        """(rollout, train) CPUs with the nulls resolved: the two roles split ``usable_cores`` (default:
+        this process's affinity) the way the seeds split devices, the trainer taking the smaller half; a set
+        share keeps its value and the other takes what is left. A ``cluster``'s cores are not this
+        machine's, so there a null is 1."""
+        if self.type == "cluster":
+            return (self.rollout_num_cpus or 1.0, self.train_num_cpus or 1.0)
+        cores = usable_cores if usable_cores is not None else usable_core_count()
+        rollout, train = self.rollout_num_cpus, self.train_num_cpus
+        if train is None:
+            train = float(max(1, cores - rollout if rollout is not None else cores // 2))
+        if rollout is None:
+            rollout = float(max(1, cores - train))
+        return (rollout, train)
+
+
+def usable_core_count() -> int:
+    """Cores this process may run on (its affinity where the OS has one, else every core)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1

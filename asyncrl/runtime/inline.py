@@ -25,6 +25,7 @@ from asyncrl.data.registry import make_task
 from asyncrl.engine import make_engine
 from asyncrl.models.loading import load_model_and_tokenizer, state_dict_for_sync
 from asyncrl.rewards.service import RewardService
+from asyncrl.runtime.placement import Placement, plan_placement
 from asyncrl.trainer.checkpoint import load_checkpoint, save_checkpoint
 from asyncrl.trainer.trainer import Trainer
 from asyncrl.types import Group
@@ -146,10 +147,14 @@ class InlineParts:
     rewards: RewardService
     engine_factory: InlineEngineFactory | None = None
     """Replaces a dead or wedged built-in engine (the proxy's recovery); None for vLLM workers."""
+    placement: Placement | None = None
+    """The torch threads each role computes with (None: parts built by hand, e.g. in tests)."""
 
     def locations(self) -> dict[str, Any]:
-        """Where the roles run (written to the run's ``placement.json``): all in this process."""
-        return {"runtime": "inline", "pid": os.getpid(), "num_engines": len(self.engines)}
+        """Where the roles run (written to the run's ``placement.json``): all in this process, with the
+        threads each role computes with."""
+        where = {"runtime": "inline", "pid": os.getpid(), "num_engines": len(self.engines)}
+        return where | (self.placement.describe() if self.placement else {})
 
     def close(self) -> None:
         for engine in self.engines:
@@ -160,13 +165,17 @@ class InlineParts:
 
 def build_parts(config: RunConfig) -> InlineParts:
     """Load the model once, then give the trainer and every engine its own copy, each computing on its own
-    thread with this thread's torch thread count; this thread then keeps one torch thread (it only
-    orchestrates), so its OpenMP team does not throttle theirs."""
-    num_threads = torch.get_num_threads()
+    thread with the torch threads the placement plan gives its role: in ``sync`` every core for each (the
+    barrier keeps them apart), in the async modes disjoint shares (``runtime.rollout_num_cpus`` /
+    ``train_num_cpus``), so the roles never oversubscribe the cores. This thread then keeps one torch thread
+    (it only orchestrates), so its OpenMP team does not throttle theirs."""
+    placement = plan_placement(
+        config.runtime, num_engines=config.rollout.num_engines, mode=config.controller.mode
+    )
     torch.set_num_threads(1)
     model, tokenizer = load_model_and_tokenizer(config.model.path, config.model.dtype, config.model.device)
     ref_model = copy.deepcopy(model) if config.loss.needs_reference else None
-    engines = make_engines(config, model, tokenizer, num_threads)
+    engines = make_engines(config, model, tokenizer, placement.engine_threads)
     trainer = Trainer(
         model,
         config.trainer,
@@ -181,11 +190,14 @@ def build_parts(config: RunConfig) -> InlineParts:
         task=make_task(config.task),
         tokenizer=tokenizer,
         trainer=LocalTrainer(
-            trainer, num_threads, make_weight_sync(config.weight_sync.transport_for("inline"))
+            trainer,
+            placement.trainer_threads,
+            make_weight_sync(config.weight_sync.transport_for("inline")),
         ),
         engines=engines,
         rewards=RewardService.from_config(config.reward),
-        engine_factory=InlineEngineFactory(config, engines, num_threads) if builtin else None,
+        engine_factory=InlineEngineFactory(config, engines, placement.engine_threads) if builtin else None,
+        placement=placement,
     )
 
 

@@ -1,6 +1,8 @@
-"""Placement arithmetic: how many Ray CPUs and torch threads each actor gets (pure; no Ray, no torch).
+"""Placement arithmetic: how many Ray CPUs and torch threads each role gets (pure; no Ray, no torch). The Ray
+runtimes reserve and thread their actors by it, the inline runtime threads its engine and trainer threads by it.
 
-Disjoint (async modes): each of the ``n`` engines reserves ``rollout_num_cpus / n`` CPUs and each of the
+The shares are ``RuntimeConfig.cpu_shares``: set ones as given, null ones splitting the usable cores (half
+each on this machine's 2 cores: 1 + 1). Disjoint (async modes): each of the ``n`` engines reserves ``rollout_num_cpus / n`` CPUs and each of the
 trainer's ``w`` ranks ``train_num_cpus / w``; threads are those shares rounded down (at least 1). Colocated (``sync``): no actor
 reserves CPUs, the trainer gets threads for every core and each engine ``total / n`` of them; the mode's
 barrier keeps rollout and training from computing at the same time (see asyncrl/config/runtime.py).
@@ -86,7 +88,8 @@ def plan_placement(
         raise ValueError(f"rollout.num_engines must be >= 1, got {num_engines}")
     if num_trainer_workers < 1:
         raise ValueError(f"trainer.num_workers must be >= 1, got {num_trainer_workers}")
-    total = config.num_cpus
+    rollout_cpus, train_cpus = config.cpu_shares(None if usable_cores is None else len(usable_cores))
+    total = rollout_cpus + train_cpus
     if is_colocated(config, mode):
         return Placement(
             colocated=True,
@@ -95,27 +98,27 @@ def plan_placement(
             trainer_num_cpus=0.0,
             trainer_threads=num_threads(total / num_trainer_workers),
         )
-    engine_share = config.rollout_num_cpus / num_engines
+    engine_share = rollout_cpus / num_engines
     trainer_cores, engine_cores = (), ()
     if config.pin_cores:
         cores = sorted(os.sched_getaffinity(0)) if usable_cores is None else list(usable_cores)
-        trainer_cores, engine_cores = split_cores(cores, config, num_engines)
+        trainer_cores, engine_cores = split_cores(cores, rollout_cpus, train_cpus, num_engines)
     return Placement(
         colocated=False,
         engine_num_cpus=engine_share,
         engine_threads=num_threads(engine_share),
-        trainer_num_cpus=config.train_num_cpus / num_trainer_workers,
-        trainer_threads=num_threads(config.train_num_cpus / num_trainer_workers),
+        trainer_num_cpus=train_cpus / num_trainer_workers,
+        trainer_threads=num_threads(train_cpus / num_trainer_workers),
         trainer_cores=trainer_cores,
         engine_cores=engine_cores,
     )
 
 
 def split_cores(
-    cores: Sequence[int], config: RuntimeConfig, num_engines: int
+    cores: Sequence[int], rollout_cpus: float, train_cpus: float, num_engines: int
 ) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
     """Disjoint core sets: the trainer's, then each engine's (engines with a fractional share share cores)."""
-    train, rollout = math.ceil(config.train_num_cpus - 1e-9), math.ceil(config.rollout_num_cpus - 1e-9)
+    train, rollout = math.ceil(train_cpus - 1e-9), math.ceil(rollout_cpus - 1e-9)
     if train + rollout > len(cores):
         raise ValueError(
             f"runtime.pin_cores needs runtime.train_num_cpus + runtime.rollout_num_cpus (rounded up: {train} + "

@@ -120,7 +120,7 @@ def ray_init_args(config: RuntimeConfig) -> dict[str, Any]:
     # address "local": always a fresh Ray of our own, never one another process on this machine started
     return {
         "address": "local",
-        "num_cpus": math.ceil(config.num_cpus),
+        "num_cpus": math.ceil(sum(config.cpu_shares())),
         "include_dashboard": False,
         "runtime_env": runtime_env,
     }

@@ -80,8 +80,21 @@ def test_runtime_config_validation_names_the_field(kwargs, message):
         RuntimeConfig(**kwargs)
 
 
-def test_num_cpus_is_rollout_plus_train():
-    assert RuntimeConfig(rollout_num_cpus=1.5, train_num_cpus=0.5).num_cpus == 2.0
+@pytest.mark.parametrize(
+    ("kwargs", "cores", "shares"),
+    [
+        ({}, 2, (1.0, 1.0)),  # this machine: one core per role
+        ({}, 16, (8.0, 8.0)),
+        ({}, 3, (2.0, 1.0)),  # the trainer takes the smaller half
+        ({}, 1, (1.0, 1.0)),  # never below one each
+        ({"rollout_num_cpus": 3}, 16, (3.0, 13.0)),
+        ({"train_num_cpus": 4}, 16, (12.0, 4.0)),
+        ({"rollout_num_cpus": 1.5, "train_num_cpus": 0.5}, 16, (1.5, 0.5)),
+        ({"type": "cluster", "address": "auto"}, 16, (1.0, 1.0)),  # a cluster's cores are not this machine's
+    ],
+)
+def test_cpu_shares_split_the_usable_cores_unless_set(kwargs, cores, shares):
+    assert RuntimeConfig(**kwargs).cpu_shares(cores) == shares
 
 
 def test_inline_runtime_needs_no_ray_session():
