@@ -70,7 +70,7 @@ from asyncrl.rollout.prompt_source import PromptSource  # noqa: E402
 from asyncrl.rollout.rlvr_producer import request_seed, sampling_params  # noqa: E402
 from asyncrl.runtime.placement import plan_placement  # noqa: E402
 from asyncrl.types import Request  # noqa: E402
-from bench import harness  # noqa: E402
+from bench import cpu_use, harness  # noqa: E402
 from bench.engine import on_fresh_thread  # noqa: E402
 
 
@@ -206,9 +206,10 @@ async def train_steps(config: RunConfig) -> list[dict[str, Any]]:
     with runtime_parts(config) as parts:
         source = PromptSource(parts.task.split("train"), seed=config.seed)
         proxy = make_proxy(parts)
+        pids = cpu_use.role_pids(parts.locations())
 
         def on_step(record: StepRecord) -> None:
-            steps.append(step_record(record, proxy.stats()))
+            steps.append(step_record(record, proxy.stats()) | {"cpu": cpu_use.snapshot(pids)})
 
         controller = assemble_controller(parts, proxy, source, on_step)
         await controller.run(config.controller.num_steps)
@@ -238,6 +239,7 @@ def step_record(record: StepRecord, proxy_stats: dict[str, Any]) -> dict[str, An
         "latencies_s": [t.timings.get("latency_s", float("nan")) for t in samples],
         "engine_idle": [float(e["idle_fraction"]) for e in engines if "idle_fraction" in e],
         "generated_tokens": sum(int(e.get("total_tokens", 0)) for e in engines),
+        "request_seconds": sum(float(e.get("request_seconds", 0.0)) for e in engines),
     }
 
 
@@ -246,7 +248,8 @@ def steady_state(steps: list[dict[str, Any]], warmup: int) -> dict[str, float]:
     kept = steps[warmup:]
     wall = kept[-1]["end_s"] - steps[warmup - 1]["end_s"] if warmup else kept[-1]["end_s"] - kept[0]["end_s"]
     counted = kept if warmup else kept[1:]
-    generated_before = (steps[warmup - 1] if warmup else kept[0])["generated_tokens"]
+    before = steps[warmup - 1] if warmup else kept[0]
+    generated_before = before["generated_tokens"]
     return {
         "steps_measured": len(counted),
         "wall_s": wall,
@@ -259,6 +262,8 @@ def steady_state(steps: list[dict[str, Any]], warmup: int) -> dict[str, float]:
         "sync_s": statistics.fmean(s["sync_s"] for s in counted),
         "max_staleness": max(s["max_age"] for s in counted),
         "engine_idle_fraction": counted[-1]["engine_idle"][0] if counted[-1]["engine_idle"] else float("nan"),
+        "engine_mean_in_flight": (counted[-1]["request_seconds"] - before["request_seconds"]) / wall,
+        **cpu_use.cores_used(before["cpu"], counted[-1]["cpu"], wall),
     }
 
 

@@ -114,6 +114,11 @@ class EngineWorker:
     """Times this engine was replaced by a fresh one."""
     busy_seconds: float = 0.0
     busy_since: float | None = None
+    request_seconds: float = 0.0
+    """Requests in flight integrated over time, up to ``counted_until``: its difference over a window divided
+    by the window is the engine's mean concurrency then, the number a decode batch can be at most (an
+    engine that is never idle may still be starved of requests)."""
+    counted_until: float | None = None
     total_tokens: int = 0
     num_requests: int = 0
     num_failures: int = 0
@@ -151,6 +156,7 @@ class EngineWorker:
 
     def start(self, attempt_id: int, request: Request, now: float) -> None:
         """Count engine call ``attempt_id`` (serving ``request``) as in flight on this engine from ``now``."""
+        self._count_requests(now)
         if not self.in_flight:
             self.busy_since = now
         num_tokens = len(request.prompt_token_ids) + request.sampling.max_new_tokens
@@ -160,9 +166,10 @@ class EngineWorker:
 
     def finish(self, attempt_id: int, now: float) -> bool:
         """Engine call ``attempt_id`` returned, failed or was abandoned; False if it was already finished."""
-        num_tokens = self.in_flight.pop(attempt_id, None)
-        if num_tokens is None:
+        if attempt_id not in self.in_flight:
             return False
+        self._count_requests(now)
+        num_tokens = self.in_flight.pop(attempt_id)
         self.num_in_flight_tokens -= num_tokens
         if not self.in_flight and self.busy_since is not None:
             self.busy_seconds += now - self.busy_since
@@ -182,6 +189,16 @@ class EngineWorker:
     def record_success(self) -> None:
         self.consecutive_failures = 0
 
+    def _count_requests(self, now: float) -> None:
+        if self.counted_until is not None:
+            self.request_seconds += len(self.in_flight) * (now - self.counted_until)
+        self.counted_until = now
+
+    def request_time(self, now: float) -> float:
+        """Request-seconds in flight on this engine since the proxy started (``request_seconds`` up to ``now``)."""
+        since = self.counted_until if self.counted_until is not None else now
+        return self.request_seconds + len(self.in_flight) * (now - since)
+
     def busy_time(self, now: float) -> float:
         """Seconds since the proxy started during which this engine had at least one request in flight."""
         return self.busy_seconds + (now - self.busy_since if self.busy_since is not None else 0.0)
@@ -200,6 +217,7 @@ class EngineWorker:
             "in_flight": len(self.in_flight),
             "in_flight_tokens": self.num_in_flight_tokens,
             "busy_seconds": self.busy_time(now),
+            "request_seconds": self.request_time(now),
             "idle_fraction": self.idle_fraction(now),
             "total_tokens": self.total_tokens,
             "num_requests": self.num_requests,

@@ -282,3 +282,20 @@ def test_stats_report_busy_time_and_idle_fraction_since_start():
         assert (second["busy_seconds"], second["idle_fraction"]) == (0.0, 1.0)
 
     run(main)
+
+
+def test_stats_integrate_requests_in_flight_over_time():
+    """Two requests in flight for 4 s, then 4 s idle: 8 request-seconds (mean concurrency 2 while busy, 1
+    over the whole 8 s), read the same mid-call as after it."""
+
+    async def main() -> None:
+        proxy = make_proxy([FakeEngine(lengths=4)])
+        calls = [asyncio.create_task(proxy.generate(make_request(f"r{i}"))) for i in range(2)]
+        await asyncio.sleep(1)
+        assert proxy.stats()["engines"][0]["request_seconds"] == 2.0
+        await asyncio.gather(*calls)
+        await asyncio.sleep(4)
+        (stats,) = proxy.stats()["engines"]
+        assert (stats["request_seconds"], stats["busy_seconds"]) == (8.0, 4.0)
+
+    run(main)
