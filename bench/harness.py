@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA_VERSION = 2
+RESULTS_DIR = "bench/results"
 """Bumped when the result layout changes; ``scripts/bench_docs.py`` only quotes files of this version."""
 
 Arm = Callable[[], Mapping[str, float]]
@@ -39,7 +40,7 @@ def parser(description: str, name: str, default_repeats: int = 3) -> argparse.Ar
     parsed.add_argument(
         "--repeats", type=int, default=default_repeats, help="interleaved repeats per arm (>= 3 for a result)"
     )
-    parsed.add_argument("--out", default=f"bench/results/{name}.json", help="where the result JSON goes")
+    parsed.add_argument("--out", default=f"{RESULTS_DIR}/{name}.json", help="where the result JSON goes")
     return parsed
 
 
@@ -117,13 +118,17 @@ def paired_ratio(
 
 
 def git_commit() -> str:
-    """The commit the benchmark ran at, ``+dirty`` when the tree had uncommitted changes."""
+    """The commit the benchmark ran at, ``+dirty`` when the tree had uncommitted changes to anything but
+    ``bench/results`` (result files are outputs: one benchmark's fresh result must not mark the next one's
+    code as changed)."""
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain"], capture_output=True, text=True
+            ["git", "status", "--porcelain", "--", ".", f":(exclude){RESULTS_DIR}"],
+            capture_output=True,
+            text=True,
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"

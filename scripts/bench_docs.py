@@ -31,6 +31,12 @@ BLOCK = re.compile(
 )
 
 
+def commit_label(commit: str) -> str:
+    """The commit a result was measured at, short, saying so when the code had uncommitted changes then."""
+    sha, dirty, _ = commit.partition("+dirty")
+    return f"`{sha[:12]}`" + (" (with uncommitted changes)" if dirty else "")
+
+
 def number(value: float) -> str:
     """Three significant figures, thousands separated: enough for numbers with tens of per cent spread."""
     if value == 0 or abs(value) >= 100:
@@ -67,7 +73,7 @@ def render(name: str, results_dir: Path) -> str:
         return render_study(result, result_name, study)
     machine = result["machine"]
     lines = [
-        f"Measured at commit `{result['commit'][:12]}` on {machine['cpu_model']} ({machine['cores']} cores, "
+        f"Measured at commit {commit_label(result['commit'])} on {machine['cpu_model']} ({machine['cores']} cores, "
         f"{machine['torch_threads']} torch threads, torch {machine['torch']}), {result['repeats']} interleaved "
         f"repeats per arm{' (--quick: a smoke run, not a result)' if result['quick'] else ''}; "
         f"median (min–max). Command: `{result['command']}`.",
@@ -128,7 +134,7 @@ def render_study(result: dict[str, Any], name: str, study_name: str) -> str:
     }
     ratios = {key: stats for key, stats in result["ratios"].items() if key.startswith(prefix)}
     lines = [
-        f"Simulated at commit `{result['commit'][:12]}` by `{result['command']}` "
+        f"Simulated at commit {commit_label(result['commit'])} by `{result['command']}` "
         f"({number(study['wall_s'])} s of wall time for this study on {result['machine']['cpu_model']}): "
         f"{study['steps']} steps per point, {result['repeats']} seeds per point (repeat i is seed i), "
         f"median (min–max) over the seeds{' (--quick: a smoke run, not a result)' if result['quick'] else ''}. "
