@@ -26,8 +26,6 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
-
 from asyncrl.app.train import train
 from asyncrl.cli.train import DEFAULT_EXAMPLE
 from asyncrl.config.run import load_run_config
@@ -98,11 +96,7 @@ def main() -> None:
         "sync": example_run_arm(config_path, [*quick, *SYNC_OVERRIDES]),
         "sync_1thread": example_run_arm(config_path, [*quick, *SYNC_OVERRIDES, *ONE_THREAD]),
     }
-    default_threads = (
-        torch.get_num_threads()
-    )  # inline runs leave this thread at 1; the record states the default
     raw = harness.run_arms(arms, harness.repeats_for(args), harness.print_run)
-    torch.set_num_threads(default_threads)
     ratios = {}
     for metric in ("train_wall_s", "wall_s"):
         for sync in ("sync", "sync_1thread"):

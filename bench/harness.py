@@ -33,8 +33,16 @@ Arm = Callable[[], Mapping[str, float]]
 """One arm of a benchmark: runs it once and returns its measured metrics (numbers only)."""
 
 
+_start_threads: list[int] = []
+"""torch's thread count when the benchmark started (``parser`` records it): what a user's process gets. Runs
+may leave the main thread elsewhere (the inline runtime keeps it at 1), so the record states this one."""
+
+
 def parser(description: str, name: str, default_repeats: int = 3) -> argparse.ArgumentParser:
     """The flags every benchmark shares: ``--quick``, ``--repeats``, ``--out``."""
+    import torch  # here, not at import: the harness itself is importable without torch
+
+    _start_threads[:] = [torch.get_num_threads()]
     parsed = argparse.ArgumentParser(description=description)
     parsed.add_argument("--quick", action="store_true", help="smoke mode: seconds, tiny shapes, 1 repeat")
     parsed.add_argument(
@@ -155,7 +163,7 @@ def machine() -> dict[str, Any]:
         "cpu_model": cpu_model(),
         "cores": os.cpu_count(),
         "cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
+        "torch_threads": _start_threads[0] if _start_threads else torch.get_num_threads(),
         "torch": torch.__version__,
         "python": platform.python_version(),
         "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
