@@ -276,8 +276,9 @@ def step_metrics(record: StepRecord, proxy_stats: dict, train_started: float) ->
         "tokens_per_s": tokens / step_s,
     }
     for index, engine in enumerate(proxy_stats.get("engines", [])):
-        if "idle_fraction" in engine:
-            metrics[f"engine{index}/idle_fraction"] = float(engine["idle_fraction"])
+        for key in ("idle_fraction", "mean_in_flight"):
+            if key in engine:
+                metrics[f"engine{index}/{key}"] = float(engine[key])
     for key in MULTI_VERSION_STATS:  # only the multi_version orchestrator reports these
         if key in proxy_stats:
             metrics[f"multi_version/{key}"] = float(proxy_stats[key])

@@ -208,6 +208,11 @@ class EngineWorker:
         elapsed = now - self.started_at
         return 0.0 if elapsed <= 0 else 1.0 - self.busy_time(now) / elapsed
 
+    def mean_in_flight(self, now: float) -> float:
+        """Mean requests in flight on this engine since the proxy started."""
+        elapsed = now - self.started_at
+        return 0.0 if elapsed <= 0 else self.request_time(now) / elapsed
+
     def stats(self, now: float) -> dict[str, Any]:
         return {
             "index": self.index,
@@ -218,6 +223,7 @@ class EngineWorker:
             "in_flight_tokens": self.num_in_flight_tokens,
             "busy_seconds": self.busy_time(now),
             "request_seconds": self.request_time(now),
+            "mean_in_flight": self.mean_in_flight(now),
             "idle_fraction": self.idle_fraction(now),
             "total_tokens": self.total_tokens,
             "num_requests": self.num_requests,

@@ -202,6 +202,7 @@ def test_mode_on_ray_actors(tiny_path, tmp_path, mode):
     records, lines = run_mode(tiny_path, tmp_path, *overrides, "runtime.type=local", *cpus)
     check_run(records, lines, async_ratio=async_ratio, versions_ok=versions_ok, exact_ages=False)
     assert all("engine0/idle_fraction" in line for line in lines)
+    assert all(line["engine0/mean_in_flight"] > 0 for line in lines)
 
 
 def check_multi_version_run(

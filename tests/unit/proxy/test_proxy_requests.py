@@ -296,6 +296,6 @@ def test_stats_integrate_requests_in_flight_over_time():
         await asyncio.gather(*calls)
         await asyncio.sleep(4)
         (stats,) = proxy.stats()["engines"]
-        assert (stats["request_seconds"], stats["busy_seconds"]) == (8.0, 4.0)
+        assert (stats["request_seconds"], stats["busy_seconds"], stats["mean_in_flight"]) == (8.0, 4.0, 1.0)
 
     run(main)
