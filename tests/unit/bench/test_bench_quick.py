@@ -59,5 +59,5 @@ def test_quick_agentic_example_run_writes_its_own_result(tmp_path: Path) -> None
     subprocess.run(command, cwd=ROOT, env=env, check=True, capture_output=True, timeout=120)
     result = json.loads(out.read_text())
     harness.check_schema(result)
-    assert result["benchmark"] == "agentic_run" and set(result["arms"]) == {"agentic", "sync"}
-    assert "sync_over_agentic_train_wall_s" in result["ratios"]
+    assert result["benchmark"] == "agentic_run" and set(result["arms"]) == {"agentic", "sync", "sync_1thread"}
+    assert "faster_sync_over_agentic_train_wall_s" in result["ratios"]
