@@ -6,7 +6,8 @@ batch, through the real runtime (``runtime.type=local``: the trainer and the eng
 colocates them on both cores behind a barrier; the other modes give rollout and training one core each. The
 same ``async`` in one process (``runtime.type=inline``: engine and trainer threads, one torch thread each) is
 run beside it with its own two syncs (``sync_batch_inline``, ``sync_queue_inline``): the runtime without a
-driver process and Ray calls between the roles. Two ``sync`` runs with one thread per role are controls (``runtime.colocate=never``): on a machine other jobs load, two torch threads per process
+driver process and Ray calls between the roles. Two ``sync`` runs with one thread per role are controls
+(``runtime.colocate=never``): on a machine other jobs load, two torch threads per process
 oversubscribe the cores and slow the colocated ``sync`` far more than the one-thread async roles, which
 would inflate every speedup; the one-thread sync isolates what asynchrony itself buys.
 
@@ -260,14 +261,14 @@ def steady_state(steps: list[dict[str, Any]], warmup: int) -> dict[str, float]:
     wall = kept[-1]["end_s"] - steps[warmup - 1]["end_s"] if warmup else kept[-1]["end_s"] - kept[0]["end_s"]
     counted = kept if warmup else kept[1:]
     before = steps[warmup - 1] if warmup else kept[0]
-    generated_before = before["generated_tokens"]
     return {
         "steps_measured": len(counted),
         "wall_s": wall,
         "samples_per_s": sum(s["samples"] for s in counted) / wall,
         "tokens_per_s": sum(s["tokens"] for s in counted) / wall,
         "mean_response_tokens": sum(s["tokens"] for s in counted) / sum(s["samples"] for s in counted),
-        "generated_tokens_per_step": (counted[-1]["generated_tokens"] - generated_before) / len(counted),
+        "generated_tokens_per_step": (counted[-1]["generated_tokens"] - before["generated_tokens"])
+        / len(counted),
         "wait_s": statistics.fmean(s["wait_s"] for s in counted),
         "train_s": statistics.fmean(s["train_s"] for s in counted),
         "sync_s": statistics.fmean(s["sync_s"] for s in counted),

@@ -118,7 +118,8 @@ class EngineWorker:
     """Requests in flight integrated over time, up to ``counted_until``: its difference over a window divided
     by the window is the engine's mean concurrency then, the number a decode batch can be at most (an
     engine that is never idle may still be starved of requests)."""
-    counted_until: float | None = None
+    counted_until: float = field(init=False, default=0.0)
+    """When ``request_seconds`` was last brought up to date (from ``started_at`` on)."""
     total_tokens: int = 0
     num_requests: int = 0
     num_failures: int = 0
@@ -189,15 +190,16 @@ class EngineWorker:
     def record_success(self) -> None:
         self.consecutive_failures = 0
 
+    def __post_init__(self) -> None:
+        self.counted_until = self.started_at
+
     def _count_requests(self, now: float) -> None:
-        if self.counted_until is not None:
-            self.request_seconds += len(self.in_flight) * (now - self.counted_until)
+        self.request_seconds = self.request_time(now)
         self.counted_until = now
 
     def request_time(self, now: float) -> float:
         """Request-seconds in flight on this engine since the proxy started (``request_seconds`` up to ``now``)."""
-        since = self.counted_until if self.counted_until is not None else now
-        return self.request_seconds + len(self.in_flight) * (now - since)
+        return self.request_seconds + len(self.in_flight) * (now - self.counted_until)
 
     def busy_time(self, now: float) -> float:
         """Seconds since the proxy started during which this engine had at least one request in flight."""
