@@ -327,3 +327,8 @@ class TrainBatch:
     @property
     def num_samples(self) -> int:
         return int(self.input_ids.shape[0])
+
+    def to(self, device: torch.device | str) -> TrainBatch:
+        """The same batch with every tensor on ``device`` (the trainer's model's)."""
+        tensors = (f.name for f in fields(self) if f.name != "sample_uids")
+        return replace(self, **{name: getattr(self, name).to(device) for name in tensors})

@@ -5,10 +5,22 @@ One definition, so every test that needs "the tiny random model" builds the same
 
 from __future__ import annotations
 
+import os
+
 import torch
 import transformers
 
 TINY_VOCAB = 300
+
+
+def device_under_test() -> torch.device:
+    """Where device-aware tests run their models: ``ASYNCRL_TEST_DEVICE`` (default ``cpu``).
+
+    Why an environment variable: ``scripts/gpu-smoke.sh`` reruns the same engine tests with it set to ``cuda``,
+    so the CUDA path is checked by the very assertions the CPU suite makes, not by a GPU-only copy of them.
+    """
+    return torch.device(os.environ.get("ASYNCRL_TEST_DEVICE", "cpu"))
+
 
 _TINY_SHAPE = {
     "hidden_size": 64,

@@ -140,7 +140,7 @@ class Trainer:
             self.advantage_config.name, rewards_b, torch.tensor(group_ids), self.advantage_config
         )
         batch = build_train_batch(groups, advantages_b, pad_token_id=self.pad_token_id)
-        return _to_device(batch, self.device)
+        return batch.to(self.device)
 
     def _step_metrics(self, batch: TrainBatch, lr: float, elapsed: float) -> dict[str, float]:
         num_tokens = float(batch.attention_mask.sum())
@@ -355,12 +355,3 @@ def _take(
     index = torch.tensor(rows, dtype=torch.long, device=batch.input_ids.device)
     width = sub.input_ids.shape[1]
     return sub, {name: t[index, :width] for name, t in tensors.items()}
-
-
-def _to_device(batch: TrainBatch, device: torch.device) -> TrainBatch:
-    moved = {
-        name: getattr(batch, name).to(device)
-        for name in batch.__dataclass_fields__
-        if isinstance(getattr(batch, name), torch.Tensor)
-    }
-    return TrainBatch(**moved, sample_uids=batch.sample_uids)

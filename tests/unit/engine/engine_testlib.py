@@ -6,7 +6,7 @@ import torch
 
 from asyncrl.config.engine import EngineConfig
 from asyncrl.engine.llm_engine import LLMEngine
-from asyncrl.testing.models import tiny_llama, tiny_qwen2  # noqa: F401 (re-exported to the engine tests)
+from asyncrl.testing.models import device_under_test, tiny_llama, tiny_qwen2  # noqa: F401 (re-exported)
 from asyncrl.types import Generation, Request, SamplingParams
 
 
@@ -22,8 +22,9 @@ def request(rid: str, prompt: list[int], **sampling) -> Request:
 
 
 def engine(model, tokenizer=None, **config) -> LLMEngine:
+    """An engine over ``model``, moved (in place) to the device under test so the HF references follow it."""
     defaults = {"max_running_requests": 4, "max_kv_tokens": 1024, "max_prefill_tokens_per_step": 16}
-    return LLMEngine(model, tokenizer, EngineConfig(**{**defaults, **config}))
+    return LLMEngine(model.to(device_under_test()), tokenizer, EngineConfig(**{**defaults, **config}))
 
 
 def drain(core: LLMEngine, max_steps: int = 10_000) -> dict[str, Generation]:
@@ -38,7 +39,7 @@ def drain(core: LLMEngine, max_steps: int = 10_000) -> dict[str, Generation]:
 @torch.inference_mode()
 def reference_logprobs(model, prompt: list[int], output: list[int], temperature: float = 1.0) -> list[float]:
     """Log-probs of ``output`` after ``prompt`` under one full HF forward pass."""
-    logits = model(torch.tensor([prompt + output])).logits[0].float() / temperature
+    logits = model(torch.tensor([prompt + output], device=model.device)).logits[0].float() / temperature
     logprobs = torch.log_softmax(logits, dim=-1)
     return [logprobs[len(prompt) - 1 + i, t].item() for i, t in enumerate(output)]
 
@@ -46,7 +47,7 @@ def reference_logprobs(model, prompt: list[int], output: list[int], temperature:
 @torch.inference_mode()
 def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
     out = model.generate(
-        torch.tensor([prompt]),
+        torch.tensor([prompt], device=model.device),
         max_new_tokens=max_new_tokens,
         do_sample=False,
         eos_token_id=None,

@@ -96,7 +96,9 @@ def test_truncated_sampling_logprobs_match_the_truncated_hf_distribution(llama):
     for rid, prompt, keep in (("k", PROMPTS[0], _top_k(5)), ("p", PROMPTS[2], _top_p(0.5))):
         tokens = out[rid].token_ids
         with torch.inference_mode():
-            logits = llama(torch.tensor([prompt + tokens])).logits[0].float() / (0.8 if rid == "k" else 1.0)
+            logits = llama(torch.tensor([prompt + tokens], device=llama.device)).logits[0].float() / (
+                0.8 if rid == "k" else 1.0
+            )
         for i, token in enumerate(tokens):
             logprobs = torch.log_softmax(keep(torch.log_softmax(logits[len(prompt) - 1 + i], dim=-1)), dim=-1)
             assert out[rid].logprobs[i] == pytest.approx(logprobs[token].item(), abs=1e-4)

@@ -17,6 +17,10 @@ from asyncrl.trainer.packing import pack, plan_rows
 from asyncrl.trainer.trainer import Trainer
 
 TOL = 1e-5
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")),
+]
 
 
 def _batch(seed: int = 0):
@@ -35,13 +39,14 @@ def _logprobs(model, batch, packed_row_tokens):
     ).logprobs
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("row_tokens", [1, 24, 10_000])  # one sample per row, a few rows, a single row
-def test_packed_logprobs_and_gradients_equal_the_padded_path(row_tokens: int) -> None:
-    batch = _batch()
+def test_packed_logprobs_and_gradients_equal_the_padded_path(row_tokens: int, device: str) -> None:
+    batch = _batch().to(device)
     grads = []
     values = []
     for packed in (None, row_tokens):
-        model = tiny_qwen2()
+        model = tiny_qwen2().to(device)
         logprobs = _logprobs(model, batch, packed)
         (logprobs * batch.advantages).sum().backward()
         values.append(logprobs.detach())
