@@ -17,6 +17,10 @@ q/k/v/o and MLP projections, then the LM head, at 64 rows): the tokens/s the mac
 were nothing else. The engine's share of it (``large_uniform_share_of_gemm_ceiling``) is the fraction the target
 asks for (>= 40 %); attention, sampling and scheduling are what the remaining share is spent on.
 
+``--device cuda`` runs every arm on the GPU (torch's default thread count only: the threads then only feed the
+GPU), with Qwen2-0.5B's shape (random weights, float32) as the large model: the CPU workload's 21 M model would
+only measure kernel launches there. Write it to ``bench/results/engine_cuda.json``.
+
 ``--vllm`` adds the vLLM backend (``engine.backend=vllm``, a worker in vLLM's own environment: run
 ``asyncrl backends install vllm`` first) as a third arm on the same model and requests; its start-up (worker
 spawn, model load, engine build) is paid once, measured and recorded as ``setup.vllm_startup_s``.
@@ -79,11 +83,14 @@ LARGE_BATCH, LARGE_PROMPT, LARGE_OUTPUT = 64, 32, 64
 """The ceiling comparison: 64 requests, all decoding at once, 32-token prompts, 64 tokens each."""
 
 
-def large_model(quick: bool):
-    """The generation-bound workload's model (random weights, float32, eval); its small twin in ``--quick``."""
-    from bench.workloads import GENERATION_BOUND, QUICK, build_model
+def large_model(quick: bool, device: str):
+    """The generation-bound workload's model (random weights, float32, eval) on CPU, Qwen2-0.5B's shape on a
+    GPU; the small twin in ``--quick``."""
+    from bench.workloads import GENERATION_BOUND, QUICK, QWEN2_0_5B, build_model
 
-    return build_model((QUICK if quick else GENERATION_BOUND).model)
+    if quick:
+        return build_model(QUICK.model).to(device)
+    return build_model(QWEN2_0_5B if device == "cuda" else GENERATION_BOUND.model).to(device)
 
 
 def large_workload(vocab: int, batch: int) -> list[tuple[list[int], int]]:
@@ -102,16 +109,18 @@ def decode_gemm_shapes(config: Any) -> list[tuple[int, int]]:
 
 
 @torch.inference_mode()
-def gemm_ceiling(config: Any, batch: int, seconds: float = 2.0) -> dict[str, float]:
+def gemm_ceiling(config: Any, batch: int, device: str, seconds: float = 2.0) -> dict[str, float]:
     """Decode steps per second if a step were only its matrix products (random operands of the model's
-    shapes, ``batch`` rows), as tokens/s; run for about ``seconds`` after one untimed pass."""
+    shapes, ``batch`` rows, on ``device``), as tokens/s; run for about ``seconds`` after one untimed pass."""
     shapes = decode_gemm_shapes(config)
-    weights = [torch.randn(n_in, n_out) for n_in, n_out in shapes]
-    inputs = {n_in: torch.randn(batch, n_in) for n_in, _ in shapes}
+    weights = [torch.randn(n_in, n_out, device=device) for n_in, n_out in shapes]
+    inputs = {n_in: torch.randn(batch, n_in, device=device) for n_in, _ in shapes}
 
     def step() -> None:
         for weight in weights:
             torch.mm(inputs[weight.shape[0]], weight)
+        if device == "cuda":
+            torch.cuda.synchronize()  # a step is done when its products are, not when they are queued
 
     step()
     steps, start = 0, time.perf_counter()
@@ -203,8 +212,8 @@ def run_hf(model, work, batch_size: int) -> dict:
     for first in range(0, len(work), batch_size):
         batch = work[first : first + batch_size]
         width = max(len(p) for p, _ in batch)
-        ids = torch.tensor([[0] * (width - len(p)) + p for p, _ in batch])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in batch])
+        ids = torch.tensor([[0] * (width - len(p)) + p for p, _ in batch], device=model.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in batch], device=model.device)
         marker = _FirstCall()
         model.generate(
             input_ids=ids,
@@ -282,12 +291,12 @@ def length_stats(work: list[tuple[list[int], int]]) -> dict[str, float]:
     }
 
 
-def thread_counts(asked: list[int]) -> list[int]:
-    """The thread counts to compare at: what was asked, else torch's default (what a user gets) and 1."""
+def thread_counts(asked: list[int], device: str) -> list[int]:
+    """The thread counts to compare at: what was asked, else torch's default (what a user gets) and, on CPU, 1."""
     if asked:
         return asked
     default = torch.get_num_threads()
-    return [default, 1] if default != 1 else [1]
+    return [default, 1] if default != 1 and device == "cpu" else [default]
 
 
 def main() -> None:
@@ -296,13 +305,14 @@ def main() -> None:
         "--threads", type=int, nargs="*", default=[], help="torch threads per arm (default: torch's, then 1)"
     )
     parser.add_argument("--vllm", action="store_true", help="add the vLLM backend as a third arm")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where every arm computes")
     args = parser.parse_args()
-    counts = thread_counts(args.threads)
+    counts = thread_counts(args.threads, args.device)
     default_threads = counts[0]
     torch.set_num_threads(1)  # the main thread only orchestrates; the arms compute on threads of their own
     num_requests, batch_size, max_output = (12, 4, 32) if args.quick else (256, 64, MAX_OUTPUT)
     large_batch = 8 if args.quick else LARGE_BATCH
-    model, large = tiny_model(), large_model(args.quick)
+    model, large = tiny_model().to(args.device), large_model(args.quick, args.device)
     works = {
         kind: workload(kind, num_requests, seed=1, max_output=max_output) for kind in ("long_tail", "uniform")
     }
@@ -317,8 +327,11 @@ def main() -> None:
                 lambda w, t: flat(on_fresh_thread(lambda: run_hf(model, w, batch_size), t)), work, threads
             )
     arms["engine_large_uniform"] = lambda: flat(run_engine(large, large_work, large_batch, default_threads))
+    arms["hf_large_uniform"] = lambda: flat(
+        on_fresh_thread(lambda: run_hf(large, large_work, large_batch), default_threads)
+    )
     arms["gemm_ceiling_large"] = lambda: on_fresh_thread(
-        lambda: gemm_ceiling(large.config, large_batch), default_threads
+        lambda: gemm_ceiling(large.config, large_batch, args.device), default_threads
     )
     vllm, vllm_startup_s = start_vllm(model, 64 + max_output, default_threads) if args.vllm else (None, None)
     if vllm is not None:
@@ -336,6 +349,9 @@ def main() -> None:
         for threads in counts
         for kind in works
     }
+    ratios["large_uniform_throughput"] = harness.paired_ratio(
+        raw, "engine_large_uniform", "hf_large_uniform", "tokens_per_s"
+    )
     ratios["large_uniform_share_of_gemm_ceiling"] = harness.paired_ratio(
         raw, "engine_large_uniform", "gemm_ceiling_large", "tokens_per_s"
     )
@@ -353,6 +369,7 @@ def main() -> None:
             "layers": 4,
             "params": sum(p.numel() for p in model.parameters()),
         },
+        "device": args.device,
         "large_model": {
             "hidden": large.config.hidden_size,
             "layers": large.config.num_hidden_layers,
@@ -369,6 +386,7 @@ def main() -> None:
     resources = {
         "all_arms": "one process, arms run one at a time, each on its own thread with the torch threads its "
         f"name says (_tN), the large-model and ceiling arms with {default_threads} (the main thread keeps 1)"
+        + (", computing on the GPU" if args.device == "cuda" else "")
     }
     if vllm is not None:
         setup["vllm_startup_s"] = vllm_startup_s

@@ -139,7 +139,8 @@ def git_commit() -> str:
             text=True,
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+        # A tree copied without its .git (a lent GPU machine gets only the working tree): the caller names it.
+        return os.environ.get("ASYNCRL_BENCH_COMMIT", "unknown")
     return commit + ("+dirty" if dirty else "")
 
 
@@ -167,6 +168,7 @@ def machine() -> dict[str, Any]:
         "torch": torch.__version__,
         "python": platform.python_version(),
         "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }
 
 

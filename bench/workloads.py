@@ -83,6 +83,9 @@ GENERATION_BOUND = Workload(
     max_running_requests=128,
 )
 
+QWEN2_0_5B = ModelShape(hidden=896, layers=24, heads=14, kv_heads=2, intermediate=4864, vocab=151936)
+"""Qwen2-0.5B's shape (random weights): the engine benchmark's large model on a GPU."""
+
 QUICK = Workload(
     name="generation_bound_quick",
     bound="generation",

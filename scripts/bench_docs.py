@@ -72,8 +72,9 @@ def render(name: str, results_dir: Path) -> str:
     if study:
         return render_study(result, result_name, study)
     machine = result["machine"]
+    gpu = f"{machine['gpu']} with " if machine.get("gpu") else ""
     lines = [
-        f"Measured at commit {commit_label(result['commit'])} on {machine['cpu_model']} ({machine['cores']} cores, "
+        f"Measured at commit {commit_label(result['commit'])} on {gpu}{machine['cpu_model']} ({machine['cores']} cores, "
         f"{machine['torch_threads']} torch threads, torch {machine['torch']}), {result['repeats']} interleaved "
         f"repeats per arm{' (--quick: a smoke run, not a result)' if result['quick'] else ''}; "
         f"median (min–max). Command: `{result['command']}`.",
