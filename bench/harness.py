@@ -128,7 +128,12 @@ def paired_ratio(
 def git_commit() -> str:
     """The commit the benchmark ran at, ``+dirty`` when the tree had uncommitted changes to anything but
     ``bench/results`` (result files are outputs: one benchmark's fresh result must not mark the next one's
-    code as changed)."""
+    code as changed).
+
+    ``ASYNCRL_BENCH_COMMIT``, when set, is taken as is: a tree copied to another machine (a lent GPU machine)
+    may arrive with a stale ``.git`` beside it, whose HEAD and status describe some other tree."""
+    if os.environ.get("ASYNCRL_BENCH_COMMIT"):
+        return os.environ["ASYNCRL_BENCH_COMMIT"]
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
@@ -139,8 +144,7 @@ def git_commit() -> str:
             text=True,
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        # A tree copied without its .git (a lent GPU machine gets only the working tree): the caller names it.
-        return os.environ.get("ASYNCRL_BENCH_COMMIT", "unknown")
+        return "unknown"
     return commit + ("+dirty" if dirty else "")
 
 
