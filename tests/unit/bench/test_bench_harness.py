@@ -60,3 +60,11 @@ def test_written_result_follows_the_schema(tmp_path) -> None:
     del result["arms"]["a"]["t"]["runs"]
     with pytest.raises(ValueError, match=r"a\.t lacks \['runs'\]"):
         harness.check_schema(result)
+
+
+def test_a_named_commit_overrides_what_git_says(monkeypatch) -> None:
+    monkeypatch.delenv("ASYNCRL_BENCH_COMMIT", raising=False)
+    from_git = harness.git_commit()
+    assert from_git != "0123abc"
+    monkeypatch.setenv("ASYNCRL_BENCH_COMMIT", "0123abc")
+    assert harness.git_commit() == "0123abc"
