@@ -162,26 +162,32 @@ class AsyncEngine:
     def _export(self, request_id: str) -> RequestState | None:
         state = self.core.export_request(request_id)
         if state is not None:
-            self._deliver(state.partial_generation())
+            self._deliver([state.partial_generation()])
         return state
 
     def _abort(self, request_id: str) -> Generation | None:
         generation = self.core.abort(request_id)
         if generation is not None:
-            self._deliver(generation)
+            self._deliver([generation])
         return generation
 
-    def _deliver(self, generation: Generation) -> None:
-        self._observers.pop(generation.request_id, None)
-        loop, future = self._pending.pop(generation.request_id)
-        resolve_threadsafe(loop, future, result=generation)
+    def _deliver(self, generations: list[Generation]) -> None:
+        """Resolve finished requests with one wake-up per caller loop, not one per request: each wake-up is a
+        write to the loop's self-pipe and a GIL hand-off, and a profile of an engine actor found ~6 % of its
+        samples in the engine thread waking its loop."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[Outcome]] = {}
+        for generation in generations:
+            self._observers.pop(generation.request_id, None)
+            loop, future = self._pending.pop(generation.request_id)
+            by_loop.setdefault(loop, []).append((future, generation, None))
+        for loop, outcomes in by_loop.items():
+            settle_threadsafe(loop, outcomes)
 
     def _run(self) -> None:
         torch.set_num_threads(self._num_threads)
         try:
             while self._next_commands():
-                for generation in self.core.step():
-                    self._deliver(generation)
+                self._deliver(self.core.step())
                 self._report_progress()
         except (
             Exception
@@ -273,6 +279,28 @@ class _Command:
             resolve_threadsafe(self.loop, self.future, exception=exception)
 
 
+Outcome = tuple[asyncio.Future, Any, BaseException | None]
+"""A future and what settles it: (future, result, exception), the exception winning when not None."""
+
+
+def settle_threadsafe(loop: asyncio.AbstractEventLoop, outcomes: list[Outcome]) -> None:
+    """Settle ``outcomes``' futures on their loop from any thread, in one wake-up of that loop, skipping those
+    the caller already gave up on (cancelled, loop closed). Engines serve asyncio callers from their own
+    threads (this one, the vLLM client's reader)."""
+
+    def settle() -> None:
+        for future, result, exception in outcomes:
+            if future.done():
+                continue
+            if exception is not None:
+                future.set_exception(exception)
+            else:
+                future.set_result(result)
+
+    if not loop.is_closed():
+        loop.call_soon_threadsafe(settle)
+
+
 def resolve_threadsafe(
     loop: asyncio.AbstractEventLoop,
     future: asyncio.Future,
@@ -280,16 +308,5 @@ def resolve_threadsafe(
     result: Any = None,
     exception: BaseException | None = None,
 ) -> None:
-    """Settle ``future`` on its own loop from any thread, unless the caller already gave up on it (cancelled,
-    loop closed). Engines serve asyncio callers from their own threads (this one, the vLLM client's reader)."""
-
-    def settle() -> None:
-        if future.done():
-            return
-        if exception is not None:
-            future.set_exception(exception)
-        else:
-            future.set_result(result)
-
-    if not loop.is_closed():
-        loop.call_soon_threadsafe(settle)
+    """``settle_threadsafe`` for one future."""
+    settle_threadsafe(loop, [(future, result, exception)])
