@@ -18,7 +18,10 @@ packed ≥ 2× padded, packed ≥ 0.8× plain. Key decision: the result also rec
 padded arm when the cost is linear in tokens; each ratio is reported as a share of that bound too, so a target
 the batch cannot allow shows as such instead of as a shortfall of the trainer.
 
-    python bench/trainer.py [--quick] [--repeats 3] [--out bench/results/trainer.json]
+``--device cuda`` runs the arms on the GPU with Qwen2-0.5B's shape (random weights, float32) on the same
+batch: the 21 M model would measure kernel launches there. Write it to ``bench/results/trainer_cuda.json``.
+
+    python bench/trainer.py [--quick] [--repeats 3] [--device cpu|cuda] [--out bench/results/trainer.json]
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from asyncrl.trainer.packing import pack
 from asyncrl.trainer.trainer import Trainer
 from asyncrl.types import Group, Trajectory
 from bench import harness
-from bench.workloads import GENERATION_BOUND, QUICK, Workload, build_model
+from bench.workloads import GENERATION_BOUND, QUICK, QWEN2_0_5B, ModelShape, Workload, build_model
 
 
 def make_groups(work: Workload, seed: int = 0) -> list[Group]:
@@ -67,27 +70,39 @@ def make_groups(work: Workload, seed: int = 0) -> list[Group]:
     return groups
 
 
+def synchronize(device: str) -> None:
+    """Wait for the GPU's queued work, so a timed update ends when its kernels do."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
 def trainer_arm(
-    work: Workload, groups: list[Group], config: TrainerConfig, real_tokens: int
+    shape: ModelShape, groups: list[Group], config: TrainerConfig, real_tokens: int, device: str
 ) -> Callable[[], dict]:
-    trainer = Trainer(build_model(work.model), config, LossConfig(name="ppo"), AdvantageConfig(name="grpo"))
+    model = build_model(shape).to(device)
+    trainer = Trainer(model, config, LossConfig(name="ppo"), AdvantageConfig(name="grpo"))
 
     def run() -> dict[str, float]:
+        synchronize(device)
         start = time.perf_counter()
         trainer.train_step(groups, trainer.version)
+        synchronize(device)
         seconds = time.perf_counter() - start
         return {"seconds": seconds, "trained_tokens_per_s": real_tokens / seconds}
 
     return run
 
 
-def plain_arm(work: Workload, groups: list[Group], row_tokens: int, real_tokens: int) -> Callable[[], dict]:
+def plain_arm(
+    shape: ModelShape, groups: list[Group], row_tokens: int, real_tokens: int, device: str
+) -> Callable[[], dict]:
     """Forward + backward + AdamW over the same packed rows, with nothing else."""
-    model = build_model(work.model)
+    model = build_model(shape).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
-    batch = build_train_batch(groups, [0.0] * sum(len(g.trajectories) for g in groups))
+    batch = build_train_batch(groups, [0.0] * sum(len(g.trajectories) for g in groups)).to(device)
 
     def run() -> dict[str, float]:
+        synchronize(device)
         start = time.perf_counter()
         packing = pack(batch.input_ids, batch.attention_mask, row_tokens)
         logits = model(input_ids=packing.input_ids, position_ids=packing.position_ids).logits
@@ -96,6 +111,7 @@ def plain_arm(work: Workload, groups: list[Group], row_tokens: int, real_tokens:
         (-logprobs.mean()).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        synchronize(device)
         seconds = time.perf_counter() - start
         return {"seconds": seconds, "trained_tokens_per_s": real_tokens / seconds}
 
@@ -117,8 +133,11 @@ def share_of_bound(ratio: dict[str, Any], bound: float) -> dict[str, Any]:
 
 
 def main() -> None:
-    args = harness.parser(__doc__.splitlines()[0], "trainer").parse_args()
+    parser = harness.parser(__doc__.splitlines()[0], "trainer")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where every arm computes")
+    args = parser.parse_args()
     work = QUICK if args.quick else GENERATION_BOUND
+    shape = QWEN2_0_5B if args.device == "cuda" and not args.quick else work.model
     groups = make_groups(work)
     batch = build_train_batch(groups, [0.0] * work.samples_per_step)
     lengths = sequence_lengths(batch)
@@ -131,8 +150,10 @@ def main() -> None:
         ),
     }
     row_tokens = configs["packed"].packed_row_tokens
-    arms = {name: trainer_arm(work, groups, config, real_tokens) for name, config in configs.items()}
-    arms["plain"] = plain_arm(work, groups, row_tokens, real_tokens)
+    arms = {
+        name: trainer_arm(shape, groups, config, real_tokens, args.device) for name, config in configs.items()
+    }
+    arms["plain"] = plain_arm(shape, groups, row_tokens, real_tokens, args.device)
     raw = harness.run_arms(arms, harness.repeats_for(args), harness.print_run, warmup=True)
     metric = "trained_tokens_per_s"
     ratios = {
@@ -146,8 +167,9 @@ def main() -> None:
     }
     setup = {
         "workload": work.name,
-        "model": vars(work.model),
-        "params": sum(p.numel() for p in build_model(work.model).parameters()),
+        "device": args.device,
+        "model": vars(shape),
+        "params": sum(p.numel() for p in build_model(shape).parameters()),
         "samples": work.samples_per_step,
         "real_tokens": real_tokens,
         "padded_tokens": batch.input_ids.numel(),
@@ -156,7 +178,8 @@ def main() -> None:
         "packed_row_tokens": row_tokens,
         "targets": {"packed_over_padded": ">= 2.0", "packed_over_plain": ">= 0.8"},
     }
-    resources = {"all_arms": f"one process, {torch.get_num_threads()} torch threads, arms run one at a time"}
+    where = "on the GPU" if args.device == "cuda" else f"{torch.get_num_threads()} torch threads"
+    resources = {"all_arms": f"one process, {where}, arms run one at a time"}
     extra = {"linear_bound_share": linear_bound_share}
     harness.write_result(args, "trainer", raw, ratios=ratios, resources=resources, setup=setup, extra=extra)
 
