@@ -28,6 +28,7 @@ QUICK = [
     "agentic_learning",
     "sim_studies",
     "agents_external",
+    "ray_calls",
 ]
 """Every benchmark on the harness. ``agentic`` runs in tests/integration/test_bench_agentic.py, which also checks
 its episode ledgers."""
