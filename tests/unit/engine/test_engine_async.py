@@ -224,3 +224,29 @@ def test_an_observed_request_hears_each_token_then_gets_the_same_generation(asyn
     assert heard == [generation.token_ids[:n] for n in range(1, 6)]
     assert rest.token_ids == generation.token_ids
     assert continued_heard == [generation.token_ids[:n] for n in range(3, 6)]
+
+
+def test_requests_finishing_in_one_step_are_delivered_with_one_wake_up(qwen2, monkeypatch):
+    """Each wake-up of the caller's loop costs the engine thread a self-pipe write and a GIL hand-off, so a
+    step's finished requests travel together."""
+    from asyncrl.engine import async_engine as module
+
+    wake_ups: list[int] = []
+    settle = module.settle_threadsafe
+    monkeypatch.setattr(
+        module,
+        "settle_threadsafe",
+        lambda loop, outcomes: (wake_ups.append(len(outcomes)), settle(loop, outcomes)),
+    )
+    served = AsyncEngine(engine(qwen2, max_running_requests=4))
+    try:
+
+        async def main():
+            reqs = [request(str(i), p, max_new_tokens=5, ignore_eos=True) for i, p in enumerate(PROMPTS)]
+            return await asyncio.gather(*(served.generate(r) for r in reqs))
+
+        outs = run(main())
+    finally:
+        served.shutdown()
+    assert all(o.num_tokens == 5 for o in outs)
+    assert len(PROMPTS) in wake_ups, f"the four same-length requests were delivered in {wake_ups}"
