@@ -6,6 +6,7 @@ One definition, so every test that needs "the tiny random model" builds the same
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 import transformers
@@ -62,14 +63,14 @@ inside the tiny vocabulary."""
 
 
 def tiny_family_model(
-    model_type: str, *, tied: bool, num_kv_heads: int = 2, seed: int = 0
+    model_type: str, *, tied: bool, num_kv_heads: int = 2, seed: int = 0, **config_overrides: Any
 ) -> transformers.PreTrainedModel:
-    """A random tiny model of ``model_type`` (a key of ``FAMILY_SHAPES``) with GQA when ``num_kv_heads < 4``."""
+    """A random tiny model of ``model_type`` (a key of ``FAMILY_SHAPES``) with GQA when ``num_kv_heads < 4``;
+    ``config_overrides`` replace any config field (e.g. a rope with scaling)."""
     torch.manual_seed(seed)
     config = transformers.AutoConfig.for_model(
         model_type,
-        **_TINY_SHAPE,
-        **FAMILY_SHAPES[model_type],
+        **{**_TINY_SHAPE, **FAMILY_SHAPES[model_type], **config_overrides},
         num_key_value_heads=num_kv_heads,
         tie_word_embeddings=tied,
     )

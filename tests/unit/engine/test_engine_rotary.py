@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import transformers
 
 from asyncrl.engine.architectures import SUPPORTED_MODEL_TYPES
 from asyncrl.engine.model_runner import RotaryTable
@@ -24,20 +23,12 @@ def test_looked_up_cos_sin_equal_the_modules_bit_for_bit(model_type: str) -> Non
 
 
 def test_a_rope_that_depends_on_the_longest_position_is_computed_per_step() -> None:
-    config = transformers.Qwen2Config(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=300,
-        max_position_embeddings=32,
-        rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0},
-    )
-    rotary = transformers.Qwen2ForCausalLM(config).model.rotary_emb
+    dynamic = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
+    model = tiny_family_model("qwen2", tied=True, max_position_embeddings=32, rope_parameters=dynamic)
+    rotary = model.model.rotary_emb
     table = RotaryTable(rotary, max_len=100, dtype=torch.float32, device=torch.device("cpu"))
     assert table.table is None
     positions = torch.arange(80)[None]
-    hidden = torch.zeros(1, 80, 64)
+    hidden = torch.zeros(1, 80, model.config.hidden_size)
     for mine, module in zip(table(hidden, positions), rotary(hidden, positions), strict=True):
         assert torch.equal(mine, module)
