@@ -43,6 +43,7 @@ from asyncrl.config.engine import EngineConfig
 from asyncrl.engine import make_engine
 from asyncrl.types import Request, SamplingParams
 from bench import harness
+from bench.workloads import synchronize
 
 VOCAB = 4096
 MAX_OUTPUT = 512
@@ -84,13 +85,10 @@ LARGE_BATCH, LARGE_PROMPT, LARGE_OUTPUT = 64, 32, 64
 
 
 def large_model(quick: bool, device: str):
-    """The generation-bound workload's model (random weights, float32, eval) on CPU, Qwen2-0.5B's shape on a
-    GPU; the small twin in ``--quick``."""
-    from bench.workloads import GENERATION_BOUND, QUICK, QWEN2_0_5B, build_model
+    """``workloads.model_shape``'s model (random weights, float32, eval) on ``device``."""
+    from bench.workloads import build_model, model_shape
 
-    if quick:
-        return build_model(QUICK.model).to(device)
-    return build_model(QWEN2_0_5B if device == "cuda" else GENERATION_BOUND.model).to(device)
+    return build_model(model_shape(device, quick)).to(device)
 
 
 def large_workload(vocab: int, batch: int) -> list[tuple[list[int], int]]:
@@ -119,8 +117,7 @@ def gemm_ceiling(config: Any, batch: int, device: str, seconds: float = 2.0) -> 
     def step() -> None:
         for weight in weights:
             torch.mm(inputs[weight.shape[0]], weight)
-        if device == "cuda":
-            torch.cuda.synchronize()  # a step is done when its products are, not when they are queued
+        synchronize(device)  # a step is done when its products are, not when they are queued
 
     step()
     steps, start = 0, time.perf_counter()

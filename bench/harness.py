@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA_VERSION = 2
-RESULTS_DIR = "bench/results"
 """Bumped when the result layout changes; ``scripts/bench_docs.py`` only quotes files of this version."""
+RESULTS_DIR = "bench/results"
 
 Arm = Callable[[], Mapping[str, float]]
 """One arm of a benchmark: runs it once and returns its measured metrics (numbers only)."""

@@ -39,7 +39,15 @@ from asyncrl.trainer.packing import pack
 from asyncrl.trainer.trainer import Trainer
 from asyncrl.types import Group, Trajectory
 from bench import harness
-from bench.workloads import GENERATION_BOUND, QUICK, QWEN2_0_5B, ModelShape, Workload, build_model
+from bench.workloads import (
+    GENERATION_BOUND,
+    QUICK,
+    ModelShape,
+    Workload,
+    build_model,
+    model_shape,
+    synchronize,
+)
 
 
 def make_groups(work: Workload, seed: int = 0) -> list[Group]:
@@ -68,12 +76,6 @@ def make_groups(work: Workload, seed: int = 0) -> list[Group]:
             )
         groups.append(Group(prompt_uid=f"p{p}", trajectories=trajectories))
     return groups
-
-
-def synchronize(device: str) -> None:
-    """Wait for the GPU's queued work, so a timed update ends when its kernels do."""
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 def trainer_arm(
@@ -127,6 +129,12 @@ def computed_tokens(lengths: list[int], config: TrainerConfig) -> int:
     return sum(len(rows) * max(lengths[i] for i in rows) for rows in plan)
 
 
+def num_parameters(shape: ModelShape) -> int:
+    """The model's parameter count, from a copy built on the meta device (no memory, no initialisation)."""
+    with torch.device("meta"):
+        return sum(p.numel() for p in build_model(shape).parameters())
+
+
 def share_of_bound(ratio: dict[str, Any], bound: float) -> dict[str, Any]:
     """Each paired ratio as a fraction of the linear-cost bound, summarized like a metric."""
     return {"bound": bound, **harness.summary([value / bound for value in ratio["runs"]])}
@@ -137,7 +145,7 @@ def main() -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where every arm computes")
     args = parser.parse_args()
     work = QUICK if args.quick else GENERATION_BOUND
-    shape = QWEN2_0_5B if args.device == "cuda" and not args.quick else work.model
+    shape = model_shape(args.device, args.quick)
     groups = make_groups(work)
     batch = build_train_batch(groups, [0.0] * work.samples_per_step)
     lengths = sequence_lengths(batch)
@@ -169,7 +177,7 @@ def main() -> None:
         "workload": work.name,
         "device": args.device,
         "model": vars(shape),
-        "params": sum(p.numel() for p in build_model(shape).parameters()),
+        "params": num_parameters(shape),
         "samples": work.samples_per_step,
         "real_tokens": real_tokens,
         "padded_tokens": batch.input_ids.numel(),

@@ -84,7 +84,8 @@ GENERATION_BOUND = Workload(
 )
 
 QWEN2_0_5B = ModelShape(hidden=896, layers=24, heads=14, kv_heads=2, intermediate=4864, vocab=151936)
-"""Qwen2-0.5B's shape (random weights): the engine benchmark's large model on a GPU."""
+"""Qwen2-0.5B's shape (random weights): the engine and trainer benchmarks' model on a GPU, where the
+generation-bound workload's ~21 M model would only measure kernel launches."""
 
 QUICK = Workload(
     name="generation_bound_quick",
@@ -102,6 +103,22 @@ QUICK = Workload(
 def cache_dir() -> Path:
     """Where built benchmark models live (``ASYNCRL_BENCH_CACHE`` or ``~/.cache/asyncrl/bench``)."""
     return Path(os.environ.get("ASYNCRL_BENCH_CACHE", Path.home() / ".cache" / "asyncrl" / "bench"))
+
+
+def model_shape(device: str, quick: bool) -> ModelShape:
+    """The engine and trainer benchmarks' model: the generation-bound workload's on CPU, Qwen2-0.5B's on a GPU,
+    the quick twin in ``--quick``."""
+    if quick:
+        return QUICK.model
+    return QWEN2_0_5B if device == "cuda" else GENERATION_BOUND.model
+
+
+def synchronize(device: str) -> None:
+    """Wait for the GPU's queued work, so a timed section ends when its kernels do (a no-op on CPU)."""
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
 
 
 def build_model(shape: ModelShape, seed: int = 0):

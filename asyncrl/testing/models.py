@@ -17,8 +17,8 @@ TINY_VOCAB = 300
 def device_under_test() -> torch.device:
     """Where device-aware tests run their models: ``ASYNCRL_TEST_DEVICE`` (default ``cpu``).
 
-    Why an environment variable: ``scripts/gpu-smoke.sh`` reruns the same engine tests with it set to ``cuda``,
-    so the CUDA path is checked by the very assertions the CPU suite makes, not by a GPU-only copy of them.
+    Why an environment variable: ``scripts/gpu-smoke.sh`` reruns the same engine and packing tests with it set
+    to ``cuda``, so the CUDA path is checked by the very assertions the CPU suite makes, not by a GPU-only copy.
     """
     return torch.device(os.environ.get("ASYNCRL_TEST_DEVICE", "cpu"))
 

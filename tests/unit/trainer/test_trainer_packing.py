@@ -11,16 +11,13 @@ from trainer_fixtures import random_groups, tiny_qwen2, with_model_logprobs
 
 from asyncrl.config.algorithm import AdvantageConfig, LossConfig
 from asyncrl.config.trainer import TrainerConfig
+from asyncrl.testing.models import device_under_test
 from asyncrl.trainer.batching import build_train_batch, plan_micro_batches
 from asyncrl.trainer.logprobs import compute_token_logprobs
 from asyncrl.trainer.packing import pack, plan_rows
 from asyncrl.trainer.trainer import Trainer
 
 TOL = 1e-5
-DEVICES = [
-    "cpu",
-    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")),
-]
 
 
 def _batch(seed: int = 0):
@@ -39,9 +36,9 @@ def _logprobs(model, batch, packed_row_tokens):
     ).logprobs
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("row_tokens", [1, 24, 10_000])  # one sample per row, a few rows, a single row
-def test_packed_logprobs_and_gradients_equal_the_padded_path(row_tokens: int, device: str) -> None:
+def test_packed_logprobs_and_gradients_equal_the_padded_path(row_tokens: int) -> None:
+    device = device_under_test()  # scripts/gpu-smoke.sh runs this on CUDA
     batch = _batch().to(device)
     grads = []
     values = []
