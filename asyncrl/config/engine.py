@@ -60,7 +60,8 @@ class EngineConfig:
     """Prompt tokens prefilled per engine step, so prefill interleaves with decoding."""
     max_model_len: int | None = None
     """Longest prompt + output allowed; None takes the model's max_position_embeddings. The KV pool holds
-    max_running_requests slots of min(max_model_len, max_kv_tokens) positions each: set it to bound memory."""
+    max_running_requests slots of min(max_model_len, max_kv_tokens) positions each: set it to bound memory
+    (a pool above 90 % of the device's free memory is refused, naming the length that fits)."""
     kv_on_update: Literal["keep", "recompute"] = "keep"
     """On a weight update, keep in-flight KV (computed by old weights) or recompute it under the new ones."""
     seed: int = 0

@@ -8,6 +8,8 @@ a decode step can span a range of slots with plain views instead of gathering th
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 
@@ -67,3 +69,25 @@ class KVCache:
     def view(self, layer: int, slots: slice, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of ``slots`` over positions ``[0, length)``, as views (no copy)."""
         return self.keys[layer][slots, :, :length], self.values[layer][slots, :, :length]
+
+
+def pool_bytes(
+    *, num_layers: int, num_slots: int, max_len: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+) -> int:
+    """Bytes the keys and values of a ``KVCache`` with these dimensions take (scratch position included)."""
+    element = torch.empty(0, dtype=dtype).element_size()
+    return 2 * num_layers * num_slots * num_kv_heads * (max_len + 1) * head_dim * element
+
+
+def available_bytes(device: torch.device) -> int | None:
+    """Memory free for a new allocation on ``device``: the CUDA device's free memory, or the host's
+    ``MemAvailable``; None where it cannot be read (the pool is then allocated unchecked)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    meminfo = Path("/proc/meminfo")
+    if device.type != "cpu" or not meminfo.is_file():
+        return None
+    for line in meminfo.read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return None

@@ -14,7 +14,8 @@ import torch
 
 from asyncrl.config.engine import EngineConfig
 from asyncrl.engine import migration
-from asyncrl.engine.model_runner import ModelRunner
+from asyncrl.engine.kv_cache import available_bytes, pool_bytes
+from asyncrl.engine.model_runner import ModelRunner, kv_dimensions
 from asyncrl.engine.requests import check_request
 from asyncrl.engine.sampler import sample
 from asyncrl.engine.scheduler import Scheduler
@@ -41,6 +42,7 @@ class LLMEngine:
             max_prefill_tokens_per_step=self.config.max_prefill_tokens_per_step,
             max_model_len=self.max_model_len,
         )
+        check_kv_pool_fits(model, self.config, self.max_model_len)
         self.runner = ModelRunner(
             model, num_slots=self.config.max_running_requests, max_len=self.max_model_len
         )
@@ -177,6 +179,38 @@ class LLMEngine:
 
     def _decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+
+KV_POOL_MEMORY_SHARE = 0.9
+"""Most of the device's free memory the preallocated KV pool may take; the rest is left to activations."""
+
+
+def check_kv_pool_fits(model: torch.nn.Module, config: EngineConfig, max_len: int) -> None:
+    """Refuse, naming the settings, a KV pool that cannot fit before allocating it.
+
+    The pool holds every slot's longest context up front, so with ``engine.max_model_len`` unset a real
+    model's context window (32 k positions for Qwen2-0.5B) times 64 slots asks for tens of GiB: the process
+    would be killed mid-allocation, or swap, instead of saying which setting to lower.
+    """
+    dims = kv_dimensions(model)
+    slots = config.max_running_requests
+    need = pool_bytes(num_slots=slots, max_len=max_len, **dims)
+    device = next(model.parameters()).device
+    free = available_bytes(device)
+    if free is None or need <= KV_POOL_MEMORY_SHARE * free:
+        return
+    fitting_len = int(KV_POOL_MEMORY_SHARE * free * (max_len + 1) / need) - 1
+    source = "engine.max_model_len" if config.max_model_len else "the model's max_position_embeddings"
+    if max_len == config.max_kv_tokens:
+        source = "engine.max_kv_tokens"
+    gib = 2**30
+    raise ValueError(
+        f"the engine's KV pool needs {need / gib:.1f} GiB on {device} ({slots} slots, "
+        f"engine.max_running_requests, × {max_len} positions, from {source}; {dims['num_layers']} layers), "
+        f"more than {KV_POOL_MEMORY_SHARE:.0%} of the {free / gib:.1f} GiB free there: set "
+        f"engine.max_model_len to the longest prompt + rollout.max_new_tokens the run needs (at most "
+        f"{max(fitting_len, 0)} fits with {slots} slots), or lower engine.max_running_requests"
+    )
 
 
 def eos_token_ids(model: torch.nn.Module, tokenizer: Any = None) -> frozenset[int]:

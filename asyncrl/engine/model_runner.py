@@ -34,24 +34,13 @@ class ModelRunner:
         self.architecture = architecture_of(model, max_len)
         self.rotary = self.architecture.rotary
         self.model = model
-        config = model.config
-        first = model.model.layers[0].self_attn
-        self.head_dim = first.head_dim
-        self.scale = first.scaling
-        self.num_kv_heads = config.num_key_value_heads
-        param = next(model.parameters())
-        self.device = param.device
-        self.cache = KVCache(
-            num_layers=len(model.model.layers),
-            num_slots=num_slots,
-            max_len=max_len,
-            num_kv_heads=self.num_kv_heads,
-            head_dim=self.head_dim,
-            dtype=param.dtype,
-            device=self.device,
-        )
+        self.scale = model.model.layers[0].self_attn.scaling
+        dims = kv_dimensions(model)
+        self.head_dim = dims["head_dim"]
+        self.device = next(model.parameters()).device
+        self.cache = KVCache(num_slots=num_slots, max_len=max_len, device=self.device, **dims)
         self.cos_sin = RotaryTable(
-            model.model.rotary_emb, max_len=max_len, dtype=param.dtype, device=self.device
+            model.model.rotary_emb, max_len=max_len, dtype=dims["dtype"], device=self.device
         )
 
     @torch.inference_mode()
@@ -159,6 +148,16 @@ class ModelRunner:
         q, k = self.rotary(q, k, cos, sin)
         out = attend(index, q, k, v)  # [rows, heads, length, head_dim]
         return attn.o_proj(out.transpose(1, 2).reshape(rows, length, -1))
+
+
+def kv_dimensions(model: torch.nn.Module) -> dict:
+    """The KV pool's per-slot dimensions for ``model``: layers, KV heads, head size and dtype."""
+    return {
+        "num_layers": len(model.model.layers),
+        "num_kv_heads": model.config.num_key_value_heads,
+        "head_dim": model.model.layers[0].self_attn.head_dim,
+        "dtype": next(model.parameters()).dtype,
+    }
 
 
 def padded_tokens(chunk: Chunk, width: int) -> list[int]:
