@@ -17,12 +17,17 @@ def test_disjoint_shares_split_rollout_cpus_over_engines():
     assert plan_placement(config, num_engines=1, mode="one_step_off").engine_threads == 3
 
 
-def test_sync_colocates_with_every_core_and_no_reservation():
+def test_sync_colocates_the_trainer_on_every_core_and_the_engines_on_all_but_the_drivers():
     config = RuntimeConfig(type="local", rollout_num_cpus=1, train_num_cpus=1)
     assert plan_placement(config, num_engines=1, mode="sync") == Placement(
-        colocated=True, engine_num_cpus=0.0, engine_threads=2, trainer_num_cpus=0.0, trainer_threads=2
+        colocated=True, engine_num_cpus=0.0, engine_threads=1, trainer_num_cpus=0.0, trainer_threads=2
     )
     assert plan_placement(config, num_engines=4, mode="sync").engine_threads == 1
+    sixteen = RuntimeConfig(type="local", rollout_num_cpus=8, train_num_cpus=8)
+    assert plan_placement(sixteen, num_engines=1, mode="sync").engine_threads == 15
+    assert plan_placement(sixteen, num_engines=2, mode="sync").engine_threads == 7
+    one = RuntimeConfig(type="local", rollout_num_cpus=0.5, train_num_cpus=0.5)
+    assert plan_placement(one, num_engines=1, mode="sync").engine_threads == 1
 
 
 @pytest.mark.parametrize(
