@@ -70,7 +70,6 @@ from asyncrl.engine import make_engine  # noqa: E402
 from asyncrl.models.loading import load_model_and_tokenizer  # noqa: E402
 from asyncrl.rollout.prompt_source import PromptSource  # noqa: E402
 from asyncrl.rollout.rlvr_producer import request_seed, sampling_params  # noqa: E402
-from asyncrl.runtime.placement import plan_placement  # noqa: E402
 from asyncrl.types import Request  # noqa: E402
 from bench import cpu_use, harness  # noqa: E402
 from bench.engine import on_fresh_thread  # noqa: E402
@@ -454,14 +453,9 @@ def targets(ratios: dict[str, dict], ceilings: dict[str, dict]) -> dict[str, boo
 
 def resources(variants: tuple[Variant, ...], work: Workload) -> dict[str, Any]:
     """How each variant split the cores (placement as the runtime plans it)."""
-    out = {}
-    for variant in variants:
-        config = run_config(variant, work, Path("unused"))
-        plan = plan_placement(
-            config.runtime, num_engines=config.rollout.num_engines, mode=config.controller.mode
-        )
-        out[variant.name] = {"runtime": variant.runtime, **plan.describe()}
-    return out
+    return {
+        variant.name: harness.placement(run_config(variant, work, Path("unused"))) for variant in variants
+    }
 
 
 def main() -> None:

@@ -31,7 +31,6 @@ from pathlib import Path
 from asyncrl.app.train import train
 from asyncrl.cli.train import DEFAULT_EXAMPLE
 from asyncrl.config.run import load_run_config
-from asyncrl.runtime.placement import plan_placement
 from bench import harness
 
 EXAMPLES = {"default": DEFAULT_EXAMPLE, "agentic": DEFAULT_EXAMPLE.parent / "agentic.yaml"}
@@ -115,10 +114,8 @@ def trainer_bounds(raw: dict[str, list[dict[str, float]]], example: str) -> dict
 
 
 def placement_of(config_path: Path, overrides: list[str], how: str) -> dict[str, object]:
-    """How the arm's run splits the cores: the inline runtime's placement plan (threads per role)."""
-    config = load_run_config(config_path, overrides)
-    plan = plan_placement(config.runtime, num_engines=config.rollout.num_engines, mode=config.controller.mode)
-    return {"how": how, "runtime": config.runtime.type, **plan.describe()}
+    """How the arm's run splits the cores: its runtime's placement plan (threads per role)."""
+    return {"how": how, **harness.placement(load_run_config(config_path, overrides))}
 
 
 def main() -> None:

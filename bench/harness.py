@@ -62,6 +62,15 @@ def repeats_for(args: argparse.Namespace) -> int:
     return args.repeats
 
 
+def placement(config: Any) -> dict[str, Any]:
+    """How a run's config (a ``RunConfig``) splits the cores, as its runtime plans it: threads and reserved CPUs
+    per role. Taken from the planner, not described by hand, so a record cannot drift from what ran."""
+    from asyncrl.runtime.placement import plan_placement
+
+    plan = plan_placement(config.runtime, num_engines=config.rollout.num_engines, mode=config.controller.mode)
+    return {"runtime": config.runtime.type, **plan.describe()}
+
+
 def summary(values: Sequence[float]) -> dict[str, Any]:
     """``{"min", "median", "max", "runs"}`` of one metric over repeats, every run kept in order."""
     if not values:

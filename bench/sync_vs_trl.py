@@ -169,7 +169,7 @@ def asyncrl_overrides(setup: Setup, seed: int, output_dir: str) -> list[str]:
         f"output_dir={output_dir}",
         f"seed={seed}",
         "runtime.type=inline",
-        # sync colocates the roles: each computes with rollout + train CPUs = ``threads`` torch threads
+        # sync colocates the roles on rollout + train CPUs = ``threads`` (the engine leaves one to the driver)
         f"runtime.rollout_num_cpus={setup.threads / 2}",
         f"runtime.train_num_cpus={setup.threads / 2}",
         "controller.mode=sync",
@@ -495,13 +495,14 @@ def setup_from(args: Any) -> Setup:
     )
 
 
-def resources(setup: Setup) -> dict[str, str]:
-    """How the cores were used: the same threads on both sides, one process, one phase at a time."""
-    threads = f"{setup.threads} torch threads"
+def resources(setup: Setup) -> dict[str, Any]:
+    """How the cores were used: one process each side, one phase at a time; asyncrl's threads per role as its
+    sync placement plans them (the engine leaves a core to the driver), TRL's as set."""
+    config = load_run_config(None, asyncrl_overrides(setup, 0, "unused"))
     return {
-        "asyncrl_sync": f"one process, inline runtime: engine and trainer on their own threads, each with "
-        f"{threads}, used one phase at a time (sync)",
-        "trl_grpo": f"one process (the same one), {threads}",
+        "asyncrl_sync": {"how": "one process: engine and trainer threads, one phase at a time (sync)"}
+        | harness.placement(config),
+        "trl_grpo": f"one process (the same one), {setup.threads} torch threads",
     }
 
 
