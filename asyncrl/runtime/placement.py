@@ -70,8 +70,9 @@ DRIVER_CPUS = 1.0
 """What a colocated engine leaves to the driver. While the engines generate, the driver is busy too (scoring
 rewards, detokenizing, scheduling the next requests), and an engine whose torch threads claim every core
 then waits at each op's thread barrier whenever the driver takes one of its cores. Measured on 2 cores
-(the default example in sync, 40 steps, 3 runs each): the engine generated in 5.5–6.7 s with one thread
-against 8.1–8.4 s with two. The trainer keeps every core: while it trains, sync's driver waits."""
+while making this choice (the default example in sync, 40 steps, 3 runs each; not a result file): the engine
+generated in 5.5–6.7 s with one thread against 8.1–8.4 s with two; the benchmarks' sync arms show the same
+(docs/benchmarks.md). The trainer keeps every core: while it trains, sync's driver waits."""
 
 
 def is_colocated(config: RuntimeConfig, mode: str) -> bool:
