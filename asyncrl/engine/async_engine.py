@@ -28,6 +28,7 @@ import torch
 from asyncrl.engine.llm_engine import LLMEngine
 from asyncrl.engine.migration import RequestState
 from asyncrl.engine.weights import NamedTensors
+from asyncrl.torch_threads import claim_torch_threads
 from asyncrl.types import Generation, Request, TokenObserver
 
 logger = logging.getLogger(__name__)
@@ -41,8 +42,9 @@ class AsyncEngine:
     """Serve an ``LLMEngine`` to asyncio callers from a background thread."""
 
     def __init__(self, core: LLMEngine, num_threads: int | None = None) -> None:
-        """``num_threads``: torch threads of the engine thread (default: the constructing thread's count). Set in
-        the engine thread itself: OpenMP thread counts are per thread, and a process whose *other* threads
+        """``num_threads``: torch threads of the engine thread (default: the constructing thread's count). Claimed
+        in the engine thread before each step (``asyncrl.torch_threads``): OpenMP thread counts are per thread,
+        and a process whose *other* threads
         also own multi-thread OpenMP teams has every team's spin-wait throttled by libgomp (measured: the same
         decode loop 8.1 k tok/s on the only team, 4.6 k beside the main thread's; docs/benchmarks.md)."""
         self.core = core
@@ -184,7 +186,6 @@ class AsyncEngine:
             settle_threadsafe(loop, outcomes)
 
     def _run(self) -> None:
-        torch.set_num_threads(self._num_threads)
         try:
             while self._next_commands():
                 self._deliver(self.core.step())
@@ -224,6 +225,7 @@ class AsyncEngine:
                 if self._stopped is not None:
                     return False
                 commands, self._commands = self._commands, deque()
+            claim_torch_threads(self._num_threads)  # for these commands and the step after them
             for command in commands:
                 command.run()
             if self._can_step():

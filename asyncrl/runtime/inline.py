@@ -12,10 +12,10 @@ import concurrent.futures
 import copy
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -26,11 +26,14 @@ from asyncrl.engine import make_engine
 from asyncrl.models.loading import load_model_and_tokenizer, state_dict_for_sync
 from asyncrl.rewards.service import RewardService
 from asyncrl.runtime.placement import Placement, plan_placement
+from asyncrl.torch_threads import claim_torch_threads
 from asyncrl.trainer.checkpoint import load_checkpoint, save_checkpoint
 from asyncrl.trainer.trainer import Trainer
 from asyncrl.types import Group
 from asyncrl.weight_sync.protocol import WeightSync, WeightUpdate
 from asyncrl.weight_sync.transports import make_weight_sync
+
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -52,11 +55,9 @@ class LocalTrainer:
     ) -> None:
         self.trainer = trainer
         self._sync = sync or make_weight_sync("in_process")
+        self._num_threads = num_threads or torch.get_num_threads()
         self._thread = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1,
-            thread_name_prefix="asyncrl-trainer",
-            initializer=torch.set_num_threads,
-            initargs=(num_threads or torch.get_num_threads(),),
+            max_workers=1, thread_name_prefix="asyncrl-trainer"
         )
 
     @property
@@ -68,12 +69,21 @@ class LocalTrainer:
         return self.trainer.version
 
     def train_step(self, groups: Sequence[Group], policy_version: int) -> dict[str, float]:
-        return self._thread.submit(self.trainer.train_step, groups, policy_version).result()
+        return self.on_training_thread(self.trainer.train_step, groups, policy_version)
 
     def state_for_sync(self) -> WeightUpdate:
         """The current weights published through the in-process transport (cloned once, on the training
         thread, so the next step cannot change them under an engine that is still copying)."""
-        return self._thread.submit(self._publish).result()
+        return self.on_training_thread(self._publish)
+
+    def on_training_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the training thread with the trainer's torch threads claimed first
+        (``asyncrl.torch_threads``: another role's thread may have set the process's count since)."""
+        return self._thread.submit(self._claimed, fn, *args).result()
+
+    def _claimed(self, fn: Callable[..., T], *args: Any) -> T:
+        claim_torch_threads(self._num_threads)
+        return fn(*args)
 
     def _publish(self) -> WeightUpdate:
         return self._sync.publish(self.trainer.version, state_dict_for_sync(self.trainer.model))

@@ -24,7 +24,7 @@ def threads_used(mode: str) -> tuple[int, int, dict]:
     config = load_run_config(None, [*SHARES, f"controller.mode={mode}"])
     parts = build_parts(config)
     try:
-        trainer_threads = parts.trainer._thread.submit(torch.get_num_threads).result()
+        trainer_threads = parts.trainer.on_training_thread(torch.get_num_threads)
         return parts.engines[0]._num_threads, trainer_threads, parts.locations()
     finally:
         parts.close()
