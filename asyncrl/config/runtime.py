@@ -3,8 +3,9 @@
 Key decision on colocation: ``sync`` alternates rollout and training behind a barrier, so there both roles are
 *colocated*: their actors reserve no Ray CPUs and each gets threads for every core (the trainer all of them,
 each engine its share of all but one, which the driver needs while the engines generate: see
-``asyncrl.runtime.placement.DRIVER_CPUS``), relying on the barrier so that they never compute at once. Async modes give rollout
-and training disjoint shares (``rollout_num_cpus`` / ``train_num_cpus``), so neither slows the other.
+``asyncrl.runtime.placement.DRIVER_CPUS``), relying on the barrier so that they never compute at once. Async
+modes give rollout and training disjoint shares (``rollout_num_cpus`` / ``train_num_cpus``), so neither slows
+the other.
 """
 
 from __future__ import annotations

@@ -42,11 +42,11 @@ class AsyncEngine:
     """Serve an ``LLMEngine`` to asyncio callers from a background thread."""
 
     def __init__(self, core: LLMEngine, num_threads: int | None = None) -> None:
-        """``num_threads``: torch threads of the engine thread (default: the constructing thread's count). Claimed
-        in the engine thread before each step (``asyncrl.torch_threads``): OpenMP thread counts are per thread,
-        and a process whose *other* threads
-        also own multi-thread OpenMP teams has every team's spin-wait throttled by libgomp (measured: the same
-        decode loop 8.1 k tok/s on the only team, 4.6 k beside the main thread's; docs/benchmarks.md)."""
+        """``num_threads``: torch threads of the engine thread (default: the constructing thread's count).
+        Claimed in the engine thread before each step (``asyncrl.torch_threads``): OpenMP thread counts are per
+        thread, and a process whose *other* threads also own multi-thread OpenMP teams has every team's
+        spin-wait throttled by libgomp (measured: the same decode loop 8.1 k tok/s on the only team, 4.6 k
+        beside the main thread's; docs/benchmarks.md)."""
         self.core = core
         self._num_threads = num_threads or torch.get_num_threads()
         self._cond = threading.Condition()

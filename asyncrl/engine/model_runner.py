@@ -11,6 +11,7 @@ norms, partial rotary) is named in ``architectures.py``. Tied embeddings need no
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -150,7 +151,7 @@ class ModelRunner:
         return attn.o_proj(out.transpose(1, 2).reshape(rows, length, -1))
 
 
-def kv_dimensions(model: torch.nn.Module) -> dict:
+def kv_dimensions(model: torch.nn.Module) -> dict[str, Any]:
     """The KV pool's per-slot dimensions for ``model``: layers, KV heads, head size and dtype."""
     return {
         "num_layers": len(model.model.layers),
