@@ -33,7 +33,7 @@ LAYERS: list[set[str]] = [
     {"data"},
     {"buffer", "staleness"},
     {"metrics"},
-    {"models"},
+    {"models", "torch_threads"},
     {"config", "types", "rle", "controller.modes"},
 ]
 """Top to bottom, from DESIGN §6: a unit imports only units of its own layer or below."""
