@@ -2,7 +2,9 @@
 
 Every run trains the embedded default (the shipped warm start on the default task, ``asyncrl/examples/
 default.yaml``) for the same number of steps of the same batch, so every run trains on the same number of
-samples; only the loss, the mode and the seed change:
+samples; only the loss, the mode and the seed change. The default's group filter is turned off here
+(``WORKLOAD``): this study isolates what staleness does to each loss, and which groups a filter keeps would
+vary with the mode too.
 
 - settings: ``sync`` (α = 0, colocated, the baseline), ``async`` with α = 2 and with α = 8;
 - losses: ``ppo``, ``decoupled_ppo``, ``tis``, ``cispo``, ``topr`` with their default parameters;
@@ -40,6 +42,8 @@ from asyncrl.config.run import load_run_config  # noqa: E402
 from bench import harness  # noqa: E402
 
 DEFAULT_EXAMPLE = Path(__file__).resolve().parents[1] / "asyncrl" / "examples" / "default.yaml"
+WORKLOAD = ("rollout.filter=none", "rollout.max_additional_running_prompts=0")
+"""Every group trained, as when the study's results were measured (before the default filtered groups)."""
 LOSSES = ("ppo", "decoupled_ppo", "tis", "cispo", "topr")
 SETTINGS: dict[str, tuple[str, ...]] = {
     "sync": ("controller.mode=sync", "buffer.async_ratio=0"),
@@ -58,6 +62,7 @@ def run_one(loss: str, setting: str, seed: int, args: argparse.Namespace, scratc
         f"controller.num_steps={args.steps}",
         f"controller.eval_prompts={args.eval_prompts}",
         f"output_dir={scratch / f'{loss}-{setting}-{seed}'}",
+        *WORKLOAD,
         *args.overrides,
     ]
     config = load_run_config(str(DEFAULT_EXAMPLE), overrides)
