@@ -68,15 +68,20 @@ def example_run_arm(config_path: Path, overrides: list[str]) -> Callable[[], dic
     return run
 
 
+def faster_sync(raw: dict[str, list[dict[str, float]]], metric: str) -> list[float]:
+    """Per repeat, the smaller ``metric`` of the two sync runs (``sync`` and ``sync_1thread``)."""
+    return [min(a[metric], b[metric]) for a, b in zip(raw["sync"], raw["sync_1thread"], strict=True)]
+
+
+def ratio_record(numerator: str, denominator: str, metric: str, values: list[float]) -> dict[str, object]:
+    """A derived ratio in the harness's ratio shape (what ``harness.paired_ratio`` writes)."""
+    return {"numerator": numerator, "denominator": denominator, "metric": metric, **harness.summary(values)}
+
+
 def faster_sync_ratio(raw: dict[str, list[dict[str, float]]], example: str, metric: str) -> dict[str, object]:
     """Per paired repeat, the faster of the two sync runs' ``metric`` over the example's."""
-    rows = zip(raw["sync"], raw["sync_1thread"], raw[example], strict=True)
-    return {
-        "numerator": "min(sync, sync_1thread)",
-        "denominator": example,
-        "metric": metric,
-        **harness.summary([min(a[metric], b[metric]) / run[metric] for a, b, run in rows]),
-    }
+    values = [sync / run[metric] for sync, run in zip(faster_sync(raw, metric), raw[example], strict=True)]
+    return ratio_record("min(sync, sync_1thread)", example, metric, values)
 
 
 def trainer_bounds(raw: dict[str, list[dict[str, float]]], example: str) -> dict[str, dict[str, object]]:
@@ -89,27 +94,17 @@ def trainer_bounds(raw: dict[str, list[dict[str, float]]], example: str) -> dict
     the least trainer time either sync measured). A target above these is out of reach on the workload,
     whatever the scheduling.
     """
-    rows = list(zip(raw["sync"], raw["sync_1thread"], raw[example], strict=True))
-    faster = [min(a["train_wall_s"], b["train_wall_s"]) for a, b, _ in rows]
-    at_async = [wall / run["trainer_busy_s"] for wall, (_, _, run) in zip(faster, rows, strict=True)]
-    at_all = [
-        wall / min(a["trainer_busy_s"], b["trainer_busy_s"])
-        for wall, (a, b, _) in zip(faster, rows, strict=True)
-    ]
-    metric = "train_wall_s over trainer_busy_s"
+    walls = faster_sync(raw, "train_wall_s")
+    at_async = [wall / run["trainer_busy_s"] for wall, run in zip(walls, raw[example], strict=True)]
+    at_all = [wall / busy for wall, busy in zip(walls, faster_sync(raw, "trainer_busy_s"), strict=True)]
+    wall, metric = "min(sync, sync_1thread) train_wall_s", "train_wall_s over trainer_busy_s"
     return {
-        f"trainer_bound_{example}_at_async_placement": {
-            "numerator": "min(sync, sync_1thread) train_wall_s",
-            "denominator": f"{example} trainer_busy_s",
-            "metric": metric,
-            **harness.summary(at_async),
-        },
-        f"trainer_bound_{example}_at_all_cores": {
-            "numerator": "min(sync, sync_1thread) train_wall_s",
-            "denominator": "min(sync, sync_1thread) trainer_busy_s",
-            "metric": metric,
-            **harness.summary(at_all),
-        },
+        f"trainer_bound_{example}_at_async_placement": ratio_record(
+            wall, f"{example} trainer_busy_s", metric, at_async
+        ),
+        f"trainer_bound_{example}_at_all_cores": ratio_record(
+            wall, "min(sync, sync_1thread) trainer_busy_s", metric, at_all
+        ),
     }
 
 

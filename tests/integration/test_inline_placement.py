@@ -1,7 +1,7 @@
 """The inline runtime threads its roles by the same placement plan as the Ray runtimes: disjoint shares while
-rollout overlaps training, every core for each role behind sync's barrier (all but the driver's for the engine), whatever the calling thread's
-torch thread count happens to be (a benchmark running several runs in one process must get the same split
-every time)."""
+rollout overlaps training, every core for each role behind sync's barrier (all but the driver's for the
+engine), whatever the calling thread's torch thread count happens to be (a benchmark running several runs in
+one process must get the same split every time)."""
 
 from __future__ import annotations
 
