@@ -202,19 +202,23 @@ class SampleBuffer:
 
     # ---- trainer -----------------------------------------------------------------------------------
 
-    def on_trainer_version(self, version: int) -> None:
-        """The trainer (and the engines) moved to ``version``: reclaim stragglers and widen admission."""
+    def on_trainer_version(self, version: int) -> list[DroppedGroup]:
+        """The trainer (and the engines) moved to ``version``: reclaim stragglers and widen admission.
+
+        Returns the buffered groups dropped as stale. Their producers already handed them in and will not
+        hear of them again, so the caller ends their prompts (the controller does, in its prompt source).
+        """
         if version < self._version:
             raise ValueError(f"trainer version went backwards: {self._version} -> {version}")
         if version == self._version:
-            return
+            return []
         self._version = version
         self._min_fresh_version = staleness.min_fresh_version(version, self.config.async_ratio)
         stale = [(a, g) for a, g in self._buffered if not self._is_fresh(_start_version(a, g))]
         self._buffered = [(a, g) for a, g in self._buffered if self._is_fresh(_start_version(a, g))]
-        for admission, group in stale:
-            self._drop(admission, DropKind.STALE, self._stale_reason(admission, group), group)
+        dropped = [self._drop(a, DropKind.STALE, self._stale_reason(a, g), g) for a, g in stale]
         self._changed()
+        return dropped
 
     def take_batch(
         self, trainer_version: int, num_groups: int | None = None, *, wait_for_older: bool = False
@@ -410,12 +414,15 @@ class SampleBuffer:
         if not self._in_flight_versions[ticket.start_version]:
             del self._in_flight_versions[ticket.start_version]
 
-    def _drop(self, admission: Admission, kind: DropKind, reason: str, group: Group | None = None) -> None:
+    def _drop(
+        self, admission: Admission, kind: DropKind, reason: str, group: Group | None = None
+    ) -> DroppedGroup:
         self._dropped[kind] += 1
         record = DroppedGroup(
             admission=admission, kind=kind, reason=reason, trainer_version=self._version, group=group
         )
         self._dropped_log.append(record)
+        return record
 
     def _changed(self) -> None:
         """Check the invariants and wake every waiter to re-test its condition."""

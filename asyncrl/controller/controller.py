@@ -218,7 +218,8 @@ class Controller:
         """suspend → version+1 (stale work aborted) → model_update → resume."""
         await self.proxy.suspend()
         self.version += 1
-        self.buffer.on_trainer_version(self.version)
+        for stale in self.buffer.on_trainer_version(self.version):  # ended like a straggler: never redone
+            self.source.finish(stale.admission.key)
         await self.producer.abort_stale()
         await self.proxy.model_update(await self.trainer.state_for_sync(), self.version)
         await self.proxy.resume()

@@ -100,6 +100,8 @@ class Outcome:
     batches: list[tuple[int, list[Group]]]
     accounting: object
     proxy_stats: dict
+    unfinished: list[str]
+    """The prompts the source still holds as not ended (a resumed run would hand them out again)."""
 
 
 def make_test_proxy(mode: str, engines: list[FakeEngine], ratio: float) -> LLMProxy | MultiVersionProxy:
@@ -172,4 +174,5 @@ async def run_scenario(scenario: Scenario, seed: int) -> Outcome:
         batches=trainer.batches,
         accounting=buffer.accounting(),
         proxy_stats=proxy.stats(),
+        unfinished=source.state_dict()["redo"],
     )

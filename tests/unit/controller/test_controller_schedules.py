@@ -13,6 +13,8 @@ from asyncrl.testing.ledger import Outcome as End
 NUM_SCHEDULES = 500
 """Schedules per mode (the issue's bar); variants of a mode (filters, redundancy, batch generation) run fewer."""
 NUM_VARIANT_SCHEDULES = 150
+CUT_AT_END = frozenset({"aborted: producer stopped", "closed: training finished"})
+"""The ledger reasons of groups cut off by the end of a run (in flight, or finished and buffered)."""
 MODE_SCENARIOS = ("sync", "one_step_off", "async_2", "partial_rollout", "multi_version")
 
 SCENARIOS = {
@@ -48,6 +50,10 @@ def check_invariants(scenario: Scenario, outcome) -> None:
     outcome.ledger.assert_complete(outcome.admitted)  # conservation: each admitted prompt ended exactly once
     outcome.ledger.assert_fresh(ratio)  # freshness: started at version >= trained version - α
     assert outcome.accounting.is_balanced
+    # the prompt source agrees with the ledger: a prompt left unfinished was cut off by the end of the run,
+    # never one that ended mid-run (a buffered group dropped stale once stayed unfinished and was re-issued)
+    ended_mid_run = {e.uid for e in outcome.ledger.entries() if e.reason not in CUT_AT_END}
+    assert ended_mid_run.isdisjoint(outcome.unfinished), sorted(ended_mid_run & set(outcome.unfinished))
     assert [version for version, _ in outcome.batches] == list(range(scenario.num_steps))
     trained = [t for _, groups in outcome.batches for g in groups for t in g.trajectories]
     assert all(len(g) <= scenario.group for _, groups in outcome.batches for g in groups)
@@ -59,9 +65,8 @@ def check_invariants(scenario: Scenario, outcome) -> None:
         assert outcome.proxy_stats["num_calls"] == 0
     if scenario.mode == "multi_version" and scenario.redundant == 0 and scenario.filter == "none":
         # no trajectory dropped: every admitted group is trained, or cut off only by the end of the run
-        cut_at_end = {"aborted: producer stopped", "closed: training finished"}
         assert [
-            e for e in outcome.ledger.entries() if e.outcome is not End.TRAINED and e.reason not in cut_at_end
+            e for e in outcome.ledger.entries() if e.outcome is not End.TRAINED and e.reason not in CUT_AT_END
         ] == []
 
 
