@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TextIO
 
+from asyncrl.app.context_length import with_max_model_len
 from asyncrl.app.runtimes import Parts, assemble_controller, make_proxy, make_source, runtime_parts
 from asyncrl.buffer.sample_buffer import SampleBuffer
 from asyncrl.config.base import to_dict
@@ -62,6 +63,9 @@ async def train(
     started = time.perf_counter()
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    config, context = with_max_model_len(config)
+    if context is not None:
+        _say(console, f"engine.max_model_len unset: {context.tokens} ({context.why})")
     (out / "config.json").write_text(json.dumps(to_dict(config), indent=1))
     stop = stop or asyncio.Event()
     for num_restarts in itertools.count():
@@ -103,9 +107,9 @@ async def _train(
         checkpoint = resolve_resume_path(config.resume)
         extra = parts.trainer.load_checkpoint(checkpoint)
         _say(console, f"resuming from {checkpoint} (step {parts.trainer.step})")
-    state = RunState(make_source(config, parts.task), out, resumed_step=parts.trainer.step if extra else None)
-    if extra is not None:
-        state.load(extra)
+    state = RunState(
+        make_source(config, parts.task), out, resumed_step=parts.trainer.step if extra else None, extra=extra
+    )
     proxy = make_proxy(parts)
     try:
         return await _train_with_proxy(parts, proxy, state, out, started, console, stop)
@@ -187,7 +191,7 @@ async def _train_steps(
     await controller.run(
         config.controller.num_steps - parts.trainer.step,
         stop=stop,
-        before_close=lambda: final.append(_save(parts, state, out, controller.buffer)),
+        before_close=lambda: _end_run(parts, state, out, controller.buffer, final),
     )
     if timeline is not None:
         timeline.close()  # the timeline shows training; the held-out evaluation after it is not a step
@@ -289,6 +293,14 @@ def step_metrics(record: StepRecord, proxy_stats: dict, train_started: float) ->
 
 async def _evaluate(parts: Parts, proxy: LLMProxy, tag: str) -> dict[str, float]:
     return await evaluate_run(parts.config, proxy, parts.tokenizer, parts.task, parts.rewards, tag=tag)
+
+
+def _end_run(parts: Parts, state: RunState, out: Path, buffer: SampleBuffer, final: list[Path]) -> None:
+    """The drops since the last step, the final checkpoint (which counts them), then the unfinished prompts
+    (which it does not: a run resumed from it trains or drops them itself)."""
+    state.record_step(parts.trainer.step, [], buffer.take_dropped())
+    final.append(_save(parts, state, out, buffer))
+    state.record_unfinished(parts.trainer.step, buffer)
 
 
 def _save(parts: Parts, state: RunState, out: Path, buffer: SampleBuffer) -> Path:

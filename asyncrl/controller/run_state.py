@@ -10,9 +10,16 @@ or on SIGTERM before anything is torn down), and it holds three things beside th
 - the set of prompts trained so far: a resumed stream that would hand one out again is an error.
 
 ``ledger.jsonl`` gets one line per trained trajectory (prompt, sample index, step, first and last policy
-version of its tokens) and one per dropped group (prompt, kind, reason), flushed every step. On resume the
-lines after the checkpoint's step are cut (they belong to steps that are trained again), so the ledger of an
-interrupted run reads exactly like an uninterrupted one's.
+version of its tokens) and one per dropped group (prompt, kind, reason), flushed every step. When a run ends
+(finished or stopped) it also gets the drops since the last step, and after the final checkpoint one
+``unfinished`` line per prompt drawn and not ended (``resume``: ``restore`` for a finished group the checkpoint
+keeps, ``regenerate`` for one still generating or waiting for admission). So every prompt a run drew has
+exactly one fate in its ledger: trained, dropped or unfinished.
+
+Each checkpoint records how many ledger lines it accounts for; on resume the lines after those are cut (steps
+trained again, drops the checkpoint does not know of, the unfinished lines), so the ledger of an interrupted
+run reads exactly like an uninterrupted one's. Counting lines rather than steps matters at the end of a run,
+where drops after the last step share its step number with the checkpoint taken in that step.
 """
 
 from __future__ import annotations
@@ -29,21 +36,35 @@ from asyncrl.rollout.prompt_source import PromptSource
 from asyncrl.types import Group
 
 LEDGER_FILE = "ledger.jsonl"
+LEDGER_LINES = "ledger_lines"
+UNFINISHED = "unfinished"
 
 
 class RunState:
     """The prompt stream, the consumed prompts and the ledger of one run directory."""
 
-    def __init__(self, source: PromptSource, out: Path, *, resumed_step: int | None = None) -> None:
-        """``resumed_step``: the step of the checkpoint a resumed run starts from; later ledger and metrics
-        lines are cut. None starts a fresh ledger."""
+    def __init__(
+        self,
+        source: PromptSource,
+        out: Path,
+        *,
+        resumed_step: int | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        """``resumed_step`` and ``extra``: the step and the extra state of the checkpoint a resumed run starts
+        from (see ``_load``); metrics lines after the step and ledger lines after the checkpoint's are cut.
+        None starts a fresh ledger."""
         self.source = source
         self.consumed: set[str] = set()
         self.restored: dict[str, int] = {}
         self._pending_groups: list[tuple[int, Group]] = []
+        self._num_lines = 0
         if resumed_step is not None:
-            for name in (LEDGER_FILE, "metrics.jsonl"):
-                truncate_after_step(out / name, resumed_step)
+            truncate_after_step(out / "metrics.jsonl", resumed_step)
+            counted = (extra or {}).get(LEDGER_LINES)
+            self._num_lines = _truncate_ledger(out / LEDGER_FILE, resumed_step, counted)
+        if extra is not None:
+            self._load(extra)
         self._ledger = (out / LEDGER_FILE).open("a" if resumed_step is not None else "w", encoding="utf-8")
 
     def checkpoint_extra(self, buffer: SampleBuffer | None) -> dict[str, Any]:
@@ -52,9 +73,10 @@ class RunState:
             "prompt_source": self.source.state_dict(),
             "buffered_groups": groups_to_data(buffer.snapshot()) if buffer is not None else [],
             "consumed_prompts": sorted(self.consumed),
+            LEDGER_LINES: self._num_lines,
         }
 
-    def load(self, extra: dict[str, Any]) -> None:
+    def _load(self, extra: dict[str, Any]) -> None:
         """Take the stream position and consumed prompts of a checkpoint (before any prompt is handed out)."""
         self.source.load_state_dict(extra["prompt_source"])
         self.consumed = set(extra.get("consumed_prompts", []))
@@ -75,6 +97,7 @@ class RunState:
                 self.source.claim(group.prompt_uid)
         self.restored = {"restored_groups": len(groups) - len(stale), "stale_regenerated": len(stale)}
         self._pending_groups = []
+        buffer.take_dropped()  # the stale ones are regenerated, not dropped: no ledger line (counted above)
         return self.restored
 
     def record_step(self, step: int, groups: Iterable[Group], dropped: Iterable[DroppedGroup]) -> None:
@@ -104,11 +127,49 @@ class RunState:
                     "reason": drop.reason,
                 }
             )
-        self._ledger.write("".join(json.dumps(line) + "\n" for line in lines))
-        self._ledger.flush()
+        self._write(lines)
+
+    def record_unfinished(self, step: int, buffer: SampleBuffer) -> None:
+        """At the end of a run, before the buffer closes: a line per prompt drawn and not ended.
+
+        What the producers release once the buffer closes is not written: these lines account for those
+        prompts, as the final checkpoint does (it keeps them as buffered groups or prompts to regenerate).
+        """
+        buffered = {group.prompt_uid for _, group in buffer.snapshot()}
+        self._write(
+            [
+                {
+                    "step": step,
+                    "event": UNFINISHED,
+                    "prompt": key,
+                    "resume": "restore" if key in buffered else "regenerate",
+                }
+                for key in self.source.state_dict()["redo"]
+            ]
+        )
 
     def close(self) -> None:
         self._ledger.close()
+
+    def _write(self, lines: list[dict[str, Any]]) -> None:
+        self._ledger.write("".join(json.dumps(line) + "\n" for line in lines))
+        self._ledger.flush()
+        self._num_lines += len(lines)
+
+
+def _truncate_ledger(path: Path, step: int, num_lines: int | None) -> int:
+    """Keep the ledger's first ``num_lines`` lines (a checkpoint without the count: those up to ``step``);
+    returns how many are kept. A ledger shorter than the count belongs to another run directory (a checkpoint
+    resumed into a new ``output_dir``): it is kept whole, and counted from there on."""
+    if num_lines is None:
+        truncate_after_step(path, step)
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True) if path.is_file() else []
+    if num_lines is not None and len(lines) > num_lines:
+        staging = path.with_name(f".{path.name}.tmp")
+        staging.write_text("".join(lines[:num_lines]), encoding="utf-8")
+        staging.replace(path)
+        return num_lines
+    return len(lines)
 
 
 def truncate_after_step(path: Path, step: int) -> int:

@@ -62,3 +62,41 @@ def test_an_async_checkpoint_keeps_its_finished_groups_and_the_resumed_run_train
     assert len(prompts) == len(set(prompts)) == 16
     restored = {prompt for step, prompt, _ in trained(out) if step > 4}
     assert set(saved) & restored, "no saved group was trained after the resume"
+
+
+def ledger_lines(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "ledger.jsonl").read_text().splitlines()]
+
+
+def fates(lines: list[dict]) -> list[str]:
+    """Each ledger line's prompt, once per group: trained (sample 0), dropped or unfinished."""
+    return [x["prompt"] for x in lines if x["event"] != "trained" or x["sample"] == 0]
+
+
+def test_every_prompt_drawn_has_one_fate_in_the_ledger_across_a_resume(tmp_path):
+    """Dynamic sampling (the default example's filter and redundant prompts) drops groups all along and ends
+    with some in flight and some buffered: each prompt drawn is trained, dropped or unfinished, once; the
+    unfinished ones are what the final checkpoint keeps or regenerates, and a resumed run replaces them."""
+    out = tmp_path / "run"
+    overrides = (
+        "controller.mode=async",
+        "buffer.async_ratio=2",
+        "rollout.filter=zero_variance",
+        "rollout.max_additional_running_prompts=4",
+    )
+    train(out, 4, *overrides)
+    first = ledger_lines(out)
+    unfinished = [x for x in first if x["event"] == "unfinished"]
+    assert unfinished and any(x["event"] == "dropped" for x in first), "nothing in flight or dropped: no test"
+    assert len(fates(first)) == len(set(fates(first)))
+    extra = json.loads((out / "checkpoints" / "step_00000004" / "extra.json").read_text())
+    assert extra["ledger_lines"] == len(first) - len(unfinished)  # the unfinished lines come after it
+    restore = {x["prompt"] for x in unfinished if x["resume"] == "restore"}
+    assert restore == {entry["group"]["prompt_uid"] for entry in extra["buffered_groups"]}
+    assert {x["prompt"] for x in unfinished} == set(extra["prompt_source"]["redo"])
+
+    train(out, 8, *overrides, resume=True)
+    whole = ledger_lines(out)
+    assert whole[: extra["ledger_lines"]] == first[: extra["ledger_lines"]]
+    assert len(fates(whole)) == len(set(fates(whole))), "a prompt has two fates"
+    assert {x["prompt"] for x in unfinished} <= set(fates(whole[extra["ledger_lines"] :]))
