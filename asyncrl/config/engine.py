@@ -59,9 +59,11 @@ class EngineConfig:
     max_prefill_tokens_per_step: int = 2048
     """Prompt tokens prefilled per engine step, so prefill interleaves with decoding."""
     max_model_len: int | None = None
-    """Longest prompt + output allowed; None takes the model's max_position_embeddings. The KV pool holds
-    max_running_requests slots of min(max_model_len, max_kv_tokens) positions each: set it to bound memory
-    (a pool above 90 % of the device's free memory is refused, naming the length that fits)."""
+    """Longest prompt + output allowed. None: ``asyncrl train`` sets it to what the run can need (an RLVR
+    task's longest prompt + rollout.max_new_tokens, an agentic run's env_manager.max_context_tokens;
+    ``app/context_length.py``), else the model's max_position_embeddings. The KV pool holds
+    max_running_requests slots of min(max_model_len, max_kv_tokens) positions each (a pool above 90 % of the
+    device's free memory is refused, naming the length that fits)."""
     kv_on_update: Literal["keep", "recompute"] = "keep"
     """On a weight update, keep in-flight KV (computed by old weights) or recompute it under the new ones."""
     seed: int = 0

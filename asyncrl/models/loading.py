@@ -49,16 +49,21 @@ def save_tiny(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_di
     return out
 
 
+def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
+    """The tokenizer of the model directory ``path`` ("" = the embedded default), offline."""
+    return AutoTokenizer.from_pretrained(resolve_model_path(path), local_files_only=True)
+
+
 def load_model_and_tokenizer(
     path: str, dtype: str = "float32", device: str = "auto"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer from a local directory ("" = the embedded default), in eval mode."""
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(map(repr, _DTYPES))}, got {dtype!r}")
-    directory = resolve_model_path(path)
-    tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=_DTYPES[dtype], local_files_only=True)
-    return model.to(resolve_device(device)).eval(), tokenizer
+    model = AutoModelForCausalLM.from_pretrained(
+        resolve_model_path(path), dtype=_DTYPES[dtype], local_files_only=True
+    )
+    return model.to(resolve_device(device)).eval(), load_tokenizer(path)
 
 
 def state_dict_for_sync(model: PreTrainedModel) -> dict[str, torch.Tensor]:

@@ -45,7 +45,6 @@ from typing import Any
 
 import ray
 import torch
-from transformers import AutoTokenizer
 
 from asyncrl.config.engine import EngineConfig
 from asyncrl.config.model import ModelConfig
@@ -55,7 +54,7 @@ from asyncrl.data.base import Task
 from asyncrl.data.registry import make_task
 from asyncrl.engine import make_engine
 from asyncrl.engine.migration import RequestState
-from asyncrl.models.loading import load_model_and_tokenizer, resolve_device, resolve_model_path
+from asyncrl.models.loading import load_model_and_tokenizer, load_tokenizer, resolve_device
 from asyncrl.rewards.service import RewardService
 from asyncrl.runtime.actor_calls import await_actor, get_actor
 from asyncrl.runtime.placement import Placement, pin, plan_placement
@@ -540,8 +539,3 @@ def form_weight_group(
     ]
     get_actor(refs, "weight group: join", timeout_s + 5)
     trainer.use_broadcast(lambda: [engine.handle.stage_weights.remote() for engine in engines])
-
-
-def load_tokenizer(path: str) -> Any:
-    """The tokenizer of the model directory ``path`` ("" = the embedded default), offline."""
-    return AutoTokenizer.from_pretrained(resolve_model_path(path), local_files_only=True)
