@@ -26,6 +26,7 @@ from asyncrl.controller.evaluation import evaluate_run
 from asyncrl.controller.run_state import RunState
 from asyncrl.metrics.spans import SpanRecorder
 from asyncrl.metrics.tracker import MetricsTracker
+from asyncrl.proxy.errors import EnginesLost
 from asyncrl.proxy.llm_proxy import LLMProxy
 from asyncrl.runtime.errors import TrainerDied
 from asyncrl.trainer.checkpoint import checkpoint_due, resolve_resume_path
@@ -71,7 +72,11 @@ async def train(
     for num_restarts in itertools.count():
         try:
             with runtime_parts(config) as parts:
-                return await _train(parts, out, started, console, stop)
+                try:
+                    return await _train(parts, out, started, console, stop)
+                except EnginesLost:
+                    parts.trainer.check_alive()  # TrainerDied if its death is why (the engines' weights died too)
+                    raise
         except TrainerDied as error:
             config = _restart_from_checkpoint(config, out, error, num_restarts, stop, console)
     raise AssertionError("unreachable: the loop returns or raises")

@@ -84,6 +84,10 @@ class WeightReceiver(Protocol):
 
     async def update_applied(self, version: int, timeout_s: float | None = None) -> None: ...
 
+    async def engines_lost(self) -> None:
+        """Raises once no engine can serve again (``EnginesLost``); never returns otherwise."""
+        ...
+
     def stats(self) -> dict[str, Any]: ...
 
 
@@ -188,21 +192,26 @@ class Controller:
         return True
 
     async def _get_batch(self, stop: asyncio.Event | None = None) -> list[Group] | None:
-        """The next batch, or None once ``stop`` is set; a producer that crashed surfaces here instead of
-        leaving the trainer waiting."""
+        """The next batch, or None once ``stop`` is set; a producer that crashed, or engines all lost for good,
+        surface here instead of leaving the trainer waiting."""
         assert self._producer_task is not None
         # multi_version trains no admitted group stale: the batch waits for older groups still generating
         wait_for_older = mode_spec(self.config.mode).multi_version
         batch = asyncio.ensure_future(self.buffer.get_batch(self.version, wait_for_older=wait_for_older))
-        waits: list[asyncio.Future[Any]] = [batch, self._producer_task]
+        lost = asyncio.ensure_future(self.proxy.engines_lost())
+        lost.add_done_callback(
+            lambda f: f.cancelled() or f.exception()
+        )  # read below only if the batch is not
+        waits: list[asyncio.Future[Any]] = [batch, self._producer_task, lost]
         stopped = asyncio.ensure_future(stop.wait()) if stop is not None else None
         if stopped is not None:
             waits.append(stopped)
         try:
             done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            if stopped is not None:
-                stopped.cancel()
+            for watcher in (lost, stopped):
+                if watcher is not None and not watcher.done():
+                    watcher.cancel()
         if batch in done:
             return batch.result()
         batch.cancel()
@@ -212,6 +221,8 @@ class Controller:
         if self._producer_task in done:
             self._producer_task.result()  # re-raises the producer's error, if it had one
             raise RuntimeError("the rollout producer stopped before the batch was complete")
+        if lost in done:
+            lost.result()  # raises EnginesLost
         return None
 
     async def _sync_weights(self) -> None:

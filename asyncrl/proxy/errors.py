@@ -11,6 +11,11 @@ class NoHealthyEngine(RuntimeError):
     """No healthy engine can serve the request (all unhealthy, or none at the version it is pinned to)."""
 
 
+class EnginesLost(NoHealthyEngine):
+    """Every engine is out for good (dropped, or its replacement failed): no request can be served again, so
+    the run cannot go on (``ProxyShell.engines_lost``)."""
+
+
 class EngineFailure(RuntimeError):
     """An engine raised (or did not answer) while serving a request or a control call; the cause is chained."""
 

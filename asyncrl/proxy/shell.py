@@ -15,7 +15,7 @@ from typing import Any
 
 from asyncrl.config.proxy import ProxyConfig
 from asyncrl.proxy.engine_set import EngineSet
-from asyncrl.proxy.errors import ProxyClosed
+from asyncrl.proxy.errors import EnginesLost, ProxyClosed
 from asyncrl.proxy.routing import AffinityTable, LoadIndex
 from asyncrl.proxy.wakeup import Wakeup
 from asyncrl.proxy.worker import EngineClient, EngineWorker
@@ -46,10 +46,12 @@ class ProxyShell(abc.ABC):
         self._workers = self._engines.workers
         self._loads = LoadIndex((worker.load() for worker in self._workers), self.config.affinity_slack)
         for worker in self._workers:
-            worker.on_load_change = self._on_load_change
+            worker.on_load_change = self._load_changed
         self._affinity = AffinityTable()
         self._calls: dict[str, Any] = {}
         self._wakeup = Wakeup()
+        self._health_changed = Wakeup()
+        """Wakes ``engines_lost`` only when an engine is unhealthy, not on every load change (once a request)."""
         self._suspended = False
         self._closed = False
         self._latest_version = initial_version
@@ -74,6 +76,11 @@ class ProxyShell(abc.ABC):
     def _notify(self) -> None:
         """Proxy state changed: re-check the waits it may have ended."""
         self._wakeup.notify()
+
+    def _load_changed(self, worker: EngineWorker) -> None:
+        self._on_load_change(worker)
+        if not worker.healthy:
+            self._health_changed.notify()
 
     # ----------------------------------------------------------------------------------------------- requests
 
@@ -114,6 +121,24 @@ class ProxyShell(abc.ABC):
         """Indices of the engines that still receive requests."""
         return self._engines.healthy_engines()
 
+    async def engines_lost(self) -> None:
+        """Wait until every engine is out for good, then raise ``EnginesLost``; never returns otherwise (cancel
+        it to stop watching; ``ProxyClosed`` once the proxy closes).
+
+        Why: with no engine left every request fails at once, so a producer drops group after group (each a
+        prompt consumed) while the trainer waits out its batch timeout. The controller watches this while it
+        waits for a batch and stops the run instead. An engine in recovery still counts as healthy: its
+        replacement may yet serve.
+        """
+        await self._health_changed.wait_until(
+            lambda: self._closed or not any(worker.healthy for worker in self._workers)
+        )
+        self._check_open()
+        failures = "; ".join(
+            f"engine {worker.index}: {worker.control_error or 'failed'}" for worker in self._workers
+        )
+        raise EnginesLost(f"every engine is out for good ({failures})")
+
     def record_busy_spans(self, sink: Callable[[int, float, float], None]) -> None:
         """Report every engine's busy stretches to ``sink(index, start, end)`` (the run timeline)."""
         self._engines.record_busy_spans(sink)
@@ -138,6 +163,7 @@ class ProxyShell(abc.ABC):
             return
         self._closed = True
         self._notify()
+        self._health_changed.notify()
         self._engines.close()
 
     async def aclose(self) -> None:

@@ -94,6 +94,9 @@ class LocalTrainer:
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         return load_checkpoint(path, self.trainer)
 
+    def check_alive(self) -> None:
+        """Nothing to check: the trainer lives and dies with this process."""
+
     def shutdown(self) -> None:
         """Stop the training thread (the trainer itself lives in this process)."""
         self._thread.shutdown(wait=True)

@@ -251,6 +251,12 @@ class TrainerGroupClient:
         self.step, self.version = progress["step"], progress["version"]
         return extra
 
+    def check_alive(self) -> None:
+        """``TrainerDied`` if a rank is dead or silent (asked when the engines were all lost: the weights they
+        were fetching die with the rank that published them)."""
+        refs = [handle.progress.remote() for handle in self.handles]
+        get_trainer(refs, "trainer: alive", self.config.control_timeout_s)
+
     def use_broadcast(self, stage_on_engines: Callable[[], list[Any]]) -> None:
         """Publish by broadcast from now on; ``stage_on_engines()`` starts every member engine's receive and
         returns the calls' references (the weight group must have formed)."""

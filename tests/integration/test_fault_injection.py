@@ -22,6 +22,7 @@ import ray
 
 from asyncrl.app import train as training
 from asyncrl.config.run import load_run_config
+from asyncrl.proxy.errors import EnginesLost
 from asyncrl.rewards.service import RewardService
 from asyncrl.testing.faults import FaultyEngine, FaultyReward
 
@@ -107,6 +108,37 @@ def wrap_engines(parts: Any) -> None:
     parts.engines[:] = [FaultyEngine(engine, f"engine-{i}") for i, engine in enumerate(parts.engines)]
 
 
+RAY_TRAINER_RESTARTS = (
+    "runtime.type=local",
+    "runtime.rollout_num_cpus=1",
+    "runtime.train_num_cpus=1",
+    "trainer.checkpoint_every=1",
+)
+"""A Ray run whose trainer may be killed: it restarts from the checkpoint of every step."""
+
+
+def tell_when_saved(parts: Any, saved: asyncio.Event) -> None:
+    """Set ``saved`` after each checkpoint the run's trainer writes."""
+    save = parts.trainer.save_checkpoint
+
+    def save_and_tell(*args: Any, **kwargs: Any) -> Any:
+        path = save(*args, **kwargs)
+        saved.set()
+        return path
+
+    parts.trainer.save_checkpoint = save_and_tell
+
+
+def _until_lost(update: Any) -> None:
+    """Return once the buffers of a killed trainer's weight ``update`` are known lost (``ray.kill`` returns
+    before the actor is gone, and its death takes a moment to reach the object store)."""
+    while True:
+        try:
+            ray.get(list(update.handle), timeout=30)
+        except ray.exceptions.RayError:
+            return
+
+
 def assert_nothing_lost(steps: list[dict]) -> None:
     assert [int(step["step"]) for step in steps] == list(range(1, NUM_STEPS + 1))
     assert all(step["samples"] == BATCH * GROUP for step in steps)
@@ -180,27 +212,14 @@ def test_ray_trainer_actor_killed_restarts_the_run_from_its_last_checkpoint(monk
     saved = asyncio.Event()
 
     def prepare(parts: Any) -> None:
-        save = parts.trainer.save_checkpoint
-
-        def save_and_tell(*args: Any, **kwargs: Any) -> Any:
-            path = save(*args, **kwargs)
-            saved.set()
-            return path
-
-        parts.trainer.save_checkpoint = save_and_tell
+        tell_when_saved(parts, saved)
 
     async def inject(parts: Any) -> None:
         await saved.wait()
         ray.kill(parts.trainer.handles[0], no_restart=True)
 
-    overrides = (
-        "runtime.type=local",
-        "runtime.rollout_num_cpus=1",
-        "runtime.train_num_cpus=1",
-        "trainer.checkpoint_every=1",
-    )
     console = io.StringIO()
-    steps = run_with_faults(monkeypatch, tiny_path, tmp_path, overrides, prepare, inject, console)
+    steps = run_with_faults(monkeypatch, tiny_path, tmp_path, RAY_TRAINER_RESTARTS, prepare, inject, console)
     assert "trainer lost" in console.getvalue() and "restart 1 from" in console.getvalue()
     assert [int(step["step"]) for step in steps] == list(range(1, NUM_STEPS + 1))
     trained = [
@@ -211,3 +230,76 @@ def test_ray_trainer_actor_killed_restarts_the_run_from_its_last_checkpoint(monk
     assert len(trained) == len(set(trained)) == NUM_STEPS * BATCH * GROUP
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["steps"] == NUM_STEPS
+
+
+class HeldUpdates(FaultyEngine):
+    """Takes weight updates only once ``released`` is set: an engine still fetching the trainer's weights."""
+
+    def __init__(self, engine: Any, name: str, released: asyncio.Event) -> None:
+        super().__init__(engine, name)
+        self.released = released
+
+    async def update_weights(self, named_tensors: Any, version: int) -> None:
+        await self.released.wait()
+        await super().update_weights(named_tensors, version)
+
+
+@pytest.mark.ray
+def test_ray_trainer_killed_while_the_engines_fetch_its_weights_restarts_the_run(
+    monkeypatch, tiny_path, tmp_path
+):
+    """The weights an engine fetches die with the trainer that published them: the engine fails its update, its
+    replacement cannot catch up, and no engine is left. The run must not wait out its batch timeout (the
+    producer dropping group after group meanwhile): the controller sees every engine lost, the trainer is found
+    dead, and the run restarts from its last checkpoint."""
+    saved, released = asyncio.Event(), asyncio.Event()
+
+    published: list[Any] = []
+
+    def prepare(parts: Any) -> None:
+        parts.engines[:] = [HeldUpdates(e, f"engine-{i}", released) for i, e in enumerate(parts.engines)]
+        tell_when_saved(parts, saved)
+        publish = parts.trainer.state_for_sync
+        parts.trainer.state_for_sync = lambda: published.append(publish()) or published[-1]
+
+    async def inject(parts: Any) -> None:
+        await saved.wait()  # step 1 trained and checkpointed; its weights are not on the engine yet
+        ray.kill(parts.trainer.handles[0], no_restart=True)
+        await asyncio.to_thread(_until_lost, published[-1])
+        released.set()
+
+    overrides = (
+        *RAY_TRAINER_RESTARTS,
+        # sync: nothing is buffered ahead, so step 2's batch needs the engines and the trainer is not asked
+        # again before they are all lost (async could train step 2 from its buffer and find it dead there)
+        "controller.mode=sync",
+        "buffer.async_ratio=0",
+    )
+    console = io.StringIO()
+    steps = run_with_faults(monkeypatch, tiny_path, tmp_path, overrides, prepare, inject, console)
+    found_by_the_check_after_the_engines_were_lost = "trainer lost (trainer: alive"
+    assert found_by_the_check_after_the_engines_were_lost in console.getvalue()
+    assert "restart 1 from" in console.getvalue()
+    assert [int(step["step"]) for step in steps] == list(range(1, NUM_STEPS + 1))
+
+
+def test_inline_engines_all_lost_end_the_run_at_once_with_their_errors(monkeypatch, tiny_path, tmp_path):
+    """An engine killed with no replacement to be had: the run fails with ``EnginesLost`` naming the failure,
+    instead of dropping every prompt as failed until the batch timeout."""
+
+    def prepare(parts: Any) -> None:
+        wrap_engines(parts)
+
+        async def no_capacity(index: int, failed: Any) -> Any:
+            raise RuntimeError("no capacity to start an engine")
+
+        parts.engine_factory.replace = no_capacity
+
+    async def inject(parts: Any) -> None:
+        (engine,) = parts.engines
+        await engine.generating.wait()
+        engine.kill()
+
+    overrides = ("buffer.get_batch_timeout_s=600",)
+    with pytest.raises(EnginesLost, match="engine 0"):
+        run_with_faults(monkeypatch, tiny_path, tmp_path, overrides, prepare, inject)

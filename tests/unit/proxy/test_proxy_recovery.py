@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from asyncrl.config.proxy import ProxyConfig
-from asyncrl.proxy import EngineFailure, LLMProxy
+from asyncrl.proxy import EngineFailure, EnginesLost, LLMProxy, ProxyClosed
 from asyncrl.proxy.worker import EngineClient
 from asyncrl.sim.clock import run_shuffled
 from asyncrl.testing.fake_engine import EngineDied, FakeEngine, expected_tokens, make_request
@@ -257,5 +257,42 @@ def test_without_recovery_a_dead_engine_stays_out():
         with pytest.raises(EngineFailure):
             await proxy.generate(make_request("r0"))
         assert "num_engine_restarts" not in proxy.stats()
+
+    run(main)
+
+
+def test_engines_lost_raises_once_the_last_engine_is_out_for_good_and_not_while_one_recovers():
+    async def main() -> None:
+        dying = DyingEngine("r0", 2, lengths=4)
+        healthy = FakeEngine(lengths=4)
+        factory = Factory(fail=True)
+        proxy = make_proxy([dying, healthy], factory, health_check_interval_s=None)
+        lost = asyncio.ensure_future(proxy.engines_lost())
+        await proxy.generate(make_request("r0"))  # engine 0 dies, is not replaced; r0 ends on engine 1
+        await asyncio.sleep(1.0)
+        assert proxy.healthy_engines() == [1]
+        assert not lost.done(), "one engine still serves"
+        healthy.fail_always = True
+        with pytest.raises(Exception, match="r1"):
+            await proxy.generate(make_request("r1"))
+        await asyncio.sleep(1.0)
+        with pytest.raises(EnginesLost, match="engine 0.*restart"):
+            await lost
+        with pytest.raises(EnginesLost):  # asked again, it answers at once
+            await proxy.engines_lost()
+        await proxy.aclose()
+
+    for seed in range(10):
+        run(main, seed)
+
+
+def test_engines_lost_ends_with_proxy_closed_when_the_proxy_closes():
+    async def main() -> None:
+        proxy = make_proxy([FakeEngine(lengths=4)], Factory(), health_check_interval_s=None)
+        lost = asyncio.ensure_future(proxy.engines_lost())
+        await asyncio.sleep(0.1)
+        proxy.close()
+        with pytest.raises(ProxyClosed):
+            await lost
 
     run(main)
