@@ -42,7 +42,6 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
-import torch  # noqa: E402
 
 from asyncrl.app.runtimes import assemble_controller as make_controller  # noqa: E402
 from asyncrl.app.runtimes import make_proxy, make_source  # noqa: E402
@@ -310,14 +309,13 @@ def targets(ratios: dict[str, dict[str, Any]], work: Workload) -> dict[str, bool
     return met
 
 
-def resources() -> dict[str, str]:
-    """How every arm uses the cores: the same way, which is what makes the arms comparable."""
+def resources(work: Workload, out: Path) -> dict[str, Any]:
+    """How the sync and the async arms split the cores, from the runtime's planner (``harness.placement``):
+    every arm runs in one process (``runtime.type=inline``), the env delays are sleeps that hold no core."""
+    headline = Section("headline", (), work.headline_sigma, faults=False)
     return {
-        "all arms": (
-            f"runtime.type=inline: engine, env manager, buffer and trainer in one process and one event loop, "
-            f"{torch.get_num_threads()} torch threads; env delays are sleeps (no core held)"
-        )
-    }
+        arm.name: harness.placement(run_config(arm, headline, work, out)) for arm in (SYNC, ENV_ASYNC)
+    } | {"env delays": "sleeps (no core held)", "async_redundant and async_groups+*": "as env_async"}
 
 
 def main() -> None:
@@ -330,6 +328,7 @@ def main() -> None:
     ratios: dict[str, dict[str, Any]] = {}
     drop_reasons: dict[str, dict[str, int]] = {}
     with tempfile.TemporaryDirectory(prefix="agentic-bench-") as tmp:
+        placement = resources(work, Path(tmp))
         for section in sections(work, args.sections):
             section_raw, section_ratios, section_reasons = run_section(section, work, repeats, Path(tmp))
             raw |= section_raw
@@ -341,7 +340,7 @@ def main() -> None:
         "agentic",
         raw,
         ratios=ratios,
-        resources=resources(),
+        resources=placement,
         setup={**asdict(work), "sections": args.sections},
         extra={"targets": met, "drop_reasons": drop_reasons},
     )

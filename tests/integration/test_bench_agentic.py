@@ -9,14 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from bench import harness
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.slow
 def test_agentic_bench_quick_writes_a_balanced_report(tmp_path: Path) -> None:
     out = tmp_path / "agentic.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled"}
