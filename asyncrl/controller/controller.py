@@ -12,7 +12,8 @@ Back-pressure:
 ================  ==========================================  ===========================================
 loop              waits for                                   unblocked by
 ================  ==========================================  ===========================================
-controller        a fresh batch (``get_batch``, timeout)       producers' ``put``
+controller        a fresh batch (``get_batch``, timeout)       producers' ``put``; a producer's crash, or
+                                                              every engine lost (``engines_lost``): raised
                   the trainer thread (``train_step``)          the step finishing
                   engines at v+1 (``wait_for_weight_sync``)    drains landing (drain policy) / at once
 producer          admission (``acquire_admission``)            the version advancing, drops
