@@ -7,6 +7,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from asyncrl.app.context_length import with_max_model_len
 from asyncrl.config.run import RunConfig
 from asyncrl.controller.evaluation import evaluate_run
 from asyncrl.data.registry import make_task
@@ -20,6 +21,7 @@ from asyncrl.trainer.checkpoint import MODEL_DIR, load_model_weights
 
 async def evaluate_model(config: RunConfig, checkpoint: str | None) -> dict[str, float]:
     """Load the model (and a checkpoint's weights), serve it on one engine and run the config's evaluation."""
+    config, _ = with_max_model_len(config)  # the engine's KV pool sized to the task, as in training
     model, tokenizer = load_model_and_tokenizer(config.model.path, config.model.dtype, config.model.device)
     if checkpoint:
         load_model_weights(model, Path(checkpoint) / MODEL_DIR)

@@ -59,8 +59,8 @@ class EngineConfig:
     max_prefill_tokens_per_step: int = 2048
     """Prompt tokens prefilled per engine step, so prefill interleaves with decoding."""
     max_model_len: int | None = None
-    """Longest prompt + output allowed. None: ``asyncrl train`` sets it to what the run can need (an RLVR
-    task's longest prompt + rollout.max_new_tokens, an agentic run's env_manager.max_context_tokens;
+    """Longest prompt + output allowed. None: ``asyncrl train`` and ``eval`` set it to what the run can need
+    (an RLVR task's longest prompt + rollout.max_new_tokens, an agentic run's env_manager.max_context_tokens;
     ``app/context_length.py``), else the model's max_position_embeddings. The KV pool holds
     max_running_requests slots of min(max_model_len, max_kv_tokens) positions each (a pool above 90 % of the
     device's free memory is refused, naming the length that fits)."""
