@@ -35,7 +35,7 @@ def with_max_model_len(config: RunConfig) -> tuple[RunConfig, ContextBound | Non
     docstring), and the bound; the config unchanged and None where it keeps the window."""
     if config.engine.max_model_len is not None or config.engine.backend != "builtin":
         return config, None
-    bound = needed_context(config)
+    bound = _needed_context(config)
     if bound is None:
         return config, None
     directory = resolve_model_path(config.model.path)
@@ -45,7 +45,7 @@ def with_max_model_len(config: RunConfig) -> tuple[RunConfig, ContextBound | Non
     return replace(config, engine=replace(config.engine, max_model_len=bound.tokens)), bound
 
 
-def needed_context(config: RunConfig) -> ContextBound | None:
+def _needed_context(config: RunConfig) -> ContextBound | None:
     """The longest context the run's requests can reach, or None when it is not known ahead (external)."""
     if config.producer == "agentic":
         assert config.env_manager is not None  # RunConfig fills it in for the agentic producer

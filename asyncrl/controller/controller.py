@@ -200,9 +200,8 @@ class Controller:
         wait_for_older = mode_spec(self.config.mode).multi_version
         batch = asyncio.ensure_future(self.buffer.get_batch(self.version, wait_for_older=wait_for_older))
         lost = asyncio.ensure_future(self.proxy.engines_lost())
-        lost.add_done_callback(
-            lambda f: f.cancelled() or f.exception()
-        )  # read below only if the batch is not
+        # its error is raised below unless a batch came too (the next wait raises it at once): mark it read
+        lost.add_done_callback(lambda f: f.cancelled() or f.exception())
         waits: list[asyncio.Future[Any]] = [batch, self._producer_task, lost]
         stopped = asyncio.ensure_future(stop.wait()) if stop is not None else None
         if stopped is not None:
