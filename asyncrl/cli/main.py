@@ -36,6 +36,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Simulate a run at any scale: real scheduling code, cost-model workers.",
     ),
     "serve": ("asyncrl.cli.serve", "Serve a model behind an OpenAI-compatible endpoint."),
+    "calibrate": (
+        "asyncrl.cli.calibrate",
+        "Measure this machine's device (GEMM, bandwidth, decode, prefill, training) for the cost model.",
+    ),
     "plan": ("asyncrl.cli.plan", "Recommend the rollout/train split and async ratio (ROLL Flash Prop. 2)."),
     "backends": (
         "asyncrl.cli.backends",
