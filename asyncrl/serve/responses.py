@@ -18,6 +18,12 @@ def tool_calls(choice: Choice, index: int) -> list[dict[str, Any]]:
     ]
 
 
+def message_content(choice: Choice) -> str | None:
+    """The message's ``content``: always a string (``""`` for an empty answer, which clients call ``.strip()``
+    on); None only beside tool calls with no text around them, as OpenAI answers."""
+    return None if choice.tool_calls and not choice.text else choice.text
+
+
 def usage(result: CallResult) -> dict[str, int]:
     completion = sum(len(c.token_ids) for c in result.choices)
     return {
@@ -39,7 +45,7 @@ def _extra(result: CallResult) -> dict[str, Any]:
 def chat_response(result: CallResult, model: str, logprobs: bool, tokenizer: Any) -> dict[str, Any]:
     choices = []
     for index, choice in enumerate(result.choices):
-        message: dict[str, Any] = {"role": "assistant", "content": choice.text or None}
+        message: dict[str, Any] = {"role": "assistant", "content": message_content(choice)}
         if choice.tool_calls:
             message["tool_calls"] = tool_calls(choice, index)
         choices.append(

@@ -207,6 +207,27 @@ def test_tool_calls_round_trip_through_the_client(served: Served, tiny) -> None:
         assert context.count(render_tool_call("add", {"a": 2, "b": 3})) == 1
 
 
+def test_an_empty_answer_is_an_empty_string_never_none(tiny) -> None:
+    """An answer that stops at once (the tiny model often does on chat prompts) carries ``content == ""``, so
+    a client's ``.content.strip()`` works; unstreamed and streamed alike."""
+    _, tokenizer = tiny
+    scripted = ScriptedEngine(tokenizer, ["", ""])
+    config = ServeConfig(port=0, chat_format="template", api_key="sekrit")
+    proxy = LLMProxy([scripted])
+    for empty_served in serve_in_thread(
+        CompletionService(proxy=proxy, tokenizer=tokenizer, config=config), proxy, scripted
+    ):
+        c = client(empty_served)
+        asked = {"model": "asyncrl-policy", "messages": [{"role": "user", "content": "hi"}]}
+        answer = c.chat.completions.create(**asked)
+        assert answer.choices[0].message.content == ""
+        assert answer.choices[0].message.tool_calls is None
+        assert answer.choices[0].finish_reason == "stop"
+        chunks = [ch for ch in c.chat.completions.create(**asked, stream=True) if ch.choices]
+        assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == ""
+        assert chunks[0].choices[0].delta.content == ""
+
+
 class ScriptedEngine:
     """An ``EngineClient`` that answers each request with the next scripted text (real tokenizer)."""
 
