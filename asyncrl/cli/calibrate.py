@@ -27,10 +27,24 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--quick", action="store_true", help="tiny shapes and grids: a check of the kit that runs on a CPU"
     )
+    parser.add_argument(
+        "--fit",
+        metavar="PROBE.json",
+        help="measure nothing: fit a hardware profile (ceilings and efficiencies) from a probe and write it to "
+        "--out (asyncrl simulate hardware=FILE reads it)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
+
+    if args.fit:
+        from asyncrl.sim.hardware import read_profile, write_profile
+
+        profile = read_profile(args.fit)
+        write_profile(profile, args.out)
+        print(f"profile {profile.name} written to {args.out}: {profile.efficiency}")
+        return 0
 
     import torch
 

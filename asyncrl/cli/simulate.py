@@ -15,13 +15,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "simulate",
         help="simulate a run with cost-model engines and trainer",
         description="Run asyncrl's real producer, buffer, proxy and controller against cost-model workers on "
-        "a virtual clock (docs/simulator.md). Writes OUT/result.json, OUT/steps.jsonl, OUT/timeline.jsonl and OUT/timeline.png; "
+        "a virtual clock (docs/simulator.md). With model= and hardware= (e.g. model=qwen3-8b hardware=h800) every "
+        "engine and trainer cost the config leaves unset is derived from the two (asyncrl.sim.derive). Writes "
+        "OUT/result.json, OUT/steps.jsonl, OUT/timeline.jsonl and OUT/timeline.png; "
         "with --sweep, one run per value and OUT/sweep.json and OUT/sweep.png; with two --sweep options, one "
         "run per pair and a heatmap of the mean step time in OUT/sweep.png. Sweeping controller.mode sets the "
-        "async ratio of the modes that fix it (sync: 0, one_step_off: 1).",
+        "async ratio of the modes that fix it (sync: 0, one_step_off: 1). OUT is the output_dir key "
+        "(default runs/sim).",
     )
     add_config_arguments(parser)
-    parser.add_argument("--out", default="runs/sim", help="output directory (default runs/sim)")
     parser.add_argument(
         "--sweep",
         action="append",
@@ -33,13 +35,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from asyncrl.app.simulate import simulate
-    from asyncrl.config.loader import load_config, parse_override
-    from asyncrl.config.sim import SimConfig
+    from asyncrl.config.loader import parse_override
+    from asyncrl.sim.derive import load_sim_config
 
     path, overrides = split_config_args(args.config_args)
-    out = Path(args.out)
+    config = load_sim_config(path, overrides)
+    out = Path(config.output_dir)
     if not args.sweep:
-        result = simulate(load_config(SimConfig, path, overrides))
+        result = simulate(config)
         write_run(result, out)
         print(result.summary_table())
         print(f"outputs: {out}/result.json, {out}/steps.jsonl, {out}/timeline.jsonl, {out}/timeline.png")
@@ -63,14 +66,13 @@ def run(args: argparse.Namespace) -> int:
 def simulate_points(path: str | None, overrides: list[str], points: list[list[str]]) -> list:
     """One simulation per sweep point (its overrides added to the run's), with progress on stderr."""
     from asyncrl.app.simulate import simulate
-    from asyncrl.config.loader import load_config
-    from asyncrl.config.sim import SimConfig
     from asyncrl.metrics.progress import Progress
+    from asyncrl.sim.derive import load_sim_config
 
     progress = Progress(len(points), label="sweep", stream=sys.stderr, unit="run")
     results = []
     for done, point in enumerate(points, start=1):
-        results.append(simulate(load_config(SimConfig, path, [*overrides, *point])))
+        results.append(simulate(load_sim_config(path, [*overrides, *point])))
         progress.update(done, {"point": " ".join(point)})
     progress.close()
     return results

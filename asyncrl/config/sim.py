@@ -86,6 +86,10 @@ class SimEngineConfig:
     decode_step_s: float = 0.02
     """Time of one decode step *on a single accelerator* with at most ``knee_batch`` running requests and an
     empty KV cache (an engine of ``gpus_per_engine`` accelerators takes 1/g of it plus its all-reduces)."""
+    decode_overhead_s: float = 0.0
+    """Fixed time of every decode step, whatever the batch and the tensor-parallel degree: the small kernels
+    (norms, rotary, residuals) and launches around the matrix products. ``model`` + ``hardware`` derive it
+    from the probe's per-layer figure (about 0.15 ms per layer on an H200, unfused kernels, CUDA-graphed)."""
     decode_s_per_request: float = 0.0
     """Extra single-accelerator decode-step time per running request, at any batch size (0: the knee model
     alone). ``bench/sim_vs_real.py`` fits it on a CPU, where a step grows with the batch from the first row."""
@@ -133,6 +137,7 @@ class SimEngineConfig:
         if not self.decode_step_s > 0:
             raise ValueError(f"engine.decode_step_s must be > 0, got {self.decode_step_s}")
         for name in (
+            "decode_overhead_s",
             "decode_s_per_request",
             "allreduce_hop_s",
             "kv_s_per_token",
@@ -261,11 +266,56 @@ class SimEnvConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SimCostConfig:
+    """How ``model`` + ``hardware`` turn into engine and trainer costs (``asyncrl.sim.derive``): the software
+    around the accelerators, which no spec sheet or probe says."""
+
+    kv: Literal["paged", "reserved"] = "paged"
+    """paged: engines allocate KV as requests grow (vLLM, SGLang); the KV that fits bounds the running requests
+    to ``KV tokens / mean context`` (capped by ``max_num_seqs``). reserved: each request reserves its longest
+    context up front (the built-in engine), so ``engine.max_kv_tokens`` is the KV that fits."""
+    max_num_seqs: int = 256
+    """Most requests an engine runs at once whatever the KV (vLLM's ``max_num_seqs``)."""
+    memory_utilization: float = 0.9
+    """Share of device memory an engine takes for weights and KV (vLLM's ``gpu_memory_utilization``)."""
+    bytes_per_param: int = 2
+    """Bytes of a weight as served and synced (2: bfloat16)."""
+    logprob_passes: int = 1
+    """No-grad forward passes the trainer runs per trained token besides training: 1 recomputes the old
+    log-probs (decoupled PPO's proximal policy), 2 adds a reference model, 0 trusts the engine's."""
+    weight_reload_s: float = 1.0
+    """An engine's fixed time to pause, load new weights and resume, beyond moving their bytes (an assumption:
+    no probe measures the serving stack's reload path)."""
+
+    def __post_init__(self) -> None:
+        if self.kv not in ("paged", "reserved"):
+            raise ValueError(f"cost.kv must be one of 'paged', 'reserved', got {self.kv!r}")
+        if self.max_num_seqs < 1 or self.bytes_per_param < 1 or self.logprob_passes < 0:
+            raise ValueError(
+                f"cost.max_num_seqs and cost.bytes_per_param must be >= 1 and cost.logprob_passes >= 0, got "
+                f"{self.max_num_seqs}, {self.bytes_per_param}, {self.logprob_passes}"
+            )
+        if not 0 < self.memory_utilization <= 1:
+            raise ValueError(f"cost.memory_utilization must be in (0, 1], got {self.memory_utilization}")
+        if self.weight_reload_s < 0:
+            raise ValueError(f"cost.weight_reload_s must be >= 0, got {self.weight_reload_s}")
+
+
+@dataclass(frozen=True, kw_only=True)
 class SimConfig:
     """One simulated run: the real producer, buffer, proxy and controller on a virtual clock."""
 
     seed: int = 0
     """Seed of the workload (lengths, pass rates) and the data order."""
+    model: str = ""
+    """The served and trained model's shape: a name (``qwen3-8b``, see ``asyncrl.sim.model_shape``) or a HF
+    ``config.json`` (or its folder). With ``hardware``, every engine and trainer cost not set explicitly in
+    the config is derived from the two (``asyncrl.sim.derive``); empty: the costs are the hand-set keys."""
+    hardware: str = ""
+    """The accelerator: a named profile (``h100``, ``h200``, ``h800``, ``h20``, ``a100``: spec sheets with
+    efficiencies measured by ``asyncrl calibrate``), ``h200-measured``, or a profile or probe JSON file."""
+    cost: SimCostConfig = field(default_factory=SimCostConfig)
+    """Software assumptions of the derivation from ``model`` and ``hardware``."""
     num_prompts: int = 10_000
     """Distinct prompts in the simulated dataset (it cycles through epochs)."""
     prompt_tokens: int = 256
@@ -287,6 +337,8 @@ class SimConfig:
     """Mode and number of steps (evaluation keys are ignored)."""
     proxy: ProxyConfig = field(default_factory=ProxyConfig)
     """Routing and update policy (None follows the mode); ``control_timeout_s`` is ignored."""
+    output_dir: str = "runs/sim"
+    """Where ``asyncrl simulate`` writes result.json, steps.jsonl, the timeline and any sweep's results."""
     timeline: Literal["full", "none"] = "full"
     """Record every worker's busy spans (for the Gantt chart); 'none' saves memory at scale."""
     producer: Literal["rlvr", "agentic"] = "rlvr"
@@ -301,6 +353,11 @@ class SimConfig:
         if self.num_prompts < 1 or self.prompt_tokens < 1:
             raise ValueError(
                 f"num_prompts and prompt_tokens must be >= 1, got {self.num_prompts}, {self.prompt_tokens}"
+            )
+        if bool(self.model) != bool(self.hardware):
+            raise ValueError(
+                f"model and hardware go together (costs are derived from both), got model={self.model!r}, "
+                f"hardware={self.hardware!r}"
             )
         if self.timeline not in ("full", "none"):
             raise ValueError(f"timeline must be one of 'full', 'none', got {self.timeline!r}")

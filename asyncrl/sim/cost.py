@@ -29,14 +29,15 @@ def tp_allreduce_s(config: SimEngineConfig) -> float:
 
 def decode_step_s(config: SimEngineConfig, num_running: int, num_kv_tokens: int) -> float:
     """One decode step: flat up to ``knee_batch`` running requests, then linear; plus a per-request and a
-    per-KV-token term; that compute split over the tensor-parallel group, plus its all-reduces."""
+    per-KV-token term; that compute split over the tensor-parallel group, plus its all-reduces and the fixed
+    per-step overhead (small kernels, launches: as long on every accelerator of the group)."""
     batch_factor = max(1.0, num_running / config.knee_batch)
     compute_s = (
         config.decode_step_s * batch_factor
         + config.decode_s_per_request * num_running
         + config.kv_s_per_token * num_kv_tokens
     )
-    return compute_s / config.gpus_per_engine + tp_allreduce_s(config)
+    return compute_s / config.gpus_per_engine + tp_allreduce_s(config) + config.decode_overhead_s
 
 
 def prefill_s(config: SimEngineConfig, num_tokens: int) -> float:

@@ -37,7 +37,7 @@ def real_run(tmp_path_factory) -> Path:
 def simulated_run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("sim") / "sim-run"
     config = Path(__file__).parents[2] / "asyncrl" / "examples" / "sim" / "async_ratio.yaml"
-    assert main(["simulate", "--out", str(out), str(config), "controller.num_steps=3"]) == 0
+    assert main(["simulate", str(config), "controller.num_steps=3", f"output_dir={out}"]) == 0
     return out
 
 

@@ -117,8 +117,7 @@ def test_simulate_cli_writes_json_steps_and_timeline(tmp_path, capsys):
         "controller.num_steps=2",
         "lengths.mean=20",
         "rollout.max_new_tokens=64",
-        "--out",
-        str(tmp_path),
+        f"output_dir={tmp_path}",
     ]
     assert main(args) == 0
     assert "mean_step_s" in capsys.readouterr().out
@@ -127,7 +126,7 @@ def test_simulate_cli_writes_json_steps_and_timeline(tmp_path, capsys):
     assert len((tmp_path / "steps.jsonl").read_text().splitlines()) == 2
     assert (tmp_path / "timeline.png").stat().st_size > 0
     assert (
-        main([*args[:-2], "--out", str(tmp_path / "sw"), "--sweep", "controller.mode=sync,one_step_off"]) == 0
+        main([*args[:-1], f"output_dir={tmp_path / 'sw'}", "--sweep", "controller.mode=sync,one_step_off"]) == 0
     )
     assert len(json.loads((tmp_path / "sw" / "sweep.json").read_text())["runs"]) == 2
 
