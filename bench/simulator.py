@@ -29,7 +29,7 @@ import time
 from asyncrl.app.simulate import simulate
 from asyncrl.config.loader import from_dict
 from asyncrl.config.sim import SimConfig
-from asyncrl.controller.modes import async_ratio_for
+from asyncrl.modes import async_ratio_for
 from bench import harness
 
 GPUS_PER_ENGINE = 16

@@ -68,7 +68,7 @@ def plan_config(args: argparse.Namespace, rollout_workers: int, train_workers: i
     (``train_workers`` None) trains on the same ``rollout_workers`` workers, given as the trainer's count."""
     from asyncrl.config.loader import from_dict
     from asyncrl.config.sim import SimConfig
-    from asyncrl.controller.modes import async_ratio_for
+    from asyncrl.modes import async_ratio_for
 
     max_tokens = max(MEAN_TOKENS, round(MEAN_TOKENS * args.l_gen / args.mu_gen))
     trainer = {

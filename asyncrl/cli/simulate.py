@@ -81,7 +81,7 @@ def simulate_points(path: str | None, overrides: list[str], points: list[list[st
 def swept(key: str, value: str) -> list[str]:
     """The overrides of one swept value. A swept ``controller.mode`` that fixes α (``sync``, ``one_step_off``)
     brings its α along, so one sweep covers every mode and each config it builds is legal."""
-    from asyncrl.controller.modes import MODE_SPECS
+    from asyncrl.modes import MODE_SPECS
 
     overrides = [f"{key}={value}"]
     spec = MODE_SPECS.get(value) if key == "controller.mode" else None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from asyncrl.controller.modes import mode_spec
+from asyncrl.modes import mode_spec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -18,7 +18,7 @@ class ControllerConfig:
     change mid-generation, per-token versions recorded, staleness bounded by start version. multi_version
     (DORA): engines serve up to ⌊α⌋ + 1 versions at once, one version per trajectory; after every update they
     are re-partitioned across versions by pending work and requests migrate with their KV cache; new prompts go
-    to the newest version. What each mode fixes: ``asyncrl.controller.modes.MODE_SPECS``; see docs/modes.md."""
+    to the newest version. What each mode fixes: ``asyncrl.modes.MODE_SPECS``; see docs/modes.md."""
     num_steps: int = 20
     """Training steps (policy updates) to run."""
     eval_prompts: int = 128

@@ -27,7 +27,7 @@ from asyncrl.config.serve import ServeConfig
 from asyncrl.config.task import TaskConfig
 from asyncrl.config.trainer import TrainerConfig
 from asyncrl.config.weight_sync import WeightSyncConfig
-from asyncrl.controller.modes import check_mode
+from asyncrl.modes import check_mode
 
 
 @dataclass(frozen=True, kw_only=True)

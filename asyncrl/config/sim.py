@@ -14,7 +14,7 @@ from asyncrl.config.controller import ControllerConfig
 from asyncrl.config.env import EnvManagerConfig, check_env_manager_fits
 from asyncrl.config.proxy import ProxyConfig
 from asyncrl.config.rollout import RolloutConfig
-from asyncrl.controller.modes import check_mode
+from asyncrl.modes import check_mode
 
 LENGTH_DISTRIBUTIONS = ("constant", "lognormal", "pareto", "empirical")
 LATENCY_DISTRIBUTIONS = ("constant", "gaussian", "lognormal")
@@ -332,7 +332,7 @@ class SimConfig:
     """Batch shape, replication, queue/batch generation, filtering and redundancy (as in a real run)."""
     buffer: BufferConfig = field(default_factory=BufferConfig)
     """Async ratio α, checked against the mode as in a real run (``sync`` needs 0, ``one_step_off`` 1: see
-    ``asyncrl.controller.modes``; a ``--sweep controller.mode=...`` sets it for them). Its timeouts are ignored: the simulator waits without limit (deadlocks are detected)."""
+    ``asyncrl.modes``; a ``--sweep controller.mode=...`` sets it for them). Its timeouts are ignored: the simulator waits without limit (deadlocks are detected)."""
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     """Mode and number of steps (evaluation keys are ignored)."""
     proxy: ProxyConfig = field(default_factory=ProxyConfig)

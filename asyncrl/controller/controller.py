@@ -43,8 +43,8 @@ from typing import Any, Protocol
 from asyncrl import staleness
 from asyncrl.buffer.sample_buffer import SampleBuffer
 from asyncrl.config.controller import ControllerConfig
-from asyncrl.controller.modes import mode_spec
 from asyncrl.metrics.tracker import length_stats
+from asyncrl.modes import mode_spec
 from asyncrl.rollout.prompt_source import PromptSource
 from asyncrl.types import Group, TrajectoryStatus
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from asyncrl.config.proxy import ProxyConfig
-from asyncrl.controller.modes import mode_spec
+from asyncrl.modes import mode_spec
 from asyncrl.proxy.llm_proxy import LLMProxy
 from asyncrl.proxy.multi_version import MultiVersionProxy
 from asyncrl.proxy.recompute_migration import migratable

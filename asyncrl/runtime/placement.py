@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from asyncrl.config.runtime import RuntimeConfig
-from asyncrl.controller.modes import mode_spec
+from asyncrl.modes import mode_spec
 
 
 @dataclass(frozen=True, kw_only=True)

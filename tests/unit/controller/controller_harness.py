@@ -15,8 +15,8 @@ from asyncrl.config.controller import ControllerConfig
 from asyncrl.config.proxy import ProxyConfig
 from asyncrl.config.rollout import RolloutConfig
 from asyncrl.controller.controller import Controller
-from asyncrl.controller.modes import async_ratio_for, mode_spec
 from asyncrl.data.base import TaskSample
+from asyncrl.modes import async_ratio_for, mode_spec
 from asyncrl.proxy.llm_proxy import LLMProxy
 from asyncrl.proxy.multi_version import MultiVersionProxy
 from asyncrl.rewards.service import RewardResult, RewardStatus

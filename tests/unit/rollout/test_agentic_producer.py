@@ -19,8 +19,8 @@ from asyncrl.config.env import EnvConfig, EnvManagerConfig
 from asyncrl.config.proxy import ProxyConfig
 from asyncrl.config.rollout import RolloutConfig
 from asyncrl.controller.controller import Controller
-from asyncrl.controller.modes import async_ratio_for, mode_spec
 from asyncrl.envs import CountChainEnv, EnvError, StepResult
+from asyncrl.modes import async_ratio_for, mode_spec
 from asyncrl.proxy.llm_proxy import LLMProxy
 from asyncrl.rollout.agentic_producer import AgenticProducer, make_env_seed_source
 from asyncrl.testing import Ledger, Outcome, run_seeds, run_shuffled

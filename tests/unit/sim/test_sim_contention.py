@@ -9,8 +9,8 @@ import pytest
 from asyncrl.app.simulate import simulate
 from asyncrl.config.loader import from_dict
 from asyncrl.config.sim import SimConfig, SimTrainerConfig
-from asyncrl.controller.modes import async_ratio_for
 from asyncrl.metrics.timeline import Timeline
+from asyncrl.modes import async_ratio_for
 from asyncrl.sim.clock import run_shuffled
 from asyncrl.sim.workers import SimTrainer
 from asyncrl.types import Group, Trajectory

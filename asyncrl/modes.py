@@ -10,8 +10,8 @@ setting is the failure users of RL frameworks complain about most (a sweep over 
 nothing and said nothing). Code that varies the mode on purpose (a ``--sweep controller.mode=...``, ``plan``)
 asks ``async_ratio_for(mode, alpha)`` for the α the mode runs at, so the config it builds is legal.
 
-Pure data importing only the standard library: ``asyncrl.config`` reads it (config modules stay import-light)
-and it imports nothing of asyncrl back, so the layering test counts it with the bottom layer.
+Pure data importing only the standard library, on the ground floor beside ``types`` and ``config``: config
+validation reads it without importing anything above itself (the layering test fails on any package cycle).
 """
 
 from __future__ import annotations

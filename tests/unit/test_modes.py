@@ -11,7 +11,7 @@ from asyncrl.config.base import ConfigError
 from asyncrl.config.loader import from_dict
 from asyncrl.config.run import RunConfig
 from asyncrl.config.sim import SimConfig
-from asyncrl.controller.modes import (
+from asyncrl.modes import (
     MODE_SPECS,
     MODES,
     ModeError,
@@ -21,7 +21,7 @@ from asyncrl.controller.modes import (
     modes_table_markdown,
 )
 
-DOCS = Path(__file__).resolve().parents[3] / "docs" / "modes.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "modes.md"
 
 
 def test_docs_table_is_rendered_from_the_specs():
