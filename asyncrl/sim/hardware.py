@@ -80,7 +80,13 @@ class HardwareProfile:
     efficiency: Efficiency = Efficiency()
 
     def __post_init__(self) -> None:
-        for name in ("peak_flops", "hbm_bandwidth", "hbm_bytes", "intra_node_bandwidth", "inter_node_bandwidth"):
+        for name in (
+            "peak_flops",
+            "hbm_bandwidth",
+            "hbm_bytes",
+            "intra_node_bandwidth",
+            "inter_node_bandwidth",
+        ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"hardware {self.name!r}: {name} must be > 0, got {getattr(self, name)}")
 
@@ -88,7 +94,9 @@ class HardwareProfile:
         return asdict(self)
 
 
-def _spec(name: str, tflops: float, tb_s: float, gb: float, nvlink_gb_s: float, net_gb_s: float) -> HardwareProfile:
+def _spec(
+    name: str, tflops: float, tb_s: float, gb: float, nvlink_gb_s: float, net_gb_s: float
+) -> HardwareProfile:
     return HardwareProfile(
         name=name,
         peak_flops=tflops * TB,
@@ -260,17 +268,17 @@ def _fit_decode_weights(
             rows.append((shape.num_layers, weight_bytes / bandwidth, smallest["median_s"]))
     if len(rows) < 2:
         raise ValueError("fitting decode needs static decode points of at least two model shapes")
-    s_ll = sum(l * l for l, _, _ in rows)  # normal equations of y = a·layers + b·(bytes/bandwidth)
-    s_lw = sum(l * w for l, w, _ in rows)
+    s_ll = sum(n * n for n, _, _ in rows)  # normal equations of y = a·layers + b·(bytes/bandwidth)
+    s_lw = sum(n * w for n, w, _ in rows)
     s_ww = sum(w * w for _, w, _ in rows)
-    s_ly = sum(l * y for l, _, y in rows)
+    s_ly = sum(n * y for n, _, y in rows)
     s_wy = sum(w * y for _, w, y in rows)
     det = s_ll * s_ww - s_lw * s_lw
     per_layer = (s_ly * s_ww - s_wy * s_lw) / det
     inverse_efficiency = (s_ll * s_wy - s_lw * s_ly) / det
     if per_layer >= 0 and inverse_efficiency > 0 and 1 / inverse_efficiency <= kv_efficiency:
         return per_layer, 1 / inverse_efficiency
-    per_layer = statistics.median((y - w / kv_efficiency) / l for l, w, y in rows)
+    per_layer = statistics.median((y - w / kv_efficiency) / n for n, w, y in rows)
     return max(0.0, per_layer), kv_efficiency
 
 

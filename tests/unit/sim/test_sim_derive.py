@@ -94,7 +94,9 @@ def test_dense_engine_and_trainer_costs_by_hand(card):
     assert engine.weight_update_s == pytest.approx(2 * 8_190_427_136 / 50e9 + 1.0)
     # Training: constant 4000-token sequences, a token attends to 2000 positions on average.
     forward_2000 = 2 * layers_and_head + 4 * 36 * 32 * 128 * 2000
-    assert trainer.gpu_s_per_token == pytest.approx(3 * forward_2000 / (1e15 * 0.25) + forward_2000 / (1e15 * 0.5))
+    assert trainer.gpu_s_per_token == pytest.approx(
+        3 * forward_2000 / (1e15 * 0.25) + forward_2000 / (1e15 * 0.5)
+    )
     assert trainer.step_overhead_s == pytest.approx(32 * 8_190_427_136 / (4e12 * 0.5 * 4))
 
 
@@ -152,7 +154,9 @@ def test_spec_profiles_carry_the_measured_efficiencies_scaled_to_spec_ceilings()
     measured = resolve_profile("h200-measured")
     h200, h800 = spec_profile("h200"), spec_profile("h800")
     # Absolute rates agree on the device that was measured ...
-    assert h200.peak_flops * h200.efficiency.train == pytest.approx(measured.peak_flops * measured.efficiency.train)
+    assert h200.peak_flops * h200.efficiency.train == pytest.approx(
+        measured.peak_flops * measured.efficiency.train
+    )
     assert h200.hbm_bandwidth * h200.efficiency.decode_kv == pytest.approx(
         measured.hbm_bandwidth * measured.efficiency.decode_kv
     )
@@ -162,7 +166,8 @@ def test_spec_profiles_carry_the_measured_efficiencies_scaled_to_spec_ceilings()
 
 
 def test_the_committed_profile_is_the_fit_of_the_committed_probe():
-    probe = json.loads(open("docs/gpu-smoke/2026-11-27-h200-probe.json").read())
+    with open("docs/gpu-smoke/2026-11-27-h200-probe.json") as f:
+        probe = json.load(f)
     fitted = profile_from_probe(probe, source="x")
     committed = resolve_profile("h200-measured")
     assert fitted.efficiency == committed.efficiency

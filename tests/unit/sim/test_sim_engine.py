@@ -126,7 +126,8 @@ def test_simulate_cli_writes_json_steps_and_timeline(tmp_path, capsys):
     assert len((tmp_path / "steps.jsonl").read_text().splitlines()) == 2
     assert (tmp_path / "timeline.png").stat().st_size > 0
     assert (
-        main([*args[:-1], f"output_dir={tmp_path / 'sw'}", "--sweep", "controller.mode=sync,one_step_off"]) == 0
+        main([*args[:-1], f"output_dir={tmp_path / 'sw'}", "--sweep", "controller.mode=sync,one_step_off"])
+        == 0
     )
     assert len(json.loads((tmp_path / "sw" / "sweep.json").read_text())["runs"]) == 2
 
