@@ -19,7 +19,7 @@ from transformers import AutoConfig
 from asyncrl.config.run import RunConfig
 from asyncrl.data.base import prompt_token_ids
 from asyncrl.data.registry import make_task
-from asyncrl.models.loading import load_tokenizer, resolve_model_path
+from asyncrl.models.loading import load_configured_tokenizer, model_dir
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ def with_max_model_len(config: RunConfig) -> tuple[RunConfig, ContextBound | Non
     bound = _needed_context(config)
     if bound is None:
         return config, None
-    directory = resolve_model_path(config.model.path)
+    directory = model_dir(config.model)
     window = AutoConfig.from_pretrained(directory, local_files_only=True).max_position_embeddings
     if bound.tokens >= window:
         return config, None
@@ -53,7 +53,7 @@ def _needed_context(config: RunConfig) -> ContextBound | None:
         return ContextBound(tokens, f"env_manager.max_context_tokens {tokens}")
     if config.producer != "rlvr":
         return None
-    tokenizer = load_tokenizer(config.model.path)
+    tokenizer = load_configured_tokenizer(config.model)
     task = make_task(config.task)
     longest = max(
         (

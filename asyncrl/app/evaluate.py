@@ -13,7 +13,7 @@ from asyncrl.controller.evaluation import evaluate_run
 from asyncrl.data.registry import make_task
 from asyncrl.engine import make_engine
 from asyncrl.metrics.progress import Progress
-from asyncrl.models.loading import load_model_and_tokenizer
+from asyncrl.models.loading import load_configured_model
 from asyncrl.proxy.llm_proxy import LLMProxy
 from asyncrl.rewards.service import RewardService
 from asyncrl.trainer.checkpoint import MODEL_DIR, load_model_weights
@@ -22,7 +22,7 @@ from asyncrl.trainer.checkpoint import MODEL_DIR, load_model_weights
 async def evaluate_model(config: RunConfig, checkpoint: str | None) -> dict[str, float]:
     """Load the model (and a checkpoint's weights), serve it on one engine and run the config's evaluation."""
     config, _ = with_max_model_len(config)  # the engine's KV pool sized to the task, as in training
-    model, tokenizer = load_model_and_tokenizer(config.model.path, config.model.dtype, config.model.device)
+    model, tokenizer = load_configured_model(config.model)
     if checkpoint:
         load_model_weights(model, Path(checkpoint) / MODEL_DIR)
     engine = make_engine(model, tokenizer, config.engine)

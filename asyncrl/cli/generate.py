@@ -10,13 +10,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "generate",
         help="Generate completions for prompts with the built-in engine.",
-        description="Load a model directory (from_pretrained, offline), serve every --prompt through the "
+        description="Load a model (a directory or a hub id, from_pretrained), serve every --prompt through the "
         "continuous-batching engine, and print one completion per prompt in order.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument(
-        "model_dir", nargs="?", default="", help="model directory; empty: the embedded default"
+        "model_dir",
+        nargs="?",
+        default="",
+        help="model directory, shipped warm start (tiny-count) or hub id (Qwen/Qwen3-0.6B, through the HF "
+        "cache; HF_HUB_OFFLINE=1 never downloads); empty: the embedded default",
     )
+    parser.add_argument("--revision", default="", help="hub ids: branch, tag or commit; empty: main")
     parser.add_argument("--prompt", action="append", required=True, help="prompt text (repeat for several)")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="most tokens generated per prompt")
     parser.add_argument("--temperature", type=float, default=1.0, help="0 is greedy")
@@ -36,7 +41,9 @@ def run(args: argparse.Namespace) -> int:
     from asyncrl.models.loading import load_model_and_tokenizer
     from asyncrl.types import Request
 
-    model, tokenizer = load_model_and_tokenizer(args.model_dir, dtype=args.dtype, device=args.device)
+    model, tokenizer = load_model_and_tokenizer(
+        args.model_dir, dtype=args.dtype, device=args.device, revision=args.revision
+    )
     params = {
         "max_new_tokens": args.max_new_tokens,
         "temperature": args.temperature,

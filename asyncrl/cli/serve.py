@@ -20,8 +20,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument(
-        "model_dir", nargs="?", default="", help="model directory; empty: the embedded default"
+        "model_dir",
+        nargs="?",
+        default="",
+        help="model directory, shipped warm start (tiny-count) or hub id (Qwen/Qwen3-0.6B, through the HF "
+        "cache; HF_HUB_OFFLINE=1 never downloads); empty: the embedded default",
     )
+    parser.add_argument("--revision", default="", help="hub ids: branch, tag or commit; empty: main")
     parser.add_argument(
         "--host", default="127.0.0.1", help="address to bind (0.0.0.0 exposes it to the network)"
     )
@@ -52,7 +57,9 @@ def run(args: argparse.Namespace) -> int:
         chat_format=args.chat_format,
         export_path=args.export,
     )
-    model, tokenizer = load_model_and_tokenizer(args.model_dir, dtype=args.dtype, device=args.device)
+    model, tokenizer = load_model_and_tokenizer(
+        args.model_dir, dtype=args.dtype, device=args.device, revision=args.revision
+    )
     engine = make_engine(model, tokenizer, EngineConfig(seed=args.seed))
 
     async def serve() -> None:

@@ -14,9 +14,16 @@ class ModelConfig:
     """Which causal LM to load and how; the same model serves the engine and the trainer."""
 
     path: str = ""
-    """Hugging Face model directory (config, safetensors weights, tokenizer), or the name of a warm start
-    shipped in ``asyncrl/assets`` (``tiny-copy``, ``tiny-count``). Empty: the embedded default ``tiny-copy``
-    (reproduced by ``asyncrl sft``)."""
+    """Hugging Face model directory (config, safetensors weights, tokenizer), the name of a warm start shipped
+    in ``asyncrl/assets`` (``tiny-copy``, ``tiny-count``), or a hub id (``Qwen/Qwen3-1.7B``) resolved through
+    ``huggingface_hub`` into the standard cache (``HF_HOME``; offline with ``HF_HUB_OFFLINE=1``). Empty: the
+    embedded default ``tiny-copy`` (reproduced by ``asyncrl sft``)."""
+    revision: str = ""
+    """Hub ids: the branch, tag or commit to load (pin a commit for a reproducible run); empty: ``main``.
+    An error with a local directory."""
+    local_files_only: bool = False
+    """Hub ids: never download, load only what the hub cache holds (as ``HF_HUB_OFFLINE=1`` does); a model
+    missing from the cache is an error naming the id and the cache."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Parameter dtype after loading. float32 on CPU; bfloat16 is the usual choice on GPUs."""
     device: Literal["auto", "cpu", "cuda"] = "auto"

@@ -1,8 +1,10 @@
-"""Saving and loading model directories through the real Hugging Face paths, offline, and tied weights.
+"""Saving and loading models through the real Hugging Face paths: local directories, shipped warm starts and
+hub ids (at a pinned revision, through the hub cache), and tied weights.
 
-Key decision: everything goes through ``save_pretrained`` / ``from_pretrained`` / ``AutoTokenizer`` with
-``local_files_only=True``, so a tiny model takes exactly the path a downloaded checkpoint takes, and nothing
-ever reaches for the hub.
+Key decision: a model name is first resolved to a directory (``resolve_model_path``; hub ids through
+``models.hub``), and everything then goes through ``save_pretrained`` / ``from_pretrained`` / ``AutoTokenizer``
+on that directory with ``local_files_only=True``, so a tiny model takes exactly the path a downloaded
+checkpoint takes, and only the resolution step may touch the network.
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from asyncrl.config.model import ModelConfig
+from asyncrl.models.hub import MODEL_FILE_PATTERNS, MODEL_IGNORE_PATTERNS, is_hub_id, snapshot
+
 ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
 """The shipped warm-start checkpoints, each a model directory named after its task (``tiny-copy``, ...)."""
 DEFAULT_MODEL_DIR = ASSETS_DIR / "tiny-copy"
@@ -21,16 +26,33 @@ DEFAULT_MODEL_DIR = ASSETS_DIR / "tiny-copy"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def resolve_model_path(path: str) -> Path:
-    """The model directory ``path`` names: a directory, a shipped checkpoint's name (``tiny-count``), or empty
-    for the embedded default. Errors name the missing dir."""
+def resolve_model_path(path: str, revision: str = "", *, local_files_only: bool = False) -> Path:
+    """The model directory ``path`` names: a directory, a shipped checkpoint's name (``tiny-count``), empty for
+    the embedded default, or a hub id (``Qwen/Qwen3-1.7B``) at ``revision``, resolved into the hub cache
+    (downloaded unless ``local_files_only`` or ``HF_HUB_OFFLINE=1``). Errors name what was looked for."""
     resolved = Path(path) if path else DEFAULT_MODEL_DIR
     if path and not (resolved / "config.json").is_file() and (ASSETS_DIR / path / "config.json").is_file():
         resolved = ASSETS_DIR / path
-    if not (resolved / "config.json").is_file():
-        what = "the embedded default model" if not path else "model.path"
-        raise FileNotFoundError(f"{what}: no model directory (config.json) at {resolved}")
-    return resolved
+    local = (resolved / "config.json").is_file()
+    if revision and local:
+        raise ValueError(f"model.revision ({revision!r}) applies to hub ids; {path!r} is a local directory")
+    if local:
+        return resolved
+    if path and not resolved.exists() and is_hub_id(path):
+        return snapshot(
+            path,
+            revision=revision,
+            local_files_only=local_files_only,
+            allow_patterns=MODEL_FILE_PATTERNS,
+            ignore_patterns=MODEL_IGNORE_PATTERNS,
+        )
+    what = "the embedded default model" if not path else "model.path"
+    raise FileNotFoundError(f"{what}: no model directory (config.json) at {resolved}, and not a hub id")
+
+
+def model_dir(config: ModelConfig) -> Path:
+    """The directory of the model ``config`` names (``model.path`` at ``model.revision``)."""
+    return resolve_model_path(config.path, config.revision, local_files_only=config.local_files_only)
 
 
 def resolve_device(device: str) -> torch.device:
@@ -49,21 +71,46 @@ def save_tiny(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_di
     return out
 
 
-def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
-    """The tokenizer of the model directory ``path`` ("" = the embedded default), offline."""
-    return AutoTokenizer.from_pretrained(resolve_model_path(path), local_files_only=True)
+def load_tokenizer(
+    path: str, revision: str = "", *, local_files_only: bool = False
+) -> PreTrainedTokenizerBase:
+    """The tokenizer of the model ``path`` names ("" = the embedded default; see ``resolve_model_path``)."""
+    directory = resolve_model_path(path, revision, local_files_only=local_files_only)
+    return AutoTokenizer.from_pretrained(directory, local_files_only=True)
 
 
 def load_model_and_tokenizer(
-    path: str, dtype: str = "float32", device: str = "auto"
+    path: str,
+    dtype: str = "float32",
+    device: str = "auto",
+    *,
+    revision: str = "",
+    local_files_only: bool = False,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load a causal LM and its tokenizer from a local directory ("" = the embedded default), in eval mode."""
+    """Load a causal LM and its tokenizer ("" = the embedded default; a directory, warm start or hub id, see
+    ``resolve_model_path``), in eval mode."""
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(map(repr, _DTYPES))}, got {dtype!r}")
-    model = AutoModelForCausalLM.from_pretrained(
-        resolve_model_path(path), dtype=_DTYPES[dtype], local_files_only=True
+    directory = resolve_model_path(path, revision, local_files_only=local_files_only)
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=_DTYPES[dtype], local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    return model.to(resolve_device(device)).eval(), tokenizer
+
+
+def load_configured_model(config: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The model and tokenizer a run's ``model`` section names, in its dtype on its device."""
+    return load_model_and_tokenizer(
+        config.path,
+        config.dtype,
+        config.device,
+        revision=config.revision,
+        local_files_only=config.local_files_only,
     )
-    return model.to(resolve_device(device)).eval(), load_tokenizer(path)
+
+
+def load_configured_tokenizer(config: ModelConfig) -> PreTrainedTokenizerBase:
+    """The tokenizer of the model a run's ``model`` section names."""
+    return load_tokenizer(config.path, config.revision, local_files_only=config.local_files_only)
 
 
 def state_dict_for_sync(model: PreTrainedModel) -> dict[str, torch.Tensor]:

@@ -23,7 +23,7 @@ from asyncrl.config.run import RunConfig
 from asyncrl.data.base import Task
 from asyncrl.data.registry import make_task
 from asyncrl.engine import make_engine
-from asyncrl.models.loading import load_model_and_tokenizer, state_dict_for_sync
+from asyncrl.models.loading import load_configured_model, state_dict_for_sync
 from asyncrl.rewards.service import RewardService
 from asyncrl.runtime.placement import Placement, plan_placement
 from asyncrl.torch_threads import claim_torch_threads
@@ -132,10 +132,7 @@ class InlineEngineFactory:
 
     async def replace(self, index: int, failed: Any) -> Any:
         await asyncio.to_thread(_stop_engine, index, failed)
-        model_config = self.config.model
-        model, tokenizer = await asyncio.to_thread(
-            load_model_and_tokenizer, model_config.path, model_config.dtype, model_config.device
-        )
+        model, tokenizer = await asyncio.to_thread(load_configured_model, self.config.model)
         engine = make_engine(model, tokenizer, self.config.engine, self.num_threads)
         self.engines[index] = engine
         return engine
@@ -186,7 +183,7 @@ def build_parts(config: RunConfig) -> InlineParts:
         config.runtime, num_engines=config.rollout.num_engines, mode=config.controller.mode
     )
     torch.set_num_threads(1)
-    model, tokenizer = load_model_and_tokenizer(config.model.path, config.model.dtype, config.model.device)
+    model, tokenizer = load_configured_model(config.model)
     ref_model = copy.deepcopy(model) if config.loss.needs_reference else None
     engines = make_engines(config, model, tokenizer, placement.engine_threads)
     trainer = Trainer(
@@ -225,6 +222,6 @@ def make_engines(config: RunConfig, model: Any, tokenizer: Any, num_threads: int
     from asyncrl.engine.vllm import VLLMEngineClient
 
     return [
-        VLLMEngineClient.for_model(config.model.path, config.engine, seed=config.seed)
+        VLLMEngineClient.for_model(config.model, config.engine, seed=config.seed)
         for _ in range(config.rollout.num_engines)
     ]

@@ -54,7 +54,7 @@ from asyncrl.data.base import Task
 from asyncrl.data.registry import make_task
 from asyncrl.engine import make_engine
 from asyncrl.engine.migration import RequestState
-from asyncrl.models.loading import load_model_and_tokenizer, load_tokenizer, resolve_device
+from asyncrl.models.loading import load_configured_model, load_configured_tokenizer, resolve_device
 from asyncrl.rewards.service import RewardService
 from asyncrl.runtime.actor_calls import await_actor, get_actor
 from asyncrl.runtime.placement import Placement, pin, plan_placement
@@ -165,9 +165,9 @@ class EngineActor:
         if engine.backend == "vllm":
             from asyncrl.engine.vllm import VLLMEngineClient
 
-            self.engine = VLLMEngineClient.for_model(model.path, engine, seed=seed)
+            self.engine = VLLMEngineClient.for_model(model, engine, seed=seed)
             return
-        served, tokenizer = load_model_and_tokenizer(model.path, model.dtype, model.device)
+        served, tokenizer = load_configured_model(model)
         self.engine = make_engine(served, tokenizer, engine)
 
     async def ready(self) -> dict[str, Any]:
@@ -513,7 +513,7 @@ def build_ray_parts(config: RunConfig, runtime: RuntimeConfig) -> RayParts:
     return RayParts(
         config=config,
         task=make_task(config.task),
-        tokenizer=load_tokenizer(config.model.path),
+        tokenizer=load_configured_tokenizer(config.model),
         trainer=trainer,
         engines=engines,
         rewards=RewardService.from_config(config.reward),

@@ -34,7 +34,7 @@ import torch
 from asyncrl.config.run import RunConfig
 from asyncrl.config.runtime import RuntimeConfig
 from asyncrl.config.weight_sync import WeightSyncConfig
-from asyncrl.models.loading import load_model_and_tokenizer, resolve_device
+from asyncrl.models.loading import load_configured_model, resolve_device
 from asyncrl.runtime.actor_calls import get_actor, get_trainer
 from asyncrl.runtime.placement import pin
 from asyncrl.trainer import checkpoint
@@ -85,9 +85,7 @@ class TrainerRankActor:
                 world_size=self.world_size,
                 timeout_s=timeout_s,
             )
-        model, tokenizer = load_model_and_tokenizer(
-            config.model.path, config.model.dtype, config.model.device
-        )
+        model, tokenizer = load_configured_model(config.model)
         ref_model = copy.deepcopy(model) if config.loss.needs_reference else None
         self.trainer = Trainer(
             model.train(),

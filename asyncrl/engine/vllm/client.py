@@ -30,8 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.config.engine import EngineConfig, VLLMConfig
+from asyncrl.config.model import ModelConfig
 from asyncrl.engine.async_engine import resolve_threadsafe
-from asyncrl.models.loading import resolve_model_path
+from asyncrl.models.loading import model_dir
 from asyncrl.types import FinishReason, Generation, Request
 from asyncrl.weight_sync.broadcast import GROUP_PREFIX
 from asyncrl.weight_sync.protocol import (
@@ -137,12 +138,13 @@ class VLLMEngineClient:
     # ---- the EngineClient protocol ---------------------------------------------------------------------
 
     @classmethod
-    def for_model(cls, model_path: str, engine: EngineConfig, *, seed: int = 0) -> VLLMEngineClient:
-        """A worker for the model directory ``model_path`` ("" = the embedded default), its context length
-        ``engine.max_model_len`` or else the model's own ``max_position_embeddings``."""
+    def for_model(cls, model: ModelConfig, engine: EngineConfig, *, seed: int = 0) -> VLLMEngineClient:
+        """A worker for the model ``model.path`` names (a directory, or a hub id resolved into the hub cache
+        here, so the worker reads a directory), its context length ``engine.max_model_len`` or else the
+        model's own ``max_position_embeddings``."""
         from transformers import AutoConfig
 
-        directory = resolve_model_path(model_path)
+        directory = model_dir(model)
         max_model_len = (
             engine.max_model_len
             or AutoConfig.from_pretrained(directory, local_files_only=True).max_position_embeddings
