@@ -1,4 +1,4 @@
-"""Command-line arguments shared by subcommands that take a run config: ``[CONFIG.yaml] [key=value ...]``."""
+"""Command-line arguments shared by subcommands: a run config (``[CONFIG.yaml] [key=value ...]``), or a model."""
 
 from __future__ import annotations
 
@@ -17,6 +17,18 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         help="an optional YAML run config, then overrides such as trainer.lr=1e-5 or engine.seed=3 "
         "(values are YAML: 1e-5, true, null, [1, 2]); an argument holding '=' is an override",
     )
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the positional ``MODEL`` (a directory, a shipped warm start or a hub id) and ``--revision``."""
+    parser.add_argument(
+        "model_dir",
+        nargs="?",
+        default="",
+        help="model directory, shipped warm start (tiny-count) or hub id (Qwen/Qwen3-0.6B, through the HF "
+        "cache; HF_HUB_OFFLINE=1 never downloads); empty: the embedded default",
+    )
+    parser.add_argument("--revision", default="", help="hub ids: branch, tag or commit; empty: main")
 
 
 def split_config_args(items: list[str]) -> tuple[str | None, list[str]]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from asyncrl.cli.args import add_model_arguments
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -14,14 +16,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "continuous-batching engine, and print one completion per prompt in order.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument(
-        "model_dir",
-        nargs="?",
-        default="",
-        help="model directory, shipped warm start (tiny-count) or hub id (Qwen/Qwen3-0.6B, through the HF "
-        "cache; HF_HUB_OFFLINE=1 never downloads); empty: the embedded default",
-    )
-    parser.add_argument("--revision", default="", help="hub ids: branch, tag or commit; empty: main")
+    add_model_arguments(parser)
     parser.add_argument("--prompt", action="append", required=True, help="prompt text (repeat for several)")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="most tokens generated per prompt")
     parser.add_argument("--temperature", type=float, default=1.0, help="0 is greedy")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 
+from asyncrl.cli.args import add_model_arguments
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -19,14 +21,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "unless --host says otherwise.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument(
-        "model_dir",
-        nargs="?",
-        default="",
-        help="model directory, shipped warm start (tiny-count) or hub id (Qwen/Qwen3-0.6B, through the HF "
-        "cache; HF_HUB_OFFLINE=1 never downloads); empty: the embedded default",
-    )
-    parser.add_argument("--revision", default="", help="hub ids: branch, tag or commit; empty: main")
+    add_model_arguments(parser)
     parser.add_argument(
         "--host", default="127.0.0.1", help="address to bind (0.0.0.0 exposes it to the network)"
     )

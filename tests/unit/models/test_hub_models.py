@@ -51,7 +51,8 @@ def test_a_hub_id_loads_from_the_cache_at_the_branch_and_at_a_pinned_commit(hub_
     reference, reference_tokenizer = load_model_and_tokenizer("", device="cpu")
     assert tokenizer.encode("copy a b:") == reference_tokenizer.encode("copy a b:")
     assert all(
-        (a == b).all() for a, b in zip(model.state_dict().values(), reference.state_dict().values(), strict=True)
+        (a == b).all()
+        for a, b in zip(model.state_dict().values(), reference.state_dict().values(), strict=True)
     )
 
 
