@@ -11,11 +11,12 @@ import json
 import math
 import os
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from asyncrl.data.base import TaskSample
+from asyncrl.data.math_formats import math_format
 
 SUFFIXES = (".jsonl", ".parquet")
 
@@ -34,6 +35,9 @@ class FieldSpec:
     """The final answer follows the last occurrence of this marker in a response; empty: the whole response."""
     reward: str = "exact_match"
     """Reward that verifies the rows."""
+    prompt_format: str = ""
+    """A math answer convention (``data.math_formats``: ``gsm8k``, ``boxed``) applied to every row: its
+    instruction appended, its reference answer cut out, verified by ``math_equiv``; empty: rows as they are."""
 
 
 def read_rows(path: str | os.PathLike[str]) -> Iterator[tuple[int, Any]]:
@@ -71,16 +75,48 @@ def row_to_sample(row: Any, fields: FieldSpec, *, uid: str) -> TaskSample:
     if not isinstance(row, Mapping):
         raise ValueError(f"a row must be an object, got {type(row).__name__}")
     messages = _messages(row, fields.messages_field)
-    prompt = _prompt(row, fields.prompt_field, messages)
-    return TaskSample(
+    sample = TaskSample(
         uid=uid,
-        prompt=prompt,
+        prompt=_prompt(row, fields.prompt_field, messages),
         answer=_answer(row, fields.answer_field),
         messages=messages,
         answer_delimiter=fields.answer_delimiter or None,
         reward=fields.reward,
         metadata={k: v for k, v in row.items() if k not in (fields.prompt_field, fields.messages_field)},
     )
+    return with_math_format(sample, fields.prompt_format) if fields.prompt_format else sample
+
+
+def with_math_format(sample: TaskSample, name: str) -> TaskSample:
+    """``sample`` asked in the math convention ``name``: instruction appended to its prompt (and to the last
+    user message of a chat row), reference answer cut out of the answer field, verified by ``math_equiv``."""
+    convention = math_format(name)
+    reference = convention.reference(sample.answer)
+    if not reference:
+        raise ValueError(f"the answer field holds no {name} answer: {sample.answer!r}")
+    messages = sample.messages
+    if messages is not None:
+        last_user = max(i for i, m in enumerate(messages) if m["role"] == "user")
+        messages = tuple(
+            {**m, "content": f"{m['content']}\n\n{convention.instruction}"} if i == last_user else m
+            for i, m in enumerate(messages)
+        )
+    return replace(
+        sample,
+        prompt=f"{sample.prompt}\n\n{convention.instruction}",
+        messages=messages,
+        answer=reference,
+        answer_delimiter=convention.answer_delimiter,
+        reward="math_equiv",
+    )
+
+
+def _as_number(answer: str | int | float) -> float:
+    """``answer`` as a float where it reads as one (0.0 where it does not: any text answer is finite)."""
+    try:
+        return float(answer)
+    except (ValueError, OverflowError):  # text, or an integer beyond float range (finite all the same)
+        return 0.0
 
 
 def _read_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
@@ -138,6 +174,8 @@ def _answer(row: Mapping[str, Any], field: str) -> str:
         raise ValueError(f"field {field!r} must be a string or a number, got {answer!r}")
     if isinstance(answer, str) and not answer.strip():
         raise ValueError(f"field {field!r} must not be empty")
-    if isinstance(answer, float) and not math.isfinite(answer):
+    if not math.isfinite(
+        _as_number(answer)
+    ):  # a NaN or inf (a number, or text such as 'NAN') verifies nothing
         raise ValueError(f"field {field!r} must be a finite number, got {answer!r}")
     return str(answer)

@@ -46,7 +46,7 @@ def _make_task(config: TaskConfig) -> Task:
 def _rows_task(config: TaskConfig) -> Task:
     """A ``FileTask`` over JSONL/Parquet files (``file``) or a saved/local HF dataset (``hf_dataset``)."""
     from asyncrl.data.file_task import FileTask, RowSource
-    from asyncrl.data.hf_dataset import read_dataset_rows
+    from asyncrl.data.hf_dataset import read_dataset_rows, read_hub_rows
     from asyncrl.data.loader import FieldSpec, read_rows
 
     fields = FieldSpec(
@@ -54,6 +54,7 @@ def _rows_task(config: TaskConfig) -> Task:
         answer_field=config.answer_field,
         messages_field=config.messages_field,
         answer_delimiter=config.answer_delimiter,
+        prompt_format=config.prompt_format,
     )
 
     def source(path: str, split: str) -> RowSource:
@@ -61,12 +62,27 @@ def _rows_task(config: TaskConfig) -> Task:
             return RowSource(path, lambda: read_rows(path))
         return RowSource(f"{path}[{split}]", lambda: read_dataset_rows(path, split))
 
-    train = source(config.train_path, config.train_split)
+    def dataset_split(split: str) -> RowSource:
+        """A split of the task's own dataset: by hub name, or at ``train_path``."""
+        if not config.dataset:
+            return source(config.train_path, split)
+        return RowSource(
+            f"{config.dataset}[{config.dataset_config or 'default'}:{split}]",
+            lambda: read_hub_rows(
+                config.dataset,
+                config.dataset_config,
+                split,
+                revision=config.dataset_revision,
+                local_files_only=config.local_files_only,
+            ),
+        )
+
+    train = dataset_split(config.train_split)
     eval_source = None
     if config.eval_path:
         eval_source = source(config.eval_path, config.eval_split or config.train_split)
     elif config.eval_split:
-        eval_source = source(config.train_path, config.eval_split)
+        eval_source = dataset_split(config.eval_split)
     return FileTask(
         train, eval_source, fields, seed=config.seed, eval_fraction=config.eval_fraction, name=config.type
     )

@@ -38,10 +38,21 @@ def math_equiv(response_text: str, sample: TaskSample) -> tuple[float, dict[str,
     candidate = (
         response_text.rpartition(sample.answer_delimiter)[2] if sample.answer_delimiter else response_text
     )
-    gold = parse(sample.answer, parsing_timeout=None)
+    gold = parse(latex_delimited(sample.answer), parsing_timeout=None)
     predicted = parse(candidate, parsing_timeout=None)
     correct = verify(gold, predicted, timeout_seconds=None)
     return float(correct), {"parsed": [str(p) for p in predicted]}
+
+
+LATEX_OPENERS = ("$", "\\(", "\\[", "\\boxed")
+
+
+def latex_delimited(answer: str) -> str:
+    """A reference answer as math-verify's LaTeX reader expects it: inside ``$...$`` unless already delimited.
+
+    Why: a bare ``3\\sqrt{2}`` (a MATH reference cut out of its ``\\boxed{}``) parses as 3, and ``x^2+1`` as
+    nothing; inside ``$...$`` both parse whole. Plain numbers parse the same either way."""
+    return answer if answer.lstrip().startswith(LATEX_OPENERS) else f"${answer}$"
 
 
 @register_reward("reasoning_gym")

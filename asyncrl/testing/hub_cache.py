@@ -15,6 +15,7 @@ import hashlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 
 def write_hub_repo(
@@ -81,3 +82,19 @@ def write_hub_dataset(
             card += [f"  - split: {split}", f"    path: {config}/{split}-*"]
     files["README.md"] = "\n".join(card + ["---", ""]).encode()
     return write_hub_repo(cache_dir, repo_id, files, repo_type="dataset", **kwargs)
+
+
+def use_offline_cache(monkeypatch: Any, root: str | os.PathLike[str]) -> Path:
+    """Point this process's hub cache (and ``datasets``' cache) under ``root`` and turn downloads off, as
+    ``HF_HOME=root HF_HUB_OFFLINE=1`` would at start-up (both libraries read those once, at import); returns
+    the (new, empty) hub cache. ``monkeypatch`` (pytest's) undoes it all after the test."""
+    import datasets
+    from huggingface_hub import constants
+
+    cache = Path(root) / "hub"
+    cache.mkdir(parents=True, exist_ok=True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", Path(root) / "datasets")
+    return cache

@@ -21,19 +21,15 @@ from asyncrl.models.loading import (
     model_dir,
     resolve_model_path,
 )
-from asyncrl.testing.hub_cache import write_hub_model, write_hub_repo
+from asyncrl.testing.hub_cache import use_offline_cache, write_hub_model, write_hub_repo
 
 REPO = "asyncrl-test/tiny-copy"
 
 
 @pytest.fixture
 def hub_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """An empty hub cache this process uses, offline (the sandbox has no network anyway)."""
-    cache = tmp_path / "hub"
-    cache.mkdir()
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    return cache
+    """An empty hub cache (and datasets cache) this process uses, offline as ``HF_HUB_OFFLINE=1`` makes it."""
+    return use_offline_cache(monkeypatch, tmp_path)
 
 
 def test_a_hub_id_loads_from_the_cache_at_the_branch_and_at_a_pinned_commit(hub_cache: Path) -> None:
