@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from asyncrl.models.hub import HubNotCachedError, offline, snapshot
+from asyncrl.hub import HubNotCachedError, offline, snapshot
 
 DATA_FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 """Local data file suffix → the ``datasets`` builder that reads it."""

@@ -2,7 +2,7 @@
 hub ids (at a pinned revision, through the hub cache), and tied weights.
 
 Key decision: a model name is first resolved to a directory (``resolve_model_path``; hub ids through
-``models.hub``), and everything then goes through ``save_pretrained`` / ``from_pretrained`` / ``AutoTokenizer``
+``asyncrl.hub``), and everything then goes through ``save_pretrained`` / ``from_pretrained`` / ``AutoTokenizer``
 on that directory with ``local_files_only=True``, so a tiny model takes exactly the path a downloaded
 checkpoint takes, and only the resolution step may touch the network.
 """
@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from asyncrl.config.model import ModelConfig
-from asyncrl.models.hub import MODEL_FILE_PATTERNS, MODEL_IGNORE_PATTERNS, is_hub_id, snapshot
+from asyncrl.hub import MODEL_FILE_PATTERNS, MODEL_IGNORE_PATTERNS, is_hub_id, snapshot
 
 ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
 """The shipped warm-start checkpoints, each a model directory named after its task (``tiny-copy``, ...)."""

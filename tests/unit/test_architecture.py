@@ -33,7 +33,7 @@ LAYERS: list[set[str]] = [
     {"data"},
     {"buffer", "staleness"},
     {"metrics"},
-    {"models", "torch_threads"},
+    {"models", "torch_threads", "hub"},
     {"config", "types", "rle", "modes"},
 ]
 """Top to bottom, from DESIGN §6: a unit imports only units of its own layer or below."""

@@ -12,7 +12,7 @@ from huggingface_hub import constants
 from asyncrl.config.task import TaskConfig
 from asyncrl.data import make_task
 from asyncrl.data.math_formats import MATH_FORMATS, boxed_reference, gsm8k_reference, last_boxed
-from asyncrl.models.hub import HubNotCachedError
+from asyncrl.hub import HubNotCachedError
 from asyncrl.rewards.builtin import math_equiv
 from asyncrl.testing.hub_cache import use_offline_cache, write_hub_dataset
 

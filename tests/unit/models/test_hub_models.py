@@ -13,7 +13,7 @@ import pytest
 from huggingface_hub import constants
 
 from asyncrl.config.model import ModelConfig
-from asyncrl.models.hub import HubNotCachedError, is_hub_id
+from asyncrl.hub import HubNotCachedError, is_hub_id
 from asyncrl.models.loading import (
     DEFAULT_MODEL_DIR,
     load_configured_model,
