@@ -35,7 +35,7 @@ def with_max_model_len(config: RunConfig) -> tuple[RunConfig, ContextBound | Non
     docstring), and the bound; the config unchanged and None where it keeps the window."""
     if config.engine.max_model_len is not None or config.engine.backend != "builtin":
         return config, None
-    bound = _needed_context(config)
+    bound = needed_context(config)
     if bound is None:
         return config, None
     directory = model_dir(config.model)
@@ -45,7 +45,7 @@ def with_max_model_len(config: RunConfig) -> tuple[RunConfig, ContextBound | Non
     return replace(config, engine=replace(config.engine, max_model_len=bound.tokens)), bound
 
 
-def _needed_context(config: RunConfig) -> ContextBound | None:
+def needed_context(config: RunConfig) -> ContextBound | None:
     """The longest context the run's requests can reach, or None when it is not known ahead (external)."""
     if config.producer == "agentic":
         assert config.env_manager is not None  # RunConfig fills it in for the agentic producer

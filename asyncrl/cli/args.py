@@ -31,6 +31,11 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--revision", default="", help="hub ids: branch, tag or commit; empty: main")
 
 
+def names_no_config_file(config_args: list[str]) -> bool:
+    """Whether the positional arguments are overrides only (commands then apply them to their default)."""
+    return not config_args or "=" in config_args[0]
+
+
 def split_config_args(items: list[str]) -> tuple[str | None, list[str]]:
     """Split positional arguments into the config file (at most one, given first) and the overrides."""
     path = None

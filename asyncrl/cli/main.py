@@ -46,6 +46,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Install an optional inference backend (vLLM) into its own environment.",
     ),
     "report": ("asyncrl.cli.report", "Charts and an HTML page of runs: curves, staleness, timelines."),
+    "doctor": (
+        "asyncrl.cli.doctor",
+        "Check this machine against a run config: devices, memory, model, Ray, vLLM.",
+    ),
 }
 """Subcommand name -> (module path, one-line help). Adding a subcommand is one entry plus its module."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from asyncrl.cli.args import add_config_arguments, run_config_from_args
+from asyncrl.cli.args import add_config_arguments, names_no_config_file, run_config_from_args
 
 DEFAULT_EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "default.yaml"
 """The config ``asyncrl train`` runs when given no arguments (shipped inside the package)."""
@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
 
     from asyncrl.app.train import train
 
-    if not args.config_args or "=" in args.config_args[0]:  # no config file: overrides apply to the default
+    if names_no_config_file(args.config_args):  # overrides apply to the default
         args.config_args = [str(DEFAULT_EXAMPLE), *args.config_args]
         print(f"running the default example {DEFAULT_EXAMPLE}", flush=True)
     config = run_config_from_args(args)

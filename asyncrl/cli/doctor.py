@@ -1,0 +1,34 @@
+"""``asyncrl doctor [CONFIG] [KEY=VALUE ...]``: what this machine can run for a config, before a long run."""
+
+from __future__ import annotations
+
+import argparse
+
+from asyncrl.cli.args import add_config_arguments, names_no_config_file, run_config_from_args
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "doctor",
+        help="check this machine against a run config",
+        description="Check devices and memory, the model (cached? its size against memory, the KV slots that "
+        "fit), the task, disk for checkpoints, Ray, the vLLM environment and bubblewrap for CONFIG (without "
+        "one, the default example). One OK / WARN / FAIL line each, with the fix; exit status 1 on a FAIL. "
+        "Loads no weights.",
+    )
+    add_config_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from asyncrl.app.doctor import Status, diagnose
+    from asyncrl.cli.train import DEFAULT_EXAMPLE
+
+    if names_no_config_file(args.config_args):  # as train: overrides apply to the default
+        args.config_args = [str(DEFAULT_EXAMPLE), *args.config_args]
+    findings = diagnose(run_config_from_args(args))
+    for finding in findings:
+        print(finding.line(), flush=True)
+    failed = sum(f.status is Status.FAIL for f in findings)
+    warned = sum(f.status is Status.WARN for f in findings)
+    print(f"\n{failed} FAIL, {warned} WARN, {len(findings) - failed - warned} OK")
+    return 1 if failed else 0

@@ -1,0 +1,187 @@
+"""``asyncrl doctor``: the memory arithmetic with exact values, and each concern's verdict on machines the test
+describes (no GPU here: a ``Machine`` stands in for one), through the CLI's exit status and lines."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from asyncrl.app import doctor
+from asyncrl.app.doctor import Gpu, Machine, Status, check_ray, check_vllm, diagnose
+from asyncrl.app.memory_plan import kv_slots_that_fit, memory_plan
+from asyncrl.cli import main as cli
+from asyncrl.config.run import load_run_config
+from asyncrl.models.loading import DEFAULT_MODEL_DIR
+from asyncrl.sim.model_shape import shape_from_hf_config
+from asyncrl.testing.hub_cache import use_offline_cache
+
+GIB = 2**30
+QWEN3_8B = {
+    "model_type": "qwen3",
+    "hidden_size": 4096,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "intermediate_size": 12288,
+    "vocab_size": 151936,
+    "tie_word_embeddings": False,
+    "max_position_embeddings": 40960,
+}
+SMALL = ("task.num_train=50", "task.num_eval=10", "rollout.max_new_tokens=100")
+
+
+def model_like(tmp_path: Path, hf_config: dict) -> str:
+    """A model directory with ``hf_config``'s shape (no weights: doctor never loads them) and the tiny tokenizer."""
+    directory = tmp_path / hf_config["model_type"]
+    directory.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(DEFAULT_MODEL_DIR / name, directory / name)
+    (directory / "config.json").write_text(json.dumps(hf_config))
+    return str(directory)
+
+
+def h100s(count: int) -> Machine:
+    gpu = Gpu("NVIDIA H100 80GB HBM3", 80 * GIB, 79 * GIB)
+    return Machine((gpu,) * count, 16, 120 * GIB, "2.11.0+cu130", "13.0")
+
+
+def verdicts(findings) -> dict[str, Status]:
+    """The worst status per topic."""
+    order = [Status.OK, Status.WARN, Status.FAIL]
+    worst: dict[str, Status] = {}
+    for f in findings:
+        worst[f.topic] = max(worst.get(f.topic, Status.OK), f.status, key=order.index)
+    return worst
+
+
+def test_the_memory_plan_is_the_arithmetic_its_docstring_states() -> None:
+    shape = shape_from_hf_config(QWEN3_8B)
+    config = load_run_config(
+        None, ["model.dtype=bfloat16", "engine.max_running_requests=8", "loss.kl.beta=0.1"]
+    )
+    plan = memory_plan(config, shape, max_len=4095)
+    weights = shape.num_params * 2
+    assert plan.weights == weights and plan.engine_weights == weights
+    assert plan.trainer_per_rank == 5 * weights  # weights, grads, two moments, and the reference copy
+    assert (
+        plan.kv_per_slot == 2 * 36 * 8 * 128 * 2 * 4096
+    )  # K and V, layers, kv heads, head dim, bf16, positions
+    assert plan.engine_total == weights + 8 * plan.kv_per_slot
+    sharded = memory_plan(load_run_config(None, ["trainer.num_workers=4"]), shape, max_len=10)
+    assert sharded.trainer_per_rank == -(-4 * shape.num_params * 4 // 4)
+    assert kv_slots_that_fit(10 * GIB, 2 * GIB, GIB) == 7 and kv_slots_that_fit(GIB, 2 * GIB, GIB) == 0
+
+
+def test_an_8b_model_fits_on_separate_h100s_but_not_on_one_inline(tmp_path: Path) -> None:
+    model = model_like(tmp_path, QWEN3_8B)
+    common = (*SMALL, f"model.path={model}", "model.device=cuda", "model.dtype=bfloat16")
+    inline = verdicts(diagnose(load_run_config(None, [*common, "trainer.num_workers=1"]), h100s(1)))
+    assert inline["gpu memory"] is Status.WARN  # 61 GiB trainer + 16 GiB engine: within 79 GiB, tight
+    spread = load_run_config(
+        None, [*common, "runtime.type=local", "trainer.num_workers=2", "rollout.num_engines=2"]
+    )
+    assert verdicts(diagnose(spread, h100s(4)))["gpu memory"] is Status.OK
+    short = verdicts(diagnose(spread, h100s(2)))
+    assert short["gpus"] is Status.FAIL  # 2 ranks + 2 engines reserve 4 GPUs
+    greedy = load_run_config(None, [*common, "engine.max_running_requests=512", "engine.max_model_len=32768"])
+    findings = diagnose(greedy, h100s(1))
+    memory = next(f for f in findings if f.topic == "gpu memory")
+    assert (
+        memory.status is Status.FAIL
+        and "does not fit" in memory.detail
+        and "max_running_requests" in memory.fix
+    )
+
+
+def test_cuda_asked_for_without_a_gpu_and_a_model_missing_offline_are_failures(tmp_path, monkeypatch) -> None:
+    no_gpu = Machine((), 2, 20 * GIB, "2.13.0+cpu", None)
+    findings = diagnose(load_run_config(None, [*SMALL, "model.device=cuda"]), no_gpu)
+    devices = next(f for f in findings if f.topic == "devices")
+    assert devices.status is Status.FAIL and "model.device=cpu" in devices.fix
+    use_offline_cache(monkeypatch, tmp_path)
+    missing = diagnose(load_run_config(None, [*SMALL, "model.path=nobody/absent"]), no_gpu)
+    model = next(f for f in missing if f.topic == "model")
+    assert model.status is Status.FAIL and "'nobody/absent'" in model.detail
+    assert [f.topic for f in missing if f.topic in ("ram", "disk")] == []  # nothing to size it by
+
+
+def test_the_tiny_default_is_all_ok_here_and_the_cli_prints_one_line_each(capsys) -> None:
+    assert cli.main(["doctor", *SMALL]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line and not line.startswith(" ")]
+    topics = [line.split(":")[0].split()[-1] for line in lines[:-1]]
+    assert topics == ["devices", "model", "task", "ram", "disk", "ray", "vllm", "bubblewrap"]
+    assert all(line.startswith(("OK ", "WARN", "FAIL")) for line in lines[:-1])
+    assert lines[-1].startswith("0 FAIL")
+
+
+def test_a_failure_exits_1_naming_it_and_its_fix(capsys, monkeypatch) -> None:
+    monkeypatch.setattr(doctor, "this_machine", lambda: Machine((), 2, 20 * GIB, "2.13.0+cpu", None))
+    assert cli.main(["doctor", *SMALL, "model.device=cuda"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL  devices: model.device=cuda but no CUDA device is visible" in out
+    assert "      fix: run on a GPU machine" in out and "\n1 FAIL" in out
+
+
+def test_vllm_needs_its_environment_with_cuda_for_a_gpu_run(tmp_path: Path) -> None:
+    config = load_run_config(None, ["engine.backend=vllm", f"engine.vllm.python={tmp_path / 'nope'}"])
+    missing = check_vllm(config)
+    assert missing.status is Status.FAIL and missing.fix.startswith("asyncrl backends install vllm")
+    python = tmp_path / "python"
+    python.write_text("")
+    config = load_run_config(
+        None, ["engine.backend=vllm", f"engine.vllm.python={python}", "model.device=cuda"]
+    )
+
+    def cpu_build(command, timeout_s):
+        return subprocess.CompletedProcess(command, 0, stdout="0.32.0 False\n", stderr="")
+
+    cpu_only = check_vllm(config, run=cpu_build)
+    assert cpu_only.status is Status.FAIL and "--gpu" in cpu_only.fix
+
+    def broken(command, timeout_s):
+        return subprocess.CompletedProcess(command, 1, stdout="", stderr="ImportError: torchvision::nms\n")
+
+    assert "torchvision::nms" in check_vllm(config, run=broken).detail
+
+
+def test_a_cluster_is_asked_for_its_resources(tmp_path: Path) -> None:
+    config = load_run_config(
+        None,
+        [
+            "runtime.type=cluster",
+            "runtime.address=ray://head:10001",
+            "model.device=cuda",
+            "rollout.num_engines=6",
+        ],
+    )
+
+    def cluster(gpus: int):
+        def run(command, timeout_s):
+            assert "ray://head:10001" in command[-1]
+            return subprocess.CompletedProcess(
+                command, 0, stdout=json.dumps({"CPU": 64, "GPU": gpus}), stderr=""
+            )
+
+        return run
+
+    assert check_ray(config, run=cluster(8)).status is Status.OK  # 1 trainer + 6 engines
+    short = check_ray(config, run=cluster(4))
+    assert short.status is Status.FAIL and "reserves 7" in short.detail
+
+    def unreachable(command, timeout_s):
+        raise subprocess.TimeoutExpired(command, timeout_s)
+
+    assert check_ray(config, run=unreachable).status is Status.FAIL
+
+
+@pytest.mark.parametrize("overrides", [("task.type=code",), ()])
+def test_bubblewrap_is_probed_when_the_config_runs_model_code(overrides) -> None:
+    findings = diagnose(load_run_config(None, [*SMALL, *overrides]), Machine((), 2, 20 * GIB, "2.13.0", None))
+    sandbox = next(f for f in findings if f.topic == "bubblewrap")
+    assert sandbox.status is Status.OK
+    assert ("runs a sandboxed program" in sandbox.detail) == bool(overrides)
