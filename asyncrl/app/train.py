@@ -134,8 +134,7 @@ async def _train_with_proxy(
 ) -> TrainingSummary:
     config = parts.config
     if parts.trainer.version > 0:  # the engines start from the loaded model: give them the resumed weights
-        await proxy.model_update(parts.trainer.state_for_sync(), parts.trainer.version)
-        await proxy.update_applied(parts.trainer.version)
+        await proxy.load_weights(parts.trainer.state_for_sync(), parts.trainer.version)
     before = await _evaluate(parts, proxy, "before")
     _say(console, f"held-out reward before: {before.get('eval/reward_mean', float('nan')):.3f}")
     tracker = MetricsTracker(

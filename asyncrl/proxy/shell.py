@@ -77,6 +77,39 @@ class ProxyShell(abc.ABC):
         """Proxy state changed: re-check the waits it may have ended."""
         self._wakeup.notify()
 
+    # ------------------------------------------------------------------------------------------ weight update
+
+    @abc.abstractmethod
+    async def suspend(self) -> None:
+        """Hold new generate calls (what else it does depends on the update policy)."""
+
+    @abc.abstractmethod
+    async def model_update(self, named_tensors: Any, version: int) -> None:
+        """Send weights of ``version`` (greater than any before) to the engines; needs ``suspend()`` first."""
+
+    @abc.abstractmethod
+    async def resume(self) -> None:
+        """Release the calls held since ``suspend()``."""
+
+    @abc.abstractmethod
+    async def update_applied(self, version: int, timeout_s: float | None = None) -> None:
+        """Wait until the engines serve ``version``; the failure of any that could not."""
+
+    async def load_weights(self, named_tensors: Any, version: int) -> None:
+        """Bring the engines to ``version`` outside a training step (a resumed trainer's weights, before any
+        request): suspend → model_update → resume, then wait until it is applied.
+
+        Why one method: the update protocol differs by policy (``in_flight`` refuses an update not preceded by
+        ``suspend``; ``drain`` applies it later), so a caller that hand-rolls it for one policy breaks another.
+        The controller's step runs the same sequence with its own work between suspend and update.
+        """
+        await self.suspend()
+        try:
+            await self.model_update(named_tensors, version)
+        finally:
+            await self.resume()
+        await self.update_applied(version)
+
     def _load_changed(self, worker: EngineWorker) -> None:
         self._on_load_change(worker)
         if not worker.healthy:

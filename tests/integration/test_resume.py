@@ -7,9 +7,12 @@ import asyncio
 import json
 from pathlib import Path
 
+import pytest
+
 from asyncrl.app import train as training
 from asyncrl.config.run import load_run_config
 from asyncrl.metrics.tracker import read_metrics
+from asyncrl.modes import MODES, async_ratio_for
 
 RUN = (
     "controller.eval_prompts=0",
@@ -44,6 +47,29 @@ def test_a_resumed_sync_run_trains_the_same_batches_as_an_uninterrupted_one(tmp_
     train(tmp_path / "split", 6, *sync, resume=True)
     assert trained(tmp_path / "split") == trained(tmp_path / "whole")
     assert [r["step"] for r in read_metrics(tmp_path / "split" / "metrics.jsonl")] == [1, 2, 3, 4, 5, 6]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_mode_resumes_and_its_engines_serve_the_resumed_weights(tmp_path, mode):
+    """A resume hands the trainer's weights to engines that start from the base model, through the update
+    protocol of the mode's policy (``in_flight`` refused an update without ``suspend``: every resumed
+    partial_rollout run died at once). Every group generated after the resume starts at the resumed version."""
+    out = tmp_path / "run"
+    overrides = (
+        f"controller.mode={mode}",
+        f"buffer.async_ratio={async_ratio_for(mode, 1.0)}",
+        "rollout.max_new_tokens=4",
+        "rollout.max_additional_running_prompts=0",
+    )
+    train(out, 1, *overrides)
+    extra = json.loads((out / "checkpoints" / "step_00000001" / "extra.json").read_text())
+    restored = {entry["group"]["prompt_uid"] for entry in extra["buffered_groups"]}
+    train(out, 3, *overrides, resume=True)
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2, 3]
+    lines = ledger_lines(out)
+    fresh = [x for x in lines if x["event"] == "trained" and x["step"] > 1 and x["prompt"] not in restored]
+    assert fresh, "nothing generated after the resume was trained: no test"
+    assert min(x["first_version"] for x in fresh) == 1, "an engine served the base model after the resume"
 
 
 def test_an_async_checkpoint_keeps_its_finished_groups_and_the_resumed_run_trains_them(tmp_path):
