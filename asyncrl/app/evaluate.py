@@ -10,6 +10,7 @@ from pathlib import Path
 from asyncrl.app.context_length import with_max_model_len
 from asyncrl.config.run import RunConfig
 from asyncrl.controller.evaluation import evaluate_run
+from asyncrl.controller.periodic_eval import evaluate_sets
 from asyncrl.data.registry import make_task
 from asyncrl.engine import make_engine
 from asyncrl.metrics.progress import Progress
@@ -33,7 +34,8 @@ async def evaluate_model(config: RunConfig, checkpoint: str | None) -> dict[str,
     )
     try:
         with RewardService.from_config(config.reward) as rewards:
-            return await evaluate_run(config, proxy, tokenizer, task, rewards, progress=progress)
+            metrics = await evaluate_run(config, proxy, tokenizer, task, rewards, progress=progress)
+            return metrics | await evaluate_sets(config, proxy, tokenizer, task, rewards, step=0)
     finally:
         progress.close()
         await proxy.aclose()

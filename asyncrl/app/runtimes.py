@@ -7,7 +7,7 @@ through ``app.wiring``, the same functions the simulator uses.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Protocol
 
 from asyncrl.app.wiring import Proxy, make_buffer, make_controller, make_producer
@@ -96,6 +96,7 @@ def assemble_controller(
     proxy: Proxy,
     source: PromptSource,
     on_step: Callable[[StepRecord], None] = lambda record: None,
+    after_sync: Callable[[int], Awaitable[None]] | None = None,
 ) -> Controller:
     """The buffer, producer and controller of one training run over already-built parts."""
     cfg = parts.config
@@ -127,5 +128,6 @@ def assemble_controller(
         trainer=AwaitableTrainer(parts.trainer),
         proxy=proxy,
         on_step=on_step,
+        after_sync=after_sync,
         start_version=parts.trainer.version,
     )

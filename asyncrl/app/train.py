@@ -23,6 +23,7 @@ from asyncrl.config.base import to_dict
 from asyncrl.config.run import RunConfig
 from asyncrl.controller.controller import StepRecord, rollout_metrics
 from asyncrl.controller.evaluation import evaluate_run
+from asyncrl.controller.periodic_eval import evaluate_sets, is_set_metric, periodic_evaluation
 from asyncrl.controller.run_state import RunState
 from asyncrl.metrics.spans import SpanRecorder
 from asyncrl.metrics.tracker import MetricsTracker
@@ -147,7 +148,9 @@ async def _train_with_proxy(
     timeline = _record_timeline(parts, proxy, out) if config.metrics.timeline else None
     try:
         tracker.log_config(to_dict(config))
-        summary = await _train_steps(parts, proxy, state, out, tracker, timeline, stop)
+        # an evaluation running at the checkpoint resumed from gets its line from this one, on these weights
+        pending = {k: v for k, v in before.items() if is_set_metric(k)} if state.pending_evals else {}
+        summary = await _train_steps(parts, proxy, state, out, tracker, timeline, stop, pending)
         summary = replace(summary, wall_s=time.perf_counter() - started, eval_before=before)
         (out / "summary.json").write_text(json.dumps(asdict(summary), indent=1))
         tracker.log_summary(asdict(summary))
@@ -166,14 +169,19 @@ async def _train_steps(
     tracker: MetricsTracker,
     timeline: SpanRecorder | None,
     stop: asyncio.Event,
+    resumed_evals: dict[str, float],
 ) -> TrainingSummary:
-    """The remaining steps, the final checkpoint (before the buffer closes) and the held-out evaluation."""
+    """The remaining steps, the final checkpoint (before the buffer closes) and the held-out evaluation;
+    ``resumed_evals`` go into the first step's line."""
     config = parts.config
     samples = [0]
     phase_s = {"train": 0.0, "sync": 0.0}
     busy_at_start = _engine_busy_s(proxy.stats())
     train_started = time.perf_counter()
     final: list[Path] = []
+
+    evaluation = periodic_evaluation(config, proxy, parts.tokenizer, parts.task, parts.rewards)
+    pending = (lambda: evaluation.pending_steps()) if evaluation else list
 
     def on_step(record: StepRecord) -> None:
         samples[0] += sum(len(g) for g in record.groups)
@@ -184,19 +192,28 @@ async def _train_steps(
         state.record_step(parts.trainer.step, record.groups, controller.buffer.take_dropped())
         metrics = step_metrics(record, proxy.stats(), train_started) | buffer_metrics(controller.buffer)
         metrics |= {f"rewards/{k}": float(v) for k, v in getattr(parts.rewards, "counts", {}).items()}
+        metrics |= evaluation.take_finished() if evaluation else {}
         tracker.log(
             parts.trainer.step, metrics | {f"resume/{k}": float(v) for k, v in state.restored.items()}
         )
         if checkpoint_due(parts.trainer.step, config.trainer.checkpoint_every):
-            _save(parts, state, out, controller.buffer)
+            _save(parts, state, out, controller.buffer, pending())
 
-    controller = assemble_controller(parts, proxy, state.source, on_step)
-    state.restore_buffer(controller.buffer)
-    await controller.run(
-        config.controller.num_steps - parts.trainer.step,
-        stop=stop,
-        before_close=lambda: _end_run(parts, state, out, controller.buffer, final),
+    controller = assemble_controller(
+        parts, proxy, state.source, on_step, evaluation.after_sync if evaluation else None
     )
+    state.restore_buffer(controller.buffer)
+    if evaluation:
+        evaluation.finished |= resumed_evals
+    try:
+        await controller.run(
+            config.controller.num_steps - parts.trainer.step,
+            stop=stop,
+            before_close=lambda: _end_run(parts, state, out, controller.buffer, final, pending()),
+        )
+    finally:
+        if evaluation:
+            await evaluation.close()  # only a stopped run leaves one running (the last step waits for all)
     if timeline is not None:
         timeline.close()  # the timeline shows training; the held-out evaluation after it is not a step
     train_wall = time.perf_counter() - train_started
@@ -296,21 +313,33 @@ def step_metrics(record: StepRecord, proxy_stats: dict, train_started: float) ->
 
 
 async def _evaluate(parts: Parts, proxy: LLMProxy, tag: str) -> dict[str, float]:
-    return await evaluate_run(parts.config, proxy, parts.tokenizer, parts.task, parts.rewards, tag=tag)
+    """The held-out evaluation, and the eval sets of ``controller.eval_every`` at the trainer's version."""
+    metrics = await evaluate_run(parts.config, proxy, parts.tokenizer, parts.task, parts.rewards, tag=tag)
+    sets = await evaluate_sets(
+        parts.config, proxy, parts.tokenizer, parts.task, parts.rewards, parts.trainer.step
+    )
+    return metrics | sets
 
 
-def _end_run(parts: Parts, state: RunState, out: Path, buffer: SampleBuffer, final: list[Path]) -> None:
+def _end_run(
+    parts: Parts,
+    state: RunState,
+    out: Path,
+    buffer: SampleBuffer,
+    final: list[Path],
+    pending_evals: list[int],
+) -> None:
     """The drops since the last step, the final checkpoint (which counts them), then the unfinished prompts
     (which it does not: a run resumed from it trains or drops them itself)."""
     state.record_step(parts.trainer.step, [], buffer.take_dropped())
-    final.append(_save(parts, state, out, buffer))
+    final.append(_save(parts, state, out, buffer, pending_evals))
     state.record_unfinished(parts.trainer.step, buffer)
 
 
-def _save(parts: Parts, state: RunState, out: Path, buffer: SampleBuffer) -> Path:
+def _save(parts: Parts, state: RunState, out: Path, buffer: SampleBuffer, pending_evals: list[int]) -> Path:
     return parts.trainer.save_checkpoint(
         out / "checkpoints",
-        extra=state.checkpoint_extra(buffer),
+        extra=state.checkpoint_extra(buffer, pending_evals),
         keep_last=parts.config.trainer.keep_last_checkpoints,
     )
 

@@ -7,7 +7,7 @@ cannot drift from the real wiring.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from asyncrl.buffer.sample_buffer import SampleBuffer
@@ -117,6 +117,7 @@ def make_controller(
     trainer: Any,
     proxy: Proxy,
     on_step: Callable[[StepRecord], None] = lambda record: None,
+    after_sync: Callable[[int], Awaitable[None]] | None = None,
     start_version: int = 0,
 ) -> Controller:
     """The controller over the wired parts; ``trainer`` is the awaitable ``TrainerClient`` seam."""
@@ -128,5 +129,6 @@ def make_controller(
         trainer=trainer,
         proxy=proxy,
         on_step=on_step,
+        after_sync=after_sync,
         start_version=start_version,
     )

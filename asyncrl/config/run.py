@@ -107,6 +107,23 @@ class RunConfig:
             self._check_unset(("env", "env_manager"), "agentic")
         if self.producer != "external":
             self._check_unset(("serve",), "external")
+        self._check_eval_sets()
+
+    def _check_eval_sets(self) -> None:
+        """Evaluation during training plays what the producer can evaluate: task prompts, or env episodes."""
+        if self.controller.eval_every == 0:
+            return
+        if self.producer == "external":
+            raise ValueError(
+                "controller.eval_every does not apply to producer 'external' (harnesses evaluate)"
+            )
+        if self.producer == "agentic":
+            for eval_set in self.controller.periodic_eval_sets():
+                if eval_set.task is not None or eval_set.samples_per_prompt != 1:
+                    raise ValueError(
+                        f"controller.eval_sets[{eval_set.name}]: agentic runs evaluate held-out env episodes, "
+                        "one each: leave task unset and samples_per_prompt at 1"
+                    )
 
     def _check_unset(self, sections: tuple[str, ...], owner: str) -> None:
         for section in sections:

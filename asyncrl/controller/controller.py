@@ -36,7 +36,7 @@ by the buffer and the producer), and one version per trajectory under the drain 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -119,8 +119,11 @@ class Controller:
         trainer: TrainerClient,
         proxy: WeightReceiver,
         on_step: Callable[[StepRecord], None] = lambda record: None,
+        after_sync: Callable[[int], Awaitable[None]] | None = None,
         start_version: int = 0,
     ) -> None:
+        """``after_sync(version)`` runs once the engines have the new weights, before ``on_step``: evaluation
+        during training (``periodic_eval``), which waits there only where the mode has a barrier."""
         self.config = config
         self.buffer = buffer
         self.producer = producer
@@ -128,6 +131,7 @@ class Controller:
         self.trainer = trainer
         self.proxy = proxy
         self.on_step = on_step
+        self.after_sync = after_sync
         self.version = start_version
         self._producer_task: asyncio.Task[None] | None = None
 
@@ -189,6 +193,8 @@ class Controller:
             train_s=trained - got_batch,
             sync_s=clock() - trained,
         )
+        if self.after_sync is not None:
+            await self.after_sync(self.version)
         self.on_step(record)
         return True
 

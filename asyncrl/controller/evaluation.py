@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from asyncrl.config.env import EnvManagerConfig
@@ -56,7 +56,7 @@ async def evaluate_run(
             progress=progress,
         )
     assert task is not None, "an rlvr run is evaluated on its task"
-    return await evaluate(
+    answers = await score_answers(
         proxy,
         tokenizer,
         list(task.split("eval"))[: controller.eval_prompts],
@@ -67,9 +67,21 @@ async def evaluate_run(
         tag=tag,
         progress=progress,
     )
+    return summary_metrics(answers)
 
 
-async def evaluate(
+@dataclass(frozen=True)
+class ScoredAnswer:
+    """One sampled answer to a held-out prompt, scored."""
+
+    prompt_index: int
+    reward: float
+    ok: bool
+    """False when the reward failed (timeout, error): the reward is then 0."""
+    num_tokens: int
+
+
+async def score_answers(
     proxy: GenerateClient,
     tokenizer: Any,
     samples: Sequence[TaskSample],
@@ -79,31 +91,40 @@ async def evaluate(
     max_new_tokens: int,
     seed: int,
     tag: str = "eval",
+    samples_per_prompt: int = 1,
     progress: Progress | None = None,
-) -> dict[str, float]:
-    """Mean reward, failure count and mean response length of one sample per held-out prompt."""
+) -> list[ScoredAnswer]:
+    """``samples_per_prompt`` answers to each sample, all requested at once (the proxy queues them), each
+    seeded by (run seed, prompt uid, answer index), so the same prompts give the same draws at every step."""
     done = Counter(progress)
 
-    async def one(sample: TaskSample) -> tuple[float, bool, int]:
+    async def one(index: int, sample: TaskSample, draw: int) -> ScoredAnswer:
         request = Request(
-            request_id=f"{tag}:{sample.uid}",
+            request_id=f"{tag}:{sample.uid}" + (f":{draw}" if draw else ""),
             prompt_token_ids=prompt_token_ids(sample, tokenizer),
             sampling=SamplingParams(
-                max_new_tokens=max_new_tokens, temperature=temperature, seed=request_seed(seed, sample.uid, 0)
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                seed=request_seed(seed, sample.uid, draw),
             ),
         )
         generation = await proxy.generate(request)
         text = tokenizer.decode(generation.token_ids, skip_special_tokens=True)
         result = await rewards.score(text, sample)
         done.one()
-        return result.reward, result.ok, generation.num_tokens
+        return ScoredAnswer(index, result.reward, result.ok, generation.num_tokens)
 
-    results = await asyncio.gather(*(one(s) for s in samples))
+    draws = [(i, s, d) for i, s in enumerate(samples) for d in range(samples_per_prompt)]
+    return list(await asyncio.gather(*(one(*draw) for draw in draws)))
+
+
+def summary_metrics(answers: Sequence[ScoredAnswer]) -> dict[str, float]:
+    """Mean reward, failure count and mean response length of one answer per held-out prompt."""
     return {
-        "eval/reward_mean": sum(r for r, _, _ in results) / len(results),
-        "eval/failed": float(sum(not ok for _, ok, _ in results)),
-        "eval/response_length_mean": sum(n for _, _, n in results) / len(results),
-        "eval/num_prompts": float(len(results)),
+        "eval/reward_mean": sum(a.reward for a in answers) / len(answers),
+        "eval/failed": float(sum(not a.ok for a in answers)),
+        "eval/response_length_mean": sum(a.num_tokens for a in answers) / len(answers),
+        "eval/num_prompts": float(len(answers)),
     }
 
 

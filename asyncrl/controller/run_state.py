@@ -38,6 +38,7 @@ from asyncrl.types import Group
 LEDGER_FILE = "ledger.jsonl"
 LEDGER_LINES = "ledger_lines"
 UNFINISHED = "unfinished"
+PENDING_EVALS = "pending_evals"
 
 
 class RunState:
@@ -59,6 +60,8 @@ class RunState:
         self.restored: dict[str, int] = {}
         self._pending_groups: list[tuple[int, Group]] = []
         self._num_lines = 0
+        self.pending_evals: list[int] = list((extra or {}).get(PENDING_EVALS, []))
+        """Steps whose evaluation during training was still running at the checkpoint resumed from."""
         if resumed_step is not None:
             truncate_after_step(out / "metrics.jsonl", resumed_step)
             counted = (extra or {}).get(LEDGER_LINES)
@@ -67,13 +70,17 @@ class RunState:
             self._load(extra)
         self._ledger = (out / LEDGER_FILE).open("a" if resumed_step is not None else "w", encoding="utf-8")
 
-    def checkpoint_extra(self, buffer: SampleBuffer | None) -> dict[str, Any]:
-        """The JSON a checkpoint keeps beside the trainer (see the module docstring)."""
+    def checkpoint_extra(
+        self, buffer: SampleBuffer | None, pending_evals: list[int] | None = None
+    ) -> dict[str, Any]:
+        """The JSON a checkpoint keeps beside the trainer (see the module docstring); ``pending_evals``: the
+        steps whose evaluation during training is still running."""
         return {
             "prompt_source": self.source.state_dict(),
             "buffered_groups": groups_to_data(buffer.snapshot()) if buffer is not None else [],
             "consumed_prompts": sorted(self.consumed),
             LEDGER_LINES: self._num_lines,
+            PENDING_EVALS: list(pending_evals or []),
         }
 
     def _load(self, extra: dict[str, Any]) -> None:

@@ -38,6 +38,9 @@ class RunSeries:
     """Per-step buffer series (``buffer/*`` metrics) where the run recorded them."""
     eval_before: float | None = None
     eval_after: float | None = None
+    evals: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    """Evaluation during training: ``<set>/<metric>`` (mean@k, pass@k) → (policy step evaluated, value), the
+    run's before and after evaluation included as its two ends."""
     facts: dict[str, Any] = field(default_factory=dict)
     spans: Spans | None = None
 
@@ -81,6 +84,8 @@ def write_report(run_dirs: list[str | Path], out_dir: str | Path, title: str = "
         "length.png": plot_lengths(runs, out / "length.png"),
         "staleness.png": plot_staleness(runs, out / "staleness.png"),
     }
+    if any(run.evals for run in runs):
+        figures["eval.png"] = plot_evals(runs, out / "eval.png")
     if any(run.buffer for run in runs):
         figures["buffer.png"] = plot_buffer(runs, out / "buffer.png")
     timed = [run for run in runs if run.spans]
@@ -113,6 +118,20 @@ def plot_reward(runs: list[RunSeries], path: Path) -> Path:
     by_step.set(xlabel="step", ylabel="train reward (mean)", title="reward (markers: held-out before/after)")
     by_time.set(xlabel="wall-clock (s)", ylabel="train reward (mean)", title="reward vs wall-clock")
     return _save(plt, fig, path, [by_step, by_time])
+
+
+def plot_evals(runs: list[RunSeries], path: Path) -> Path:
+    """Held-out sets scored during training, by the step whose policy was evaluated: mean@k (left) and pass@k
+    (right), one line per run and set."""
+    plt, fig, (means, passes) = _figure(1, 2)
+    for run in runs:
+        for key, points in sorted(run.evals.items()):
+            axis = means if "/mean@" in key else passes
+            steps, values = zip(*sorted(points), strict=True)
+            axis.plot(steps, values, marker="o", markersize=3, label=f"{run.name} {key}")
+    means.set(xlabel="step evaluated", ylabel="mean reward", title="held-out sets: mean@k")
+    passes.set(xlabel="step evaluated", ylabel="share of prompts", title="held-out sets: pass@k")
+    return _save(plt, fig, path, [means, passes])
 
 
 def plot_lengths(runs: list[RunSeries], path: Path) -> Path:
@@ -250,9 +269,29 @@ def _real_run(path: Path, spans: Spans | None) -> RunSeries:
         buffer={key: [float(r.get(key, float("nan"))) for r in records] for key in buffer_keys},
         eval_before=summary.get("eval_before", {}).get("eval/reward_mean"),
         eval_after=summary.get("eval_after", {}).get("eval/reward_mean"),
+        evals=_eval_series([summary.get("eval_before", {}), *records, summary.get("eval_after", {})]),
         facts={k: v for k, v in facts.items() if v is not None},
         spans=spans,
     )
+
+
+def _eval_series(records: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:
+    """``<set>/mean@k`` and ``<set>/pass@k`` points at the step each evaluation scored (``eval/<set>/step``)."""
+    series: dict[str, dict[int, float]] = {}
+    for record in records:
+        names = {key.split("/")[1] for key in record if key.startswith("eval/") and key.count("/") == 2}
+        for name in names:
+            step = record.get(f"eval/{name}/step")
+            means = [key for key in record if key.startswith(f"eval/{name}/mean@")]
+            if step is None or not means:
+                continue
+            k = means[0].rsplit("@", 1)[1]
+            for metric in (f"mean@{k}", f"pass@{k}"):
+                if f"eval/{name}/{metric}" in record:
+                    series.setdefault(f"{name}/{metric}", {})[int(step)] = float(
+                        record[f"eval/{name}/{metric}"]
+                    )
+    return {key: sorted(points.items()) for key, points in series.items()}
 
 
 def _simulated_run(path: Path, spans: Spans | None) -> RunSeries:
