@@ -27,6 +27,13 @@ dropped by the producer with a reason, or dropped by the buffer with a reason.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# `python bench/agentic.py` puts bench/ first on sys.path: make the checkout the import root, as `python -m` would
+if not __package__:
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
 import asyncio
 import collections
 import itertools
@@ -36,7 +43,6 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -13,13 +13,19 @@ the warm-start and RL wall times.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# `python bench/agentic_learning.py` puts bench/ first on sys.path: make the checkout the import root, as `python -m` would
+if not __package__:
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
 import asyncio
 import itertools
 import os
 import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")

@@ -17,14 +17,19 @@ the episodes the harness played, and the wall times.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# `python bench/agents_external.py` puts bench/ first on sys.path: make the checkout the import root, as `python -m` would
+if not __package__:
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
 import asyncio
 import itertools
 import os
 import subprocess
-import sys
 import tempfile
 from collections.abc import Callable
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")

@@ -47,6 +47,13 @@ full engine in async generates a sample in less core time than sync's tail does.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# `python bench/async_vs_sync.py` puts bench/ first on sys.path: make the checkout the import root, as `python -m` would
+if not __package__:
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
 import asyncio
 import dataclasses
 import os
@@ -54,7 +61,6 @@ import statistics
 import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -22,11 +22,17 @@ async gain within the sync gains' spread).
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# `python bench/default_run.py` puts bench/ first on sys.path: make the checkout the import root, as `python -m` would
+if not __package__:
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
 import asyncio
 import itertools
 import tempfile
 from collections.abc import Callable
-from pathlib import Path
 
 from asyncrl.app.train import train
 from asyncrl.cli.train import DEFAULT_EXAMPLE

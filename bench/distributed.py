@@ -19,6 +19,13 @@ seconds per GB per transport beside the simulator's constant ``sim.engine.weight
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# `python bench/distributed.py` puts bench/ first on sys.path: make the checkout the import root, as `python -m` would
+if not __package__:
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
 import os
 import time
 from collections.abc import Callable

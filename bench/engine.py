@@ -28,6 +28,13 @@ spawn, model load, engine build) is paid once, measured and recorded as ``setup.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# `python bench/engine.py` puts bench/ first on sys.path: make the checkout the import root, as `python -m` would
+if not __package__:
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
 import asyncio
 import functools
 import os

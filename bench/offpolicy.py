@@ -26,13 +26,19 @@ stopped and continued.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# `python bench/offpolicy.py` puts bench/ first on sys.path: make the checkout the import root, as `python -m` would
+if not __package__:
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
 import argparse
 import asyncio
 import json
 import os
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -20,6 +20,13 @@ of Ray's own daemons (raylet, GCS) is not counted.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# `python bench/ray_calls.py` puts bench/ first on sys.path: make the checkout the import root, as `python -m` would
+if not __package__:
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
 import asyncio
 import time
 from collections.abc import Callable

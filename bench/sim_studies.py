@@ -17,11 +17,17 @@ Writes bench/results/sim_studies.json. Run:
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# `python bench/sim_studies.py` puts bench/ first on sys.path: make the checkout the import root, as `python -m` would
+if not __package__:
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
 import argparse
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 from asyncrl.app.simulate import simulate

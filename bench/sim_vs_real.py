@@ -38,6 +38,13 @@ producer, rewards and proxy on the shared cores). The error column is how much t
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# `python bench/sim_vs_real.py` puts bench/ first on sys.path: make the checkout the import root, as `python -m` would
+if not __package__:
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
 import copy
 import dataclasses
 import multiprocessing
@@ -47,7 +54,6 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch

@@ -22,6 +22,13 @@ Writes bench/results/simulator.json. Run: ``python bench/simulator.py [--quick] 
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# `python bench/simulator.py` puts bench/ first on sys.path: make the checkout the import root, as `python -m` would
+if not __package__:
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
 import functools
 import os
 import time

@@ -25,6 +25,13 @@ Repeat i runs seed i (its own fault schedule), so the spread is across fault sch
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# `python bench/soak.py` puts bench/ first on sys.path: make the checkout the import root, as `python -m` would
+if not __package__:
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
 import asyncio
 import contextlib
 import itertools
@@ -34,7 +41,6 @@ import statistics
 import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -44,6 +44,13 @@ checkpoint it is seen there.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# `python bench/sync_vs_trl.py` puts bench/ first on sys.path: make the checkout the import root, as `python -m` would
+if not __package__:
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
 import asyncio
 import contextlib
 import itertools
@@ -54,7 +61,6 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -26,6 +26,13 @@ batch: the 21 M model would measure kernel launches there. Write it to ``bench/r
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# `python bench/trainer.py` puts bench/ first on sys.path: make the checkout the import root, as `python -m` would
+if not __package__:
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
 import time
 from collections.abc import Callable
 from typing import Any

@@ -16,11 +16,16 @@ sits where the docs discuss it, between ``<!-- bench:NAME:STUDY -->`` and ``<!--
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# `python scripts/bench_docs.py` puts scripts/ first on sys.path: make the checkout the import root, as `python -m` would
+if not __package__:
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
 import argparse
 import json
 import re
-import sys
-from pathlib import Path
 from typing import Any
 
 from bench.harness import SCHEMA_VERSION, check_schema

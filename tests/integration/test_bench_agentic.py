@@ -4,7 +4,6 @@ schema, and every run's episode ledger balances (the script asserts it; the coun
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,11 +13,10 @@ from bench import harness
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_agentic_bench_quick_writes_a_balanced_report(tmp_path: Path) -> None:
+def test_agentic_bench_quick_writes_a_balanced_report(tmp_path: Path, user_env: dict[str, str]) -> None:
     out = tmp_path / "agentic.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled"}
     command = [sys.executable, "bench/agentic.py", "--quick", "--out", str(out)]
-    subprocess.run(command, cwd=ROOT, env=env, check=True, capture_output=True, timeout=300)
+    subprocess.run(command, cwd=ROOT, env=user_env, check=True, capture_output=True, timeout=300)
     result = json.loads(out.read_text())
     harness.check_schema(result)
     assert result["benchmark"] == "agentic" and result["quick"] is True and "--quick" in result["command"]

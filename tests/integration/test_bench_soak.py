@@ -5,7 +5,6 @@ survived and no sample was lost. Timings (recovery, throughput dip) are recorded
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,11 +14,12 @@ from bench import harness
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_soak_quick_survives_every_fault_and_loses_no_sample(tmp_path: Path) -> None:
+def test_soak_quick_survives_every_fault_and_loses_no_sample(
+    tmp_path: Path, user_env: dict[str, str]
+) -> None:
     out = tmp_path / "soak.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled"}
     command = [sys.executable, "bench/soak.py", "--quick", "--out", str(out)]
-    subprocess.run(command, cwd=ROOT, env=env, check=True, capture_output=True, timeout=300)
+    subprocess.run(command, cwd=ROOT, env=user_env, check=True, capture_output=True, timeout=300)
     result = json.loads(out.read_text())
     harness.check_schema(result)
     assert result["benchmark"] == "soak" and result["quick"] is True and "--quick" in result["command"]

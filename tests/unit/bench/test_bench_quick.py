@@ -5,7 +5,6 @@ Asserts only that it ran and what it wrote is well-formed: timings are never ass
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -35,13 +34,12 @@ its episode ledgers."""
 
 
 @pytest.mark.parametrize("name", QUICK)
-def test_quick_run_writes_the_schema(name: str, tmp_path: Path) -> None:
+def test_quick_run_writes_the_schema(name: str, tmp_path: Path, user_env: dict[str, str]) -> None:
     out = tmp_path / f"{name}.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled"}
     subprocess.run(
         [sys.executable, f"bench/{name}.py", "--quick", "--out", str(out)],
         cwd=ROOT,
-        env=env,
+        env=user_env,
         check=True,
         capture_output=True,
         timeout=120,
@@ -52,12 +50,11 @@ def test_quick_run_writes_the_schema(name: str, tmp_path: Path) -> None:
     assert "--quick" in result["command"]
 
 
-def test_quick_agentic_example_run_writes_its_own_result(tmp_path: Path) -> None:
+def test_quick_agentic_example_run_writes_its_own_result(tmp_path: Path, user_env: dict[str, str]) -> None:
     """default_run.py --example agentic: the agentic example and its sync twin, under its own name."""
     out = tmp_path / "agentic_run.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled"}
     command = [sys.executable, "bench/default_run.py", "--quick", "--example", "agentic", "--out", str(out)]
-    subprocess.run(command, cwd=ROOT, env=env, check=True, capture_output=True, timeout=120)
+    subprocess.run(command, cwd=ROOT, env=user_env, check=True, capture_output=True, timeout=120)
     result = json.loads(out.read_text())
     harness.check_schema(result)
     assert result["benchmark"] == "agentic_run" and set(result["arms"]) == {"agentic", "sync", "sync_1thread"}
