@@ -7,7 +7,9 @@ samples; only the loss, the mode and the seed change. The default's group filter
 vary with the mode too.
 
 - settings: ``sync`` (α = 0, colocated, the baseline), ``async`` with α = 2 and with α = 8;
-- losses: ``ppo``, ``decoupled_ppo``, ``tis``, ``cispo``, ``topr`` with their default parameters;
+- recipes: the losses ``ppo``, ``decoupled_ppo``, ``tis``, ``cispo``, ``topr`` with their default parameters,
+  and the off-policy presets (``loss.preset``: ``icepop``, ``seq_mis``, ``geo_rs``, ``k3_rs``, ``opsm``,
+  ``m2po``; ``decoupled_ppo`` is the loss above), each over the default ``ppo`` loss unless it names its own;
 - seeds: 0, 1, 2 (seed of data order, sampling and evaluation).
 
 Each run reports held-out mean reward before and after (the run's own evaluation, temperature 1, the
@@ -20,7 +22,7 @@ seed-to-seed spread (or above) in a majority of pairs (the earlier rule, mean �
 Runs are written to the JSON as they finish; ``--resume`` skips the ones already there, so a long run can be
 stopped and continued.
 
-    python bench/offpolicy.py [--quick] [--steps 60] [--losses ppo tis] [--settings sync async_a2]
+    python bench/offpolicy.py [--quick] [--steps 60] [--losses ppo tis geo_rs] [--settings sync async_a2]
                               [--seeds 0 1 2] [--resume] [--out bench/results/offpolicy.json]
 """
 
@@ -44,6 +46,7 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from asyncrl.app.train import train  # noqa: E402
+from asyncrl.config.algorithm import PRESETS  # noqa: E402
 from asyncrl.config.run import load_run_config  # noqa: E402
 from bench import harness  # noqa: E402
 
@@ -51,6 +54,11 @@ DEFAULT_EXAMPLE = Path(__file__).resolve().parents[1] / "asyncrl" / "examples" /
 WORKLOAD = ("rollout.filter=none", "rollout.max_additional_running_prompts=0")
 """Every group trained, as when the study's results were measured (before the default filtered groups)."""
 LOSSES = ("ppo", "decoupled_ppo", "tis", "cispo", "topr")
+RECIPES: dict[str, tuple[str, ...]] = {
+    **{loss: (f"loss.name={loss}",) for loss in LOSSES},
+    **{name: (f"loss.preset={name}",) for name in PRESETS if name not in LOSSES},
+}
+"""Each row's ``loss``: a loss by name, or an off-policy preset (the rows keep the key ``loss`` either way)."""
 SETTINGS: dict[str, tuple[str, ...]] = {
     "sync": ("controller.mode=sync", "buffer.async_ratio=0"),
     "async_a2": ("controller.mode=async", "buffer.async_ratio=2"),
@@ -62,7 +70,7 @@ METRICS = ("reward_after", "reward_gain", "wall_s", "staleness_mean")
 def run_one(loss: str, setting: str, seed: int, args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     """Train one (loss, setting, seed) cell and return its row."""
     overrides = [
-        f"loss.name={loss}",
+        *RECIPES[loss],
         *SETTINGS[setting],
         f"seed={seed}",
         f"controller.num_steps={args.steps}",
@@ -140,7 +148,7 @@ def paired_vs_sync(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def targets(cells: dict[str, dict[str, Any]], losses: list[str]) -> dict[str, bool | None]:
-    """The issue's targets: async α=2 holds for every loss; α=8 holds for at least one loss."""
+    """The issue's targets: async α=2 holds for every recipe; α=8 holds for at least one."""
     a2 = [cells.get(f"{loss}/async_a2", {}).get("holds") for loss in losses]
     a8 = [h for loss in losses if (h := cells.get(f"{loss}/async_a8", {}).get("holds")) is not None]
     return {  # None: the runs the target needs are not all there
@@ -153,17 +161,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=60, help="training steps of every run (same samples)")
     parser.add_argument("--eval-prompts", type=int, default=256, help="held-out prompts of each evaluation")
-    parser.add_argument("--losses", nargs="+", default=list(LOSSES), choices=LOSSES)
+    parser.add_argument("--losses", nargs="+", default=list(RECIPES), choices=list(RECIPES))
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--quick", action="store_true", help="2 steps, 16 eval prompts, seed 0: a smoke test")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="2 steps, 16 eval prompts, seed 0, m2po sync and α = 8: a smoke test",
+    )
     parser.add_argument("--resume", action="store_true", help="keep the rows already in --out, run the rest")
     parser.add_argument("--out", default="bench/results/offpolicy.json")
     parser.add_argument("overrides", nargs="*", help="extra RunConfig overrides applied to every run")
     args = parser.parse_args()
     if args.quick:
         args.steps, args.eval_prompts, args.seeds = 2, 16, [0]
-        args.losses, args.settings = ["ppo"], ["sync", "async_a2"]
+        args.losses, args.settings = ["m2po"], ["sync", "async_a8"]
     out = Path(args.out)
     rows: list[dict[str, Any]] = json.loads(out.read_text())["runs"] if args.resume and out.exists() else []
     done = {(r["loss"], r["setting"], r["seed"]) for r in rows}

@@ -8,8 +8,9 @@ chosen mode default to ``None`` and setting them is an error; fields that apply 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 LossName = Literal["ppo", "grpo", "decoupled_ppo", "tis", "cispo", "topr", "reinforce"]
 LOSS_NAMES: tuple[str, ...] = get_args(LossName)
@@ -21,7 +22,7 @@ AdvantageName = Literal["grpo", "dr_grpo", "reinforce_pp", "reinforce_pp_baselin
 ADVANTAGE_NAMES: tuple[str, ...] = get_args(AdvantageName)
 ProximalMode = Literal["recompute", "loglinear"]
 MismatchGranularity = Literal["token", "sequence", "geometric"]
-MismatchMode = Literal["truncate", "mask"]
+MismatchMode = Literal["truncate", "mask", "reject"]
 
 DEFAULT_ADVANTAGE_EPS = 1e-6
 
@@ -79,11 +80,13 @@ class DecoupledPPOParams:
 class TISParams:
     """Truncated importance sampling: weight sg(min(π_θ/π_old, cap))."""
 
-    cap: float = 2.0
-    """Truncation threshold c of the importance ratio."""
+    cap: float | None = 2.0
+    """Truncation threshold c of the importance ratio; null leaves the ratio untruncated (plain importance
+    sampling, as M2PO uses it: its second-moment mask, not a cap, bounds the weights)."""
 
     def validate(self, prefix: str) -> None:
-        _check_positive(f"{prefix}.cap", self.cap)
+        if self.cap is not None:
+            _check_positive(f"{prefix}.cap", self.cap)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -150,22 +153,25 @@ class KLConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class MismatchConfig:
-    """Train–inference mismatch correction: importance weight π_train_old / π_infer, truncated or masked.
+    """Train–inference mismatch correction: importance weight π_train_old / π_infer, truncated, masked or used
+    only to reject.
 
-    ``cap`` applies only to mode 'truncate'; ``low`` and ``high`` only to mode 'mask'. Left as None they take
-    their defaults (cap 2.0; low 0.5, high 2.0); setting one that does not apply to the mode is an error.
+    ``cap`` applies only to mode 'truncate'; ``low`` and ``high`` only to modes 'mask' and 'reject'. Left as
+    None they take their defaults (cap 2.0; low 0.5, high 2.0); setting one that does not apply to the mode is
+    an error.
     """
 
     granularity: MismatchGranularity = "token"
     """'token' (per-token ratio), 'sequence' (product over the sequence) or 'geometric' (geometric mean)."""
     mode: MismatchMode = "truncate"
-    """'truncate': weight min(ratio, cap); 'mask': weight ratio inside [low, high], drop the unit outside."""
+    """'truncate': weight min(ratio, cap); 'mask': weight ratio inside [low, high], drop the unit outside
+    (masked IS); 'reject': weight 1 inside [low, high], drop the unit outside (rejection sampling, no IS weight)."""
     cap: float | None = None
     """Truncation threshold C (mode 'truncate'; default 2.0)."""
     low: float | None = None
-    """Lowest kept ratio (mode 'mask'; default 0.5)."""
+    """Lowest kept ratio (modes 'mask' and 'reject'; default 0.5)."""
     high: float | None = None
-    """Highest kept ratio (mode 'mask'; default 2.0)."""
+    """Highest kept ratio (modes 'mask' and 'reject'; default 2.0)."""
 
     def __post_init__(self) -> None:
         _check_choice("loss.mismatch.granularity", self.granularity, get_args(MismatchGranularity))
@@ -178,7 +184,9 @@ class MismatchConfig:
     def _truncate_defaults(self) -> None:
         for name in ("low", "high"):
             if getattr(self, name) is not None:
-                raise ValueError(f"loss.mismatch.{name} applies only to loss.mismatch.mode='mask'")
+                raise ValueError(
+                    f"loss.mismatch.{name} applies only to loss.mismatch.mode 'mask' or 'reject'"
+                )
         object.__setattr__(self, "cap", 2.0 if self.cap is None else self.cap)
         _check_positive("loss.mismatch.cap", self.cap)
 
@@ -189,6 +197,91 @@ class MismatchConfig:
         object.__setattr__(self, "high", 2.0 if self.high is None else self.high)
         if not 0 <= self.low < 1 < self.high:
             raise ValueError(f"loss.mismatch needs 0 <= low < 1 < high, got low={self.low}, high={self.high}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class OPSMConfig:
+    """Off-policy sequence masking (DeepSeek-V3.2): drop a negative-advantage sequence whose behaviour-to-current
+    KL, (1/|o|)·Σ_t log π_old/π_θ with π_old the engine's log-probs, exceeds ``delta``."""
+
+    delta: float = 1e-4
+    """KL threshold δ (slime's default; DeepSeek does not publish theirs)."""
+
+    def __post_init__(self) -> None:
+        if self.delta < 0:
+            raise ValueError(f"loss.opsm.delta must be >= 0, got {self.delta}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class M2POConfig:
+    """M2PO's second-moment trust region: at step start, mask the tokens with the largest (log π_θ/π_old)² until
+    the batch's mean of the rest is at most ``threshold``."""
+
+    threshold: float = 0.04
+    """τ_M2, the bound on the second moment of the log-ratio (the paper's default)."""
+
+    def __post_init__(self) -> None:
+        _check_positive("loss.m2po.threshold", self.threshold)
+
+
+@dataclass(frozen=True, kw_only=True)
+class K3RejectionConfig:
+    """K3-based sequence rejection: drop a sequence whose mean per-token K3 estimate of KL(π_infer‖π_train),
+    ρ − 1 − log ρ with ρ = π_train_old/π_infer, exceeds ``threshold``; kept sequences are not reweighted."""
+
+    threshold: float = 0.01
+    """Largest kept mean K3 (verl's K3-RS default)."""
+
+    def __post_init__(self) -> None:
+        _check_positive("loss.k3_rejection.threshold", self.threshold)
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "decoupled_ppo": {"name": "decoupled_ppo", "decoupled_ppo": {"proximal": "recompute"}},
+    "icepop": {"mismatch": {"granularity": "token", "mode": "mask", "low": 0.5, "high": 5.0}},
+    "seq_mis": {"mismatch": {"granularity": "sequence", "mode": "mask", "low": 0.5, "high": 2.0}},
+    "geo_rs": {"mismatch": {"granularity": "geometric", "mode": "reject", "low": 0.999, "high": 1.001}},
+    "k3_rs": {"k3_rejection": {"threshold": 0.01}},
+    "opsm": {"opsm": {"delta": 1e-4}},
+    "m2po": {"name": "tis", "tis": {"cap": None}, "m2po": {"threshold": 0.04}},
+}
+"""Named off-policy recipes: the ``loss`` keys each one sets (docs/algorithms.md maps them to verl's, slime's
+and OpenRLHF's names). Keys written next to ``loss.preset`` win over the preset's."""
+
+
+def expand_preset(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``loss`` section's plain data with its preset's keys filled in beneath the keys given (deep merge:
+    ``loss.preset=geo_rs loss.mismatch.high=1.002`` keeps the preset's mode and low)."""
+    name = data.get("preset")
+    if name is None:
+        return dict(data)
+    _check_choice("loss.preset", name, tuple(PRESETS))
+    return _merge(PRESETS[name], data)
+
+
+def preset_keys(name: str) -> list[str]:
+    """The dotted ``loss.*=value`` settings preset ``name`` stands for (as docs/algorithms.md lists them)."""
+    _check_choice("loss.preset", name, tuple(PRESETS))
+    return _dotted("loss", PRESETS[name])
+
+
+def _dotted(prefix: str, data: Mapping[str, Any]) -> list[str]:
+    keys = []
+    for key, value in data.items():
+        if isinstance(value, Mapping):
+            keys += _dotted(f"{prefix}.{key}", value)
+        else:
+            keys.append(f"{prefix}.{key}={'null' if value is None else value}")
+    return keys
+
+
+def _merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in over.items():
+        below = merged.get(key)
+        both_sections = isinstance(value, Mapping) and isinstance(below, Mapping)
+        merged[key] = _merge(below, value) if both_sections else value
+    return merged
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -221,26 +314,55 @@ class LossConfig:
     """KL(π_θ‖π_ref) penalty, applicable to every loss."""
     mismatch: MismatchConfig | None = None
     """Train–inference mismatch correction; None disables it (the engine's log-probs are then π_old)."""
+    k3_rejection: K3RejectionConfig | None = None
+    """K3-based sequence rejection on π_train_old/π_infer (like mismatch, π_old becomes the trainer's
+    recompute); None disables it."""
+    opsm: OPSMConfig | None = None
+    """Off-policy sequence masking of negative-advantage sequences; None disables it."""
+    m2po: M2POConfig | None = None
+    """M2PO's second-moment token mask; None disables it."""
+    preset: str | None = None
+    """A named off-policy recipe filling the keys above (see ``PRESETS``): decoupled_ppo, icepop, seq_mis,
+    geo_rs, k3_rs, opsm or m2po. Keys set alongside it win over the preset's."""
+
+    @classmethod
+    def expand_data(cls, data: Mapping[str, Any]) -> dict[str, Any]:
+        """Plain data with the preset's keys merged in beneath the given ones (the config loader calls this)."""
+        return expand_preset(data)
 
     def __post_init__(self) -> None:
+        self._fill_preset()
         _check_choice("loss.name", self.name, LOSS_NAMES)
         _check_choice("loss.aggregation", self.aggregation, AGGREGATIONS)
         self._check_norm_length()
         self._check_sections()
         self._check_combinations()
 
+    def _fill_preset(self) -> None:
+        """For configs built in Python: the preset's sections fill those left unset, and its loss name replaces
+        the default one (the loader merges key by key instead, see ``expand_data``)."""
+        if self.preset is None:
+            return
+        _check_choice("loss.preset", self.preset, tuple(PRESETS))
+        for key, value in PRESETS[self.preset].items():
+            if key == "name":
+                if self.name == "ppo":
+                    object.__setattr__(self, "name", value)
+            elif getattr(self, key) is None:
+                object.__setattr__(self, key, _SECTION_TYPES[key](**value))
+
     def _check_combinations(self) -> None:
         """Settings that are valid alone but contradict each other."""
         params = self.params
         if (
-            self.mismatch is not None
+            self.needs_train_behaviour
             and isinstance(params, DecoupledPPOParams)
             and params.proximal == "loglinear"
         ):
             raise ValueError(
-                "loss.decoupled_ppo.proximal='loglinear' cannot be combined with loss.mismatch: the mismatch "
-                "correction's π_train_old is the step-start policy (π_prox) from a forward pass anyway; "
-                "use loss.decoupled_ppo.proximal='recompute'"
+                "loss.decoupled_ppo.proximal='loglinear' cannot be combined with loss.mismatch, "
+                "loss.k3_rejection or loss.m2po: they read the step-start policy (π_prox) from a forward pass "
+                "anyway; use loss.decoupled_ppo.proximal='recompute'"
             )
         if self.name == "grpo" and self.kl.beta <= 0:
             raise ValueError(
@@ -291,8 +413,24 @@ class LossConfig:
 
     @property
     def needs_train_behaviour(self) -> bool:
-        """Whether the trainer must recompute the behaviour log-probs with its own weights (mismatch)."""
-        return self.mismatch is not None
+        """Whether the trainer must recompute the behaviour log-probs with its own weights at step start
+        (mismatch, K3 rejection and M2PO read them)."""
+        return self.mismatch is not None or self.k3_rejection is not None or self.m2po is not None
+
+    @property
+    def replaces_behaviour(self) -> bool:
+        """Whether the loss uses the trainer's recompute as π_old (mismatch and K3 rejection: decoupled)."""
+        return self.mismatch is not None or self.k3_rejection is not None
+
+
+_SECTION_TYPES: dict[str, type] = {
+    "mismatch": MismatchConfig,
+    "k3_rejection": K3RejectionConfig,
+    "opsm": OPSMConfig,
+    "m2po": M2POConfig,
+    **{name: t for name, t in LOSS_PARAM_TYPES.items() if t is not None},
+}
+"""The section class of each ``loss`` key a preset can fill."""
 
 
 @dataclass(frozen=True, kw_only=True)

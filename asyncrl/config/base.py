@@ -2,7 +2,9 @@
 
 Key decision: one generic, recursive converter driven by the dataclasses' type hints, so a new config
 section needs no loader code. It is strict: unknown keys and wrong types are ``ConfigError``s naming the
-dotted key (and the closest valid key); the only coercion is int -> float.
+dotted key (and the closest valid key); the only coercion is int -> float. A section class may define a
+classmethod ``expand_data(data) -> data`` that rewrites its plain data before conversion (``loss.preset``
+fills in the keys of a named recipe this way).
 """
 
 from __future__ import annotations
@@ -174,6 +176,12 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
 def _convert_dataclass(value: Any, cls: type, key: str) -> Any:
     if not isinstance(value, Mapping):
         raise _type_error(key, "mapping of keys", value)
+    expand = getattr(cls, "expand_data", None)
+    if expand is not None:  # a section that rewrites its own data first (e.g. ``loss.preset``)
+        try:
+            value = expand(value)
+        except ValueError as err:
+            raise ConfigError(str(err)) from err
     types_by_name = field_types(cls)
     for name in value:
         if name not in types_by_name:

@@ -47,7 +47,8 @@ from asyncrl.trainer.distributed.normalisation import (
 from asyncrl.trainer.distributed.parallel import Parallelism, SingleProcess, agreed_count, local_rows
 from asyncrl.trainer.logprobs import TokenLogProbModule, TokenLogProbs, autocast
 from asyncrl.trainer.losses import PolicyLossInputs, compute_policy_loss
-from asyncrl.trainer.mismatch import compute_mismatch_correction
+from asyncrl.trainer.mismatch import compute_step_start_correction
+from asyncrl.trainer.offpolicy import m2po_keep
 from asyncrl.trainer.optim import build_optimizer, build_scheduler, clip_gradients
 from asyncrl.types import Group, TrainBatch
 
@@ -120,8 +121,7 @@ class Trainer:
             plan_mini_batches(batch.num_samples, self.config.num_mini_batches, self._shuffle(epoch))
             for epoch in range(self.config.ppo_epochs)
         ]
-        mine = sorted({row for plan in plans for rows in plan for row in local_rows(self.parallel, rows)})
-        fixed = self._step_start_logprobs(batch, mine)
+        fixed, start_metrics = self._step_start_logprobs(batch)
         fixed[_AGGREGATION_MASK] = self._aggregation_mask(batch, fixed)
         metrics = _MetricMerger()
         for plan in plans:
@@ -130,7 +130,8 @@ class Trainer:
         self.scheduler.step()
         self.step += 1
         self.version = policy_version + 1
-        return {**metrics.result(), **self._step_metrics(batch, lr, time.perf_counter() - started)}
+        elapsed = time.perf_counter() - started
+        return {**metrics.result(), **start_metrics, **self._step_metrics(batch, lr, elapsed)}
 
     def make_batch(self, groups: Sequence[Group]) -> TrainBatch:
         """Advantages of ``groups``' rewards and the padded batch, on the model's device."""
@@ -189,51 +190,67 @@ class Trainer:
         seed = np.random.SeedSequence([self.config.seed, self.step, epoch]).generate_state(1)[0]
         return torch.Generator().manual_seed(int(seed))
 
-    def _step_start_logprobs(self, batch: TrainBatch, rows: list[int]) -> dict[str, torch.Tensor]:
-        """The no-grad [B, T] log-prob inputs the loss config asks for, from the weights at step start, filled
-        for ``rows`` (this rank's rows of the whole step; zero elsewhere)."""
+    def _step_start_logprobs(self, batch: TrainBatch) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        """The no-grad [B, T] log-prob inputs the loss config asks for, from the weights at step start, for
+        every row of the step (each rank computes its share, then all are exchanged: batch-wide statistics,
+        M2PO's mask among them, need every row), and the metrics of what they decided."""
         fixed: dict[str, torch.Tensor] = {}
+        metrics: dict[str, float] = {}
         loss_config = self.loss_config
         if loss_config.needs_proximal_forward or loss_config.needs_train_behaviour:
             # One forward serves both: at step start the proximal policy is the trainer's behaviour recompute.
-            policy = self._logprobs_no_grad(self.policy, batch, rows)
+            policy = self._logprobs_no_grad(self.policy, batch)
             if loss_config.needs_proximal_forward:
                 fixed["proximal_logprobs"] = policy
             if loss_config.needs_train_behaviour:
                 fixed["train_behaviour_logprobs"] = policy
         if self.reference is not None:
-            fixed["ref_logprobs"] = self._logprobs_no_grad(self.reference, batch, rows)
-        return fixed
+            fixed["ref_logprobs"] = self._logprobs_no_grad(self.reference, batch)
+        if loss_config.m2po is not None:
+            log_ratio = fixed["train_behaviour_logprobs"] - batch.behaviour_logprobs
+            fixed["m2po_mask"], metrics["m2po/second_moment"] = m2po_keep(
+                log_ratio, batch.loss_mask, loss_config.m2po.threshold
+            )
+        return fixed, metrics
 
     def _aggregation_mask(self, batch: TrainBatch, fixed: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The mask the loss aggregates over: the loss mask, less what mismatch correction drops.
+        """The mask the loss aggregates over: the loss mask, less what mismatch correction and K3 rejection
+        drop.
 
         The correction is computed per row from step-start tensors, so it is the same whichever micro-batch a
         row lands in; accumulation weights use it so that dropped tokens leave every denominator.
         """
-        if self.loss_config.mismatch is None:
+        if not self.loss_config.replaces_behaviour:
             return batch.loss_mask
-        correction = compute_mismatch_correction(
-            fixed["train_behaviour_logprobs"],
-            batch.behaviour_logprobs,
-            batch.loss_mask,
-            self.loss_config.mismatch,
+        correction = compute_step_start_correction(
+            fixed["train_behaviour_logprobs"], batch.behaviour_logprobs, batch.loss_mask, self.loss_config
         )
         return batch.loss_mask * correction.mask
 
     @torch.no_grad()
-    def _logprobs_no_grad(self, module: nn.Module, batch: TrainBatch, rows: list[int]) -> torch.Tensor:
-        out = torch.zeros_like(batch.loss_mask)
+    def _logprobs_no_grad(self, module: nn.Module, batch: TrainBatch) -> torch.Tensor:
+        """``module``'s log-probs of every row: this rank computes its strided share, ranks exchange shares."""
+        rows = local_rows(self.parallel, list(range(batch.num_samples)))
+        share = torch.zeros_like(batch.loss_mask[rows])
         local = self._plan_micro_batches(select_rows(batch, rows)) if rows else []
-        plans = [[rows[i] for i in micro] for micro in local]
-        passes = agreed_count(self.parallel, len(plans))  # before any pass: the count is a collective too
-        for micro_rows in plans:
-            micro = select_rows(batch, micro_rows)
-            width = micro.input_ids.shape[1]
-            out[torch.tensor(micro_rows, device=out.device), :width] = self._forward(module, micro).logprobs
-        for _ in range(passes - len(plans)):
+        passes = agreed_count(self.parallel, len(local))  # before any pass: the count is a collective too
+        for micro in local:
+            sub = select_rows(batch, [rows[i] for i in micro])
+            width = sub.input_ids.shape[1]
+            share[torch.tensor(micro, device=share.device), :width] = self._forward(module, sub).logprobs
+        for _ in range(passes - len(local)):
             self._forward(module, select_rows(batch, [0]))  # keeps FSDP2's all-gathers in step
-        return out
+        return self._exchanged(rows, share)
+
+    def _exchanged(self, rows: list[int], share: torch.Tensor) -> torch.Tensor:
+        """The [B, T] tensor assembled from every rank's (rows, [rows, T] share); one process: its share."""
+        if self.parallel.world_size == 1:
+            return share
+        parts = self.parallel.gather((rows, share.cpu()))
+        full = torch.zeros((sum(len(r) for r, _ in parts), share.shape[1]), dtype=share.dtype)
+        for part_rows, part in parts:
+            full[part_rows] = part
+        return full.to(share.device)
 
     def _plan_micro_batches(self, batch: TrainBatch) -> list[list[int]]:
         """Micro-batches within the token budget: real tokens when packing, padded rows × width otherwise."""

@@ -45,6 +45,8 @@ class PolicyLossInputs:
     """Version of the trainer's weights at the start of this step, i.e. π_prox's version."""
     sequence_rewards: torch.Tensor | None = None
     """Per-sample rewards [B] (topr splits positive from negative trajectories by them)."""
+    m2po_mask: torch.Tensor | None = None
+    """M2PO's keep-mask, computed by the trainer over the whole batch at step start (loss.m2po)."""
 
     def require(self, name: str, user: str) -> Any:
         """The optional field ``name``, or a ValueError saying that ``user`` (e.g. "loss 'topr'") needs it."""

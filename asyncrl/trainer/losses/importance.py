@@ -19,10 +19,11 @@ def detached_ratio(inputs: PolicyLossInputs) -> torch.Tensor:
 
 @register_loss("tis")
 def tis_loss(inputs: PolicyLossInputs, params: TISParams) -> tuple[torch.Tensor, dict[str, float]]:
-    """−sg(min(r, c))·A·log π_θ."""
+    """−sg(min(r, c))·A·log π_θ; with no cap, −sg(r)·A·log π_θ (plain importance sampling)."""
     ratio = detached_ratio(inputs)
-    weight = ratio.clamp(max=params.cap)
-    metrics = clip_metrics(torch.zeros_like(ratio, dtype=torch.bool), ratio > params.cap, inputs.loss_mask)
+    weight = ratio if params.cap is None else ratio.clamp(max=params.cap)
+    never = torch.zeros_like(ratio, dtype=torch.bool)
+    metrics = clip_metrics(never, never if params.cap is None else ratio > params.cap, inputs.loss_mask)
     metrics |= masked_stats(ratio, inputs.loss_mask, "ratio") | masked_stats(
         weight, inputs.loss_mask, "is_weight"
     )

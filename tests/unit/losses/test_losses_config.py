@@ -111,7 +111,10 @@ def test_mismatch_fills_only_the_parameters_of_its_mode():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"mode": "truncate", "low": 0.5}, "loss.mismatch.low applies only to loss.mismatch.mode='mask'"),
+        (
+            {"mode": "truncate", "low": 0.5},
+            "loss.mismatch.low applies only to loss.mismatch.mode 'mask' or 'reject'",
+        ),
         ({"mode": "mask", "cap": 2.0}, "loss.mismatch.cap applies only to loss.mismatch.mode='truncate'"),
         ({"mode": "mask", "low": 1.2}, "0 <= low < 1 < high"),
         ({"granularity": "batch"}, "'token', 'sequence', 'geometric'"),

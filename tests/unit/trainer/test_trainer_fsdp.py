@@ -3,9 +3,9 @@
 For every loss aggregation mode and the 1x4, 2x2 and 4x1 ranks x micro-batches splits of an 8-sample batch
 (every sample 14 tokens long with different loss masks, so the padded token budget fixes the micro-batch
 count exactly), and for the losses that read step-start forwards (reference KL, decoupled proximal recompute,
-mismatch masking) with packing, two mini-batches and two PPO epochs: gradients, updated weights, loss and
-gradient norm agree to 1e-5 relative (see the checks for what relative means). The compared gradients are
-checked to be non-zero, so the check can fail.
+mismatch masking, the OPSM / K3 / M2PO masks) with packing, two mini-batches and two PPO epochs: gradients,
+updated weights, loss and gradient norm agree to 1e-5 relative (see the checks for what relative means). The
+compared gradients are checked to be non-zero, so the check can fail.
 """
 
 from __future__ import annotations
@@ -20,9 +20,12 @@ from asyncrl.config.algorithm import (
     AGGREGATIONS,
     AdvantageConfig,
     DecoupledPPOParams,
+    K3RejectionConfig,
     KLConfig,
     LossConfig,
+    M2POConfig,
     MismatchConfig,
+    OPSMConfig,
 )
 from asyncrl.config.trainer import TrainerConfig
 from asyncrl.testing.ranks import run_ranks
@@ -73,6 +76,16 @@ def _cases() -> dict[str, tuple[LossConfig, dict, str]]:
     )
     cases["mismatch-mask"] = (
         LossConfig(name="ppo", mismatch=MismatchConfig(granularity="token", mode="mask", low=0.5, high=2.0)),
+        multi_pass,
+        "random",
+    )
+    cases["offpolicy-masks"] = (  # M2PO's mask is batch-wide: ranks must see every row's log-ratio
+        LossConfig(
+            name="ppo",
+            opsm=OPSMConfig(delta=0.05),
+            k3_rejection=K3RejectionConfig(threshold=0.06),
+            m2po=M2POConfig(threshold=0.05),
+        ),
         multi_pass,
         "random",
     )
