@@ -242,6 +242,32 @@ class TrajectoryStatus(str, enum.Enum):
         return self in (TrajectoryStatus.COMPLETED, TrajectoryStatus.TRUNCATED)
 
 
+@dataclass(frozen=True)
+class PlacedRewards:
+    """A reward credited to parts of a text, for per-token or per-step rewards: each ``(offset, value)`` lands on
+    the token that produced the character at ``offset`` of the text scored (an offset at or past the end: its
+    last token). Reward functions (for the response) and environments (for one turn's response) return it
+    instead of a float; a float lands on the last token. The reward of the whole is ``total``."""
+
+    points: tuple[tuple[int, float], ...]
+
+    def __post_init__(self) -> None:
+        points = tuple(tuple(point) for point in self.points)
+        for point in points:
+            offset, value = point if len(point) == 2 else (None, None)
+            if not (
+                _is_a(offset, int) and offset >= 0 and _is_a(value, float | int) and math.isfinite(value)
+            ):
+                raise ValueError(
+                    f"PlacedRewards: each point must be (offset >= 0, finite value), got {point!r}"
+                )
+        object.__setattr__(self, "points", tuple((int(o), float(v)) for o, v in points))
+
+    @property
+    def total(self) -> float:
+        return sum(value for _, value in self.points)
+
+
 @dataclass(kw_only=True)
 class Trajectory:
     """One response (RLVR) or one multi-turn episode (agentic), flattened to a token sequence.
@@ -250,6 +276,11 @@ class Trajectory:
     prompt and environment tokens; ``logprobs`` and ``versions`` are aligned with ``token_ids`` (0.0 and -1 where
     the mask is 0). ``start_version`` is the policy version that began the trajectory: staleness is measured
     from it. The sequences are lists, or ``RleSequence`` in the simulator (see ``Generation``).
+
+    ``reward`` is the trajectory's total; ``token_rewards``, when set, says where it fell: aligned with
+    ``token_ids``, non-zero only on model tokens (an agentic turn's reward on that turn's last token, a placed
+    reward on its token), summing to ``reward``. None puts all of ``reward`` on the last model token. Group
+    estimators (GRPO) read the total; GAE reads the rewards where they fall.
     """
 
     prompt_uid: str
@@ -266,6 +297,7 @@ class Trajectory:
     response_text: str = ""
     info: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    token_rewards: Sequence[float] | None = None
 
     @property
     def uid(self) -> str:
@@ -320,6 +352,9 @@ class TrainBatch:
     token_versions: torch.Tensor  # [B, T] long, -1 where loss_mask is 0
     rewards: torch.Tensor  # [B] float
     advantages: torch.Tensor  # [B, T] float, broadcast over the sample's tokens
+    token_rewards: (
+        torch.Tensor
+    )  # [B, T] float, each reward on the token it fell on (a total: last model token)
     start_versions: torch.Tensor  # [B] long
     group_ids: torch.Tensor  # [B] long, index of the sample's group within the batch
     sample_uids: list[str] = field(default_factory=list)

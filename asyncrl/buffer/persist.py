@@ -53,6 +53,7 @@ def _trajectory_to_data(trajectory: Trajectory) -> dict[str, Any]:
         "response_text": trajectory.response_text,
         "info": _plain(trajectory.info),
         "timings": _plain(trajectory.timings),
+        "token_rewards": None if trajectory.token_rewards is None else list(trajectory.token_rewards),
     }
 
 

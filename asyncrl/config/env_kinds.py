@@ -29,6 +29,10 @@ class SokobanConfig:
     """Subtracted for a response that is not exactly one of up/down/left/right (the room is unchanged)."""
     step_penalty: float = 0.0
     """Subtracted for every valid move (a push against a wall included); favours short solutions."""
+    distance_shaping: float = 0.0
+    """Per-turn shaping: each move earns this × the decrease in the boxes' total distance (Manhattan, each box
+    to its nearest target), so a push toward a target pays on its own turn and one away costs. Potential-based
+    (Ng et al. 1999), so the best policy stays the best; 0 disables it."""
 
     def __post_init__(self) -> None:
         if self.size < 4:
@@ -40,7 +44,7 @@ class SokobanConfig:
             raise ValueError(f"env.sokoban.num_pulls must be >= 1, got {self.num_pulls}")
         if not 0 <= self.num_inner_walls <= floor - 2 * self.num_boxes - 1:
             raise ValueError(f"env.sokoban.num_inner_walls must be in [0, {floor - 2 * self.num_boxes - 1}]")
-        for name in ("invalid_action_penalty", "step_penalty"):
+        for name in ("invalid_action_penalty", "step_penalty", "distance_shaping"):
             if getattr(self, name) < 0:
                 raise ValueError(
                     f"env.sokoban.{name} must be >= 0 (it is subtracted), got {getattr(self, name)}"

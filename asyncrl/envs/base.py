@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, NamedTuple, Protocol
 
+from asyncrl.types import PlacedRewards
+
 
 class EnvError(RuntimeError):
     """An environment failed (crashed, lost its sandbox): the EnvManager records it and replaces the env."""
@@ -17,10 +19,13 @@ class EnvError(RuntimeError):
 
 class StepResult(NamedTuple):
     """What ``step`` returns, in gymnasium's order: the next observation (text appended to the context),
-    the reward of this step, whether the episode ended by itself (terminated) or was cut off (truncated)."""
+    the reward of this step, whether the episode ended by itself (terminated) or was cut off (truncated).
+
+    The reward is credited to the response the step answered: a float on its last token (a per-turn reward),
+    ``PlacedRewards`` on the tokens its character offsets into the action text name (per-token rewards)."""
 
     observation: str
-    reward: float
+    reward: float | PlacedRewards
     terminated: bool
     truncated: bool
     info: dict[str, Any]

@@ -9,7 +9,8 @@ The observation is the room as text, one row a line: ``#`` wall, ``_`` floor, ``
 ``up``/``down``/``left``/``right`` or its initial ``u``/``d``/``l``/``r`` (case and surrounding whitespace
 ignored; the one-letter form is one token for a tiny tokenizer); anything else costs
 ``invalid_action_penalty`` and leaves the room unchanged. Putting the last box on a target earns
-``reward_solved`` and ends the episode.
+``reward_solved`` and ends the episode. With ``distance_shaping`` every move also earns a per-turn reward for
+bringing boxes closer to targets (see ``SokobanConfig``).
 """
 
 from __future__ import annotations
@@ -201,9 +202,16 @@ class SokobanEnv:
         before = self.room
         self.room = push(self.room, move)
         solved = self.room.solved
-        reward = (self.config.reward_solved if solved else 0.0) - self.config.step_penalty
-        info = {"invalid": False, "moved": self.room != before, "solved": solved}
+        shaping = self.config.distance_shaping * (box_distance(before) - box_distance(self.room))
+        reward = (self.config.reward_solved if solved else 0.0) - self.config.step_penalty + shaping
+        info = {"invalid": False, "moved": self.room != before, "solved": solved, "shaping": shaping}
         return StepResult("" if solved else render(self.room), reward, solved, False, info)
+
+
+def box_distance(room: Room) -> int:
+    """Σ over boxes of the Manhattan distance to the nearest target: 0 exactly when solved (the shaping
+    potential)."""
+    return sum(min(abs(b[0] - t[0]) + abs(b[1] - t[1]) for t in room.targets) for b in room.boxes)
 
 
 def shortest_solution(room: Room, max_moves: int = 40) -> list[str] | None:

@@ -1,6 +1,8 @@
 """Reward functions by name: built-ins register themselves; ``pkg.module:function`` imports a user one.
 
-A reward function is ``reward_fn(response_text, sample) -> float`` or ``-> (float, info_dict)``. A reward
+A reward function is ``reward_fn(response_text, sample) -> float`` or ``-> (float, info_dict)``; in place of
+the float it may return ``asyncrl.types.PlacedRewards`` to credit parts of the response (per-token or per-step
+rewards, by character offset): GAE then sees each where it falls, group estimators their total. A reward
 that needs setup from the reward config (the ``code`` reward's sandbox) registers a factory instead:
 ``factory(reward_config) -> reward_fn``; callers build it once and keep it.
 """
@@ -13,8 +15,9 @@ from typing import Any
 
 from asyncrl.config.reward import RewardConfig
 from asyncrl.data.base import TaskSample
+from asyncrl.types import PlacedRewards
 
-RewardOutput = float | tuple[float, dict[str, Any]]
+RewardOutput = float | PlacedRewards | tuple[float | PlacedRewards, dict[str, Any]]
 RewardFn = Callable[[str, TaskSample], RewardOutput]
 RewardFactory = Callable[[RewardConfig], RewardFn]
 

@@ -24,6 +24,7 @@ from typing import Any
 from asyncrl.config.reward import RewardConfig
 from asyncrl.data.base import TaskSample
 from asyncrl.rewards.registry import RewardFn, get_reward
+from asyncrl.types import PlacedRewards
 
 
 class RewardStatus(str, enum.Enum):
@@ -42,6 +43,8 @@ class RewardResult:
     reason: str = ""
     info: dict[str, Any] = field(default_factory=dict)
     elapsed_s: float = 0.0
+    placed: PlacedRewards | None = None
+    """Where in the response the reward fell, when the function placed it (``reward`` is its total)."""
 
     @property
     def ok(self) -> bool:
@@ -66,12 +69,16 @@ class ConfiguredReward:
         if name:
             self._reward(name)  # fail at construction, not on the first sample
 
-    def __call__(self, response_text: str, sample: TaskSample) -> tuple[float, dict[str, Any]]:
+    def __call__(
+        self, response_text: str, sample: TaskSample
+    ) -> tuple[float | PlacedRewards, dict[str, Any]]:
         reward, info = as_reward_and_info(self._reward(self.name or sample.reward)(response_text, sample))
         if self.format_weight:
             format_score, _ = as_reward_and_info(self._reward("format")(response_text, sample))
-            info = {**info, "format": format_score}
-            reward += self.format_weight * format_score
+            info = {**info, "format": total_reward(format_score)}
+            reward = with_reward_at_end(
+                reward, self.format_weight * total_reward(format_score), response_text
+            )
         return reward, info
 
     def _reward(self, name: str) -> RewardFn:
@@ -93,14 +100,28 @@ def make_reward_fn(config: RewardConfig) -> ConfiguredReward:
     return ConfiguredReward(config.name, config.format_weight, config)
 
 
-def as_reward_and_info(output: Any) -> tuple[float, dict[str, Any]]:
-    """Normalise a reward function's output to (finite float, info dict); ValueError if it is neither form."""
+def as_reward_and_info(output: Any) -> tuple[float | PlacedRewards, dict[str, Any]]:
+    """Normalise a reward function's output to (finite float or ``PlacedRewards``, info dict); ValueError if it
+    is none of the forms."""
     reward, info = output if isinstance(output, tuple) and len(output) == 2 else (output, {})
-    if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
-        raise ValueError(f"reward must be a finite number, got {reward!r}")
+    if not isinstance(reward, PlacedRewards) and (
+        isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward)
+    ):
+        raise ValueError(f"reward must be a finite number or PlacedRewards, got {reward!r}")
     if not isinstance(info, dict):
         raise ValueError(f"reward info must be a dict, got {type(info).__name__}")
-    return float(reward), info
+    return (reward if isinstance(reward, PlacedRewards) else float(reward)), info
+
+
+def total_reward(reward: float | PlacedRewards) -> float:
+    return reward.total if isinstance(reward, PlacedRewards) else float(reward)
+
+
+def with_reward_at_end(reward: float | PlacedRewards, extra: float, text: str) -> float | PlacedRewards:
+    """``reward`` plus ``extra`` credited to the text's last token (a float stays a float)."""
+    if isinstance(reward, PlacedRewards):
+        return PlacedRewards(reward.points + ((len(text), extra),))
+    return reward + extra
 
 
 class RewardService:
@@ -152,7 +173,11 @@ class RewardService:
         finally:
             self.counts["scored"] += 1
         return RewardResult(
-            reward=reward, status=RewardStatus.OK, info=info, elapsed_s=time.perf_counter() - start
+            reward=total_reward(reward),
+            status=RewardStatus.OK,
+            info=info,
+            elapsed_s=time.perf_counter() - start,
+            placed=reward if isinstance(reward, PlacedRewards) else None,
         )
 
     async def score_many(self, pairs: Sequence[tuple[str, TaskSample]]) -> list[RewardResult]:

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Awaitable, Callable
+import math
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from asyncrl.config.env import EnvManagerConfig
@@ -24,7 +25,7 @@ from asyncrl.envs.base import Env
 from asyncrl.rollout.episode import Episode
 from asyncrl.rollout.lockstep import Lockstep
 from asyncrl.rollout.rlvr_producer import GenerateClient, request_seed, response_text, sampling_params
-from asyncrl.types import FinishReason, Request, Trajectory, TrajectoryStatus
+from asyncrl.types import FinishReason, PlacedRewards, Request, Trajectory, TrajectoryStatus
 
 T = TypeVar("T")
 
@@ -75,6 +76,16 @@ class GroupControl:
         await asyncio.gather(*(self.proxy.abort(rid) for rid in list(self.live_requests)))
 
 
+def checked_reward(reward: Any) -> float | PlacedRewards:
+    """An env step's reward, or ``EnvFailure`` saying why it cannot be one (the episode fails, the env is
+    replaced, as for any env fault)."""
+    if isinstance(reward, PlacedRewards):
+        return reward
+    if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
+        raise EnvFailure(f"env step returned reward {reward!r}: a finite number or PlacedRewards is needed")
+    return float(reward)
+
+
 class EnvManager:
     """One env slot; ``run_episode`` plays one episode on it and always returns its trajectory."""
 
@@ -122,7 +133,7 @@ class EnvManager:
             await self._generate(episode, group)
             await group.sync()
             result = await self._env_call(group, episode, lambda: self.env.step(episode.responses[-1]))
-            episode.reward += result.reward
+            episode.credit_turn(checked_reward(result.reward), self._decode)
             self._after_step(episode, result.terminated, result.truncated, result.observation)
 
     def _after_step(self, episode: Episode, terminated: bool, truncated: bool, observation: str) -> None:
@@ -186,6 +197,9 @@ class EnvManager:
         if error is not None:
             raise EnvFailure(f"env failed: {type(error).__name__}: {error}")
         return task.result()
+
+    def _decode(self, token_ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
     def _replace_env(self) -> None:
         self.env = self.make_env()

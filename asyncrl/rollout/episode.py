@@ -2,6 +2,8 @@
 
 The context is the initial observation, then each model response (loss mask 1, with its behaviour log-probs
 and versions) followed by the environment's observation (mask 0). Each turn's request is the whole context.
+Each env step's reward is credited to that turn's response: a float on its last token, ``PlacedRewards`` on
+the tokens its offsets name; the episode's reward is their sum.
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from asyncrl.types import Generation, Trajectory, TrajectoryStatus
+from asyncrl.rollout.reward_placement import Decode, rewards_on_tokens
+from asyncrl.types import Generation, PlacedRewards, Trajectory, TrajectoryStatus
 
 
 @dataclass
@@ -27,6 +30,9 @@ class Episode:
     versions: list[int] = field(default_factory=list)
     num_prompt_tokens: int = 0
     responses: list[str] = field(default_factory=list)
+    token_rewards: list[float] = field(default_factory=list)
+    last_response_span: tuple[int, int] = (0, 0)
+    """[start, end) of the latest response's tokens: where the next env step's reward goes."""
     reward: float = 0.0
     status: TrajectoryStatus | None = None
     reason: str = ""
@@ -47,10 +53,12 @@ class Episode:
         self.add_observation(observation_ids)
 
     def add_response(self, generation: Generation, text: str) -> None:
+        self.last_response_span = (len(self.token_ids), len(self.token_ids) + generation.num_tokens)
         self.token_ids += generation.token_ids
         self.loss_mask += [1] * generation.num_tokens
         self.logprobs += generation.logprobs
         self.versions += generation.versions
+        self.token_rewards += [0.0] * generation.num_tokens
         self.responses.append(text)
 
     def add_observation(self, observation_ids: list[int]) -> None:
@@ -58,6 +66,22 @@ class Episode:
         self.loss_mask += [0] * len(observation_ids)
         self.logprobs += [0.0] * len(observation_ids)
         self.versions += [-1] * len(observation_ids)
+        self.token_rewards += [0.0] * len(observation_ids)
+
+    def credit_turn(self, reward: float | PlacedRewards, decode: Decode) -> None:
+        """Add the last env step's ``reward`` to the episode, on the tokens of the response it answered."""
+        start, end = self.last_response_span
+        total = reward.total if isinstance(reward, PlacedRewards) else float(reward)
+        self.reward += total
+        if start == end:  # an empty response: the turn's reward goes to the latest model token there is
+            model_tokens = [i for i, m in enumerate(self.loss_mask) if m]
+            start, end, reward = (
+                (model_tokens[-1], model_tokens[-1] + 1, total) if model_tokens else (0, 0, 0.0)
+            )
+        placed = rewards_on_tokens(reward, self.token_ids[start:end], decode)
+        self.token_rewards[start:end] = [
+            a + b for a, b in zip(self.token_rewards[start:end], placed, strict=True)
+        ]
 
     def end(self, status: TrajectoryStatus, reason: str = "") -> None:
         """Set the terminal state once; later calls are ignored (the first cause is the one recorded)."""
@@ -77,6 +101,7 @@ class Episode:
             start_version=model_versions[0] if model_versions else self.admitted_version,
             num_prompt_tokens=self.num_prompt_tokens,
             reward=self.reward,
+            token_rewards=list(self.token_rewards) if model_versions else None,  # no model token: nowhere
             status=self.status,
             reason=self.reason,
             response_text="".join(self.responses),

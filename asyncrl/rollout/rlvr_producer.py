@@ -22,7 +22,7 @@ import asyncio
 import hashlib
 import importlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from asyncrl.buffer.records import Admission, DropKind
@@ -33,6 +33,7 @@ from asyncrl.rewards.service import RewardResult, RewardService, RewardStatus
 from asyncrl.rle import RleSequence
 from asyncrl.rollout.admission import admit, admit_batch
 from asyncrl.rollout.prompt_source import Prompt, PromptSource
+from asyncrl.rollout.reward_placement import rewards_on_tokens
 from asyncrl.types import (
     FinishReason,
     Generation,
@@ -182,7 +183,14 @@ class RLVRProducer:
             result = RewardResult(reward=0.0, status=RewardStatus.FAILED, reason="aborted")
         else:
             result = await self.rewards.score(text, prompt.sample)
-        return build_trajectory(prompt, index, generation, text, result, admission.start_version)
+        trajectory = build_trajectory(prompt, index, generation, text, result, admission.start_version)
+        if result.placed is not None:
+            response = rewards_on_tokens(result.placed, generation.token_ids, self._decode)
+            trajectory.token_rewards = [0.0] * len(generation.prompt_token_ids) + response
+        return trajectory
+
+    def _decode(self, token_ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
     def _finish_group(self, admission: Admission, prompt: Prompt, trajectories: list[Trajectory]) -> None:
         trainable = [t for t in trajectories if t.status.trainable]

@@ -7,6 +7,7 @@ logits at position ``t - 1``. Position 0 has no prediction, so its loss mask mus
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -51,6 +52,7 @@ def build_train_batch(
         ),
         rewards=torch.tensor([t.reward for t in trajectories], dtype=torch.float32),
         advantages=advantages_b[:, None] * loss_mask,
+        token_rewards=_pad([token_rewards(t) for t in trajectories], 0.0, torch.float32),
         start_versions=torch.tensor([t.start_version for t in trajectories], dtype=torch.long),
         group_ids=torch.tensor(group_ids, dtype=torch.long),
         sample_uids=[t.uid for t in trajectories],
@@ -72,6 +74,40 @@ def _check_trajectory(trajectory: Trajectory) -> None:
         raise ValueError(
             f"trajectory {trajectory.uid}: the first token cannot be trained (no logits predict it)"
         )
+    if trajectory.token_rewards is not None:
+        _check_token_rewards(trajectory)
+
+
+def _check_token_rewards(trajectory: Trajectory) -> None:
+    """Token rewards must align with the tokens, fall on model tokens only and sum to the reward."""
+    rewards, mask = list(trajectory.token_rewards or ()), trajectory.loss_mask
+    if len(rewards) != len(trajectory.token_ids):
+        raise ValueError(
+            f"trajectory {trajectory.uid}: token_rewards has {len(rewards)} entries for "
+            f"{len(trajectory.token_ids)} tokens"
+        )
+    misplaced = [i for i, (r, m) in enumerate(zip(rewards, mask, strict=True)) if r != 0.0 and not m]
+    if misplaced:
+        raise ValueError(
+            f"trajectory {trajectory.uid}: token_rewards on tokens the model did not generate {misplaced[:8]}"
+        )
+    total = math.fsum(rewards)
+    if not math.isclose(total, trajectory.reward, rel_tol=1e-6, abs_tol=1e-6):
+        raise ValueError(
+            f"trajectory {trajectory.uid}: token_rewards sum to {total}, but its reward is {trajectory.reward}"
+        )
+
+
+def token_rewards(trajectory: Trajectory) -> list[float]:
+    """The trajectory's rewards aligned with its tokens: its own ``token_rewards``, or else all of ``reward`` on
+    the last model token (nowhere if it has none: nothing of it trains)."""
+    if trajectory.token_rewards is not None:
+        return list(trajectory.token_rewards)
+    placed = [0.0] * len(trajectory.token_ids)
+    last = max((i for i, m in enumerate(trajectory.loss_mask) if m), default=None)
+    if last is not None:
+        placed[last] = float(trajectory.reward)
+    return placed
 
 
 def _pad(rows: Sequence[Sequence[float]], value: float, dtype: torch.dtype) -> torch.Tensor:
@@ -103,6 +139,7 @@ def select_rows(batch: TrainBatch, rows: Sequence[int]) -> TrainBatch:
         token_versions=batch.token_versions[index, :width],
         rewards=batch.rewards[index],
         advantages=batch.advantages[index, :width],
+        token_rewards=batch.token_rewards[index, :width],
         start_versions=batch.start_versions[index],
         group_ids=batch.group_ids[index],
         sample_uids=[batch.sample_uids[i] for i in rows] if batch.sample_uids else [],

@@ -131,3 +131,29 @@ def test_reset_is_a_pure_function_of_the_seed() -> None:
     for move in info_a["solution"]:
         result = asyncio.run(first.step(move))
     assert result.terminated and result.reward == 1.0
+
+
+FAR_ONE = """\
+######
+#_@__#
+#_$__#
+#____#
+#_.__#
+######"""
+
+
+def test_distance_shaping_pays_each_push_toward_a_target_on_its_own_turn() -> None:
+    env = env_on(FAR_ONE, distance_shaping=0.5, step_penalty=0.1)
+    walk = play(env, "left")  # the player moves, the box does not: no shaping
+    assert walk.reward == pytest.approx(-0.1) and walk.info["shaping"] == 0.0
+    play(env, "right")
+    closer = play(env, "down")  # box (2,2) -> (3,2): one cell nearer its target
+    assert closer.reward == pytest.approx(0.5 - 0.1) and not closer.terminated
+    solved = play(env, "down")  # onto the target: reward_solved plus the last step of shaping
+    assert solved.terminated and solved.reward == pytest.approx(1.0 + 0.5 - 0.1)
+
+
+def test_distance_shaping_charges_a_push_away_from_the_target() -> None:
+    env = env_on("######\n#_.__#\n#____#\n#_$@_#\n#____#\n######", distance_shaping=0.25)
+    result = play(env, "left")  # box (3,2) -> (3,1): one cell further from the target (1,2)
+    assert result.reward == pytest.approx(-0.25) and result.info["shaping"] == pytest.approx(-0.25)

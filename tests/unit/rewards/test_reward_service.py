@@ -8,6 +8,8 @@ import pytest
 
 from asyncrl.data import TaskSample
 from asyncrl.rewards import RewardService, RewardStatus, get_reward
+from asyncrl.rewards.service import ConfiguredReward
+from asyncrl.types import PlacedRewards
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -35,8 +37,8 @@ def test_raising_reward_fails_only_its_sample():
 @pytest.mark.parametrize(
     ("response", "reason"),
     [
-        ("nan", "reward must be a finite number, got nan"),
-        ("str", "reward must be a finite number, got '1'"),
+        ("nan", "reward must be a finite number or PlacedRewards, got nan"),
+        ("str", "reward must be a finite number or PlacedRewards, got '1'"),
         ("info", "reward info must be a dict, got list"),
     ],
 )
@@ -73,3 +75,18 @@ def test_calls_run_concurrently():
 def test_unknown_executor_is_rejected():
     with pytest.raises(ValueError, match="reward.executor must be 'thread' or 'process'"):
         RewardService(get_reward("exact_match"), timeout_s=1, executor="fiber")
+
+
+@pytest.mark.parametrize("executor", ["thread", "process"])
+def test_a_placed_reward_keeps_its_points_and_totals_them(executor):
+    with RewardService(get_reward("reward_plugins:step_reward"), timeout_s=30, executor=executor) as service:
+        (result,) = service.score_many_sync([("step one\nstep two\n", SAMPLE)])
+    assert result.ok and result.reward == pytest.approx(1.5)
+    assert result.placed == PlacedRewards(((8, 0.5), (17, 1.0)))
+
+
+def test_format_weight_adds_its_score_on_the_last_token_of_a_placed_reward():
+    reward = ConfiguredReward("reward_plugins:step_reward", format_weight=0.5)
+    placed, info = reward("step one\n", SAMPLE)
+    assert placed.points[:1] == ((8, 0.5),) and placed.points[1][0] == len("step one\n")
+    assert placed.total == pytest.approx(0.5 + 0.5 * info["format"])
