@@ -29,7 +29,7 @@ from asyncrl.sim.clock import run_shuffled
 from asyncrl.sim.engine import SimEngine
 from asyncrl.sim.env_cost import SimEnvTokenizer, make_sim_env_factory
 from asyncrl.sim.gc_pause import gc_paused
-from asyncrl.sim.result import SimResult, SimRun, build_result
+from asyncrl.sim.result import SimResult, SimRun, build_result, is_steady
 from asyncrl.sim.workers import SimRewards, SimTokenizer, SimTrainer
 from asyncrl.sim.workload import LengthModel, PassRates
 
@@ -67,15 +67,19 @@ async def _run(config: SimConfig) -> SimRun:
         engines_busy=lambda: any(engine.generating for engine in engines),
     )
     step_ends: list[float] = []
+    settled = asyncio.Event()
+    steady = config.steady_state
 
     def on_step(record: StepRecord) -> None:
         step_ends.append(loop.time())
         buffer.take_dropped()  # counts stay in the accounting; the records would only hold memory
+        if steady.enabled and is_steady(step_ends, steady.warmup_steps, steady.window_steps, steady.tolerance):
+            settled.set()
 
     controller = make_controller(
         config.controller, buffer=buffer, producer=producer, trainer=trainer, proxy=proxy, on_step=on_step
     )
-    await controller.run(config.controller.num_steps)
+    await controller.run(config.controller.num_steps, stop=settled)
     stats = proxy.stats()
     proxy.close()
     dropped = buffer.accounting().num_dropped

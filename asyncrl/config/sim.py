@@ -302,6 +302,27 @@ class SimCostConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SteadyStateConfig:
+    """Run until the step time settles instead of a fixed count: start-up transients (an empty pipeline, the
+    first weight updates) otherwise inflate or hide a mode's gain. ``controller.num_steps`` is then the cap."""
+
+    enabled: bool = False
+    warmup_steps: int = 5
+    """Steps left out of every steady-state metric."""
+    window_steps: int = 10
+    """The run stops once the mean step time of the last ``window_steps`` steps is within ``tolerance`` of the
+    ``window_steps`` before them (so at least ``warmup_steps + 2 · window_steps`` steps run)."""
+    tolerance: float = 0.03
+
+    def __post_init__(self) -> None:
+        if self.warmup_steps < 0 or self.window_steps < 1 or not 0 < self.tolerance < 1:
+            raise ValueError(
+                f"steady_state needs warmup_steps >= 0, window_steps >= 1 and 0 < tolerance < 1, got "
+                f"{self.warmup_steps}, {self.window_steps}, {self.tolerance}"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
 class SimConfig:
     """One simulated run: the real producer, buffer, proxy and controller on a virtual clock."""
 
@@ -337,6 +358,8 @@ class SimConfig:
     """Mode and number of steps (evaluation keys are ignored)."""
     proxy: ProxyConfig = field(default_factory=ProxyConfig)
     """Routing and update policy (None follows the mode); ``control_timeout_s`` is ignored."""
+    steady_state: SteadyStateConfig = field(default_factory=SteadyStateConfig)
+    """Stop once the step time is stable and report the measured window (``steady_*`` totals)."""
     output_dir: str = "runs/sim"
     """Where ``asyncrl simulate`` writes result.json, steps.jsonl, the timeline and any sweep's results."""
     timeline: Literal["full", "none"] = "full"
@@ -353,6 +376,12 @@ class SimConfig:
         if self.num_prompts < 1 or self.prompt_tokens < 1:
             raise ValueError(
                 f"num_prompts and prompt_tokens must be >= 1, got {self.num_prompts}, {self.prompt_tokens}"
+            )
+        steady = self.steady_state
+        if steady.enabled and self.controller.num_steps < steady.warmup_steps + 2 * steady.window_steps:
+            raise ValueError(
+                f"controller.num_steps={self.controller.num_steps} caps a steady-state run below "
+                f"steady_state.warmup_steps + 2 x window_steps = {steady.warmup_steps + 2 * steady.window_steps}"
             )
         if bool(self.model) != bool(self.hardware):
             raise ValueError(

@@ -140,7 +140,40 @@ def totals_of(config: SimConfig, run: SimRun, steps: list[StepMetrics], wall_s: 
         "wall_s": wall_s,
     }
     dropped = {f"dropped_{kind}": float(n) for kind, n in sorted(run.dropped.items())}
-    return totals | dropped | multi_version_totals(run.proxy_stats)
+    return totals | dropped | multi_version_totals(run.proxy_stats) | steady_totals(config, steps)
+
+
+def is_steady(step_ends: list[float], warmup: int, window: int, tolerance: float) -> bool:
+    """Whether the mean step time of the last ``window`` steps is within ``tolerance`` of the ``window``
+    before them, both after ``warmup`` steps (``step_ends``: virtual time at each step's end)."""
+    if len(step_ends) < warmup + 2 * window:
+        return False
+    ends = [0.0, *step_ends]
+    last = ends[-1] - ends[-1 - window]
+    previous = ends[-1 - window] - ends[-1 - 2 * window]
+    return previous > 0 and abs(last / previous - 1) <= tolerance
+
+
+def steady_totals(config: SimConfig, steps: list[StepMetrics]) -> dict[str, float]:
+    """The steady-state window's throughput and phase times: every step after ``steady_state.warmup_steps``;
+    ``steady_converged`` is 1 when the run stopped because the step time settled, 0 when it hit the cap."""
+    steady = config.steady_state
+    window = steps[steady.warmup_steps :]
+    if not steady.enabled or not window:
+        return {}
+    span = window[-1].end_s - window[0].start_s
+    ends = [s.end_s for s in steps]
+    converged = is_steady(ends, steady.warmup_steps, steady.window_steps, steady.tolerance)
+    return {
+        "steady_first_step": float(window[0].step),
+        "steady_num_steps": float(len(window)),
+        "steady_converged": float(converged),
+        "steady_mean_step_s": span / len(window),
+        "steady_mean_wait_s": _mean([s.wait_s for s in window]),
+        "steady_mean_train_s": _mean([s.train_s for s in window]),
+        "steady_samples_per_s": sum(s.num_samples for s in window) / span if span else 0.0,
+        "steady_tokens_per_s": sum(s.num_tokens for s in window) / span if span else 0.0,
+    }
 
 
 MULTI_VERSION_TOTALS = ("num_migrations", "kv_bytes_moved", "num_switches", "max_versions_alive")
