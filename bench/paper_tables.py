@@ -15,10 +15,16 @@ prediction is the paired ratio of two arms per seed. Each claim carries the repo
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# `python bench/paper_tables.py` puts bench/ first on sys.path: make the checkout the import root, as `python -m` would
+if not __package__:
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from asyncrl.app.simulate import simulate

@@ -87,6 +87,8 @@ def render(name: str, results_dir: Path) -> str:
     ]
     if "studies" in result:
         lines += studies_index(result)
+    elif "points" in result:
+        lines += points_table(result)
     else:
         lines += [*arms_table(result["arms"]), *ratios_table(result["ratios"])]
     lines += derived_rows(result)
@@ -112,6 +114,41 @@ def ratios_table(ratios: dict[str, Any], prefix: str = "") -> list[str]:
         arms = f"{stats['numerator'].removeprefix(prefix)} / {stats['denominator'].removeprefix(prefix)}"
         row = f"| {key.removeprefix(prefix)}: {arms} {stats['metric']} | {spread(stats)} |"
         lines.append(row + (f" {stats.get('report', '—')} |" if quoted else ""))
+    return lines
+
+
+def points_table(result: dict[str, Any]) -> list[str]:
+    """A reproduction of a paper's figures (``bench/paper_tables.py``): one row per claim, the reported ratio
+    beside the predicted one over the seeds, whether it is within the tolerance; then the count, what each
+    figure's best arm was where the paper names one, and the choices every figure shares. The arms are in the
+    JSON (too many to show)."""
+    share = result["within_tolerance"]
+    lines = [
+        "| figure | setting | reported | predicted, median (min–max) | within ±{:.0%} |".format(
+            share["tolerance"]
+        ),
+        "|---|---|---:|---:|:---:|",
+    ]
+    for point in result["points"]:
+        figure = point["figure"].split(":")[0]
+        mark = "yes" if point["within_tolerance"] else "**no**"
+        lines.append(
+            f"| {figure} | {point['setting']} | {number(point['reported'])} | {spread(point['predicted'])} | {mark} |"
+        )
+    lines.append(
+        f"\n{share['count']} of {share['of']} predictions within ±{share['tolerance']:.0%} of the report."
+    )
+    for name, figure in result["figures"].items():
+        if "best" in figure:
+            best = figure["best"]
+            verdict = "agrees" if best["agrees"] else "disagrees"
+            lines.append(
+                f"\n{name}: the best arm per seed is {', '.join(best['predicted_per_seed'])}; the report's is "
+                f"{best['reported']} ({verdict})."
+            )
+    walls = ", ".join(f"{name} {number(figure['wall_s'])} s" for name, figure in result["figures"].items())
+    lines.append(f"\nWall time per figure: {walls}; the whole run {number(result['run_wall_s'])} s.")
+    lines += ["", "Choices shared by every figure:", "", *(f"- {choice}" for choice in result["choices"])]
     return lines
 
 

@@ -73,7 +73,9 @@ async def _run(config: SimConfig) -> SimRun:
     def on_step(record: StepRecord) -> None:
         step_ends.append(loop.time())
         buffer.take_dropped()  # counts stay in the accounting; the records would only hold memory
-        if steady.enabled and is_steady(step_ends, steady.warmup_steps, steady.window_steps, steady.tolerance):
+        if steady.enabled and is_steady(
+            step_ends, steady.warmup_steps, steady.window_steps, steady.tolerance
+        ):
             settled.set()
 
     controller = make_controller(

@@ -1,102 +1,80 @@
-"""``asyncrl plan``: the rollout/train split β* and bound of Proposition 2, checked by simulation."""
+"""``asyncrl plan``: mode, async ratio and train/infer split for a model on a cluster, chosen by simulation."""
 
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
-MEAN_TOKENS = 100
-"""Tokens of a mean response in the checking simulation (one decode step = μ_gen / MEAN_TOKENS)."""
+from asyncrl.cli.args import add_config_arguments, split_config_args
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "plan",
-        help="recommend the train/rollout split and async ratio",
-        description="Proposition 2 of the ROLL Flash report: beta* = E*N*mu_train / (N*mu_gen + K*L_gen/(alpha+1) "
-        "+ E*N*mu_train) and the bounds N/K*(mu_gen + E*mu_train) + L_gen (sync) and ... + L_gen/(alpha+1) "
-        "(async at beta*); then a simulation of both placements with those per-sample times checks them.",
+        help="recommend mode, async ratio and train/infer split by simulation",
+        description="Simulate candidate schedules of one workload on a cluster of --gpus accelerators, with "
+        "every engine and trainer cost derived from model= and hardware= (asyncrl.sim.derive): colocated sync "
+        "on all GPUs, partial rollout at alpha 2 on train shares of 1/8 to 7/8 and at Proposition 2's beta*, "
+        "then one_step_off, async and partial rollout at each --alphas on the best split. Prints the "
+        "recommendation (the least stale schedule within --tolerance of the best steady-state throughput) "
+        "with its step time, speedup over colocated sync and staleness, the runner-up and why it lost, and "
+        "writes OUT/plan.json (OUT: the output_dir key). The workload (lengths, batch, prompt tokens) is the "
+        "config's, or a real run's with --from-run. Example: asyncrl plan model=qwen3-8b hardware=h800 "
+        "lengths.mean=11000 rollout.max_new_tokens=30720 rollout.rollout_batch_size=256 "
+        "rollout.num_return_sequences=16 --gpus 64",
     )
-    parser.add_argument("--mu-gen", type=float, required=True, help="mean generation time of one sample (s)")
+    add_config_arguments(parser)
+    parser.add_argument("--gpus", type=int, required=True, help="accelerators in the cluster (train + infer)")
+    parser.add_argument("--alphas", default="1,2,4", help="async ratios to try on the best split")
     parser.add_argument(
-        "--l-gen", type=float, required=True, help="longest generation time of one sample (s)"
+        "--tolerance",
+        type=float,
+        default=0.02,
+        help="throughput within this fraction of the best counts as equal; the least stale of those wins",
     )
     parser.add_argument(
-        "--mu-train", type=float, required=True, help="training time of one sample on one worker (s)"
+        "--from-run",
+        metavar="RUN_DIR",
+        help="take the workload from a real run's output_dir: batch shape, longest response (config.json) and "
+        "lognormal lengths matching its responses' mean, p50 and p99 (metrics.jsonl); overrides still win",
     )
-    parser.add_argument("--E", type=int, default=1, dest="epochs", help="times each sample is trained on")
-    parser.add_argument("--K", type=int, required=True, dest="workers", help="workers (accelerators) in all")
-    parser.add_argument("--N", type=int, required=True, dest="samples", help="samples per training step")
-    parser.add_argument("--alpha", type=float, default=2.0, help="async ratio (default 2)")
-    parser.add_argument("--steps", type=int, default=10, help="simulated steps per check (0: no simulation)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from asyncrl.sim.plan import recommend
+    from asyncrl.app.planner import Planner, why_lost, workload_from_run
 
-    p = recommend(args.samples, args.workers, args.mu_gen, args.l_gen, args.mu_train, args.epochs, args.alpha)
+    path, overrides = split_config_args(args.config_args)
+    if args.from_run:
+        overrides = [*workload_from_run(args.from_run), *overrides]
+    alphas = [float(a) for a in args.alphas.split(",") if a.strip()]
+    planner = Planner(path, overrides, args.gpus)
     print(
-        f"beta* = {p.beta:.3f}: {p.num_train_workers} workers train, {p.num_rollout_workers} generate "
-        f"(alpha = {p.alpha:g})"
+        f"planning {planner.base.model} on {args.gpus} x {planner.base.hardware}: about a dozen simulations"
     )
-    print(
-        f"bound per step: sync {p.sync_bound_s:.2f} s, async {p.async_bound_s:.2f} s "
-        f"(speedup <= {p.speedup_bound:.2f}x)"
-    )
-    if args.steps:
-        sync_s, async_s = check_by_simulation(args, p.num_train_workers)
+    result = planner.search(alphas, args.tolerance)
+    gpus = args.gpus
+    print(f"{'candidate':<40} {'step_s':>9} {'samples/s':>10} {'speedup':>8} {'staleness':>9} {'engines':>8}")
+    for outcome in result.outcomes:
         print(
-            f"simulated mean step: sync {sync_s:.2f} s, async {async_s:.2f} s (speedup {sync_s / async_s:.2f}x)"
+            f"{outcome.candidate.label(gpus):<40} {outcome.step_s:>9.1f} {outcome.samples_per_s:>10.3g} "
+            f"{result.speedup(outcome):>7.2f}x {outcome.mean_staleness:>9.2f} {outcome.engine_busy:>8.0%}"
         )
-    return 0
-
-
-def check_by_simulation(args: argparse.Namespace, num_train: int) -> tuple[float, float]:
-    """Mean step time of the colocated sync placement and of the split async one, simulated."""
-    from asyncrl.app.simulate import simulate
-
-    sync = simulate(plan_config(args, args.workers, None, "sync"))
-    split = simulate(plan_config(args, args.workers - num_train, num_train, "partial_rollout"))
-    return sync.totals["mean_step_s"], split.totals["mean_step_s"]
-
-
-def plan_config(args: argparse.Namespace, rollout_workers: int, train_workers: int | None, mode: str):
-    """One engine whose ``rollout_workers`` slots are the generating workers (queue scheduling), lengths
-    lognormal with mean μ_gen and at most L_gen, a trainer at μ_train per sample per worker.
-
-    The slots stand for independent single-accelerator workers fed from one queue, not a tensor-parallel
-    group: ``gpus_per_engine`` stays 1 (it would split each step's compute). The sync placement
-    (``train_workers`` None) trains on the same ``rollout_workers`` workers, given as the trainer's count."""
-    from asyncrl.config.loader import from_dict
-    from asyncrl.config.sim import SimConfig
-    from asyncrl.modes import async_ratio_for
-
-    max_tokens = max(MEAN_TOKENS, round(MEAN_TOKENS * args.l_gen / args.mu_gen))
-    trainer = {
-        "num_gpus": train_workers or rollout_workers,
-        "epochs": args.epochs,
-        "gpu_s_per_token": args.mu_train / (MEAN_TOKENS + 1),
-        "step_overhead_s": 0.0,
-    }
-    return from_dict(
-        SimConfig,
-        {
-            "prompt_tokens": 1,
-            "timeline": "none",
-            "lengths": {"distribution": "lognormal", "mean": float(MEAN_TOKENS), "sigma": 1.0},
-            "engine": {
-                "max_running_requests": rollout_workers,
-                "knee_batch": rollout_workers,
-                "decode_step_s": args.mu_gen / MEAN_TOKENS,
-                "weight_update_s": 0.0,
-            },
-            "trainer": trainer,
-            "rollout": {
-                "num_engines": 1,
-                "rollout_batch_size": args.samples,
-                "num_return_sequences": 1,
-                "max_new_tokens": max_tokens,
-            },
-            "buffer": {"async_ratio": async_ratio_for(mode, args.alpha)},
-            "controller": {"mode": mode, "num_steps": args.steps, "wait_for_weight_sync": False},
-        },
+    best, second, prop = result.recommended, result.runner_up, result.proposition
+    print(
+        f"recommended: {best.candidate.label(gpus)}: {best.step_s:.1f} s per step, "
+        f"{result.speedup(best):.2f}x colocated sync ({result.baseline.step_s:.1f} s), "
+        f"mean staleness {best.mean_staleness:.2f}"
     )
+    print(f"runner-up: {second.candidate.label(gpus)}: {why_lost(best, second, gpus)}")
+    print(
+        f"Proposition 2 (alpha 2): beta* = {prop.beta:.2f} -> {prop.num_train_workers} train GPUs; "
+        f"bound speedup <= {prop.speedup_bound:.2f}x"
+    )
+    if not all(o.converged for o in result.outcomes):
+        print("note: some candidates hit the step cap before their step time settled (controller.num_steps)")
+    out = Path(planner.base.output_dir) / "plan.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result.to_json(), indent=1))
+    print(f"written: {out}")
+    return 0

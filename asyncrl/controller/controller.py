@@ -261,6 +261,7 @@ def rollout_metrics(groups: Sequence[Group], trainer_version: int) -> dict[str, 
         "reward/mean": sum(rewards) / len(rewards),
         "samples": float(len(samples)),
         "tokens/response": float(sum(t.num_response_tokens for t in samples)),
+        "prompt_length/mean": sum(t.num_prompt_tokens for t in samples) / len(samples),
         "truncated_fraction": sum(t.status is TrajectoryStatus.TRUNCATED for t in samples) / len(samples),
     }
     metrics |= length_stats("response_length", [t.num_response_tokens for t in samples])

@@ -8,6 +8,13 @@ workers that train (the rest generate).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from asyncrl.config.sim import SimConfig
+
+MEAN_TOKENS = 100
+"""Tokens of a mean response in ``proposition_config`` (one decode step = μ_gen / MEAN_TOKENS)."""
 
 
 def queue_completion_bound(num_samples: int, num_workers: int, mu_gen: float, l_gen: float) -> float:
@@ -81,4 +88,60 @@ def recommend(
         alpha=alpha,
         sync_bound_s=sync_step_bound(n, k, mu_gen, l_gen, mu_train, epochs),
         async_bound_s=async_step_bound(n, k, mu_gen, l_gen, mu_train, epochs, alpha),
+    )
+
+
+def proposition_config(
+    *,
+    mu_gen: float,
+    l_gen: float,
+    mu_train: float,
+    epochs: int,
+    samples: int,
+    alpha: float,
+    steps: int,
+    rollout_workers: int,
+    train_workers: int | None,
+    mode: str,
+) -> SimConfig:
+    """Proposition 2's abstract workload as a simulation: one engine whose ``rollout_workers`` slots are the
+    generating workers (queue scheduling), lengths lognormal with mean μ_gen and at most L_gen, a trainer at
+    μ_train per sample per worker; ``train_workers`` None trains on the rollout workers (colocated sync).
+
+    The slots stand for independent single-accelerator workers fed from one queue, not a tensor-parallel
+    group: ``gpus_per_engine`` stays 1 (it would split each step's compute). Used to check the simulator
+    against the bounds (tests, ``bench/sim_studies.py``)."""
+    from asyncrl.config.base import from_dict
+    from asyncrl.config.sim import SimConfig
+    from asyncrl.modes import async_ratio_for
+
+    max_tokens = max(MEAN_TOKENS, round(MEAN_TOKENS * l_gen / mu_gen))
+    trainer = {
+        "num_gpus": train_workers or rollout_workers,
+        "epochs": epochs,
+        "gpu_s_per_token": mu_train / (MEAN_TOKENS + 1),
+        "step_overhead_s": 0.0,
+    }
+    return from_dict(
+        SimConfig,
+        {
+            "prompt_tokens": 1,
+            "timeline": "none",
+            "lengths": {"distribution": "lognormal", "mean": float(MEAN_TOKENS), "sigma": 1.0},
+            "engine": {
+                "max_running_requests": rollout_workers,
+                "knee_batch": rollout_workers,
+                "decode_step_s": mu_gen / MEAN_TOKENS,
+                "weight_update_s": 0.0,
+            },
+            "trainer": trainer,
+            "rollout": {
+                "num_engines": 1,
+                "rollout_batch_size": samples,
+                "num_return_sequences": 1,
+                "max_new_tokens": max_tokens,
+            },
+            "buffer": {"async_ratio": async_ratio_for(mode, alpha)},
+            "controller": {"mode": mode, "num_steps": steps, "wait_for_weight_sync": False},
+        },
     )

@@ -109,3 +109,34 @@ def test_a_study_block_renders_only_its_own_arms_and_ratios_beside_the_quoted_fi
     assert "| q | Q | 0 | 2 | 1.5 |" in index and "q/batch" not in index and "whole run: 3 s" in index
     missing = bench_docs.regenerate("<!-- bench:r:x -->\n<!-- /bench:r:x -->\n", tmp_path)
     assert "has no study `x`" in missing
+
+
+def test_a_paper_reproduction_is_one_row_per_claim_with_its_verdict(tmp_path: Path) -> None:
+    stats = {"min": 1.5, "median": 2.0, "max": 2.2, "runs": [1.5, 2.0, 2.2]}
+    point = {"figure": "Fig. 7: queue", "setting": "8x8", "reported": 3.4, "predicted": stats}
+    result = harness_result(
+        "paper_tables",
+        {"fig7/batch": {"steady_mean_wait_s": stats}},
+        points=[
+            point | {"within_tolerance": False},
+            point | {"setting": "9x9", "reported": 2.1, "within_tolerance": True},
+        ],
+        within_tolerance={"count": 1, "of": 2, "tolerance": 0.2},
+        figures={
+            "fig3a": {
+                "wall_s": 3.0,
+                "best": {"predicted_per_seed": ["a", "b"], "reported": "a", "agrees": False},
+            }
+        },
+        choices=["H800 everywhere"],
+        run_wall_s=3.0,
+    )
+    (tmp_path / "paper_tables.json").write_text(json.dumps(result))
+    text = bench_docs.render("paper_tables", tmp_path)
+    assert (
+        "| Fig. 7 | 8x8 | 3.4 | 2 (1.5–2.2) | **no** |" in text
+        and "| Fig. 7 | 9x9 | 2.1 | 2 (1.5–2.2) | yes |" in text
+    )
+    assert "1 of 2 predictions within ±20% of the report." in text
+    assert "fig3a: the best arm per seed is a, b; the report's is a (disagrees)." in text
+    assert "- H800 everywhere" in text and "fig7/batch" not in text

@@ -26,6 +26,7 @@ QUICK = [
     "sync_vs_trl",
     "agentic_learning",
     "sim_studies",
+    "paper_tables",
     "agents_external",
     "ray_calls",
 ]

@@ -146,19 +146,23 @@ def test_partial_rollout_keeps_staleness_within_alpha_and_fills_every_batch():
 def test_proposition_2_async_split_beats_sync_and_stays_near_its_bound():
     """At β* the simulated async step is faster than sync and within 15 % of Eq. 11; the bound assumes the
     two pools overlap perfectly, which the real loop's serial weight sync and α window do not quite give."""
-    import argparse
-
-    from asyncrl.cli.plan import plan_config
-
-    args = argparse.Namespace(
-        mu_gen=2.0, l_gen=20.0, mu_train=0.4, epochs=1, samples=64, workers=16, alpha=2.0, steps=6
-    )
+    workload = {
+        "mu_gen": 2.0,
+        "l_gen": 20.0,
+        "mu_train": 0.4,
+        "epochs": 1,
+        "samples": 64,
+        "alpha": 2.0,
+        "steps": 6,
+    }
     recommendation = plan.recommend(64, 16, 2.0, 20.0, 0.4, 1, 2.0)
-    sync = simulate(plan_config(args, 16, None, "sync")).totals["mean_step_s"]
-    split = simulate(
-        plan_config(
-            args, 16 - recommendation.num_train_workers, recommendation.num_train_workers, "partial_rollout"
-        )
-    ).totals["mean_step_s"]
+    sync = plan.proposition_config(**workload, rollout_workers=16, train_workers=None, mode="sync")
+    split = plan.proposition_config(
+        **workload,
+        rollout_workers=16 - recommendation.num_train_workers,
+        train_workers=recommendation.num_train_workers,
+        mode="partial_rollout",
+    )
+    sync, split = simulate(sync).totals["mean_step_s"], simulate(split).totals["mean_step_s"]
     assert split < sync <= recommendation.sync_bound_s
     assert split <= 1.15 * recommendation.async_bound_s

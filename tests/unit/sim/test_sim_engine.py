@@ -78,36 +78,6 @@ def test_in_flight_update_changes_the_version_of_later_tokens():
     assert now == 4.0 + 3.0 + 1.0
 
 
-def test_plan_cli_prints_the_split_and_checks_it(capsys):
-    assert (
-        main(
-            [
-                "plan",
-                "--mu-gen",
-                "2",
-                "--l-gen",
-                "10",
-                "--mu-train",
-                "0.5",
-                "--E",
-                "2",
-                "--K",
-                "8",
-                "--N",
-                "64",
-                "--alpha",
-                "1",
-                "--steps",
-                "3",
-            ]
-        )
-        == 0
-    )
-    out = capsys.readouterr().out
-    assert "beta* = 0.276: 2 workers train, 6 generate" in out
-    assert "sync 34.00 s, async 29.00 s" in out and "simulated mean step" in out
-
-
 def test_simulate_cli_writes_json_steps_and_timeline(tmp_path, capsys):
     args = [
         "simulate",

@@ -1,0 +1,261 @@
+"""``asyncrl plan``'s search: the mode, async ratio α and train/infer split of a cluster, chosen by simulating
+the candidates on the cost model derived from a model and a hardware profile.
+
+Key decision: a recommendation is the fastest simulated steady state, not a formula. Proposition 2 (ROLL
+Flash) assumes perfect overlap and a fixed longest sample; the simulator runs the real scheduler, so the
+candidates it compares include what the bound leaves out (the α window, weight-sync pauses, queueing behind
+long requests). Proposition 2's β* still seeds the split search and is printed beside the result.
+
+The search, about a dozen simulations:
+1. colocated sync on every GPU (the baseline every speedup is quoted against);
+2. partial rollout at α = 2 on train shares of 1/8 … 7/8 of the GPUs and at β*;
+3. at the best split, every asynchronous mode and α (one_step_off; async and partial rollout at each α).
+Among the candidates within ``tolerance`` of the best throughput, the least stale wins (a fresher sample
+costs nothing there), so α grows only where it buys throughput.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from asyncrl.app.simulate import simulate
+from asyncrl.config.sim import SimConfig
+from asyncrl.modes import async_ratio_for
+from asyncrl.sim import cost
+from asyncrl.sim.derive import length_moments, load_sim_config, mean_running_context
+from asyncrl.sim.plan import Plan, recommend
+
+PLAN_STEADY = (
+    "steady_state.enabled=true",
+    "steady_state.warmup_steps=3",
+    "steady_state.window_steps=5",
+    "steady_state.tolerance=0.05",
+    "controller.num_steps=30",
+    "timeline=none",
+)
+"""A planning simulation's steady state: shorter windows than the benchmarks' (a dozen runs must stay quick);
+the config's own keys, given after, override them."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """A placement and schedule: ``train_gpus`` None is colocated (every GPU generates, then trains)."""
+
+    mode: str
+    alpha: float
+    train_gpus: int | None
+
+    def label(self, gpus: int) -> str:
+        if self.train_gpus is None:
+            return f"{self.mode} colocated on {gpus}"
+        return f"{self.mode} a={self.alpha:g} {self.train_gpus}T/{gpus - self.train_gpus}I"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Outcome:
+    """One candidate's simulated steady state."""
+
+    candidate: Candidate
+    step_s: float
+    samples_per_s: float
+    mean_staleness: float
+    engine_busy: float
+    trainer_busy: float
+    converged: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanResult:
+    gpus: int
+    baseline: Outcome
+    outcomes: list[Outcome]
+    recommended: Outcome
+    runner_up: Outcome
+    proposition: Plan
+
+    def speedup(self, outcome: Outcome) -> float:
+        return outcome.samples_per_s / self.baseline.samples_per_s
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "gpus": self.gpus,
+            "baseline": asdict(self.baseline),
+            "recommended": asdict(self.recommended) | {"speedup": self.speedup(self.recommended)},
+            "runner_up": asdict(self.runner_up) | {"speedup": self.speedup(self.runner_up)},
+            "why_runner_up_lost": why_lost(self.recommended, self.runner_up, self.gpus),
+            "outcomes": [asdict(o) | {"speedup": self.speedup(o)} for o in self.outcomes],
+            "proposition_2": asdict(self.proposition),
+        }
+
+
+def candidate_overrides(candidate: Candidate, gpus: int, gpus_per_engine: int) -> list[str]:
+    """The config keys of one candidate on a cluster of ``gpus`` accelerators."""
+    alpha = async_ratio_for(candidate.mode, candidate.alpha)
+    keys = [f"controller.mode={candidate.mode}", f"buffer.async_ratio={alpha:g}"]
+    if candidate.train_gpus is None:
+        return [*keys, "trainer.colocated=true", f"rollout.num_engines={gpus // gpus_per_engine}"]
+    engines = (gpus - candidate.train_gpus) // gpus_per_engine
+    return [
+        *keys,
+        "trainer.colocated=false",
+        f"trainer.num_gpus={candidate.train_gpus}",
+        f"rollout.num_engines={engines}",
+    ]
+
+
+class Planner:
+    """Simulates candidates of one workload (a config file and overrides with ``model`` and ``hardware``)."""
+
+    def __init__(self, path: str | None, overrides: Sequence[str], gpus: int) -> None:
+        self.path, self.overrides, self.gpus = path, [*PLAN_STEADY, *overrides], gpus
+        self.base = load_sim_config(path, self.overrides)
+        if not self.base.model:
+            raise ValueError("asyncrl plan needs model=... and hardware=... (the costs derive from them)")
+        self.gpus_per_engine = self.base.engine.gpus_per_engine
+        if gpus < 2 * self.gpus_per_engine:
+            raise ValueError(
+                f"--gpus {gpus} leaves no room for a trainer beside an engine of {self.gpus_per_engine}"
+            )
+        self._cache: dict[Candidate, Outcome] = {}
+
+    def config(self, candidate: Candidate) -> SimConfig:
+        keys = candidate_overrides(candidate, self.gpus, self.gpus_per_engine)
+        return load_sim_config(self.path, [*self.overrides, *keys])
+
+    def evaluate(self, candidate: Candidate) -> Outcome:
+        if candidate not in self._cache:
+            totals = simulate(self.config(candidate)).totals
+            self._cache[candidate] = Outcome(
+                candidate=candidate,
+                step_s=totals.get("steady_mean_step_s", totals["mean_step_s"]),
+                samples_per_s=totals.get("steady_samples_per_s", totals["samples_per_s"]),
+                mean_staleness=totals["mean_staleness"],
+                engine_busy=totals["engine_busy_fraction"],
+                trainer_busy=totals["trainer_busy_fraction"],
+                converged=bool(totals.get("steady_converged", 0.0)),
+            )
+        return self._cache[candidate]
+
+    def split_candidates(self, beta_star: float) -> list[int]:
+        """Train GPU counts to try: eighths of the cluster and β*'s, each leaving whole engines."""
+        g = self.gpus_per_engine
+        shares = [k / 8 for k in range(1, 8)] + [beta_star]
+        counts = set()
+        for share in shares:
+            engines = max(1, round(self.gpus * (1 - share) / g))
+            train = self.gpus - engines * g
+            if train >= 1:
+                counts.add(train)
+        return sorted(counts)
+
+    def proposition(self, alpha: float) -> Plan:
+        """Proposition 2's split from the derived costs: a worker is one accelerator; a sample's mean
+        generation time is its share of an engine's full-batch throughput, the longest one runs alone."""
+        config, engine = self.base, self.base.engine
+        batch = engine.max_running_requests
+        full_step = cost.decode_step_s(engine, batch, round(batch * mean_running_context(config)))
+        mean_len, _ = length_moments(config)
+        mu_gen = mean_len * full_step / batch * engine.gpus_per_engine
+        longest = config.rollout.max_new_tokens
+        l_gen = (
+            longest
+            * cost.decode_step_s(engine, 1, config.prompt_tokens + longest // 2)
+            * engine.gpus_per_engine
+        )
+        mu_train = (config.prompt_tokens + mean_len) * config.trainer.gpu_s_per_token
+        samples = config.rollout.rollout_batch_size * config.rollout.num_return_sequences
+        return recommend(
+            samples, self.gpus, mu_gen, max(l_gen, mu_gen), mu_train, config.trainer.epochs, alpha
+        )
+
+    def search(self, alphas: Sequence[float] = (1, 2, 4), tolerance: float = 0.02) -> PlanResult:
+        proposition = self.proposition(2.0)
+        baseline = self.evaluate(Candidate(mode="sync", alpha=0.0, train_gpus=None))
+        splits = [
+            self.evaluate(Candidate(mode="partial_rollout", alpha=2.0, train_gpus=t))
+            for t in self.split_candidates(proposition.beta)
+        ]
+        best_split = max(splits, key=lambda o: o.samples_per_s).candidate.train_gpus
+        schedules = [Candidate(mode="one_step_off", alpha=1.0, train_gpus=best_split)]
+        schedules += [
+            Candidate(mode=mode, alpha=float(a), train_gpus=best_split)
+            for mode in ("async", "partial_rollout")
+            for a in alphas
+        ]
+        outcomes = [baseline, *splits, *(self.evaluate(c) for c in schedules)]
+        outcomes = list({o.candidate: o for o in outcomes}.values())
+        recommended, runner_up = choose(outcomes, tolerance)
+        return PlanResult(
+            gpus=self.gpus,
+            baseline=baseline,
+            outcomes=sorted(outcomes, key=lambda o: -o.samples_per_s),
+            recommended=recommended,
+            runner_up=runner_up,
+            proposition=proposition,
+        )
+
+
+def choose(outcomes: list[Outcome], tolerance: float) -> tuple[Outcome, Outcome]:
+    """(recommended, runner-up): the least stale of those within ``tolerance`` of the best throughput (ties:
+    the faster), then the best of the rest by the same order."""
+    best = max(o.samples_per_s for o in outcomes)
+
+    def rank(o: Outcome) -> tuple[bool, float, float]:
+        close = o.samples_per_s >= best * (1 - tolerance)
+        return (not close, o.mean_staleness if close else 0.0, -o.samples_per_s)
+
+    ordered = sorted(outcomes, key=rank)
+    return ordered[0], ordered[1]
+
+
+def why_lost(winner: Outcome, loser: Outcome, gpus: int) -> str:
+    """One line on why the runner-up was not recommended."""
+    slower = 1 - loser.samples_per_s / winner.samples_per_s
+    if slower > 0:
+        reason = f"{slower:.1%} lower throughput"
+        if loser.engine_busy < winner.engine_busy - 0.05:
+            reason += f" (engines busy {loser.engine_busy:.0%} against {winner.engine_busy:.0%})"
+        elif loser.trainer_busy < winner.trainer_busy - 0.05:
+            reason += f" (trainer busy {loser.trainer_busy:.0%} against {winner.trainer_busy:.0%})"
+        return reason
+    return (
+        f"{-slower:.1%} higher throughput, within the tolerance, for staler samples "
+        f"(mean age {loser.mean_staleness:.2f} against {winner.mean_staleness:.2f})"
+    )
+
+
+def workload_from_run(run_dir: str | Path) -> list[str]:
+    """Overrides describing a real run's workload: its batch shape and longest response (``config.json``),
+    and lognormal lengths matching the mean and p50/p99 of its trained responses (``metrics.jsonl``, every
+    step), prompt length too when the run logged it."""
+    run_dir = Path(run_dir)
+    config_path, metrics_path = run_dir / "config.json", run_dir / "metrics.jsonl"
+    for path in (config_path, metrics_path):
+        if not path.is_file():
+            raise ValueError(f"--from-run {run_dir}: no {path.name} (not an asyncrl train output_dir?)")
+    rollout = json.loads(config_path.read_text())["rollout"]
+    rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+    rows = [row for row in rows if "response_length/p50" in row]
+    if not rows:
+        raise ValueError(f"--from-run {run_dir}: metrics.jsonl has no response_length/p50 (no trained step)")
+    mean = sum(row["response_length/mean"] for row in rows) / len(rows)
+    p50 = sum(row["response_length/p50"] for row in rows) / len(rows)
+    p99 = sum(row["response_length/p99"] for row in rows) / len(rows)
+    sigma = max(0.0, math.log(max(p99, 1.0) / max(p50, 1.0)) / 2.326)  # lognormal: p99 / p50 = exp(2.326 σ)
+    overrides = [
+        "lengths.distribution=lognormal",
+        f"lengths.mean={max(1.0, mean):.6g}",
+        f"lengths.sigma={sigma:.4g}",
+        f"rollout.rollout_batch_size={rollout['rollout_batch_size']}",
+        f"rollout.num_return_sequences={rollout['num_return_sequences']}",
+        f"rollout.max_new_tokens={rollout['max_new_tokens']}",
+    ]
+    prompts = [row["prompt_length/mean"] for row in rows if "prompt_length/mean" in row]
+    if prompts:
+        overrides.append(f"prompt_tokens={max(1, round(sum(prompts) / len(prompts)))}")
+    return overrides
