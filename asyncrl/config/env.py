@@ -91,6 +91,11 @@ class EnvManagerConfig:
     """An episode still running after this many model turns ends as truncated."""
     max_context_tokens: int = 4096
     """An episode whose next request (context + rollout.max_new_tokens) would exceed this ends as truncated."""
+    chat_format: Literal["plain", "template"] = "plain"
+    """plain: observations are appended as they are (the built-in environments' format). template: each
+    observation is a user message of the tokenizer's chat template (an env's ``tools`` attribute rendered
+    into the first), each response closed as the template closes an assistant turn; responses stay the tokens
+    sampled, so a template that rewrites earlier turns changes nothing already in the context."""
 
     def __post_init__(self) -> None:
         for name in ("num_env_groups", "group_size", "max_turns", "max_context_tokens"):
@@ -100,6 +105,10 @@ class EnvManagerConfig:
             raise ValueError(f"env_manager.stepping must be one of 'async', 'batch', got {self.stepping!r}")
         if self.step_timeout_s <= 0:
             raise ValueError(f"env_manager.step_timeout_s must be > 0, got {self.step_timeout_s}")
+        if self.chat_format not in ("plain", "template"):
+            raise ValueError(
+                f"env_manager.chat_format must be 'plain' or 'template', got {self.chat_format!r}"
+            )
 
 
 def check_env_manager_fits(manager: EnvManagerConfig, group_size: int, groups_per_batch: int) -> None:

@@ -28,6 +28,11 @@ class ServeConfig:
     chat_format: Literal["template", "plain"] = "template"
     """template: messages are rendered with the tokenizer's chat template. plain: each message is its bare
     content (the format of the built-in environments); assistant turns are the model's own tokens either way."""
+    tool_parser: Literal["auto", "hermes", "llama3", "none"] = "auto"
+    """How tool calls are read from the model's text. hermes: Hermes/Qwen ``<tool_call>{json}</tool_call>``
+    spans. llama3: Llama 3's JSON form (``{"name": ..., "parameters": {...}}``, optionally after
+    ``<|python_tag|>``). auto: llama3 when the chat template is Llama 3's (``<|python_tag|>`` / ``ipython``),
+    else hermes; a template that knows no tools always uses hermes, the format its tools message documents."""
     default_max_tokens: int = 64
     """Tokens generated when a request gives no ``max_tokens``."""
     max_tokens_limit: int = 1024
@@ -62,6 +67,10 @@ class ServeConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"serve.port must be in [0, 65535], got {self.port}")
+        if self.tool_parser not in ("auto", "hermes", "llama3", "none"):
+            raise ValueError(
+                f"serve.tool_parser must be auto, hermes, llama3 or none, got {self.tool_parser!r}"
+            )
         if self.chat_format not in CHAT_FORMATS:
             raise ValueError(f"serve.chat_format must be one of {CHAT_FORMATS}, got {self.chat_format!r}")
         for name in (

@@ -17,6 +17,7 @@ import asyncio
 import hashlib
 import math
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from asyncrl.config.env import EnvManagerConfig
@@ -25,7 +26,8 @@ from asyncrl.envs.base import Env
 from asyncrl.rollout.episode import Episode
 from asyncrl.rollout.lockstep import Lockstep
 from asyncrl.rollout.rlvr_producer import GenerateClient, request_seed, response_text, sampling_params
-from asyncrl.types import FinishReason, PlacedRewards, Request, Trajectory, TrajectoryStatus
+from asyncrl.rollout.turns import Turns, make_turns
+from asyncrl.types import FinishReason, Generation, PlacedRewards, Request, Trajectory, TrajectoryStatus
 
 T = TypeVar("T")
 
@@ -107,6 +109,8 @@ class EnvManager:
         self.config = config
         self.seed = seed
         self.num_replacements = 0
+        self.turns: Turns = make_turns(config.chat_format, tokenizer)
+        self._last_generation: Generation | None = None
 
     async def run_episode(self, episode: Episode, group: GroupControl) -> Trajectory:
         """Play ``episode``; under batch stepping the producer has joined it to the lockstep already."""
@@ -127,7 +131,8 @@ class EnvManager:
     async def _play(self, episode: Episode, group: GroupControl) -> None:
         """The episode loop: reset, then generate and step until the episode ends."""
         observation, _ = await self._env_call(group, episode, lambda: self.env.reset(episode.env_seed))
-        episode.start(self.tokenizer.encode(observation))
+        self.turns = make_turns(self.config.chat_format, self.tokenizer)
+        episode.start(self.turns.first(observation, getattr(self.env, "tools", None)))
         while episode.status is None:
             await group.sync()
             await self._generate(episode, group)
@@ -144,7 +149,12 @@ class EnvManager:
         elif episode.num_turns >= self.config.max_turns:
             episode.end(TrajectoryStatus.TRUNCATED, f"reached env_manager.max_turns={self.config.max_turns}")
         else:
-            episode.add_observation(self.tokenizer.encode(observation))
+            last = self._last_generation
+            stopped = last is not None and last.finish_reason is FinishReason.STOP
+            response_ids = list(last.token_ids) if last is not None else []
+            episode.add_observation(
+                self.turns.after(response_ids, episode.responses[-1], stopped, observation)
+            )
             if len(episode.token_ids) + self.rollout.max_new_tokens > self.config.max_context_tokens:
                 episode.end(
                     TrajectoryStatus.TRUNCATED, "next turn would exceed env_manager.max_context_tokens"
@@ -165,6 +175,7 @@ class EnvManager:
             episode.timings["generate_s"] += loop.time() - started
         if generation.finish_reason is FinishReason.ABORT:
             raise EpisodeCut(group.cut_reason or f"request {request.request_id} aborted")
+        self._last_generation = generation
         episode.add_response(generation, response_text(generation, self.tokenizer))
 
     async def _env_call(self, group: GroupControl, episode: Episode, call: Callable[[], Awaitable[T]]) -> T:
@@ -210,6 +221,9 @@ class EnvManager:
         return Request(
             request_id=f"{episode.uid}.{episode.num_turns}",
             prompt_token_ids=list(episode.token_ids),
-            sampling=sampling_params(self.rollout, request_seed(self.seed, turn_key, episode.index)),
+            sampling=replace(
+                sampling_params(self.rollout, request_seed(self.seed, turn_key, episode.index)),
+                stop_token_ids=self.turns.stop_token_ids,
+            ),
             affinity_key=episode.uid,
         )

@@ -1,10 +1,12 @@
-"""How messages become context text: the tokenizer's chat template, or the bare contents (``plain``).
+"""How messages become context text: the tokenizer's chat template (tools included), or the bare contents.
 
-Key decision: only *text differences* are rendered. The context of a new message is the template's rendering
-of the whole history with it minus the rendering without it, so the template decides every separator while
-the model's sampled turns are never rendered again (the server keeps their tokens). A template whose
-rendering of a prefix is not a prefix of the rendering of the whole (it rewrites earlier turns) cannot be
-extended this way: ``FormatError`` names the fix (``serve.chat_format=plain`` or another template).
+Key decision: the model's sampled turns are never rendered again (the trajectory keeps their tokens), so only
+the text *new* messages add is rendered, and it is rendered against a neutral base conversation, not against
+the real history: ``render(base + new) - render(base)``. Templates that rewrite earlier turns (Qwen3 drops the
+``<think>`` blocks of turns before the last question) would make ``render(history + new)`` disagree with the
+tokens the model actually saw; against a base with nothing to rewrite they give exactly the text the template
+puts after those turns. The first messages of a conversation are rendered whole (system prompt and tools
+included). A template that cannot be diffed even against a base raises ``FormatError`` naming the fix.
 """
 
 from __future__ import annotations
@@ -15,7 +17,23 @@ from typing import Any, Protocol
 from asyncrl.serve.toolcalls import TOOL_CALL_INSTRUCTIONS, render_tool_call, render_tool_result
 
 Message = dict[str, Any]
-"""A chat message as the server stores it: ``role`` and ``content`` text (tool calls rendered in)."""
+"""A chat message as templates read it: ``role``, ``content`` text, and for tool use ``tool_calls`` (each
+``{"type": "function", "function": {"name", "arguments": dict}}``), ``tool_call_id``, ``name``."""
+
+MARK = "\u2063ASYNCRL-CONTENT\u2063"
+"""Stands in for a sampled turn's content when the text that closes a turn is asked of the template."""
+BASES: tuple[tuple[Message, ...], ...] = (
+    ({"role": "system", "content": "S"}, {"role": "user", "content": "U"}),
+    ({"role": "user", "content": "U"},),
+    (
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "U"},
+        {"role": "assistant", "content": "A"},
+    ),
+    ({"role": "user", "content": "U"}, {"role": "assistant", "content": "A"}),
+)
+"""Neutral conversations new messages are diffed against, tried in order (templates that refuse a system
+role, or two user messages in a row, take a later one)."""
 
 
 class FormatError(ValueError):
@@ -23,7 +41,10 @@ class FormatError(ValueError):
 
 
 class ChatFormat(Protocol):
-    def context(self, history: list[Message], new: list[Message]) -> str:
+    renders_tools: bool
+    """Whether ``context`` renders a request's tools itself (else they are announced in a system message)."""
+
+    def context(self, history: list[Message], new: list[Message], tools: list[dict[str, Any]] | None) -> str:
         """The text ``new`` adds after ``history`` (whose assistant turns are closed)."""
         ...
 
@@ -36,22 +57,47 @@ class ChatFormat(Protocol):
         ...
 
 
-def stored_message(message: Message) -> Message:
-    """A harness message as rendered: tool calls written as ``<tool_call>`` spans, tool results wrapped."""
-    role = message["role"]
+def harness_message(message: Message) -> Message:
+    """An OpenAI-format message as chat templates read it: content parts joined into text, ``developer`` as
+    ``system``, tool-call arguments parsed from JSON text into objects (a template renders them itself)."""
     content = message.get("content") or ""
     if isinstance(content, list):  # the openai "content parts" form: text parts only
         content = "".join(part.get("text", "") for part in content if part.get("type") == "text")
-    if role == "tool":
-        content = render_tool_result(content)
+    role = "system" if message["role"] == "developer" else message["role"]
+    out: Message = {"role": role, "content": content}
+    calls = message.get("tool_calls") or []
+    if calls:
+        out["tool_calls"] = [_call(call, index) for index, call in enumerate(calls)]
+    for key in ("tool_call_id", "name"):
+        if message.get(key):
+            out[key] = message[key]
+    return out
+
+
+def _call(call: Message, index: int) -> Message:
+    function = call["function"]
+    try:
+        arguments = json.loads(function.get("arguments") or "{}")
+    except json.JSONDecodeError as err:
+        raise ValueError(f"tool_calls[{index}].function.arguments is not JSON: {err}") from err
+    return {
+        "type": "function",
+        "id": call.get("id", ""),
+        "function": {"name": function["name"], "arguments": arguments},
+    }
+
+
+def message_text(message: Message) -> str:
+    """A message as plain text: its content, tool calls written as ``<tool_call>`` spans, a tool result
+    wrapped in ``<tool_response>`` (the ``plain`` format, and what identifies a turn)."""
+    content = message["content"] if message["role"] != "tool" else render_tool_result(message["content"])
     for call in message.get("tool_calls") or []:
-        function = call["function"]
-        content += render_tool_call(function["name"], json.loads(function.get("arguments") or "{}"))
-    return {"role": role, "content": content}
+        content += render_tool_call(call["function"]["name"], call["function"]["arguments"])
+    return content
 
 
 def tools_message(tools: list[dict[str, Any]]) -> Message:
-    """The system message that tells the model which tools exist and how to call them."""
+    """The system message that tells the model which tools exist and how to call them (templates without tools)."""
     lines = [json.dumps(tool.get("function", tool), sort_keys=True) for tool in tools]
     return {
         "role": "system",
@@ -60,48 +106,73 @@ def tools_message(tools: list[dict[str, Any]]) -> Message:
 
 
 class TemplateFormat:
-    """The tokenizer's chat template, extended by text differences."""
+    """The tokenizer's chat template, new messages diffed against a neutral base (module docstring)."""
 
     def __init__(self, tokenizer: Any) -> None:
-        if not getattr(tokenizer, "chat_template", None):
+        template = getattr(tokenizer, "chat_template", None)
+        if not template:
             raise ValueError("the tokenizer has no chat template: use serve.chat_format=plain")
         self.tokenizer = tokenizer
+        self.renders_tools = "tools" in template
 
-    def _render(self, messages: list[Message], generation_prompt: bool) -> str:
-        if not messages:
-            return ""
+    def _render(self, messages: list[Message], generation_prompt: bool, tools: list | None = None) -> str:
         return self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=generation_prompt
+            messages, tools=tools or None, tokenize=False, add_generation_prompt=generation_prompt
         )
 
-    def _suffix(self, whole: str, prefix: str, what: str) -> str:
-        if not whole.startswith(prefix):
-            raise FormatError(
-                f"the chat template renders {what} by rewriting earlier text, so the conversation cannot be "
-                "extended token-in/token-out; use serve.chat_format=plain or a prefix-stable template"
-            )
-        return whole[len(prefix) :]
-
-    def context(self, history: list[Message], new: list[Message]) -> str:
-        return self._suffix(self._render(history + new, False), self._render(history, False), "new messages")
+    def context(self, history: list[Message], new: list[Message], tools: list[dict[str, Any]] | None) -> str:
+        if not new:
+            return ""
+        if not self.renders_tools:  # tool calls and results as text (the tools came as a system message)
+            new = [{"role": m["role"], "content": message_text(m)} for m in new]
+        if not history:  # the conversation's start: rendered whole, its system prompt and tools included
+            return self._render(new, False, tools)
+        return self._diffed(
+            lambda base: (self._render(base, False, tools), self._render(base + new, False, tools))
+        )
 
     def generation_prompt(self, history: list[Message]) -> str:
-        return self._suffix(
-            self._render(history, True), self._render(history, False), "the generation prompt"
+        return self._diffed(
+            lambda base: (self._render(base, False), self._render(base, True)), ending_with_user=True
         )
 
     def close(self, history: list[Message], content: str) -> str:
-        opened = self._render(history, True) + content
-        whole = self._render(history + [{"role": "assistant", "content": content}], False)
-        return self._suffix(whole, opened, "an assistant turn")
+        for base in self._bases(ending_with_user=True):
+            try:
+                whole = self._render([*base, {"role": "assistant", "content": MARK}], False)
+            except Exception:  # deliberate: a template that refuses this base may take the next
+                continue
+            if whole.count(MARK) == 1:
+                return whole.split(MARK, 1)[1]
+        raise FormatError("the chat template does not render an assistant turn's content as given")
+
+    def _diffed(self, renders: Any, ending_with_user: bool = False) -> str:
+        """The first base whose ``(before, after)`` renders extend one another: what ``after`` adds."""
+        for base in self._bases(ending_with_user):
+            try:
+                before, after = renders(list(base))
+            except Exception:  # deliberate: templates raise on role orders they refuse; try the next base
+                continue
+            if after.startswith(before):
+                return after[len(before) :]
+        raise FormatError(
+            "the chat template renders these messages by rewriting the text before them even after a neutral "
+            "conversation, so they cannot be appended token-in/token-out; use serve.chat_format=plain"
+        )
+
+    @staticmethod
+    def _bases(ending_with_user: bool) -> list[tuple[Message, ...]]:
+        return [b for b in BASES if not ending_with_user or b[-1]["role"] == "user"]
 
 
 class PlainFormat:
     """Bare contents, nothing between turns: the format of the built-in environments (a response that stops
     on its own keeps its EOS token, which then separates it from the next observation)."""
 
-    def context(self, history: list[Message], new: list[Message]) -> str:
-        return "".join(message["content"] for message in new)
+    renders_tools = False
+
+    def context(self, history: list[Message], new: list[Message], tools: list[dict[str, Any]] | None) -> str:
+        return "".join(message_text(message) for message in new)
 
     def generation_prompt(self, history: list[Message]) -> str:
         return ""

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from asyncrl.config.serve import ServeConfig
-from asyncrl.serve.chat_format import ChatFormat, Message, make_chat_format, stored_message, tools_message
+from asyncrl.serve.chat_format import ChatFormat, Message, harness_message, make_chat_format, tools_message
 from asyncrl.serve.deltas import TextDeltas
 from asyncrl.serve.schemas import ChatRequest, CompletionRequest, ServeError, check_bounds
 from asyncrl.serve.tito import Branch, TrajectoryTokens, message_key
-from asyncrl.serve.toolcalls import parse_tool_calls
+from asyncrl.serve.toolcalls import make_tool_parser, parse_llama3_tool_calls
 from asyncrl.serve.trajectories import ServedTrajectory, TrajectorySink, TrajectoryState, TrajectoryStore
 from asyncrl.types import FinishReason, Generation, Request, SamplingParams, TokenObserver
 
@@ -77,6 +77,10 @@ class CompletionService:
         self.config = config
         self.seed = seed
         self.format: ChatFormat = make_chat_format(config.chat_format, tokenizer)
+        self.parse_tool_calls = make_tool_parser(
+            config.tool_parser if self.format.renders_tools else "hermes",
+            getattr(tokenizer, "chat_template", None),
+        )
         self.store = TrajectoryStore(config, self.format, tokenizer, sink)
         self.stop_token_ids = tuple(stop_token_ids(config.chat_format, self.format, tokenizer))
         self.reward_fn = load_reward_fn(config.reward_fn) if config.reward_fn else None
@@ -93,9 +97,7 @@ class CompletionService:
     ) -> CallResult:
         """A chat call; ``on_text`` (streaming) hears each answer's content as it is generated."""
         max_tokens = check_bounds(request, self.config, tracked=trajectory_id is not None)
-        messages = [stored_message(m.model_dump(exclude_none=True)) for m in request.messages]
-        if request.tools and request.tool_choice != "none":
-            messages.insert(0, tools_message([t.model_dump() for t in request.tools]))
+        messages, tools = self._messages(request)
         keys = [message_key(m) for m in messages]
         sampling = self._sampling(request, max_tokens)
         return await self._call(
@@ -103,10 +105,26 @@ class CompletionService:
             group_id,
             request.n,
             sampling,
-            lambda tokens: tokens.prompt(messages, keys),
+            lambda tokens: tokens.prompt(messages, keys, tools),
             kind="chat",
             on_text=on_text,
         )
+
+    def _messages(self, request: ChatRequest) -> tuple[list[Message], list[dict[str, Any]] | None]:
+        """The request's messages as templates read them, and the tools the template renders (a template
+        that knows no tools gets them announced in a first system message instead)."""
+        try:
+            messages = [harness_message(m.model_dump(exclude_none=True)) for m in request.messages]
+        except ValueError as err:
+            raise ServeError(400, f"messages: {err}", "messages") from err
+        tools = (
+            [t.model_dump() for t in request.tools]
+            if request.tools and request.tool_choice != "none"
+            else None
+        )
+        if tools and not self.format.renders_tools:
+            return [tools_message(tools), *messages], None
+        return messages, tools
 
     async def complete(
         self,
@@ -216,7 +234,12 @@ class CompletionService:
         """The token observer feeding answer ``index``'s text pieces to ``on_text`` (None: not streaming)."""
         if on_text is None:
             return None
-        return TextDeltas(self.tokenizer, lambda text: on_text(index, text), chat=kind == "chat")
+        return TextDeltas(
+            self.tokenizer,
+            lambda text: on_text(index, text),
+            chat=kind == "chat",
+            json_calls=self.parse_tool_calls is parse_llama3_tool_calls,
+        )
 
     async def _turn(
         self,
@@ -267,20 +290,18 @@ class CompletionService:
         next call can recognise it) and render the answer: content, parsed tool calls, finish reason."""
         token_ids = list(generation.token_ids)
         raw = self.tokenizer.decode(token_ids, skip_special_tokens=True)
-        content, calls = parse_tool_calls(raw) if kind == "chat" else (raw, [])
+        content, calls = self.parse_tool_calls(raw) if kind == "chat" else (raw, [])
         stopped = generation.finish_reason is FinishReason.STOP
-        returned: Message = {
-            "role": "assistant",
-            "content": content,
-            "tool_calls": [{"function": c} for c in calls],
-        }
+        returned = harness_message(
+            {"role": "assistant", "content": content, "tool_calls": [{"function": c} for c in calls]}
+        )
         tokens.record(
             branch,
             token_ids=token_ids,
             logprobs=list(generation.logprobs),
             versions=list(generation.versions),
             raw_text=raw,
-            key=message_key(stored_message(returned)),
+            key=message_key(returned),
             ended_by_stop_token=stopped and bool(token_ids) and token_ids[-1] in self._all_stop_ids(),
         )
         finish = ("tool_calls" if calls else "stop") if stopped else "length"

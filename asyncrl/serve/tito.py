@@ -9,9 +9,10 @@ records where and why it forked. Nothing is ever re-tokenised.
 
 Branch token layout, one entry per token::
 
-    [message 0 context][message 1 context]...[gen prompt][sampled turn][close]...[gen prompt][sampled]...
-     mask 0             mask 0                mask 0      mask 1        mask 0
-                              offsets[i] = number of tokens once message i is complete
+    [messages 0..2 context][gen prompt][sampled turn][close][message 4 context][gen prompt][sampled]...
+     mask 0                 mask 0      mask 1        mask 0  mask 0             mask 0      mask 1
+        offsets[i] = number of tokens once message i is complete; None inside the messages one call added
+        together (the template renders them as one piece: a branch forks only where a piece ends)
 """
 
 from __future__ import annotations
@@ -20,12 +21,12 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from asyncrl.serve.chat_format import ChatFormat, Message
+from asyncrl.serve.chat_format import ChatFormat, Message, message_text
 
 
 def message_key(message: Message) -> str:
-    """What makes two stored messages the same turn (role and rendered content)."""
-    return json.dumps([message["role"], message["content"]])
+    """What makes two messages the same turn: role and text (content with its tool calls written in)."""
+    return json.dumps([message["role"], message_text(message)])
 
 
 @dataclass(kw_only=True)
@@ -41,7 +42,7 @@ class Branch:
     """Messages as rendered into the context (a sampled turn: the model's raw text, tool-call spans included)."""
     keys: list[str] = field(default_factory=list)
     """One comparison key per message (a sampled turn: the key of the message the harness was sent back)."""
-    offsets: list[int] = field(default_factory=list)
+    offsets: list[int | None] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -65,14 +66,22 @@ class Branch:
         for array in (self.token_ids, self.loss_mask, self.logprobs, self.versions):
             del array[num_tokens:]
 
-    def add_message(self, message: Message, key: str) -> None:
+    def add_message(self, message: Message, key: str, *, complete: bool = True) -> None:
+        """``complete``: its tokens end here (False inside a piece rendered together with the next)."""
         self.messages.append(message)
         self.keys.append(key)
-        self.offsets.append(len(self.token_ids))
+        self.offsets.append(len(self.token_ids) if complete else None)
+
+    def fork_point(self, num_shared: int) -> int:
+        """The most leading messages, up to ``num_shared``, whose tokens end where a piece ends."""
+        while num_shared and self.offsets[num_shared - 1] is None:
+            num_shared -= 1
+        return num_shared
 
     def fork(self, branch_id: int, num_messages: int, reason: str) -> Branch:
         """A new branch sharing this one's first ``num_messages`` messages, tokens copied."""
         end = self.offsets[num_messages - 1] if num_messages else 0
+        assert end is not None, "a branch forks where a piece ends (fork_point)"
         return Branch(
             branch_id=branch_id,
             parent=self.branch_id,
@@ -107,6 +116,23 @@ def _text_prefix_pieces(messages: list[Message], text: str) -> int:
     return len(messages)
 
 
+def closing_text(
+    chat_format: ChatFormat,
+    tokenizer: Any,
+    history: list[Message],
+    raw_text: str,
+    token_ids: list[int],
+    ended_by_stop_token: bool,
+) -> str:
+    """The text that closes a sampled turn, less the template's end-of-turn marker when the model sampled it."""
+    close = chat_format.close(history, raw_text)
+    if ended_by_stop_token and token_ids:
+        stop_text = tokenizer.decode(token_ids[-1:])
+        if close.startswith(stop_text):  # the template's own end-of-turn marker was sampled already
+            close = close[len(stop_text) :]
+    return close
+
+
 def common_prefix(a: list[str], b: list[str]) -> int:
     n = 0
     for x, y in zip(a, b, strict=False):
@@ -128,13 +154,17 @@ class TrajectoryTokens:
     def live(self) -> Branch | None:
         return self.branches[-1] if self.branches else None
 
-    def prompt(self, messages: list[Message], keys: list[str]) -> Branch:
-        """The branch this call extends (a new one if it extends none), grown by the new messages and the
-        generation prompt; its ``token_ids`` are the request's prompt."""
+    def prompt(
+        self, messages: list[Message], keys: list[str], tools: list[dict[str, Any]] | None = None
+    ) -> Branch:
+        """The branch this call extends (a new one if it extends none), grown by the new messages (rendered
+        together: a template may join them, e.g. consecutive tool results) and the generation prompt; its
+        ``token_ids`` are the request's prompt. ``tools`` are rendered only where the conversation starts."""
         branch = self._branch_for(keys)
-        for message, key in zip(messages[len(branch.keys) :], keys[len(branch.keys) :], strict=True):
-            branch.append_context(self._encode(self.format.context(branch.messages, [message])))
-            branch.add_message(message, key)
+        new = messages[len(branch.keys) :]
+        branch.append_context(self._encode(self.format.context(branch.messages, new, tools)))
+        for index, (message, key) in enumerate(zip(new, keys[len(branch.keys) :], strict=True)):
+            branch.add_message(message, key, complete=index == len(new) - 1)
         branch.append_context(self._encode(self.format.generation_prompt(branch.messages)))
         return branch
 
@@ -152,11 +182,9 @@ class TrajectoryTokens:
         """Append a sampled turn and the text that closes it; the harness extends the branch by sending the
         turn back as the message whose ``key`` is given."""
         branch.append_sampled(token_ids, logprobs, versions)
-        close = self.format.close(branch.messages, raw_text)
-        if ended_by_stop_token and token_ids:
-            stop_text = self.tokenizer.decode(token_ids[-1:])
-            if close.startswith(stop_text):  # the template's own end-of-turn marker was sampled already
-                close = close[len(stop_text) :]
+        close = closing_text(
+            self.format, self.tokenizer, branch.messages, raw_text, token_ids, ended_by_stop_token
+        )
         branch.append_context(self._encode(close))
         branch.add_message({"role": "assistant", "content": raw_text}, key)
         branch.num_turns += 1
@@ -186,7 +214,7 @@ class TrajectoryTokens:
             self.branches.append(Branch(branch_id=0))
             return self.branches[-1]
         source = max(self.branches, key=lambda b: common_prefix(b.keys, keys))
-        shared = common_prefix(source.keys, keys)
+        shared = source.fork_point(common_prefix(source.keys, keys))
         reason = (
             f"messages repeat a prefix of branch {live.branch_id} (a retry)"
             if keys == live.keys[: len(keys)]

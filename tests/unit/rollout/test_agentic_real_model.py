@@ -3,53 +3,21 @@ playing the built-in count_chain env: the seams fit, and the trajectory is the c
 
 from __future__ import annotations
 
-import asyncio
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from agentic_helpers import first_group  # noqa: E402
+from agentic_helpers import tiny_model_group  # noqa: E402
 
-from asyncrl.buffer.sample_buffer import SampleBuffer  # noqa: E402
-from asyncrl.config.buffer import BufferConfig  # noqa: E402
-from asyncrl.config.engine import EngineConfig  # noqa: E402
 from asyncrl.config.env import EnvConfig, EnvManagerConfig  # noqa: E402
-from asyncrl.config.proxy import ProxyConfig  # noqa: E402
-from asyncrl.config.rollout import RolloutConfig  # noqa: E402
-from asyncrl.engine import make_engine  # noqa: E402
-from asyncrl.envs import make_env  # noqa: E402
 from asyncrl.envs.count_chain import count_prompt, is_correct, plan_turns  # noqa: E402
-from asyncrl.models.loading import load_model_and_tokenizer  # noqa: E402
-from asyncrl.proxy import LLMProxy  # noqa: E402
-from asyncrl.rollout.agentic_producer import AgenticProducer, make_env_seed_source  # noqa: E402
-from asyncrl.types import Group  # noqa: E402
 
 ENV = EnvConfig(num_turns=2, max_start=30, min_span=2, max_span=3)
 
 
 def test_tiny_model_plays_count_chain_through_the_real_engine() -> None:
-    model, tokenizer = load_model_and_tokenizer("tiny-count", device="cpu")
-    engine = make_engine(model, tokenizer, EngineConfig(max_running_requests=4, max_kv_tokens=1024))
-
-    async def main() -> Group:
-        proxy = LLMProxy([engine], ProxyConfig(update_policy="drain"))
-        buffer = SampleBuffer(BufferConfig(async_ratio=0.0), groups_per_batch=1, group_size=3)
-        producer = AgenticProducer(
-            source=make_env_seed_source(4, 0),
-            proxy=proxy,
-            buffer=buffer,
-            tokenizer=tokenizer,
-            rollout=RolloutConfig(rollout_batch_size=1, num_return_sequences=3, max_new_tokens=24),
-            config=EnvManagerConfig(num_env_groups=1, group_size=3, max_context_tokens=256),
-            make_env=lambda: make_env(ENV),
-            seed=0,
-        )
-        return await first_group(producer, buffer, proxy)
-
-    try:
-        group = asyncio.run(main())
-    finally:
-        engine.shutdown()
+    manager = EnvManagerConfig(num_env_groups=1, group_size=3, max_context_tokens=256)
+    group, tokenizer = tiny_model_group(ENV, manager)
     assert len(group) == 3
     for t in group.trajectories:
         (a, b), (c, d) = plan_turns(ENV, t.info["env_seed"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from asyncrl.serve.chat_format import stored_message
+from asyncrl.serve.chat_format import harness_message, message_text
 from asyncrl.serve.toolcalls import parse_tool_calls, render_tool_call, render_tool_result
 
 
@@ -30,14 +30,10 @@ def test_a_harness_tool_call_and_its_result_render_into_the_context() -> None:
             {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"b": 3, "a": 2}'}}
         ],
     }
-    assert stored_message(call) == {"role": "assistant", "content": render_tool_call("add", {"a": 2, "b": 3})}
-    result = stored_message({"role": "tool", "content": "5", "tool_call_id": "c1"})
-    assert (
-        result
-        == {"role": "tool", "content": render_tool_result("5")}
-        == {"role": "tool", "content": "<tool_response>5</tool_response>"}
-    )
-    assert json.loads(parse_tool_calls(stored_message(call)["content"])[1][0]["arguments"]) == {
+    assert message_text(harness_message(call)) == render_tool_call("add", {"a": 2, "b": 3})
+    result = message_text(harness_message({"role": "tool", "content": "5", "tool_call_id": "c1"}))
+    assert result == render_tool_result("5") == "<tool_response>5</tool_response>"
+    assert json.loads(parse_tool_calls(message_text(harness_message(call)))[1][0]["arguments"]) == {
         "a": 2,
         "b": 3,
     }
