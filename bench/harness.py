@@ -25,6 +25,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from asyncrl.metrics.progress import library_bars_follow_terminal
+
 SCHEMA_VERSION = 2
 """Bumped when the result layout changes; ``scripts/bench_docs.py`` only quotes files of this version."""
 RESULTS_DIR = "bench/results"
@@ -42,6 +44,7 @@ def parser(description: str, name: str, default_repeats: int = 3) -> argparse.Ar
     """The flags every benchmark shares: ``--quick``, ``--repeats``, ``--out``."""
     import torch  # here, not at import: the harness itself is importable without torch
 
+    library_bars_follow_terminal()  # a benchmark's log gets no carriage-return bars from the libraries
     _start_threads[:] = [torch.get_num_threads()]
     parsed = argparse.ArgumentParser(description=description)
     parsed.add_argument("--quick", action="store_true", help="smoke mode: seconds, tiny shapes, 1 repeat")
@@ -172,6 +175,7 @@ def machine() -> dict[str, Any]:
     """Cores, threads, libraries and load: what makes two results comparable or not."""
     import torch  # here, not at import: the harness itself is importable without torch
 
+    library_bars_follow_terminal()  # a benchmark's log gets no carriage-return bars from the libraries
     return {
         "platform": platform.platform(),
         "cpu_model": cpu_model(),

@@ -21,6 +21,9 @@ def main() -> int:
     parser.add_argument("task_overrides", nargs="*", help="TaskConfig overrides, e.g. type=reverse")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from asyncrl.metrics.progress import library_bars_follow_terminal
+
+    library_bars_follow_terminal()
 
     from asyncrl.config.loader import load_config
     from asyncrl.config.task import TaskConfig

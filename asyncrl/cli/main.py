@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from types import ModuleType
 
 from asyncrl import __version__
+from asyncrl.metrics.progress import library_bars_follow_terminal
 from asyncrl.sandbox.bwrap import SandboxUnavailable  # light: no torch, no subprocess started
 
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -87,6 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # Set at run time of the command, not at import: every model this process loads is local.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    library_bars_follow_terminal()  # under a pipe or in a log, no library redraws a bar with carriage returns
     try:
         parser, module = build_parser(argv)
     except CommandUnavailable as err:

@@ -2,11 +2,13 @@
 
 Key decision: on a terminal a tqdm bar redraws in place with the rate, the few numbers that matter and an
 ETA; anywhere else (a pipe, a CI log, a file) every update is one plain line with the same numbers, because
-carriage-return redraws turn a log into noise.
+carriage-return redraws turn a log into noise. Libraries' own bars (Hugging Face's "Loading weights", "Writing
+model shards", dataset maps) follow the same rule: ``library_bars_follow_terminal``.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Mapping
@@ -72,13 +74,40 @@ class Progress:
         return tqdm(total=self.total, desc=self.label, unit=self.unit, file=self.stream, dynamic_ncols=True)
 
 
+LIBRARY_BARS = (
+    ("HF_HUB_DISABLE_PROGRESS_BARS", "huggingface_hub.utils", "disable_progress_bars"),
+    ("HF_HUB_DISABLE_PROGRESS_BARS", "transformers.utils.logging", "disable_progress_bar"),
+    ("HF_DATASETS_DISABLE_PROGRESS_BARS", "datasets.utils.tqdm", "disable_progress_bars"),
+)
+"""(environment switch the library reads when imported, its module, the function that switches it off once it
+is imported) for each library that draws its own tqdm bars: huggingface_hub, transformers, datasets."""
+
+
+def library_bars_follow_terminal(stream: TextIO | None = None) -> None:
+    """Turn off Hugging Face's own progress bars unless ``stream`` (where they draw: stderr) is a terminal.
+
+    Call it where a process starts (the ``asyncrl`` command, a benchmark), best before those libraries load:
+    the switches go into the environment, so Ray workers and subprocesses started later follow them too, and
+    a library already imported is switched off in place. A switch the user set is left as it is.
+    """
+    if _is_terminal(sys.stderr if stream is None else stream):
+        return
+    for switch, module, switch_off in LIBRARY_BARS:
+        if os.environ.setdefault(switch, "1") == "1" and module in sys.modules:
+            getattr(sys.modules[module], switch_off)()
+
+
 def _wants_bar(mode: ProgressMode, stream: TextIO) -> bool:
     if mode not in ("auto", "bar", "lines"):
         raise ValueError(f"progress mode must be 'auto', 'bar' or 'lines', got {mode!r}")
     if mode == "auto":
-        isatty = getattr(stream, "isatty", None)
-        return bool(isatty and isatty())
+        return _is_terminal(stream)
     return mode == "bar"
+
+
+def _is_terminal(stream: TextIO) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
 
 
 def _short(value: float) -> str:

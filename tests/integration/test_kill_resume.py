@@ -65,6 +65,8 @@ def run_to_completion(out: Path, *overrides: str, resume: bool = False) -> None:
         train_command(out, *overrides, *extra), capture_output=True, text=True, env=_env()
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    # under a pipe no progress bar redraws, the libraries' own (loading weights, writing checkpoints) included
+    assert "\r" not in result.stdout + result.stderr, "carriage-return progress output in a piped run"
 
 
 def run_with_kills(out: Path, *overrides: str, num_kills: int, seed: int) -> int:

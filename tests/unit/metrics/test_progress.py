@@ -1,15 +1,23 @@
-"""The progress display draws a bar on a terminal and falls back to plain lines under a pipe."""
+"""The progress display draws a bar on a terminal and falls back to plain lines under a pipe; the libraries'
+own bars (Hugging Face's) follow the same rule."""
 
 from __future__ import annotations
 
 import fcntl
+import importlib
 import os
 import pty
 import select
 import struct
 import termios
 
-from asyncrl.metrics.progress import Progress
+import huggingface_hub.utils
+import pytest
+import transformers.utils.logging
+
+from asyncrl.metrics.progress import LIBRARY_BARS, Progress, library_bars_follow_terminal
+
+DATASETS_BARS = importlib.import_module("datasets.utils.tqdm")  # the package's ``tqdm`` attribute is a class
 
 
 def drive(stream, mode="auto") -> None:
@@ -63,3 +71,58 @@ def test_lines_can_be_forced_on_a_terminal():
         output = read_all(master)
     os.close(master)
     assert "[step 3/3] reward=1.5" in output
+
+
+@pytest.fixture
+def library_bars(monkeypatch):
+    """Hugging Face's bars on, no switch in the environment; put back as they were after the test."""
+    for switch, _, _ in LIBRARY_BARS:
+        monkeypatch.delenv(switch, raising=False)
+    before = (
+        huggingface_hub.utils.are_progress_bars_disabled(),
+        transformers.utils.logging.is_progress_bar_enabled(),
+        DATASETS_BARS.are_progress_bars_disabled(),
+    )
+    huggingface_hub.utils.enable_progress_bars()
+    transformers.utils.logging.enable_progress_bar()
+    DATASETS_BARS.enable_progress_bars()
+    yield
+    hub_off, transformers_on, datasets_off = before
+    (huggingface_hub.utils.disable_progress_bars if hub_off else huggingface_hub.utils.enable_progress_bars)()
+    logging = transformers.utils.logging
+    (logging.enable_progress_bar if transformers_on else logging.disable_progress_bar)()
+    (DATASETS_BARS.disable_progress_bars if datasets_off else DATASETS_BARS.enable_progress_bars)()
+
+
+def library_bars_on() -> list[bool]:
+    return [
+        not huggingface_hub.utils.are_progress_bars_disabled(),
+        transformers.utils.logging.is_progress_bar_enabled(),
+        not DATASETS_BARS.are_progress_bars_disabled(),
+    ]
+
+
+def test_library_bars_are_switched_off_under_a_pipe_here_and_in_later_processes(library_bars):
+    read_fd, write_fd = os.pipe()
+    with os.fdopen(write_fd, "w") as stream:
+        library_bars_follow_terminal(stream)
+    os.close(read_fd)
+    assert library_bars_on() == [False, False, False]
+    assert (
+        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] == "1"
+    )
+
+
+def test_library_bars_stay_on_a_terminal_and_a_switch_the_user_set_is_kept(library_bars, monkeypatch):
+    master, slave = terminal()
+    with os.fdopen(slave, "w") as stream:
+        library_bars_follow_terminal(stream)
+    os.close(master)
+    assert library_bars_on() == [True, True, True]
+    assert "HF_HUB_DISABLE_PROGRESS_BARS" not in os.environ
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "0")
+    read_fd, write_fd = os.pipe()
+    with os.fdopen(write_fd, "w") as stream:
+        library_bars_follow_terminal(stream)
+    os.close(read_fd)
+    assert library_bars_on() == [True, True, False]
