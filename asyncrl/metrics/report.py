@@ -167,14 +167,31 @@ def plot_staleness(runs: list[RunSeries], path: Path) -> Path:
     return _save(plt, fig, path, [ax])
 
 
+CUMULATIVE_BUFFER_SERIES = frozenset({"buffer/admitted_groups"})
+"""``buffer/*`` metrics that count since the run started; the others are occupancy at the end of the step."""
+
+
+def buffer_panels(series: dict[str, list[float]]) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """(occupancy series, cumulative series) of one run's ``buffer/*`` metrics.
+
+    Why two panels: a cumulative count reaches thousands over a default run while occupancy stays in the
+    tens, so on one axis occupancy reads as a flat line at zero."""
+    occupancy = {key: values for key, values in series.items() if key not in CUMULATIVE_BUFFER_SERIES}
+    cumulative = {key: values for key, values in series.items() if key in CUMULATIVE_BUFFER_SERIES}
+    return occupancy, cumulative
+
+
 def plot_buffer(runs: list[RunSeries], path: Path) -> Path:
-    """Every ``buffer/*`` series each run recorded, per step."""
-    plt, fig, (ax,) = _figure(1, 1)
+    """Every ``buffer/*`` series each run recorded, per step: occupancy (left) and cumulative counts (right,
+    on their own axis)."""
+    plt, fig, (occupied, counted) = _figure(1, 2)
     for run in runs:
-        for key, values in run.buffer.items():
-            ax.plot(run.steps, values, label=f"{run.name} {key}")
-    ax.set(xlabel="step", ylabel="groups", title="buffer occupancy")
-    return _save(plt, fig, path, [ax])
+        for axis, panel in zip((occupied, counted), buffer_panels(run.buffer), strict=True):
+            for key, values in panel.items():
+                axis.plot(run.steps, values, label=f"{run.name} {key.removeprefix('buffer/')}")
+    occupied.set(xlabel="step", ylabel="groups", title="buffer occupancy after each step")
+    counted.set(xlabel="step", ylabel="groups", title="groups admitted since the start")
+    return _save(plt, fig, path, [occupied, counted])
 
 
 def plot_run_timeline(run: RunSeries, path: Path) -> Path:
