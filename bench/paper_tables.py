@@ -40,8 +40,9 @@ METRICS = ("steady_samples_per_s", "steady_mean_step_s", "steady_mean_wait_s", "
 CHOICES = (
     "hardware: H800 for every figure (the report names no GPU; DORA, by the same ecosystem, runs H800)",
     "model: Qwen3-8B (the report's), dense bf16, served with paged KV (vLLM/SGLang), 90 % of device memory",
-    "responses: lognormal, sigma 1, mean 11,000 (Think) or 2,000 (Base) tokens, clipped at 30,720; 256-token "
-    "prompts",
+    "responses: lognormal, mean 11,000 (Think) or 2,000 (Base) tokens, clipped at 30,720, total log-sigma 1 of "
+    "which half the variance is the prompt's (per-response and per-prompt sigma 0.71: a hard prompt makes all its "
+    "responses long); 256-token prompts",
     "batch: 256 prompts x 16 responses per step (Appendix A.1's config), unless the figure varies it",
     "Async: partial rollout (in-flight weight updates) at async ratio 2 on a 1:1 train/infer split (§3)",
     "Sync-Naive: colocated, batch rollout, a prompt's responses on one engine; Sync-ROLL: colocated, queue "
