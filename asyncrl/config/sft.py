@@ -12,6 +12,7 @@ search it cannot finish in minutes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from asyncrl.config.task import TaskConfig
 
@@ -28,12 +29,22 @@ class SFTConfig:
     """Seed of model initialisation, data order and evaluation sampling."""
     vocab_size: int = 384
     """Target vocabulary of the byte-level BPE trained on the built-in tasks' texts."""
+    architecture: Literal["qwen2", "qwen3"] = "qwen2"
+    """Model family: qwen2 (the shipped checkpoints) or qwen3 (per-head q/k norms, explicit head_dim)."""
     hidden_size: int = 128
     """Model width."""
     num_layers: int = 4
     """Transformer blocks."""
     num_heads: int = 4
     """Attention heads (hidden_size must be divisible by it)."""
+    num_kv_heads: int | None = None
+    """Key/value heads (grouped-query attention when fewer than num_heads); null: num_heads."""
+    intermediate_size: int | None = None
+    """MLP width; null: 4 × hidden_size."""
+    head_dim: int | None = None
+    """qwen3 only: width of each attention head; null: hidden_size / num_heads."""
+    max_position_embeddings: int = 2048
+    """Longest sequence (prompt + response) the model's rotary table is sized for."""
     max_steps: int = 2000
     """Optimizer steps of training (the budget that sets how good the warm start gets)."""
     max_minutes: float = 30.0
@@ -60,11 +71,30 @@ class SFTConfig:
     """Generation limit of evaluation samples."""
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "max_steps", "batch_size"):
+        if self.architecture not in ("qwen2", "qwen3"):
+            raise ValueError(f"sft.architecture must be 'qwen2' or 'qwen3', got {self.architecture!r}")
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "max_steps",
+            "batch_size",
+            "max_position_embeddings",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"sft.{name} must be >= 1, got {getattr(self, name)}")
         if self.hidden_size % self.num_heads:
             raise ValueError(f"sft.hidden_size ({self.hidden_size}) must be divisible by sft.num_heads")
+        for name in ("num_kv_heads", "intermediate_size", "head_dim"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"sft.{name} must be >= 1 or null, got {getattr(self, name)}")
+        if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads:
+            raise ValueError(f"sft.num_heads ({self.num_heads}) must be divisible by sft.num_kv_heads")
+        if self.head_dim is not None and self.architecture != "qwen3":
+            raise ValueError(
+                "sft.head_dim is a qwen3 setting (qwen2 derives it from hidden_size / num_heads)"
+            )
         if self.max_minutes <= 0 or self.lr <= 0:
             raise ValueError("sft.max_minutes and sft.lr must be > 0")
         for name in ("warmup_steps", "eval_prompts", "log_every"):

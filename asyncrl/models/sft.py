@@ -269,9 +269,14 @@ def run_sft(
     task = make_task(config.task)
     tokenizer = train_tokenizer(tokenizer_texts(config.seed), config.vocab_size)
     model = build_tiny_model(
+        architecture=config.architecture,
         hidden_size=config.hidden_size,
         num_layers=config.num_layers,
         num_heads=config.num_heads,
+        num_kv_heads=config.num_kv_heads,
+        intermediate_size=config.intermediate_size,
+        head_dim=config.head_dim,
+        max_position_embeddings=config.max_position_embeddings,
         vocab_size=len(tokenizer),
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

@@ -83,6 +83,10 @@ def test_lr_schedule_exact_values():
         ({"hidden_size": 100, "num_heads": 3}, "divisible"),
         ({"max_steps": 0}, "sft.max_steps"),
         ({"output_dir": ""}, "sft.output_dir"),
+        ({"architecture": "llama"}, "sft.architecture"),
+        ({"num_heads": 4, "num_kv_heads": 3}, "divisible by sft.num_kv_heads"),
+        ({"head_dim": 64}, "qwen3 setting"),
+        ({"intermediate_size": 0}, "sft.intermediate_size"),
     ],
 )
 def test_sft_config_validation(overrides, message):
