@@ -29,7 +29,9 @@ class RolloutConfig:
     True to keep it."""
     max_additional_running_prompts: int = 0
     """Redundant prompts kept in flight beyond what the batch needs, so filtered groups are replaced without
-    waiting; once the batch is full the surplus is aborted and recorded, never silently lost."""
+    waiting; once the batch is full the surplus is aborted and recorded, never silently lost. With
+    ``generation: batch`` they over-sample each round (a round admits the batch plus these), so a round whose
+    groups are partly filtered can still fill the batch without another round."""
     max_new_tokens: int = 256
     """Longest response in tokens."""
     temperature: float = 1.0

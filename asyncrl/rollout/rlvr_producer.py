@@ -227,9 +227,11 @@ class RLVRProducer:
     # ---- the naive baseline ----------------------------------------------------------------------------
 
     async def _produce_batch(self) -> None:
-        """``generation: batch``: admit a step's prompts (all that capacity allows, at most a batch: after
-        filtering only the dropped groups' places are free), generate everything, then score everything."""
-        admitted = await admit_batch(self.source, self.buffer, self.name, self.buffer.groups_per_batch)
+        """``generation: batch``: admit a round of prompts (all that capacity allows, at most a batch plus the
+        redundant prompts: over-sampling, so a round whose groups are partly filtered can still fill the batch;
+        after filtering only the dropped groups' places are free), generate everything, then score everything."""
+        limit = self.buffer.groups_per_batch + self.buffer.max_redundant_groups
+        admitted = await admit_batch(self.source, self.buffer, self.name, limit)
         n = self.config.num_return_sequences
         try:
             generations = await asyncio.gather(

@@ -29,6 +29,8 @@ SCENARIOS = {
     "sync_redundant": Scenario(mode="sync", redundant=1, filter="zero_variance"),
     # Batch generation with filtering once deadlocked: only the filtered groups' places free up.
     "sync_batch_filter": Scenario(mode="sync", generation="batch", filter="zero_variance"),
+    # Over-sampling: a batch round starts the batch plus the redundant prompts; the surplus is dropped, recorded.
+    "sync_batch_oversample": Scenario(mode="sync", generation="batch", redundant=2, filter="zero_variance"),
     "multi_version": Scenario(mode="multi_version", async_ratio=1.0, train_s=0.5),
     "multi_version_2": Scenario(mode="multi_version", async_ratio=2.0, num_engines=3, batch=3, train_s=0.5),
     # Redundant admissions may be reclaimed (the batch does not wait for them): no deadlock, invariants hold.

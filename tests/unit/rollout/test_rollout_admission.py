@@ -81,3 +81,58 @@ def test_response_text_prefers_the_engine_text() -> None:
     assert response_text(generation, _Tokenizer()) == "decoded [5, 6] skip=True"
     generation.text = "from the engine"
     assert response_text(generation, _Tokenizer()) == "from the engine"
+
+
+class _BytesTokenizer:
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode())
+
+
+class _HeldProxy:
+    """A proxy that records requests and never answers them: what a producer has started, frozen."""
+
+    def __init__(self) -> None:
+        self.requests: list[str] = []
+
+    async def generate(self, request):  # noqa: ANN001, ANN201 - the GenerateClient seam
+        self.requests.append(request.request_id)
+        await asyncio.Event().wait()
+
+    async def abort(self, request_id: str) -> None:
+        return None
+
+
+@pytest.mark.parametrize("redundant", [0, 2])
+def test_a_batch_round_over_samples_by_the_redundant_prompts(redundant: int) -> None:
+    """``generation: batch`` starts the batch plus ``max_additional_running_prompts`` in one round, so a round
+    whose groups are partly filtered can still fill the batch (over-sampling)."""
+    from asyncrl.rollout.rlvr_producer import RLVRProducer
+
+    async def first_round() -> set[str]:
+        buffer = SampleBuffer(
+            BufferConfig(async_ratio=0.0), groups_per_batch=2, group_size=2, max_redundant_groups=redundant
+        )
+        proxy = _HeldProxy()
+        config = RolloutConfig(
+            rollout_batch_size=2,
+            num_return_sequences=2,
+            generation="batch",
+            max_additional_running_prompts=redundant,
+        )
+        producer = RLVRProducer(
+            source=make_source(),
+            proxy=proxy,
+            rewards=None,
+            buffer=buffer,
+            tokenizer=_BytesTokenizer(),
+            config=config,
+            seed=0,
+        )
+        task = asyncio.create_task(producer.run())
+        for _ in range(10):
+            await asyncio.sleep(0)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return {request_id.split("#")[0] for request_id in proxy.requests}
+
+    assert asyncio.run(first_round()) == set(order(2 + redundant))
