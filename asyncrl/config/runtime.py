@@ -3,7 +3,7 @@
 Key decision on colocation: ``sync`` alternates rollout and training behind a barrier, so there both roles are
 *colocated*: their actors reserve no Ray CPUs and each gets threads for every core (the trainer all of them,
 each engine its share of all but one, which the driver needs while the engines generate: see
-``asyncrl.runtime.placement.DRIVER_CPUS``), relying on the barrier so that they never compute at once. Async
+``driver_cpus``), relying on the barrier so that they never compute at once. Async
 modes give rollout and training disjoint shares (``rollout_num_cpus`` / ``train_num_cpus``), so neither slows
 the other.
 """
@@ -47,6 +47,11 @@ class RuntimeConfig:
     machine's usable cores, rounded down (at least 1; on a ``cluster`` runtime, 1)."""
     colocate: Literal["auto", "always", "never"] = "auto"
     """auto: colocate rollout and training in ``sync`` mode only (module docstring); always / never force it."""
+    driver_cpus: float = 1.0
+    """Colocated (``sync``) placement only: the cores the engines leave to the driver while they generate
+    (reward scoring, detokenizing, scheduling); each engine gets ``(cores - driver_cpus) / num_engines``
+    threads (at least 1). 1 was measured faster on 2 cores (asyncrl/runtime/placement.py); 0 gives the engines
+    every core, which a tuned sync may prefer elsewhere (bench/long_tail.py sweeps both)."""
     pin_cores: bool = False
     """When rollout and training are not colocated, pin the trainer and each engine actor to disjoint cores
     (``os.sched_setaffinity``), so a loaded machine cannot make them share a core (runtime/placement.py)."""
@@ -113,6 +118,8 @@ class RuntimeConfig:
         for name in ("accelerators_per_trainer_worker", "accelerators_per_engine"):
             if getattr(self, name) is not None and getattr(self, name) < 0:
                 raise ValueError(f"runtime.{name} must be >= 0 or null, got {getattr(self, name)}")
+        if self.driver_cpus < 0:
+            raise ValueError(f"runtime.driver_cpus must be >= 0, got {self.driver_cpus}")
         if self.reward_num_cpus < 0:
             raise ValueError(f"runtime.reward_num_cpus must be >= 0, got {self.reward_num_cpus}")
         for name in ("trainer_resources", "engine_resources"):

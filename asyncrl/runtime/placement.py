@@ -4,9 +4,14 @@ runtimes reserve and thread their actors by it, the inline runtime threads its e
 The shares are ``RuntimeConfig.cpu_shares``: set ones as given, null ones splitting the usable cores (half
 each on this machine's 2 cores: 1 + 1). Disjoint (async modes): each of the ``n`` engines reserves ``rollout_num_cpus / n`` CPUs and each of the
 trainer's ``w`` ranks ``train_num_cpus / w``; threads are those shares rounded down (at least 1). Colocated (``sync``): no actor
-reserves CPUs, the trainer gets threads for every core and the engines share every core but one (``(total - 1)
-/ n`` threads each, at least 1); the mode's barrier keeps rollout and training from computing at the same
-time (see asyncrl/config/runtime.py). The core left over is the driver's: see ``DRIVER_CPUS``.
+reserves CPUs, the trainer gets threads for every core and the engines share every core but the driver's
+(``(total - driver_cpus) / n`` threads each, at least 1); the mode's barrier keeps rollout and training from computing at the same
+time (see asyncrl/config/runtime.py). The core left over is the driver's (``runtime.driver_cpus``, 1 by
+default). While the engines generate, the driver is busy too (scoring rewards, detokenizing, scheduling the
+next requests), and an engine whose torch threads claim every core then waits at each op's thread barrier
+whenever the driver takes one of its cores. Measured on 2 cores when the default was chosen (the default
+example in sync, 40 steps, 3 runs each; not a result file): the engine generated in 5.5–6.7 s with one thread
+against 8.1–8.4 s with two. The trainer keeps every core: while it trains, sync's driver waits.
 
 With ``runtime.pin_cores`` a disjoint placement also pins each actor to its own cores (``os.sched_setaffinity``):
 the trainer takes the first ``ceil(train_num_cpus)`` usable cores and the engines split the next
@@ -66,15 +71,6 @@ class Placement:
         }
 
 
-DRIVER_CPUS = 1.0
-"""What a colocated engine leaves to the driver. While the engines generate, the driver is busy too (scoring
-rewards, detokenizing, scheduling the next requests), and an engine whose torch threads claim every core
-then waits at each op's thread barrier whenever the driver takes one of its cores. Measured on 2 cores
-while making this choice (the default example in sync, 40 steps, 3 runs each; not a result file): the engine
-generated in 5.5–6.7 s with one thread against 8.1–8.4 s with two; the benchmarks' sync arms show the same
-(docs/benchmarks.md). The trainer keeps every core: while it trains, sync's driver waits."""
-
-
 def is_colocated(config: RuntimeConfig, mode: str) -> bool:
     """Whether rollout and training share every core: ``colocate: auto`` does so when the mode never lets
     rollout overlap training (``sync``)."""
@@ -104,7 +100,7 @@ def plan_placement(
         return Placement(
             colocated=True,
             engine_num_cpus=0.0,
-            engine_threads=num_threads(max(total - DRIVER_CPUS, 1.0) / num_engines),
+            engine_threads=num_threads(max(total - config.driver_cpus, 1.0) / num_engines),
             trainer_num_cpus=0.0,
             trainer_threads=num_threads(total / num_trainer_workers),
         )

@@ -30,6 +30,15 @@ def test_sync_colocates_the_trainer_on_every_core_and_the_engines_on_all_but_the
     assert plan_placement(one, num_engines=1, mode="sync").engine_threads == 1
 
 
+def test_driver_cpus_sets_what_colocated_engines_leave_to_the_driver():
+    every_core = RuntimeConfig(type="local", rollout_num_cpus=1, train_num_cpus=1, driver_cpus=0)
+    assert plan_placement(every_core, num_engines=1, mode="sync").engine_threads == 2
+    assert plan_placement(every_core, num_engines=2, mode="sync").engine_threads == 1
+    assert plan_placement(every_core, num_engines=1, mode="async").engine_threads == 1  # disjoint: not read
+    with pytest.raises(ValueError, match="runtime.driver_cpus must be >= 0"):
+        RuntimeConfig(driver_cpus=-1)
+
+
 @pytest.mark.parametrize(
     ("colocate", "mode", "expected"),
     [
