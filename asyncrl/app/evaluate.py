@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import sys
 from dataclasses import replace
-from pathlib import Path
 
 from asyncrl.app.context_length import with_max_model_len
 from asyncrl.config.run import RunConfig
@@ -17,7 +16,7 @@ from asyncrl.metrics.progress import Progress
 from asyncrl.models.loading import load_configured_model
 from asyncrl.proxy.llm_proxy import LLMProxy
 from asyncrl.rewards.service import RewardService
-from asyncrl.trainer.checkpoint import MODEL_DIR, load_model_weights
+from asyncrl.trainer.checkpoint import served_model
 
 
 async def evaluate_model(config: RunConfig, checkpoint: str | None) -> dict[str, float]:
@@ -25,7 +24,7 @@ async def evaluate_model(config: RunConfig, checkpoint: str | None) -> dict[str,
     config, _ = with_max_model_len(config)  # the engine's KV pool sized to the task, as in training
     model, tokenizer = load_configured_model(config.model)
     if checkpoint:
-        load_model_weights(model, Path(checkpoint) / MODEL_DIR)
+        model = served_model(model, checkpoint)
     engine = make_engine(model, tokenizer, config.engine)
     proxy = LLMProxy([engine], replace(config.proxy, update_policy="drain"))
     task = make_task(config.task) if config.producer == "rlvr" else None

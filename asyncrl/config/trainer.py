@@ -11,6 +11,44 @@ from typing import Literal
 
 SCHEDULES = ("constant", "cosine")
 COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
+ALL_LINEAR = "all-linear"
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoraConfig:
+    """LoRA through ``peft``: low-rank adapters on the chosen linear layers train, the base weights stay frozen.
+
+    Only the adapters hold gradients and optimizer state; the reference model (KL) is the base with the
+    adapters switched off (no second copy of the weights); checkpoints hold the adapters (``adapter/``, peft's
+    format) and ``asyncrl export`` writes merged weights; weight sync ships the adapters alone (kind ``lora``).
+    """
+
+    rank: int = 16
+    """Rank r of each adapter pair (A: [r, in], B: [out, r])."""
+    alpha: float = 32.0
+    """Scale numerator: the adapter adds (alpha / r) · B @ A to a layer's weight."""
+    dropout: float = 0.0
+    """Dropout on the adapters' input in the gradient forward passes (never in the no-grad log-prob passes,
+    so the step-start log-probs stay those of the weights)."""
+    target_modules: tuple[str, ...] = (ALL_LINEAR,)
+    """Names (last component, e.g. ``q_proj``, ``v_proj``) of the linear layers that get adapters;
+    ``[all-linear]``: every linear layer of the decoder, not the output layer."""
+
+    def __post_init__(self) -> None:
+        if self.rank < 1:
+            raise ValueError(f"trainer.lora.rank must be >= 1, got {self.rank}")
+        if self.alpha <= 0:
+            raise ValueError(f"trainer.lora.alpha must be > 0, got {self.alpha}")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"trainer.lora.dropout must be in [0, 1), got {self.dropout}")
+        if not self.target_modules or any(not name for name in self.target_modules):
+            raise ValueError(
+                f"trainer.lora.target_modules must name at least one layer, got {list(self.target_modules)}"
+            )
+        if ALL_LINEAR in self.target_modules and len(self.target_modules) > 1:
+            raise ValueError(
+                f"trainer.lora.target_modules: '{ALL_LINEAR}' stands alone, got {list(self.target_modules)}"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,6 +114,8 @@ class TrainerConfig:
     """Older checkpoints beyond this many are deleted after a save; None keeps all."""
     seed: int = 0
     """Seed of the mini-batch shuffling."""
+    lora: LoraConfig | None = None
+    """Train LoRA adapters instead of every weight (``LoraConfig``); null trains the full model."""
 
     def __post_init__(self) -> None:
         self._check_optimizer()

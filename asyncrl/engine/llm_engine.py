@@ -14,6 +14,7 @@ import torch
 
 from asyncrl.config.engine import EngineConfig
 from asyncrl.engine import migration
+from asyncrl.engine.adapters import MergedAdapters
 from asyncrl.engine.kv_cache import available_bytes, pool_bytes
 from asyncrl.engine.model_runner import ModelRunner, kv_dimensions
 from asyncrl.engine.requests import check_request
@@ -47,6 +48,7 @@ class LLMEngine:
             model, num_slots=self.config.max_running_requests, max_len=self.max_model_len
         )
         self.eos_token_ids = eos_token_ids(model, tokenizer)
+        self.adapters = MergedAdapters(model)
         self.version = 0
         self.paused = False
         self.num_generated_tokens = 0
@@ -110,13 +112,20 @@ class LLMEngine:
         """Copy new weights into the model and tag later tokens with ``version`` (contract: engine/weights.py).
 
         ``named_tensors`` may be a ``WeightUpdate``: it is then refused (``WeightSyncError``) if older than the
-        served version or not matching the model, before anything is copied.
+        served version or not matching the model, before anything is copied. An adapter-only one (kind
+        ``lora``) is merged into the base weights (``engine.adapters``); a full one replaces them.
 
         In-flight requests survive: with ``kv_on_update="recompute"`` their whole context is prefilled again
         under the new weights before they continue; with ``"keep"`` they continue on their old KV.
         """
         named = tensors_of(named_tensors, serving_version=self.version, shapes=expected_shapes(self.model))
-        copy_into(resolve_update(self.model, named, partial=partial))
+        adapter = getattr(named_tensors, "adapter", None)  # a WeightUpdate of kind 'lora'
+        if adapter is not None:
+            self.adapters.apply(named, adapter.scaling, version)
+        else:
+            pairs = resolve_update(self.model, named, partial=partial)  # checked before the base comes back
+            self.adapters.restore_base()
+            copy_into(pairs)
         self.version = version
         if self.config.kv_on_update == "recompute":
             self.scheduler.reset_kv()

@@ -23,12 +23,12 @@ from asyncrl.config.run import RunConfig
 from asyncrl.data.base import Task
 from asyncrl.data.registry import make_task
 from asyncrl.engine import make_engine
-from asyncrl.models.loading import load_configured_model, state_dict_for_sync
+from asyncrl.models.loading import load_configured_model
 from asyncrl.rewards.service import RewardService
 from asyncrl.runtime.placement import Placement, plan_placement
 from asyncrl.torch_threads import claim_torch_threads
 from asyncrl.trainer.checkpoint import load_checkpoint, save_checkpoint
-from asyncrl.trainer.trainer import Trainer
+from asyncrl.trainer.trainer import Trainer, needs_reference_copy
 from asyncrl.types import Group
 from asyncrl.weight_sync.protocol import WeightSync, WeightUpdate
 from asyncrl.weight_sync.transports import make_weight_sync
@@ -86,7 +86,8 @@ class LocalTrainer:
         return fn(*args)
 
     def _publish(self) -> WeightUpdate:
-        return self._sync.publish(self.trainer.version, state_dict_for_sync(self.trainer.model))
+        trainer = self.trainer
+        return self._sync.publish(trainer.version, trainer.sync_tensors(), adapter=trainer.adapter)
 
     def save_checkpoint(self, root: str | Path, *, extra: dict[str, Any], keep_last: int | None) -> Path:
         return save_checkpoint(root, self.trainer, extra=extra, keep_last=keep_last)
@@ -184,7 +185,7 @@ def build_parts(config: RunConfig) -> InlineParts:
     )
     torch.set_num_threads(1)
     model, tokenizer = load_configured_model(config.model)
-    ref_model = copy.deepcopy(model) if config.loss.needs_reference else None
+    ref_model = copy.deepcopy(model) if needs_reference_copy(config.loss, config.trainer) else None
     engines = make_engines(config, model, tokenizer, placement.engine_threads)
     trainer = Trainer(
         model,

@@ -45,8 +45,8 @@ from asyncrl.trainer.distributed.checkpoint import (
 )
 from asyncrl.trainer.distributed.parallel import FullyShardedParallel, Parallelism, SingleProcess
 from asyncrl.trainer.distributed.process_group import free_port, join_process_group, leave_process_group
-from asyncrl.trainer.distributed.weights import full_weight_buckets
-from asyncrl.trainer.trainer import Trainer
+from asyncrl.trainer.distributed.weights import gathered_buckets
+from asyncrl.trainer.trainer import Trainer, needs_reference_copy
 from asyncrl.types import Group
 from asyncrl.weight_sync.broadcast import WeightGroup
 from asyncrl.weight_sync.flat import FlatWeights, pack_state
@@ -86,7 +86,7 @@ class TrainerRankActor:
                 timeout_s=timeout_s,
             )
         model, tokenizer = load_configured_model(config.model)
-        ref_model = copy.deepcopy(model) if config.loss.needs_reference else None
+        ref_model = copy.deepcopy(model) if needs_reference_copy(config.loss, config.trainer) else None
         self.trainer = Trainer(
             model.train(),
             config.trainer,
@@ -139,13 +139,14 @@ class TrainerRankActor:
         """Every rank gathers; rank 0 packs each bucket as it fills and either places it in the object store
         or broadcasts it to the engines, then returns the update (the others return None)."""
         trainer = self._trainer()
-        buckets = full_weight_buckets(trainer.model, bucket_bytes)
+        buckets = gathered_buckets(trainer.sync_tensors(), bucket_bytes)
+        adapter = trainer.adapter
         if self.rank != 0:
             for _ in buckets:  # take part in every gather
                 pass
             return None
         if transport == "object_store":
-            return FlatBufferSync(put=ray.put).publish_buckets(trainer.version, buckets)
+            return FlatBufferSync(put=ray.put).publish_buckets(trainer.version, buckets, adapter=adapter)
         sent: list[FlatWeights] = []
 
         def packed() -> Iterator[FlatWeights]:
@@ -155,7 +156,7 @@ class TrainerRankActor:
                 sent.append(flat.without_buffers())
 
         self.weight_group.send(packed())
-        return update_of_buckets(sent, "broadcast", handle=None)  # the bytes are staged on the engines
+        return update_of_buckets(sent, "broadcast", handle=None, adapter=adapter)  # staged on the engines
 
     def save_checkpoint(self, root: str, extra: dict[str, Any] | None, keep_last: int | None) -> str:
         trainer = self._trainer()

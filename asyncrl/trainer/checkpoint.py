@@ -9,6 +9,7 @@ half-written; ``latest_checkpoint`` skips such directories and says why.
 
     <root>/step_00000012/
         model/               save_pretrained: config.json + model.safetensors
+        adapter/             instead of model/ with LoRA (trainer.lora): peft's adapter format, the base untouched
         trainer_state.pt     optimizer, scheduler, step, version, RNG states (torch.load weights_only)
         extra.json           the caller's dict, as JSON (data position, buffered groups, consumed prompts)
         COMPLETE.json        {relative path: sha256} of every file above, written last
@@ -32,10 +33,13 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from asyncrl.trainer.lora import load_adapter, merge_adapter, save_adapter
 from asyncrl.trainer.trainer import Trainer
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 MODEL_DIR = "model"
+ADAPTER_DIR = "adapter"
+"""A LoRA trainer's adapters (peft's format) in place of ``MODEL_DIR``: the base weights are the model's own."""
 SHARDED_DIR = "sharded"
 """Model and optimizer shards of a checkpoint written by a sharded trainer (``trainer.distributed.checkpoint``)."""
 STATE_FILE = "trainer_state.pt"
@@ -68,7 +72,10 @@ def save_checkpoint(
     """
     staging, final = new_staging(root, trainer.step)
     try:
-        trainer.model.save_pretrained(staging / MODEL_DIR)
+        if trainer.peft_model is not None:
+            save_adapter(trainer.peft_model, staging / ADAPTER_DIR)
+        else:
+            trainer.model.save_pretrained(staging / MODEL_DIR)
         write_state(staging, {**trainer.state_dict(), "rng": rng_state()}, extra)
         commit(staging, final, keep_last)
     finally:
@@ -116,7 +123,7 @@ def load_checkpoint(path: str | os.PathLike[str], trainer: Trainer) -> dict[str,
             f"{path} holds sharded weights (a trainer with num_workers > 1 wrote it): resume it with the Ray "
             "runtime, whose trainer ranks load sharded checkpoints at any num_workers"
         )
-    load_model_weights(trainer.model, path / MODEL_DIR)
+    load_trained_weights(trainer, path)
     state, extra = read_state(path)
     trainer.load_state_dict(state)
     set_rng_state(state["rng"])
@@ -193,6 +200,32 @@ def prune_checkpoints(root: str | os.PathLike[str], keep_last: int) -> list[Path
     for path in doomed:
         shutil.rmtree(path)
     return doomed
+
+
+def load_trained_weights(trainer: Trainer, path: Path) -> None:
+    """The weights a checkpoint trained into ``trainer``: its adapters (LoRA) or its model; ``ValueError`` when
+    the checkpoint and ``trainer.lora`` disagree."""
+    has_adapter = (path / ADAPTER_DIR).is_dir()
+    if trainer.peft_model is not None and not has_adapter:
+        raise ValueError(f"{path} holds full weights (no {ADAPTER_DIR}/): resume it without trainer.lora")
+    if trainer.peft_model is None and has_adapter:
+        raise ValueError(
+            f"{path} holds LoRA adapters ({ADAPTER_DIR}/): resume it with its trainer.lora settings"
+        )
+    if has_adapter:
+        load_adapter(trainer.peft_model, path / ADAPTER_DIR)
+    else:
+        load_model_weights(trainer.model, path / MODEL_DIR)
+
+
+def served_model(model: nn.Module, path: str | os.PathLike[str]) -> nn.Module:
+    """``model`` (the run's base model) with the weights checkpoint ``path`` trained: its ``model/`` loaded in
+    place, or its LoRA ``adapter/`` merged in. For evaluation and export."""
+    path = Path(path)
+    if (path / ADAPTER_DIR).is_dir():
+        return merge_adapter(model, path / ADAPTER_DIR)
+    load_model_weights(model, path / MODEL_DIR)
+    return model
 
 
 def load_model_weights(model: nn.Module, model_dir: Path) -> None:

@@ -19,6 +19,7 @@ number of passes so FSDP2's collectives line up. One process is the world of siz
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterable, Sequence
 
@@ -28,6 +29,7 @@ from torch import nn
 
 from asyncrl.config.algorithm import AdvantageConfig, LossConfig
 from asyncrl.config.trainer import TrainerConfig
+from asyncrl.models.loading import state_dict_for_sync
 from asyncrl.trainer.activation_checkpointing import enable_activation_checkpointing
 from asyncrl.trainer.advantages import compute_advantages
 from asyncrl.trainer.batching import (
@@ -46,14 +48,22 @@ from asyncrl.trainer.distributed.normalisation import (
 )
 from asyncrl.trainer.distributed.parallel import Parallelism, SingleProcess, agreed_count, local_rows
 from asyncrl.trainer.logprobs import TokenLogProbModule, TokenLogProbs, autocast
+from asyncrl.trainer.lora import adapter_dropout, adapter_spec, adapter_tensors, attach_lora
 from asyncrl.trainer.losses import PolicyLossInputs, compute_policy_loss
 from asyncrl.trainer.mismatch import compute_step_start_correction
 from asyncrl.trainer.offpolicy import m2po_keep
 from asyncrl.trainer.optim import build_optimizer, build_scheduler, clip_gradients
 from asyncrl.types import Group, TrainBatch
+from asyncrl.weight_sync.protocol import LoraAdapter
 
 _AGGREGATION_MASK = "aggregation_mask"
 """Key of the step tensor holding the mask the loss aggregates over (not a loss input)."""
+
+
+def needs_reference_copy(loss_config: LossConfig, config: TrainerConfig) -> bool:
+    """Whether the trainer needs a second copy of the model as its reference: for a KL penalty without LoRA
+    (with LoRA the reference is the base with the adapters off)."""
+    return loss_config.needs_reference and config.lora is None
 
 
 class Trainer:
@@ -75,8 +85,16 @@ class Trainer:
         version: int = 0,
         parallel: Parallelism | None = None,
     ) -> None:
-        if loss_config.needs_reference and ref_model is None:
+        if config.lora is not None and ref_model is not None:
+            raise ValueError(
+                "trainer.lora: the reference policy is the base model with the adapters off; pass no ref_model"
+            )
+        if loss_config.needs_reference and ref_model is None and config.lora is None:
             raise ValueError("loss.kl.beta > 0 needs a reference model (Trainer(ref_model=...)), got none")
+        self.peft_model = attach_lora(model, config.lora) if config.lora is not None else None
+        """The ``PeftModel`` wrapper with LoRA (``trainer.lora``); ``model`` is then the model inside it."""
+        if self.peft_model is not None:
+            model = self.peft_model.get_base_model()
         self.model = model.eval()
         self.config = config
         self.loss_config = loss_config
@@ -87,11 +105,28 @@ class Trainer:
         if config.activation_checkpointing:
             enable_activation_checkpointing(model)
         self.policy = self._log_prob_module(model)
-        self.reference = self._log_prob_module(self.ref_model) if self.ref_model is not None else None
+        self.reference = self._reference_module(loss_config)
         self.optimizer = build_optimizer(model, config)  # after sharding: the optimizer holds the shards
         self.scheduler = build_scheduler(self.optimizer, config)
         self.step = 0
         self.version = version
+
+    def _reference_module(self, loss_config: LossConfig) -> TokenLogProbModule | None:
+        """π_ref's log-prob module: the separate reference model, or with LoRA the policy's own module (run with
+        the adapters off, see ``_reference_mode``); None when nothing needs it."""
+        if self.ref_model is not None:
+            return self._log_prob_module(self.ref_model)
+        if self.peft_model is not None and loss_config.needs_reference:
+            return self.policy
+        return None
+
+    def _reference_mode(self) -> contextlib.AbstractContextManager:
+        """What ``reference`` runs under: with LoRA the adapters switched off (the frozen base is π_ref)."""
+        return self.peft_model.disable_adapter() if self.peft_model is not None else contextlib.nullcontext()
+
+    def _gradient_mode(self) -> contextlib.AbstractContextManager:
+        """What a gradient forward and its backward run under: LoRA's adapter dropout on, if it has one."""
+        return adapter_dropout(self.model) if self.peft_model is not None else contextlib.nullcontext()
 
     def _log_prob_module(self, model: nn.Module) -> TokenLogProbModule:
         config = self.config
@@ -155,18 +190,22 @@ class Trainer:
             "version": float(self.version),
         }
 
-    def state_for_sync(self) -> dict[str, torch.Tensor]:
-        """A snapshot of every weight by name, for the engines; the output layer is always included.
+    @property
+    def adapter(self) -> LoraAdapter | None:
+        """What makes this trainer's weight updates adapter-only (LoRA); None: they are full updates."""
+        return adapter_spec(self.model) if self.peft_model is not None else None
 
-        With tied embeddings ``lm_head.weight`` is the input embedding, and a receiver that skips it keeps a
-        stale output layer (MACHINE-NOTES); listing it explicitly makes every receiver update it.
-        """
-        state = {name: t.detach().clone() for name, t in self.model.state_dict().items()}
-        head = self.model.get_output_embeddings()
-        if head is not None:
-            head_name = next(n for n, m in self.model.named_modules(remove_duplicate=False) if m is head)
-            state.setdefault(f"{head_name}.weight", head.weight.detach().clone())
-        return state
+    def sync_tensors(self) -> dict[str, torch.Tensor]:
+        """What an engine needs to serve the current weights, as detached views (DTensors under FSDP2): the
+        adapter pairs with LoRA (``trainer.lora.adapter_tensors``), else every weight with the output layer
+        named explicitly (``models.loading.state_dict_for_sync``)."""
+        if self.peft_model is not None:
+            return adapter_tensors(self.model)
+        return state_dict_for_sync(self.model)
+
+    def state_for_sync(self) -> dict[str, torch.Tensor]:
+        """A snapshot (copies) of ``sync_tensors``, which the next step cannot change."""
+        return {name: tensor.clone() for name, tensor in self.sync_tensors().items()}
 
     def state_dict(self) -> dict:
         """Everything but the model weights needed to resume training exactly (see checkpoint.py)."""
@@ -205,7 +244,8 @@ class Trainer:
             if loss_config.needs_train_behaviour:
                 fixed["train_behaviour_logprobs"] = policy
         if self.reference is not None:
-            fixed["ref_logprobs"] = self._logprobs_no_grad(self.reference, batch)
+            with self._reference_mode():
+                fixed["ref_logprobs"] = self._logprobs_no_grad(self.reference, batch)
         if loss_config.m2po is not None:
             log_ratio = fixed["train_behaviour_logprobs"] - batch.behaviour_logprobs
             fixed["m2po_mask"], metrics["m2po/second_moment"] = m2po_keep(
@@ -300,15 +340,16 @@ class Trainer:
     ) -> float:
         """Forward and backward one micro-batch with its loss scaled to its share of the mini-batch's loss
         (of every rank's rows); return that share. Metrics are weighted by the micro-batch's trained tokens."""
-        out = self._forward(self.policy, micro)
-        loss_tensors = {k: v for k, v in fixed.items() if k != _AGGREGATION_MASK}
-        inputs = self._loss_inputs(micro, loss_tensors, out)
-        loss, loss_metrics = compute_policy_loss(self.loss_config.name, inputs, self.loss_config)
-        weight = global_accumulation_weight(
-            self.loss_config, fixed[_AGGREGATION_MASK], total, self.parallel.world_size
-        )
-        if loss.requires_grad:  # the loss of a micro-batch with no trained token is still a graph (see
-            (loss * weight).backward()  # TokenLogProbModule), so every rank differentiates every pass
+        with self._gradient_mode():
+            out = self._forward(self.policy, micro)
+            loss_tensors = {k: v for k, v in fixed.items() if k != _AGGREGATION_MASK}
+            inputs = self._loss_inputs(micro, loss_tensors, out)
+            loss, loss_metrics = compute_policy_loss(self.loss_config.name, inputs, self.loss_config)
+            weight = global_accumulation_weight(
+                self.loss_config, fixed[_AGGREGATION_MASK], total, self.parallel.world_size
+            )
+            if loss.requires_grad:  # the loss of a micro-batch with no trained token is still a graph (see
+                (loss * weight).backward()  # TokenLogProbModule), so every rank differentiates every pass
         num_tokens = float(micro.loss_mask.sum())
         entropy = float(out.entropy.sum()) / max(num_tokens, 1.0)
         metrics.add({**loss_metrics, "entropy": entropy}, weight=num_tokens)

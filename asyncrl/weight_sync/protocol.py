@@ -13,10 +13,14 @@ Contract every transport keeps:
   a mismatched update is a ``WeightSyncError`` naming the tensor and leaves the engine on its old version;
 - tied embeddings are explicit: ``lm_head.weight`` is always in the manifest (engines that keep a separate
   packed output layer, such as vLLM's CPU backend, must see it).
+
+Two kinds of update travel the same transports: ``full`` (every weight) and ``lora`` (low-rank adapter pairs
+only, ``WeightUpdate.adapter`` set; see ``LoraAdapter`` for what an engine serves after one).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -26,6 +30,27 @@ NamedTensors = Mapping[str, Any] | Iterable[tuple[str, Any]]
 
 class WeightSyncError(ValueError):
     """A weight payload that must not be applied: stale version, unknown name, wrong shape or dtype."""
+
+
+LORA_A_SUFFIX = ".lora_A.weight"
+LORA_B_SUFFIX = ".lora_B.weight"
+"""Names of an adapter pair in a ``lora`` update: ``<module>.lora_A.weight`` [r, in] and
+``<module>.lora_B.weight`` [out, r], ``<module>`` the linear layer's name in the plain model
+(``model.layers.0.self_attn.q_proj``)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoraAdapter:
+    """What makes an update adapter-only: after it an engine serves ``W0 + scaling · B @ A`` for every module
+    the manifest names a pair for, and ``W0`` for every other weight.
+
+    ``W0`` are the engine's base weights: the last full weights it loaded (the model it started from, or a
+    full update). An adapter update is never relative to the previous one, so an engine at its base weights
+    applies any version in any order: a replacement engine or a resumed run needs nothing but the newest.
+    """
+
+    scaling: float
+    """LoRA's alpha / rank (alpha / sqrt(rank) with rank-stabilised scaling)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,10 +75,24 @@ class WeightUpdate:
     transport: str
     manifest: tuple[ManifestEntry, ...]
     handle: Any
+    adapter: LoraAdapter | None = None
+    """None: a full update. Set: an adapter-only update (``LoraAdapter``), the manifest holding its pairs."""
 
     @property
     def names(self) -> list[str]:
         return [entry.name for entry in self.manifest]
+
+    @property
+    def kind(self) -> str:
+        """``full`` or ``lora``."""
+        return "full" if self.adapter is None else "lora"
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the tensors the update carries (what crosses from the trainer to each engine)."""
+        import torch  # lazy: this module stays importable without torch
+
+        return sum(math.prod(e.shape) * getattr(torch, e.dtype).itemsize for e in self.manifest)
 
 
 class WeightSync(Protocol):
@@ -61,8 +100,11 @@ class WeightSync(Protocol):
 
     name: str
 
-    def publish(self, version: int, named_tensors: NamedTensors) -> WeightUpdate:
-        """Make ``named_tensors`` (full, unsharded names) available to engines as ``version``."""
+    def publish(
+        self, version: int, named_tensors: NamedTensors, *, adapter: LoraAdapter | None = None
+    ) -> WeightUpdate:
+        """Make ``named_tensors`` (full, unsharded names) available to engines as ``version``; with ``adapter``
+        they are adapter pairs only (an update of kind ``lora``)."""
         ...
 
     def receive(self, update: WeightUpdate) -> Iterator[tuple[str, Any]]:
@@ -83,8 +125,12 @@ def check_manifest(update: WeightUpdate, expected_shapes: Mapping[str, tuple[int
 
     ``expected_shapes`` maps each parameter name the engine serves to its shape. Every expected name must be
     present (a partial update would leave the engine serving two versions at once). Dtypes may differ: an
-    engine serving bf16 casts an fp32 update while copying.
+    engine serving bf16 casts an fp32 update while copying. An adapter update is checked by
+    ``check_adapter_manifest`` instead.
     """
+    if update.adapter is not None:
+        check_adapter_manifest(update, expected_shapes)
+        return
     given = {entry.name: entry for entry in update.manifest}
     for entry in update.manifest:
         if entry.name not in expected_shapes:
@@ -100,3 +146,42 @@ def check_manifest(update: WeightUpdate, expected_shapes: Mapping[str, tuple[int
         raise WeightSyncError(
             f"weight update v{update.version}: missing tensor(s) {missing[:5]} ({len(missing)} in all)"
         )
+
+
+def check_adapter_manifest(update: WeightUpdate, expected_shapes: Mapping[str, tuple[int, ...]]) -> None:
+    """``WeightSyncError`` naming the first adapter tensor that does not fit: a name that is not an adapter pair
+    member, a module without a 2-D ``<module>.weight`` [out, in] in ``expected_shapes``, a pair member
+    missing, or shapes other than A [r, in] and B [out, r] with one rank r per pair."""
+    pairs: dict[str, dict[str, tuple[int, ...]]] = {}
+    for entry in update.manifest:
+        module, member = adapter_member(entry.name, update.version)
+        pairs.setdefault(module, {})[member] = tuple(entry.shape)
+    for module, members in pairs.items():
+        base = expected_shapes.get(f"{module}.weight")
+        if base is None or len(base) != 2:
+            raise WeightSyncError(
+                f"weight update v{update.version}: adapter for {module!r}, which is no linear layer of the model"
+            )
+        if members.keys() != {"A", "B"}:
+            missing = "lora_B" if "A" in members else "lora_A"
+            raise WeightSyncError(
+                f"weight update v{update.version}: adapter for {module!r} lacks its {missing}"
+            )
+        (out_features, in_features), shape_a, shape_b = base, members["A"], members["B"]
+        rank = shape_a[0] if len(shape_a) == 2 else -1
+        if shape_a != (rank, in_features) or shape_b != (out_features, rank) or rank < 1:
+            raise WeightSyncError(
+                f"weight update v{update.version}: adapter for {module!r} has lora_A {shape_a} and lora_B "
+                f"{shape_b}; the layer {base} needs [r, {in_features}] and [{out_features}, r]"
+            )
+
+
+def adapter_member(name: str, version: int) -> tuple[str, str]:
+    """(module, ``A`` or ``B``) of an adapter tensor's name; ``WeightSyncError`` for any other name."""
+    for suffix, member in ((LORA_A_SUFFIX, "A"), (LORA_B_SUFFIX, "B")):
+        if name.endswith(suffix) and len(name) > len(suffix):
+            return name[: -len(suffix)], member
+    raise WeightSyncError(
+        f"weight update v{version}: {name!r} in an adapter update is not a '<module>{LORA_A_SUFFIX}' or "
+        f"'<module>{LORA_B_SUFFIX}'"
+    )

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from asyncrl.weight_sync.protocol import (
+    LoraAdapter,
     ManifestEntry,
     NamedTensors,
     WeightSync,
@@ -50,10 +51,16 @@ class InProcessSync:
 
     name = "in_process"
 
-    def publish(self, version: int, named_tensors: NamedTensors) -> WeightUpdate:
+    def publish(
+        self, version: int, named_tensors: NamedTensors, *, adapter: LoraAdapter | None = None
+    ) -> WeightUpdate:
         items = [(name, tensor.detach().clone()) for name, tensor in _items(named_tensors)]
         return WeightUpdate(
-            version=version, transport=self.name, manifest=_manifest_of(items), handle=tuple(items)
+            version=version,
+            transport=self.name,
+            manifest=_manifest_of(items),
+            handle=tuple(items),
+            adapter=adapter,
         )
 
     def receive(self, update: WeightUpdate) -> Iterator[tuple[str, Any]]:
@@ -72,11 +79,15 @@ class FlatBufferSync:
         self._put = put or (lambda flat: flat)
         self._get = get or (lambda handle: handle)
 
-    def publish(self, version: int, named_tensors: NamedTensors) -> WeightUpdate:
+    def publish(
+        self, version: int, named_tensors: NamedTensors, *, adapter: LoraAdapter | None = None
+    ) -> WeightUpdate:
         """Publish ``named_tensors`` as one bucket."""
-        return self.publish_buckets(version, [named_tensors])
+        return self.publish_buckets(version, [named_tensors], adapter=adapter)
 
-    def publish_buckets(self, version: int, buckets: Iterable[NamedTensors]) -> WeightUpdate:
+    def publish_buckets(
+        self, version: int, buckets: Iterable[NamedTensors], *, adapter: LoraAdapter | None = None
+    ) -> WeightUpdate:
         """Pack and place each bucket before the next is taken from ``buckets`` (which may gather lazily)."""
         from asyncrl.weight_sync.flat import pack_state
 
@@ -85,11 +96,13 @@ class FlatBufferSync:
             flat = pack_state(bucket, version)
             handles.append(self._put(flat))
             flats.append(flat.without_buffers())
-        return self.update_of(flats, handles)
+        return self.update_of(flats, handles, adapter=adapter)
 
-    def update_of(self, flats: Sequence[Any], handles: Sequence[Any]) -> WeightUpdate:
+    def update_of(
+        self, flats: Sequence[Any], handles: Sequence[Any], *, adapter: LoraAdapter | None = None
+    ) -> WeightUpdate:
         """The ``WeightUpdate`` of buckets ``flats`` (their manifests are read) already placed as ``handles``."""
-        return update_of_buckets(flats, self.name, tuple(handles))
+        return update_of_buckets(flats, self.name, tuple(handles), adapter=adapter)
 
     def receive(self, update: WeightUpdate) -> Iterator[tuple[str, Any]]:
         """Each bucket's tensors in turn (views of the buffers ``get`` returns); the first bucket is read (and
@@ -111,15 +124,19 @@ class FlatBufferSync:
             yield iter(unpack_state(flat).items())
 
 
-def update_of_buckets(flats: Sequence[Any], transport: str, handle: Any) -> WeightUpdate:
+def update_of_buckets(
+    flats: Sequence[Any], transport: str, handle: Any, *, adapter: LoraAdapter | None = None
+) -> WeightUpdate:
     """The ``WeightUpdate`` record of buckets ``flats`` (``FlatWeights``; only versions and manifests are read)
-    travelling by ``transport``."""
+    travelling by ``transport``; ``adapter`` makes it an adapter-only update."""
     if not flats or len({flat.version for flat in flats}) != 1:
         raise WeightSyncError(f"an update needs >= 1 bucket, all of one version; got {len(flats)} bucket(s)")
     manifest = tuple(
         ManifestEntry(name=e.name, dtype=e.dtype, shape=e.shape) for flat in flats for e in flat.manifest
     )
-    return WeightUpdate(version=flats[0].version, transport=transport, manifest=manifest, handle=handle)
+    return WeightUpdate(
+        version=flats[0].version, transport=transport, manifest=manifest, handle=handle, adapter=adapter
+    )
 
 
 TRANSPORTS: dict[str, Callable[[], WeightSync]] = {

@@ -11,6 +11,8 @@ ranks loads onto M ranks (M = 1 included): the loader asks for the tensors its o
         sharded/             DCP: .metadata + one __<rank>_0.distcp file per writing rank (model + optimizer)
         model/               the full weights for evaluation and serving: config.json + one safetensors file
                              per gathered bucket (rank 0 writes each as it is gathered)
+        adapter/             instead of model/ with LoRA: the gathered adapters in peft's format (sharded/
+                             then holds only the adapters and their optimizer state)
         trainer_state.pt     scheduler, step, version, RNG states (rank 0's)
         extra.json           the caller's dict
         COMPLETE.json        {relative path: sha256}, written last
@@ -27,12 +29,30 @@ from typing import Any
 
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from asyncrl.trainer import checkpoint
-from asyncrl.trainer.checkpoint import MODEL_DIR, SHARDED_DIR
+from asyncrl.trainer.checkpoint import ADAPTER_DIR, MODEL_DIR, SHARDED_DIR
 from asyncrl.trainer.distributed.weights import full_weight_buckets
+from asyncrl.trainer.lora import save_adapter
 from asyncrl.trainer.trainer import Trainer
+
+
+def _state(trainer: Trainer) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(model, optimizer) state dicts of this rank's shards, as DCP saves and loads them. With LoRA only the
+    trainable adapters and their optimizer state: the frozen base is the model directory's own (a tied output
+    layer, which the frozen-parameter filter misses under its second name, is dropped too)."""
+    model_state, optimizer_state = get_state_dict(trainer.model, trainer.optimizer, options=_options(trainer))
+    if trainer.peft_model is not None:
+        trainable = {name for name, p in trainer.model.named_parameters() if p.requires_grad}
+        model_state = {name: t for name, t in model_state.items() if name in trainable}
+    return model_state, optimizer_state
+
+
+def _options(trainer: Trainer) -> StateDictOptions:
+    """LoRA: frozen parameters are neither saved nor expected back (``_state``)."""
+    lora = trainer.peft_model is not None
+    return StateDictOptions(ignore_frozen_params=lora, strict=not lora)
 
 
 def is_sharded_checkpoint(path: Path) -> bool:
@@ -51,13 +71,16 @@ def save_sharded_checkpoint(
     staged = checkpoint.new_staging(root, trainer.step) if parallel.rank == 0 else None
     staging, final = parallel.gather(staged)[0]  # rank 0's choice, for everyone
     try:
-        model_state, optimizer_state = get_state_dict(trainer.model, trainer.optimizer)
+        model_state, optimizer_state = _state(trainer)
         dcp.save(
             {"model": model_state, "optimizer": optimizer_state},
             checkpoint_id=staging / SHARDED_DIR,
             no_dist=parallel.world_size == 1,  # one process: no group to coordinate with
         )
-        export_model(trainer, staging / MODEL_DIR)
+        if trainer.peft_model is not None:
+            save_adapter(trainer.peft_model, staging / ADAPTER_DIR, is_main_process=parallel.rank == 0)
+        else:
+            export_model(trainer, staging / MODEL_DIR)
         parallel.gather(None)  # every rank's shards are written
         if parallel.rank == 0:
             state = {
@@ -100,7 +123,11 @@ def load_sharded_checkpoint(path: str | os.PathLike[str], trainer: Trainer) -> d
     trainer.parallel.gather(None)  # nobody reads a checkpoint rank 0 has not verified
     if not is_sharded_checkpoint(path):
         raise ValueError(f"{path} is not a sharded checkpoint (no {SHARDED_DIR}/)")
-    model_state, optimizer_state = get_state_dict(trainer.model, trainer.optimizer)
+    lora = trainer.peft_model is not None
+    if lora != (path / ADAPTER_DIR).is_dir():
+        held = "LoRA adapters" if not lora else "full weights"
+        raise ValueError(f"{path} holds {held}: resume it with the trainer.lora settings that wrote it")
+    model_state, optimizer_state = _state(trainer)
     state = {"model": model_state, "optimizer": optimizer_state}
     dcp.load(state, checkpoint_id=path / SHARDED_DIR, no_dist=trainer.parallel.world_size == 1)
     set_state_dict(
@@ -108,6 +135,7 @@ def load_sharded_checkpoint(path: str | os.PathLike[str], trainer: Trainer) -> d
         trainer.optimizer,
         model_state_dict=state["model"],
         optim_state_dict=state["optimizer"],
+        options=_options(trainer),
     )
     trainer_state, extra = checkpoint.read_state(path)
     trainer.scheduler.load_state_dict(trainer_state["scheduler"])

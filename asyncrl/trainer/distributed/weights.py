@@ -12,7 +12,7 @@ gathered once, both names sharing the full tensor.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import torch
 from torch import nn
@@ -28,9 +28,16 @@ def full_weight_buckets(
 ) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """``[(name, full tensor), ...]`` buckets of ``model``'s weights, each at most ``bucket_bytes`` unless one
     tensor alone is larger. Every rank of a sharded model must consume the iterator to the end, in step."""
+    return gathered_buckets(state_dict_for_sync(model), bucket_bytes)
+
+
+def gathered_buckets(
+    named: Mapping[str, torch.Tensor], bucket_bytes: int = DEFAULT_BUCKET_BYTES
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """``full_weight_buckets`` of any named tensors of a (possibly sharded) model, e.g. only its LoRA adapters
+    (``Trainer.sync_tensors``)."""
     if bucket_bytes < 1:
         raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
-    named = state_dict_for_sync(model)
     keys = [_storage_key(tensor) for tensor in named.values()]
     shared = {key for key in keys if keys.count(key) > 1}  # tied twins: kept until their last name
     bucket: list[tuple[str, torch.Tensor]] = []
