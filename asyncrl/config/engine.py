@@ -28,6 +28,9 @@ class VLLMConfig:
     them together in one bundle, on one node."""
     startup_timeout_s: float = 300.0
     """Longest the worker may take to load the model and answer."""
+    max_lora_rank: int = 0
+    """Largest LoRA rank the worker serves adapters of through vLLM's LoRA support; 0: none. A run with
+    ``trainer.lora`` sets it to ``trainer.lora.rank`` when left at 0."""
     engine_args: dict[str, int | float | str | bool] = field(default_factory=dict)
     """Further ``vllm.EngineArgs`` fields, passed through; the worker refuses an unknown name, naming the
     closest valid one."""
@@ -39,6 +42,8 @@ class VLLMConfig:
             raise ValueError(
                 f"engine.vllm.tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}"
             )
+        if self.max_lora_rank < 0:
+            raise ValueError(f"engine.vllm.max_lora_rank must be >= 0, got {self.max_lora_rank}")
         if self.max_num_seqs < 1 or self.startup_timeout_s <= 0:
             raise ValueError("engine.vllm.max_num_seqs must be >= 1 and startup_timeout_s > 0")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from asyncrl.config.algorithm import AdvantageConfig, LossConfig
@@ -27,7 +27,7 @@ from asyncrl.config.serve import ServeConfig
 from asyncrl.config.task import TaskConfig
 from asyncrl.config.trainer import TrainerConfig
 from asyncrl.config.weight_sync import WeightSyncConfig
-from asyncrl.modes import check_mode
+from asyncrl.modes import check_mode, mode_spec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,6 +94,7 @@ class RunConfig:
                 "weight_sync.type=broadcast needs proxy.max_engine_restarts: 0 (a replacement engine would not be "
                 "a member of the broadcast group); use weight_sync.type: object_store to keep engine recovery"
             )
+        self._fill_vllm_lora()
         if self.producer not in PRODUCERS:
             raise ValueError(
                 f"producer must be one of {', '.join(map(repr, PRODUCERS))}, got {self.producer!r}"
@@ -124,6 +125,30 @@ class RunConfig:
                         f"controller.eval_sets[{eval_set.name}]: agentic runs evaluate held-out env episodes, "
                         "one each: leave task unset and samples_per_prompt at 1"
                     )
+
+    def _fill_vllm_lora(self) -> None:
+        """With ``trainer.lora`` on vLLM, let its worker serve adapters of that rank, and refuse what its LoRA
+        path cannot do."""
+        lora, engine = self.trainer.lora, self.engine
+        if lora is None or engine.backend != "vllm":
+            return
+        if mode_spec(self.controller.mode).partial_rollouts:
+            raise ValueError(
+                "trainer.lora with engine.backend=vllm cannot run controller.mode='partial_rollout': a vLLM "
+                "request keeps the adapter it started with, so an update could not reach it mid-generation"
+            )
+        if self.weight_sync.transport_for(self.runtime.type) == "broadcast":
+            raise ValueError(
+                "trainer.lora with engine.backend=vllm needs weight_sync.type object_store (or auto): "
+                "adapters reach vLLM's LoRA support as files, not through the broadcast group"
+            )
+        if engine.vllm.max_lora_rank == 0:
+            vllm = replace(engine.vllm, max_lora_rank=lora.rank)
+            object.__setattr__(self, "engine", replace(engine, vllm=vllm))
+        elif engine.vllm.max_lora_rank < lora.rank:
+            raise ValueError(
+                f"engine.vllm.max_lora_rank={engine.vllm.max_lora_rank} is below trainer.lora.rank={lora.rank}"
+            )
 
     def _check_unset(self, sections: tuple[str, ...], owner: str) -> None:
         for section in sections:

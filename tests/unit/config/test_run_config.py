@@ -67,3 +67,26 @@ def test_every_section_is_frozen_and_keyword_only():
     for section in [RunConfig, *filter(None, sections)]:
         assert section.__dataclass_params__.frozen, section.__name__
         assert all(f.kw_only for f in dataclasses.fields(section)), section.__name__
+
+
+def test_lora_on_vllm_sizes_its_lora_support_and_refuses_what_it_cannot_serve():
+    config = load_run_config(None, ["trainer.lora.rank=8", "engine.backend=vllm"])
+    assert config.engine.vllm.max_lora_rank == 8
+    assert load_run_config(None, ["trainer.lora.rank=8"]).engine.vllm.max_lora_rank == 0  # built-in engine
+    with pytest.raises(ConfigError, match="cannot run controller.mode='partial_rollout'"):
+        load_run_config(
+            None, ["trainer.lora.rank=8", "engine.backend=vllm", "controller.mode=partial_rollout"]
+        )
+    with pytest.raises(ConfigError, match="needs weight_sync.type object_store"):
+        load_run_config(
+            None,
+            [
+                "trainer.lora.rank=8",
+                "engine.backend=vllm",
+                "runtime.type=local",
+                "weight_sync.type=broadcast",
+                "proxy.max_engine_restarts=0",
+            ],
+        )
+    with pytest.raises(ConfigError, match="below trainer.lora.rank=8"):
+        load_run_config(None, ["trainer.lora.rank=8", "engine.backend=vllm", "engine.vllm.max_lora_rank=4"])
