@@ -1,0 +1,896 @@
+"""Benchmark: async against the best sync at equal resources, on a long-tail RL workload that learns (issue 29).
+
+The workload is ``bench/workloads.py: LONG_TAIL`` (an ~18 M Qwen3-shaped model warm-started by the project's
+SFT, the ``copy`` task with log-normal lengths up to ``max_new_tokens`` = 1,024, group size 8, a normal
+learning rate, 110 steps); it was committed before any of its arms ran. Every arm is a real run at the
+defaults a user gets (``runtime.type=inline``: one process, a thread per role, threads from the placement
+planner), each run in a fresh process so its memory is its own. Stages, each its own set of interleaved arms:
+
+- ``sweep``: sync tuned on the same 2 cores before anything is compared: batch vs queue generation, redundant
+  prompts 0 / B/4 / B/2 (B = prompts per step), over-sampling in batch mode, one engine with every core
+  (``runtime.driver_cpus=0``) and two engine replicas. The arm with the highest median samples/s is
+  ``best_sync``, and every async-vs-sync ratio divides by it.
+- ``bound``: the physical bound, measured apart from every arm. For each placement an arm uses, the bare
+  engines alone, saturated (more requests than slots), on exactly the role's threads and cores, and the
+  trainer alone on its threads and cores, training batches of real kept groups. An arm's best possible step
+  is the slower of (its generated tokens per step at the lone engine's rate, its trained tokens per step at
+  the lone trainer's rate); the bound is ``best_sync``'s step over that, and each arm's fraction of it is
+  that best step over its measured step. Peak RSS of the lone roles gives the memory per role.
+- ``throughput``: async α = 1, 2, 4, one-step-off and partial rollout beside ``best_sync``, steady-state
+  samples/s over ``measured_steps`` after ``warmup``.
+- ``time_to_reward``: async α = 2 and ``best_sync``, one full run per seed (repeat i runs seed i), weights
+  snapshotted every ``eval_every`` steps (in memory, untimed work of ~20 ms) and evaluated on held-out prompts
+  after the run. ``time_to_reward_async_a2_over_best_sync``: the best sync's time to its final held-out reward
+  over the time async takes to reach the same reward (linear between checkpoints), per seed and on the
+  seed-mean curves.
+- ``curve``: async α = 2 over ``best_sync`` as the length tail grows (σ), as the group size grows (at 32
+  samples per step) and with two engines, each point its own interleaved pair.
+
+Per-step timelines (elapsed time, phases, samples, tokens, reward, filter keep rate) of every run are saved
+in the result. ``--quick`` runs every stage on a tiny twin of the workload in about a minute.
+
+    python bench/long_tail.py [--quick] [--repeats 3] [--stages sweep bound throughput time_to_reward curve]
+        [--best-sync NAME] [--out bench/results/long_tail.json]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# `python bench/long_tail.py` puts bench/ first on sys.path: make the checkout the import root, as `python -m` would
+if not __package__:
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import multiprocessing
+import os
+import pickle
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+from bench import harness  # noqa: E402
+from bench.workloads import LONG_TAIL, QUICK_LONG_TAIL, RLWorkload  # noqa: E402
+
+STAGES = ("sweep", "bound", "throughput", "time_to_reward", "curve")
+EVAL_SEED = 0
+"""Sampling seed of every held-out evaluation: the same prompts and seeds at every checkpoint of every run, so
+two checkpoints differ by their weights, not their draws."""
+SATURATION_WAVES = 4
+"""Requests the lone engines serve, in multiples of their slots; measured only while more are waiting."""
+
+
+# ---- arms ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One configuration: its mode and scheduling overrides; redundant prompts as a share of the batch."""
+
+    name: str
+    overrides: tuple[str, ...]
+    redundant_share: float = 0.5
+    """``rollout.max_additional_running_prompts`` as a share of the prompts per step (rounded)."""
+
+    def config_overrides(self, prompts_per_step: int) -> list[str]:
+        redundant = round(self.redundant_share * prompts_per_step)
+        return [*self.overrides, f"rollout.max_additional_running_prompts={redundant}"]
+
+
+SYNC = ("controller.mode=sync", "buffer.async_ratio=0")
+SWEEP = (
+    Arm("sync_batch", (*SYNC, "rollout.generation=batch"), redundant_share=0.0),
+    Arm("sync_batch_oversample_b2", (*SYNC, "rollout.generation=batch"), redundant_share=0.5),
+    Arm("sync_queue_r0", (*SYNC, "rollout.generation=queue"), redundant_share=0.0),
+    Arm("sync_queue_rb4", (*SYNC, "rollout.generation=queue"), redundant_share=0.25),
+    Arm("sync_queue_rb2", (*SYNC, "rollout.generation=queue"), redundant_share=0.5),
+    Arm("sync_queue_rb2_2engines", (*SYNC, "rollout.generation=queue", "rollout.num_engines=2")),
+    Arm("sync_queue_rb2_engine_all_cores", (*SYNC, "rollout.generation=queue", "runtime.driver_cpus=0")),
+)
+"""The sync tuning sweep at equal resources (2 cores). Redundancy is swept with queue scheduling (where a
+filtered group is replaced the moment it is dropped); the engine layouts at the project default's B/2."""
+ASYNC_A2 = Arm("async_a2", ("controller.mode=async", "buffer.async_ratio=2"))
+ASYNC_ARMS = (
+    Arm("async_a1", ("controller.mode=async", "buffer.async_ratio=1")),
+    ASYNC_A2,
+    Arm("async_a4", ("controller.mode=async", "buffer.async_ratio=4")),
+    Arm("one_step_off", ("controller.mode=one_step_off", "buffer.async_ratio=1")),
+    Arm("partial_rollout_a2", ("controller.mode=partial_rollout", "buffer.async_ratio=2")),
+)
+"""Every async arm keeps the workload's redundant prompts (B/2, the project default's share)."""
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    """One point of the curve: what it changes in both arms."""
+
+    name: str
+    overrides: tuple[str, ...]
+    prompts_per_step: int
+
+
+def curve_points(work: RLWorkload, quick: bool) -> list[CurvePoint]:
+    """σ of the length tail from 0 to 1.5, the group size at a fixed number of samples per step, and two
+    engines; the workload itself (σ 1.2, G 8, one engine) is the throughput stage's pair."""
+    n, b = work.samples_per_step, work.prompts_per_step
+    sigmas = (0.0,) if quick else (0.0, 0.6, 1.5)
+    points = [CurvePoint(f"sigma{s:g}", (f"task.length_sigma={s}",), b) for s in sigmas]
+    if quick:
+        return points
+    for group in (4, 16):
+        points.append(
+            CurvePoint(
+                f"group{group}",
+                (f"rollout.num_return_sequences={group}", f"rollout.rollout_batch_size={n // group}"),
+                n // group,
+            )
+        )
+    points.append(CurvePoint("engines2", ("rollout.num_engines=2",), b))
+    return points
+
+
+# ---- one run, in its own process ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What a child process runs: a training run of ``steps`` steps, snapshots every ``snapshot_every`` (0:
+    none) evaluated on ``eval_prompts`` held-out prompts afterwards."""
+
+    overrides: tuple[str, ...]
+    steps: int
+    snapshot_every: int = 0
+    eval_prompts: int = 0
+
+
+def rss_mb() -> dict[str, float]:
+    """This process's resident memory now and at its peak (VmRSS, VmHWM), in MB."""
+    fields = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            fields[key] = int(value.split()[0]) / 1024
+    return {"rss_mb": fields.get("VmRSS", float("nan")), "peak_rss_mb": fields.get("VmHWM", float("nan"))}
+
+
+def run_training(spec: RunSpec) -> dict[str, Any]:
+    """The child's job: one training run through the real parts; per-step rows, held-out evaluations of the
+    snapshots, and the process's memory (its baseline after imports, its peak while training)."""
+    from asyncrl.app.context_length import with_max_model_len
+    from asyncrl.config.run import load_run_config
+
+    baseline = rss_mb()["rss_mb"]
+    config, _ = with_max_model_len(
+        load_run_config(None, [*spec.overrides, f"controller.num_steps={spec.steps}"])
+    )
+    rows, snapshots = asyncio.run(_train(config, spec.snapshot_every))
+    memory = {"baseline_rss_mb": baseline, "peak_rss_mb": rss_mb()["peak_rss_mb"]}
+    evals = evaluate_snapshots(config, snapshots, spec.eval_prompts) if snapshots else []
+    return {"rows": rows, "evals": evals, "memory": memory}
+
+
+async def _train(config: Any, snapshot_every: int) -> tuple[list[dict[str, float]], list[dict[str, Any]]]:
+    from asyncrl.app.runtimes import assemble_controller, make_proxy, make_source, runtime_parts
+
+    rows: list[dict[str, float]] = []
+    snapshots: list[dict[str, Any]] = []
+    with runtime_parts(config) as parts:
+        proxy = make_proxy(parts)
+        model = parts.trainer.trainer.model  # inline: the trainer's own weights, read between steps
+
+        def on_step(record: Any) -> None:
+            rows.append(step_row(record, proxy.stats(), controller.buffer.accounting(), started))
+            if snapshot_every and record.step % snapshot_every == 0:
+                state = {key: value.detach().clone() for key, value in model.state_dict().items()}
+                snapshots.append({"step": record.step, "elapsed_s": rows[-1]["elapsed_s"], "state": state})
+
+        controller = assemble_controller(parts, proxy, make_source(config, parts.task), on_step)
+        started = time.perf_counter()
+        await controller.run(config.controller.num_steps)
+        await proxy.aclose()
+    return rows, snapshots
+
+
+def step_row(record: Any, proxy_stats: dict[str, Any], accounting: Any, started: float) -> dict[str, float]:
+    """One step of a run's timeline: when it ended, its phases, what it trained, and the cumulative counters
+    (tokens the engines generated, groups admitted and filtered) that windows are differenced from."""
+    from asyncrl.types import TrajectoryStatus
+
+    samples = [t for g in record.groups for t in g.trajectories]
+    engines = proxy_stats.get("engines", [])
+    return {
+        "step": float(record.step),
+        "elapsed_s": time.perf_counter() - started,
+        "wait_s": record.wait_s,
+        "train_s": record.train_s,
+        "sync_s": record.sync_s,
+        "groups": float(len(record.groups)),
+        "samples": float(len(samples)),
+        "response_tokens": float(sum(t.num_response_tokens for t in samples)),
+        "trained_tokens": float(sum(len(t.token_ids) for t in samples)),
+        "max_response_tokens": float(max(t.num_response_tokens for t in samples)),
+        "truncated": float(sum(t.status is TrajectoryStatus.TRUNCATED for t in samples)),
+        "reward_mean": statistics.fmean(t.reward for t in samples),
+        "max_staleness": float(max(record.version - t.start_version for t in samples)),
+        "generated_tokens": float(sum(int(e.get("total_tokens", 0)) for e in engines)),
+        "engine_busy_s": float(max((e.get("busy_seconds", 0.0) for e in engines), default=0.0)),
+        "admitted_groups": float(accounting.num_admitted),
+        "filtered_groups": float(accounting.num_dropped.get("filtered", 0)),
+    }
+
+
+def evaluate_snapshots(
+    config: Any, snapshots: list[dict[str, Any]], num_prompts: int
+) -> list[dict[str, float]]:
+    """Held-out mean reward of every snapshot: one seeded temperature-1 sample per prompt, on a lone engine
+    with every core (after the run: none of it is timed)."""
+    from asyncrl.config.run import RunConfig
+    from asyncrl.controller.evaluation import evaluate
+    from asyncrl.data.registry import make_task
+    from asyncrl.engine import make_engine
+    from asyncrl.models.loading import load_model_and_tokenizer
+    from asyncrl.rewards.service import RewardService
+
+    assert isinstance(config, RunConfig)
+    model, tokenizer = load_model_and_tokenizer(config.model.path, config.model.dtype, "cpu")
+    samples = list(make_task(config.task).split("eval"))[:num_prompts]
+    rewards = RewardService.from_config(config.reward)
+    out = []
+    try:
+        for snapshot in snapshots:
+            if snapshot["state"] is not None:
+                model.load_state_dict(snapshot["state"])
+            engine = make_engine(model, tokenizer, config.engine, num_threads=len(os.sched_getaffinity(0)))
+            try:
+                metrics = asyncio.run(
+                    evaluate(
+                        engine,
+                        tokenizer,
+                        samples,
+                        rewards,
+                        temperature=1.0,
+                        max_new_tokens=config.rollout.max_new_tokens,
+                        seed=EVAL_SEED,
+                    )
+                )
+            finally:
+                engine.shutdown()
+            out.append({"step": snapshot["step"], "elapsed_s": snapshot["elapsed_s"], **metrics})
+    finally:
+        rewards.close()
+    return out
+
+
+def evaluate_warm_start(overrides: tuple[str, ...], num_prompts: int) -> dict[str, float]:
+    """The child's job for step 0 of every curve: the warm start itself, evaluated like every snapshot."""
+    from asyncrl.app.context_length import with_max_model_len
+    from asyncrl.config.run import load_run_config
+
+    config, _ = with_max_model_len(load_run_config(None, list(overrides)))
+    return evaluate_snapshots(config, [{"step": 0, "elapsed_s": 0.0, "state": None}], num_prompts)[0]
+
+
+def in_child(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` in a fresh process (spawned: no state, threads or memory carried over from this one)."""
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+        return pool.submit(fn, *args).result()
+
+
+# ---- steady state and time to reward ------------------------------------------------------------------------
+
+
+def steady_state(rows: list[dict[str, float]], warmup: int, cores: int) -> dict[str, float]:
+    """Throughput and where the time went over the steps after ``warmup`` (the window starts at the end of the
+    last warm-up step), per step and per core; the filter's keep rate over the same window."""
+    kept = rows[warmup:]
+    before = rows[warmup - 1] if warmup else {key: 0.0 for key in rows[0]}
+    wall = kept[-1]["elapsed_s"] - before["elapsed_s"]
+    steps = len(kept)
+    samples = sum(r["samples"] for r in kept)
+    tokens = sum(r["response_tokens"] for r in kept)
+    filtered = kept[-1]["filtered_groups"] - before["filtered_groups"]
+    trained_groups = sum(r["groups"] for r in kept)
+    return {
+        "steps_measured": float(steps),
+        "wall_s": wall,
+        "step_s": wall / steps,
+        "samples_per_s": samples / wall,
+        "tokens_per_s": tokens / wall,
+        "samples_per_s_per_core": samples / wall / cores,
+        "tokens_per_s_per_core": tokens / wall / cores,
+        "mean_response_tokens": tokens / samples,
+        "generated_tokens_per_step": (kept[-1]["generated_tokens"] - before["generated_tokens"]) / steps,
+        "trained_tokens_per_step": sum(r["trained_tokens"] for r in kept) / steps,
+        "wait_s": statistics.fmean(r["wait_s"] for r in kept),
+        "train_s": statistics.fmean(r["train_s"] for r in kept),
+        "sync_s": statistics.fmean(r["sync_s"] for r in kept),
+        "engine_busy_fraction": (kept[-1]["engine_busy_s"] - before["engine_busy_s"]) / wall,
+        "filter_keep_rate": trained_groups / (trained_groups + filtered),
+        "truncated_fraction": sum(r["truncated"] for r in kept) / samples,
+        "max_response_tokens": max(r["max_response_tokens"] for r in kept),
+        "max_staleness": max(r["max_staleness"] for r in kept),
+        "reward_mean": statistics.fmean(r["reward_mean"] for r in kept),
+    }
+
+
+def time_to_reach(curve: Sequence[tuple[float, float]], target: float) -> float | None:
+    """The first time a (time, reward) curve reaches ``target``, linear between its points; None if never."""
+    for (t0, r0), (t1, r1) in zip(curve, curve[1:], strict=False):
+        if r1 >= target:
+            return t0 if r0 >= target else t0 + (t1 - t0) * (target - r0) / (r1 - r0)
+    return curve[0][0] if curve and curve[0][1] >= target else None
+
+
+def reward_curve(start_reward: float, evals: list[dict[str, float]]) -> list[tuple[float, float]]:
+    """(elapsed seconds, held-out reward) from the warm start (0 s) through every evaluated snapshot."""
+    return [(0.0, start_reward), *((e["elapsed_s"], e["eval/reward_mean"]) for e in evals)]
+
+
+def time_to_reward(
+    start_reward: float, sync_runs: list[dict[str, Any]], async_runs: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Best sync's time to its final held-out reward over async's time to the same reward, per seed, and on
+    the seed-mean curves (the headline: one noisy evaluation per checkpoint averages out over seeds)."""
+    per_seed = []
+    for sync, fast in zip(sync_runs, async_runs, strict=True):
+        sync_curve = reward_curve(start_reward, sync["evals"])
+        target, sync_time = sync_curve[-1][1], sync_curve[-1][0]
+        reached = time_to_reach(reward_curve(start_reward, fast["evals"]), target)
+        per_seed.append(
+            {
+                "target_reward": target,
+                "best_sync_s": sync_time,
+                "async_s": reached,
+                "ratio": _ratio(sync_time, reached),
+            }
+        )
+    mean_sync = mean_curve([reward_curve(start_reward, run["evals"]) for run in sync_runs])
+    mean_async = mean_curve([reward_curve(start_reward, run["evals"]) for run in async_runs])
+    reached = time_to_reach(mean_async, mean_sync[-1][1])
+    return {
+        "per_seed": per_seed,
+        "mean_curves": {"best_sync": mean_sync, "async_a2": mean_async},
+        "mean_over_seeds": {
+            "target_reward": mean_sync[-1][1],
+            "best_sync_s": mean_sync[-1][0],
+            "async_s": reached,
+            "ratio": _ratio(mean_sync[-1][0], reached),
+        },
+    }
+
+
+def _ratio(sync_s: float, async_s: float | None) -> float | None:
+    """best sync's time over async's; None when async never got there, or was there at the start (a target
+    the warm start already meets measures nothing)."""
+    return sync_s / async_s if async_s else None
+
+
+def mean_curve(curves: list[list[tuple[float, float]]]) -> list[tuple[float, float]]:
+    """Point-wise mean over seeds of curves evaluated at the same steps."""
+    return [
+        (statistics.fmean(c[i][0] for c in curves), statistics.fmean(c[i][1] for c in curves))
+        for i in range(min(map(len, curves)))
+    ]
+
+
+# ---- the physical bound -------------------------------------------------------------------------------------
+
+
+def lone_engines(overrides: tuple[str, ...], cores: int, groups_path: str) -> dict[str, float]:
+    """The child's job: the arm's engines alone (its placement's threads, pinned to its rollout cores, the
+    workload's prompts and sampling), fed ``SATURATION_WAVES`` times their slots; tokens/s measured while more
+    requests wait than there are slots. Every response then finishes and the groups (scored) are saved to
+    ``groups_path`` for the lone trainer."""
+    import torch
+
+    from asyncrl.app.context_length import with_max_model_len
+    from asyncrl.config.run import load_run_config
+    from asyncrl.data.base import prompt_token_ids
+    from asyncrl.data.registry import make_task
+    from asyncrl.models.loading import load_model_and_tokenizer
+    from asyncrl.rewards.service import RewardService
+    from asyncrl.rollout.rlvr_producer import build_trajectory, request_seed, response_text, sampling_params
+    from asyncrl.runtime.inline import make_engines
+    from asyncrl.runtime.placement import plan_placement
+    from asyncrl.types import Group, Request
+
+    os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:cores]))
+    baseline = rss_mb()["rss_mb"]
+    config, _ = with_max_model_len(load_run_config(None, list(overrides)))
+    plan = plan_placement(config.runtime, num_engines=config.rollout.num_engines, mode=config.controller.mode)
+    torch.set_num_threads(1)
+    model, tokenizer = load_model_and_tokenizer(config.model.path, config.model.dtype, "cpu")
+    engines = make_engines(config, model, tokenizer, plan.engine_threads)
+    slots = config.engine.max_running_requests * len(engines)
+    group_size = config.rollout.num_return_sequences
+    prompts = list(make_task(config.task).split("train"))[: SATURATION_WAVES * slots // group_size]
+    requests = [
+        Request(
+            request_id=f"{p.uid}#{i}",
+            prompt_token_ids=prompt_token_ids(p, tokenizer),
+            sampling=sampling_params(config.rollout, request_seed(config.seed, p.uid, i)),
+        )
+        for p in prompts
+        for i in range(group_size)
+    ]
+    rewards = RewardService.from_config(config.reward)
+    try:
+        measured, generations = asyncio.run(_serve_saturated(engines, requests, slots))
+        groups = []
+        for g, prompt in enumerate(prompts):
+            trajectories = []
+            for i in range(group_size):
+                generation = generations[g * group_size + i]
+                text = response_text(generation, tokenizer)
+                result = asyncio.run(rewards.score(text, prompt))
+                trajectories.append(build_trajectory(_Prompt(prompt), i, generation, text, result, 0))
+            if config.rollout.filter == "none" or len({t.reward for t in trajectories}) > 1:  # what it trains
+                groups.append(Group(prompt_uid=prompt.uid, trajectories=trajectories))
+        Path(groups_path).write_bytes(pickle.dumps(groups))
+    finally:
+        rewards.close()
+        for engine in engines:
+            engine.shutdown()
+    memory = rss_mb()
+    return {
+        **measured,
+        "engines": float(len(engines)),
+        "engine_threads": float(plan.engine_threads),
+        "kept_groups": float(len(groups)),
+        "baseline_rss_mb": baseline,
+        "peak_rss_mb": memory["peak_rss_mb"],
+    }
+
+
+@dataclass(frozen=True)
+class _Prompt:
+    """What ``build_trajectory`` reads of a prompt source's prompt."""
+
+    sample: Any
+
+    @property
+    def key(self) -> str:
+        return self.sample.uid
+
+
+async def _serve_saturated(
+    engines: list[Any], requests: list[Any], slots: int
+) -> tuple[dict[str, float], list]:
+    remaining = len(requests)
+    mark: dict[str, float] = {}
+    started = time.perf_counter()
+
+    async def serve(index: int, request: Any) -> Any:
+        nonlocal remaining
+        generation = await engines[index % len(engines)].generate(request)
+        remaining -= 1
+        if remaining < slots and not mark:
+            mark["saturated_s"] = time.perf_counter() - started
+            mark["tokens"] = float(sum(e.stats()["num_generated_tokens"] for e in engines))
+        return generation
+
+    generations = await asyncio.gather(*(serve(i, r) for i, r in enumerate(requests)))
+    return {
+        "tokens_per_s": mark["tokens"] / mark["saturated_s"],
+        "saturated_s": mark["saturated_s"],
+    }, generations
+
+
+def lone_trainer(overrides: tuple[str, ...], cores: int, groups_path: str, steps: int) -> dict[str, float]:
+    """The child's job: the trainer alone (its placement's threads, pinned to its cores) training batches of
+    the kept groups the lone engines made; trained tokens (prompt + response) per second after one warm-up
+    step."""
+    import torch
+
+    from asyncrl.config.run import load_run_config
+    from asyncrl.models.loading import load_model_and_tokenizer
+    from asyncrl.runtime.inline import LocalTrainer
+    from asyncrl.runtime.placement import plan_placement
+    from asyncrl.trainer.trainer import Trainer
+
+    os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[-cores:]))
+    baseline = rss_mb()["rss_mb"]
+    config = load_run_config(None, list(overrides))
+    plan = plan_placement(config.runtime, num_engines=config.rollout.num_engines, mode=config.controller.mode)
+    torch.set_num_threads(1)
+    model, tokenizer = load_model_and_tokenizer(config.model.path, config.model.dtype, "cpu")
+    trainer = LocalTrainer(
+        Trainer(
+            model,
+            config.trainer,
+            config.loss,
+            config.advantage,
+            None,
+            pad_token_id=tokenizer.pad_token_id or 0,
+        ),
+        plan.trainer_threads,
+    )
+    groups = pickle.loads(Path(groups_path).read_bytes())
+    per_step = config.rollout.rollout_batch_size
+    batches = [groups[i : i + per_step] for i in range(0, len(groups) - per_step + 1, per_step)][: steps + 1]
+    if len(batches) < 2:
+        raise RuntimeError(f"the lone engines kept {len(groups)} groups: too few for two training steps")
+    try:
+        trainer.train_step(batches[0], trainer.version)  # warm-up
+        started = time.perf_counter()
+        for batch in batches[1:]:
+            trainer.train_step(batch, trainer.version)
+        seconds = time.perf_counter() - started
+    finally:
+        trainer.shutdown()
+    tokens = sum(len(t.token_ids) for batch in batches[1:] for g in batch for t in g.trajectories)
+    return {
+        "trained_tokens_per_s": tokens / seconds,
+        "step_s": seconds / (len(batches) - 1),
+        "trainer_threads": float(plan.trainer_threads),
+        "baseline_rss_mb": baseline,
+        "peak_rss_mb": rss_mb()["peak_rss_mb"],
+    }
+
+
+# ---- the stages ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Bench:
+    """The run's shared state: the workload, repeats, where scratch goes, and everything measured so far."""
+
+    work: RLWorkload
+    repeats: int
+    scratch: Path
+    cores: int
+    raw: dict[str, list[dict[str, float]]] = dataclasses.field(default_factory=dict)
+    ratios: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    studies: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    timelines: dict[str, list[list[dict[str, float]]]] = dataclasses.field(default_factory=dict)
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+    best_sync: Arm | None = None
+
+    def overrides(self, arm: Arm, point: CurvePoint | None = None) -> tuple[str, ...]:
+        """The workload's run, the arm's mode and scheduling, then the curve point's change (if any)."""
+        prompts = point.prompts_per_step if point else self.work.prompts_per_step
+        return (*self.work.overrides(), *arm.config_overrides(prompts), *(point.overrides if point else ()))
+
+    def steady_arm(self, name: str, overrides: tuple[str, ...], measured_steps: int) -> Callable[[], dict]:
+        """A harness arm: one steady-state run in a child process; its timeline is kept."""
+        steps = self.work.warmup + measured_steps
+
+        def run() -> dict[str, float]:
+            result = in_child(run_training, RunSpec(overrides, steps))
+            self.timelines.setdefault(name, []).append(result["rows"])
+            return steady_state(result["rows"], self.work.warmup, self.cores) | result["memory"]
+
+        return run
+
+    def run_stage(
+        self, stage: str, title: str, arms: dict[str, Callable[[], dict]], steps: int, note: str = ""
+    ) -> None:
+        started = time.perf_counter()
+        raw = harness.run_arms(arms, self.repeats, harness.print_run)
+        self.raw |= raw
+        self.studies[stage] = {
+            "title": title,
+            "points": list(arms),
+            "steps": steps,
+            "wall_s": time.perf_counter() - started,
+            "command": f"python bench/long_tail.py --stages {stage}",
+            "repeats_note": note or f"{self.repeats} interleaved repeats per arm, median (min–max)",
+        }
+
+    def ratio_over_best_sync(self, numerator: str, denominator: str, metric: str = "samples_per_s") -> None:
+        key = f"{numerator.replace('/', '_')}_over_{denominator.split('/')[-1]}"
+        self.ratios[key] = harness.paired_ratio(self.raw, numerator, denominator, metric)
+
+
+def stage_sweep(bench: Bench) -> None:
+    arms = {
+        f"sweep/{arm.name}": bench.steady_arm(
+            f"sweep/{arm.name}", bench.overrides(arm), bench.work.sweep_measured_steps
+        )
+        for arm in sweep_arms(bench)
+    }
+    bench.run_stage(
+        "sweep", "Sync tuned on the same cores: the best is best_sync", arms, bench.work.sweep_measured_steps
+    )
+    medians = {name: statistics.median(r["samples_per_s"] for r in bench.raw[name]) for name in arms}
+    best = max(medians, key=medians.__getitem__).removeprefix("sweep/")
+    bench.best_sync = next(arm for arm in SWEEP if arm.name == best)
+    for name in arms:
+        if name != f"sweep/{best}":
+            bench.ratio_over_best_sync(name, f"sweep/{best}")
+
+
+def sweep_arms(bench: Bench) -> tuple[Arm, ...]:
+    quick = bench.work is QUICK_LONG_TAIL
+    return tuple(a for a in SWEEP if a.name in ("sync_batch", "sync_queue_rb2")) if quick else SWEEP
+
+
+def stage_throughput(bench: Bench) -> None:
+    best = require_best_sync(bench)
+    chosen = (ASYNC_A2,) if bench.work is QUICK_LONG_TAIL else ASYNC_ARMS
+    steps = bench.work.measured_steps
+    arms = {"throughput/best_sync": bench.steady_arm("throughput/best_sync", bench.overrides(best), steps)}
+    arms |= {
+        f"throughput/{a.name}": bench.steady_arm(f"throughput/{a.name}", bench.overrides(a), steps)
+        for a in chosen
+    }
+    bench.run_stage("throughput", f"Async arms beside best_sync ({best.name}), steady state", arms, steps)
+    for arm in chosen:
+        bench.ratio_over_best_sync(f"throughput/{arm.name}", "throughput/best_sync")
+        bench.ratio_over_best_sync(f"throughput/{arm.name}", "throughput/best_sync", "tokens_per_s")
+
+
+def stage_time_to_reward(bench: Bench) -> None:
+    best, work = require_best_sync(bench), bench.work
+    runs: dict[str, list[dict[str, Any]]] = {"best_sync": [], "async_a2": []}
+    seeds = (
+        list(work.seeds[: bench.repeats]) if bench.repeats <= len(work.seeds) else list(range(bench.repeats))
+    )
+
+    def full_run(name: str, arm: Arm) -> Callable[[], dict[str, float]]:
+        def run() -> dict[str, float]:
+            seed = seeds[len(runs[name])]
+            spec = RunSpec(
+                (*bench.overrides(arm), f"seed={seed}"), work.steps, work.eval_every, work.eval_prompts
+            )
+            result = in_child(run_training, spec)
+            runs[name].append(result)
+            bench.timelines.setdefault(f"time_to_reward/{name}", []).append(result["rows"])
+            final = result["evals"][-1]
+            return (
+                steady_state(result["rows"], work.warmup, bench.cores)
+                | result["memory"]
+                | {
+                    "seed": float(seed),
+                    "train_wall_s": result["rows"][-1]["elapsed_s"],
+                    "reward_final": final["eval/reward_mean"],
+                }
+            )
+
+        return run
+
+    start = in_child(evaluate_warm_start, tuple(work.overrides()), work.eval_prompts)
+    arms = {
+        "time_to_reward/best_sync": full_run("best_sync", best),
+        "time_to_reward/async_a2": full_run("async_a2", ASYNC_A2),
+    }
+    bench.run_stage(
+        "time_to_reward",
+        f"Full runs, async α = 2 vs best_sync ({best.name}), one seed per repeat",
+        arms,
+        work.steps,
+    )
+    measured = time_to_reward(start["eval/reward_mean"], runs["best_sync"], runs["async_a2"])
+    ratios = [s["ratio"] for s in measured["per_seed"] if s["ratio"] is not None]
+    if ratios:  # a seed whose async run never reached its sync's final reward has no ratio (per_seed says so)
+        bench.ratios["time_to_reward_async_a2_over_best_sync"] = {
+            "numerator": "best_sync",
+            "denominator": "async_a2",
+            "metric": f"time to best_sync's final held-out reward, per seed ({len(ratios)} of "
+            f"{len(measured['per_seed'])} reached it; on the seed-mean curves: "
+            f"{_ratio_text(measured['mean_over_seeds']['ratio'])})",
+            **harness.summary(ratios),
+        }
+    bench.ratio_over_best_sync("time_to_reward/async_a2", "time_to_reward/best_sync")
+    steps = [0, *(e["step"] for e in runs["best_sync"][0]["evals"])]
+    curves = measured["mean_curves"]
+    bench.extra["table"] = {
+        "title": "Held-out reward against training wall-clock, mean over seeds (time to reward is read off these)",
+        "columns": ["step", "best_sync s", "best_sync reward", "async_a2 s", "async_a2 reward"],
+        "rows": [
+            [step, *curves["best_sync"][i], *curves["async_a2"][i]]
+            for i, step in enumerate(steps[: min(len(curves["best_sync"]), len(curves["async_a2"]))])
+        ],
+    }
+    bench.extra["time_to_reward"] = {
+        "warm_start": start,
+        **measured,
+        "evals": {name: [run["evals"] for run in found] for name, found in runs.items()},
+        "seeds": seeds,
+    }
+
+
+def _ratio_text(ratio: float | None) -> str:
+    return "not reached" if ratio is None else f"{ratio:.3g}"
+
+
+def stage_bound(bench: Bench) -> None:
+    """Lone engines and lone trainer for the two placements the headline arms use (best_sync's, async's)."""
+    best, work = require_best_sync(bench), bench.work
+    layouts = {"best_sync": (best, 2, 2), "async": (ASYNC_A2, 1, 1)}
+    """placement name → (arm, cores of its rollout role, cores of its training role)"""
+    arms = {}
+    for placement, (arm, rollout_cores, train_cores) in layouts.items():
+        overrides = bench.overrides(arm)
+        groups = str(bench.scratch / f"groups-{placement}.pkl")
+        arms[f"bound/engine_alone_{placement}"] = lambda o=overrides, c=rollout_cores, g=groups: in_child(
+            lone_engines, o, c, g
+        )
+        arms[f"bound/trainer_alone_{placement}"] = lambda o=overrides, c=train_cores, g=groups: in_child(
+            lone_trainer, o, c, g, 4 if work is QUICK_LONG_TAIL else 6
+        )
+    bench.run_stage("bound", "Each role alone on exactly its placement's cores", arms, 0)
+    bench.extra["memory_per_role_mb"] = memory_per_role(bench.raw)
+
+
+def memory_per_role(raw: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, Any]]:
+    """Peak RSS of each lone role over its process's baseline (imports), and that baseline (the driver's floor)."""
+    out = {}
+    for name, runs in raw.items():
+        if name.startswith("bound/"):
+            out[name.removeprefix("bound/")] = harness.summary(
+                [r["peak_rss_mb"] - r["baseline_rss_mb"] for r in runs]
+            )
+            out["process_baseline"] = harness.summary([r["baseline_rss_mb"] for r in runs])
+    return out
+
+
+def bounds(bench: Bench) -> dict[str, Any]:
+    """Per arm that ran beside best_sync with the async placement: per paired repeat, the best step the lone
+    roles allow, the bound (best_sync's measured step over it) and the arm's fraction of it (that best step
+    over the arm's measured step). best_sync's own fraction: its lone generation plus lone training over its
+    measured step."""
+    raw, n = bench.raw, bench.work.samples_per_step
+    if "bound/engine_alone_async" not in raw:
+        return {}
+    out: dict[str, Any] = {}
+    for stage in ("throughput", "time_to_reward"):
+        base = f"{stage}/best_sync"
+        if base not in raw:
+            continue
+        sync_best = [
+            r["generated_tokens_per_step"] / e["tokens_per_s"]
+            + r["trained_tokens_per_step"] / t["trained_tokens_per_s"]
+            for r, e, t in zip(
+                raw[base],
+                raw["bound/engine_alone_best_sync"],
+                raw["bound/trainer_alone_best_sync"],
+                strict=False,
+            )
+        ]
+        out[base] = {
+            "best_step_s": harness.summary(sync_best),
+            "fraction_of_bound": harness.summary(
+                [b / r["step_s"] for b, r in zip(sync_best, raw[base], strict=False)]
+            ),
+        }
+        for name in raw:
+            if not name.startswith(f"{stage}/") or name == base:
+                continue
+            best_steps, bound, fraction = [], [], []
+            for r, s, e, t in zip(
+                raw[name],
+                raw[base],
+                raw["bound/engine_alone_async"],
+                raw["bound/trainer_alone_async"],
+                strict=False,
+            ):
+                best = max(
+                    r["generated_tokens_per_step"] / e["tokens_per_s"],
+                    r["trained_tokens_per_step"] / t["trained_tokens_per_s"],
+                )
+                best_steps.append(best)
+                bound.append((n / s["samples_per_s"]) / best)
+                fraction.append(best / r["step_s"])
+            out[name] = {
+                "best_step_s": harness.summary(best_steps),
+                "bound_over_best_sync": harness.summary(bound),
+                "fraction_of_bound": harness.summary(fraction),
+            }
+    return out
+
+
+def stage_curve(bench: Bench) -> None:
+    best = require_best_sync(bench)
+    steps = bench.work.measured_steps
+    started = time.perf_counter()
+    names = []
+    for point in curve_points(bench.work, bench.work is QUICK_LONG_TAIL):
+        arms = {
+            f"curve/{point.name}/{arm}": bench.steady_arm(
+                f"curve/{point.name}/{arm}", bench.overrides(source, point), steps
+            )
+            for arm, source in (("best_sync", best), ("async_a2", ASYNC_A2))
+        }
+        bench.raw |= harness.run_arms(arms, bench.repeats, harness.print_run)
+        bench.ratio_over_best_sync(f"curve/{point.name}/async_a2", f"curve/{point.name}/best_sync")
+        names += list(arms)
+    bench.studies["curve"] = {
+        "title": "async α = 2 over best_sync as the tail, the group size and the engines grow",
+        "points": names,
+        "steps": steps,
+        "wall_s": time.perf_counter() - started,
+        "command": "python bench/long_tail.py --stages curve",
+        "repeats_note": f"{bench.repeats} interleaved repeats per arm at each point, median (min–max)",
+    }
+
+
+def require_best_sync(bench: Bench) -> Arm:
+    if bench.best_sync is None:
+        raise SystemExit("no best_sync: run the sweep stage first, or name one with --best-sync")
+    return bench.best_sync
+
+
+STAGE_FUNCTIONS = {
+    "sweep": stage_sweep,
+    "bound": stage_bound,
+    "throughput": stage_throughput,
+    "time_to_reward": stage_time_to_reward,
+    "curve": stage_curve,
+}
+
+
+def resources(bench: Bench) -> dict[str, Any]:
+    """How each kind of arm split the cores, from the runtime's planner."""
+    from asyncrl.config.run import load_run_config
+
+    arms = {arm.name: arm for arm in (*SWEEP, *ASYNC_ARMS)}
+    work_overrides = [o for o in bench.work.run if not o.startswith("model.path")]
+    return {
+        name: harness.placement(
+            load_run_config(None, [*work_overrides, *arm.config_overrides(bench.work.prompts_per_step)])
+        )
+        for name, arm in arms.items()
+    } | {
+        "every arm": "runtime.type=inline: one process, a thread per role, each run in a fresh process",
+        "bound": "lone roles pinned (sched_setaffinity) to the cores their placement gives them",
+    }
+
+
+def main() -> None:
+    parser = harness.parser(__doc__.splitlines()[0], "long_tail")
+    parser.add_argument("--stages", nargs="*", default=list(STAGES), choices=STAGES)
+    parser.add_argument(
+        "--best-sync", choices=[a.name for a in SWEEP], help="best_sync when the sweep is not run"
+    )
+    args = parser.parse_args()
+    work = QUICK_LONG_TAIL if args.quick else LONG_TAIL
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="long-tail-") as tmp:
+        bench = Bench(work, harness.repeats_for(args), Path(tmp), len(os.sched_getaffinity(0)))
+        if args.best_sync:
+            bench.best_sync = next(a for a in SWEEP if a.name == args.best_sync)
+        for stage in STAGES:
+            if stage in args.stages:
+                STAGE_FUNCTIONS[stage](bench)
+    best = bench.best_sync
+    harness.write_result(
+        args,
+        "long_tail",
+        bench.raw,
+        ratios=bench.ratios,
+        resources=resources(bench),
+        setup={
+            **{k: v for k, v in dataclasses.asdict(work).items() if k != "warm_start"},
+            "warm_start": {"command": " ".join(["asyncrl sft", *work.warm_start.sft])},
+            "stages": args.stages,
+        },
+        extra={
+            "studies": bench.studies,
+            "best_sync": None
+            if best is None
+            else {
+                "name": best.name,
+                "overrides": list(best.overrides),
+                "chosen_by": "highest median samples_per_s in the sweep",
+            },
+            "bound": bounds(bench),
+            **bench.extra,
+            "timelines": bench.timelines,
+            "run_wall_s": time.perf_counter() - started,
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+"""bench/long_tail.py --quick end to end: every stage (sync sweep, lone roles, async arms, time to reward, the
+curve) on the tiny twin of the long-tail workload, each run in its own process; the result follows the harness
+schema, names its best sync, bounds its arms by the lone roles and records memory and timelines. Timings are
+recorded, never asserted."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import harness
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_long_tail_quick_runs_every_stage(tmp_path: Path, user_env: dict[str, str]) -> None:
+    out = tmp_path / "long_tail.json"
+    command = [sys.executable, "bench/long_tail.py", "--quick", "--out", str(out)]
+    subprocess.run(command, cwd=ROOT, env=user_env, check=True, capture_output=True, timeout=900)
+    result = json.loads(out.read_text())
+    harness.check_schema(result)
+    assert result["benchmark"] == "long_tail" and result["quick"] is True and "--quick" in result["command"]
+    assert set(result["studies"]) == {"sweep", "bound", "throughput", "time_to_reward", "curve"}
+    assert result["best_sync"]["name"] in ("sync_batch", "sync_queue_rb2")
+    assert "throughput_async_a2_over_best_sync" in result["ratios"]
+    assert set(result["bound"]) >= {"throughput/best_sync", "throughput/async_a2", "time_to_reward/async_a2"}
+    assert {"engine_alone_async", "trainer_alone_async", "process_baseline"} <= set(
+        result["memory_per_role_mb"]
+    )
+    assert all("peak_rss_mb" in metrics for arm, metrics in result["arms"].items() if "/" in arm)
+    evals = result["time_to_reward"]["evals"]
+    assert [e["step"] for e in evals["async_a2"][0]] == [2, 4]  # every eval_every steps of the quick twin
+    assert (
+        len(result["timelines"]["throughput/async_a2"][0]) == 3
+    )  # warm-up + measured steps, every step kept

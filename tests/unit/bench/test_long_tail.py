@@ -1,0 +1,138 @@
+"""The long-tail benchmark's arithmetic: steady state, time to reward, the bound, its arms and curve points.
+
+Timings are never asserted: these check what is computed from runs (synthetic rows here), and that the arms
+are configured as the docs say. The whole benchmark runs in its --quick mode in
+tests/integration/test_bench_long_tail.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from asyncrl.config.run import load_run_config
+from bench import long_tail
+from bench.harness import summary
+from bench.workloads import LONG_TAIL
+
+
+def row(step: int, elapsed: float, **extra: float) -> dict[str, float]:
+    base = {
+        "step": float(step),
+        "elapsed_s": elapsed,
+        "wait_s": 0.5,
+        "train_s": 1.0,
+        "sync_s": 0.1,
+        "groups": 4.0,
+        "samples": 32.0,
+        "response_tokens": 800.0,
+        "trained_tokens": 1600.0,
+        "max_response_tokens": 100.0,
+        "truncated": 0.0,
+        "reward_mean": 0.5,
+        "max_staleness": 0.0,
+        "generated_tokens": 1000.0 * step,
+        "engine_busy_s": 0.5 * elapsed,
+        "admitted_groups": 6.0 * step,
+        "filtered_groups": 2.0 * step,
+    }
+    return base | extra
+
+
+def test_steady_state_counts_the_window_after_warmup_only() -> None:
+    rows = [row(1, 10.0), row(2, 12.0), row(3, 14.0), row(4, 16.0)]
+    got = long_tail.steady_state(rows, warmup=2, cores=2)
+    assert got["steps_measured"] == 2 and got["wall_s"] == pytest.approx(4.0)
+    assert got["samples_per_s"] == pytest.approx(64 / 4) and got["samples_per_s_per_core"] == pytest.approx(8)
+    assert got["generated_tokens_per_step"] == pytest.approx(1000)
+    assert got["filter_keep_rate"] == pytest.approx(8 / (8 + 4))  # 2 steps x 4 groups kept, 4 filtered
+    assert got["engine_busy_fraction"] == pytest.approx(0.5)
+
+
+def test_time_to_reach_interpolates_between_checkpoints_and_says_never() -> None:
+    curve = [(0.0, 0.3), (10.0, 0.4), (20.0, 0.6)]
+    assert long_tail.time_to_reach(curve, 0.5) == pytest.approx(15.0)
+    assert long_tail.time_to_reach(curve, 0.4) == pytest.approx(10.0)
+    assert long_tail.time_to_reach(curve, 0.7) is None
+
+
+def test_time_to_reward_divides_best_syncs_time_by_asyncs_time_to_the_same_reward() -> None:
+    def run(*points: tuple[float, float]) -> dict:
+        return {"evals": [{"elapsed_s": t, "eval/reward_mean": r} for t, r in points]}
+
+    sync = [run((10, 0.4), (20, 0.5)), run((10, 0.4), (20, 0.7))]
+    fast = [run((5, 0.45), (10, 0.55)), run((5, 0.45), (10, 0.55))]
+    got = long_tail.time_to_reward(0.3, sync, fast)
+    assert got["per_seed"][0]["ratio"] == pytest.approx(20 / 7.5)
+    assert got["per_seed"][1]["ratio"] is None  # async never reached 0.7
+    assert got["mean_over_seeds"]["target_reward"] == pytest.approx(0.6)
+    assert got["mean_over_seeds"]["ratio"] is None  # the mean async curve tops out at 0.55
+
+
+def test_the_sweep_and_async_arms_set_their_mode_redundancy_and_engines() -> None:
+    prompts = LONG_TAIL.prompts_per_step
+    configs = {
+        arm.name: load_run_config(None, [*LONG_TAIL.run, *arm.config_overrides(prompts)])
+        for arm in (*long_tail.SWEEP, *long_tail.ASYNC_ARMS)
+    }
+    assert all(configs[a.name].controller.mode == "sync" for a in long_tail.SWEEP)
+    redundant = {name: c.rollout.max_additional_running_prompts for name, c in configs.items()}
+    assert (redundant["sync_queue_r0"], redundant["sync_queue_rb4"], redundant["sync_queue_rb2"]) == (0, 1, 2)
+    assert redundant["sync_batch"] == 0 and redundant["sync_batch_oversample_b2"] == 2
+    assert configs["sync_batch"].rollout.generation == "batch"
+    assert configs["sync_queue_rb2_2engines"].rollout.num_engines == 2
+    assert configs["sync_queue_rb2_engine_all_cores"].runtime.driver_cpus == 0
+    assert (
+        configs["async_a4"].buffer.async_ratio == 4
+        and configs["one_step_off"].controller.mode == "one_step_off"
+    )
+    assert redundant["async_a2"] == 2  # the workload's own redundancy
+
+
+def test_curve_points_keep_samples_per_step_and_reach_sigma_1_5() -> None:
+    points = {p.name: p for p in long_tail.curve_points(LONG_TAIL, quick=False)}
+    assert {"sigma0", "sigma1.5", "group4", "group16", "engines2"} <= set(points)
+    for point in points.values():
+        config = load_run_config(None, [*LONG_TAIL.run, *point.overrides])
+        assert config.rollout.rollout_batch_size * config.rollout.num_return_sequences == 32
+        assert config.rollout.rollout_batch_size == point.prompts_per_step
+
+
+def test_the_bound_is_made_of_lone_roles_and_never_of_the_arm_it_bounds() -> None:
+    """An async arm's best step is the slower of its generation at the lone engine's rate and its training at
+    the lone trainer's; the bound is best_sync's measured step over it; the fraction its best over its step."""
+    step = {
+        "samples_per_s": 32 / 4.0,
+        "step_s": 4.0,
+        "generated_tokens_per_step": 2000,
+        "trained_tokens_per_step": 1000,
+    }
+    fast = {
+        "samples_per_s": 32 / 2.5,
+        "step_s": 2.5,
+        "generated_tokens_per_step": 2400,
+        "trained_tokens_per_step": 1000,
+    }
+    bench = long_tail.Bench(LONG_TAIL, 1, scratch=None, cores=2)  # type: ignore[arg-type]
+    bench.raw = {
+        "throughput/best_sync": [step],
+        "throughput/async_a2": [fast],
+        "bound/engine_alone_best_sync": [{"tokens_per_s": 1000.0}],
+        "bound/trainer_alone_best_sync": [{"trained_tokens_per_s": 1000.0}],
+        "bound/engine_alone_async": [{"tokens_per_s": 1200.0}],
+        "bound/trainer_alone_async": [{"trained_tokens_per_s": 800.0}],
+    }
+    got = long_tail.bounds(bench)
+    arm = got["throughput/async_a2"]
+    assert arm["best_step_s"]["median"] == pytest.approx(2.0)  # max(2400/1200, 1000/800 = 1.25)
+    assert arm["bound_over_best_sync"]["median"] == pytest.approx(4.0 / 2.0)
+    assert arm["fraction_of_bound"]["median"] == pytest.approx(2.0 / 2.5)
+    assert got["throughput/best_sync"]["best_step_s"]["median"] == pytest.approx(2.0 + 1.0)
+
+
+def test_memory_per_role_is_each_lone_roles_peak_over_its_process_baseline() -> None:
+    raw = {
+        "bound/engine_alone_async": [{"peak_rss_mb": 700.0, "baseline_rss_mb": 400.0}],
+        "bound/trainer_alone_async": [{"peak_rss_mb": 1000.0, "baseline_rss_mb": 400.0}],
+    }
+    got = long_tail.memory_per_role(raw)
+    assert got["engine_alone_async"] == summary([300.0]) and got["trainer_alone_async"] == summary([600.0])
+    assert got["process_baseline"]["median"] == 400.0
