@@ -189,6 +189,18 @@ def machine() -> dict[str, Any]:
     }
 
 
+def peak_memory() -> dict[str, float]:
+    """Peak resident memory, in MB, of this benchmark process and of the largest process it started and waited
+    for (``RUSAGE_CHILDREN``: a run in a child process, a worker). Where roles live in separate processes the
+    benchmark records each role's own (``bench/cpu_use.py``, ``bench/long_tail.py``'s lone roles)."""
+    import resource  # here: Unix only, and only when a result is written
+
+    return {
+        "process_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "largest_child_peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
+    }
+
+
 def write_result(
     args: argparse.Namespace,
     name: str,
@@ -212,6 +224,7 @@ def write_result(
         "quick": bool(args.quick),
         "repeats": len(next(iter(raw.values()))),
         "machine": machine(),
+        "memory": peak_memory(),
         "resources": dict(resources),
         "setup": dict(setup or {}),
         "arms": summarize(raw),

@@ -29,6 +29,7 @@ import re
 from typing import Any
 
 from bench.harness import SCHEMA_VERSION, check_schema
+from bench.registry import BENCHMARKS
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(
@@ -69,7 +70,11 @@ def load(name: str, results_dir: Path) -> dict[str, Any] | str:
 
 
 def render(name: str, results_dir: Path) -> str:
-    """The markdown for one block: a whole result (``NAME``) or one of its studies (``NAME:STUDY``)."""
+    """The markdown for one block: a whole result (``NAME``) or one of its studies (``NAME:STUDY``); the
+    ``headlines`` block (every benchmark's headline, from bench/registry.py) and the ``run_all`` block (the
+    last all-benchmarks run and its regression check) are built from several results."""
+    if name in ASSEMBLED:
+        return ASSEMBLED[name](results_dir)
     result_name, _, study = name.partition(":")
     result = load(result_name, results_dir)
     if isinstance(result, str):
@@ -93,6 +98,12 @@ def render(name: str, results_dir: Path) -> str:
         lines += [*arms_table(result["arms"]), *ratios_table(result["ratios"])]
     lines += derived_rows(result)
     lines += render_table(result.get("table"))
+    if "memory" in result:
+        memory = result["memory"]
+        lines.append(
+            f"\nPeak memory: {number(memory['process_peak_rss_mb'])} MB in the benchmark's process, "
+            f"{number(memory['largest_child_peak_rss_mb'])} MB in the largest process it started."
+        )
     lines.append(f"\nResources: `{json.dumps(result['resources'])}`.")
     if result.get("setup"):  # the workload's shape and one-off costs (e.g. a backend's start-up), as recorded
         lines.append(f"\nSetup: `{json.dumps(result['setup'])}`.")
@@ -176,11 +187,18 @@ def render_study(result: dict[str, Any], name: str, study_name: str) -> str:
         arm.removeprefix(prefix): stats for arm, stats in result["arms"].items() if arm.startswith(prefix)
     }
     ratios = {key: stats for key, stats in result["ratios"].items() if key.startswith(prefix)}
+    verb, repeats = (
+        ("Measured", study["repeats_note"])
+        if "repeats_note" in study
+        else (
+            "Simulated",
+            f"{result['repeats']} seeds per point (repeat i is seed i), median (min–max) over the seeds",
+        )
+    )
     lines = [
-        f"Simulated at commit {commit_label(result['commit'])} by `{result['command']}` "
+        f"{verb} at commit {commit_label(result['commit'])} by `{result['command']}` "
         f"({number(study['wall_s'])} s of wall time for this study on {result['machine']['cpu_model']}): "
-        f"{study['steps']} steps per point, {result['repeats']} seeds per point (repeat i is seed i), "
-        f"median (min–max) over the seeds{' (--quick: a smoke run, not a result)' if result['quick'] else ''}. "
+        f"{study['steps']} steps per point, {repeats}{' (--quick: a smoke run, not a result)' if result['quick'] else ''}. "
         f"By hand: `{study['command']}`.",
         "",
         *arms_table(arms, wide_from=1),
@@ -205,7 +223,7 @@ STANDARD_KEYS = {
     "resources",
     "setup",
 }
-STANDARD_KEYS |= {"arms", "ratios", "table"}
+STANDARD_KEYS |= {"arms", "ratios", "table", "memory", "timelines"}
 
 
 def derived_rows(result: dict[str, Any]) -> list[str]:
@@ -264,6 +282,72 @@ def arms_table(arms: dict[str, dict[str, Any]], wide_from: int = WIDE_FROM_ARMS)
     for arm, stats in arms.items():
         lines += [f"| {arm} | {metric} | {spread(values)} |" for metric, values in stats.items()]
     return lines
+
+
+def headlines(results_dir: Path) -> str:
+    """One row per headline of bench/registry.py: what is compared, on what, median (min–max) over paired
+    repeats, the commit it was measured at, and a link to its section."""
+    lines = [
+        "| compared | workload and resources | median (min–max) | commit | section |",
+        "|---|---|---:|---|---|",
+    ]
+    for benchmark in BENCHMARKS:
+        for headline in benchmark.headlines:
+            result = load(benchmark.result, results_dir)
+            stats = result.get("ratios", {}).get(headline.ratio) if isinstance(result, dict) else None
+            measured = (
+                (spread(stats), commit_label(result["commit"]))
+                if stats
+                else (f"not measured yet: `python {' '.join(benchmark.args)}`", "—")
+            )
+            lines.append(
+                f"| {headline.compared} | {headline.workload} | {measured[0]} | {measured[1]} | "
+                f"[details](#{headline.section}) |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def run_all_summary(results_dir: Path) -> str:
+    """The last ``bench/run_all.py``: its commit and cost, each benchmark's wall-clock and status, and the
+    metrics whose spread no longer overlaps the previous result's (the regression check)."""
+    path = results_dir / "run_all.json"
+    if not path.exists():
+        return "_No all-benchmarks run yet: `python bench/run_all.py` writes `bench/results/run_all.json`._\n"
+    summary = json.loads(path.read_text())
+    lines = [
+        f"`python bench/run_all.py` at commit {commit_label(summary['commit'])}: "
+        f"{number(summary['wall_min'])} min of wall time (expected {number(summary['expected_min'])}).",
+        "",
+        "| benchmark | wall (min) | status | metrics compared | beyond the spread | previous commit |",
+        "|---|---:|---|---:|---:|---|",
+    ]
+    flagged_rows = []
+    for name, record in summary["benchmarks"].items():
+        check = record.get("regression", {})
+        previous = check.get("previous_commit")
+        lines.append(
+            f"| {name} | {number(record['wall_min'])} | {'ok' if record['exit_status'] == 0 else 'failed'} | "
+            f"{check.get('compared', '—')} | {len(check.get('flagged', []))} | "
+            f"{commit_label(previous) if previous else '—'} |"
+        )
+        for flag in check.get("flagged", []):
+            before, after = (" / ".join(number(v) for v in flag[key]) for key in ("before", "after"))
+            change = number(flag["change"]) if flag["change"] is not None else "—"
+            flagged_rows.append(f"| {name} | {flag['metric']} | {before} | {after} | {change} |")
+    if flagged_rows:
+        lines += [
+            "",
+            "Beyond the spread (min / median / max before and after; change = median ratio):",
+            "",
+            "| benchmark | metric | before | after | change |",
+            "|---|---|---|---|---:|",
+            *flagged_rows,
+        ]
+    return "\n".join(lines) + "\n"
+
+
+ASSEMBLED = {"headlines": headlines, "run_all": run_all_summary}
+"""Blocks built from several results rather than one."""
 
 
 def regenerate(text: str, results_dir: Path) -> str:

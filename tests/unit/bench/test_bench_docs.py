@@ -140,3 +140,43 @@ def test_a_paper_reproduction_is_one_row_per_claim_with_its_verdict(tmp_path: Pa
     assert "1 of 2 predictions within ±20% of the report." in text
     assert "fig3a: the best arm per seed is a, b; the report's is a (disagrees)." in text
     assert "- H800 everywhere" in text and "fig7/batch" not in text
+
+
+def test_the_headline_table_quotes_each_registered_ratio_or_says_how_to_measure_it(tmp_path: Path) -> None:
+    from bench.registry import BENCHMARKS
+
+    first = BENCHMARKS[0]
+    headline = first.headlines[0]
+    stats = {"min": 1.5, "median": 2.0, "max": 2.5, "runs": [1.5, 2.0, 2.5]}
+    ratios = {headline.ratio: {"numerator": "a", "denominator": "b", "metric": "t", **stats}}
+    (tmp_path / f"{first.result}.json").write_text(
+        json.dumps(harness_result(first.result, {}, ratios=ratios))
+    )
+    table = bench_docs.regenerate("<!-- bench:headlines -->\n<!-- /bench:headlines -->\n", tmp_path)
+    assert (
+        f"| {headline.compared} | {headline.workload} | 2 (1.5–2.5) | `abc` | [details](#{headline.section}) |"
+        in table
+    )
+    other = next(b for b in BENCHMARKS[1:] if b.headlines)
+    assert f"not measured yet: `python {' '.join(other.args)}`" in table
+
+
+def test_the_run_all_block_lists_each_benchmark_and_what_moved_beyond_the_spread(tmp_path: Path) -> None:
+    flag = {"metric": "x / rate", "before": [10, 11, 12], "after": [8, 8.5, 9], "change": 0.77}
+    summary = {
+        "commit": "abc",
+        "expected_min": 300,
+        "wall_min": 290.4,
+        "benchmarks": {
+            "engine": {
+                "wall_min": 8.2,
+                "exit_status": 0,
+                "regression": {"previous_commit": "def", "compared": 12, "flagged": [flag]},
+            },
+            "soak": {"wall_min": 1.0, "exit_status": 1},
+        },
+    }
+    (tmp_path / "run_all.json").write_text(json.dumps(summary))
+    text = bench_docs.regenerate("<!-- bench:run_all -->\n<!-- /bench:run_all -->\n", tmp_path)
+    assert "| engine | 8.2 | ok | 12 | 1 | `def` |" in text and "| soak | 1 | failed | — | 0 | — |" in text
+    assert "| engine | x / rate | 10 / 11 / 12 | 8 / 8.5 / 9 | 0.77 |" in text

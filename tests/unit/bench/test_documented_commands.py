@@ -23,6 +23,8 @@ COMMAND = re.compile(r"\bpython3? ((?:bench|scripts)/[\w-]+\.py)")
 QUICK_ELSEWHERE = {
     "bench/agentic.py": "tests/integration/test_bench_agentic.py",
     "bench/soak.py": "tests/integration/test_bench_soak.py",
+    "bench/long_tail.py": "tests/integration/test_bench_long_tail.py",
+    "bench/run_all.py": "tests/unit/bench/test_run_all.py",
 }
 """Benchmarks whose ``--quick`` run lives in an integration test that also checks what it wrote."""
 HELPERS = ("scripts/bench_docs.py", "scripts/check_headroom.py")

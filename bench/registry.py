@@ -1,0 +1,156 @@
+"""Every benchmark's full mode and its headline, in the order ``bench/run_all.py`` runs them.
+
+Why one list: the published results must all come from one commit (``run_all`` re-runs every entry in turn),
+and ``docs/benchmarks.md`` opens with one table of headlines generated from the same entries
+(``scripts/bench_docs.py``). A new benchmark is one more ``Benchmark(...)`` line; a headline names a ratio in
+its result file and says, in words, what it compares, on what, and where its section is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Headline:
+    """One number a benchmark is quoted for: a ratio of its result, described for the headline table."""
+
+    ratio: str
+    """Key in the result's ``ratios``."""
+    compared: str
+    """What is compared, numerator over denominator, and on which metric."""
+    workload: str
+    """On what workload and resources."""
+    section: str
+    """The anchor of its section in docs/benchmarks.md (a heading's GitHub slug)."""
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """A benchmark's full-mode command and its result file."""
+
+    result: str
+    """Stem of ``bench/results/<result>.json``."""
+    args: tuple[str, ...]
+    """The command after ``python``: the script and its full-mode flags."""
+    minutes: float
+    """Expected wall-clock on a quiet 2-core machine (what ``run_all`` adds up before it starts)."""
+    headlines: tuple[Headline, ...] = ()
+    needs: str = ""
+    """What it needs beyond the project's install (``run_all`` says so; it fails without it)."""
+
+
+ASYNC_VS_SYNC = "async-vs-the-best-sync-on-a-long-tail-workload-that-learns"
+
+BENCHMARKS: tuple[Benchmark, ...] = (
+    Benchmark(
+        "long_tail",
+        ("bench/long_tail.py",),
+        120,
+        (
+            Headline(
+                "time_to_reward_async_a2_over_best_sync",
+                "async α = 2 / best sync: time to best sync's final held-out reward",
+                "~18 M Qwen3-shaped warm start, copy task with long-tailed lengths (≤ 1,024 tokens), 110 steps; "
+                "2 cores, one process",
+                ASYNC_VS_SYNC,
+            ),
+            Headline(
+                "throughput_async_a2_over_best_sync",
+                "async α = 2 / best sync: trained samples/s at steady state",
+                "the same workload, 2 cores",
+                ASYNC_VS_SYNC,
+            ),
+        ),
+    ),
+    Benchmark(
+        "engine",
+        ("bench/engine.py", "--vllm"),
+        8,
+        (
+            Headline(
+                "long_tail_throughput_t2",
+                "built-in engine / HF generate: tokens/s",
+                "3.4 M Qwen2, long-tailed output lengths, 2 threads",
+                "engine",
+            ),
+        ),
+        needs="vLLM in its own environment (asyncrl backends install vllm)",
+    ),
+    Benchmark(
+        "trainer",
+        ("bench/trainer.py",),
+        4,
+        (
+            Headline(
+                "packed_over_padded",
+                "packed / padded training: trained tokens/s",
+                "21 M Qwen2, 64 long-tailed samples, 2 threads",
+                "trainer-packed-vs-padded-vs-a-plain-loop",
+            ),
+        ),
+    ),
+    Benchmark("distributed", ("bench/distributed.py",), 3),
+    Benchmark("async_vs_sync", ("bench/async_vs_sync.py",), 10),
+    Benchmark("async_vs_sync_training_bound", ("bench/async_vs_sync.py", "--workload", "training_bound"), 10),
+    Benchmark("ray_calls", ("bench/ray_calls.py",), 1),
+    Benchmark(
+        "sync_vs_trl",
+        ("bench/sync_vs_trl.py",),
+        7,
+        (
+            Headline(
+                "samples_per_s",
+                "asyncrl sync / TRL GRPOTrainer: trained samples/s",
+                "the same model, task and batch, 2 cores",
+                "sync-vs-trl",
+            ),
+        ),
+    ),
+    Benchmark("offpolicy", ("bench/offpolicy.py",), 45),
+    Benchmark(
+        "default_run",
+        ("bench/default_run.py",),
+        13,
+        (
+            Headline(
+                "faster_sync_over_default_train_wall_s",
+                "faster sync / async (the default): training wall-clock of the same 150 steps",
+                "`asyncrl train` as shipped (1.1 M warm start, copy task), 2 cores",
+                "the-embedded-default-run-asyncrl-train",
+            ),
+        ),
+    ),
+    Benchmark("agentic_run", ("bench/default_run.py", "--example", "agentic"), 6),
+    Benchmark(
+        "agentic",
+        ("bench/agentic.py",),
+        30,
+        (
+            Headline(
+                "headline/env_async_vs_best_sync",
+                "env-level async / best sync: trained episodes/s",
+                "multi-turn copy_chain with lognormal env delays at a middle σ, one process",
+                "agentic-env-level-asynchrony",
+            ),
+        ),
+    ),
+    Benchmark("agentic_learning", ("bench/agentic_learning.py",), 20),
+    Benchmark("agents_external", ("bench/agents_external.py",), 10),
+    Benchmark("soak", ("bench/soak.py",), 35),
+    Benchmark("simulator", ("bench/simulator.py",), 5),
+    Benchmark("sim_studies", ("bench/sim_studies.py",), 9),
+    Benchmark("sim_vs_real", ("bench/sim_vs_real.py",), 10),
+)
+"""In run order: the long-tail benchmark first (the longest, and the one the headline rests on)."""
+
+GPU_RESULTS = ("engine_cuda", "trainer_cuda")
+"""Results measured on a lent GPU machine: not re-run by ``run_all`` (see docs/gpu-smoke/)."""
+
+
+def by_result(name: str) -> Benchmark:
+    """The entry whose result file is ``bench/results/<name>.json``."""
+    for benchmark in BENCHMARKS:
+        if benchmark.result == name:
+            return benchmark
+    raise KeyError(f"no benchmark writes bench/results/{name}.json (bench/registry.py)")
