@@ -140,6 +140,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("soak", ("bench/soak.py",), 35),
     Benchmark("simulator", ("bench/simulator.py",), 5),
     Benchmark("sim_studies", ("bench/sim_studies.py",), 9),
+    Benchmark("paper_tables", ("bench/paper_tables.py",), 60),
     Benchmark("sim_vs_real", ("bench/sim_vs_real.py",), 10),
 )
 """In run order: the long-tail benchmark first (the longest, and the one the headline rests on)."""
