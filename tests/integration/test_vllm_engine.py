@@ -21,7 +21,8 @@ from asyncrl.types import FinishReason, Request, SamplingParams
 from asyncrl.weight_sync.protocol import WeightSyncError
 
 pytestmark = [
-    pytest.mark.slow,  # a vLLM worker start is ~12 s; scripts/test-vllm.sh runs these
+    pytest.mark.slow,  # a vLLM worker start is ~12 s
+    pytest.mark.vllm,  # scripts/test-vllm.sh runs these in vLLM's environment; CI has none
     pytest.mark.skipif(
         vllm_python() is None, reason="no vLLM environment (run `asyncrl backends install vllm`)"
     ),
