@@ -74,7 +74,8 @@ class TaskConfig:
     """file / hf_dataset: column holding the plain-text prompt (rows need it unless they have
     ``messages_field``)."""
     answer_field: str = "answer"
-    """file / hf_dataset: column holding the reference answer."""
+    """file / hf_dataset: column holding the reference answer; a dotted name reaches into a nested object
+    (``reward_model.ground_truth``, as verl-format datasets such as DAPO-Math-17k keep it)."""
     messages_field: str = ""
     """file / hf_dataset: optional column holding chat messages (a list of {role, content}); empty: plain
     prompts only."""

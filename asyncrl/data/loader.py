@@ -111,6 +111,19 @@ def with_math_format(sample: TaskSample, name: str) -> TaskSample:
     )
 
 
+def column(row: Mapping[str, Any], field: str) -> Any:
+    """``row[field]``; a dotted name reaches into nested objects when no column has it whole
+    (``reward_model.ground_truth``, as verl-format datasets nest their answers). None when absent."""
+    if field in row:
+        return row[field]
+    value: Any = row
+    for part in field.split("."):
+        if not isinstance(value, Mapping) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
 def _as_number(answer: str | int | float) -> float:
     """``answer`` as a float where it reads as one (0.0 where it does not: any text answer is finite)."""
     try:
@@ -137,9 +150,9 @@ def _read_parquet(path: Path) -> Iterator[tuple[int, Any]]:
 
 
 def _messages(row: Mapping[str, Any], field: str) -> tuple[dict[str, str], ...] | None:
-    if not field or row.get(field) is None:
+    if not field or column(row, field) is None:
         return None
-    messages = row[field]
+    messages = column(row, field)
     if not isinstance(messages, list) or not messages:
         raise ValueError(f"field {field!r} must be a non-empty list of messages, got {messages!r}")
     for i, message in enumerate(messages):
@@ -152,7 +165,7 @@ def _messages(row: Mapping[str, Any], field: str) -> tuple[dict[str, str], ...] 
 
 
 def _prompt(row: Mapping[str, Any], field: str, messages: tuple[dict[str, str], ...] | None) -> str:
-    prompt = row.get(field)
+    prompt = column(row, field)
     if messages is not None:
         user_turns = [m["content"] for m in messages if m["role"] == "user"]
         if not user_turns:
@@ -169,7 +182,7 @@ def _prompt(row: Mapping[str, Any], field: str, messages: tuple[dict[str, str], 
 
 
 def _answer(row: Mapping[str, Any], field: str) -> str:
-    answer = row.get(field)
+    answer = column(row, field)
     if isinstance(answer, bool) or not isinstance(answer, str | int | float):
         raise ValueError(f"field {field!r} must be a string or a number, got {answer!r}")
     if isinstance(answer, str) and not answer.strip():
