@@ -29,6 +29,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--api-key", default="", help="require 'Authorization: Bearer KEY'; empty: no key")
     parser.add_argument("--chat-format", default="template", choices=("template", "plain"))
     parser.add_argument("--export", default="", help="append every finished trajectory to this JSONL file")
+    parser.add_argument(
+        "--max-concurrent-calls",
+        type=int,
+        default=256,
+        help="calls served at once; one more gets 429 with Retry-After (serve.max_concurrent_calls)",
+    )
+    parser.add_argument("--retry-after", type=float, default=1.0, help="Retry-After of a 429/503, seconds")
+    parser.add_argument("--max-running-requests", type=int, default=64, help="the engine's batch (slots)")
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
     parser.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
     parser.add_argument("--seed", type=int, default=0, help="engine seed")
@@ -51,11 +59,15 @@ def run(args: argparse.Namespace) -> int:
         api_key=args.api_key,
         chat_format=args.chat_format,
         export_path=args.export,
+        max_concurrent_calls=args.max_concurrent_calls,
+        retry_after_s=args.retry_after,
     )
     model, tokenizer = load_model_and_tokenizer(
         args.model_dir, dtype=args.dtype, device=args.device, revision=args.revision
     )
-    engine = make_engine(model, tokenizer, EngineConfig(seed=args.seed))
+    engine = make_engine(
+        model, tokenizer, EngineConfig(seed=args.seed, max_running_requests=args.max_running_requests)
+    )
 
     async def serve() -> None:
         proxy = LLMProxy([engine])

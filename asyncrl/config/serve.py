@@ -51,6 +51,13 @@ class ServeConfig:
     """A call whose context plus ``max_tokens`` would exceed this is refused (400) before reaching an engine."""
     max_body_bytes: int = 1_048_576
     """Largest request body; larger ones are refused with 413 before they are parsed."""
+    max_concurrent_calls: int = 256
+    """Chat and completion calls served at once (a streaming one until its last chunk). One more is answered
+    at once with 429 and ``Retry-After``, never queued without limit: under overload latency stays bounded
+    and the ``openai`` client backs off and retries by itself."""
+    retry_after_s: float = 1.0
+    """The ``Retry-After`` a 429 (over ``max_concurrent_calls`` or ``max_trajectories``) or a 503 (an engine
+    failed the call) carries, in seconds (rounded up to whole seconds in the header)."""
     max_trajectories: int = 4096
     """Most trajectories held at once; finished ones beyond it are evicted oldest first (and exported first
     when ``export_path`` is set), a new one beyond it with live ones only is refused (429)."""
@@ -83,6 +90,7 @@ class ServeConfig:
             "max_context_tokens",
             "max_body_bytes",
             "max_trajectories",
+            "max_concurrent_calls",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"serve.{name} must be >= 1, got {getattr(self, name)}")
@@ -93,6 +101,8 @@ class ServeConfig:
                 f"serve.default_max_tokens={self.default_max_tokens} must be <= "
                 f"serve.max_tokens_limit={self.max_tokens_limit}"
             )
+        if self.retry_after_s <= 0:
+            raise ValueError(f"serve.retry_after_s must be > 0, got {self.retry_after_s}")
         if self.trajectory_timeout_s <= 0:
             raise ValueError(f"serve.trajectory_timeout_s must be > 0, got {self.trajectory_timeout_s}")
         if self.reward_fn and ":" not in self.reward_fn:

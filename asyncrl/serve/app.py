@@ -18,6 +18,7 @@ Every refusal is a 4xx whose body is ``{"error": {"message", "type", "param", "c
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 from typing import Any
 
@@ -41,7 +42,8 @@ def make_app(service: CompletionService) -> FastAPI:
     """The app serving ``service``; ``service.config`` holds the API key and every bound."""
     app = FastAPI(title="asyncrl OpenAI-compatible endpoint", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(BodyLimit, max_body_bytes=service.config.max_body_bytes)
-    _add_error_handlers(app)
+    app.add_middleware(CallLimit, config=service.config, calls=service.calls)
+    _add_error_handlers(app, service.config)
     identify = identifier(service.config)
     openai_routes = openai_router(service, identify)
     for prefix in TRAJECTORY_PREFIXES:
@@ -71,10 +73,16 @@ def identifier(config: ServeConfig) -> Identify:
 # ---- errors and limits ------------------------------------------------------------------------------------
 
 
-def _add_error_handlers(app: FastAPI) -> None:
+def retry_after(config: ServeConfig) -> dict[str, str]:
+    """The ``Retry-After`` header of a 429 or 503: whole seconds, at least 1."""
+    return {"Retry-After": str(max(1, math.ceil(config.retry_after_s)))}
+
+
+def _add_error_handlers(app: FastAPI, config: ServeConfig) -> None:
     @app.exception_handler(ServeError)
     async def refused(request: Request, error: ServeError) -> JSONResponse:
-        return JSONResponse(error.body(), status_code=error.status)
+        headers = retry_after(config) if error.status in (429, 503) else None
+        return JSONResponse(error.body(), status_code=error.status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, error: RequestValidationError) -> JSONResponse:
@@ -99,6 +107,49 @@ def _add_error_handlers(app: FastAPI) -> None:
         logger.exception("unexpected error serving %s", request.url.path)
         body = ServeError(500, f"internal error: {type(error).__name__}", None, "server_error").body()
         return JSONResponse(body, status_code=500)
+
+
+class CallLimit:
+    """ASGI middleware: at most ``serve.max_concurrent_calls`` chat/completion calls in the app at once (each
+    counted until its response, streamed or not, has been sent); one more is answered 429 with
+    ``Retry-After`` before its body is read. A call therefore never waits behind an unbounded queue: the
+    caller backs off, and the server recovers the moment load drops."""
+
+    def __init__(self, app: Any, config: ServeConfig, calls: dict[str, int]) -> None:
+        """``calls``: the service's counters (``in_flight``, ``refused``), which ``/health`` reports."""
+        self.app = app
+        self.config = config
+        self.calls = calls
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not scope["path"].endswith(GENERATING_ROUTES):
+            await self.app(scope, receive, send)
+            return
+        if self.calls["in_flight"] >= self.config.max_concurrent_calls:
+            self.calls["refused"] += 1
+            await self._refuse(send)
+            return
+        self.calls["in_flight"] += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.calls["in_flight"] -= 1
+
+    async def _refuse(self, send: Any) -> None:
+        limit = self.config.max_concurrent_calls
+        error = ServeError(
+            429,
+            f"the server is serving serve.max_concurrent_calls={limit} calls; retry after the Retry-After delay",
+            None,
+            "rate_limit_error",
+        )
+        response = JSONResponse(error.body(), status_code=429, headers=retry_after(self.config))
+        await send({"type": "http.response.start", "status": 429, "headers": response.raw_headers})
+        await send({"type": "http.response.body", "body": response.body})
+
+
+GENERATING_ROUTES = ("/v1/chat/completions", "/v1/completions")
+"""The routes that hold an engine slot; the rest (models, finish, health) are never refused for load."""
 
 
 class BodyLimit:

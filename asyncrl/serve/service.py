@@ -85,6 +85,8 @@ class CompletionService:
         self.stop_token_ids = tuple(stop_token_ids(config.chat_format, self.format, tokenizer))
         self.reward_fn = load_reward_fn(config.reward_fn) if config.reward_fn else None
         self._num_calls = 0
+        self.calls = {"in_flight": 0, "refused": 0}
+        """Chat/completion calls in the app now, and refused for load so far (``app.CallLimit`` keeps them)."""
 
     # ---- routes -----------------------------------------------------------------------------------------
 

@@ -44,6 +44,6 @@ def trajectory_router(service: CompletionService, identify: Identify) -> APIRout
 
     @router.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "trajectories": service.store.counts}
+        return {"status": "ok", "trajectories": service.store.counts, "calls": dict(service.calls)}
 
     return router

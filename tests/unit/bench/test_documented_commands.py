@@ -25,9 +25,10 @@ QUICK_ELSEWHERE = {
     "bench/soak.py": "tests/integration/test_bench_soak.py",
     "bench/long_tail.py": "tests/integration/test_bench_long_tail.py",
     "bench/run_all.py": "tests/unit/bench/test_run_all.py",
+    "bench/serve_load.py": "tests/integration/test_bench_serve_load.py",
 }
 """Benchmarks whose ``--quick`` run lives in an integration test that also checks what it wrote."""
-HELPERS = ("scripts/bench_docs.py", "scripts/check_headroom.py")
+HELPERS = ("scripts/bench_docs.py", "scripts/check_headroom.py", "scripts/recipe_plans.py")
 
 
 def documented_commands() -> dict[str, list[str]]:
