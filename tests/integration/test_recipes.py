@@ -5,6 +5,7 @@ and data swapped for the shipped tiny ones by overrides: its modes, losses, filt
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import threading
 from pathlib import Path
@@ -20,7 +21,8 @@ from asyncrl.metrics.tracker import read_metrics
 from asyncrl.rewards.builtin import math_equiv
 from asyncrl.testing.hub_cache import use_offline_cache, write_hub_dataset
 
-RECIPES = Path(training.__file__).resolve().parents[1] / "examples" / "recipes"
+ROOT = Path(__file__).resolve().parents[2]
+RECIPES = ROOT / "asyncrl" / "examples" / "recipes"
 NAMES = sorted(path.name for path in RECIPES.glob("*.yaml"))
 
 TINY = (
@@ -140,3 +142,15 @@ def test_the_agentic_endpoint_recipe_trains_two_steps_on_a_harness(tmp_path: Pat
     assert not harness.is_alive()
     assert [line["step"] for line in lines] == [1, 2]
     assert json.loads((out / "config.json").read_text())["producer"] == "external"
+
+
+def test_every_recipe_has_its_step_time_generated_into_the_docs() -> None:
+    """docs/recipes.md's table is what ``scripts/recipe_plans.py`` renders from docs/recipe_plans.json."""
+    spec = importlib.util.spec_from_file_location("recipe_plans", ROOT / "scripts" / "recipe_plans.py")
+    plans = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plans)
+    assert set(plans.PLANS) == set(NAMES)
+    results = json.loads(plans.RESULT.read_text())
+    assert set(results["recipes"]) == set(NAMES)
+    doc = plans.DOC.read_text()
+    assert plans.render(doc, results) == doc
