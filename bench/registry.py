@@ -137,6 +137,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     ),
     Benchmark("agentic_learning", ("bench/agentic_learning.py",), 20),
     Benchmark("agents_external", ("bench/agents_external.py",), 10),
+    Benchmark("serve_load", ("bench/serve_load.py",), 12),
     Benchmark("soak", ("bench/soak.py",), 35),
     Benchmark("simulator", ("bench/simulator.py",), 5),
     Benchmark("sim_studies", ("bench/sim_studies.py",), 9),
