@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Train a policy with RL from a run config (YAML plus key=value overrides).",
     ),
     "eval": ("asyncrl.cli.eval", "Evaluate a model checkpoint on a task's held-out split."),
+    "export": ("asyncrl.cli.export", "Write a checkpoint as a plain model directory (LoRA adapters merged)."),
     "generate": ("asyncrl.cli.generate", "Generate completions for prompts with the built-in engine."),
     "sft": ("asyncrl.cli.sft", "Supervised warm start of a model on task demonstrations."),
     "config": ("asyncrl.cli.config", "Print a resolved run config, or the documentation of every key."),

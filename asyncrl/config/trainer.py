@@ -113,7 +113,7 @@ class TrainerConfig:
     keep_last_checkpoints: int | None = 3
     """Older checkpoints beyond this many are deleted after a save; None keeps all."""
     seed: int = 0
-    """Seed of the mini-batch shuffling."""
+    """Seed of the mini-batch shuffling and of LoRA's initial adapters."""
     lora: LoraConfig | None = None
     """Train LoRA adapters instead of every weight (``LoraConfig``); null trains the full model."""
 

@@ -16,6 +16,7 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import peft
 import torch
 from peft.tuners.lora import LoraLayer
@@ -31,8 +32,11 @@ ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
 """The weights file of peft's adapter format."""
 
 
-def attach_lora(model: nn.Module, config: LoraConfig) -> peft.PeftModel:
-    """``model`` with LoRA adapters on ``config.target_modules`` (in place); only the adapters require grad."""
+def attach_lora(model: nn.Module, config: LoraConfig, seed: int) -> peft.PeftModel:
+    """``model`` with LoRA adapters on ``config.target_modules`` (in place); only the adapters require grad.
+
+    The A matrices are drawn from ``seed`` alone (the global generator is left as it was): a run and its
+    resumed twin start alike, and every FSDP2 rank holds the same adapters before they are sharded."""
     targets = ALL_LINEAR if config.target_modules == (ALL_LINEAR,) else list(config.target_modules)
     peft_config = peft.LoraConfig(
         r=config.rank,
@@ -42,8 +46,10 @@ def attach_lora(model: nn.Module, config: LoraConfig) -> peft.PeftModel:
         bias="none",
     )
     try:
-        with warnings.catch_warnings():  # peft asks transformers a deprecated question; nothing for users
+        with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
+            # peft asks transformers a deprecated question: nothing for users
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
+            torch.manual_seed(seed)
             return peft.get_peft_model(model, peft_config, adapter_name=ADAPTER_NAME)
     except ValueError as error:  # peft names the modules it could not find
         raise ValueError(f"trainer.lora.target_modules={list(config.target_modules)}: {error}") from error
@@ -114,6 +120,17 @@ def adapter_spec(model: nn.Module) -> LoraAdapter:
             f"LoRA layers with different scalings {sorted(scalings)}: one adapter update cannot carry them"
         )
     return LoraAdapter(scaling=scalings.pop())
+
+
+@contextlib.contextmanager
+def seeded_dropout(words: list[int], device: torch.device) -> Iterator[None]:
+    """The global generator (which ``nn.Dropout`` draws from) seeded by ``words`` for the block, and put back
+    after. A trainer seeds each step's adapter dropout by (seed, step, rank), so a resumed run draws what the
+    uninterrupted one drew, whatever else drew from the generator in between."""
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(int(np.random.SeedSequence(words).generate_state(1)[0]))
+        yield
 
 
 @contextlib.contextmanager

@@ -48,7 +48,13 @@ from asyncrl.trainer.distributed.normalisation import (
 )
 from asyncrl.trainer.distributed.parallel import Parallelism, SingleProcess, agreed_count, local_rows
 from asyncrl.trainer.logprobs import TokenLogProbModule, TokenLogProbs, autocast
-from asyncrl.trainer.lora import adapter_dropout, adapter_spec, adapter_tensors, attach_lora
+from asyncrl.trainer.lora import (
+    adapter_dropout,
+    adapter_spec,
+    adapter_tensors,
+    attach_lora,
+    seeded_dropout,
+)
 from asyncrl.trainer.losses import PolicyLossInputs, compute_policy_loss
 from asyncrl.trainer.mismatch import compute_step_start_correction
 from asyncrl.trainer.offpolicy import m2po_keep
@@ -91,7 +97,7 @@ class Trainer:
             )
         if loss_config.needs_reference and ref_model is None and config.lora is None:
             raise ValueError("loss.kl.beta > 0 needs a reference model (Trainer(ref_model=...)), got none")
-        self.peft_model = attach_lora(model, config.lora) if config.lora is not None else None
+        self.peft_model = attach_lora(model, config.lora, config.seed) if config.lora is not None else None
         """The ``PeftModel`` wrapper with LoRA (``trainer.lora``); ``model`` is then the model inside it."""
         if self.peft_model is not None:
             model = self.peft_model.get_base_model()
@@ -128,6 +134,13 @@ class Trainer:
         """What a gradient forward and its backward run under: LoRA's adapter dropout on, if it has one."""
         return adapter_dropout(self.model) if self.peft_model is not None else contextlib.nullcontext()
 
+    def _dropout_rng(self) -> contextlib.AbstractContextManager:
+        """LoRA's adapter dropout draws from a generator seeded by (seed, step, rank) (``seeded_dropout``)."""
+        lora = self.config.lora
+        if lora is None or lora.dropout == 0:
+            return contextlib.nullcontext()
+        return seeded_dropout([self.config.seed, self.step, self.parallel.rank], self.device)
+
     def _log_prob_module(self, model: nn.Module) -> TokenLogProbModule:
         config = self.config
         module = TokenLogProbModule(
@@ -159,9 +172,10 @@ class Trainer:
         fixed, start_metrics = self._step_start_logprobs(batch)
         fixed[_AGGREGATION_MASK] = self._aggregation_mask(batch, fixed)
         metrics = _MetricMerger()
-        for plan in plans:
-            for rows in plan:
-                metrics.add(self._optimizer_step(batch, fixed, rows), weight=1.0)
+        with self._dropout_rng():
+            for plan in plans:
+                for rows in plan:
+                    metrics.add(self._optimizer_step(batch, fixed, rows), weight=1.0)
         self.scheduler.step()
         self.step += 1
         self.version = policy_version + 1

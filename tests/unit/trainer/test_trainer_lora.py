@@ -23,13 +23,15 @@ def lora_trainer(lora: LoraConfig = LORA, loss: LossConfig | None = None, **over
     return Trainer(tiny_qwen2(), config, loss or LossConfig(name="ppo"), AdvantageConfig(name="grpo"))
 
 
-def randomise_adapters(trainer: Trainer, seed: int = 1) -> None:
-    """Non-zero B matrices (peft starts B at zero, where the adapter changes nothing and tests see nothing);
-    the same values on every rank's shards under FSDP2."""
+def randomise_adapters(trainer: Trainer, seed: int = 1, members: tuple[str, ...] = ("B",)) -> None:
+    """Random ``members`` of every pair: non-zero B matrices by default (peft starts B at zero, where the adapter
+    changes nothing and tests see nothing); the same values on every rank's shards under FSDP2."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for _, layer in lora_layers(trainer.model):
-            weight = layer.lora_B[ADAPTER_NAME].weight
+        for (_, layer), member in (
+            (pair, member) for pair in lora_layers(trainer.model) for member in members
+        ):
+            weight = getattr(layer, f"lora_{member}")[ADAPTER_NAME].weight
             values = torch.randn(weight.shape, generator=gen) * 0.1
             if hasattr(weight, "device_mesh"):
                 from torch.distributed.tensor import distribute_tensor

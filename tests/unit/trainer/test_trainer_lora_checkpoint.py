@@ -32,14 +32,16 @@ def _trainer(
     parallel: Parallelism | None = None,
     *,
     lora: LoraConfig | None = LORA,
-    seed: int = 0,
+    scramble: int | None = None,
     num_mini_batches: int = 2,
 ) -> Trainer:
-    torch.manual_seed(seed)  # peft draws the A matrices from the global generator
     config = TrainerConfig(lr=1e-2, warmup_steps=2, num_mini_batches=num_mini_batches, lora=lora)
-    return Trainer(
+    trainer = Trainer(
         tiny_qwen2(), config, LossConfig(name="ppo"), AdvantageConfig(name="grpo"), parallel=parallel
     )
+    if scramble is not None:  # other adapters than a fresh trainer's: a resume must bring back its own
+        randomise_adapters(trainer, seed=scramble, members=("A", "B"))
+    return trainer
 
 
 def _groups(step: int):
@@ -65,7 +67,7 @@ def test_a_resumed_lora_trainer_continues_exactly(tmp_path):
     path = checkpoint.save_checkpoint(tmp_path, interrupted, extra={"position": 3})
     assert (path / checkpoint.ADAPTER_DIR / "adapter_model.safetensors").is_file()
     assert not (path / checkpoint.MODEL_DIR).exists()
-    resumed = _trainer(seed=99)  # other initial adapters: everything must come from the checkpoint
+    resumed = _trainer(scramble=99)  # everything must come from the checkpoint
     assert checkpoint.load_checkpoint(path, resumed) == {"position": 3}
     for step in (1, 2):
         resumed.train_step(_groups(step), policy_version=step)
@@ -163,7 +165,7 @@ def test_a_sharded_lora_checkpoint_holds_only_adapters_and_resumes_on_one_rank(t
     saved = FileSystemReader(path / checkpoint.SHARDED_DIR).read_metadata().state_dict_metadata
     adapter_names = {f"model.{n}" for n, p in _trainer().model.named_parameters() if p.requires_grad}
     assert {key for key in saved if key.startswith("model.")} == adapter_names
-    resumed = _trainer(SingleProcess(), lora=NO_DROPOUT, seed=7)
+    resumed = _trainer(SingleProcess(), lora=NO_DROPOUT, scramble=7)
     assert load_sharded_checkpoint(path, resumed) == {"position": 5}
     resumed.train_step(_groups(1), policy_version=1)
     got = _adapters(resumed)
