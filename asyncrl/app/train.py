@@ -300,6 +300,7 @@ def step_metrics(record: StepRecord, proxy_stats: dict, train_started: float) ->
         "samples_per_s": metrics["samples"] / step_s,
         "tokens_per_s": tokens / step_s,
     }
+    metrics |= weight_sync_metrics(record.transfer_s, record.transfer_bytes)
     for index, engine in enumerate(proxy_stats.get("engines", [])):
         for key in ("idle_fraction", "mean_in_flight"):
             if key in engine:
@@ -310,6 +311,16 @@ def step_metrics(record: StepRecord, proxy_stats: dict, train_started: float) ->
     if "num_engine_restarts" in proxy_stats:  # only a proxy that recovers engines reports these
         metrics |= {name: float(proxy_stats[key]) for key, name in RECOVERY_STATS.items()}
     return metrics
+
+
+def weight_sync_metrics(seconds: float, nbytes: int) -> dict[str, float]:
+    """``weight_sync/seconds``, ``/bytes`` and ``/gb_per_s`` of one step's weight transfer (see
+    ``StepRecord.transfer_s``); GB/s is 0 when nothing was timed."""
+    return {
+        "weight_sync/seconds": seconds,
+        "weight_sync/bytes": float(nbytes),
+        "weight_sync/gb_per_s": nbytes / seconds / 1e9 if seconds > 0 else 0.0,
+    }
 
 
 async def _evaluate(parts: Parts, proxy: LLMProxy, tag: str) -> dict[str, float]:

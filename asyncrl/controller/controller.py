@@ -47,6 +47,7 @@ from asyncrl.metrics.tracker import length_stats
 from asyncrl.modes import mode_spec
 from asyncrl.rollout.prompt_source import PromptSource
 from asyncrl.types import Group, TrajectoryStatus
+from asyncrl.weight_sync.protocol import payload_nbytes
 
 
 class TrainerClient(Protocol):
@@ -104,6 +105,11 @@ class StepRecord:
     train_s: float
     sync_s: float
     extra: dict[str, float] = field(default_factory=dict)
+    transfer_s: float = 0.0
+    """Of ``sync_s``, the weight transfer: publishing the weights and handing them to the proxy (under
+    ``drain`` the engines apply them later, while they generate)."""
+    transfer_bytes: int = 0
+    """Bytes that transfer moved out of the trainer (``WeightUpdate.nbytes``: a delta's, an adapter's)."""
 
 
 class Controller:
@@ -183,7 +189,7 @@ class Controller:
         trained = clock()
         for group in groups:
             self.source.finish(group.prompt_uid)
-        await self._sync_weights()
+        transfer_s, transfer_bytes = await self._sync_weights()
         record = StepRecord(
             step=trained_version + 1,
             version=trained_version,
@@ -192,6 +198,8 @@ class Controller:
             wait_s=got_batch - started,
             train_s=trained - got_batch,
             sync_s=clock() - trained,
+            transfer_s=transfer_s,
+            transfer_bytes=transfer_bytes,
         )
         if self.after_sync is not None:
             await self.after_sync(self.version)
@@ -231,17 +239,22 @@ class Controller:
             lost.result()  # raises EnginesLost
         return None
 
-    async def _sync_weights(self) -> None:
-        """suspend → version+1 (stale work aborted) → model_update → resume."""
+    async def _sync_weights(self) -> tuple[float, int]:
+        """suspend → version+1 (stale work aborted) → model_update → resume; the transfer's (seconds, bytes)."""
+        clock = asyncio.get_running_loop().time
         await self.proxy.suspend()
         self.version += 1
         for stale in self.buffer.on_trainer_version(self.version):  # ended like a straggler: never redone
             self.source.finish(stale.admission.key)
         await self.producer.abort_stale()
-        await self.proxy.model_update(await self.trainer.state_for_sync(), self.version)
+        started = clock()
+        update = await self.trainer.state_for_sync()
+        await self.proxy.model_update(update, self.version)
+        transfer_s = clock() - started
         await self.proxy.resume()
         if self.config.wait_for_weight_sync:
             await self.proxy.update_applied(self.version)
+        return transfer_s, payload_nbytes(update)
 
 
 def staleness_metrics(groups: Sequence[Group], trainer_version: int) -> dict[str, float]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,8 @@ class RunSeries:
     """Trained samples by age (trainer version − start version), summed over the run."""
     buffer: dict[str, list[float]] = field(default_factory=dict)
     """Per-step buffer series (``buffer/*`` metrics) where the run recorded them."""
+    weight_sync: dict[str, list[float]] = field(default_factory=dict)
+    """Per-step weight transfer (``weight_sync/seconds``, ``/bytes``, ``/gb_per_s``) where recorded."""
     eval_before: float | None = None
     eval_after: float | None = None
     evals: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
@@ -88,6 +91,8 @@ def write_report(run_dirs: list[str | Path], out_dir: str | Path, title: str = "
         figures["eval.png"] = plot_evals(runs, out / "eval.png")
     if any(run.buffer for run in runs):
         figures["buffer.png"] = plot_buffer(runs, out / "buffer.png")
+    if any(run.weight_sync for run in runs):
+        figures["weight_sync.png"] = plot_weight_sync(runs, out / "weight_sync.png")
     timed = [run for run in runs if run.spans]
     if len(timed) > 1:
         figures["timelines.png"] = plot_timelines_compared(timed, out / "timelines.png")
@@ -194,6 +199,18 @@ def plot_buffer(runs: list[RunSeries], path: Path) -> Path:
     return _save(plt, fig, path, [occupied, counted])
 
 
+def plot_weight_sync(runs: list[RunSeries], path: Path) -> Path:
+    """Seconds and MB of each step's weight transfer (what the trainer shipped, e.g. a delta's bytes)."""
+    plt, fig, (seconds, sizes) = _figure(1, 2)
+    for run in runs:
+        if run.weight_sync:
+            seconds.plot(run.steps, run.weight_sync["weight_sync/seconds"], label=run.name)
+            sizes.plot(run.steps, [b / 1e6 for b in run.weight_sync["weight_sync/bytes"]], label=run.name)
+    seconds.set(xlabel="step", ylabel="seconds", title="weight sync time per step")
+    sizes.set(xlabel="step", ylabel="MB shipped", title="weight sync bytes per step")
+    return _save(plt, fig, path, [seconds, sizes])
+
+
 def plot_run_timeline(run: RunSeries, path: Path) -> Path:
     """The run's Gantt chart with each role's idle fraction in the title."""
     from asyncrl.metrics.plots import plot_spans
@@ -249,6 +266,7 @@ def render_html(title: str, runs: list[RunSeries], figures: dict[str, Path]) -> 
             "held-out after",
             "facts",
             "idle by role",
+            "weight sync (median s, GB/s)",
         )
     )
     return (
@@ -269,6 +287,7 @@ def _real_run(path: Path, spans: Spans | None) -> RunSeries:
     summary = _read_json(path / "summary.json")
     config = _read_json(path / "config.json")
     buffer_keys = sorted({k for r in records for k in r if k.startswith("buffer/")})
+    sync_keys = ("weight_sync/seconds", "weight_sync/bytes", "weight_sync/gb_per_s")
     facts = {
         "mode": config.get("controller", {}).get("mode"),
         "async_ratio": config.get("buffer", {}).get("async_ratio"),
@@ -284,6 +303,9 @@ def _real_run(path: Path, spans: Spans | None) -> RunSeries:
         length_p99=_series(records, "response_length/p99"),
         staleness=_staleness_of_real(records),
         buffer={key: [float(r.get(key, float("nan"))) for r in records] for key in buffer_keys},
+        weight_sync={key: [float(r.get(key, float("nan"))) for r in records] for key in sync_keys}
+        if all(key in records[-1] for key in sync_keys)
+        else {},
         eval_before=summary.get("eval_before", {}).get("eval/reward_mean"),
         eval_after=summary.get("eval_after", {}).get("eval/reward_mean"),
         evals=_eval_series([summary.get("eval_before", {}), *records, summary.get("eval_after", {})]),
@@ -420,8 +442,17 @@ def _table_row(run: RunSeries) -> str:
         fmt(run.eval_after),
         facts,
         idle,
+        _weight_sync_cell(run),
     )
     return "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>"
+
+
+def _weight_sync_cell(run: RunSeries) -> str:
+    if not run.weight_sync:
+        return "–"
+    seconds = statistics.median(run.weight_sync["weight_sync/seconds"])
+    speed = statistics.median(run.weight_sync["weight_sync/gb_per_s"])
+    return f"{seconds:.3f} s, {speed:.2f} GB/s"
 
 
 def _b64(path: Path) -> str:

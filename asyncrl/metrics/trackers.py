@@ -16,7 +16,14 @@ from typing import Any, Protocol, TextIO
 from asyncrl.config.metrics import MetricsConfig
 from asyncrl.metrics.progress import Progress
 
-CONSOLE_KEYS = ("reward/mean", "response_length/mean", "samples_per_s", "time/step_s", "staleness/max")
+CONSOLE_KEYS = (
+    "reward/mean",
+    "response_length/mean",
+    "samples_per_s",
+    "time/step_s",
+    "staleness/max",
+    "weight_sync/seconds",
+)
 """The handful of numbers a person watches, in the order the console shows them."""
 CONSOLE_FAULT_KEYS = {
     "recovery/engine_restarts": "engine_restarts",

@@ -64,6 +64,15 @@ class FlatWeights:
     def names(self) -> list[str]:
         return [entry.name for entry in self.manifest]
 
+    @property
+    def payload_bytes(self) -> int:
+        """Bytes of the buffers the manifest tiles, read from the manifest alone (so it survives
+        ``without_buffers``): what this bucket moves when it travels."""
+        ends: dict[str, int] = {}
+        for entry in self.manifest:
+            ends[entry.dtype] = max(ends.get(entry.dtype, 0), entry.end)
+        return sum(end * getattr(torch, dtype).itemsize for dtype, end in ends.items())
+
     def without_buffers(self) -> FlatWeights:
         """The version and manifest only: what a publisher keeps of a bucket once it is placed."""
         return replace(self, buffers={})

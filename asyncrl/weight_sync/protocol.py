@@ -77,6 +77,9 @@ class WeightUpdate:
     handle: Any
     adapter: LoraAdapter | None = None
     """None: a full update. Set: an adapter-only update (``LoraAdapter``), the manifest holding its pairs."""
+    shipped_bytes: int | None = None
+    """Bytes the transport actually ships, where it knows them (packed buckets holding a tied matrix once, a
+    delta's encoded bytes); None: ``nbytes`` counts the manifest's tensors."""
 
     @property
     def names(self) -> list[str]:
@@ -89,7 +92,10 @@ class WeightUpdate:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the tensors the update carries (what crosses from the trainer to each engine)."""
+        """Bytes the update moves from the trainer to each engine (the ``weight_sync/bytes`` metric): what the
+        transport shipped, else the bytes of the tensors the manifest lists."""
+        if self.shipped_bytes is not None:
+            return self.shipped_bytes
         import torch  # lazy: this module stays importable without torch
 
         return sum(math.prod(e.shape) * getattr(torch, e.dtype).itemsize for e in self.manifest)
@@ -110,6 +116,31 @@ class WeightSync(Protocol):
     def receive(self, update: WeightUpdate) -> Iterator[tuple[str, Any]]:
         """The update's tensors by name, possibly streamed one bucket at a time (never all materialised)."""
         ...
+
+
+def named_nbytes(named_tensors: NamedTensors) -> int:
+    """Bytes of ``named_tensors`` (torch tensors or numpy arrays), memory shared by two names (tied embeddings)
+    counted once; values that are neither (a simulator's placeholders) count 0."""
+    items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
+    sizes: dict[Any, int] = {}
+    for _, value in items:
+        if hasattr(value, "element_size"):  # torch
+            sizes[(value.data_ptr(), str(value.dtype), tuple(value.shape))] = (
+                value.numel() * value.element_size()
+            )
+        elif hasattr(value, "nbytes"):  # numpy
+            sizes[id(value)] = int(value.nbytes)
+    return sum(sizes.values())
+
+
+def payload_nbytes(payload: Any) -> int:
+    """Bytes a ``model_update`` payload moves: a ``WeightUpdate``'s own count, else its tensors' bytes (a
+    mapping or a list of pairs)."""
+    if isinstance(payload, WeightUpdate):
+        return payload.nbytes
+    if isinstance(payload, Mapping | list | tuple):  # never an iterator: counting would consume it
+        return named_nbytes(payload)
+    return 0
 
 
 def check_version(update: WeightUpdate, serving_version: int) -> None:

@@ -1,7 +1,8 @@
 """The WeightSync transports, and ``make_weight_sync(config)`` choosing one by ``config.type``.
 
 - ``in_process`` (``InProcessSync``): trainer and engines share a process; ``publish`` clones the tensors once
-  (the trainer keeps updating its own in place), ``receive`` hands the clones out.
+  (the trainer keeps updating its own in place; a matrix under two names, tied embeddings, once), ``receive``
+  hands the clones out.
 - ``object_store`` (``FlatBufferSync``): buckets, each one flat buffer per dtype plus a manifest
   (``weight_sync.flat``), placed with ``put`` and read with ``get``. The Ray runtime passes ``ray.put`` /
   ``ray.get`` (zero-copy numpy reads from the object store); without them each ``FlatWeights`` is its own
@@ -25,6 +26,7 @@ from asyncrl.weight_sync.protocol import (
     WeightSync,
     WeightSyncError,
     WeightUpdate,
+    named_nbytes,
 )
 
 
@@ -54,13 +56,20 @@ class InProcessSync:
     def publish(
         self, version: int, named_tensors: NamedTensors, *, adapter: LoraAdapter | None = None
     ) -> WeightUpdate:
-        items = [(name, tensor.detach().clone()) for name, tensor in _items(named_tensors)]
+        clones: dict[tuple[Any, ...], Any] = {}  # memory under two names (tied embeddings) is cloned once
+        items = []
+        for name, tensor in _items(named_tensors):
+            key = (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tensor.stride())
+            if key not in clones:
+                clones[key] = tensor.detach().clone()
+            items.append((name, clones[key]))
         return WeightUpdate(
             version=version,
             transport=self.name,
             manifest=_manifest_of(items),
             handle=tuple(items),
             adapter=adapter,
+            shipped_bytes=named_nbytes(items),
         )
 
     def receive(self, update: WeightUpdate) -> Iterator[tuple[str, Any]]:
@@ -135,7 +144,12 @@ def update_of_buckets(
         ManifestEntry(name=e.name, dtype=e.dtype, shape=e.shape) for flat in flats for e in flat.manifest
     )
     return WeightUpdate(
-        version=flats[0].version, transport=transport, manifest=manifest, handle=handle, adapter=adapter
+        version=flats[0].version,
+        transport=transport,
+        manifest=manifest,
+        handle=handle,
+        adapter=adapter,
+        shipped_bytes=sum(flat.payload_bytes for flat in flats),
     )
 
 

@@ -63,6 +63,26 @@ def test_a_real_run_records_its_timeline_and_every_series(real_run):
     assert list((real_run / "tensorboard").glob("events.out.tfevents.*"))
 
 
+def test_every_step_records_its_weight_transfer_in_every_tracker(real_run):
+    """``weight_sync/bytes`` is what the in-process transport cloned: the model's bytes, the tied matrix once."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from asyncrl.models.loading import load_model_and_tokenizer, state_dict_for_sync
+    from asyncrl.weight_sync.protocol import named_nbytes
+
+    model, _ = load_model_and_tokenizer("", "float32", "cpu")
+    expected = named_nbytes(state_dict_for_sync(model))
+    sync = load_run(real_run).weight_sync
+    assert sync["weight_sync/bytes"] == [float(expected)] * 3
+    assert all(s > 0 for s in sync["weight_sync/seconds"])
+    for seconds, speed in zip(sync["weight_sync/seconds"], sync["weight_sync/gb_per_s"], strict=True):
+        assert speed == pytest.approx(expected / seconds / 1e9)
+    events = EventAccumulator(str(real_run / "tensorboard")).Reload()
+    assert {"weight_sync/seconds", "weight_sync/bytes", "weight_sync/gb_per_s"} <= set(
+        events.Tags()["scalars"]
+    )
+
+
 def test_report_overlays_real_and_simulated_runs_in_one_self_contained_page(
     real_run, simulated_run, tmp_path
 ):
@@ -73,6 +93,7 @@ def test_report_overlays_real_and_simulated_runs_in_one_self_contained_page(
         "length.png",
         "staleness.png",
         "buffer.png",
+        "weight_sync.png",
         "timelines.png",
         "timeline_0.png",
         "timeline_1.png",

@@ -147,3 +147,14 @@ def test_buckets_are_placed_one_by_one_and_read_back_in_order():
     assert {name: t.tolist() for name, t in received.items()} == {f"w{i}": [float(i)] * 2 for i in range(3)}
     with pytest.raises(WeightSyncError, match="needs >= 1 bucket"):
         sync.publish_buckets(8, [])
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_an_update_counts_the_bytes_it_ships_with_a_tied_matrix_once(index):
+    """``WeightUpdate.nbytes`` is the ``weight_sync/bytes`` metric: what the transport moved, not the names."""
+    sync = transports(CountingStore())[index]
+    state = state_dict_for_sync(tiny_tied_qwen2())
+    distinct = {t.data_ptr(): t.numel() * t.element_size() for t in state.values()}
+    update = sync.publish(1, state)
+    assert update.nbytes == sum(distinct.values())
+    assert update.nbytes < sum(t.numel() * t.element_size() for t in state.values())
