@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Literal
 
-WEIGHT_SYNC_TYPES = ("auto", "in_process", "object_store", "broadcast")
+WEIGHT_SYNC_TYPES = ("auto", "in_process", "object_store", "broadcast", "delta", "colocated")
 RUNTIME_TRANSPORTS = {
-    "inline": ("in_process",),
-    "local": ("object_store", "broadcast"),
-    "cluster": ("object_store", "broadcast"),
+    "inline": ("in_process", "delta"),
+    "local": ("object_store", "broadcast", "delta", "colocated"),
+    "cluster": ("object_store", "broadcast", "delta"),
 }
 """The transports each runtime type can carry; ``auto`` picks the first."""
 
@@ -18,15 +19,32 @@ RUNTIME_TRANSPORTS = {
 class WeightSyncConfig:
     """The ``WeightSync`` transport (``asyncrl.weight_sync``) and its bucket size."""
 
-    type: Literal["auto", "in_process", "object_store", "broadcast"] = "auto"
+    type: Literal["auto", "in_process", "object_store", "broadcast", "delta", "colocated"] = "auto"
     """in_process: trainer and engines in one process (the inline runtime), tensors cloned once per update.
     object_store: flat per-dtype buffers in buckets through Ray's object store (the Ray runtimes).
     broadcast: trainer rank 0 broadcasts each bucket to every engine over a group of their own (gloo on CPU,
-    NCCL on CUDA) and engines stage it until applied (``weight_sync.broadcast``; Ray runtimes, without engine
-    recovery). auto: the first the runtime carries (in_process inline, object_store on Ray)."""
+    NCCL on CUDA) and engines stage it until applied (``weight_sync.broadcast``; Ray runtimes); a replaced
+    engine joins a re-formed group and catches up from the trainer's last packed version.
+    delta: per version only what changed since the previous one, written to a shared directory
+    (``delta_dir``) that every engine reads; engines patch their weights in place (``weight_sync.delta``).
+    colocated: engines on the trainer's machine map the trainer's packed weights without a copy (shared
+    memory on CPU, CUDA IPC handles on a GPU; ``weight_sync.colocated``; the local Ray runtime).
+    auto: the first the runtime carries (in_process inline, object_store on Ray)."""
     bucket_mb: float = 256.0
     """Weights leave the trainer in buckets of about this size (object_store): the largest piece of the
     gathered model a sharded trainer's rank 0 holds at once while publishing."""
+    timeout_s: float = 300.0
+    """Longest any one weight-sync wait may take (a collective, forming a broadcast group, an object fetch, a
+    shared-memory attach, a vLLM worker's reply); past it the wait fails with ``WeightSyncTimeout`` naming
+    the transport and what it waited for, never a hang."""
+    delta_dir: str = ""
+    """delta: the shared directory versions are written to; empty: ``<output_dir>/weight-deltas``. Every
+    engine must see it at the same path (a shared filesystem when engines run on other nodes)."""
+    delta_full_every: int = 20
+    """delta: a full snapshot beside the delta every this many versions: an engine whose delta chain is
+    broken (it fell far behind, a file is corrupt) falls back to the newest snapshot and the deltas after it."""
+    delta_keep_full: int = 2
+    """delta: versions older than the this-many-th newest full snapshot are deleted."""
 
     def __post_init__(self) -> None:
         if self.type not in WEIGHT_SYNC_TYPES:
@@ -35,6 +53,21 @@ class WeightSyncConfig:
             )
         if self.bucket_mb <= 0:
             raise ValueError(f"weight_sync.bucket_mb must be > 0, got {self.bucket_mb}")
+        if self.timeout_s <= 0:
+            raise ValueError(f"weight_sync.timeout_s must be > 0, got {self.timeout_s}")
+        for name in ("delta_full_every", "delta_keep_full"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"weight_sync.{name} must be >= 1, got {getattr(self, name)}")
+
+    def transport_options(self, transport: str, output_dir: str) -> dict[str, object]:
+        """Constructor options of the trainer side of ``transport`` (``make_weight_sync``)."""
+        if transport == "delta":
+            return {
+                "root": self.delta_dir or os.path.join(output_dir, "weight-deltas"),
+                "full_every": self.delta_full_every,
+                "keep_full": self.delta_keep_full,
+            }
+        return {}
 
     def transport_for(self, runtime_type: str) -> str:
         """The transport a run on ``runtime_type`` uses; a ``ValueError`` naming both fields when the chosen

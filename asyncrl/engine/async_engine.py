@@ -116,6 +116,10 @@ class AsyncEngine:
     ) -> None:
         await self._call(lambda: self.core.update_weights(named_tensors, version, partial=partial))
 
+    async def prefetch_weights(self, update: Any) -> None:
+        """Read a coming update's files before the pause (delta transport), off the engine's step thread."""
+        await asyncio.to_thread(self.core.prefetch_weights, update)
+
     def stats(self) -> dict[str, Any]:
         """The core's counters plus, since construction, uptime, idle seconds, idle fraction and tokens/s.
 

@@ -23,7 +23,7 @@ from asyncrl.engine.scheduler import Scheduler
 from asyncrl.engine.sequence import Sequence
 from asyncrl.engine.weights import NamedTensors, copy_into, resolve_update
 from asyncrl.types import FinishReason, Generation, Request, checked_request
-from asyncrl.weight_sync.receiver import expected_shapes, tensors_of
+from asyncrl.weight_sync.receiver import InPlaceReceiver, expected_shapes, tensors_of
 
 
 class LLMEngine:
@@ -50,6 +50,8 @@ class LLMEngine:
         self.eos_token_ids = eos_token_ids(model, tokenizer)
         self.adapters = MergedAdapters(model)
         self.version = 0
+        self.in_place = InPlaceReceiver()
+        """Weight updates patched in place (delta transport), with the chain fetched before a pause."""
         self.paused = False
         self.num_generated_tokens = 0
         self.busy_seconds = 0.0
@@ -118,17 +120,30 @@ class LLMEngine:
         In-flight requests survive: with ``kv_on_update="recompute"`` their whole context is prefilled again
         under the new weights before they continue; with ``"keep"`` they continue on their old KV.
         """
-        named = tensors_of(named_tensors, serving_version=self.version, shapes=expected_shapes(self.model))
-        adapter = getattr(named_tensors, "adapter", None)  # a WeightUpdate of kind 'lora'
-        if adapter is not None:
-            self.adapters.apply(named, adapter.scaling, version)
-        else:
-            pairs = resolve_update(self.model, named, partial=partial)  # checked before the base comes back
+        if self.in_place.handles(named_tensors):  # a delta: patched in place, no second copy of the model
             self.adapters.restore_base()
-            copy_into(pairs)
+            self.in_place.apply(self.model, named_tensors, self.version)
+        else:
+            named = tensors_of(
+                named_tensors, serving_version=self.version, shapes=expected_shapes(self.model)
+            )
+            adapter = getattr(named_tensors, "adapter", None)  # a WeightUpdate of kind 'lora'
+            if adapter is not None:
+                self.adapters.apply(named, adapter.scaling, version)
+            else:
+                pairs = resolve_update(
+                    self.model, named, partial=partial
+                )  # checked before the base comes back
+                self.adapters.restore_base()
+                copy_into(pairs)
         self.version = version
         if self.config.kv_on_update == "recompute":
             self.scheduler.reset_kv()
+
+    def prefetch_weights(self, update: Any) -> None:
+        """Read what a coming update needs before the engine pauses for it (delta transport; no-op for the
+        others); safe from another thread than the one stepping the engine."""
+        self.in_place.prefetch(update, self.version)
 
     def has_work(self) -> bool:
         return self.scheduler.has_work

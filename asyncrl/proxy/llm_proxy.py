@@ -74,6 +74,7 @@ from asyncrl.proxy.worker import (
 )
 from asyncrl.types import FinishReason, Generation, Request, TokenObserver
 from asyncrl.weight_sync.protocol import WeightUpdate
+from asyncrl.weight_sync.receiver import InPlaceReceiver
 
 logger = logging.getLogger(__name__)
 
@@ -293,6 +294,7 @@ class LLMProxy(ProxyShell):
         self._check_open()
         if version <= self._latest_version:
             raise ValueError(f"model_update: version must exceed {self._latest_version}, got {version}")
+        self._prefetch(named_tensors)
         if self.update_policy == "drain":
             self._latest_version = version
             update = PendingUpdate(named_tensors=snapshot_named_tensors(named_tensors), version=version)
@@ -307,6 +309,21 @@ class LLMProxy(ProxyShell):
         payload = _in_flight_payload(named_tensors)
         self._latest_update = PendingUpdate(named_tensors=payload, version=version)
         await self._update_in_flight(payload, version)
+
+    def _prefetch(self, update: Any) -> None:
+        """Engines that read an update ahead (the delta transport) start now, while they still generate; a
+        failed prefetch only costs the read again when the update is applied."""
+        if not InPlaceReceiver.handles(update):
+            return
+        for worker in self._workers:
+            if worker.control_error is None and hasattr(worker.client, "prefetch_weights"):
+                self._engines.spawn(self._prefetch_on(worker, update))
+
+    async def _prefetch_on(self, worker: EngineWorker, update: WeightUpdate) -> None:
+        try:
+            await asyncio.wait_for(worker.client.prefetch_weights(update), self.config.control_timeout_s)
+        except Exception as error:  # deliberate: the apply fetches again and reports a real failure
+            logger.warning("engine %d: prefetch of v%d failed (%r)", worker.index, update.version, error)
 
     async def resume(self) -> None:
         """``in_flight`` policy: resume the engines; then release the held generate calls."""

@@ -203,13 +203,19 @@ def build_parts(config: RunConfig) -> InlineParts:
         trainer=LocalTrainer(
             trainer,
             placement.trainer_threads,
-            make_weight_sync(config.weight_sync.transport_for("inline")),
+            make_inline_weight_sync(config),
         ),
         engines=engines,
         rewards=RewardService.from_config(config.reward),
         engine_factory=InlineEngineFactory(config, engines, placement.engine_threads) if builtin else None,
         placement=placement,
     )
+
+
+def make_inline_weight_sync(config: RunConfig) -> WeightSync:
+    """The trainer side of the run's transport in this process (in_process, or delta into a directory)."""
+    transport = config.weight_sync.transport_for("inline")
+    return make_weight_sync(transport, **config.weight_sync.transport_options(transport, config.output_dir))
 
 
 def make_engines(config: RunConfig, model: Any, tokenizer: Any, num_threads: int | None = None) -> list[Any]:

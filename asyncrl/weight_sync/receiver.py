@@ -27,6 +27,53 @@ def expected_shapes(model: Any) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def named_targets(model: Any) -> dict[str, Any]:
+    """The model's parameters by name, tied names both present (they are one tensor): what an update that
+    patches weights in place (``weight_sync.delta``) writes into."""
+    params = dict(model.named_parameters())
+    for name in TIED_NAMES:
+        other = next((n for n in TIED_NAMES if n in params), None)
+        if name not in params and other is not None:
+            params[name] = params[other]
+    return params
+
+
+class InPlaceReceiver:
+    """One engine's side of transports that patch its weights in place (``fetch`` then ``apply_into``, the
+    delta transport): remembers the chain fetched before the engine paused, so applying it costs no read.
+
+    ``prefetch`` may run on another thread than ``apply``; a prefetch that no longer fits (the engine moved
+    to another version meanwhile) is dropped and the chain read again."""
+
+    def __init__(self) -> None:
+        self._fetched: Any = None
+
+    @staticmethod
+    def handles(payload: Any) -> bool:
+        """Whether ``payload`` is an update whose transport patches in place."""
+        if not isinstance(payload, WeightUpdate):
+            return False
+        from asyncrl.weight_sync.transports import make_weight_sync
+
+        return hasattr(make_weight_sync(payload.transport), "apply_into")
+
+    def prefetch(self, update: WeightUpdate, serving_version: int) -> None:
+        """Read what the update needs while the engine still generates (nothing if it does not patch)."""
+        if self.handles(update) and update.version > serving_version:
+            from asyncrl.weight_sync.transports import make_weight_sync
+
+            self._fetched = make_weight_sync(update.transport).fetch(update, serving_version)
+
+    def apply(self, model: Any, update: WeightUpdate, serving_version: int) -> None:
+        """Check the update (version, manifest) against ``model``, then patch it in place."""
+        from asyncrl.weight_sync.transports import make_weight_sync
+
+        check_version(update, serving_version)
+        check_manifest(update, expected_shapes(model))
+        fetched, self._fetched = self._fetched, None
+        make_weight_sync(update.transport).apply_into(update, named_targets(model), serving_version, fetched)
+
+
 def receive_checked(
     sync: WeightSync, update: WeightUpdate, *, serving_version: int, shapes: Mapping[str, tuple[int, ...]]
 ) -> Iterator[tuple[str, Any]]:

@@ -153,9 +153,16 @@ def update_of_buckets(
     )
 
 
-TRANSPORTS: dict[str, Callable[[], WeightSync]] = {
+def _delta_sync(**options: Any) -> WeightSync:
+    from asyncrl.weight_sync.delta import DeltaSync
+
+    return DeltaSync(**options)
+
+
+TRANSPORTS: dict[str, Callable[..., WeightSync]] = {
     "in_process": InProcessSync,
     "object_store": FlatBufferSync,
+    "delta": _delta_sync,
 }
 """Transport name → constructor with its in-process defaults (runtimes pass their own ``put``/``get``)."""
 

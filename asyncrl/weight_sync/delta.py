@@ -1,0 +1,462 @@
+"""Delta updates over shared storage: per version, only what changed since the previous one, on disk.
+
+For runs whose trainer and engines meet only through a shared directory or a slow link. At RL learning rates
+most bfloat16 weights do not change from one step to the next, so a version's changes are a few per cent of
+the model; in float32 nearly every weight changes in its low mantissa bits, which XOR-and-compress shrinks.
+
+::
+
+    trainer (publish v)                                   root/
+      pack v ─► XOR against v-1 (kept packed in memory) ─► delta-v/  index.json + data.bin  (always, after v-1)
+             └► every ``full_every`` versions, or first ─► full-v/   the words as they are (raw, memory-mapped)
+      GC: every version older than the ``keep_full``-th newest full snapshot is deleted
+    engine (serving u, asked for v)
+      fetch (before it pauses): plan = delta-(u+1) … delta-v, or, when that chain is broken, the newest
+             full-s ≤ v then delta-(s+1) … delta-v; read the deltas into memory (snapshots stay mapped)
+      apply (paused): patch each tensor in place, one at a time, and check its CRC-32 against the trainer's;
+             a bad checksum or a file gone since the fetch falls back to the snapshot plan once
+
+Per tensor (a *segment*: one span of the packed buffers; tied names share one) the delta is the cheapest of
+``same`` (unchanged, nothing stored), ``sparse`` (zlib of the changed positions' gaps and new words) and ``xor``
+(zlib of the XOR words, byte-shuffled so their all-zero high bytes compress together). Every segment carries
+the CRC-32 of its *new* words, so an engine never serves bytes the trainer did not have.
+
+Key decisions:
+- The engine patches its own weights in place (``apply_into``): no second copy of the model on the engine
+  side; the trainer side keeps one packed copy of the previous version to diff against.
+- A version directory is written under a temporary name and renamed, so readers never see half of one.
+- The first version a writer publishes (a new run, or one resumed from a checkpoint) is a full snapshot, and
+  every version above it is deleted first: those came from a run that died past its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import zlib
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from asyncrl.weight_sync.flat import FlatWeights, TensorEntry, pack_state
+from asyncrl.weight_sync.protocol import (
+    LoraAdapter,
+    ManifestEntry,
+    NamedTensors,
+    WeightSyncError,
+    WeightUpdate,
+)
+
+logger = logging.getLogger(__name__)
+
+INDEX, DATA = "index.json", "data.bin"
+SPARSE_MAX_SHARE = 0.5
+"""Sparse is chosen when positions + new words take under this share of the raw tensor (else XOR)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeltaHandle:
+    """Where version ``version`` lives: the shared ``root`` directory (the ``WeightUpdate`` handle)."""
+
+    root: str
+    version: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Segment:
+    """One distinct span of packed weights as stored in a version directory."""
+
+    names: tuple[str, ...]
+    dtype: str
+    shape: tuple[int, ...]
+    encoding: str
+    """``same`` | ``sparse`` | ``xor`` (a delta) or ``raw`` (a full snapshot)."""
+    start: int
+    length: int
+    """Byte range of its payload in ``data.bin``."""
+    crc32: int
+    """CRC-32 of the segment's new words: what the engine must hold after applying it."""
+
+
+class DeltaChecksumError(WeightSyncError):
+    """A patched tensor does not match the trainer's checksum (corrupt or mismatched base)."""
+
+
+# ---------------------------------------------------------------------------------------------- trainer side
+
+
+class DeltaWriter:
+    """Writes each published version into ``root`` (see the module docstring) and collects old ones."""
+
+    def __init__(self, root: str | os.PathLike[str], *, full_every: int = 20, keep_full: int = 2) -> None:
+        if full_every < 1 or keep_full < 1:
+            raise ValueError(f"full_every and keep_full must be >= 1, got {full_every}, {keep_full}")
+        self.root = Path(root)
+        self.full_every = full_every
+        self.keep_full = keep_full
+        self._previous: list[FlatWeights] | None = None
+        self._previous_version: int | None = None
+        self.last_written: dict[str, int] = {}
+        """Bytes written for the last version: ``delta`` and ``full`` (0 when not written)."""
+
+    def write(self, version: int, buckets: Iterable[NamedTensors]) -> WeightUpdate:
+        """Pack ``buckets`` (gathered lazily, one at a time), write version ``version``; its ``WeightUpdate``."""
+        flats = [pack_state(bucket, version) for bucket in buckets]
+        if not flats:
+            raise WeightSyncError(f"weight update v{version}: no tensors to publish")
+        self.root.mkdir(parents=True, exist_ok=True)
+        if self._previous_version is None:
+            _remove_versions(self.root, lambda v: v >= version)  # a dead run's future: never a chain link
+        with_delta = self._previous_version == version - 1 and _same_layout(self._previous, flats)
+        with_full = not with_delta or version % self.full_every == 0
+        written = {"delta": 0, "full": 0}
+        if with_delta:
+            written["delta"] = _write_version(
+                self.root, "delta", version, _delta_segments(self._previous, flats)
+            )
+        if with_full:
+            written["full"] = _write_version(self.root, "full", version, _full_segments(flats))
+        self._previous, self._previous_version, self.last_written = flats, version, written
+        self.collect_garbage()
+        manifest = tuple(
+            ManifestEntry(name=e.name, dtype=e.dtype, shape=e.shape) for flat in flats for e in flat.manifest
+        )
+        handle = DeltaHandle(root=str(self.root), version=version)
+        return WeightUpdate(
+            version=version,
+            transport="delta",
+            manifest=manifest,
+            handle=handle,
+            shipped_bytes=sum(written.values()),
+        )
+
+    def collect_garbage(self) -> None:
+        """Delete every version older than the ``keep_full``-th newest full snapshot."""
+        fulls = sorted(_versions(self.root, "full"), reverse=True)
+        if len(fulls) >= self.keep_full:
+            oldest_kept = fulls[self.keep_full - 1]
+            _remove_versions(self.root, lambda v: v < oldest_kept)
+
+
+def _same_layout(previous: list[FlatWeights] | None, flats: list[FlatWeights]) -> bool:
+    """Whether ``flats`` pack the same tensors into the same spans as ``previous`` (so spans can be diffed)."""
+    return previous is not None and [p.manifest for p in previous] == [f.manifest for f in flats]
+
+
+def _spans(flat: FlatWeights) -> Iterator[tuple[tuple[str, ...], TensorEntry]]:
+    """Each distinct span of ``flat`` once, with every name that views it (tied embeddings: two)."""
+    by_span: dict[tuple[str, int], list[TensorEntry]] = {}
+    for entry in flat.manifest:
+        by_span.setdefault((entry.dtype, entry.offset), []).append(entry)
+    for entries in by_span.values():
+        yield tuple(e.name for e in entries), entries[0]
+
+
+def _words(flat: FlatWeights, entry: TensorEntry) -> np.ndarray:
+    return flat.buffers[entry.dtype][entry.offset : entry.end]
+
+
+def _full_segments(
+    flats: list[FlatWeights],
+) -> Iterator[tuple[tuple[str, ...], TensorEntry, str, bytes, int]]:
+    for flat in flats:
+        for names, entry in _spans(flat):
+            words = _words(flat, entry)
+            yield names, entry, "raw", memoryview(words).cast("B"), zlib.crc32(words)
+
+
+def _delta_segments(
+    previous: list[FlatWeights], flats: list[FlatWeights]
+) -> Iterator[tuple[tuple[str, ...], TensorEntry, str, bytes, int]]:
+    for old, new in zip(previous, flats, strict=True):
+        for names, entry in _spans(new):
+            words = _words(new, entry)
+            encoding, payload = encode_delta(_words(old, entry), words)
+            yield names, entry, encoding, payload, zlib.crc32(words)
+
+
+def encode_delta(old: np.ndarray, new: np.ndarray) -> tuple[str, bytes]:
+    """(encoding, payload) turning ``old`` words into ``new`` (module docstring: same, sparse or xor)."""
+    xor = np.bitwise_xor(old, new)
+    changed = np.flatnonzero(xor)
+    if changed.size == 0:
+        return "same", b""
+    width = new.dtype.itemsize
+    if changed.size * (4 + width) < SPARSE_MAX_SHARE * new.size * width:
+        gaps = np.diff(changed, prepend=0).astype(np.uint32)
+        return "sparse", zlib.compress(gaps.tobytes() + new[changed].tobytes(), 1)
+    shuffled = np.ascontiguousarray(xor.view(np.uint8).reshape(-1, width).T)
+    return "xor", zlib.compress(shuffled, 1)
+
+
+def _write_version(root: Path, kind: str, version: int, segments: Iterable[tuple]) -> int:
+    """Write ``kind-v`` atomically (a temporary directory renamed); the bytes of its payloads."""
+    final = root / f"{kind}-{version:08d}"
+    staging = root / f".tmp-{kind}-{version:08d}-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    index, offset = [], 0
+    with (staging / DATA).open("wb") as data:
+        for names, entry, encoding, payload, crc in segments:
+            data.write(payload)
+            length = len(payload) if isinstance(payload, bytes) else payload.nbytes
+            index.append(
+                {
+                    "names": list(names),
+                    "dtype": entry.dtype,
+                    "shape": list(entry.shape),
+                    "encoding": encoding,
+                    "start": offset,
+                    "length": length,
+                    "crc32": crc,
+                }
+            )
+            offset += length
+    header = {"version": version, "kind": kind, "base": version - 1 if kind == "delta" else None}
+    (staging / INDEX).write_text(json.dumps({**header, "segments": index}))
+    shutil.rmtree(final, ignore_errors=True)
+    os.rename(staging, final)
+    return offset
+
+
+def _versions(root: Path, kind: str) -> list[int]:
+    if not root.is_dir():
+        return []
+    return [int(p.name.split("-")[1]) for p in root.iterdir() if p.name.startswith(f"{kind}-")]
+
+
+def _remove_versions(root: Path, doomed: Any) -> None:
+    for path in list(root.iterdir()) if root.is_dir() else []:
+        kind, _, number = path.name.partition("-")
+        if kind in ("delta", "full") and number.isdigit() and doomed(int(number)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------- engine side
+
+
+@dataclass(frozen=True, kw_only=True)
+class FetchedVersion:
+    """One version directory read for applying: its segments and their payloads (deltas in memory, a full
+    snapshot memory-mapped)."""
+
+    kind: str
+    version: int
+    segments: tuple[Segment, ...]
+    data: Any
+    """bytes (a delta) or a read-only ``np.memmap`` of uint8 (a full snapshot)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class FetchedChain:
+    """What turns an engine serving ``from_version`` into ``to_version``, in the order to apply."""
+
+    from_version: int | None
+    to_version: int
+    steps: tuple[FetchedVersion, ...]
+
+    @property
+    def uses_full(self) -> bool:
+        return bool(self.steps) and self.steps[0].kind == "full"
+
+
+def fetch_chain(handle: DeltaHandle, from_version: int | None) -> FetchedChain:
+    """Read what turns weights at ``from_version`` into ``handle.version``: the delta chain when every link is
+    there, else the newest full snapshot at or below the target and the deltas after it (``from_version``
+    None asks for that fallback). ``WeightSyncError`` when neither exists."""
+    root, target = Path(handle.root), handle.version
+    plan = _delta_plan(root, from_version, target) if from_version is not None else None
+    if plan is None:
+        plan = _full_plan(root, target)
+    try:
+        steps = tuple(_read_version(root, kind, version) for kind, version in plan)
+    except FileNotFoundError as error:  # collected between planning and reading: the snapshot plan, once
+        if from_version is None:
+            raise WeightSyncError(
+                f"weight update v{target}: {error}; nothing left to fall back to"
+            ) from error
+        return fetch_chain(handle, None)
+    return FetchedChain(from_version=from_version, to_version=target, steps=steps)
+
+
+def _delta_plan(root: Path, from_version: int, target: int) -> list[tuple[str, int]] | None:
+    links = [("delta", v) for v in range(from_version + 1, target + 1)]
+    return links if all((root / f"delta-{v:08d}" / INDEX).is_file() for _, v in links) else None
+
+
+def _full_plan(root: Path, target: int) -> list[tuple[str, int]]:
+    for full in sorted((v for v in _versions(root, "full") if v <= target), reverse=True):
+        plan = _delta_plan(root, full, target)
+        if plan is not None:
+            return [("full", full), *plan]
+    raise WeightSyncError(
+        f"weight update v{target}: no delta chain and no full snapshot with a chain to it under {root}"
+    )
+
+
+def _read_version(root: Path, kind: str, version: int) -> FetchedVersion:
+    directory = root / f"{kind}-{version:08d}"
+    index = json.loads((directory / INDEX).read_text())
+    segments = tuple(
+        Segment(
+            names=tuple(s["names"]),
+            dtype=s["dtype"],
+            shape=tuple(s["shape"]),
+            encoding=s["encoding"],
+            start=s["start"],
+            length=s["length"],
+            crc32=s["crc32"],
+        )
+        for s in index["segments"]
+    )
+    path = directory / DATA
+    if kind == "full":
+        data = np.memmap(path, dtype=np.uint8, mode="r") if path.stat().st_size else b""
+    else:
+        data = path.read_bytes()
+    return FetchedVersion(kind=kind, version=version, segments=segments, data=data)
+
+
+def apply_chain(chain: FetchedChain, params: Mapping[str, torch.Tensor]) -> None:
+    """Patch ``params`` (the engine's tensors by name, tied names included) along ``chain``, checking every
+    segment's CRC-32; ``DeltaChecksumError`` at the first mismatch (tensors before it are already patched)."""
+    for step in chain.steps:
+        for segment in step.segments:
+            _apply_segment(step, segment, params)
+
+
+def _apply_segment(step: FetchedVersion, segment: Segment, params: Mapping[str, torch.Tensor]) -> None:
+    name = segment.names[0]
+    target = params.get(name)
+    if target is None:
+        raise WeightSyncError(f"weight update v{step.version}: the engine has no tensor {name!r}")
+    if str(target.dtype).removeprefix("torch.") != segment.dtype or tuple(target.shape) != segment.shape:
+        raise WeightSyncError(
+            f"weight update v{step.version}: {name!r} is {segment.dtype} {segment.shape} in the update, "
+            f"{target.dtype} {tuple(target.shape)} on the engine; delta updates need the same dtype on both sides"
+        )
+    if not target.is_contiguous():
+        raise WeightSyncError(f"weight update v{step.version}: {name!r} is not contiguous on the engine")
+    host = target.detach().cpu() if target.device.type != "cpu" else target.detach()
+    words = host.reshape(-1).view(_word_dtype(target.dtype)).numpy()
+    payload = step.data[segment.start : segment.start + segment.length]
+    try:
+        _decode_into(segment.encoding, payload, words)
+    except (zlib.error, ValueError) as error:  # a truncated or corrupt payload: like a bad checksum
+        raise DeltaChecksumError(f"weight update v{step.version}: tensor {name!r}: {error}") from error
+    if zlib.crc32(words) != segment.crc32:
+        raise DeltaChecksumError(f"weight update v{step.version}: tensor {name!r} fails its checksum")
+    if host is not target:
+        with torch.no_grad():
+            target.copy_(host)
+
+
+def _decode_into(encoding: str, payload: Any, words: np.ndarray) -> None:
+    """Apply one segment's payload to ``words`` (the engine's tensor as unsigned words) in place."""
+    if encoding == "same":
+        return
+    if encoding == "raw":
+        words[:] = np.frombuffer(payload, dtype=words.dtype)
+        return
+    raw = zlib.decompress(payload)
+    if encoding == "xor":
+        width = words.dtype.itemsize
+        shuffled = np.frombuffer(raw, dtype=np.uint8).reshape(width, -1)
+        words ^= np.ascontiguousarray(shuffled.T).view(words.dtype).reshape(-1)
+        return
+    if encoding == "sparse":
+        num_changed = len(raw) // (4 + words.dtype.itemsize)
+        positions = np.cumsum(np.frombuffer(raw, dtype=np.uint32, count=num_changed), dtype=np.int64)
+        words[positions] = np.frombuffer(raw, dtype=words.dtype, offset=4 * num_changed)
+        return
+    raise WeightSyncError(f"unknown delta encoding {encoding!r}")
+
+
+def _word_dtype(dtype: torch.dtype) -> torch.dtype:
+    return {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[dtype.itemsize]
+
+
+# ---------------------------------------------------------------------------------------------- transport
+
+
+class DeltaSync:
+    """``weight_sync.type=delta``: the ``WeightSync`` over a shared directory (module docstring).
+
+    The trainer side needs ``root``; an engine side needs nothing (the update's handle names the directory).
+    Engines that can patch their weights call ``prefetch`` then ``apply_into``; ``receive`` serves the others
+    (it rebuilds full tensors from the newest snapshot and its chain, in memory).
+    """
+
+    name = "delta"
+
+    def __init__(
+        self, root: str | os.PathLike[str] | None = None, *, full_every: int = 20, keep_full: int = 2
+    ) -> None:
+        self.writer = DeltaWriter(root, full_every=full_every, keep_full=keep_full) if root else None
+
+    def publish(
+        self, version: int, named_tensors: NamedTensors, *, adapter: LoraAdapter | None = None
+    ) -> WeightUpdate:
+        return self.publish_buckets(version, [named_tensors], adapter=adapter)
+
+    def publish_buckets(
+        self, version: int, buckets: Iterable[NamedTensors], *, adapter: LoraAdapter | None = None
+    ) -> WeightUpdate:
+        if adapter is not None:  # a delta is relative to the previous full weights; an adapter is not
+            raise WeightSyncError(
+                f"weight update v{version}: the delta transport carries full updates only; adapter-only "
+                "(LoRA) updates travel by object_store, broadcast or in_process"
+            )
+        if self.writer is None:
+            raise WeightSyncError("the delta transport publishes only with a root directory")
+        return self.writer.write(version, buckets)
+
+    def receive(self, update: WeightUpdate) -> Iterator[tuple[str, Any]]:
+        chain = fetch_chain(_handle(update), None)
+        params = {}
+        for segment in chain.steps[0].segments:
+            tensor = torch.empty(segment.shape, dtype=getattr(torch, segment.dtype))
+            for name in segment.names:
+                params[name] = tensor
+        apply_chain(chain, params)
+        return iter(params.items())
+
+    def fetch(self, update: WeightUpdate, serving_version: int) -> FetchedChain:
+        """Read (before the engine pauses) what brings an engine at ``serving_version`` to the update."""
+        return fetch_chain(_handle(update), serving_version)
+
+    def apply_into(
+        self,
+        update: WeightUpdate,
+        params: Mapping[str, torch.Tensor],
+        serving_version: int,
+        fetched: FetchedChain | None = None,
+    ) -> FetchedChain:
+        """Patch ``params`` to ``update``'s version (``fetched`` if it still starts at ``serving_version``,
+        else fetched now); on a bad checksum or a broken chain, once more from the newest full snapshot.
+        Returns the chain applied (its ``uses_full`` tells whether it fell back)."""
+        handle = _handle(update)
+        if fetched is None or fetched.from_version != serving_version or fetched.to_version != update.version:
+            fetched = fetch_chain(handle, serving_version)
+        try:
+            apply_chain(fetched, params)
+            return fetched
+        except DeltaChecksumError as error:
+            if fetched.uses_full:
+                raise
+            logger.warning("%s; falling back to the newest full snapshot", error)
+        fetched = fetch_chain(handle, None)
+        apply_chain(fetched, params)
+        return fetched
+
+
+def _handle(update: WeightUpdate) -> DeltaHandle:
+    if update.transport != DeltaSync.name or not isinstance(update.handle, DeltaHandle):
+        raise WeightSyncError(f"weight update v{update.version} travels by {update.transport!r}, not 'delta'")
+    return update.handle

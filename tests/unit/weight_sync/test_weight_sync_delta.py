@@ -1,0 +1,176 @@
+"""Delta updates over shared storage: bit-exact after any chain, after a fallback, after a resume; bytes."""
+
+from __future__ import annotations
+
+import copy
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from tied_model import tiny_tied_qwen2
+
+from asyncrl.models.loading import state_dict_for_sync
+from asyncrl.weight_sync.delta import DeltaSync, encode_delta
+from asyncrl.weight_sync.receiver import InPlaceReceiver
+
+
+def train_step(model: torch.nn.Module, seed: int, lr: float, share: float = 1.0) -> None:
+    """A stand-in optimizer step: ``share`` of the weights move by about ``lr`` relative to their size."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            noise = torch.randn(param.shape, generator=generator)
+            mask = torch.rand(param.shape, generator=generator) < share
+            param.add_((noise * mask * lr * param.float().abs().mean()).to(param.dtype))
+
+
+def assert_bit_equal(engine: torch.nn.Module, trainer: torch.nn.Module) -> None:
+    for (name, got), want in zip(engine.state_dict().items(), trainer.state_dict().values(), strict=True):
+        width = {2: torch.int16, 4: torch.int32}[got.element_size()]
+        assert torch.equal(got.view(width), want.view(width)), name
+
+
+def models(dtype: torch.dtype) -> tuple[torch.nn.Module, torch.nn.Module]:
+    trainer = tiny_tied_qwen2().to(dtype)
+    return trainer, copy.deepcopy(trainer)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_chain_of_deltas_is_bit_exact_including_skipped_versions(tmp_path, dtype):
+    trainer, engine = models(dtype)
+    sync, receiver = DeltaSync(tmp_path, full_every=100), InPlaceReceiver()
+    serving = 0
+    for version in range(1, 9):
+        train_step(trainer, version, lr=1e-3)
+        update = sync.publish(version, state_dict_for_sync(trainer))
+        if version in (1, 2, 5, 8):  # the engine misses 3-4 and 6-7: chains of 1 to 3 deltas
+            receiver.prefetch(update, serving)
+            receiver.apply(engine, update, serving)
+            serving = version
+            assert_bit_equal(engine, trainer)
+    assert {p.name for p in tmp_path.iterdir()} == {"full-00000001"} | {f"delta-{v:08d}" for v in range(2, 9)}
+
+
+def test_small_bf16_steps_ship_a_small_share_of_the_model(tmp_path):
+    """bf16 at an RL-sized step: most weights do not change, the delta is sparse; a frozen tensor costs 0."""
+    trainer, _ = models(torch.bfloat16)
+    sync = DeltaSync(tmp_path, full_every=100)
+    full = sync.publish(1, state_dict_for_sync(trainer)).nbytes
+    train_step(trainer, 1, lr=1e-3, share=0.05)
+    delta = sync.publish(2, state_dict_for_sync(trainer)).nbytes
+    assert delta < 0.2 * full
+    assert encode_delta(torch.ones(4).view(torch.int32).numpy(), torch.ones(4).view(torch.int32).numpy()) == (
+        "same",
+        b"",
+    )
+
+
+def test_a_missing_link_falls_back_to_the_newest_snapshot_and_its_chain(tmp_path):
+    trainer, engine = models(torch.float32)
+    sync, receiver = DeltaSync(tmp_path, full_every=3, keep_full=5), InPlaceReceiver()
+    receiver.apply(engine, sync.publish(1, state_dict_for_sync(trainer)), 0)
+    for version in range(2, 6):
+        train_step(trainer, version, lr=1e-3)
+        update = sync.publish(version, state_dict_for_sync(trainer))
+    shutil.rmtree(tmp_path / "delta-00000002")  # engine at v1 cannot chain to v5
+    chain = sync.fetch(update, 1)
+    assert chain.uses_full and [(s.kind, s.version) for s in chain.steps] == [
+        ("full", 3),
+        ("delta", 4),
+        ("delta", 5),
+    ]
+    receiver.apply(engine, update, 1)
+    assert_bit_equal(engine, trainer)
+
+
+@pytest.mark.parametrize("damage", ["flip a payload byte", "truncate the payload"])
+def test_a_corrupt_delta_falls_back_to_the_snapshot_and_ends_exact(tmp_path, damage):
+    trainer, engine = models(torch.float32)
+    sync, receiver = DeltaSync(tmp_path, full_every=2), InPlaceReceiver()
+    receiver.apply(engine, sync.publish(1, state_dict_for_sync(trainer)), 0)
+    train_step(trainer, 2, lr=1e-3)
+    update = sync.publish(2, state_dict_for_sync(trainer))  # a delta and a full snapshot
+    data = tmp_path / "delta-00000002" / "data.bin"
+    raw = bytearray(data.read_bytes())
+    if damage == "flip a payload byte":
+        raw[len(raw) // 2] ^= 0xFF
+        data.write_bytes(bytes(raw))
+    else:
+        data.write_bytes(bytes(raw[: len(raw) // 3]))
+    receiver.apply(engine, update, 1)
+    assert_bit_equal(engine, trainer)
+
+
+def test_old_versions_are_collected_and_an_engine_behind_them_still_arrives(tmp_path):
+    trainer, engine = models(torch.float32)
+    sync, receiver = DeltaSync(tmp_path, full_every=3, keep_full=2), InPlaceReceiver()
+    for version in range(1, 11):
+        train_step(trainer, version, lr=1e-3)
+        update = sync.publish(version, state_dict_for_sync(trainer))
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["delta-00000006", "delta-00000007", "delta-00000008", "delta-00000009"] + [
+        "delta-00000010",
+        "full-00000006",
+        "full-00000009",
+    ]
+    receiver.apply(engine, update, 0)  # from the base model: the chain is long gone
+    assert_bit_equal(engine, trainer)
+
+
+def test_a_resumed_writer_drops_the_dead_runs_future_and_stays_exact(tmp_path):
+    """A run that died at v6 resumes from its v4 checkpoint: v5-v6 on disk are another history."""
+    trainer, _ = models(torch.float32)
+    first = DeltaSync(tmp_path, full_every=100)
+    for version in range(1, 7):
+        train_step(trainer, version, lr=1e-3)
+        if version == 4:
+            checkpoint = copy.deepcopy(trainer)
+        first.publish(version, state_dict_for_sync(trainer))
+    trainer, engine = checkpoint, copy.deepcopy(checkpoint)  # fresh engines on the resumed weights
+    resumed, receiver = DeltaSync(tmp_path, full_every=100), InPlaceReceiver()
+    receiver.apply(engine, resumed.publish(4, state_dict_for_sync(trainer)), 0)
+    assert not (tmp_path / "delta-00000005").exists() and (tmp_path / "full-00000004").exists()
+    for version in (5, 6):
+        train_step(trainer, 100 + version, lr=1e-3)  # a different history than the dead run's
+        update = resumed.publish(version, state_dict_for_sync(trainer))
+    receiver.apply(engine, update, 4)
+    assert_bit_equal(engine, trainer)
+
+
+def test_a_prefetched_chain_needs_no_read_when_applied(tmp_path):
+    """Fetch before the pause: once fetched, the files may vanish and the apply still lands."""
+    trainer, engine = models(torch.bfloat16)
+    sync, receiver = DeltaSync(tmp_path, full_every=100), InPlaceReceiver()
+    receiver.apply(engine, sync.publish(1, state_dict_for_sync(trainer)), 0)
+    train_step(trainer, 2, lr=1e-3)
+    update = sync.publish(2, state_dict_for_sync(trainer))
+    receiver.prefetch(update, 1)
+    shutil.rmtree(tmp_path)
+    receiver.apply(engine, update, 1)
+    assert_bit_equal(engine, trainer)
+
+
+def test_an_engine_of_another_dtype_is_refused_by_name(tmp_path):
+    trainer, engine = models(torch.float32)
+    sync = DeltaSync(tmp_path)
+    update = sync.publish(1, state_dict_for_sync(trainer))
+    with pytest.raises(ValueError, match="same dtype on both sides"):
+        InPlaceReceiver().apply(engine.to(torch.bfloat16), update, 0)
+
+
+def test_the_builtin_engine_patches_in_place_through_update_weights(tmp_path: Path):
+    from asyncrl.config.engine import EngineConfig
+    from asyncrl.engine import make_engine
+    from asyncrl.models.loading import load_model_and_tokenizer
+
+    trainer, tokenizer = load_model_and_tokenizer("", "float32", "cpu")
+    engine = make_engine(copy.deepcopy(trainer), tokenizer, EngineConfig(), 1).core
+    sync = DeltaSync(tmp_path)
+    for version in (1, 2, 3):
+        train_step(trainer, version, lr=1e-4)
+        update = sync.publish(version, state_dict_for_sync(trainer))
+        engine.prefetch_weights(update)
+        engine.update_weights(update, version)
+        assert engine.version == version
+        assert_bit_equal(engine.model, trainer)
