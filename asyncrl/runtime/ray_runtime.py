@@ -214,10 +214,18 @@ class EngineActor:
             fetched = replace(
                 update, transport="object_store", handle=tuple(self._take_staged(update.version))
             )
-        else:
+        elif update.transport == "object_store":
             # Awaited, not ray.get: a blocking get would stall the actor's loop (aborts, health probes).
             fetched = replace(update, handle=tuple(await asyncio.gather(*update.handle)))
+        else:  # delta, colocated: the handle names shared storage the engine reads itself
+            fetched = update
         await self.engine.update_weights(fetched, version)
+
+    async def prefetch_weights(self, update: WeightUpdate) -> None:
+        """Read a coming update's files before the pause (delta transport; no-op for the others)."""
+        prefetch = getattr(self.engine, "prefetch_weights", None)
+        if prefetch is not None:
+            await prefetch(update)
 
     async def join_weight_group(
         self, host: str, port: int, rank: int, world_size: int, timeout_s: float
@@ -333,6 +341,11 @@ class RayEngineClient:
         if not isinstance(update, WeightUpdate):
             update = FlatBufferSync(put=ray.put).publish(version, named_tensors)
         await self._control(self.handle.update_weights.remote(update, version), f"update_weights(v{version})")
+
+    async def prefetch_weights(self, update: WeightUpdate) -> None:
+        await self._control(
+            self.handle.prefetch_weights.remote(update), f"prefetch_weights(v{update.version})"
+        )
 
     def stats(self) -> dict[str, Any]:
         """The engine's counters (one blocking round trip, ≈ 1 ms)."""

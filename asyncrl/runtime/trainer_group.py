@@ -51,7 +51,7 @@ from asyncrl.types import Group
 from asyncrl.weight_sync.broadcast import WeightGroup
 from asyncrl.weight_sync.flat import FlatWeights, pack_state
 from asyncrl.weight_sync.protocol import WeightUpdate
-from asyncrl.weight_sync.transports import FlatBufferSync, update_of_buckets
+from asyncrl.weight_sync.transports import FlatBufferSync, make_weight_sync, update_of_buckets
 
 
 class TrainerRankActor:
@@ -67,6 +67,7 @@ class TrainerRankActor:
         self.world_size = world_size
         self.trainer: Trainer | None = None
         self.weight_group: WeightGroup | None = None
+        self._publishers: dict[str, Any] = {}
 
     def rendezvous(self) -> tuple[str, int]:
         """(this node's address, a free port on it): where the group meets (asked of rank 0 only)."""
@@ -147,6 +148,8 @@ class TrainerRankActor:
             return None
         if transport == "object_store":
             return FlatBufferSync(put=ray.put).publish_buckets(trainer.version, buckets, adapter=adapter)
+        if transport != "broadcast":  # delta: this rank's writer keeps the previous version to diff against
+            return self._sync(transport).publish_buckets(trainer.version, buckets, adapter=adapter)
         sent: list[FlatWeights] = []
 
         def packed() -> Iterator[FlatWeights]:
@@ -157,6 +160,13 @@ class TrainerRankActor:
 
         self.weight_group.send(packed())
         return update_of_buckets(sent, "broadcast", handle=None, adapter=adapter)  # staged on the engines
+
+    def _sync(self, transport: str) -> Any:
+        """Rank 0's publisher of ``transport``, built once (it may keep state between versions)."""
+        if transport not in self._publishers:
+            options = self.config.weight_sync.transport_options(transport, self.config.output_dir)
+            self._publishers[transport] = make_weight_sync(transport, **options)
+        return self._publishers[transport]
 
     def save_checkpoint(self, root: str, extra: dict[str, Any] | None, keep_last: int | None) -> str:
         trainer = self._trainer()
@@ -204,7 +214,9 @@ class TrainerGroupClient:
         self.handles = handles
         self.config = config
         self.weight_sync = weight_sync
-        self.transport = "object_store"
+        self.transport = weight_sync.transport_for(config.type)
+        if self.transport == "broadcast":
+            self.transport = "object_store"  # until the weight group forms (``use_broadcast``)
         self.stage_on_engines: Callable[[], list[Any]] | None = None
         """Broadcast transport: starts every engine's receive of the next publish (``use_broadcast``)."""
         self.ranks = progress
