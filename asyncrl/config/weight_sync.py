@@ -59,8 +59,11 @@ class WeightSyncConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"weight_sync.{name} must be >= 1, got {getattr(self, name)}")
 
-    def transport_options(self, transport: str, output_dir: str) -> dict[str, object]:
-        """Constructor options of the trainer side of ``transport`` (``make_weight_sync``)."""
+    def transport_options(self, transport: str, output_dir: str, device: str = "cpu") -> dict[str, object]:
+        """Constructor options of the trainer side of ``transport`` (``make_weight_sync``) for a trainer whose
+        weights are on ``device``."""
+        if transport == "colocated":
+            return {"device": device}
         if transport == "delta":
             return {
                 "root": self.delta_dir or os.path.join(output_dir, "weight-deltas"),

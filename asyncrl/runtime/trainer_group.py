@@ -148,7 +148,7 @@ class TrainerRankActor:
             return None
         if transport == "object_store":
             return FlatBufferSync(put=ray.put).publish_buckets(trainer.version, buckets, adapter=adapter)
-        if transport != "broadcast":  # delta: this rank's writer keeps the previous version to diff against
+        if transport != "broadcast":  # delta, colocated: this rank's publisher lives from version to version
             return self._sync(transport).publish_buckets(trainer.version, buckets, adapter=adapter)
         sent: list[FlatWeights] = []
 
@@ -164,7 +164,8 @@ class TrainerRankActor:
     def _sync(self, transport: str) -> Any:
         """Rank 0's publisher of ``transport``, built once (it may keep state between versions)."""
         if transport not in self._publishers:
-            options = self.config.weight_sync.transport_options(transport, self.config.output_dir)
+            weight_sync, out = self.config.weight_sync, self.config.output_dir
+            options = weight_sync.transport_options(transport, out, self._device())
             self._publishers[transport] = make_weight_sync(transport, **options)
         return self._publishers[transport]
 

@@ -159,10 +159,17 @@ def _delta_sync(**options: Any) -> WeightSync:
     return DeltaSync(**options)
 
 
+def _colocated_sync(**options: Any) -> WeightSync:
+    from asyncrl.weight_sync.colocated import ColocatedSync
+
+    return ColocatedSync(**options)
+
+
 TRANSPORTS: dict[str, Callable[..., WeightSync]] = {
     "in_process": InProcessSync,
     "object_store": FlatBufferSync,
     "delta": _delta_sync,
+    "colocated": _colocated_sync,
 }
 """Transport name → constructor with its in-process defaults (runtimes pass their own ``put``/``get``)."""
 

@@ -1,0 +1,190 @@
+"""Colocated engines: the trainer packs its weights once into memory the engines map, so nothing is copied
+through a transport and an engine never holds a second copy of the model.
+
+::
+
+    trainer (publish v)                              engine on the same machine / GPU (apply v)
+      unlink v-1's blocks (engines still mapping      attach each block by its handle (a mapping, no copy)
+      them keep them until they let go)               ─► copy each tensor from the mapping into its weights
+      pack each bucket into fresh blocks              ─► drop the mapping
+      handle: per block its name (CPU) or its CUDA IPC handle (GPU), plus the manifest
+
+Two block kinds behind one interface (``weight_sync.type=colocated`` picks by the trainer's device):
+- ``shm`` (CPU, the twin the tests run): POSIX shared memory, one block per dtype per bucket, attached by name
+  from ``/dev/shm`` read-only;
+- ``cuda_ipc`` (GPU): a device buffer per dtype per bucket on the trainer's GPU, handed over as the CUDA IPC
+  handle ``torch.multiprocessing.reductions.reduce_tensor`` makes; the engine rebuilds it (a mapping of the
+  trainer's allocation) and copies device to device. Not yet run on a GPU in this project's tests:
+  ``scripts/gpu-weight-sync.sh`` exercises it on a lent GPU.
+
+Memory: the trainer side holds one packed copy of the latest version (the blocks); the engine side holds
+nothing beyond its own weights while it copies. A block is released when the next version is published
+(``release``) — an engine that attaches a released version gets a ``WeightSyncError`` naming it, never stale
+bytes. Memory shared by two names (tied embeddings) is packed once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+import warnings
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from multiprocessing import shared_memory
+from typing import Any
+
+import numpy as np
+import torch
+
+from asyncrl.weight_sync.flat import TensorEntry, _layout
+from asyncrl.weight_sync.protocol import (
+    LoraAdapter,
+    ManifestEntry,
+    NamedTensors,
+    WeightSyncError,
+    WeightUpdate,
+)
+
+SHM_DIR = "/dev/shm"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SharedBlock:
+    """One dtype's packed words of one bucket: ``kind`` ``shm`` (``ref`` is the block's name) or ``cuda_ipc``
+    (``ref`` is the argument tuple of ``rebuild_cuda_tensor``)."""
+
+    kind: str
+    dtype: str
+    numel: int
+    ref: Any
+
+
+@dataclass(frozen=True, kw_only=True)
+class SharedBucket:
+    manifest: tuple[TensorEntry, ...]
+    blocks: tuple[SharedBlock, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ColocatedHandle:
+    """The ``WeightUpdate`` handle of a colocated version: its buckets' blocks."""
+
+    version: int
+    buckets: tuple[SharedBucket, ...]
+
+
+class ColocatedSync:
+    """``weight_sync.type=colocated`` (module docstring). ``device`` is where the trainer packs: ``cpu`` gives
+    shared-memory blocks, ``cuda`` CUDA IPC handles."""
+
+    name = "colocated"
+
+    def __init__(self, device: str | torch.device = "cpu") -> None:
+        self.device = torch.device(device)
+        self._live: list[Any] = []
+        """What keeps the latest version's blocks alive on the trainer side (SharedMemory or device tensors)."""
+
+    def publish(
+        self, version: int, named_tensors: NamedTensors, *, adapter: LoraAdapter | None = None
+    ) -> WeightUpdate:
+        return self.publish_buckets(version, [named_tensors], adapter=adapter)
+
+    def publish_buckets(
+        self, version: int, buckets: Iterable[NamedTensors], *, adapter: LoraAdapter | None = None
+    ) -> WeightUpdate:
+        """Release the previous version's blocks, then pack each bucket into fresh ones as it comes."""
+        self.release()
+        packed, nbytes = [], 0
+        for bucket in buckets:
+            shared = self._pack(bucket)
+            packed.append(shared)
+            nbytes += sum(b.numel * getattr(torch, b.dtype).itemsize for b in shared.blocks)
+        if not packed:
+            raise WeightSyncError(f"weight update v{version}: no tensors to publish")
+        manifest = tuple(
+            ManifestEntry(name=e.name, dtype=e.dtype, shape=e.shape) for b in packed for e in b.manifest
+        )
+        handle = ColocatedHandle(version=version, buckets=tuple(packed))
+        return WeightUpdate(
+            version=version, transport=self.name, manifest=manifest, handle=handle, nbytes=nbytes
+        )
+
+    def receive(self, update: WeightUpdate) -> Iterator[tuple[str, Any]]:
+        """Each tensor as a view of its mapped block (valid while the caller holds it; copy, never write)."""
+        if update.transport != self.name or not isinstance(update.handle, ColocatedHandle):
+            raise WeightSyncError(
+                f"weight update v{update.version} travels by {update.transport!r}, not 'colocated'"
+            )
+        views = []
+        for bucket in update.handle.buckets:
+            typed = {block.dtype: _attach(block, update.version) for block in bucket.blocks}
+            views += [(e.name, typed[e.dtype][e.offset : e.end].view(e.shape)) for e in bucket.manifest]
+        return iter(views)
+
+    def release(self) -> None:
+        """Let go of the latest version's blocks (engines still mapping them keep them until they let go)."""
+        for owner in self._live:
+            if isinstance(owner, shared_memory.SharedMemory):
+                owner.close()
+                with contextlib.suppress(FileNotFoundError):  # already unlinked
+                    owner.unlink()
+        self._live = []
+
+    def _pack(self, bucket: NamedTensors) -> SharedBucket:
+        items = list(bucket.items() if hasattr(bucket, "items") else bucket)
+        entries, sizes, owners = _layout(items)
+        allocate = self._allocate_cuda if self.device.type == "cuda" else self._allocate_shm
+        typed, blocks = {}, []
+        for dtype, numel in sizes.items():
+            tensor, block = allocate(dtype, numel)
+            typed[dtype] = tensor
+            blocks.append(block)
+        with torch.no_grad():
+            for (_, tensor), entry, owner in zip(items, entries, owners, strict=True):
+                if owner:
+                    typed[entry.dtype][entry.offset : entry.end].copy_(tensor.detach().reshape(-1))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the engine's copy must see finished words
+        return SharedBucket(manifest=tuple(entries), blocks=tuple(blocks))
+
+    def _allocate_shm(self, dtype: str, numel: int) -> tuple[torch.Tensor, SharedBlock]:
+        torch_dtype = getattr(torch, dtype)
+        block = shared_memory.SharedMemory(
+            create=True, size=max(1, numel * torch_dtype.itemsize), name=f"asyncrl-w-{uuid.uuid4().hex}"
+        )
+        self._live.append(block)
+        tensor = torch.frombuffer(block.buf, dtype=torch_dtype, count=numel) if numel else torch.empty(0)
+        return tensor, SharedBlock(kind="shm", dtype=dtype, numel=numel, ref=block.name)
+
+    def _allocate_cuda(self, dtype: str, numel: int) -> tuple[torch.Tensor, SharedBlock]:
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        tensor = torch.empty(numel, dtype=getattr(torch, dtype), device=self.device)
+        self._live.append(tensor)
+        _, args = reduce_tensor(tensor)
+        return tensor, SharedBlock(kind="cuda_ipc", dtype=dtype, numel=numel, ref=args)
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # interpreter shutdown: best effort
+            self.release()
+
+
+def _attach(block: SharedBlock, version: int) -> torch.Tensor:
+    """``block`` mapped into this process as a 1-D tensor of its dtype (no copy)."""
+    if block.kind == "shm":
+        try:
+            words = np.memmap(f"{SHM_DIR}/{block.ref}", dtype=np.uint8, mode="r")
+        except FileNotFoundError:
+            raise WeightSyncError(
+                f"weight update v{version}: its shared memory {block.ref} is gone (a newer version was "
+                "published, or the engine is not on the trainer's machine)"
+            ) from None
+        with warnings.catch_warnings():  # a read-only mapping: its views are only ever read
+            warnings.simplefilter("ignore", UserWarning)
+            full = torch.from_numpy(words)
+        return full[: block.numel * getattr(torch, block.dtype).itemsize].view(getattr(torch, block.dtype))
+    if block.kind == "cuda_ipc":
+        from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+        return rebuild_cuda_tensor(*block.ref)
+    raise WeightSyncError(f"weight update v{version}: unknown block kind {block.kind!r}")

@@ -1,0 +1,93 @@
+"""The colocated transport's CPU twin: shared-memory blocks handed to another process, copied in without a
+second copy of the model on the engine side; released versions are refused by name."""
+
+from __future__ import annotations
+
+import multiprocessing
+
+import pytest
+import torch
+from tied_model import tiny_tied_qwen2
+
+from asyncrl.models.loading import state_dict_for_sync
+from asyncrl.weight_sync import WeightSyncError
+from asyncrl.weight_sync.colocated import ColocatedSync
+from asyncrl.weight_sync.transports import make_weight_sync
+from bench.memory import PeakPrivateMemory
+
+NUM_TENSORS, TENSOR_ELEMENTS = 16, 2**20  # 64 MiB of float32: far above the sampler's noise
+
+
+def big_state(seed: int) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return {f"layer{i}.weight": torch.randn(TENSOR_ELEMENTS, generator=generator) for i in range(NUM_TENSORS)}
+
+
+def engine_process(update, conn) -> None:
+    """Another process: its own weights (pages touched), then the update copied in from the mapping."""
+    params = {name: torch.zeros(TENSOR_ELEMENTS) for name in update.names}
+    with PeakPrivateMemory() as peak, torch.no_grad():
+        for name, view in make_weight_sync(update.transport).receive(update):
+            params[name].copy_(view)
+    conn.send((peak.extra, {name: float(t.sum()) for name, t in params.items()}))
+
+
+def test_another_process_copies_the_weights_in_without_a_second_copy():
+    state = big_state(0)
+    sync = ColocatedSync("cpu")
+    update = sync.publish(1, state)
+    model_bytes = NUM_TENSORS * TENSOR_ELEMENTS * 4
+    assert update.nbytes == model_bytes
+    context = multiprocessing.get_context("spawn")
+    receiver, sender = context.Pipe(duplex=False)
+    process = context.Process(target=engine_process, args=(update, sender))
+    process.start()
+    assert receiver.poll(120), "the engine process did not answer"
+    extra, sums = receiver.recv()
+    process.join(30)
+    assert sums == {name: float(t.sum()) for name, t in state.items()}
+    assert extra < 0.25 * model_bytes, f"the engine side grew by {extra / 2**20:.0f} MiB"
+    sync.release()
+
+
+def test_a_round_trip_is_exact_with_tied_embeddings_and_dtypes_as_packed():
+    model = tiny_tied_qwen2()
+    state = state_dict_for_sync(model) | {"extra.bf16": torch.ones(3, dtype=torch.bfloat16)}
+    sync = ColocatedSync("cpu")
+    update = sync.publish(4, state)
+    received = dict(make_weight_sync("colocated").receive(update))
+    assert received.keys() == state.keys()
+    for name, tensor in state.items():
+        assert received[name].dtype == tensor.dtype and torch.equal(received[name], tensor), name
+    assert update.nbytes < sum(t.numel() * t.element_size() for t in state.values())  # tied matrix once
+    sync.release()
+
+
+def test_a_released_version_is_refused_by_name_never_read_stale():
+    sync = ColocatedSync("cpu")
+    old = sync.publish(1, {"w": torch.ones(4)})
+    new = sync.publish(2, {"w": torch.full((4,), 2.0)})  # publishing v2 releases v1
+    with pytest.raises(WeightSyncError, match="v1: its shared memory .* is gone"):
+        dict(make_weight_sync("colocated").receive(old))
+    assert torch.equal(dict(make_weight_sync("colocated").receive(new))["w"], torch.full((4,), 2.0))
+    sync.release()
+
+
+def test_the_builtin_engine_takes_a_colocated_update_through_update_weights():
+    from asyncrl.config.engine import EngineConfig
+    from asyncrl.engine import make_engine
+    from asyncrl.models.loading import load_model_and_tokenizer
+
+    trainer, tokenizer = load_model_and_tokenizer("", "float32", "cpu")
+    served, _ = load_model_and_tokenizer("", "float32", "cpu")
+    engine = make_engine(served, tokenizer, EngineConfig(), 1).core
+    with torch.no_grad():
+        for param in trainer.parameters():
+            param.add_(0.01)
+    sync = ColocatedSync("cpu")
+    engine.update_weights(sync.publish(1, state_dict_for_sync(trainer)), 1)
+    for (name, got), want in zip(
+        engine.model.state_dict().items(), trainer.state_dict().values(), strict=True
+    ):
+        assert torch.equal(got, want), name
+    sync.release()
