@@ -88,12 +88,7 @@ class RunConfig:
         check_mode(
             self.controller.mode, async_ratio=self.buffer.async_ratio, update_policy=self.proxy.update_policy
         )
-        transport = self.weight_sync.transport_for(self.runtime.type)
-        if transport == "broadcast" and self.proxy.max_engine_restarts > 0:
-            raise ValueError(
-                "weight_sync.type=broadcast needs proxy.max_engine_restarts: 0 (a replacement engine would not be "
-                "a member of the broadcast group); use weight_sync.type: object_store to keep engine recovery"
-            )
+        self.weight_sync.transport_for(self.runtime.type)  # a ValueError when the runtime cannot carry it
         self._fill_vllm_lora()
         if self.producer not in PRODUCERS:
             raise ValueError(

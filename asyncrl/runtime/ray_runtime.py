@@ -60,6 +60,7 @@ from asyncrl.runtime.actor_calls import await_actor, get_actor
 from asyncrl.runtime.placement import Placement, pin, plan_placement
 from asyncrl.runtime.ray_placement import ENGINE_ROLE, TRAINER_ROLE, Reservation, reserve, role_bundles
 from asyncrl.runtime.trainer_group import TrainerGroupClient, TrainerRankActor, start_trainer_group
+from asyncrl.runtime.weight_group import WEIGHTS_GROUP, BroadcastGroup
 from asyncrl.types import Generation, Request
 from asyncrl.weight_sync.broadcast import WeightGroup
 from asyncrl.weight_sync.protocol import WeightSyncError, WeightUpdate, check_version
@@ -258,6 +259,10 @@ class EngineActor:
         self.staged[version] = buckets
         return version
 
+    async def staged_versions(self) -> list[int] | None:
+        """Versions received by broadcast and not yet applied; None when vLLM's worker stages them."""
+        return None if self.engine_joins_group else sorted(self.staged)
+
     def _take_staged(self, version: int) -> list[Any]:
         """The staged buckets of ``version``; staged versions older than it are dropped with it."""
         if version not in self.staged:
@@ -303,6 +308,9 @@ class RayEngineClient:
         self.config = config
         self.exports_kv = exports_kv
         """Whether the actor's engine can hand a request over with its KV (the built-in one; not vLLM)."""
+        self.catch_up: Any = None
+        """Broadcast transport: turns an update this engine did not stage (it joined the group after it was
+        sent) into an object-store copy (``runtime.weight_group.BroadcastGroup.catch_up``)."""
 
     async def generate(self, request: Request) -> Generation:
         ref = self.handle.generate.remote(request)
@@ -340,6 +348,10 @@ class RayEngineClient:
         update = named_tensors
         if not isinstance(update, WeightUpdate):
             update = FlatBufferSync(put=ray.put).publish(version, named_tensors)
+        if update.transport == "broadcast" and self.catch_up is not None:
+            staged = await self._control(self.handle.staged_versions.remote(), "staged_versions")
+            if staged is not None and update.version not in staged:
+                update = await asyncio.to_thread(self.catch_up, update)
         await self._control(self.handle.update_weights.remote(update, version), f"update_weights(v{version})")
 
     async def prefetch_weights(self, update: WeightUpdate) -> None:
@@ -402,6 +414,8 @@ class RayEngineFactory:
         self.reservation = reservation
         self.engines = engines
         self.num_started = 0
+        self.weight_group: BroadcastGroup | None = None
+        """Broadcast transport: told of every replacement, so the next publish forms the group with it."""
 
     async def replace(self, index: int, failed: Any) -> RayEngineClient:
         """Kill ``failed`` (engine ``index``), start its successor and return it once its model is loaded,
@@ -423,6 +437,9 @@ class RayEngineFactory:
         await await_actor(
             client.handle.ready.remote(), f"engine {client.name}: start", runtime.startup_timeout_s
         )
+        if self.weight_group is not None:
+            client.catch_up = self.weight_group.catch_up
+            self.weight_group.replaced(index, client)
         return client
 
 
@@ -434,7 +451,8 @@ def spawn_trainer_ranks(
     handles = []
     for rank in range(world_size):
         options = reservation.options(TRAINER_ROLE, rank, accelerator)
-        actor = ray.remote(TrainerRankActor).options(max_restarts=0, max_task_retries=0, **options)
+        remote = ray.remote(concurrency_groups={WEIGHTS_GROUP: 1})(TrainerRankActor)
+        actor = remote.options(max_restarts=0, max_task_retries=0, **options)
         cores = placement.rank_cores(rank, world_size)
         handles.append(actor.remote(config, rank, world_size, placement.trainer_threads, cores))
     return handles
@@ -516,8 +534,9 @@ def build_ray_parts(config: RunConfig, runtime: RuntimeConfig) -> RayParts:
         handles += [engine.handle for engine in engines]
         trainer = start_trainer_group(handles[: config.trainer.num_workers], runtime, config.weight_sync)
         engine_locations = wait_ready(engines, runtime)
+        factory = RayEngineFactory(config, placement, reservation, engines)
         if config.weight_sync.transport_for(runtime.type) == "broadcast":
-            form_weight_group(trainer, engines, runtime)
+            factory.weight_group = form_weight_group(trainer, engines, config)
     except BaseException:
         for handle in handles:
             ray.kill(handle, no_restart=True)
@@ -533,22 +552,24 @@ def build_ray_parts(config: RunConfig, runtime: RuntimeConfig) -> RayParts:
         placement=placement,
         reservation=reservation,
         engine_locations=engine_locations,
-        engine_factory=RayEngineFactory(config, placement, reservation, engines),
+        engine_factory=factory,
     )
 
 
 def form_weight_group(
-    trainer: TrainerGroupClient, engines: list[RayEngineClient], config: RuntimeConfig
-) -> None:
-    """Join trainer rank 0 (rank 0) and every engine (ranks 1..E) in the weight-broadcast group, and switch the
-    trainer to publish by broadcast (``weight_sync.broadcast``)."""
-    rank0, timeout_s = trainer.handles[0], config.control_timeout_s
-    host, port = get_actor(rank0.open_weight_group.remote(), "trainer rank 0: weight group", timeout_s)
-    world_size = len(engines) + 1
-    refs = [rank0.join_weight_group.remote(host, port, world_size, timeout_s)]
-    refs += [
-        engine.handle.join_weight_group.remote(host, port, index + 1, world_size, timeout_s)
-        for index, engine in enumerate(engines)
-    ]
-    get_actor(refs, "weight group: join", timeout_s + 5)
-    trainer.use_broadcast(lambda: [engine.handle.stage_weights.remote() for engine in engines])
+    trainer: TrainerGroupClient, engines: list[RayEngineClient], config: RunConfig
+) -> BroadcastGroup:
+    """Form the weight-broadcast group of trainer rank 0 and every engine (``runtime.weight_group``) and
+    switch the trainer to publish through it; engines that miss a broadcast catch up from rank 0's copy."""
+    group = BroadcastGroup(
+        trainer.handles,
+        engines,
+        timeout_s=config.weight_sync.timeout_s,
+        probe_timeout_s=config.runtime.control_timeout_s,
+        retain=config.proxy.max_engine_restarts > 0,
+    )
+    group.form()
+    for engine in engines:
+        engine.catch_up = group.catch_up
+    trainer.use_broadcast(group)
+    return group

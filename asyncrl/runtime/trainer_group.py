@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +50,7 @@ from asyncrl.trainer.trainer import Trainer, needs_reference_copy
 from asyncrl.types import Group
 from asyncrl.weight_sync.broadcast import WeightGroup
 from asyncrl.weight_sync.flat import FlatWeights, pack_state
-from asyncrl.weight_sync.protocol import WeightUpdate
+from asyncrl.weight_sync.protocol import WeightSyncError, WeightUpdate
 from asyncrl.weight_sync.transports import FlatBufferSync, make_weight_sync, update_of_buckets
 
 
@@ -68,6 +68,8 @@ class TrainerRankActor:
         self.trainer: Trainer | None = None
         self.weight_group: WeightGroup | None = None
         self._publishers: dict[str, Any] = {}
+        self.last_broadcast: list[FlatWeights] = []
+        """Rank 0, broadcast with engine recovery: the last version sent, packed (catch-ups read it)."""
 
     def rendezvous(self) -> tuple[str, int]:
         """(this node's address, a free port on it): where the group meets (asked of rank 0 only)."""
@@ -136,9 +138,12 @@ class TrainerRankActor:
             host=host, port=port, rank=0, world_size=world_size, device=self._device(), timeout_s=timeout_s
         )
 
-    def publish_weights(self, bucket_bytes: int, transport: str = "object_store") -> WeightUpdate | None:
-        """Every rank gathers; rank 0 packs each bucket as it fills and either places it in the object store
-        or broadcasts it to the engines, then returns the update (the others return None)."""
+    def publish_weights(
+        self, bucket_bytes: int, transport: str = "object_store", retain: bool = False
+    ) -> WeightUpdate | None:
+        """Every rank gathers; rank 0 packs each bucket as it fills and places it in the object store,
+        broadcasts it to the engines, or hands it to its delta / colocated publisher, then returns the update
+        (the others return None). ``retain`` (broadcast): keep the packed buckets for ``place_last_broadcast``."""
         trainer = self._trainer()
         buckets = gathered_buckets(trainer.sync_tensors(), bucket_bytes)
         adapter = trainer.adapter
@@ -156,10 +161,22 @@ class TrainerRankActor:
             for bucket in buckets:
                 flat = pack_state(bucket, trainer.version)
                 yield flat
-                sent.append(flat.without_buffers())
+                sent.append(flat if retain else flat.without_buffers())
 
+        self.last_broadcast = []  # the previous version's copy goes before this one is packed
         self.weight_group.send(packed())
+        self.last_broadcast = sent if retain else []
         return update_of_buckets(sent, "broadcast", handle=None, adapter=adapter)  # staged on the engines
+
+    def place_last_broadcast(self, version: int) -> WeightUpdate:
+        """Rank 0: the last broadcast (kept by ``retain``) placed in the object store, for an engine that
+        joined after it (``runtime.weight_group``); ``WeightSyncError`` if that is not ``version``."""
+        kept = self.last_broadcast
+        if not kept or kept[0].version != version:
+            held = f"v{kept[0].version}" if kept else "nothing"
+            raise WeightSyncError(f"catch-up to v{version}: trainer rank 0 holds {held} of its broadcasts")
+        handles = [ray.put(flat) for flat in kept]
+        return FlatBufferSync(put=ray.put).update_of(kept, handles, adapter=self._trainer().adapter)
 
     def _sync(self, transport: str) -> Any:
         """Rank 0's publisher of ``transport``, built once (it may keep state between versions)."""
@@ -218,8 +235,8 @@ class TrainerGroupClient:
         self.transport = weight_sync.transport_for(config.type)
         if self.transport == "broadcast":
             self.transport = "object_store"  # until the weight group forms (``use_broadcast``)
-        self.stage_on_engines: Callable[[], list[Any]] | None = None
-        """Broadcast transport: starts every engine's receive of the next publish (``use_broadcast``)."""
+        self.weight_group: Any = None
+        """Broadcast transport: the ``runtime.weight_group.BroadcastGroup`` that publishes (``use_broadcast``)."""
         self.ranks = progress
         self.step = progress[0]["step"]
         self.version = progress[0]["version"]
@@ -238,11 +255,10 @@ class TrainerGroupClient:
         handles are the buckets' ``ObjectRef``) or staged on every engine (broadcast: the engines receive while
         the ranks send), so a trainer failure surfaces here, not as every engine failing."""
         bucket_bytes = int(self.weight_sync.bucket_mb * 2**20)
-        staging = self.stage_on_engines() if self.stage_on_engines is not None else []
+        if self.weight_group is not None:
+            return self.weight_group.publish(bucket_bytes)
         refs = [handle.publish_weights.remote(bucket_bytes, self.transport) for handle in self.handles]
-        update = get_trainer(refs, "trainer: publish weights", self.config.control_timeout_s)[0]
-        get_actor(staging, "engines: stage broadcast weights", self.config.control_timeout_s)
-        return update
+        return get_trainer(refs, "trainer: publish weights", self.weight_sync.timeout_s)[0]
 
     def save_checkpoint(
         self,
@@ -269,11 +285,10 @@ class TrainerGroupClient:
         refs = [handle.progress.remote() for handle in self.handles]
         get_trainer(refs, "trainer: alive", self.config.control_timeout_s)
 
-    def use_broadcast(self, stage_on_engines: Callable[[], list[Any]]) -> None:
-        """Publish by broadcast from now on; ``stage_on_engines()`` starts every member engine's receive and
-        returns the calls' references (the weight group must have formed)."""
+    def use_broadcast(self, weight_group: Any) -> None:
+        """Publish by broadcast through ``weight_group`` (a formed ``runtime.weight_group.BroadcastGroup``)."""
         self.transport = "broadcast"
-        self.stage_on_engines = stage_on_engines
+        self.weight_group = weight_group
 
     def shutdown(self) -> None:
         for handle in self.handles:

@@ -106,7 +106,12 @@ class ColocatedSync:
         )
         handle = ColocatedHandle(version=version, buckets=tuple(packed))
         return WeightUpdate(
-            version=version, transport=self.name, manifest=manifest, handle=handle, nbytes=nbytes
+            version=version,
+            transport=self.name,
+            manifest=manifest,
+            handle=handle,
+            adapter=adapter,
+            shipped_bytes=nbytes,
         )
 
     def receive(self, update: WeightUpdate) -> Iterator[tuple[str, Any]]:

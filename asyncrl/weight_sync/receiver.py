@@ -53,9 +53,9 @@ class InPlaceReceiver:
         """Whether ``payload`` is an update whose transport patches in place."""
         if not isinstance(payload, WeightUpdate):
             return False
-        from asyncrl.weight_sync.transports import make_weight_sync
+        from asyncrl.weight_sync.transports import TRANSPORTS, make_weight_sync
 
-        return hasattr(make_weight_sync(payload.transport), "apply_into")
+        return payload.transport in TRANSPORTS and hasattr(make_weight_sync(payload.transport), "apply_into")
 
     def prefetch(self, update: WeightUpdate, serving_version: int) -> None:
         """Read what the update needs while the engine still generates (nothing if it does not patch)."""

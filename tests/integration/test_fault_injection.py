@@ -303,3 +303,94 @@ def test_inline_engines_all_lost_end_the_run_at_once_with_their_errors(monkeypat
     overrides = ("buffer.get_batch_timeout_s=600",)
     with pytest.raises(EnginesLost, match="engine 0"):
         run_with_faults(monkeypatch, tiny_path, tmp_path, overrides, prepare, inject)
+
+
+BROADCAST = (
+    "runtime.type=local",
+    "runtime.rollout_num_cpus=1",
+    "runtime.train_num_cpus=1",
+    "weight_sync.type=broadcast",
+    "weight_sync.timeout_s=20",
+)
+"""A Ray run whose weights travel by broadcast, with engine recovery on (the default restarts)."""
+
+
+def assert_trained_once(out: Path) -> None:
+    """The ledger: every sample trained exactly once over the whole run, restarts included."""
+    trained = [
+        (line["prompt"], line["sample"])
+        for line in map(json.loads, (out / "ledger.jsonl").read_text().splitlines())
+        if line["event"] == "trained"
+    ]
+    assert len(trained) == len(set(trained)) == NUM_STEPS * BATCH * GROUP
+
+
+def _until_dead(handle: Any) -> None:
+    """Return once the actor behind ``handle`` is known dead (``ray.kill`` returns before it is gone)."""
+    while True:
+        try:
+            ray.get(handle.ready.remote(), timeout=30)
+        except ray.exceptions.RayError:
+            return
+
+
+@pytest.mark.ray
+def test_ray_engine_dying_mid_broadcast_is_replaced_and_catches_up(monkeypatch, tiny_path, tmp_path):
+    """The only engine dies while the second broadcast is under way: rank 0's send fails, the group is formed
+    again without it and the send retried; the proxy replaces the engine, which catches up from rank 0's copy
+    of the last broadcast and joins the group formed for the next one. Nothing is lost or trained twice."""
+    killed: list[Any] = []
+
+    def prepare(parts: Any) -> None:
+        group = parts.engine_factory.weight_group
+        sends = [0]
+
+        def kill_on_the_second_send() -> None:
+            sends[0] += 1
+            if sends[0] == 2:
+                handle = parts.engines[0].handle
+                ray.kill(handle, no_restart=True)
+                _until_dead(handle)
+                killed.append(handle)
+
+        group.before_send = kill_on_the_second_send
+
+    async def inject(parts: Any) -> None:
+        return None
+
+    steps = run_with_faults(monkeypatch, tiny_path, tmp_path, BROADCAST, prepare, inject)
+    assert_nothing_lost(steps)
+    assert_trained_once(tmp_path)
+    assert len(killed) == 1
+    last = steps[-1]
+    assert (last["recovery/engine_restarts"], last["recovery/failed_restarts"]) == (1, 0)
+
+
+@pytest.mark.ray
+def test_ray_trainer_dying_mid_broadcast_restarts_the_run_from_its_checkpoint(
+    monkeypatch, tiny_path, tmp_path
+):
+    """Trainer rank 0 dies while the engines wait for its broadcast: their receive fails by its deadline, the
+    publish names the trainer (``TrainerDied``) and the run restarts from its last checkpoint, every sample
+    trained exactly once."""
+
+    def prepare(parts: Any) -> None:
+        group = parts.engine_factory.weight_group
+        sends = [0]
+
+        def kill_the_trainer_on_the_second_send() -> None:
+            sends[0] += 1
+            if sends[0] == 2:
+                ray.kill(parts.trainer.handles[0], no_restart=True)
+
+        group.before_send = kill_the_trainer_on_the_second_send
+
+    async def inject(parts: Any) -> None:
+        return None
+
+    console = io.StringIO()
+    overrides = (*BROADCAST, "trainer.checkpoint_every=1")
+    steps = run_with_faults(monkeypatch, tiny_path, tmp_path, overrides, prepare, inject, console)
+    assert "trainer lost" in console.getvalue() and "restart 1 from" in console.getvalue()
+    assert [int(step["step"]) for step in steps] == list(range(1, NUM_STEPS + 1))
+    assert_trained_once(tmp_path)
