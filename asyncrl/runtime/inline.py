@@ -228,7 +228,10 @@ def make_engines(config: RunConfig, model: Any, tokenizer: Any, num_threads: int
         ]
     from asyncrl.engine.vllm import VLLMEngineClient
 
-    return [
+    clients = [
         VLLMEngineClient.for_model(config.model, config.engine, seed=config.seed)
         for _ in range(config.rollout.num_engines)
     ]
+    for client in clients:
+        client.weight_sync_timeout_s = config.weight_sync.timeout_s
+    return clients

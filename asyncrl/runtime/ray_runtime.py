@@ -63,7 +63,7 @@ from asyncrl.runtime.trainer_group import TrainerGroupClient, TrainerRankActor, 
 from asyncrl.runtime.weight_group import WEIGHTS_GROUP, BroadcastGroup
 from asyncrl.types import Generation, Request
 from asyncrl.weight_sync.broadcast import WeightGroup
-from asyncrl.weight_sync.protocol import WeightSyncError, WeightUpdate, check_version
+from asyncrl.weight_sync.protocol import WeightSyncError, WeightSyncTimeout, WeightUpdate, check_version
 from asyncrl.weight_sync.transports import FlatBufferSync
 
 ACTOR_ENV = {"HF_HUB_OFFLINE": "1"}
@@ -154,9 +154,12 @@ class EngineActor:
         num_threads: int,
         cores: tuple[int, ...] = (),
         seed: int = 0,
+        weight_sync_timeout_s: float = 300.0,
     ) -> None:
         pin(cores)
         torch.set_num_threads(num_threads)
+        self.weight_sync_timeout_s = weight_sync_timeout_s
+        """Deadline of every weight-sync wait in this actor (``weight_sync.timeout_s``)."""
         self.model_config = model
         self.weight_group: WeightGroup | None = None
         self.staged: dict[int, list[Any]] = {}
@@ -167,6 +170,7 @@ class EngineActor:
             from asyncrl.engine.vllm import VLLMEngineClient
 
             self.engine = VLLMEngineClient.for_model(model, engine, seed=seed)
+            self.engine.weight_sync_timeout_s = weight_sync_timeout_s
             return
         served, tokenizer = load_configured_model(model)
         self.engine = make_engine(served, tokenizer, engine)
@@ -217,10 +221,21 @@ class EngineActor:
             )
         elif update.transport == "object_store":
             # Awaited, not ray.get: a blocking get would stall the actor's loop (aborts, health probes).
-            fetched = replace(update, handle=tuple(await asyncio.gather(*update.handle)))
+            fetched = replace(update, handle=await self._fetch(update))
         else:  # delta, colocated: the handle names shared storage the engine reads itself
             fetched = update
         await self.engine.update_weights(fetched, version)
+
+    async def _fetch(self, update: WeightUpdate) -> tuple[Any, ...]:
+        """Every bucket of an object-store update, within ``weight_sync_timeout_s``."""
+        try:
+            buckets = await asyncio.wait_for(asyncio.gather(*update.handle), self.weight_sync_timeout_s)
+        except TimeoutError:
+            raise WeightSyncTimeout(
+                f"weight update v{update.version}: its object-store buckets did not arrive within "
+                f"{self.weight_sync_timeout_s} s"
+            ) from None
+        return tuple(buckets)
 
     async def prefetch_weights(self, update: WeightUpdate) -> None:
         """Read a coming update's files before the pause (delta transport; no-op for the others)."""
@@ -386,13 +401,14 @@ def spawn_engine(
     options: dict[str, Any],
     cores: tuple[int, ...] = (),
     seed: int = 0,
+    weight_sync_timeout_s: float = 300.0,
 ) -> RayEngineClient:
     """Start an engine actor with Ray ``options`` (its bundle; see ``ray_placement``); its model loads in the
     background, so ``wait_ready`` before relying on it."""
     actor = ray.remote(EngineActor).options(
         max_restarts=0, max_task_retries=0, max_concurrency=ENGINE_MAX_CONCURRENCY, **options
     )
-    handle = actor.remote(model, engine, num_threads, cores, seed)
+    handle = actor.remote(model, engine, num_threads, cores, seed, weight_sync_timeout_s)
     return RayEngineClient(handle, name, config, exports_kv=engine.backend == "builtin")
 
 
@@ -432,6 +448,7 @@ class RayEngineFactory:
             options=self.reservation.options(ENGINE_ROLE, index, runtime.accelerator_resource),
             cores=self.placement.engine_cores[index] if self.placement.engine_cores else (),
             seed=self.config.seed,
+            weight_sync_timeout_s=self.config.weight_sync.timeout_s,
         )
         self.engines[index] = client
         await await_actor(
@@ -528,6 +545,7 @@ def build_ray_parts(config: RunConfig, runtime: RuntimeConfig) -> RayParts:
                 options=reservation.options(ENGINE_ROLE, index, accelerator),
                 cores=placement.engine_cores[index] if placement.engine_cores else (),
                 seed=config.seed,
+                weight_sync_timeout_s=config.weight_sync.timeout_s,
             )
             for index in range(config.rollout.num_engines)
         ]

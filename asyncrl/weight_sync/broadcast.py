@@ -13,8 +13,10 @@ Key decisions:
   staging copy at publish time decouples the two, at the cost of one extra copy of the weights per engine.
 - A group of its own (a ``TCPStore`` hosted by trainer rank 0 and a standalone process group), separate from the
   trainer's FSDP2 group, so the engines never join the trainer's collectives.
-- Members are fixed when the group forms: an engine that replaces a failed one is not in it, so the broadcast
-  transport is refused together with engine recovery (``proxy.max_engine_restarts`` must be 0).
+- Members are fixed when the group forms: when an engine is replaced the driver forms a new group
+  (``runtime.weight_group``), and the replacement catches up from trainer rank 0's copy of the last broadcast.
+- Every wait (joining, each collective) ends by ``timeout_s`` with ``WeightSyncTimeout``, and a member that dies
+  mid-broadcast is a ``WeightSyncError`` naming the rank, never a hang.
 - Each bucket travels as a small header then its buffers; an empty header ends the update. Buffers cross as
   raw bytes (``weight_sync.flat``), so every dtype travels alike. The header is plain JSON, not a pickle, so
   a member that cannot import asyncrl (the vLLM worker, ``engine/vllm/worker_main.py``) reads it too.
@@ -32,8 +34,9 @@ Wire contract (every broadcast from rank 0, in this order):
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from datetime import timedelta
 
 import numpy as np
@@ -41,6 +44,7 @@ import torch
 import torch.distributed as dist
 
 from asyncrl.weight_sync.flat import FlatWeights, TensorEntry
+from asyncrl.weight_sync.protocol import WeightSyncError, WeightSyncTimeout
 
 GROUP_PREFIX = "asyncrl-weights"
 
@@ -56,14 +60,16 @@ class WeightGroup:
         self, *, host: str, port: int, rank: int, world_size: int, device: str, timeout_s: float
     ) -> None:
         timeout = timedelta(seconds=timeout_s)
-        store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
         self.rank = rank
         self.world_size = world_size
         self.device = torch.device(device)
-        self._store = store  # the group keeps using it: keep it alive as long as the group
-        self._group = _process_group(
-            dist.PrefixStore(GROUP_PREFIX, store), rank, world_size, self.device, timeout
-        )
+        self.timeout = timeout
+        with self._named_failure(f"joining the weight group at {host}:{port}"):
+            store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
+            self._store = store  # the group keeps using it: keep it alive as long as the group
+            self._group = _process_group(
+                dist.PrefixStore(GROUP_PREFIX, store), rank, world_size, self.device, timeout
+            )
 
     def send(self, buckets: Iterable[FlatWeights]) -> None:
         """Rank 0: broadcast each bucket as it comes (the iterator may pack lazily), then the end marker."""
@@ -112,9 +118,22 @@ class WeightGroup:
         on_device = tensor if self.device.type == "cpu" else tensor.to(self.device)
         options = dist.BroadcastOptions()
         options.rootRank = 0
-        self._group.broadcast([on_device], options).wait()
+        with self._named_failure("a broadcast"):
+            self._group.broadcast([on_device], options).wait(self.timeout)
         if into and on_device is not tensor:
             tensor.copy_(on_device.cpu())
+
+    @contextlib.contextmanager
+    def _named_failure(self, what: str) -> Iterator[None]:
+        """A collective's failure as a named error: ``WeightSyncTimeout`` past the deadline, else
+        ``WeightSyncError`` (a member died, the store is gone), naming this rank."""
+        try:
+            yield
+        except (RuntimeError, dist.DistError) as error:
+            where = f"weight group rank {self.rank}/{self.world_size}: {what}"
+            if "timeout" in str(error).lower() or "timed out" in str(error).lower():
+                raise WeightSyncTimeout(f"{where}: no progress within {self.timeout}") from error
+            raise WeightSyncError(f"{where} failed: {error}") from error
 
 
 def header_of(flat: FlatWeights) -> bytes:

@@ -53,6 +53,11 @@ class LoraAdapter:
     """LoRA's alpha / rank (alpha / sqrt(rank) with rank-stabilised scaling)."""
 
 
+class WeightSyncTimeout(TimeoutError):
+    """A weight-sync wait (a collective, an object fetch, a pipe reply, a group forming) passed its deadline
+    (``weight_sync.timeout_s``); the message names the transport and what it waited for."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class ManifestEntry:
     """One tensor of an update: its parameter name, torch dtype name (no ``torch.`` prefix) and shape."""

@@ -38,6 +38,7 @@ from asyncrl.weight_sync.broadcast import GROUP_PREFIX
 from asyncrl.weight_sync.protocol import (
     ManifestEntry,
     WeightSyncError,
+    WeightSyncTimeout,
     WeightUpdate,
     check_manifest,
     check_version,
@@ -79,6 +80,8 @@ class VLLMEngineClient:
         self._lock = threading.Lock()
         self._failure: BaseException | None = None
         self.version = 0
+        self.weight_sync_timeout_s = 300.0
+        """Deadline of every weight operation on the worker (``weight_sync.timeout_s``; the runtime sets it)."""
         self.num_generated_tokens = 0
         self._reader = threading.Thread(target=self._read_loop, name="asyncrl-vllm-reader", daemon=True)
         self._reader.start()
@@ -228,7 +231,9 @@ class VLLMEngineClient:
             )
         check_manifest(update, self._expected_shapes)
         payload = save({name: t.detach().contiguous().clone().cpu() for name, t in items.items()})
-        self.version = await self._call("update", version=version, safetensors=payload)
+        self.version = await self._call(
+            "update", self.weight_sync_timeout_s, version=version, safetensors=payload
+        )
 
     async def join_weight_group(
         self, *, host: str, port: int, rank: int, world_size: int, device: str, timeout_s: float
@@ -237,6 +242,7 @@ class VLLMEngineClient:
         (``weight_sync.broadcast``); returns once every member joined."""
         await self._call(
             "join_group",
+            timeout_s + 5,
             host=host,
             port=port,
             rank=rank,
@@ -249,7 +255,7 @@ class VLLMEngineClient:
     async def stage_weights(self) -> int:
         """Receive the next broadcast update into staging on vLLM's worker (applied later by
         ``update_weights``); its version."""
-        return await self._call("stage")
+        return await self._call("stage", self.weight_sync_timeout_s)
 
     async def _apply_staged(self, update: WeightUpdate, version: int) -> None:
         """Serve a staged broadcast update after checking its version and manifest against the served
@@ -260,7 +266,7 @@ class VLLMEngineClient:
             )
         check_version(update, self.version)
         check_manifest(update, self._expected_shapes)
-        self.version = await self._call("apply_staged", version=version)
+        self.version = await self._call("apply_staged", self.weight_sync_timeout_s, version=version)
 
     async def worker_stats(self) -> dict[str, Any]:
         """The worker's own view: served version, paused, tokens generated so far per running request."""
@@ -287,15 +293,24 @@ class VLLMEngineClient:
 
     # ---- plumbing ------------------------------------------------------------------------------------
 
-    async def _call(self, op: str, **fields: Any) -> Any:
+    async def _call(self, op: str, timeout_s: float | None = None, **fields: Any) -> Any:
+        """The worker's reply to ``op``; with ``timeout_s`` (weight operations) ``WeightSyncTimeout`` past it,
+        and the worker bounds its own side by the same deadline."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         call = next(self._calls)
         with self._lock:
             self._raise_if_failed()
             self._waiting[call] = (loop, future)
-        self._send({"op": op, "call": call, **fields})
-        return await future
+        self._send({"op": op, "call": call, "timeout_s": timeout_s, **fields})
+        try:
+            return await asyncio.wait_for(future, timeout_s)
+        except TimeoutError:
+            with self._lock:
+                self._waiting.pop(call, None)
+            raise WeightSyncTimeout(
+                f"vLLM worker (pid {self._process.pid}): {op} not answered within {timeout_s} s"
+            ) from None
 
     def _send(self, message: dict[str, Any]) -> None:
         with self._send_lock:

@@ -282,7 +282,7 @@ class Worker:
     async def op_update(self, message: dict) -> int:
         """Weights as safetensors bytes; applied with every request paused in place (their KV kept)."""
         version = self.newer_version(message)
-        await self.engine.collective_rpc(_reload, args=(message["safetensors"],))
+        await _bounded(self.engine.collective_rpc(_reload, args=(message["safetensors"],)), message)
         await self.apply_version(version)
         return version
 
@@ -325,18 +325,20 @@ class Worker:
                 "use weight_sync.type: object_store"
             )
         fields = ("host", "port", "rank", "world_size", "device", "timeout_s", "prefix")
-        await self.engine.collective_rpc(_join_group, args=tuple(message[f] for f in fields))
+        await _bounded(
+            self.engine.collective_rpc(_join_group, args=tuple(message[f] for f in fields)), message
+        )
 
     async def op_stage(self, message: dict) -> int:
         """Receive the next broadcast update into staging on vLLM's worker; its version. vLLM's engine core
         runs no step while it receives (a collective call holds its loop)."""
-        (version,) = await self.engine.collective_rpc(_stage)
+        (version,) = await _bounded(self.engine.collective_rpc(_stage), message)
         return version
 
     async def op_apply_staged(self, message: dict) -> int:
         """Serve the staged broadcast update ``version`` (checked against the model by the client)."""
         version = self.newer_version(message)
-        await self.engine.collective_rpc(_apply_staged, args=(version,))
+        await _bounded(self.engine.collective_rpc(_apply_staged, args=(version,)), message)
         await self.apply_version(version)
         return version
 
@@ -377,6 +379,11 @@ def write_peft_adapter(directory: str, safetensors_bytes: bytes, scaling: float)
     with open(os.path.join(directory, "adapter_config.json"), "w") as f:
         json.dump(config, f)
     return directory
+
+
+async def _bounded(call, message: dict):
+    """``call`` within the deadline the client sent (``timeout_s``; None: unbounded, as the client asked)."""
+    return await asyncio.wait_for(call, message.get("timeout_s"))
 
 
 def _reload(worker, safetensors_bytes: bytes) -> None:
