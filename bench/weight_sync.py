@@ -40,13 +40,19 @@ Full mode needs a quiet machine with ~20 GB free (float32 at 1.1 B holds four co
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# `python bench/weight_sync.py` puts bench/ first on sys.path: make the checkout the import root, as `python -m` would
+if not __package__:
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
 import gc
 import multiprocessing
 import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np

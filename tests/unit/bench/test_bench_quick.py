@@ -29,6 +29,7 @@ QUICK = [
     "paper_tables",
     "agents_external",
     "ray_calls",
+    "weight_sync",
 ]
 """Every benchmark on the harness. ``agentic`` runs in tests/integration/test_bench_agentic.py, which also checks
 its episode ledgers."""
