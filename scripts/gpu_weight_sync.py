@@ -20,7 +20,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-# run as `python scripts/gpu_weight_sync.py`: make the checkout the import root, as `python -m` would
+# started as a script: make the checkout the import root, as `python -m` would
 if not __package__:
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
