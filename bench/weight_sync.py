@@ -25,7 +25,10 @@ or object-store bytes the sender holds), ``params``.
 
 Also measured: one training step of the long-tail (generation-bound) workload (``train_step/long_tail``), so
 each transport's share of a step at that workload's size is a paired ratio; and the delta's bytes per step
-against the full model on that workload's real optimizer steps (``delta_bytes/long_tail/<dtype>``).
+against the full model on that workload's real optimizer steps at the trainer's defaults
+(``delta_bytes/long_tail/<dtype>``: trained in that dtype; ``bfloat16_from_float32_master``: trained in float32
+and shipped as bfloat16, as a mixed-precision trainer feeds bfloat16 engines). ``--parts delta_bytes`` runs
+only those: bytes do not depend on a quiet machine.
 
 Extrapolation (``extrapolated/<transport>/<7B|70B>/bfloat16``): per repeat, seconds = a + b·bytes fitted by
 least squares over the sizes measured here, evaluated at Qwen2-7B's and Qwen2-72B's bfloat16 bytes.
@@ -410,9 +413,12 @@ def train_step_arm(quick: bool) -> Callable[[], dict[str, float]]:
     return run
 
 
-def delta_bytes_arm(quick: bool, dtype: torch.dtype, root: Path) -> Callable[[], dict[str, float]]:
-    """Bytes of the delta of each real optimizer step of the long-tail workload (``model.dtype`` = dtype,
-    the trainer's defaults) against the full weights; the first call also publishes the starting version."""
+def delta_bytes_arm(
+    quick: bool, dtype: torch.dtype, root: Path, master: bool
+) -> Callable[[], dict[str, float]]:
+    """Bytes of the delta of each real optimizer step of the long-tail workload against the full weights, at
+    the trainer's defaults. ``master``: the model trains in float32 and ships its ``dtype`` cast (what a
+    mixed-precision trainer sends bfloat16 engines); else it trains in ``dtype`` itself (``model.dtype``)."""
     from asyncrl.config.algorithm import AdvantageConfig, LossConfig
     from asyncrl.config.trainer import TrainerConfig
     from asyncrl.models.loading import state_dict_for_sync
@@ -421,14 +427,21 @@ def delta_bytes_arm(quick: bool, dtype: torch.dtype, root: Path) -> Callable[[],
     from bench.workloads import build_model
 
     work = QUICK if quick else GENERATION_BOUND
-    model = build_model(work.model).to(dtype)
+    model = build_model(work.model).to(torch.float32 if master else dtype)
     trainer = Trainer(model, TrainerConfig(), LossConfig(), AdvantageConfig())
     sync = DeltaSync(root, full_every=10**9)
-    full = sync.publish(0, state_dict_for_sync(model)).nbytes
+
+    def shipped() -> dict[str, torch.Tensor]:
+        cast: dict[int, torch.Tensor] = {}  # a tied matrix is cast once, so it stays one tensor
+        return {
+            name: cast.setdefault(t.data_ptr(), t.to(dtype)) for name, t in state_dict_for_sync(model).items()
+        }
+
+    full = sync.publish(0, shipped()).nbytes
 
     def run() -> dict[str, float]:
         trainer.train_step(make_groups(work, seed=trainer.version), trainer.version)
-        delta = sync.publish(trainer.version, state_dict_for_sync(model)).nbytes
+        delta = sync.publish(trainer.version, shipped()).nbytes
         return {"delta_bytes": float(delta), "full_bytes": float(full), "delta_share": delta / full}
 
     return run
@@ -473,62 +486,47 @@ def vllm_skip_reason() -> str | None:
     return "the vLLM arm needs a saved model per size and minutes of engine start-up each; not run here yet"
 
 
+PARTS = ("transports", "long_tail_step", "delta_bytes")
+
+
 def main() -> None:
     parser = harness.parser(__doc__.splitlines()[0], "weight_sync")
     parser.add_argument(
         "--sizes", default=",".join(SIZES), help="comma-separated sizes of " + ", ".join(SIZES)
     )
+    parser.add_argument(
+        "--parts",
+        default=",".join(PARTS),
+        help="transports (every transport at every size), long_tail_step (a training step of the long-tail "
+        "workload, for each transport's share of it), delta_bytes (the delta's bytes on that workload's real "
+        "steps: bytes, so they need no quiet machine)",
+    )
     args = parser.parse_args()
-    import os
-
-    import ray
-
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local Ray of our own (MACHINE-NOTES)
+    parts = set(args.parts.split(","))
+    if not parts or parts - set(PARTS):
+        raise SystemExit(
+            f"--parts must be a comma-separated subset of {', '.join(PARTS)}, got {args.parts!r}"
+        )
     repeats = harness.repeats_for(args)
     sizes = QUICK_SIZES if args.quick else {name: SIZES[name] for name in args.sizes.split(",")}
     buckets_mb = QUICK_BUCKETS_MB if args.quick else SWEPT_BUCKETS_MB
-    largest = max(num_params(s) for s in sizes.values()) * 4
-    ray.init(
-        num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=max(2 * largest, 2**28)
-    )
-    receiver = Receiver()
-    store_receiver = ray.remote(num_cpus=0)(ObjectStoreReceiver).remote()
     raw: dict[str, list[dict[str, float]]] = {}
-    try:
-        for size, shape in sizes.items():
-            for dtype in DTYPES:
-                arms = SizeArms(shape, dtype, receiver, store_receiver)
-                named = {arm_name(key, size, dtype): run for key, run in arms.arms(buckets_mb).items()}
-                raw |= harness.run_arms(named, repeats, harness.print_run, warmup=True)
-                arms.close()
-                del arms
-                gc.collect()
-        with tempfile.TemporaryDirectory() as root:
-            long_tail = {"train_step/long_tail": train_step_arm(args.quick)}
-            long_tail |= {
-                f"delta_bytes/long_tail/{dtype_label(dtype)}": delta_bytes_arm(
-                    args.quick, dtype, Path(root) / str(dtype)
-                )
-                for dtype in DTYPES
-            }
-            raw |= harness.run_arms(long_tail, repeats, harness.print_run)
-    finally:
-        receiver.stop()
-        ray.shutdown()
-    smallest = next(iter(sizes))
-    default = f"b{DEFAULT_BUCKET_MB}"
-    shares = {}
-    for transport in ("in_process", "object_store", "broadcast", "colocated", "delta"):
-        arm = f"{transport}/{smallest}/float32" + (
-            f"/{default}" if transport in ("object_store", "broadcast") else ""
+    if "transports" in parts:
+        raw |= transport_runs(sizes, buckets_mb, repeats)
+    if "long_tail_step" in parts:
+        raw |= harness.run_arms(
+            {"train_step/long_tail": train_step_arm(args.quick)}, repeats, harness.print_run
         )
-        shares[f"{transport}_share_of_long_tail_step"] = harness.paired_ratio(
-            raw, arm, "train_step/long_tail", "seconds"
-        )
-    bucket_label = f"/{default}"
-    raw |= extrapolate(raw, ["object_store", "broadcast"], bucket_label)
-    raw |= extrapolate(raw, ["in_process", "colocated", "delta"], "")
+    if "delta_bytes" in parts:
+        raw |= delta_bytes_runs(args.quick, repeats)
+    ratios = {}
+    if {"transports", "long_tail_step"} <= parts:
+        ratios = step_shares(raw, next(iter(sizes)))
+    if "transports" in parts:
+        raw |= extrapolate(raw, ["object_store", "broadcast"], f"/b{DEFAULT_BUCKET_MB}")
+        raw |= extrapolate(raw, ["in_process", "colocated", "delta"], "")
     setup = {
+        "parts": sorted(parts),
         "sizes": {name: {"params": num_params(shape), "model": vars(shape)} for name, shape in sizes.items()},
         "dtypes": [dtype_label(d) for d in DTYPES],
         "buckets_mb": list(buckets_mb),
@@ -545,8 +543,68 @@ def main() -> None:
     }
     skipped = {"vllm": vllm_skip_reason()}
     harness.write_result(
-        args, "weight_sync", raw, ratios=shares, resources=resources, setup=setup, extra={"skipped": skipped}
+        args, "weight_sync", raw, ratios=ratios, resources=resources, setup=setup, extra={"skipped": skipped}
     )
+
+
+def transport_runs(
+    sizes: dict[str, ModelShape], buckets_mb: tuple[int, ...], repeats: int
+) -> dict[str, list[dict[str, float]]]:
+    """Every transport's arms, size by size and dtype by dtype (each group interleaved, then freed)."""
+    import os
+
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local Ray of our own (MACHINE-NOTES)
+    largest = max(num_params(s) for s in sizes.values()) * 4
+    root = str(
+        Path(__file__).resolve().parents[1]
+    )  # the receiver actor imports bench/ and asyncrl/ from here
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        object_store_memory=max(2 * largest, 2**28),
+        runtime_env={"env_vars": {"PYTHONPATH": root, "RAY_AUTH_MODE": "disabled"}},
+    )
+    receiver = Receiver()
+    store_receiver = ray.remote(num_cpus=0)(ObjectStoreReceiver).remote()
+    raw: dict[str, list[dict[str, float]]] = {}
+    try:
+        for size, shape in sizes.items():
+            for dtype in DTYPES:
+                arms = SizeArms(shape, dtype, receiver, store_receiver)
+                named = {arm_name(key, size, dtype): run for key, run in arms.arms(buckets_mb).items()}
+                raw |= harness.run_arms(named, repeats, harness.print_run, warmup=True)
+                arms.close()
+                del arms
+                gc.collect()
+    finally:
+        receiver.stop()
+        ray.shutdown()
+    return raw
+
+
+def delta_bytes_runs(quick: bool, repeats: int) -> dict[str, list[dict[str, float]]]:
+    """The delta's bytes on the long-tail workload's real optimizer steps, per shipped dtype."""
+    with tempfile.TemporaryDirectory() as root:
+        arms = {}
+        for dtype, master in ((torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True)):
+            name = f"delta_bytes/long_tail/{dtype_label(dtype)}" + ("_from_float32_master" if master else "")
+            arms[name] = delta_bytes_arm(quick, dtype, Path(root) / name.replace("/", "-"), master)
+        return harness.run_arms(arms, repeats, harness.print_run)
+
+
+def step_shares(raw: dict[str, list[dict[str, float]]], size: str) -> dict[str, dict[str, Any]]:
+    """Each transport's seconds at the long-tail workload's size over that workload's training step, paired."""
+    shares = {}
+    for transport in ("in_process", "object_store", "broadcast", "colocated", "delta"):
+        bucketed = transport in ("object_store", "broadcast")
+        arm = f"{transport}/{size}/float32" + (f"/b{DEFAULT_BUCKET_MB}" if bucketed else "")
+        shares[f"{transport}_share_of_long_tail_step"] = harness.paired_ratio(
+            raw, arm, "train_step/long_tail", "seconds"
+        )
+    return shares
 
 
 if __name__ == "__main__":
