@@ -217,7 +217,11 @@ class VLLMEngineClient:
         if adapter is not None:  # checked by tensors_of; served through vLLM's LoRA support
             payload = save({name: t.detach().contiguous().clone().cpu() for name, t in items.items()})
             self.version = await self._call(
-                "update_adapter", version=version, safetensors=payload, scaling=adapter.scaling
+                "update_adapter",
+                self.weight_sync_timeout_s,
+                version=version,
+                safetensors=payload,
+                scaling=adapter.scaling,
             )
             return
         manifest = tuple(

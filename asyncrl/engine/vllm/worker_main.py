@@ -300,7 +300,7 @@ class Worker:
         )
         adapter_id = version + 1  # vLLM's LoRA ids start at 1
         request = LoRARequest(f"asyncrl-v{version}", adapter_id, directory)
-        await self.engine.add_lora(request)
+        await _bounded(self.engine.add_lora(request), message)
         self.adapters[adapter_id] = request
         self.adapter_id = adapter_id
         await self.drop_unused_adapters()
