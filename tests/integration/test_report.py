@@ -36,8 +36,19 @@ def real_run(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def simulated_run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("sim") / "sim-run"
-    config = Path(__file__).parents[2] / "asyncrl" / "examples" / "sim" / "async_ratio.yaml"
-    assert main(["simulate", str(config), "controller.num_steps=3", f"output_dir={out}"]) == 0
+    config = Path(__file__).parents[2] / "asyncrl" / "examples" / "sim" / "queue_vs_batch.yaml"
+    assert (
+        main(
+            [
+                "simulate",
+                str(config),
+                "controller.num_steps=3",
+                "steady_state.enabled=false",
+                f"output_dir={out}",
+            ]
+        )
+        == 0
+    )
     return out
 
 
