@@ -143,10 +143,22 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("sim_studies", ("bench/sim_studies.py",), 9),
     Benchmark("paper_tables", ("bench/paper_tables.py",), 60),
     Benchmark("sim_vs_real", ("bench/sim_vs_real.py",), 10),
+    Benchmark("weight_sync", ("bench/weight_sync.py", "--parts", "transports,long_tail_step"), 30),
+    Benchmark(
+        "weight_sync_delta_bytes",
+        (
+            "bench/weight_sync.py",
+            "--parts",
+            "delta_bytes",
+            "--out",
+            "bench/results/weight_sync_delta_bytes.json",
+        ),
+        4,
+    ),
 )
 """In run order: the long-tail benchmark first (the longest, and the one the headline rests on)."""
 
-GPU_RESULTS = ("engine_cuda", "trainer_cuda")
+GPU_RESULTS = ("engine_cuda", "trainer_cuda", "weight_sync_cuda")
 """Results measured on a lent GPU machine: not re-run by ``run_all`` (see docs/gpu-smoke/)."""
 
 
