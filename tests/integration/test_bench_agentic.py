@@ -20,14 +20,19 @@ def test_agentic_bench_quick_writes_a_balanced_report(tmp_path: Path, user_env: 
     result = json.loads(out.read_text())
     harness.check_schema(result)
     assert result["benchmark"] == "agentic" and result["quick"] is True and "--quick" in result["command"]
-    assert list(result["arms"])[:3] == ["headline/sync", "headline/env_async", "headline/async_redundant"]
-    assert {"sigma0.0/env_async", "sigma1.5/env_async", "redundancy/async_groups+1_episodes+1"} <= set(
+    headline = ["headline/sync", "headline/sync_lockstep", "headline/env_async", "headline/async_redundant"]
+    assert list(result["arms"])[:4] == headline
+    assert {"sigma0.0/sync", "sigma1.5/env_async", "redundancy/async_groups+1_episodes+1"} <= set(
         result["arms"]
     )
-    assert set(result["ratios"]) == {f"{arm}_vs_sync" for arm in result["arms"] if not arm.endswith("/sync")}
+    syncs = {arm for arm in result["arms"] if arm.endswith(("/sync", "/sync_lockstep"))}
+    assert set(result["ratios"]) == {f"{arm}_vs_best_sync" for arm in set(result["arms"]) - syncs}
+    for key, ratio in result["ratios"].items():  # each divides by its own section's best sync
+        section = key.split("/")[0]
+        assert ratio["denominator"] == f"{section}/{result['best_sync'][section]}"
     assert set(result["targets"]) == {
-        "headline: best async arm >= 2x sync episodes/s",
-        "sigma sweep: env_async/sync grows with sigma",
+        "headline: best async arm >= 2x best sync episodes/s",
+        "sigma sweep: env_async/best sync grows with sigma",
     }
     for arm, metrics in result["arms"].items():
         runs = zip(
