@@ -45,6 +45,7 @@ if not __package__:
 import asyncio
 import concurrent.futures
 import dataclasses
+import itertools
 import multiprocessing
 import os
 import pickle
@@ -562,11 +563,13 @@ class Bench:
         return (*self.work.overrides(), *arm.config_overrides(prompts), *(point.overrides if point else ()))
 
     def steady_arm(self, name: str, overrides: tuple[str, ...], measured_steps: int) -> Callable[[], dict]:
-        """A harness arm: one steady-state run in a child process; its timeline is kept."""
+        """A harness arm: one steady-state run in a child process, repeat i on seed i (so the arms of a paired
+        repeat see the same prompts and sampling seeds, and the repeats different ones); its timeline is kept."""
         steps = self.work.warmup + measured_steps
+        seeds = itertools.count()
 
         def run() -> dict[str, float]:
-            result = in_child(run_training, RunSpec(overrides, steps))
+            result = in_child(run_training, RunSpec((*overrides, f"seed={next(seeds)}"), steps))
             self.timelines.setdefault(name, []).append(result["rows"])
             return steady_state(result["rows"], self.work.warmup, self.cores) | result["memory"]
 
