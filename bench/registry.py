@@ -135,6 +135,19 @@ BENCHMARKS: tuple[Benchmark, ...] = (
             ),
         ),
     ),
+    Benchmark(
+        "lora",
+        ("bench/lora.py",),
+        16,
+        (
+            Headline(
+                "full_over_lora_sync_bytes_object_store",
+                "full / LoRA (rank 16, every linear layer): bytes of one weight update",
+                "18.3 M Qwen3-shaped model (the long-tail workload's), flat-buffer transport, 2 cores",
+                "lora-against-full-fine-tuning",
+            ),
+        ),
+    ),
     Benchmark("agentic_learning", ("bench/agentic_learning.py",), 20),
     Benchmark("agents_external", ("bench/agents_external.py",), 10),
     Benchmark("serve_load", ("bench/serve_load.py",), 12),

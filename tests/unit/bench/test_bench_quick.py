@@ -30,6 +30,7 @@ QUICK = [
     "agents_external",
     "ray_calls",
     "weight_sync",
+    "lora",
 ]
 """Every benchmark on the harness. ``agentic`` runs in tests/integration/test_bench_agentic.py, which also checks
 its episode ledgers."""
