@@ -180,18 +180,13 @@ def sync_arm(kind: str, transport: str, quick: bool) -> Callable[[], dict[str, f
         engine.update_weights(update, update.version)
         applied = time.perf_counter()
         return {
-            "bytes": float(update_bytes(update)),
+            "bytes": float(update.nbytes),
             "publish_s": published - start,
             "apply_s": applied - published,
             "seconds": applied - start,
         }
 
     return run
-
-
-def update_bytes(update) -> int:
-    """Bytes of the tensors an update carries, from its manifest."""
-    return sum(torch.Size(e.shape).numel() * getattr(torch, e.dtype).itemsize for e in update.manifest)
 
 
 def engine_arms(quick: bool) -> dict[str, Callable[[], dict[str, float]]]:

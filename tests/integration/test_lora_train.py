@@ -66,6 +66,9 @@ def test_a_resumed_lora_run_continues_exactly(tmp_path):
     for name in whole:
         assert torch.equal(split[name], whole[name]), name
     assert not torch.equal(adapter(tmp_path / "whole", 1)[name], whole[name])  # the adapters did train
+    adapter_bytes = sum(t.numel() * t.element_size() for t in whole.values())
+    shipped = {r["weight_sync/bytes"] for r in read_metrics(tmp_path / "whole" / "metrics.jsonl")}
+    assert shipped == {adapter_bytes}, "weight sync shipped more (or less) than the adapters"
 
 
 def test_export_merges_the_adapters_into_a_model_that_evaluates_like_the_checkpoint(tmp_path):
