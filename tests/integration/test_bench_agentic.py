@@ -8,11 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from bench import harness
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_agentic_bench_quick_writes_a_balanced_report(tmp_path: Path, user_env: dict[str, str]) -> None:
     out = tmp_path / "agentic.json"
     command = [sys.executable, "bench/agentic.py", "--quick", "--out", str(out)]

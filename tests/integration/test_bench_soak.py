@@ -9,11 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from bench import harness
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_soak_quick_survives_every_fault_and_loses_no_sample(
     tmp_path: Path, user_env: dict[str, str]
 ) -> None:

@@ -121,7 +121,10 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": root, "HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled"}
 
 
+@pytest.mark.slow
 def test_sync_run_killed_five_times_trains_exactly_what_an_uninterrupted_run_trains(tmp_path):
+    """Slow: two 32-step runs and seven process starts, ~2 min of CPU. The default suite checks the same
+    equality for an in-process stop and resume (test_resume.py)."""
     run_to_completion(tmp_path / "reference", *SYNC)
     hits = run_with_kills(tmp_path / "killed", *SYNC, num_kills=5, seed=1)
     assert hits >= 3, "too few kills landed in a live, resumed run"

@@ -1,6 +1,8 @@
 """Every ported benchmark runs in its --quick mode and writes the harness schema, so none can rot silently.
 
-Asserts only that it ran and what it wrote is well-formed: timings are never asserted in tests."""
+Asserts only that it ran and what it wrote is well-formed: timings are never asserted in tests. Marked ``slow``
+(8-40 s of CPU each, most of the default suite's time when they were in it): CI runs them after the default
+suite, and test_documented_commands.py checks in the default suite that every benchmark starts."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import pytest
 
 from bench import harness
 
+pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[3]
 QUICK = [
     "simulator",

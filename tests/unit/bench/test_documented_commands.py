@@ -1,10 +1,11 @@
 """Every ``python bench/...`` and ``python scripts/...`` command the docs show starts as written, from the
 checkout's root after the README's install, with no ``PYTHONPATH`` (the ``user_env`` fixture).
 
-The benchmarks' ``--quick`` runs are the proof for ``bench/``: each runs exactly ``python bench/NAME.py --quick``
-(plus ``--out``) without ``PYTHONPATH``; this module only checks that every documented benchmark has one. The
-helper scripts are started here (``--help``: it imports what the script needs at the top). Shell scripts are
-left out: each needs an environment the install does not give (vLLM, CUDA) and sets its own paths.
+Starting is checked here for every documented script at once (``start_scripts.py``: each script's top-level
+imports run as ``python SCRIPT --help`` runs them, in one process, so the check costs one import of torch). The
+benchmarks' ``--quick`` runs, marked ``slow``, run each ``python bench/NAME.py --quick`` to the end the same
+way; this module checks that every documented benchmark has one. Shell scripts are left out: each needs an
+environment the install does not give (vLLM, CUDA) and sets its own paths.
 """
 
 from __future__ import annotations
@@ -14,21 +15,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from test_bench_quick import QUICK
 
 ROOT = Path(__file__).resolve().parents[3]
 COMMAND = re.compile(r"\bpython3? ((?:bench|scripts)/[\w-]+\.py)")
 """A documented command: ``python bench/engine.py ...`` or ``python3 scripts/check_headroom.py ...``."""
-QUICK_ELSEWHERE = {
-    "bench/agentic.py": "tests/integration/test_bench_agentic.py",
-    "bench/soak.py": "tests/integration/test_bench_soak.py",
-    "bench/long_tail.py": "tests/integration/test_bench_long_tail.py",
-    "bench/run_all.py": "tests/unit/bench/test_run_all.py",
-    "bench/serve_load.py": "tests/integration/test_bench_serve_load.py",
-}
-"""Benchmarks whose ``--quick`` run lives in an integration test that also checks what it wrote."""
-HELPERS = ("scripts/bench_docs.py", "scripts/check_headroom.py", "scripts/recipe_plans.py")
+QUICK_ELSEWHERE = re.compile(r'"(bench/[\w-]+\.py)", "--quick"')
+"""A test (outside ``test_bench_quick``) that runs a benchmark's quick mode and checks what it wrote."""
 
 
 def documented_commands() -> dict[str, list[str]]:
@@ -54,24 +47,24 @@ def test_the_docs_show_commands_to_check():
     assert all((ROOT / script).is_file() for script in documented), "a documented script does not exist"
 
 
+def test_every_documented_script_starts_as_written_without_pythonpath(user_env):
+    checker = Path(__file__).with_name("start_scripts.py")
+    command = [sys.executable, str(checker), *sorted(documented_commands())]
+    done = subprocess.run(command, cwd=ROOT, env=user_env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+
+
+def quick_runs_in_tests() -> set[str]:
+    """Benchmarks some test runs as ``python bench/NAME.py --quick`` with ``env=user_env`` (no PYTHONPATH)."""
+    found = {f"bench/{name}.py" for name in QUICK}
+    for path in (ROOT / "tests").rglob("test_*.py"):
+        text = path.read_text()
+        if "env=user_env" in text:
+            found |= set(QUICK_ELSEWHERE.findall(text))
+    return found
+
+
 def test_every_documented_benchmark_has_a_quick_run_started_as_a_user_would():
     documented = {script for script in documented_commands() if script.startswith("bench/")}
-    started = {f"bench/{name}.py" for name in QUICK} | set(QUICK_ELSEWHERE)
-    assert documented - started == set(), "documented, never started by a test: give it a --quick run"
-    for script, test in QUICK_ELSEWHERE.items():
-        text = (ROOT / test).read_text()
-        assert f'"{script}", "--quick"' in text and "env=user_env" in text, test
-
-
-def test_every_documented_helper_script_is_started_here():
-    documented = {script for script in documented_commands() if script.startswith("scripts/")}
-    assert documented <= set(HELPERS), "a documented script this module does not start"
-
-
-@pytest.mark.parametrize("script", HELPERS)
-def test_a_helper_script_starts_without_pythonpath(script: str, user_env: dict[str, str]) -> None:
-    done = subprocess.run(
-        [sys.executable, script, "--help"], cwd=ROOT, env=user_env, capture_output=True, text=True, timeout=60
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("usage:")
+    missing = documented - quick_runs_in_tests()
+    assert missing == set(), "documented, never run by a test: give it a --quick run"
