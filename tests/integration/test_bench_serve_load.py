@@ -9,11 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from bench import harness
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # a benchmark's --quick run: CI runs it with the other slow tests
 def test_quick_serve_load_meets_its_targets(tmp_path: Path, user_env: dict[str, str]) -> None:
     out = tmp_path / "serve_load.json"
     subprocess.run(

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from bench import run_all
 from bench.registry import BENCHMARKS, GPU_RESULTS
 
@@ -66,6 +68,7 @@ def test_a_dry_run_states_every_benchmark_and_the_total_cost(user_env: dict[str,
     assert all(f"python {' '.join(b.args)}" in done.stdout for b in BENCHMARKS)
 
 
+@pytest.mark.slow  # a benchmark's --quick run: CI runs it with the other slow tests
 def test_quick_runs_each_chosen_benchmark_quick_mode(user_env: dict[str, str]) -> None:
     command = [sys.executable, "bench/run_all.py", "--quick", "--only", "simulator"]
     done = subprocess.run(command, cwd=ROOT, env=user_env, capture_output=True, text=True, timeout=300)
