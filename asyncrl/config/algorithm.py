@@ -18,7 +18,7 @@ Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
 AGGREGATIONS: tuple[str, ...] = get_args(Aggregation)
 KLEstimator = Literal["k1", "k2", "k3"]
 KL_ESTIMATORS: tuple[str, ...] = get_args(KLEstimator)
-AdvantageName = Literal["grpo", "dr_grpo", "reinforce_pp", "reinforce_pp_baseline"]
+AdvantageName = Literal["grpo", "dr_grpo", "reinforce_pp", "reinforce_pp_baseline", "gae"]
 ADVANTAGE_NAMES: tuple[str, ...] = get_args(AdvantageName)
 ProximalMode = Literal["recompute", "loglinear"]
 MismatchGranularity = Literal["token", "sequence", "geometric"]
@@ -435,26 +435,50 @@ _SECTION_TYPES: dict[str, type] = {
 
 @dataclass(frozen=True, kw_only=True)
 class AdvantageConfig:
-    """Advantage estimator over per-sample rewards, broadcast over tokens by the trainer.
+    """Advantage estimator: over per-sample rewards (broadcast over tokens), or GAE over per-token rewards and a
+    critic's values.
 
     ``eps`` applies to the estimators that divide by a standard deviation ('grpo', 'reinforce_pp',
-    'reinforce_pp_baseline'); left as None it defaults to 1e-6; setting it for 'dr_grpo' is an error.
+    'reinforce_pp_baseline', and 'gae' when it whitens); left as None it defaults to 1e-6; setting it for
+    'dr_grpo' is an error. ``gamma``, ``lam`` and ``whiten`` apply only to 'gae' (defaults 1.0, 0.95, true).
     """
 
     name: AdvantageName = "grpo"
-    """'grpo' (group mean and std), 'dr_grpo' (group mean only), 'reinforce_pp' (batch mean and std) or
-    'reinforce_pp_baseline' (group mean, then batch std)."""
+    """'grpo' (group mean and std), 'dr_grpo' (group mean only), 'reinforce_pp' (batch mean and std),
+    'reinforce_pp_baseline' (group mean, then batch std) or 'gae' (generalised advantage estimation with the
+    critic's values; needs a ``critic`` section)."""
     eps: float | None = None
     """Added to the standard deviation before dividing."""
+    gamma: float | None = None
+    """GAE discount γ per model token (1.0: no discount, the usual choice for LLMs)."""
+    lam: float | None = None
+    """GAE λ: 1 is the Monte-Carlo return minus the value (unbiased, noisy), 0 the one-step TD error."""
+    whiten: bool | None = None
+    """GAE: normalise the batch's advantages to mean 0 and std 1 over every model token."""
 
     def __post_init__(self) -> None:
         _check_choice("advantage.name", self.name, ADVANTAGE_NAMES)
+        self._gae_defaults()
         if self.name == "dr_grpo":
             if self.eps is not None:
                 raise ValueError(
                     "advantage.eps applies only to advantage.name in 'grpo', 'reinforce_pp', "
-                    "'reinforce_pp_baseline' (dr_grpo does not divide by a std)"
+                    "'reinforce_pp_baseline', 'gae' (dr_grpo does not divide by a std)"
                 )
             return
         object.__setattr__(self, "eps", DEFAULT_ADVANTAGE_EPS if self.eps is None else self.eps)
         _check_positive("advantage.eps", self.eps)
+
+    def _gae_defaults(self) -> None:
+        names = ("gamma", "lam", "whiten")
+        if self.name != "gae":
+            for name in names:
+                if getattr(self, name) is not None:
+                    raise ValueError(f"advantage.{name} applies only to advantage.name='gae'")
+            return
+        for name, default in zip(names, (1.0, 0.95, True), strict=True):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, default)
+        for name in ("gamma", "lam"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"advantage.{name} must be in [0, 1], got {getattr(self, name)}")

@@ -14,6 +14,7 @@ from typing import Literal
 from asyncrl.config.algorithm import AdvantageConfig, LossConfig
 from asyncrl.config.buffer import BufferConfig
 from asyncrl.config.controller import ControllerConfig
+from asyncrl.config.critic import CriticConfig, check_critic
 from asyncrl.config.engine import EngineConfig
 from asyncrl.config.env import EnvConfig, EnvManagerConfig, check_env_manager_fits
 from asyncrl.config.loader import load_config
@@ -62,6 +63,8 @@ class RunConfig:
     """The policy loss, KL penalty and train-inference mismatch correction."""
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
     """The advantage estimator."""
+    critic: CriticConfig | None = None
+    """PPO's value model, read by ``advantage.name: gae`` (required there, an error elsewhere)."""
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     """Where the parts run: one process (inline), Ray actors on this machine (local) or a Ray cluster."""
     weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
@@ -88,6 +91,7 @@ class RunConfig:
         check_mode(
             self.controller.mode, async_ratio=self.buffer.async_ratio, update_policy=self.proxy.update_policy
         )
+        check_critic(self.advantage.name, self.critic)
         self.weight_sync.transport_for(self.runtime.type)  # a ValueError when the runtime cannot carry it
         self._fill_vllm_lora()
         if self.producer not in PRODUCERS:

@@ -13,7 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from asyncrl.config.model import ModelConfig
 from asyncrl.hub import MODEL_FILE_PATTERNS, MODEL_IGNORE_PATTERNS, is_hub_id, snapshot
@@ -106,6 +112,15 @@ def load_configured_model(config: ModelConfig) -> tuple[PreTrainedModel, PreTrai
         revision=config.revision,
         local_files_only=config.local_files_only,
     )
+
+
+def load_decoder_body(path: str, config: ModelConfig) -> PreTrainedModel:
+    """The decoder body (``AutoModel``: no vocabulary projection or task head) of the checkpoint at ``path`` — a
+    causal LM or a reward model — in ``config``'s dtype, on its device, revision rules and offline setting; e.g.
+    a separate critic's starting point."""
+    directory = resolve_model_path(path, config.revision, local_files_only=config.local_files_only)
+    body = AutoModel.from_pretrained(directory, dtype=_DTYPES[config.dtype], local_files_only=True)
+    return body.to(resolve_device(config.device)).eval()
 
 
 def load_configured_tokenizer(config: ModelConfig) -> PreTrainedTokenizerBase:

@@ -28,7 +28,8 @@ from asyncrl.rewards.service import RewardService
 from asyncrl.runtime.placement import Placement, plan_placement
 from asyncrl.torch_threads import claim_torch_threads
 from asyncrl.trainer.checkpoint import load_checkpoint, save_checkpoint
-from asyncrl.trainer.trainer import Trainer, needs_reference_copy
+from asyncrl.trainer.factory import build_trainer
+from asyncrl.trainer.trainer import Trainer
 from asyncrl.types import Group
 from asyncrl.weight_sync.protocol import WeightSync, WeightUpdate
 from asyncrl.weight_sync.transports import make_weight_sync
@@ -185,16 +186,8 @@ def build_parts(config: RunConfig) -> InlineParts:
     )
     torch.set_num_threads(1)
     model, tokenizer = load_configured_model(config.model)
-    ref_model = copy.deepcopy(model) if needs_reference_copy(config.loss, config.trainer) else None
     engines = make_engines(config, model, tokenizer, placement.engine_threads)
-    trainer = Trainer(
-        model,
-        config.trainer,
-        config.loss,
-        config.advantage,
-        ref_model,
-        pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
-    )
+    trainer = build_trainer(config, model, tokenizer)
     builtin = config.engine.backend == "builtin"
     return InlineParts(
         config=config,

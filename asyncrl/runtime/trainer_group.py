@@ -22,7 +22,6 @@ Key decisions:
 
 from __future__ import annotations
 
-import copy
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,7 +45,8 @@ from asyncrl.trainer.distributed.checkpoint import (
 from asyncrl.trainer.distributed.parallel import FullyShardedParallel, Parallelism, SingleProcess
 from asyncrl.trainer.distributed.process_group import free_port, join_process_group, leave_process_group
 from asyncrl.trainer.distributed.weights import gathered_buckets
-from asyncrl.trainer.trainer import Trainer, needs_reference_copy
+from asyncrl.trainer.factory import build_trainer
+from asyncrl.trainer.trainer import Trainer
 from asyncrl.types import Group
 from asyncrl.weight_sync.broadcast import WeightGroup
 from asyncrl.weight_sync.flat import FlatWeights, pack_state
@@ -89,16 +89,7 @@ class TrainerRankActor:
                 timeout_s=timeout_s,
             )
         model, tokenizer = load_configured_model(config.model)
-        ref_model = copy.deepcopy(model) if needs_reference_copy(config.loss, config.trainer) else None
-        self.trainer = Trainer(
-            model.train(),
-            config.trainer,
-            config.loss,
-            config.advantage,
-            ref_model,
-            pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
-            parallel=self._parallelism(),
-        )
+        self.trainer = build_trainer(config, model.train(), tokenizer, self._parallelism())
         return self.progress()
 
     def _parallelism(self) -> Parallelism:

@@ -1,6 +1,7 @@
 """Advantage estimators over per-sample rewards, registered by name.
 
 Each maps rewards [B] and group ids [B] to advantages [B]; the trainer broadcasts them over the sample's tokens.
+GAE, which needs per-token rewards and the critic's values, is ``trainer/gae.py``.
 Standard deviations are the unbiased (n - 1) ones, as in GRPO's reference implementations; a set of one sample
 has no spread, so its std is taken as 0. A group of size one therefore gets advantage 0 under the group
 estimators (its own mean is its baseline), and a zero-variance group gets 0 everywhere.
@@ -34,6 +35,10 @@ def compute_advantages(
     name: str, rewards: torch.Tensor, group_ids: torch.Tensor, config: AdvantageConfig
 ) -> torch.Tensor:
     """Advantages [B] of rewards [B] whose groups are given by integer ``group_ids`` [B]."""
+    if name == "gae":
+        raise ValueError(
+            "advantage 'gae' needs the critic's values: the trainer computes it (trainer/gae.py)"
+        )
     if name not in ADVANTAGE_REGISTRY:
         raise ValueError(f"advantage.name must be one of {sorted(ADVANTAGE_REGISTRY)}; got {name!r}")
     if rewards.shape != group_ids.shape or rewards.dim() != 1:

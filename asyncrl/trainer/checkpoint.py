@@ -10,6 +10,7 @@ half-written; ``latest_checkpoint`` skips such directories and says why.
     <root>/step_00000012/
         model/               save_pretrained: config.json + model.safetensors
         adapter/             instead of model/ with LoRA (trainer.lora): peft's adapter format, the base untouched
+        critic/              a critic's weights (runs with one): model.safetensors of its value model or head
         trainer_state.pt     optimizer, scheduler, step, version, RNG states (torch.load weights_only)
         extra.json           the caller's dict, as JSON (data position, buffered groups, consumed prompts)
         COMPLETE.json        {relative path: sha256} of every file above, written last
@@ -30,7 +31,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from asyncrl.trainer.lora import load_adapter, merge_adapter, save_adapter
@@ -40,6 +41,7 @@ _STEP_DIR = re.compile(r"^step_(\d+)$")
 MODEL_DIR = "model"
 ADAPTER_DIR = "adapter"
 """A LoRA trainer's adapters (peft's format) in place of ``MODEL_DIR``: the base weights are the model's own."""
+CRITIC_FILE = "critic/model.safetensors"
 SHARDED_DIR = "sharded"
 """Model and optimizer shards of a checkpoint written by a sharded trainer (``trainer.distributed.checkpoint``)."""
 STATE_FILE = "trainer_state.pt"
@@ -76,6 +78,12 @@ def save_checkpoint(
             save_adapter(trainer.peft_model, staging / ADAPTER_DIR)
         else:
             trainer.model.save_pretrained(staging / MODEL_DIR)
+        if trainer.critic is not None:
+            (staging / CRITIC_FILE).parent.mkdir()
+            save_file(
+                {n: t.contiguous() for n, t in trainer.critic.module.state_dict().items()},
+                staging / CRITIC_FILE,
+            )
         write_state(staging, {**trainer.state_dict(), "rng": rng_state()}, extra)
         commit(staging, final, keep_last)
     finally:
@@ -125,7 +133,9 @@ def load_checkpoint(path: str | os.PathLike[str], trainer: Trainer) -> dict[str,
         )
     load_trained_weights(trainer, path)
     state, extra = read_state(path)
-    trainer.load_state_dict(state)
+    trainer.load_state_dict(state)  # first: it refuses a checkpoint whose critic does not match the run
+    if trainer.critic is not None:
+        trainer.critic.module.load_state_dict(load_file(path / CRITIC_FILE))
     set_rng_state(state["rng"])
     return extra
 

@@ -25,10 +25,12 @@ _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 @dataclass(frozen=True)
 class TokenLogProbs:
-    """Log-probs and entropies aligned with ``input_ids``; 0 wherever the loss mask is 0."""
+    """Log-probs and entropies aligned with ``input_ids``, and the values of a value head on the same trunk if
+    there is one; 0 wherever the loss mask is 0."""
 
     logprobs: torch.Tensor  # [B, T] float32; carries gradients when computed with grad enabled
     entropy: torch.Tensor  # [B, T] float32, detached: a metric, never a loss term here
+    values: torch.Tensor | None = None  # [B, T] float32: V of the state before token t (critic shared_trunk)
 
 
 def compute_token_logprobs(
@@ -40,17 +42,15 @@ def compute_token_logprobs(
     chunk_size: int,
     temperature: float = 1.0,
     packed_row_tokens: int | None = None,
+    value_head: nn.Module | None = None,
 ) -> TokenLogProbs:
-    """Run ``model`` on a right-padded batch and return log-probs of its own tokens where ``loss_mask`` is 1.
+    """Run ``model`` on a right-padded batch and return log-probs of its own tokens where ``loss_mask`` is 1
+    (and ``value_head``'s values there, from the same hidden states).
 
     With ``packed_row_tokens`` the decoder runs on the batch's real tokens packed into rows of at most that
     many tokens (see packing.py); the result is the same as the padded run's, without computing padding."""
-    if packed_row_tokens is None:
-        hidden = hidden_states(model, input_ids, attention_mask)
-    else:
-        packing = pack(input_ids, attention_mask, packed_row_tokens)
-        hidden = packing.unpack(hidden_states(model, packing.input_ids, None, packing.position_ids))
-    return logprobs_from_hidden(
+    hidden = decoder_hidden(decoder_body(model), input_ids, attention_mask, packed_row_tokens)
+    out = logprobs_from_hidden(
         hidden,
         model.get_output_embeddings(),
         input_ids,
@@ -58,6 +58,18 @@ def compute_token_logprobs(
         chunk_size=chunk_size,
         temperature=temperature,
     )
+    if value_head is None:
+        return out
+    return TokenLogProbs(out.logprobs, out.entropy, values_from_hidden(hidden, value_head, loss_mask))
+
+
+def values_from_hidden(hidden: torch.Tensor, value_head: nn.Module, loss_mask: torch.Tensor) -> torch.Tensor:
+    """[B, T] values aligned like log-probs: position t holds the head's value of the hidden state at t − 1 (the
+    state before token t), computed only where the loss mask is 1."""
+    batch_size, seq_len = loss_mask.shape
+    trained = loss_mask[:, 1:] > 0
+    values_n = value_head(hidden[:, :-1][trained]).squeeze(-1).float()  # [N]
+    return _scatter_aligned(values_n, trained, batch_size, seq_len)
 
 
 class TokenLogProbModule(nn.Module):
@@ -75,10 +87,17 @@ class TokenLogProbModule(nn.Module):
     """
 
     def __init__(
-        self, model: nn.Module, *, chunk_size: int, temperature: float, packed_row_tokens: int | None
+        self,
+        model: nn.Module,
+        *,
+        chunk_size: int,
+        temperature: float,
+        packed_row_tokens: int | None,
+        value_head: nn.Module | None = None,
     ) -> None:
         super().__init__()
         self.model = model
+        self.value_head = value_head  # a submodule: FSDP2 shards it with the root's parameters
         self.chunk_size = chunk_size
         self.temperature = temperature
         self.packed_row_tokens = packed_row_tokens
@@ -99,25 +118,46 @@ class TokenLogProbModule(nn.Module):
             chunk_size=self.chunk_size,
             temperature=self.temperature,
             packed_row_tokens=self.packed_row_tokens,
+            value_head=self.value_head,
         )
-        return TokenLogProbs(out.logprobs * 0.0, out.entropy * 0.0) if probe else out
+        if not probe:
+            return out
+        return TokenLogProbs(
+            out.logprobs * 0.0, out.entropy * 0.0, None if out.values is None else out.values * 0.0
+        )
 
 
-def hidden_states(
-    model: nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    position_ids: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Final hidden states [B, T, H] of a Hugging Face causal LM's decoder body (no vocabulary projection).
-
-    Packed rows pass ``attention_mask=None`` and restarting ``position_ids``: transformers masks attention
-    at every restart (block-diagonal), so packed samples never see each other."""
+def decoder_body(model: nn.Module) -> nn.Module:
+    """The decoder body (no vocabulary projection) of a Hugging Face causal LM."""
     body = model.base_model
     if body is model:
         raise TypeError(
             f"{type(model).__name__} exposes no decoder body (base_model) separate from its LM head"
         )
+    return body
+
+
+def decoder_hidden(
+    body: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, packed_row_tokens: int | None
+) -> torch.Tensor:
+    """Final hidden states [B, T, H] of decoder ``body`` on a right-padded batch, computed on packed rows of at
+    most ``packed_row_tokens`` real tokens when given (the same states, no compute on padding)."""
+    if packed_row_tokens is None:
+        return body_hidden_states(body, input_ids, attention_mask)
+    packing = pack(input_ids, attention_mask, packed_row_tokens)
+    return packing.unpack(body_hidden_states(body, packing.input_ids, None, packing.position_ids))
+
+
+def body_hidden_states(
+    body: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    position_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Final hidden states [B, T, H] of a Hugging Face decoder body.
+
+    Packed rows pass ``attention_mask=None`` and restarting ``position_ids``: transformers masks attention
+    at every restart (block-diagonal), so packed samples never see each other."""
     packed = {} if position_ids is None else {"position_ids": position_ids}  # padded: the model's own
     return body(
         input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **packed

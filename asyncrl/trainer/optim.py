@@ -31,15 +31,19 @@ def lr_multiplier(step: int, config: TrainerConfig) -> float:
     return config.min_lr_ratio + (1.0 - config.min_lr_ratio) * cosine
 
 
-def build_optimizer(model: nn.Module, config: TrainerConfig) -> torch.optim.AdamW:
-    """AdamW over the trainable parameters; 1-D ones (biases, norm weights) are exempt from weight decay."""
+def build_optimizer(model: nn.Module, config: TrainerConfig, *, lr: float | None = None) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters; 1-D ones (biases, norm weights) are exempt from weight decay.
+    ``lr`` replaces ``config.lr`` (the critic's own rate)."""
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.ndim >= 2], "weight_decay": config.weight_decay},
         {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
     ]
     return torch.optim.AdamW(
-        [g for g in groups if g["params"]], lr=config.lr, betas=config.betas, eps=config.eps
+        [g for g in groups if g["params"]],
+        lr=config.lr if lr is None else lr,
+        betas=config.betas,
+        eps=config.eps,
     )
 
 

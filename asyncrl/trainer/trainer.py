@@ -21,13 +21,15 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 import torch
 from torch import nn
 
 from asyncrl.config.algorithm import AdvantageConfig, LossConfig
+from asyncrl.config.critic import CriticConfig, check_critic
 from asyncrl.config.trainer import TrainerConfig
 from asyncrl.models.loading import state_dict_for_sync
 from asyncrl.trainer.activation_checkpointing import enable_activation_checkpointing
@@ -40,6 +42,7 @@ from asyncrl.trainer.batching import (
     select_rows,
     sequence_lengths,
 )
+from asyncrl.trainer.critic import Critic, head_for, make_critic, separate_value_model
 from asyncrl.trainer.distributed.normalisation import (
     GlobalDenominator,
     combine,
@@ -47,6 +50,7 @@ from asyncrl.trainer.distributed.normalisation import (
     local_denominator,
 )
 from asyncrl.trainer.distributed.parallel import Parallelism, SingleProcess, agreed_count, local_rows
+from asyncrl.trainer.gae import gae_targets
 from asyncrl.trainer.logprobs import TokenLogProbModule, TokenLogProbs, autocast
 from asyncrl.trainer.lora import (
     adapter_dropout,
@@ -56,6 +60,8 @@ from asyncrl.trainer.lora import (
     seeded_dropout,
 )
 from asyncrl.trainer.losses import PolicyLossInputs, compute_policy_loss
+from asyncrl.trainer.losses.value import value_loss
+from asyncrl.trainer.metric_merger import MetricMerger
 from asyncrl.trainer.mismatch import compute_step_start_correction
 from asyncrl.trainer.offpolicy import m2po_keep
 from asyncrl.trainer.optim import build_optimizer, build_scheduler, clip_gradients
@@ -64,6 +70,11 @@ from asyncrl.weight_sync.protocol import LoraAdapter
 
 _AGGREGATION_MASK = "aggregation_mask"
 """Key of the step tensor holding the mask the loss aggregates over (not a loss input)."""
+_OLD_VALUES = "old_values"
+"""Key of the critic's step-start values [B, T] (GAE's V and the value clip's centre)."""
+_RETURNS = "returns"
+"""Key of GAE's returns [B, T], the value loss's target."""
+_NOT_LOSS_INPUTS = (_AGGREGATION_MASK, _OLD_VALUES, _RETURNS)
 
 
 def needs_reference_copy(loss_config: LossConfig, config: TrainerConfig) -> bool:
@@ -90,6 +101,8 @@ class Trainer:
         pad_token_id: int = 0,
         version: int = 0,
         parallel: Parallelism | None = None,
+        critic: CriticConfig | None = None,
+        critic_body: nn.Module | None = None,
     ) -> None:
         if config.lora is not None and ref_model is not None:
             raise ValueError(
@@ -97,6 +110,12 @@ class Trainer:
             )
         if loss_config.needs_reference and ref_model is None and config.lora is None:
             raise ValueError("loss.kl.beta > 0 needs a reference model (Trainer(ref_model=...)), got none")
+        check_critic(advantage_config.name, critic)
+        # A separate critic copies the policy's body first: before LoRA wraps it (the critic trains full
+        # weights) and before FSDP2 shards it (a sharded module cannot be copied).
+        value_model = None
+        if critic is not None and critic.type == "separate":
+            value_model = separate_value_model(model, critic_body, self._packed_rows(config))
         self.peft_model = attach_lora(model, config.lora, config.seed) if config.lora is not None else None
         """The ``PeftModel`` wrapper with LoRA (``trainer.lora``); ``model`` is then the model inside it."""
         if self.peft_model is not None:
@@ -110,10 +129,12 @@ class Trainer:
         self.parallel = parallel or SingleProcess()
         if config.activation_checkpointing:
             enable_activation_checkpointing(model)
-        self.policy = self._log_prob_module(model)
+        shared_head = head_for(model) if critic is not None and critic.type == "shared_trunk" else None
+        self.policy = self._log_prob_module(model, shared_head)
         self.reference = self._reference_module(loss_config)
         self.optimizer = build_optimizer(model, config)  # after sharding: the optimizer holds the shards
         self.scheduler = build_scheduler(self.optimizer, config)
+        self.critic = self._make_critic(critic, shared_head, value_model) if critic is not None else None
         self.step = 0
         self.version = version
 
@@ -141,16 +162,42 @@ class Trainer:
             return contextlib.nullcontext()
         return seeded_dropout([self.config.seed, self.step, self.parallel.rank], self.device)
 
-    def _log_prob_module(self, model: nn.Module) -> TokenLogProbModule:
+    def _log_prob_module(self, model: nn.Module, value_head: nn.Module | None = None) -> TokenLogProbModule:
         config = self.config
         module = TokenLogProbModule(
             model,
             chunk_size=config.logprob_chunk_size,
             temperature=config.temperature,
-            packed_row_tokens=config.packed_row_tokens if config.sequence_packing else None,
+            packed_row_tokens=self._packed_row_tokens,
+            value_head=value_head,
         )
         self.parallel.shard(module)
         return module
+
+    @property
+    def _packed_row_tokens(self) -> int | None:
+        return self._packed_rows(self.config)
+
+    @staticmethod
+    def _packed_rows(config: TrainerConfig) -> int | None:
+        return config.packed_row_tokens if config.sequence_packing else None
+
+    def _make_critic(
+        self, config: CriticConfig, shared_head: nn.Module | None, value_model: nn.Module | None
+    ) -> Critic:
+        """The shared head (already sharded inside ``self.policy``), or the separate value model, sharded here."""
+        if shared_head is not None:
+            return make_critic(config, shared_head, self.config)
+        assert value_model is not None
+        if self.config.activation_checkpointing:
+            enable_activation_checkpointing(value_model.body)
+        self.parallel.shard(value_model)
+        return make_critic(config, value_model, self.config)
+
+    @property
+    def trains_policy(self) -> bool:
+        """False during the critic's warm-up steps, when only the critic learns."""
+        return self.critic is None or self.step >= self.critic.config.warmup_steps
 
     @property
     def device(self) -> torch.device:
@@ -163,7 +210,8 @@ class Trainer:
                 f"train_step got policy_version {policy_version}, but the trainer is at {self.version}"
             )
         started = time.perf_counter()
-        lr = self.scheduler.get_last_lr()[0]
+        lr = self.scheduler.get_last_lr()[0] if self.trains_policy else 0.0  # the rate this step trains at
+        critic_lr = self.critic.scheduler.get_last_lr()[0] if self.critic is not None else None
         batch = self.make_batch(groups)
         plans = [
             plan_mini_batches(batch.num_samples, self.config.num_mini_batches, self._shuffle(epoch))
@@ -171,30 +219,60 @@ class Trainer:
         ]
         fixed, start_metrics = self._step_start_logprobs(batch)
         fixed[_AGGREGATION_MASK] = self._aggregation_mask(batch, fixed)
-        metrics = _MetricMerger()
+        if self.critic is not None:
+            batch, start_metrics = self._with_gae(batch, fixed, start_metrics)
+        metrics = MetricMerger()
         with self._dropout_rng():
             for plan in plans:
                 for rows in plan:
                     metrics.add(self._optimizer_step(batch, fixed, rows), weight=1.0)
-        self.scheduler.step()
+        if self.trains_policy:  # the policy's schedule counts its own steps: it starts after a critic warm-up
+            self.scheduler.step()
+        if self.critic is not None:
+            self.critic.scheduler.step()
         self.step += 1
         self.version = policy_version + 1
         elapsed = time.perf_counter() - started
-        return {**metrics.result(), **start_metrics, **self._step_metrics(batch, lr, elapsed)}
+        return {**metrics.result(), **start_metrics, **self._step_metrics(batch, lr, critic_lr, elapsed)}
 
     def make_batch(self, groups: Sequence[Group]) -> TrainBatch:
-        """Advantages of ``groups``' rewards and the padded batch, on the model's device."""
+        """Advantages of ``groups``' rewards and the padded batch, on the model's device (GAE's advantages are
+        0 here: they need the critic's values, computed at step start)."""
         trajectories, group_ids = flatten_groups(groups)
-        rewards_b = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
-        advantages_b = compute_advantages(
-            self.advantage_config.name, rewards_b, torch.tensor(group_ids), self.advantage_config
-        )
+        if self.critic is not None:
+            advantages_b = torch.zeros(len(trajectories))
+        else:
+            rewards_b = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
+            advantages_b = compute_advantages(
+                self.advantage_config.name, rewards_b, torch.tensor(group_ids), self.advantage_config
+            )
         batch = build_train_batch(groups, advantages_b, pad_token_id=self.pad_token_id)
         return batch.to(self.device)
 
-    def _step_metrics(self, batch: TrainBatch, lr: float, elapsed: float) -> dict[str, float]:
+    def _with_gae(
+        self, batch: TrainBatch, fixed: dict[str, torch.Tensor], metrics: dict[str, float]
+    ) -> tuple[TrainBatch, dict[str, float]]:
+        """The batch with GAE advantages from the step-start values (in ``fixed``, where the returns the value
+        loss regresses on are put too), and the critic's step-start metrics added."""
+        targets = gae_targets(batch.token_rewards, fixed[_OLD_VALUES], batch.loss_mask, self.advantage_config)
+        fixed[_RETURNS] = targets.returns
+        return replace(batch, advantages=targets.advantages), {**metrics, **targets.metrics}
+
+    def _step_metrics(
+        self, batch: TrainBatch, lr: float, critic_lr: float | None, elapsed: float
+    ) -> dict[str, float]:
         num_tokens = float(batch.attention_mask.sum())
+        critic = self.critic
+        critic_metrics = (
+            {}
+            if critic is None or critic_lr is None
+            else {
+                "critic/lr": critic_lr,
+                "critic/warmup": float(self.step <= critic.config.warmup_steps),  # the step just trained
+            }
+        )
         return {
+            **critic_metrics,
             "lr": lr,
             "num_samples": float(batch.num_samples),
             "num_tokens": num_tokens,
@@ -223,7 +301,9 @@ class Trainer:
 
     def state_dict(self) -> dict:
         """Everything but the model weights needed to resume training exactly (see checkpoint.py)."""
+        critic = {} if self.critic is None else {"critic": self.critic.state_dict()}
         return {
+            **critic,
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "step": self.step,
@@ -231,8 +311,16 @@ class Trainer:
         }
 
     def load_state_dict(self, state: dict) -> None:
+        if ("critic" in state) != (self.critic is not None):
+            raise ValueError(
+                "checkpoint and run disagree on the critic: the checkpoint "
+                f"{'has' if 'critic' in state else 'has no'} critic state, the run "
+                f"{'has a critic section' if self.critic is not None else 'has none'}"
+            )
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        if self.critic is not None:
+            self.critic.load_state_dict(state["critic"])
         self.step = int(state["step"])
         self.version = int(state["version"])
 
@@ -250,16 +338,25 @@ class Trainer:
         fixed: dict[str, torch.Tensor] = {}
         metrics: dict[str, float] = {}
         loss_config = self.loss_config
-        if loss_config.needs_proximal_forward or loss_config.needs_train_behaviour:
-            # One forward serves both: at step start the proximal policy is the trainer's behaviour recompute.
-            policy = self._logprobs_no_grad(self.policy, batch)
+        shared = self.critic is not None and self.critic.shared
+        if loss_config.needs_proximal_forward or loss_config.needs_train_behaviour or shared:
+            # One forward serves all: at step start the proximal policy is the trainer's behaviour recompute,
+            # and a value head on the policy's trunk reads the same hidden states.
+            names = ("logprobs", "values") if shared else ("logprobs",)
+            policy = self._no_grad_outputs(self.policy, batch, names)
             if loss_config.needs_proximal_forward:
-                fixed["proximal_logprobs"] = policy
+                fixed["proximal_logprobs"] = policy["logprobs"]
             if loss_config.needs_train_behaviour:
-                fixed["train_behaviour_logprobs"] = policy
+                fixed["train_behaviour_logprobs"] = policy["logprobs"]
+            if shared:
+                fixed[_OLD_VALUES] = policy["values"]
+        if self.critic is not None and not shared:
+            fixed[_OLD_VALUES] = self._no_grad_outputs(self.critic.module, batch, ("values",))["values"]
         if self.reference is not None:
             with self._reference_mode():
-                fixed["ref_logprobs"] = self._logprobs_no_grad(self.reference, batch)
+                fixed["ref_logprobs"] = self._no_grad_outputs(self.reference, batch, ("logprobs",))[
+                    "logprobs"
+                ]
         if loss_config.m2po is not None:
             log_ratio = fixed["train_behaviour_logprobs"] - batch.behaviour_logprobs
             fixed["m2po_mask"], metrics["m2po/second_moment"] = m2po_keep(
@@ -282,19 +379,31 @@ class Trainer:
         return batch.loss_mask * correction.mask
 
     @torch.no_grad()
-    def _logprobs_no_grad(self, module: nn.Module, batch: TrainBatch) -> torch.Tensor:
-        """``module``'s log-probs of every row: this rank computes its strided share, ranks exchange shares."""
+    def _no_grad_outputs(
+        self, module: nn.Module, batch: TrainBatch, names: tuple[str, ...]
+    ) -> dict[str, torch.Tensor]:
+        """``module``'s outputs ``names`` ([B, T] each: logprobs, values) for every row: this rank computes its
+        strided share, ranks exchange shares."""
         rows = local_rows(self.parallel, list(range(batch.num_samples)))
-        share = torch.zeros_like(batch.loss_mask[rows])
+        shares = {name: torch.zeros_like(batch.loss_mask[rows]) for name in names}
         local = self._plan_micro_batches(select_rows(batch, rows)) if rows else []
         passes = agreed_count(self.parallel, len(local))  # before any pass: the count is a collective too
         for micro in local:
             sub = select_rows(batch, [rows[i] for i in micro])
             width = sub.input_ids.shape[1]
-            share[torch.tensor(micro, device=share.device), :width] = self._forward(module, sub).logprobs
+            outputs = self._outputs(module, sub)
+            for name in names:
+                shares[name][torch.tensor(micro, device=batch.loss_mask.device), :width] = outputs[name]
         for _ in range(passes - len(local)):
-            self._forward(module, select_rows(batch, [0]))  # keeps FSDP2's all-gathers in step
-        return self._exchanged(rows, share)
+            self._outputs(module, select_rows(batch, [0]))  # keeps FSDP2's all-gathers in step
+        return {name: self._exchanged(rows, share) for name, share in shares.items()}
+
+    def _outputs(self, module: nn.Module, micro: TrainBatch) -> dict[str, torch.Tensor]:
+        """A log-prob module's log-probs (and values of a head on its trunk), or a value model's values."""
+        out = self._forward(module, micro)
+        if isinstance(out, TokenLogProbs):
+            return {"logprobs": out.logprobs, "values": out.values}
+        return {"values": out}
 
     def _exchanged(self, rows: list[int], share: torch.Tensor) -> torch.Tensor:
         """The [B, T] tensor assembled from every rank's (rows, [rows, T] share); one process: its share."""
@@ -313,7 +422,8 @@ class Trainer:
             sequence_lengths(batch), self.config.max_tokens_per_microbatch, packed=packed
         )
 
-    def _forward(self, module: nn.Module, micro: TrainBatch) -> TokenLogProbs:
+    def _forward(self, module: nn.Module, micro: TrainBatch) -> TokenLogProbs | torch.Tensor:
+        """``TokenLogProbs`` of a log-prob module, values [B, T] of a value model."""
         with autocast(self.device, self.config.compute_dtype):
             return module(micro.input_ids, micro.attention_mask, micro.loss_mask)
 
@@ -327,47 +437,124 @@ class Trainer:
         mini, mini_fixed = _take(batch, fixed, mine) if mine else (None, {})
         local = local_denominator(mini_fixed[_AGGREGATION_MASK]) if mine else torch.zeros(3)
         total = combine(self.parallel.gather(local))
-        self.optimizer.zero_grad(set_to_none=True)
-        metrics, loss = _MetricMerger(), 0.0
+        self._zero_grad()
+        metrics, loss = MetricMerger(), 0.0
         plans = self._plan_micro_batches(mini) if mini is not None else []
         passes = agreed_count(self.parallel, len(plans))
         for index in range(passes):
             # Gradients are reduced across ranks once, with the mini-batch's last pass.
-            self.parallel.sync_gradients(self.policy, index == passes - 1)
+            for module in self._trained_modules():
+                self.parallel.sync_gradients(module, index == passes - 1)
             if index < len(plans):
                 micro, micro_fixed = _take(mini, mini_fixed, plans[index])
                 loss += self._accumulate(micro, micro_fixed, total, metrics)
             else:  # a pass that changes nothing, so this rank's collectives match the others'
-                (self._forward(self.policy, select_rows(batch, [0])).logprobs.sum() * 0.0).backward()
-        grad_norm = clip_gradients(self.model.parameters(), self.config.max_grad_norm)
-        self.optimizer.step()
+                self._empty_pass(select_rows(batch, [0]))
+        step_metrics = self._step_optimizers()
         ranks = self.parallel.gather((metrics, loss))
         loss = sum(part for _, part in ranks) / self.parallel.world_size
-        return {**_MetricMerger.union(m for m, _ in ranks).result(), "loss": loss, "grad_norm": grad_norm}
+        return {**MetricMerger.union(m for m, _ in ranks).result(), "loss": loss, **step_metrics}
+
+    def _zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.critic is not None:
+            self.critic.optimizer.zero_grad(set_to_none=True)
+
+    def _trained_modules(self) -> list[nn.Module]:
+        """The modules a pass runs backward through: the policy (unless a separate critic warms up alone) and a
+        separate critic."""
+        modules = [self.policy] if self._runs_policy else []
+        if self.critic is not None and not self.critic.shared:
+            modules.append(self.critic.module)
+        return modules
+
+    @property
+    def _runs_policy(self) -> bool:
+        """Whether passes run the policy: to train it, or to read a value head on its trunk."""
+        return self.trains_policy or (self.critic is not None and self.critic.shared)
+
+    def _step_optimizers(self) -> dict[str, float]:
+        """Clip and step the policy (not during the critic's warm-up: its gradient is dropped) and the critic."""
+        metrics = {"grad_norm": 0.0}
+        if self.trains_policy:
+            metrics["grad_norm"] = clip_gradients(self.model.parameters(), self.config.max_grad_norm)
+            self.optimizer.step()
+        if self.critic is not None:
+            critic = self.critic
+            metrics["critic/grad_norm"] = clip_gradients(
+                critic.module.parameters(), critic.config.max_grad_norm
+            )
+            critic.optimizer.step()
+        return metrics
+
+    def _empty_pass(self, probe: TrainBatch) -> None:
+        """Forward and backward ``probe`` through every trained module with a zero loss."""
+        zero = torch.zeros((), device=self.device)
+        for module in self._trained_modules():
+            out = self._forward(module, probe)
+            for tensor in self._outputs_of(out):
+                zero = zero + tensor.sum() * 0.0
+        zero.backward()
+
+    @staticmethod
+    def _outputs_of(out: TokenLogProbs | torch.Tensor) -> list[torch.Tensor]:
+        if isinstance(out, torch.Tensor):
+            return [out]
+        return [out.logprobs] + ([out.values] if out.values is not None else [])
 
     def _accumulate(
         self,
         micro: TrainBatch,
         fixed: dict[str, torch.Tensor],
         total: GlobalDenominator,
-        metrics: _MetricMerger,
+        metrics: MetricMerger,
     ) -> float:
         """Forward and backward one micro-batch with its loss scaled to its share of the mini-batch's loss
         (of every rank's rows); return that share. Metrics are weighted by the micro-batch's trained tokens."""
         with self._gradient_mode():
-            out = self._forward(self.policy, micro)
-            loss_tensors = {k: v for k, v in fixed.items() if k != _AGGREGATION_MASK}
-            inputs = self._loss_inputs(micro, loss_tensors, out)
-            loss, loss_metrics = compute_policy_loss(self.loss_config.name, inputs, self.loss_config)
+            out = self._forward(self.policy, micro) if self._runs_policy else None
+            num_tokens = float(micro.loss_mask.sum())
+            loss = objective = torch.zeros((), device=self.device)
+            step_metrics: dict[str, float] = {}
+            if self.trains_policy:
+                loss_tensors = {k: v for k, v in fixed.items() if k not in _NOT_LOSS_INPUTS}
+                inputs = self._loss_inputs(micro, loss_tensors, out)
+                loss, step_metrics = compute_policy_loss(self.loss_config.name, inputs, self.loss_config)
+                step_metrics["entropy"] = float(out.entropy.sum()) / max(num_tokens, 1.0)
+                objective = loss
+            if self.critic is not None:
+                value, value_metrics = self._value_loss(micro, fixed, out)
+                objective = objective + self.critic.config.value_loss_coef * value
+                step_metrics |= value_metrics
             weight = global_accumulation_weight(
                 self.loss_config, fixed[_AGGREGATION_MASK], total, self.parallel.world_size
             )
-            if loss.requires_grad:  # the loss of a micro-batch with no trained token is still a graph (see
-                (loss * weight).backward()  # TokenLogProbModule), so every rank differentiates every pass
-        num_tokens = float(micro.loss_mask.sum())
-        entropy = float(out.entropy.sum()) / max(num_tokens, 1.0)
-        metrics.add({**loss_metrics, "entropy": entropy}, weight=num_tokens)
+            if (
+                objective.requires_grad
+            ):  # the loss of a micro-batch with no trained token is still a graph (see
+                (
+                    objective * weight
+                ).backward()  # TokenLogProbModule), so every rank differentiates every pass
+        metrics.add(step_metrics, weight=num_tokens)
         return float(loss.detach()) * weight
+
+    def _value_loss(
+        self, micro: TrainBatch, fixed: dict[str, torch.Tensor], out: TokenLogProbs | None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The clipped value loss of the critic's values on this micro-batch (the shared head's come with the
+        policy's forward ``out``), aggregated like the policy loss."""
+        critic = self.critic
+        assert critic is not None
+        values = out.values if critic.shared else self._forward(critic.module, micro)
+        return value_loss(
+            values,
+            fixed[_OLD_VALUES],
+            fixed[_RETURNS],
+            fixed[_AGGREGATION_MASK],
+            clip=critic.config.value_clip,
+            aggregation=self.loss_config.aggregation,
+            norm_length=self.loss_config.norm_length,
+        )
 
     def _loss_inputs(
         self, micro: TrainBatch, fixed: dict[str, torch.Tensor], out: TokenLogProbs
@@ -382,41 +569,6 @@ class Trainer:
             sequence_rewards=micro.rewards,
             **fixed,
         )
-
-
-class _MetricMerger:
-    """Combines per-part metrics: keys ending in ``_min``/``_max`` take the min/max, others a weighted mean."""
-
-    def __init__(self) -> None:
-        self._sums: dict[str, float] = {}
-        self._weights: dict[str, float] = {}
-        self._extremes: dict[str, float] = {}
-
-    def add(self, metrics: dict[str, float], weight: float) -> None:
-        for key, value in metrics.items():
-            if key.endswith(("_min", "_max")):
-                pick = min if key.endswith("_min") else max
-                self._extremes[key] = pick(self._extremes.get(key, value), value)
-            else:
-                self._sums[key] = self._sums.get(key, 0.0) + weight * value
-                self._weights[key] = self._weights.get(key, 0.0) + weight
-
-    @classmethod
-    def union(cls, parts: Iterable[_MetricMerger]) -> _MetricMerger:
-        """One merger holding every part's sums, weights and extremes (e.g. one per rank)."""
-        merged = cls()
-        for part in parts:
-            for key, value in part._sums.items():
-                merged._sums[key] = merged._sums.get(key, 0.0) + value
-                merged._weights[key] = merged._weights.get(key, 0.0) + part._weights[key]
-            for key, value in part._extremes.items():
-                pick = min if key.endswith("_min") else max
-                merged._extremes[key] = pick(merged._extremes.get(key, value), value)
-        return merged
-
-    def result(self) -> dict[str, float]:
-        means = {k: s / self._weights[k] if self._weights[k] > 0 else 0.0 for k, s in self._sums.items()}
-        return {**means, **self._extremes}
 
 
 def _take(

@@ -8,7 +8,8 @@ marker and move it into place. DCP stores each tensor with its global shape, so 
 ranks loads onto M ranks (M = 1 included): the loader asks for the tensors its own sharding needs.
 
     <root>/step_00000012/
-        sharded/             DCP: .metadata + one __<rank>_0.distcp file per writing rank (model + optimizer)
+        sharded/             DCP: .metadata + one __<rank>_0.distcp file per writing rank (model + optimizer, and
+                             a critic's model + optimizer)
         model/               the full weights for evaluation and serving: config.json + one safetensors file
                              per gathered bucket (rank 0 writes each as it is gathered)
         adapter/             instead of model/ with LoRA: the gathered adapters in peft's format (sharded/
@@ -71,9 +72,8 @@ def save_sharded_checkpoint(
     staged = checkpoint.new_staging(root, trainer.step) if parallel.rank == 0 else None
     staging, final = parallel.gather(staged)[0]  # rank 0's choice, for everyone
     try:
-        model_state, optimizer_state = _state(trainer)
         dcp.save(
-            {"model": model_state, "optimizer": optimizer_state},
+            _dcp_state(trainer),
             checkpoint_id=staging / SHARDED_DIR,
             no_dist=parallel.world_size == 1,  # one process: no group to coordinate with
         )
@@ -89,6 +89,8 @@ def save_sharded_checkpoint(
                 "version": trainer.version,
                 "rng": checkpoint.rng_state(),
             }
+            if trainer.critic is not None:
+                state["critic_scheduler"] = trainer.critic.scheduler.state_dict()
             checkpoint.write_state(staging, state, extra)
             checkpoint.commit(staging, final, keep_last)
     finally:
@@ -96,6 +98,17 @@ def save_sharded_checkpoint(
             shutil.rmtree(staging, ignore_errors=True)
     parallel.gather(None)  # nobody returns before the checkpoint is in place
     return final
+
+
+def _dcp_state(trainer: Trainer) -> dict[str, Any]:
+    """What DCP saves and loads: the policy and its optimizer, and the critic's when there is one."""
+    model_state, optimizer_state = _state(trainer)
+    state = {"model": model_state, "optimizer": optimizer_state}
+    if trainer.critic is not None:
+        state["critic"], state["critic_optimizer"] = get_state_dict(
+            trainer.critic.module, trainer.critic.optimizer
+        )
+    return state
 
 
 def export_model(trainer: Trainer, directory: Path, bucket_bytes: int = 1 << 30) -> None:
@@ -127,8 +140,12 @@ def load_sharded_checkpoint(path: str | os.PathLike[str], trainer: Trainer) -> d
     if lora != (path / ADAPTER_DIR).is_dir():
         held = "LoRA adapters" if not lora else "full weights"
         raise ValueError(f"{path} holds {held}: resume it with the trainer.lora settings that wrote it")
-    model_state, optimizer_state = _state(trainer)
-    state = {"model": model_state, "optimizer": optimizer_state}
+    trainer_state, extra = checkpoint.read_state(path)
+    if ("critic_scheduler" in trainer_state) != (trainer.critic is not None):
+        raise ValueError(
+            f"{path}: checkpoint and run disagree on the critic (one has a critic section, one not)"
+        )
+    state = _dcp_state(trainer)
     dcp.load(state, checkpoint_id=path / SHARDED_DIR, no_dist=trainer.parallel.world_size == 1)
     set_state_dict(
         trainer.model,
@@ -137,8 +154,16 @@ def load_sharded_checkpoint(path: str | os.PathLike[str], trainer: Trainer) -> d
         optim_state_dict=state["optimizer"],
         options=_options(trainer),
     )
-    trainer_state, extra = checkpoint.read_state(path)
     trainer.scheduler.load_state_dict(trainer_state["scheduler"])
+    if trainer.critic is not None:
+        critic = trainer.critic
+        set_state_dict(
+            critic.module,
+            critic.optimizer,
+            model_state_dict=state["critic"],
+            optim_state_dict=state["critic_optimizer"],
+        )
+        critic.scheduler.load_state_dict(trainer_state["critic_scheduler"])
     trainer.step = int(trainer_state["step"])
     trainer.version = int(trainer_state["version"])
     checkpoint.set_rng_state(trainer_state["rng"])

@@ -28,6 +28,7 @@ QUICK = [
     "sim_vs_real",
     "sync_vs_trl",
     "agentic_learning",
+    "critic_learning",
     "sim_studies",
     "paper_tables",
     "agents_external",

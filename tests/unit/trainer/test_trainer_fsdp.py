@@ -3,9 +3,9 @@
 For every loss aggregation mode and the 1x4, 2x2 and 4x1 ranks x micro-batches splits of an 8-sample batch
 (every sample 14 tokens long with different loss masks, so the padded token budget fixes the micro-batch
 count exactly), and for the losses that read step-start forwards (reference KL, decoupled proximal recompute,
-mismatch masking, the OPSM / K3 / M2PO masks) with packing, two mini-batches and two PPO epochs: gradients,
-updated weights, loss and gradient norm agree to 1e-5 relative (see the checks for what relative means). The
-compared gradients are checked to be non-zero, so the check can fail.
+mismatch masking, the OPSM / K3 / M2PO masks, a separate or shared critic) with packing, two mini-batches and
+two PPO epochs: gradients, updated weights, loss and gradient norm agree to 1e-5 relative (see the checks for
+what relative means). The compared gradients are checked to be non-zero, so the check can fail.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from asyncrl.config.algorithm import (
     MismatchConfig,
     OPSMConfig,
 )
+from asyncrl.config.critic import CriticConfig
 from asyncrl.config.trainer import TrainerConfig
 from asyncrl.testing.ranks import run_ranks
 from asyncrl.trainer.batching import plan_micro_batches
@@ -89,6 +90,14 @@ def _cases() -> dict[str, tuple[LossConfig, dict, str]]:
         multi_pass,
         "random",
     )
+    # The critic's values and gradients are sharded too. One optimizer step over micro-batches: after several
+    # Adam steps its embedding's rarely-seen rows (gradients near Adam's eps) drift past 1e-5 by rounding alone.
+    for kind in ("separate", "shared_trunk"):
+        cases[f"critic-{kind}"] = (
+            LossConfig(name="ppo"),
+            {"max_tokens_per_microbatch": 30, "critic": CriticConfig(type=kind)},
+            "random",
+        )
     return cases
 
 
@@ -101,16 +110,37 @@ def _groups(kind: str) -> list[Group]:
 def _step(name: str, parallel: Parallelism) -> tuple[dict, dict, dict] | None:
     """Train one step of case ``name``; on rank 0, (metrics, full gradients, full weights) afterwards."""
     loss_config, overrides, kind = _cases()[name]
+    overrides = dict(overrides)
+    critic = overrides.pop("critic", None)
     model = tiny_qwen2()
     ref = copy.deepcopy(model) if loss_config.needs_reference else None
     config = TrainerConfig(lr=1e-3, max_grad_norm=None, **overrides)
-    trainer = Trainer(model, config, loss_config, AdvantageConfig(name="grpo"), ref, parallel=parallel)
+    advantage = AdvantageConfig(name="gae" if critic else "grpo")
+    trainer = Trainer(model, config, loss_config, advantage, ref, parallel=parallel, critic=critic)
+    if critic is not None:  # a non-zero head, so the critic's body has a gradient to compare
+        for param in trainer.critic.module.parameters():
+            if param.ndim == 2 and param.shape[0] == 1:
+                with torch.no_grad():
+                    param.copy_(_seeded_like(param))
     metrics = trainer.train_step(_groups(kind), policy_version=0)
+    named = list(trainer.model.named_parameters())
+    if critic is not None:
+        named += [(f"critic.{n}", p) for n, p in trainer.critic.module.named_parameters()]
     grads, weights = {}, {}
-    for param_name, param in trainer.model.named_parameters():  # full_tensor is a collective: every rank
+    for param_name, param in named:  # full_tensor is a collective: every rank
         grads[param_name] = _full(param.grad)
         weights[param_name] = _full(param.detach())
     return (metrics, grads, weights) if parallel.rank == 0 else None
+
+
+def _seeded_like(param: torch.Tensor) -> torch.Tensor:
+    """The same values on every rank (and in one process) in ``param``'s layout (a DTensor's local shard)."""
+    full = torch.randn(tuple(param.shape), generator=torch.Generator().manual_seed(0)) * 0.1
+    if hasattr(param, "full_tensor"):
+        from torch.distributed.tensor import distribute_tensor
+
+        return distribute_tensor(full, param.device_mesh, param.placements)
+    return full
 
 
 def _full(tensor: torch.Tensor) -> torch.Tensor:
@@ -164,16 +194,18 @@ def test_sharded_step_equals_single_process_step(ranks, micros):
         _check(name, sharded)
 
 
-def test_a_rank_without_rows_still_steps_with_the_others():
-    """Three ranks, two samples: one rank holds no row of the mini-batch and only keeps collectives in step."""
-    results = run_ranks(_few_rows_step, 3)
+@pytest.mark.parametrize("critic", [None, "separate"])
+def test_a_rank_without_rows_still_steps_with_the_others(critic):
+    """Three ranks, two samples: one rank holds no row of the mini-batch and only keeps collectives in step
+    (through the critic's model too, when there is one)."""
+    results = run_ranks(_few_rows_step, 3, critic)
     metrics, grads, _ = results[0]
-    want_metrics, want_grads, _ = _few_rows_step(single=True)
+    want_metrics, want_grads, _ = _few_rows_step(critic, single=True)
     _assert_gradients_close(grads, want_grads)
     assert metrics["loss"] == pytest.approx(want_metrics["loss"], rel=1e-5, abs=1e-7)
 
 
-def _few_rows_step(single: bool = False):
+def _few_rows_step(critic: str | None, single: bool = False):
     from asyncrl.trainer.distributed.parallel import FullyShardedParallel
 
     parallel = SingleProcess() if single else FullyShardedParallel("cpu")
@@ -182,9 +214,12 @@ def _few_rows_step(single: bool = False):
         tiny_qwen2(),
         TrainerConfig(lr=1e-2, max_grad_norm=1.0),
         LossConfig(name="ppo"),
-        AdvantageConfig(name="grpo"),
+        AdvantageConfig(name="gae" if critic else "grpo"),
         parallel=parallel,
+        critic=CriticConfig(type=critic) if critic else None,
     )
     metrics = trainer.train_step(groups, policy_version=0)
     grads = {n: _full(p.grad) for n, p in trainer.model.named_parameters()}
+    if critic is not None:
+        grads |= {f"critic.{n}": _full(p.grad) for n, p in trainer.critic.module.named_parameters()}
     return (metrics, grads, None) if parallel.rank == 0 else None

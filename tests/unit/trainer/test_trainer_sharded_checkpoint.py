@@ -10,6 +10,7 @@ import torch
 from trainer_fixtures import random_groups, tiny_qwen2, with_model_logprobs
 
 from asyncrl.config.algorithm import AdvantageConfig, LossConfig
+from asyncrl.config.critic import CriticConfig
 from asyncrl.config.trainer import TrainerConfig
 from asyncrl.testing.ranks import run_ranks
 from asyncrl.trainer import checkpoint
@@ -98,3 +99,51 @@ def test_a_sharded_checkpoint_carries_a_loadable_model_directory(tmp_path: Path)
     load_sharded_checkpoint(reference["path"], resumed)
     for name, tensor in resumed.model.named_parameters():
         assert torch.equal(dict(model.named_parameters())[name], tensor), name
+
+
+CRITICS = ("separate", "shared_trunk")
+
+
+def _critic_trainer(parallel: Parallelism, kind: str) -> Trainer:
+    config = TrainerConfig(lr=1e-3, warmup_steps=3)
+    critic = CriticConfig(type=kind, lr=2e-3)
+    return Trainer(
+        tiny_qwen2(),
+        config,
+        LossConfig(name="ppo"),
+        AdvantageConfig(name="gae"),
+        parallel=parallel,
+        critic=critic,
+    )
+
+
+def _critic_weights(trainer: Trainer) -> dict[str, torch.Tensor]:
+    named = [
+        *trainer.model.named_parameters(),
+        *(("critic." + n, p) for n, p in trainer.critic.module.named_parameters()),
+    ]
+    return {
+        n: p.detach().full_tensor() if hasattr(p, "full_tensor") else p.detach().clone() for n, p in named
+    }
+
+
+def _critics_train_save_continue(root: str) -> dict | None:
+    out = {}
+    for kind in CRITICS:
+        trainer = _critic_trainer(_sharded("fsdp"), kind)
+        trainer.train_step(_groups(0), policy_version=0)
+        path = save_sharded_checkpoint(f"{root}/{kind}", trainer)
+        trainer.train_step(_groups(1), policy_version=1)
+        out[kind] = (str(path), _critic_weights(trainer))
+    return out if trainer.parallel.rank == 0 else None
+
+
+def test_a_two_rank_critic_checkpoint_resumes_on_one_rank(tmp_path: Path):
+    """The critic's weights, optimizer moments and schedule come back too, for both critic types (the shared
+    head lives inside the policy's sharded root)."""
+    reference = run_ranks(_critics_train_save_continue, 2, str(tmp_path))[0]
+    for kind, (path, weights) in reference.items():
+        resumed = _critic_trainer(SingleProcess(), kind)
+        load_sharded_checkpoint(path, resumed)
+        resumed.train_step(_groups(1), policy_version=1)
+        _assert_same_model(_critic_weights(resumed), weights)

@@ -1,0 +1,40 @@
+"""The trainer a run's config describes, built the same way by every runtime (inline, each Ray rank).
+
+Key decision: one place decides which extra models a run's trainer holds — a frozen reference copy when the
+loss reads reference log-probs, a critic when the advantage is GAE (a copy of the policy's body, or the body of
+``critic.model_path``) — so the runtimes cannot drift apart on it.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from torch import nn
+
+from asyncrl.config.run import RunConfig
+from asyncrl.models.loading import load_decoder_body
+from asyncrl.trainer.distributed.parallel import Parallelism
+from asyncrl.trainer.trainer import Trainer, needs_reference_copy
+
+
+def build_trainer(
+    config: RunConfig, model: nn.Module, tokenizer: Any, parallel: Parallelism | None = None
+) -> Trainer:
+    """The run's trainer over ``model`` (the policy, also the reference's and a default critic's source)."""
+    ref_model = copy.deepcopy(model) if needs_reference_copy(config.loss, config.trainer) else None
+    critic = config.critic
+    critic_body = None
+    if critic is not None and critic.model_path is not None:
+        critic_body = load_decoder_body(critic.model_path, config.model)
+    return Trainer(
+        model,
+        config.trainer,
+        config.loss,
+        config.advantage,
+        ref_model,
+        pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
+        parallel=parallel,
+        critic=critic,
+        critic_body=critic_body,
+    )
