@@ -107,7 +107,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
             ),
         ),
     ),
-    Benchmark("offpolicy", ("bench/offpolicy.py",), 45),
+    Benchmark("offpolicy", ("bench/offpolicy.py",), 85),
     Benchmark(
         "default_run",
         ("bench/default_run.py",),
@@ -149,6 +149,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         ),
     ),
     Benchmark("agentic_learning", ("bench/agentic_learning.py",), 20),
+    Benchmark("critic_learning", ("bench/critic_learning.py",), 55),
     Benchmark("agents_external", ("bench/agents_external.py",), 10),
     Benchmark("serve_load", ("bench/serve_load.py",), 12),
     Benchmark("soak", ("bench/soak.py",), 35),
