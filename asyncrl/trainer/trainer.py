@@ -354,9 +354,7 @@ class Trainer:
             fixed[_OLD_VALUES] = self._no_grad_outputs(self.critic.module, batch, ("values",))["values"]
         if self.reference is not None:
             with self._reference_mode():
-                fixed["ref_logprobs"] = self._no_grad_outputs(self.reference, batch, ("logprobs",))[
-                    "logprobs"
-                ]
+                fixed["ref_logprobs"] = self._logprobs_no_grad(self.reference, batch)
         if loss_config.m2po is not None:
             log_ratio = fixed["train_behaviour_logprobs"] - batch.behaviour_logprobs
             fixed["m2po_mask"], metrics["m2po/second_moment"] = m2po_keep(
@@ -377,6 +375,10 @@ class Trainer:
             fixed["train_behaviour_logprobs"], batch.behaviour_logprobs, batch.loss_mask, self.loss_config
         )
         return batch.loss_mask * correction.mask
+
+    def _logprobs_no_grad(self, module: nn.Module, batch: TrainBatch) -> torch.Tensor:
+        """``module``'s log-probs [B, T] of every row (``_no_grad_outputs``)."""
+        return self._no_grad_outputs(module, batch, ("logprobs",))["logprobs"]
 
     @torch.no_grad()
     def _no_grad_outputs(

@@ -173,3 +173,22 @@ def test_clipped_value_loss_matches_the_formula():
     assert metrics["critic/value_clip_fraction"] == pytest.approx(1 / 3)
     unclipped, _ = value_loss(values, old, returns, mask, clip=None, aggregation="token-mean")
     assert unclipped.item() == pytest.approx((1.0 + 0.25 + 1.96) / 2 / 3)
+
+
+@pytest.mark.parametrize("kind", TYPES)
+def test_a_critic_beside_lora_trains_and_the_engines_still_get_adapters_only(kind):
+    """With LoRA the policy trains adapters; a separate critic is a full-weight copy of the base taken before
+    the adapters were attached, a shared head sits on the adapted trunk. Weight sync stays adapter-only."""
+    from asyncrl.config.trainer import LoraConfig
+
+    config = TrainerConfig(lr=1e-3, lora=LoraConfig(rank=4, alpha=8.0))
+    trainer = Trainer(
+        tiny_qwen2(), config, LossConfig(), AdvantageConfig(name="gae"), critic=CriticConfig(type=kind)
+    )
+    if kind == "separate":
+        assert not any("lora_" in name for name, _ in trainer.critic.module.named_parameters())
+        assert all(p.requires_grad for p in trainer.critic.module.parameters())
+    critic = snapshot(trainer.critic.module)
+    trainer.train_step(groups(), 0)
+    assert changed(critic, trainer.critic.module)
+    assert trainer.adapter is not None and all("lora_" in name for name in trainer.sync_tensors())
