@@ -662,7 +662,7 @@ def stage_time_to_reward(bench: Bench) -> None:
 
         return run
 
-    start = in_child(evaluate_warm_start, tuple(work.overrides()), work.eval_prompts)
+    start = warm_start_reward(bench)
     arms = {
         "time_to_reward/best_sync": full_run("best_sync", best),
         "time_to_reward/async_a2": full_run("async_a2", ASYNC_A2),
@@ -696,7 +696,6 @@ def stage_time_to_reward(bench: Bench) -> None:
         ],
     }
     bench.extra["time_to_reward"] = {
-        "warm_start": start,
         **measured,
         "evals": {name: [run["evals"] for run in found] for name, found in runs.items()},
         "seeds": seeds,
@@ -705,6 +704,32 @@ def stage_time_to_reward(bench: Bench) -> None:
 
 def _ratio_text(ratio: float | None) -> str:
     return "not reached" if ratio is None else f"{ratio:.3g}"
+
+
+HEADROOM = (0.05, 0.9)
+"""The warm start's held-out mean reward must lie in this band for the run to mean anything: below it RL finds
+too few right answers to learn from in a hundred steps (nearly every group filtered), above it there is nothing
+left to learn. Checked before any arm runs, so a warm start that misses it costs minutes, not the suite."""
+
+
+def warm_start_reward(bench: Bench) -> dict[str, float]:
+    """The warm start evaluated like every snapshot (step 0 of every time-to-reward curve), once per run."""
+    if "warm_start" not in bench.extra:
+        work = bench.work
+        bench.extra["warm_start"] = in_child(evaluate_warm_start, tuple(work.overrides()), work.eval_prompts)
+    return bench.extra["warm_start"]
+
+
+def check_headroom(bench: Bench) -> None:
+    """Stop before any arm runs when the warm start leaves RL nothing measurable to do (``HEADROOM``)."""
+    reward = warm_start_reward(bench)["eval/reward_mean"]
+    low, high = HEADROOM
+    if not low <= reward <= high:
+        raise SystemExit(
+            f"the warm start's held-out mean reward is {reward:.3f}, outside [{low}, {high}]: the workload's "
+            f"SFT recipe (bench/workloads.py) leaves RL no headroom; fix the recipe before running any arm"
+        )
+    print(f"warm start: held-out mean reward {reward:.3f} (headroom band {low}-{high})", flush=True)
 
 
 def stage_bound(bench: Bench) -> None:
@@ -863,6 +888,8 @@ def main() -> None:
         bench = Bench(work, harness.repeats_for(args), Path(tmp), len(os.sched_getaffinity(0)))
         if args.best_sync:
             bench.best_sync = next(a for a in SWEEP if a.name == args.best_sync)
+        if not args.quick:  # the quick twin's 30-step warm start has no headroom by design
+            check_headroom(bench)
         for stage in STAGES:
             if stage in args.stages:
                 STAGE_FUNCTIONS[stage](bench)

@@ -136,3 +136,14 @@ def test_memory_per_role_is_each_lone_roles_peak_over_its_process_baseline() -> 
     got = long_tail.memory_per_role(raw)
     assert got["engine_alone_async"] == summary([300.0]) and got["trainer_alone_async"] == summary([600.0])
     assert got["process_baseline"]["median"] == 400.0
+
+
+@pytest.mark.parametrize(("reward", "stops"), [(0.01, True), (0.3, False), (0.95, True)])
+def test_a_warm_start_without_headroom_stops_the_run_before_any_arm(reward: float, stops: bool) -> None:
+    bench = long_tail.Bench(LONG_TAIL, 1, scratch=None, cores=2)  # type: ignore[arg-type]
+    bench.extra["warm_start"] = {"eval/reward_mean": reward}  # as evaluated (no model is loaded here)
+    if stops:
+        with pytest.raises(SystemExit, match="no headroom"):
+            long_tail.check_headroom(bench)
+    else:
+        long_tail.check_headroom(bench)
