@@ -56,6 +56,10 @@ check "RL run on CUDA: inline runtime, async alpha = 2, built-in engine, 20 step
 check "RL run on CUDA: sync mode, bfloat16 training, 10 steps" \
   train sync-bf16 controller.mode=sync buffer.async_ratio=0 trainer.compute_dtype=bfloat16 controller.num_steps=10 \
   controller.eval_prompts=64
+check "RL run on CUDA with LoRA (rank 8, adapter-only weight sync), 10 steps" \
+  train lora trainer.lora.rank=8 controller.num_steps=10 controller.eval_prompts=64
+check "RL run on CUDA: PPO with a separate critic and GAE, 10 steps" \
+  train gae advantage.name=gae critic.type=separate controller.num_steps=10 controller.eval_prompts=64
 check "the default run (150 steps) on CUDA learns: held-out reward rises" default_run_learns
 
 venv=${ASYNCRL_VLLM_VENV:-$HOME/.cache/asyncrl/vllm-venv}
