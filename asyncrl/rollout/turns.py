@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from asyncrl.serve.chat_format import Message, TemplateFormat
-from asyncrl.serve.service import stop_token_ids
+from asyncrl.serve.chat_format import Message, TemplateFormat, stop_token_ids
 from asyncrl.serve.tito import closing_text
 
 

@@ -188,3 +188,13 @@ def make_chat_format(name: str, tokenizer: Any) -> ChatFormat:
     if name == "plain":
         return PlainFormat()
     raise ValueError(f"serve.chat_format must be 'template' or 'plain', got {name!r}")
+
+
+def stop_token_ids(format_name: str, chat_format: ChatFormat, tokenizer: Any) -> list[int]:
+    """The template's end-of-turn token (e.g. ``<|im_end|>``), so a turn stops where the template closes it."""
+    if format_name != "template":
+        return []
+    history = [{"role": "user", "content": "x"}]
+    close = tokenizer.encode(chat_format.close(history, "x"), add_special_tokens=False)
+    special = set(getattr(tokenizer, "all_special_ids", []))
+    return [close[0]] if close and close[0] in special else []

@@ -17,7 +17,14 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from asyncrl.config.serve import ServeConfig
-from asyncrl.serve.chat_format import ChatFormat, Message, harness_message, make_chat_format, tools_message
+from asyncrl.serve.chat_format import (
+    ChatFormat,
+    Message,
+    harness_message,
+    make_chat_format,
+    stop_token_ids,
+    tools_message,
+)
 from asyncrl.serve.deltas import TextDeltas
 from asyncrl.serve.schemas import ChatRequest, CompletionRequest, ServeError, check_bounds
 from asyncrl.serve.tito import Branch, TrajectoryTokens, message_key
@@ -344,16 +351,6 @@ class CompletionService:
                 None,
                 "server_error",
             ) from err
-
-
-def stop_token_ids(format_name: str, chat_format: ChatFormat, tokenizer: Any) -> list[int]:
-    """The template's end-of-turn token (e.g. ``<|im_end|>``), so a turn stops where the template closes it."""
-    if format_name != "template":
-        return []
-    history = [{"role": "user", "content": "x"}]
-    close = tokenizer.encode(chat_format.close(history, "x"), add_special_tokens=False)
-    special = set(getattr(tokenizer, "all_special_ids", []))
-    return [close[0]] if close and close[0] in special else []
 
 
 def load_reward_fn(path: str) -> Callable[[list[Message]], float]:

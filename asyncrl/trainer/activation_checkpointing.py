@@ -15,6 +15,10 @@ from asyncrl.trainer.distributed.parallel import decoder_layers
 
 def enable_activation_checkpointing(model: nn.Module) -> None:
     """Checkpoint every decoder layer of ``model`` (non-reentrant, so it composes with FSDP2)."""
-    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:  # transformers before the rename (the lent GPU machine's 5.17): same switch, older name
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     for layer in decoder_layers(model):
         layer.training = True  # this layer object only: see the module docstring

@@ -8,6 +8,8 @@ a unit of its own, so a cycle between packages cannot hide behind one. Imports i
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -175,3 +177,20 @@ def test_an_excepted_upward_import_still_closes_a_cycle():
     source = unit_of(module)
     assert layer_violations({(source, target): [module]}) == []
     assert find_cycle({(source, target): [module], (target, source): ["y"]}) is not None
+
+
+def test_a_training_run_imports_without_the_server_or_ray_libraries():
+    """``asyncrl train`` on the inline runtime needs torch and transformers only: the lent GPU machine has no
+    pydantic, FastAPI or Ray, and a run there once failed at import because a rollout module reached a helper
+    through the OpenAI server's module (which imports pydantic)."""
+    blocker = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in {'pydantic', 'fastapi', 'starlette', 'uvicorn', 'ray'}:\n"
+        "            raise ImportError(f'{name} is not needed to train')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import asyncrl.cli.train, asyncrl.app.train\n"
+    )
+    result = subprocess.run([sys.executable, "-c", blocker], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
