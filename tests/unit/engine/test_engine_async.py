@@ -108,7 +108,8 @@ def test_cancelled_generate_aborts_its_request(async_engine):
         task = asyncio.create_task(
             async_engine.generate(request("c", PROMPTS[1], max_new_tokens=100, ignore_eos=True))
         )
-        await asyncio.sleep(0.05)
+        while async_engine.stats()["num_generated_tokens"] < 3:  # running, far from its 100 tokens
+            await asyncio.sleep(0.005)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
