@@ -62,19 +62,27 @@ def test_plan_rejects_no_engines():
         plan_placement(RuntimeConfig(type="local"), num_engines=0, mode="async")
 
 
+ACTORS = {
+    "HF_HUB_OFFLINE": "1",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+}
+"""Every actor's environment: local models only, and no library progress bars (their output is Ray's log)."""
+
+
 def test_local_ray_gets_rollout_plus_train_cpus_no_dashboard_and_auth_off_for_actors():
     args = ray_init_args(RuntimeConfig(type="local", rollout_num_cpus=1.5, train_num_cpus=1))
     assert args == {
         "address": "local",  # a Ray of its own, never another process's on this machine
         "num_cpus": 3,
         "include_dashboard": False,
-        "runtime_env": {"env_vars": {"HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled"}},
+        "runtime_env": {"env_vars": {**ACTORS, "RAY_AUTH_MODE": "disabled"}},
     }
 
 
 def test_cluster_joins_the_address_and_leaves_its_auth_alone():
     args = ray_init_args(RuntimeConfig(type="cluster", address="ray://head:10001"))
-    assert args == {"address": "ray://head:10001", "runtime_env": {"env_vars": {"HF_HUB_OFFLINE": "1"}}}
+    assert args == {"address": "ray://head:10001", "runtime_env": {"env_vars": ACTORS}}
 
 
 @pytest.mark.parametrize(
