@@ -52,7 +52,7 @@ import sys
 from pathlib import Path
 
 # `python bench/async_vs_sync.py` puts bench/ first on sys.path: make the checkout the import root, as `python -m` would
-if not __package__:
+if __name__ == "__main__" and not __package__:
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import asyncio

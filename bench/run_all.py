@@ -29,7 +29,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 # `python bench/run_all.py` puts bench/ first on sys.path: make the checkout the import root, as `python -m` would
-if not __package__:
+if __name__ == "__main__" and not __package__:
     sys.path[0] = str(ROOT)
 
 from bench.harness import RESULTS_DIR, git_commit  # noqa: E402

@@ -10,6 +10,7 @@ environment the install does not give (vLLM, CUDA) and sets its own paths.
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import subprocess
 import sys
@@ -68,3 +69,20 @@ def test_every_documented_benchmark_has_a_quick_run_started_as_a_user_would():
     documented = {script for script in documented_commands() if script.startswith("bench/")}
     missing = documented - quick_runs_in_tests()
     assert missing == set(), "documented, never run by a test: give it a --quick run"
+
+
+def test_a_script_imported_as_a_module_leaves_sys_path_alone():
+    """A script puts the checkout first on ``sys.path`` only when run as one: tests import some scripts
+    (``bench_docs``, ``recipe_plans``) as modules, and a rewritten ``sys.path[0]`` there once dropped a test
+    folder that later tests' spawned children needed to import their test module."""
+    before = list(sys.path)
+    spec = importlib.util.spec_from_file_location(
+        "recipe_plans_import_check", ROOT / "scripts/recipe_plans.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[spec.name]
+    assert sys.path == before
