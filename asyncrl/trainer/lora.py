@@ -45,8 +45,12 @@ def attach_lora(model: nn.Module, config: LoraConfig, seed: int) -> peft.PeftMod
         target_modules=targets,
         bias="none",
     )
+    device = next(model.parameters()).device
     try:
-        with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
+        with (
+            warnings.catch_warnings(),
+            torch.random.fork_rng(devices=[device] if device.type == "cuda" else []),
+        ):
             # peft asks transformers a deprecated question: nothing for users
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
             torch.manual_seed(seed)
