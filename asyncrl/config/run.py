@@ -41,6 +41,13 @@ class RunConfig:
     """Directory for checkpoints, metrics and the resolved config of this run."""
     resume: str = ""
     """A checkpoint directory to continue from (model, optimizer, step, data position); empty starts fresh."""
+    deterministic: bool = False
+    """Make a run's training a function of its seed alone: the behaviour log-probs the loss uses for tokens the
+    current weights generated are the trainer's own step-start recompute, not the engine's (whose values
+    depend on which requests shared its batches, i.e. on timing). A sync run and its kill/resume twin then end
+    bit-equal, and so do sync and async at α = 0 (docs/modes.md). Costs one no-grad forward per step when the
+    loss does not run one anyway (measured in docs/benchmarks.md); off by default for that. Needs rollouts that
+    sample the model's own distribution (rollout.top_p 1, top_k 0, temperature = trainer.temperature)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The policy model."""
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -94,6 +101,8 @@ class RunConfig:
         check_critic(self.advantage.name, self.critic)
         self.weight_sync.transport_for(self.runtime.type)  # a ValueError when the runtime cannot carry it
         self._fill_vllm_lora()
+        if self.deterministic:
+            self._check_deterministic()
         if self.producer not in PRODUCERS:
             raise ValueError(
                 f"producer must be one of {', '.join(map(repr, PRODUCERS))}, got {self.producer!r}"
@@ -124,6 +133,17 @@ class RunConfig:
                         f"controller.eval_sets[{eval_set.name}]: agentic runs evaluate held-out env episodes, "
                         "one each: leave task unset and samples_per_prompt at 1"
                     )
+
+    def _check_deterministic(self) -> None:
+        """The trainer's recompute stands in for the engine's log-probs only if both describe one distribution."""
+        rollout = self.rollout
+        if rollout.top_p != 1 or rollout.top_k != 0 or rollout.temperature != self.trainer.temperature:
+            raise ValueError(
+                "deterministic: true replaces the engine's behaviour log-probs with the trainer's own, which "
+                "describe the model at trainer.temperature: it needs rollout.top_p 1, rollout.top_k 0 and "
+                f"rollout.temperature = trainer.temperature (got top_p {rollout.top_p}, top_k {rollout.top_k}, "
+                f"temperature {rollout.temperature} vs {self.trainer.temperature})"
+            )
 
     def _fill_vllm_lora(self) -> None:
         """With ``trainer.lora`` on vLLM, let its worker serve adapters of that rank, and refuse what its LoRA

@@ -21,7 +21,8 @@ from asyncrl.trainer.trainer import Trainer, needs_reference_copy
 def build_trainer(
     config: RunConfig, model: nn.Module, tokenizer: Any, parallel: Parallelism | None = None
 ) -> Trainer:
-    """The run's trainer over ``model`` (the policy, also the reference's and a default critic's source)."""
+    """The run's trainer over ``model`` (the policy, also the reference's and a default critic's source), with
+    the run's ``deterministic`` switch."""
     ref_model = copy.deepcopy(model) if needs_reference_copy(config.loss, config.trainer) else None
     critic = config.critic
     critic_body = None
@@ -37,4 +38,5 @@ def build_trainer(
         parallel=parallel,
         critic=critic,
         critic_body=critic_body,
+        recompute_behaviour=config.deterministic,
     )
