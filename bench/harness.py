@@ -70,7 +70,12 @@ def placement(config: Any) -> dict[str, Any]:
     per role. Taken from the planner, not described by hand, so a record cannot drift from what ran."""
     from asyncrl.runtime.placement import plan_placement
 
-    plan = plan_placement(config.runtime, num_engines=config.rollout.num_engines, mode=config.controller.mode)
+    plan = plan_placement(
+        config.runtime,
+        num_engines=config.rollout.num_engines,
+        mode=config.controller.mode,
+        async_ratio=config.buffer.async_ratio,
+    )
     return {"runtime": config.runtime.type, **plan.describe()}
 
 

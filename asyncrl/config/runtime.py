@@ -46,7 +46,8 @@ class RuntimeConfig:
     """CPUs of the trainer: its Ray resource and its torch threads (at least 1). null: half of this
     machine's usable cores, rounded down (at least 1; on a ``cluster`` runtime, 1)."""
     colocate: Literal["auto", "always", "never"] = "auto"
-    """auto: colocate rollout and training in ``sync`` mode only (module docstring); always / never force it."""
+    """auto: colocate rollout and training when they never overlap: ``sync``, or any mode at
+    ``buffer.async_ratio`` 0 (module docstring); always / never force it."""
     driver_cpus: float = 1.0
     """Colocated (``sync``) placement only: the cores the engines leave to the driver while they generate
     (reward scoring, detokenizing, scheduling); each engine gets ``(cores - driver_cpus) / num_engines``

@@ -182,7 +182,10 @@ def build_parts(config: RunConfig) -> InlineParts:
     ``train_num_cpus``), so the roles never oversubscribe the cores. This thread then keeps one torch thread
     (it only orchestrates), so its OpenMP team does not throttle theirs."""
     placement = plan_placement(
-        config.runtime, num_engines=config.rollout.num_engines, mode=config.controller.mode
+        config.runtime,
+        num_engines=config.rollout.num_engines,
+        mode=config.controller.mode,
+        async_ratio=config.buffer.async_ratio,
     )
     torch.set_num_threads(1)
     model, tokenizer = load_configured_model(config.model)

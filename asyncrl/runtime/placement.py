@@ -71,12 +71,13 @@ class Placement:
         }
 
 
-def is_colocated(config: RuntimeConfig, mode: str) -> bool:
-    """Whether rollout and training share every core: ``colocate: auto`` does so when the mode never lets
-    rollout overlap training (``sync``)."""
+def is_colocated(config: RuntimeConfig, mode: str, async_ratio: float | None = None) -> bool:
+    """Whether rollout and training share every core: ``colocate: auto`` does so when rollout never overlaps
+    training: the mode never lets it (``sync``), or the run's α is 0 (an ``async`` run at α = 0 waits exactly
+    as sync does, and trains exactly what sync trains only if it computes with the same threads)."""
     if config.colocate != "auto":
         return config.colocate == "always"
-    return not mode_spec(mode).rollout_overlaps_training
+    return not mode_spec(mode).rollout_overlaps_training or async_ratio == 0
 
 
 def plan_placement(
@@ -86,17 +87,19 @@ def plan_placement(
     mode: str,
     usable_cores: Sequence[int] | None = None,
     num_trainer_workers: int = 1,
+    async_ratio: float | None = None,
 ) -> Placement:
     """The CPU reservation and thread count of each trainer rank (``train_num_cpus`` split over
     ``num_trainer_workers``) and of each of ``num_engines`` engines (and their cores, with ``pin_cores``, out of
-    ``usable_cores``: by default this process's affinity)."""
+    ``usable_cores``: by default this process's affinity), for a run of ``mode`` at ``async_ratio`` (None: the
+    mode's own, see ``is_colocated``)."""
     if num_engines < 1:
         raise ValueError(f"rollout.num_engines must be >= 1, got {num_engines}")
     if num_trainer_workers < 1:
         raise ValueError(f"trainer.num_workers must be >= 1, got {num_trainer_workers}")
     rollout_cpus, train_cpus = config.cpu_shares(None if usable_cores is None else len(usable_cores))
     total = rollout_cpus + train_cpus
-    if is_colocated(config, mode):
+    if is_colocated(config, mode, async_ratio):
         return Placement(
             colocated=True,
             engine_num_cpus=0.0,

@@ -532,6 +532,7 @@ def build_ray_parts(config: RunConfig, runtime: RuntimeConfig) -> RayParts:
         num_engines=config.rollout.num_engines,
         mode=config.controller.mode,
         num_trainer_workers=config.trainer.num_workers,
+        async_ratio=config.buffer.async_ratio,
     )
     reservation = reserve(role_bundles(config, runtime, placement), runtime)
     accelerator = runtime.accelerator_resource

@@ -123,3 +123,14 @@ def test_inline_runtime_needs_no_ray_session():
     session = ray_session(RuntimeConfig())
     with pytest.raises(ValueError, match="runtime.type 'inline' runs in one process"):
         session.__enter__()
+
+
+@pytest.mark.parametrize("mode", ["async", "partial_rollout", "multi_version"])
+def test_auto_colocates_any_mode_at_alpha_zero_as_sync(mode):
+    """α = 0 never overlaps rollout with training: it gets sync's placement (and so sync's threads)."""
+    config = RuntimeConfig(type="local")
+    assert is_colocated(config, mode, async_ratio=0)
+    assert not is_colocated(config, mode, async_ratio=1)
+    assert plan_placement(config, num_engines=1, mode=mode, async_ratio=0) == plan_placement(
+        config, num_engines=1, mode="sync", async_ratio=0
+    )
