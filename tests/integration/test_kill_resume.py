@@ -69,9 +69,10 @@ def run_to_completion(out: Path, *overrides: str, resume: bool = False) -> None:
     assert "\r" not in result.stdout + result.stderr, "carriage-return progress output in a piped run"
 
 
-def run_with_kills(out: Path, *overrides: str, num_kills: int, seed: int) -> int:
-    """Start, SIGKILL at a random moment after the run has made progress, restart with resume; ``num_kills``
-    times, then finish. Returns how many kills hit a live run that had resumed from a checkpoint."""
+def run_with_kills(out: Path, *overrides: str, num_kills: int, seed: int, max_delay_s: float = 0.4) -> int:
+    """Start, SIGKILL at a random moment (up to ``max_delay_s`` after this life's first trained step), restart
+    with resume; ``num_kills`` times, then finish. Returns how many kills hit a live run that had resumed from a
+    checkpoint."""
     rng = random.Random(seed)
     hits = 0
     for _ in range(num_kills):
@@ -86,7 +87,9 @@ def run_with_kills(out: Path, *overrides: str, num_kills: int, seed: int) -> int
         deadline = time.monotonic() + 120
         while _steps_logged(out) <= steps_before and process.poll() is None and time.monotonic() < deadline:
             time.sleep(0.01)  # until this life has trained a step (start-up takes ~3 s)
-        time.sleep(rng.uniform(0.0, 0.4))  # then anywhere: generating, training, syncing, checkpointing
+        time.sleep(
+            rng.uniform(0.0, max_delay_s)
+        )  # then anywhere: generating, training, syncing, checkpointing
         hits += resume and process.poll() is None
         process.send_signal(signal.SIGKILL)
         process.wait()
