@@ -35,6 +35,7 @@ QUICK = [
     "ray_calls",
     "weight_sync",
     "lora",
+    "deterministic",
 ]
 """Every benchmark on the harness. ``agentic`` runs in tests/integration/test_bench_agentic.py, which also checks
 its episode ledgers."""
