@@ -46,8 +46,9 @@ class RunConfig:
     current weights generated are the trainer's own step-start recompute, not the engine's (whose values
     depend on which requests shared its batches, i.e. on timing). A sync run and its kill/resume twin then end
     bit-equal, and so do sync and async at α = 0 (docs/modes.md). Costs one no-grad forward per step when the
-    loss does not run one anyway (measured in docs/benchmarks.md); off by default for that. Needs rollouts that
-    sample the model's own distribution (rollout.top_p 1, top_k 0, temperature = trainer.temperature)."""
+    loss does not run one anyway; off by default for that, pending its measurement (bench/deterministic.py).
+    Needs rollouts that sample the model's own distribution (rollout.top_p 1, top_k 0, temperature =
+    trainer.temperature)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The policy model."""
     engine: EngineConfig = field(default_factory=EngineConfig)
