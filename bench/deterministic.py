@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 # `python bench/deterministic.py` puts bench/ first on sys.path: make the checkout the import root
-if not __package__:
+if __name__ == "__main__" and not __package__:
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import time
