@@ -235,7 +235,7 @@ def evaluate_snapshots(
     """Held-out mean reward of every snapshot: one seeded temperature-1 sample per prompt, on a lone engine
     with every core (after the run: none of it is timed)."""
     from asyncrl.config.run import RunConfig
-    from asyncrl.controller.evaluation import evaluate
+    from asyncrl.controller.evaluation import score_answers, summary_metrics
     from asyncrl.data.registry import make_task
     from asyncrl.engine import make_engine
     from asyncrl.models.loading import load_model_and_tokenizer
@@ -252,8 +252,8 @@ def evaluate_snapshots(
                 model.load_state_dict(snapshot["state"])
             engine = make_engine(model, tokenizer, config.engine, num_threads=len(os.sched_getaffinity(0)))
             try:
-                metrics = asyncio.run(
-                    evaluate(
+                answers = asyncio.run(
+                    score_answers(
                         engine,
                         tokenizer,
                         samples,
@@ -263,6 +263,7 @@ def evaluate_snapshots(
                         seed=EVAL_SEED,
                     )
                 )
+                metrics = summary_metrics(answers)
             finally:
                 engine.shutdown()
             out.append({"step": snapshot["step"], "elapsed_s": snapshot["elapsed_s"], **metrics})

@@ -50,7 +50,8 @@ def test_a_delta_run_ships_less_than_the_model_and_resumes(tiny_path, tmp_path):
     assert names == ["delta-00000003", "delta-00000004", "full-00000003"], names
 
     resumed = load_run_config(
-        None, [*RUN, f"model.path={tiny_path}", f"output_dir={out}", "controller.num_steps=6", f"resume={out}"]
+        None,
+        [*RUN, f"model.path={tiny_path}", f"output_dir={out}", "controller.num_steps=6", f"resume={out}"],
     )
     asyncio.run(training.train(resumed, console=None))
     assert [line["step"] for line in steps(out)] == [1, 2, 3, 4, 5, 6]
