@@ -155,8 +155,8 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("serve_load", ("bench/serve_load.py",), 12),
     Benchmark("soak", ("bench/soak.py",), 30),
     Benchmark("simulator", ("bench/simulator.py",), 5),
-    Benchmark("sim_studies", ("bench/sim_studies.py",), 9),
-    Benchmark("paper_tables", ("bench/paper_tables.py",), 60),
+    Benchmark("sim_studies", ("bench/sim_studies.py",), 12),
+    Benchmark("paper_tables", ("bench/paper_tables.py",), 70),
     Benchmark("sim_vs_real", ("bench/sim_vs_real.py",), 10),
     Benchmark("weight_sync", ("bench/weight_sync.py", "--parts", "transports,long_tail_step"), 30),
     Benchmark(
