@@ -51,6 +51,8 @@ check "engine, trainer, loss and packing tests with their models on CUDA (the CP
   tests/unit/engine/test_engine_batched_prefill.py tests/unit/trainer/test_trainer_device.py \
   tests/unit/trainer/test_trainer_packing.py tests/unit/losses/test_losses_device.py
 check "FSDP2 over NCCL ($GPUS rank(s), one per GPU) against one process" $PY scripts/gpu_fsdp_check.py
+check "LoRA on CUDA: FSDP2 + peft over NCCL against one process, adapter log-probs, the engine's merge" \
+  $PY scripts/gpu_lora_check.py
 check "RL run on CUDA: inline runtime, async alpha = 2, built-in engine, 20 steps" \
   train async controller.num_steps=20 controller.eval_prompts=64
 check "RL run on CUDA: sync mode, bfloat16 training, 10 steps" \

@@ -17,6 +17,7 @@ Three checks, each printed with its measured error and bound; the exit status is
 
 from __future__ import annotations
 
+import argparse
 import copy
 import sys
 
@@ -150,6 +151,7 @@ def generate(engine: LLMEngine) -> dict[str, list[int]]:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     if not torch.cuda.is_available():
         sys.exit("no CUDA device: this check is for a lent GPU machine")
     ok = check_fsdp()
