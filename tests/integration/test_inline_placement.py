@@ -21,7 +21,8 @@ SHARES = (
 
 def threads_used(mode: str) -> tuple[int, int, dict]:
     """(engine threads, trainer threads, placement record) of an inline run in ``mode``."""
-    config = load_run_config(None, [*SHARES, f"controller.mode={mode}"])
+    overlap = [] if mode == "sync" else ["buffer.async_ratio=1"]  # at α = 0 an async mode is placed as sync
+    config = load_run_config(None, [*SHARES, f"controller.mode={mode}", *overlap])
     parts = build_parts(config)
     try:
         trainer_threads = parts.trainer.on_training_thread(torch.get_num_threads)

@@ -16,6 +16,7 @@ import pytest
 import ray
 import torch
 
+from asyncrl.config.buffer import BufferConfig
 from asyncrl.config.controller import ControllerConfig
 from asyncrl.config.engine import EngineConfig
 from asyncrl.config.model import ModelConfig
@@ -186,6 +187,7 @@ def run_config(model_config: ModelConfig) -> RunConfig:
         engine=ENGINE,
         rollout=RolloutConfig(num_engines=1),
         controller=ControllerConfig(mode="async"),
+        buffer=BufferConfig(async_ratio=1),  # at α = 0 an async run is placed as sync
         trainer=TrainerConfig(lr=1e-2),
     )
 
