@@ -46,7 +46,8 @@ class RunConfig:
     current weights generated are the trainer's own step-start recompute, not the engine's (whose values
     depend on which requests shared its batches, i.e. on timing). A sync run and its kill/resume twin then end
     bit-equal, and so do sync and async at α = 0 (docs/modes.md). Costs one no-grad forward per step when the
-    loss does not run one anyway; off by default for that, pending its measurement (bench/deterministic.py).
+    loss does not run one anyway (measured on a train step: docs/benchmarks.md, Determinism); off by
+    default for that.
     Needs rollouts that sample the model's own distribution (rollout.top_p 1, top_k 0, temperature =
     trainer.temperature)."""
     model: ModelConfig = field(default_factory=ModelConfig)
