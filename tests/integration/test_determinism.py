@@ -148,11 +148,11 @@ def killed_sync_reference(tmp_path_factory) -> Path:
 def test_a_deterministic_sync_run_killed_at_random_moments_ends_bit_equal(
     tmp_path, killed_sync_reference, schedule
 ):
-    """Slow: a 10-step reference and a run of four lives, each SIGKILLed 0-3 s after its first trained step (so
+    """Slow: a 10-step reference and a run of four lives, each SIGKILLed 0-0.5 s after its first trained step (so
     in any phase of a step, at any of several steps), per schedule; ~2-3 min of CPU on a busy 2-core machine."""
     seed = schedule_seed()
     out = tmp_path / "killed"
-    hits = run_with_kills(out, *KILLED, *SYNC, num_kills=4, seed=seed, max_delay_s=3.0)
+    hits = run_with_kills(out, *KILLED, *SYNC, num_kills=4, seed=seed, max_delay_s=0.5)
     why = f"schedule {schedule}, seed {seed}, {hits} kills of a resumed life"
     assert hits >= 2, f"{why}: too few kills landed in a live, resumed run"
     assert_same_run(out, killed_sync_reference, KILLED_STEPS, 32, why)
