@@ -194,10 +194,26 @@ def machine() -> dict[str, Any]:
     }
 
 
+def resident_memory_mb() -> dict[str, float]:
+    """This process's resident memory now and at its peak (``VmRSS``, ``VmHWM``), in MB.
+
+    Why not ``getrusage``: Linux carries ``ru_maxrss`` across ``execve``, so a child started by a large parent
+    reports the parent's resident size at fork as its own peak (two arms of ``bench/lora.py`` once read the same
+    2,835 MB). ``VmHWM`` belongs to the process's own address space, which ``execve`` replaces."""
+    fields = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            fields[key] = int(value.split()[0]) / 1024
+    return {"rss_mb": fields.get("VmRSS", float("nan")), "peak_rss_mb": fields.get("VmHWM", float("nan"))}
+
+
 def peak_memory() -> dict[str, float]:
-    """Peak resident memory, in MB, of this benchmark process and of the largest process it started and waited
-    for (``RUSAGE_CHILDREN``: a run in a child process, a worker). Where roles live in separate processes the
-    benchmark records each role's own (``bench/cpu_use.py``, ``bench/long_tail.py``'s lone roles)."""
+    """Peak resident memory, in MB, of this benchmark process and a ceiling on that of the processes it started
+    and waited for (``RUSAGE_CHILDREN``: a run in a child process, a worker). The children's figure is only a
+    ceiling: Linux counts a child's peak from its fork, the parent's resident memory at that moment included
+    (see :func:`resident_memory_mb`). Where roles live in separate processes the benchmark records each role's
+    own (``bench/cpu_use.py``, ``bench/long_tail.py``'s lone roles, ``bench/lora.py``'s trainers)."""
     import resource  # here: Unix only, and only when a result is written
 
     return {

@@ -153,28 +153,18 @@ class RunSpec:
     eval_prompts: int = 0
 
 
-def rss_mb() -> dict[str, float]:
-    """This process's resident memory now and at its peak (VmRSS, VmHWM), in MB."""
-    fields = {}
-    for line in Path("/proc/self/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
-            fields[key] = int(value.split()[0]) / 1024
-    return {"rss_mb": fields.get("VmRSS", float("nan")), "peak_rss_mb": fields.get("VmHWM", float("nan"))}
-
-
 def run_training(spec: RunSpec) -> dict[str, Any]:
     """The child's job: one training run through the real parts; per-step rows, held-out evaluations of the
     snapshots, and the process's memory (its baseline after imports, its peak while training)."""
     from asyncrl.app.context_length import with_max_model_len
     from asyncrl.config.run import load_run_config
 
-    baseline = rss_mb()["rss_mb"]
+    baseline = harness.resident_memory_mb()["rss_mb"]
     config, _ = with_max_model_len(
         load_run_config(None, [*spec.overrides, f"controller.num_steps={spec.steps}"])
     )
     rows, snapshots = asyncio.run(_train(config, spec.snapshot_every))
-    memory = {"baseline_rss_mb": baseline, "peak_rss_mb": rss_mb()["peak_rss_mb"]}
+    memory = {"baseline_rss_mb": baseline, "peak_rss_mb": harness.resident_memory_mb()["peak_rss_mb"]}
     evals = evaluate_snapshots(config, snapshots, spec.eval_prompts) if snapshots else []
     return {"rows": rows, "evals": evals, "memory": memory}
 
@@ -407,7 +397,7 @@ def lone_engines(overrides: tuple[str, ...], cores: int, groups_path: str) -> di
     from asyncrl.types import Group, Request
 
     os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:cores]))
-    baseline = rss_mb()["rss_mb"]
+    baseline = harness.resident_memory_mb()["rss_mb"]
     config, _ = with_max_model_len(load_run_config(None, list(overrides)))
     plan = plan_placement(config.runtime, num_engines=config.rollout.num_engines, mode=config.controller.mode)
     torch.set_num_threads(1)
@@ -443,7 +433,7 @@ def lone_engines(overrides: tuple[str, ...], cores: int, groups_path: str) -> di
         rewards.close()
         for engine in engines:
             engine.shutdown()
-    memory = rss_mb()
+    memory = harness.resident_memory_mb()
     return {
         **measured,
         "engines": float(len(engines)),
@@ -501,7 +491,7 @@ def lone_trainer(overrides: tuple[str, ...], cores: int, groups_path: str, steps
     from asyncrl.trainer.trainer import Trainer
 
     os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[-cores:]))
-    baseline = rss_mb()["rss_mb"]
+    baseline = harness.resident_memory_mb()["rss_mb"]
     config = load_run_config(None, list(overrides))
     plan = plan_placement(config.runtime, num_engines=config.rollout.num_engines, mode=config.controller.mode)
     torch.set_num_threads(1)
@@ -536,7 +526,7 @@ def lone_trainer(overrides: tuple[str, ...], cores: int, groups_path: str, steps
         "step_s": seconds / (len(batches) - 1),
         "trainer_threads": float(plan.trainer_threads),
         "baseline_rss_mb": baseline,
-        "peak_rss_mb": rss_mb()["peak_rss_mb"],
+        "peak_rss_mb": harness.resident_memory_mb()["peak_rss_mb"],
     }
 
 

@@ -34,7 +34,6 @@ if __name__ == "__main__" and not __package__:
 import argparse
 import copy
 import json
-import resource
 import subprocess
 import time
 from collections.abc import Callable
@@ -140,7 +139,7 @@ def trainer_child(kind: str, quick: bool) -> dict[str, float]:
     return {
         "seconds": seconds,
         "trained_tokens_per_s": real_tokens / seconds,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mb": harness.resident_memory_mb()["peak_rss_mb"],
         "state_mb": state_bytes(trainer) / 2**20,
         "trainable_params": float(sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)),
     }

@@ -102,7 +102,8 @@ def render(name: str, results_dir: Path) -> str:
         memory = result["memory"]
         lines.append(
             f"\nPeak memory: {number(memory['process_peak_rss_mb'])} MB in the benchmark's process, "
-            f"{number(memory['largest_child_peak_rss_mb'])} MB in the largest process it started."
+            f"at most {number(memory['largest_child_peak_rss_mb'])} MB in the largest process it started (Linux counts a "
+            "child's peak from its fork, its parent's memory included)."
         )
     lines.append(f"\nResources: `{json.dumps(result['resources'])}`.")
     if result.get("setup"):  # the workload's shape and one-off costs (e.g. a backend's start-up), as recorded

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from bench import harness
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_arms_run_interleaved_with_rotating_order_and_every_repeat_kept() -> None:
@@ -68,3 +74,21 @@ def test_a_named_commit_overrides_what_git_says(monkeypatch) -> None:
     assert from_git != "0123abc"
     monkeypatch.setenv("ASYNCRL_BENCH_COMMIT", "0123abc")
     assert harness.git_commit() == "0123abc"
+
+
+def test_a_child_started_by_a_large_parent_reports_its_own_peak_not_the_parents() -> None:
+    """``ru_maxrss`` survives ``execve`` on Linux, so a trainer child of a 2.8 GB benchmark once read 2.8 GB
+    whatever it did; ``resident_memory_mb`` reads the child's own address space."""
+    ballast = bytearray(400 * 2**20)
+    ballast[::4096] = b"\x01" * len(ballast[::4096])  # touch every page: resident, not just reserved
+    child = (
+        "import json, resource; from bench import harness; "
+        "print(json.dumps([harness.resident_memory_mb()['peak_rss_mb'], "
+        "resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024]))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=True, env=env)
+    own_peak, inherited_maxrss = json.loads(done.stdout)
+    assert inherited_maxrss > 400  # the trap this guards against is real here
+    assert own_peak < 300  # an interpreter and the harness's imports, not the parent's 400 MB
+    del ballast
