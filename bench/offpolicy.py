@@ -49,6 +49,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from asyncrl.app.train import train  # noqa: E402
 from asyncrl.config.algorithm import PRESETS  # noqa: E402
 from asyncrl.config.run import load_run_config  # noqa: E402
+from asyncrl.metrics.progress import library_bars_follow_terminal  # noqa: E402
 from bench import harness  # noqa: E402
 
 DEFAULT_EXAMPLE = Path(__file__).resolve().parents[1] / "asyncrl" / "examples" / "default.yaml"
@@ -165,6 +166,7 @@ def targets(cells: dict[str, dict[str, Any]], losses: list[str]) -> dict[str, bo
 
 
 def main() -> None:
+    library_bars_follow_terminal()  # its own parser, not harness.parser: the log gets no carriage-return bars
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=60, help="training steps of every run (same samples)")
     parser.add_argument("--eval-prompts", type=int, default=256, help="held-out prompts of each evaluation")

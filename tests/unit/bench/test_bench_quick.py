@@ -44,14 +44,15 @@ its episode ledgers."""
 @pytest.mark.parametrize("name", QUICK)
 def test_quick_run_writes_the_schema(name: str, tmp_path: Path, user_env: dict[str, str]) -> None:
     out = tmp_path / f"{name}.json"
-    subprocess.run(
+    done = subprocess.run(
         [sys.executable, f"bench/{name}.py", "--quick", "--out", str(out)],
         cwd=ROOT,
         env=user_env,
         check=True,
-        capture_output=True,
+        capture_output=True,  # bytes: text mode would turn the carriage returns looked for into newlines
         timeout=120,
     )
+    assert b"\r" not in done.stdout + done.stderr, "a library drew a carriage-return progress bar into a log"
     result = json.loads(out.read_text())
     harness.check_schema(result)
     assert result["benchmark"] == name and result["quick"] is True
