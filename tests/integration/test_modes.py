@@ -205,10 +205,12 @@ def test_mode_on_ray_actors(tiny_path, tmp_path, mode):
     assert all(line["engine0/mean_in_flight"] > 0 for line in lines)
 
 
-def check_multi_version_run(
-    tiny_path: Path, out: Path, *overrides: str, exact_ages: bool = True
-) -> Controller:
-    """A multi_version run (α = 1, two engines): every mode check, and no group dropped but by the run's end."""
+def check_multi_version_run(tiny_path: Path, out: Path, *overrides: str) -> Controller:
+    """A multi_version run (α = 1, two engines): every mode check, and no group dropped but by the run's end.
+
+    Ages are bounded, not exact: a call takes its version when it leaves the proxy's gate, not when it is
+    admitted, so a call held at the gate (no engine of the newest version with a free slot yet) until an update
+    lands is pinned to that update: fresher data. A loaded machine made this happen in one process too."""
     controllers: list[Controller] = []
     records, lines = run_mode(
         tiny_path,
@@ -219,7 +221,7 @@ def check_multi_version_run(
         *overrides,
         controllers=controllers,
     )
-    check_run(records, lines, async_ratio=1.0, exact_ages=exact_ages)
+    check_run(records, lines, async_ratio=1.0, exact_ages=False)
     (controller,) = controllers
     cut_at_end = {"producer stopped", "training finished"}
     assert [d.reason for d in controller.buffer.take_dropped() if d.reason not in cut_at_end] == []
@@ -236,4 +238,4 @@ def test_multi_version_on_ray_actors(tiny_path, tmp_path):
     """Engines in actors: requests that migrate travel actor to actor with their KV
     (tests/integration/test_ray_runtime.py forces and checks one migration exactly)."""
     cpus = ("runtime.rollout_num_cpus=1", "runtime.train_num_cpus=1")
-    check_multi_version_run(tiny_path, tmp_path, "runtime.type=local", *cpus, exact_ages=False)
+    check_multi_version_run(tiny_path, tmp_path, "runtime.type=local", *cpus)
