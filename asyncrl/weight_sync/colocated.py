@@ -38,6 +38,7 @@ import torch
 
 from asyncrl.weight_sync.flat import TensorEntry, _layout
 from asyncrl.weight_sync.protocol import (
+    BucketedPublish,
     LoraAdapter,
     ManifestEntry,
     NamedTensors,
@@ -73,7 +74,7 @@ class ColocatedHandle:
     buckets: tuple[SharedBucket, ...]
 
 
-class ColocatedSync:
+class ColocatedSync(BucketedPublish):
     """``weight_sync.type=colocated`` (module docstring). ``device`` is where the trainer packs: ``cpu`` gives
     shared-memory blocks, ``cuda`` CUDA IPC handles."""
 
@@ -83,11 +84,6 @@ class ColocatedSync:
         self.device = torch.device(device)
         self._live: list[Any] = []
         """What keeps the latest version's blocks alive on the trainer side (SharedMemory or device tensors)."""
-
-    def publish(
-        self, version: int, named_tensors: NamedTensors, *, adapter: LoraAdapter | None = None
-    ) -> WeightUpdate:
-        return self.publish_buckets(version, [named_tensors], adapter=adapter)
 
     def publish_buckets(
         self, version: int, buckets: Iterable[NamedTensors], *, adapter: LoraAdapter | None = None

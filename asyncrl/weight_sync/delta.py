@@ -46,6 +46,7 @@ import torch
 
 from asyncrl.weight_sync.flat import FlatWeights, TensorEntry, pack_state
 from asyncrl.weight_sync.protocol import (
+    BucketedPublish,
     LoraAdapter,
     ManifestEntry,
     NamedTensors,
@@ -385,7 +386,7 @@ def _word_dtype(dtype: torch.dtype) -> torch.dtype:
 # ---------------------------------------------------------------------------------------------- transport
 
 
-class DeltaSync:
+class DeltaSync(BucketedPublish):
     """``weight_sync.type=delta``: the ``WeightSync`` over a shared directory (module docstring).
 
     The trainer side needs ``root``; an engine side needs nothing (the update's handle names the directory).
@@ -399,11 +400,6 @@ class DeltaSync:
         self, root: str | os.PathLike[str] | None = None, *, full_every: int = 20, keep_full: int = 2
     ) -> None:
         self.writer = DeltaWriter(root, full_every=full_every, keep_full=keep_full) if root else None
-
-    def publish(
-        self, version: int, named_tensors: NamedTensors, *, adapter: LoraAdapter | None = None
-    ) -> WeightUpdate:
-        return self.publish_buckets(version, [named_tensors], adapter=adapter)
 
     def publish_buckets(
         self, version: int, buckets: Iterable[NamedTensors], *, adapter: LoraAdapter | None = None

@@ -123,6 +123,24 @@ class WeightSync(Protocol):
         ...
 
 
+class BucketedPublish:
+    """``publish`` for a transport whose real work is ``publish_buckets``: the whole update as one bucket.
+
+    Why a base: the colocated, delta and flat-buffer transports stream an update bucket by bucket (a sharded
+    trainer gathers one bucket at a time); publishing a mapping is the one-bucket case of that, in one place."""
+
+    def publish(
+        self, version: int, named_tensors: NamedTensors, *, adapter: LoraAdapter | None = None
+    ) -> WeightUpdate:
+        """Publish ``named_tensors`` as one bucket."""
+        return self.publish_buckets(version, [named_tensors], adapter=adapter)
+
+    def publish_buckets(
+        self, version: int, buckets: Iterable[NamedTensors], *, adapter: LoraAdapter | None = None
+    ) -> WeightUpdate:
+        raise NotImplementedError
+
+
 def named_nbytes(named_tensors: NamedTensors) -> int:
     """Bytes of ``named_tensors`` (torch tensors or numpy arrays), memory shared by two names (tied embeddings)
     counted once; values that are neither (a simulator's placeholders) count 0."""

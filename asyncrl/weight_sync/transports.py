@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from asyncrl.weight_sync.protocol import (
+    BucketedPublish,
     LoraAdapter,
     ManifestEntry,
     NamedTensors,
@@ -77,7 +78,7 @@ class InProcessSync:
         return iter(update.handle)
 
 
-class FlatBufferSync:
+class FlatBufferSync(BucketedPublish):
     """Flat per-dtype buffers placed by ``put`` and read back by ``get`` (see module docstring)."""
 
     name = "object_store"
@@ -87,12 +88,6 @@ class FlatBufferSync:
     ) -> None:
         self._put = put or (lambda flat: flat)
         self._get = get or (lambda handle: handle)
-
-    def publish(
-        self, version: int, named_tensors: NamedTensors, *, adapter: LoraAdapter | None = None
-    ) -> WeightUpdate:
-        """Publish ``named_tensors`` as one bucket."""
-        return self.publish_buckets(version, [named_tensors], adapter=adapter)
 
     def publish_buckets(
         self, version: int, buckets: Iterable[NamedTensors], *, adapter: LoraAdapter | None = None
