@@ -96,8 +96,32 @@ def run_one(loss: str, setting: str, seed: int, args: argparse.Namespace, scratc
         "train_wall_s": round(summary.train_wall_s, 1),
         "staleness_mean": ages["mean"],
         "staleness_max": ages["max"],
+        "dropped_fraction": _dropped_fraction(Path(summary.metrics_path)),
         "load_after": round(os.getloadavg()[0], 2),
     }
+
+
+CORRECTION_DROPS = (
+    "mismatch/masked_fraction",
+    "opsm/masked_fraction",
+    "m2po/masked_fraction",
+    "k3_rejection/rejected_fraction",
+)
+"""The per-step metrics naming the share of tokens (of sequences, for K3) an off-policy correction drops."""
+
+
+def _dropped_fraction(metrics_path: Path) -> float | None:
+    """Mean over steps of the share of tokens (sequences, for K3) the run's correction dropped; None without one.
+
+    Why: a correction built for one policy's inference mismatch can drop most stale samples, and a run that
+    learns less for that reason looks like one whose loss failed; this tells the two apart."""
+    per_step = []
+    for line in metrics_path.read_text().splitlines():
+        record = json.loads(line)
+        shares = [value for key, value in record.items() if key.endswith(CORRECTION_DROPS)]
+        if shares:
+            per_step.append(sum(shares))
+    return round(sum(per_step) / len(per_step), 4) if per_step else None
 
 
 def _staleness(metrics_path: Path) -> dict[str, float]:
