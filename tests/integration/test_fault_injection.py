@@ -206,6 +206,7 @@ def test_rewards_raising_and_hanging_fail_only_their_samples(monkeypatch, tiny_p
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 def test_ray_trainer_actor_killed_restarts_the_run_from_its_last_checkpoint(monkeypatch, tiny_path, tmp_path):
     """Killed after the first checkpoint: the run resumes from it (trainer and engines anew) and trains every
     step; the ledger has each sample trained once and metrics.jsonl each step once."""
@@ -245,6 +246,7 @@ class HeldUpdates(FaultyEngine):
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 def test_ray_trainer_killed_while_the_engines_fetch_its_weights_restarts_the_run(
     monkeypatch, tiny_path, tmp_path
 ):
@@ -335,6 +337,7 @@ def _until_dead(handle: Any) -> None:
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 def test_ray_engine_dying_mid_broadcast_is_replaced_and_catches_up(monkeypatch, tiny_path, tmp_path):
     """The only engine dies while the second broadcast is under way: rank 0's send fails, the group is formed
     again without it and the send retried; the proxy replaces the engine, which catches up from rank 0's copy
@@ -367,6 +370,7 @@ def test_ray_engine_dying_mid_broadcast_is_replaced_and_catches_up(monkeypatch, 
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 def test_ray_trainer_dying_mid_broadcast_restarts_the_run_from_its_checkpoint(
     monkeypatch, tiny_path, tmp_path
 ):

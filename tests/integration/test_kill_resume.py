@@ -143,7 +143,7 @@ def test_sync_run_killed_five_times_trains_exactly_what_an_uninterrupted_run_tra
 @pytest.mark.parametrize(
     "mode",
     [
-        "async",
+        pytest.param("async", marks=pytest.mark.slow),
         pytest.param("one_step_off", marks=pytest.mark.slow),
         pytest.param("partial_rollout", marks=pytest.mark.slow),
         pytest.param("multi_version", marks=pytest.mark.slow),

@@ -82,6 +82,7 @@ def test_export_merges_the_adapters_into_a_model_that_evaluates_like_the_checkpo
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 def test_a_lora_run_on_ray_with_an_fsdp2_trainer_checkpoints_adapters_and_resumes(tmp_path):
     out = tmp_path / "run"
     ray_run = (

@@ -234,6 +234,7 @@ def test_multi_version_keeps_one_version_per_trajectory_and_drops_nothing(tiny_p
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 def test_multi_version_on_ray_actors(tiny_path, tmp_path):
     """Engines in actors: requests that migrate travel actor to actor with their KV
     (tests/integration/test_ray_runtime.py forces and checks one migration exactly)."""

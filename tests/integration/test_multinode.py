@@ -19,7 +19,7 @@ from asyncrl.config.run import load_run_config
 from asyncrl.runtime.placement_check import PlacementError
 from asyncrl.runtime.ray_runtime import build_ray_parts
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]  # a two-node cluster: 10-15 s a test
 
 NUM_STEPS = 10
 

@@ -118,7 +118,15 @@ def train(out: Path, name: str, *extra: str) -> list[dict]:
     return read_metrics(out / "metrics.jsonl")
 
 
-@pytest.mark.parametrize("name", [n for n in NAMES if not n.startswith("agentic_endpoint")])
+@pytest.mark.parametrize(
+    "name",
+    [
+        # the multi-GPU recipes start Ray, two FSDP2 ranks and an engine actor: 12 s each, so `slow`
+        pytest.param(n, marks=pytest.mark.slow) if n in PER_RECIPE else n
+        for n in NAMES
+        if not n.startswith("agentic_endpoint")
+    ],
+)
 def test_recipe_runs_two_cpu_steps_with_tiny_stand_ins(name: str, tmp_path: Path) -> None:
     lines = train(tmp_path / "run", name)
     config = json.loads((tmp_path / "run" / "config.json").read_text())

@@ -58,6 +58,7 @@ def session():
         yield live
 
 
+@pytest.mark.slow  # waits out the join deadline on purpose (14 s); the unit deadline tests stay
 def test_a_member_that_never_joins_is_left_out_within_the_deadline(session, tiny_path, tmp_path):
     run = config(tiny_path, tmp_path, "broadcast")
     parts = build_ray_parts(run, run.runtime)
