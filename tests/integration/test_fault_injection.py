@@ -161,6 +161,7 @@ def test_inline_engine_killed_or_wedged_mid_generation_is_replaced(monkeypatch, 
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 def test_ray_engine_actor_killed_mid_generation_is_replaced(monkeypatch, tiny_path, tmp_path):
     """Killed after a weight update: its replacement must get that update through the object store, or it
     could not serve (a failed restart leaves no engine and the run fails)."""

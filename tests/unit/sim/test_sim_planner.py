@@ -74,11 +74,8 @@ def test_a_search_covers_the_baseline_splits_and_schedules():
     planner = Planner(None, SMALL, gpus=8)
     result = planner.search(alphas=(1, 2), tolerance=0.02)
     labels = {o.candidate.label(8) for o in result.outcomes}
-    assert (
-        "sync colocated on 8" in labels
-        and "one_step_off a=1 " + f"{result.recommended.candidate.train_gpus}T" in " ".join(labels)
-        or True
-    )
+    assert "sync colocated on 8" in labels  # the baseline every plan is compared with
+    assert any(label.startswith("one_step_off a=1 ") for label in labels)
     modes = {o.candidate.mode for o in result.outcomes}
     assert modes == {"sync", "one_step_off", "async", "partial_rollout"}
     splits = {o.candidate.train_gpus for o in result.outcomes if o.candidate.mode == "partial_rollout"}
