@@ -252,7 +252,7 @@ class VLLMEngineClient:
             rank=rank,
             world_size=world_size,
             device=device,
-            timeout_s=timeout_s,
+            group_timeout_s=timeout_s,  # the group's own deadline; the call's (above) allows 5 s more
             prefix=GROUP_PREFIX,
         )
 

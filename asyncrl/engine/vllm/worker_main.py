@@ -324,7 +324,7 @@ class Worker:
                 f"weight_sync.type=broadcast into vLLM needs tensor_parallel_size 1, got {num_shards}; "
                 "use weight_sync.type: object_store"
             )
-        fields = ("host", "port", "rank", "world_size", "device", "timeout_s", "prefix")
+        fields = ("host", "port", "rank", "world_size", "device", "group_timeout_s", "prefix")
         await _bounded(
             self.engine.collective_rpc(_join_group, args=tuple(message[f] for f in fields)), message
         )
@@ -406,14 +406,14 @@ def _reload_named(worker, named_tensors) -> None:
 # ---- the broadcast member, on vLLM's worker (wire contract: asyncrl/weight_sync/broadcast.py) ------------
 
 
-def _join_group(worker, host, port, rank, world_size, device, timeout_s, prefix) -> None:
+def _join_group(worker, host, port, rank, world_size, device, group_timeout_s, prefix) -> None:
     """Join as ``rank`` a standalone group over the trainer's ``TCPStore``: gloo on CPU, NCCL on CUDA."""
     from datetime import timedelta
 
     import torch
     import torch.distributed as dist
 
-    timeout = timedelta(seconds=timeout_s)
+    timeout = timedelta(seconds=group_timeout_s)
     store = dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
     prefixed = dist.PrefixStore(prefix, store)
     if torch.device(device).type == "cuda":

@@ -117,3 +117,33 @@ def test_delta_and_colocated_never_wait_for_a_missing_version(tmp_path):
     with pytest.raises(WeightSyncError, match="is gone"):
         dict(make_weight_sync("colocated").receive(gone))
     assert time.monotonic() - started < 5
+
+
+def test_joining_a_weight_group_sends_vllms_worker_every_field_it_reads():
+    """The client's join message carries each argument of the worker's ``_join_group`` under its name, and the
+    call's own deadline apart from the group's: both were once sent as ``timeout_s``, a TypeError found only
+    in vLLM's environment."""
+    import inspect
+
+    from asyncrl.engine.vllm import worker_main
+    from asyncrl.engine.vllm.client import VLLMEngineClient
+
+    ours, theirs = Pipe()
+    client = VLLMEngineClient(SilentProcess(), ours, {"w": (2,)})
+
+    async def join_and_read() -> dict:
+        joining = asyncio.ensure_future(
+            client.join_weight_group(
+                host="127.0.0.1", port=1, rank=1, world_size=2, device="cpu", timeout_s=DEADLINE_S
+            )
+        )
+        if not await asyncio.to_thread(theirs.poll, 10):
+            await joining  # it sent nothing: raise what stopped it
+        joining.cancel()
+        return theirs.recv()
+
+    message = asyncio.run(join_and_read())
+    read_by_worker = list(inspect.signature(worker_main._join_group).parameters)[1:]  # after the worker
+    assert set(read_by_worker) <= set(message), set(read_by_worker) - set(message)
+    assert message["group_timeout_s"] == DEADLINE_S and message["timeout_s"] > DEADLINE_S
+    theirs.close()
