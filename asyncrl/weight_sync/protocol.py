@@ -123,11 +123,12 @@ class WeightSync(Protocol):
         ...
 
 
-class BucketedPublish:
+class BucketedPublish(Protocol):
     """``publish`` for a transport whose real work is ``publish_buckets``: the whole update as one bucket.
 
     Why a base: the colocated, delta and flat-buffer transports stream an update bucket by bucket (a sharded
-    trainer gathers one bucket at a time); publishing a mapping is the one-bucket case of that, in one place."""
+    trainer gathers one bucket at a time); publishing a mapping is the one-bucket case of that, in one place.
+    A protocol its transports subclass: they inherit ``publish`` and must define ``publish_buckets``."""
 
     def publish(
         self, version: int, named_tensors: NamedTensors, *, adapter: LoraAdapter | None = None
@@ -138,7 +139,8 @@ class BucketedPublish:
     def publish_buckets(
         self, version: int, buckets: Iterable[NamedTensors], *, adapter: LoraAdapter | None = None
     ) -> WeightUpdate:
-        raise NotImplementedError
+        """Pack and place each bucket before the next is taken from ``buckets`` (which may gather lazily)."""
+        ...
 
 
 def named_nbytes(named_tensors: NamedTensors) -> int:
