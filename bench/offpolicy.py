@@ -50,6 +50,7 @@ from asyncrl.app.train import train  # noqa: E402
 from asyncrl.config.algorithm import PRESETS  # noqa: E402
 from asyncrl.config.run import load_run_config  # noqa: E402
 from asyncrl.metrics.progress import library_bars_follow_terminal  # noqa: E402
+from asyncrl.metrics.tracker import read_metrics  # noqa: E402
 from bench import harness  # noqa: E402
 
 DEFAULT_EXAMPLE = Path(__file__).resolve().parents[1] / "asyncrl" / "examples" / "default.yaml"
@@ -83,7 +84,8 @@ def run_one(loss: str, setting: str, seed: int, args: argparse.Namespace, scratc
     ]
     config = load_run_config(str(DEFAULT_EXAMPLE), overrides)
     summary = asyncio.run(train(config, console=None))
-    ages = _staleness(Path(summary.metrics_path))
+    records = read_metrics(summary.metrics_path)
+    ages = _staleness(records)
     return {
         "loss": loss,
         "setting": setting,
@@ -96,7 +98,7 @@ def run_one(loss: str, setting: str, seed: int, args: argparse.Namespace, scratc
         "train_wall_s": round(summary.train_wall_s, 1),
         "staleness_mean": ages["mean"],
         "staleness_max": ages["max"],
-        "dropped_fraction": _dropped_fraction(Path(summary.metrics_path)),
+        "dropped_fraction": _dropped_fraction(records),
         "load_after": round(os.getloadavg()[0], 2),
     }
 
@@ -110,26 +112,24 @@ CORRECTION_DROPS = (
 """The per-step metrics naming the share of tokens (of sequences, for K3) an off-policy correction drops."""
 
 
-def _dropped_fraction(metrics_path: Path) -> float | None:
+def _dropped_fraction(records: list[dict[str, float]]) -> float | None:
     """Mean over steps of the share of tokens (sequences, for K3) the run's correction dropped; None without one.
 
     Why: a correction built for one policy's inference mismatch can drop most stale samples, and a run that
     learns less for that reason looks like one whose loss failed; this tells the two apart."""
     per_step = []
-    for line in metrics_path.read_text().splitlines():
-        record = json.loads(line)
+    for record in records:
         shares = [value for key, value in record.items() if key.endswith(CORRECTION_DROPS)]
         if shares:
             per_step.append(sum(shares))
     return round(sum(per_step) / len(per_step), 4) if per_step else None
 
 
-def _staleness(metrics_path: Path) -> dict[str, float]:
+def _staleness(records: list[dict[str, float]]) -> dict[str, float]:
     """Mean and max age (trainer version − start version) over every trained sample of the run."""
     total = count = 0.0
     oldest = 0.0
-    for line in metrics_path.read_text().splitlines():
-        record = json.loads(line)
+    for record in records:
         for key, n in record.items():
             if key.startswith("staleness/age_"):
                 age = float(key.removeprefix("staleness/age_"))
