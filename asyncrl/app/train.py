@@ -174,8 +174,7 @@ async def _train_steps(
     """The remaining steps, the final checkpoint (before the buffer closes) and the held-out evaluation;
     ``resumed_evals`` go into the first step's line."""
     config = parts.config
-    samples = [0]
-    phase_s = {"train": 0.0, "sync": 0.0}
+    totals = _RunTotals()
     busy_at_start = _engine_busy_s(proxy.stats())
     train_started = time.perf_counter()
     final: list[Path] = []
@@ -184,9 +183,7 @@ async def _train_steps(
     pending = (lambda: evaluation.pending_steps()) if evaluation else list
 
     def on_step(record: StepRecord) -> None:
-        samples[0] += sum(len(g) for g in record.groups)
-        phase_s["train"] += record.train_s
-        phase_s["sync"] += record.sync_s
+        totals.add(record)
         if timeline is not None:
             _record_step(timeline, record)
         state.record_step(parts.trainer.step, record.groups, controller.buffer.take_dropped())
@@ -219,22 +216,47 @@ async def _train_steps(
     train_wall = time.perf_counter() - train_started
     generation_busy = _engine_busy_s(proxy.stats()) - busy_at_start
     after = {} if stop.is_set() else await _evaluate(parts, proxy, "after")
-    return TrainingSummary(
-        mode=config.controller.mode,
-        steps=parts.trainer.step,
-        wall_s=0.0,
-        train_wall_s=train_wall,
-        trained_samples=samples[0],
-        phase_busy_s={
-            "generation": generation_busy,
-            "train": phase_s["train"],
-            "weight_sync": phase_s["sync"],
-        },
-        eval_before={},
-        eval_after=after,
-        checkpoint=str(final[0]) if final else "",
-        metrics_path=str(out / "metrics.jsonl"),
-    )
+    checkpoint = str(final[0]) if final else ""
+    return totals.summary(config, parts.trainer.step, train_wall, generation_busy, after, checkpoint, out)
+
+
+@dataclass
+class _RunTotals:
+    """What a run's summary adds up over its steps: samples trained, and the train and sync time the controller
+    measured (generation's busy time comes from the engines, not from steps)."""
+
+    samples: int = 0
+    train_s: float = 0.0
+    sync_s: float = 0.0
+
+    def add(self, record: StepRecord) -> None:
+        self.samples += sum(len(g) for g in record.groups)
+        self.train_s += record.train_s
+        self.sync_s += record.sync_s
+
+    def summary(
+        self,
+        config: RunConfig,
+        steps: int,
+        train_wall_s: float,
+        generation_busy_s: float,
+        eval_after: dict[str, float],
+        checkpoint: str,
+        out: Path,
+    ) -> TrainingSummary:
+        """The run's summary, less what ``train`` adds around it (wall time, the evaluation before)."""
+        return TrainingSummary(
+            mode=config.controller.mode,
+            steps=steps,
+            wall_s=0.0,
+            train_wall_s=train_wall_s,
+            trained_samples=self.samples,
+            phase_busy_s={"generation": generation_busy_s, "train": self.train_s, "weight_sync": self.sync_s},
+            eval_before={},
+            eval_after=eval_after,
+            checkpoint=checkpoint,
+            metrics_path=str(out / "metrics.jsonl"),
+        )
 
 
 def buffer_metrics(buffer: SampleBuffer) -> dict[str, float]:
