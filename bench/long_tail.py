@@ -27,7 +27,9 @@ planner), each run in a fresh process so its memory is its own. Stages, each its
   samples per step) and with two engines, each point its own interleaved pair.
 
 Per-step timelines (elapsed time, phases, samples, tokens, reward, filter keep rate) of every run are saved
-in the result. ``--quick`` runs every stage on a tiny twin of the workload in about a minute.
+in the result. Stages run in the order ``--stages`` gives, and the result file is rewritten after each, so a
+run stopped early keeps what it measured (``setup.stages`` names the stages done). ``--quick`` runs every
+stage on a tiny twin of the workload in about a minute.
 
     python bench/long_tail.py [--quick] [--repeats 3] [--stages sweep bound throughput time_to_reward curve]
         [--best-sync NAME] [--out bench/results/long_tail.json]
@@ -42,6 +44,7 @@ from pathlib import Path
 if __name__ == "__main__" and not __package__:
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
+import argparse
 import asyncio
 import concurrent.futures
 import dataclasses
@@ -868,7 +871,9 @@ def resources(bench: Bench) -> dict[str, Any]:
 
 def main() -> None:
     parser = harness.parser(__doc__.splitlines()[0], "long_tail")
-    parser.add_argument("--stages", nargs="*", default=list(STAGES), choices=STAGES)
+    parser.add_argument(
+        "--stages", nargs="*", default=list(STAGES), choices=STAGES, help="run in the order given"
+    )
     parser.add_argument(
         "--best-sync", choices=[a.name for a in SWEEP], help="best_sync when the sweep is not run"
     )
@@ -881,10 +886,17 @@ def main() -> None:
             bench.best_sync = next(a for a in SWEEP if a.name == args.best_sync)
         if not args.quick:  # the quick twin's 30-step warm start has no headroom by design
             check_headroom(bench)
-        for stage in STAGES:
-            if stage in args.stages:
-                STAGE_FUNCTIONS[stage](bench)
-    best = bench.best_sync
+        done: list[str] = []
+        for stage in dict.fromkeys(args.stages):
+            STAGE_FUNCTIONS[stage](bench)
+            done.append(stage)
+            write(args, bench, done, time.perf_counter() - started)
+
+
+def write(args: argparse.Namespace, bench: Bench, stages: list[str], wall_s: float) -> None:
+    """The result of the stages done so far: written after each stage, so hours of measurement survive a run
+    that is stopped before its last stage (``setup.stages`` says which ran)."""
+    best, work = bench.best_sync, bench.work
     harness.write_result(
         args,
         "long_tail",
@@ -894,7 +906,7 @@ def main() -> None:
         setup={
             **{k: v for k, v in dataclasses.asdict(work).items() if k != "warm_start"},
             "warm_start": {"command": " ".join(["asyncrl sft", *work.warm_start.sft])},
-            "stages": args.stages,
+            "stages": stages,
         },
         extra={
             "studies": bench.studies,
@@ -908,7 +920,7 @@ def main() -> None:
             "bound": bounds(bench),
             **bench.extra,
             "timelines": bench.timelines,
-            "run_wall_s": time.perf_counter() - started,
+            "run_wall_s": wall_s,
         },
     )
 

@@ -26,6 +26,7 @@ def test_long_tail_quick_runs_every_stage(tmp_path: Path, user_env: dict[str, st
     harness.check_schema(result)
     assert result["benchmark"] == "long_tail" and result["quick"] is True and "--quick" in result["command"]
     assert set(result["studies"]) == {"sweep", "bound", "throughput", "time_to_reward", "curve"}
+    assert result["setup"]["stages"] == ["sweep", "bound", "throughput", "time_to_reward", "curve"]
     assert result["best_sync"]["name"] in ("sync_batch", "sync_queue_rb2")
     assert "throughput_async_a2_over_best_sync" in result["ratios"]
     assert set(result["bound"]) >= {"throughput/best_sync", "throughput/async_a2", "time_to_reward/async_a2"}
