@@ -51,6 +51,11 @@ class SFTConfig:
     """Wall-clock cap on training, in minutes; training stops at whichever of the two comes first."""
     batch_size: int = 32
     """Demonstrations per optimizer step."""
+    max_tokens_per_microbatch: int = 8192
+    """Token budget of one forward/backward (rows × longest row; a longer demonstration gets a micro-batch of
+    its own). A step's micro-batches accumulate into its batch's mean loss, so this bounds memory, not the
+    recipe: long-tailed demonstrations batched by length put 32 rows of ~2,000 tokens in one batch, ~20 GB of
+    activations at 18 M parameters."""
     lr: float = 2e-3
     """Peak AdamW learning rate."""
     warmup_steps: int = 50
@@ -80,6 +85,7 @@ class SFTConfig:
             "num_heads",
             "max_steps",
             "batch_size",
+            "max_tokens_per_microbatch",
             "max_position_embeddings",
         ):
             if getattr(self, name) < 1:

@@ -99,18 +99,40 @@ def collate(examples: Sequence[EncodedExample], pad_token_id: int) -> dict[str, 
 
 
 def sft_loss(
-    model: torch.nn.Module, batch: dict[str, torch.Tensor], label_smoothing: float = 0.0
+    model: torch.nn.Module,
+    batch: dict[str, torch.Tensor],
+    label_smoothing: float = 0.0,
+    labelled_tokens: int | None = None,
 ) -> torch.Tensor:
-    """Mean next-token cross-entropy over labelled (response) tokens of the batch."""
+    """Mean next-token cross-entropy over labelled (response) tokens of the batch; with ``labelled_tokens``, the
+    sum over this batch divided by that count instead (a micro-batch's share of its whole batch's mean)."""
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     shifted_logits = logits[:, :-1].float()  # position t predicts token t + 1
     shifted_labels = batch["labels"][:, 1:]
-    return torch.nn.functional.cross_entropy(
+    loss = torch.nn.functional.cross_entropy(
         shifted_logits.reshape(-1, shifted_logits.shape[-1]),
         shifted_labels.reshape(-1),
         ignore_index=IGNORE_INDEX,
         label_smoothing=label_smoothing,
+        reduction="mean" if labelled_tokens is None else "sum",
     )
+    return loss if labelled_tokens is None else loss / labelled_tokens
+
+
+def micro_batches(examples: Sequence[EncodedExample], max_tokens: int) -> list[list[EncodedExample]]:
+    """Consecutive runs of ``examples`` whose padded size (rows × longest row) stays within ``max_tokens``; an
+    example longer than that is a micro-batch of its own."""
+    out: list[list[EncodedExample]] = []
+    width = 0
+    for example in examples:
+        wider = max(width, len(example.input_ids))
+        if out and wider * (len(out[-1]) + 1) <= max_tokens:
+            out[-1].append(example)
+            width = wider
+        else:
+            out.append([example])
+            width = len(example.input_ids)
+    return out
 
 
 def lr_at(step: int, *, peak: float, warmup_steps: int, total_steps: int) -> float:
@@ -157,8 +179,8 @@ def train_steps(
             break
         batches = batches or length_batches(lengths, config.batch_size, rng)
         lr = lr_at(step, peak=config.lr, warmup_steps=config.warmup_steps, total_steps=config.max_steps)
-        batch = collate([examples[i] for i in batches.pop()], pad_token_id)
-        losses.append(_optimizer_step(model, optimizer, batch, lr, config.label_smoothing))
+        parts = micro_batches([examples[i] for i in batches.pop()], config.max_tokens_per_microbatch)
+        losses.append(_optimizer_step(model, optimizer, parts, pad_token_id, lr, config.label_smoothing))
         if progress is not None:
             progress.update(step + 1, {"loss": sum(losses[-10:]) / len(losses[-10:])})
         elif config.log_every and (step + 1) % config.log_every == 0:
@@ -171,18 +193,24 @@ def train_steps(
 def _optimizer_step(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
-    batch: dict[str, torch.Tensor],
+    parts: list[list[EncodedExample]],
+    pad_token_id: int,
     lr: float,
     label_smoothing: float,
 ) -> float:
+    """One optimizer step on a batch given as micro-batches: gradients accumulate to the batch's mean loss."""
     for group in optimizer.param_groups:
         group["lr"] = lr
-    loss = sft_loss(model, batch, label_smoothing)
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    labelled = sum(sum(label != IGNORE_INDEX for label in e.labels[1:]) for part in parts for e in part)
+    total = 0.0
+    for part in parts:
+        loss = sft_loss(model, collate(part, pad_token_id), label_smoothing, labelled)
+        loss.backward()
+        total += loss.item()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optimizer.step()
-    return loss.item()
+    return total
 
 
 @torch.no_grad()

@@ -1,4 +1,5 @@
-"""Warm start: prompt tokens carry no loss, the loss falls on a tiny run, the LR schedule is exact."""
+"""Warm start: prompt tokens carry no loss, the loss falls on a tiny run, the LR schedule is exact, micro-batches
+bound memory without changing a step."""
 
 import pytest
 import torch
@@ -6,7 +7,16 @@ import torch
 from asyncrl.config.sft import SFTConfig
 from asyncrl.config.task import TaskConfig
 from asyncrl.data import TaskSample, make_task
-from asyncrl.models.sft import IGNORE_INDEX, collate, encode_example, lr_at, sft_loss, train_steps
+from asyncrl.models.sft import (
+    IGNORE_INDEX,
+    EncodedExample,
+    collate,
+    encode_example,
+    lr_at,
+    micro_batches,
+    sft_loss,
+    train_steps,
+)
 from asyncrl.models.tiny import build_tiny_model
 from asyncrl.models.tokenizer import train_tokenizer
 
@@ -120,3 +130,28 @@ def test_label_smoothing_matches_torch_reference(tokenizer):
     assert sft_loss(model, batch, label_smoothing=0.1).item() == pytest.approx(expected.item(), rel=1e-6)
     with pytest.raises(ValueError, match="sft.label_smoothing"):
         SFTConfig(label_smoothing=1.0)
+
+
+def test_micro_batches_stay_within_the_token_budget_and_a_long_example_stands_alone():
+    examples = [EncodedExample(input_ids=[1] * n, labels=[1] * n) for n in (3, 4, 4, 10, 2)]
+    parts = micro_batches(examples, max_tokens=8)
+    assert [[len(e.input_ids) for e in part] for part in parts] == [[3, 4], [4], [10], [2]]
+    assert [e for part in parts for e in part] == examples
+
+
+def test_a_micro_batched_step_equals_the_whole_batch_step(tokenizer):
+    """The token budget bounds memory, not the recipe: the accumulated step lands on the same weights."""
+    samples = make_task(TaskConfig(type="count", num_train=16, num_eval=5, max_items=12)).split("train")
+    examples = [encode_example(tokenizer, s) for s in samples]
+    longest = max(len(e.input_ids) for e in examples)
+    weights = []
+    for budget in (longest * len(examples), longest):  # one micro-batch; one example per micro-batch
+        model = build_tiny_model(hidden_size=32, num_layers=1, num_heads=2, vocab_size=len(tokenizer), seed=0)
+        config = SFTConfig(
+            max_steps=2, batch_size=16, warmup_steps=0, log_every=0, max_tokens_per_microbatch=budget
+        )
+        losses = train_steps(model, examples, config, tokenizer.pad_token_id)
+        weights.append((losses, [p.detach().clone() for p in model.parameters()]))
+    (whole_losses, whole), (micro_losses, micro) = weights
+    assert micro_losses == pytest.approx(whole_losses, rel=1e-5)
+    assert all(torch.allclose(a, b, atol=1e-6, rtol=1e-5) for a, b in zip(whole, micro, strict=True))
