@@ -28,11 +28,13 @@ planner), each run in a fresh process so its memory is its own. Stages, each its
 
 Per-step timelines (elapsed time, phases, samples, tokens, reward, filter keep rate) of every run are saved
 in the result. Stages run in the order ``--stages`` gives, and the result file is rewritten after each, so a
-run stopped early keeps what it measured (``setup.stages`` names the stages done). ``--quick`` runs every
-stage on a tiny twin of the workload in about a minute.
+run stopped early keeps what it measured (``setup.stages`` names the stages done); ``--extend RESULT``
+continues it with the stages it lacks, refused unless the measured code (``MEASURED_CODE``) and the workload
+are unchanged since its commit (each stage records the commit it ran at). ``--quick`` runs every stage on a
+tiny twin of the workload in about a minute.
 
     python bench/long_tail.py [--quick] [--repeats 3] [--stages sweep bound throughput time_to_reward curve]
-        [--best-sync NAME] [--out bench/results/long_tail.json]
+        [--best-sync NAME] [--extend RESULT] [--out bench/results/long_tail.json]
 """
 
 from __future__ import annotations
@@ -49,10 +51,12 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import itertools
+import json
 import multiprocessing
 import os
 import pickle
 import statistics
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -582,6 +586,7 @@ class Bench:
             "wall_s": time.perf_counter() - started,
             "command": f"python bench/long_tail.py --stages {stage}",
             "repeats_note": note or f"{self.repeats} interleaved repeats per arm, median (min–max)",
+            **stage_provenance(),
         }
 
     def ratio_over_best_sync(self, numerator: str, denominator: str, metric: str = "samples_per_s") -> None:
@@ -834,6 +839,7 @@ def stage_curve(bench: Bench) -> None:
         "wall_s": time.perf_counter() - started,
         "command": "python bench/long_tail.py --stages curve",
         "repeats_note": f"{bench.repeats} interleaved repeats per arm at each point, median (min–max)",
+        **stage_provenance(),
     }
 
 
@@ -877,37 +883,98 @@ def main() -> None:
     parser.add_argument(
         "--best-sync", choices=[a.name for a in SWEEP], help="best_sync when the sweep is not run"
     )
+    parser.add_argument(
+        "--extend",
+        metavar="RESULT",
+        help="continue a stopped run: keep RESULT's stages (measured on the same code and workload) and run "
+        "only the --stages it lacks",
+    )
     args = parser.parse_args()
     work = QUICK_LONG_TAIL if args.quick else LONG_TAIL
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="long-tail-") as tmp:
         bench = Bench(work, harness.repeats_for(args), Path(tmp), len(os.sched_getaffinity(0)))
+        done: list[str] = load_stopped_run(bench, Path(args.extend), args.quick) if args.extend else []
         if args.best_sync:
             bench.best_sync = next(a for a in SWEEP if a.name == args.best_sync)
         if not args.quick:  # the quick twin's 30-step warm start has no headroom by design
             check_headroom(bench)
-        done: list[str] = []
         for stage in dict.fromkeys(args.stages):
+            if stage in done:
+                continue
             STAGE_FUNCTIONS[stage](bench)
             done.append(stage)
             write(args, bench, done, time.perf_counter() - started)
 
 
+MEASURED_CODE = ("asyncrl", "bench/workloads.py", "bench/harness.py")
+"""What a stage's numbers depend on besides this script's stage code: a stopped run is continued only where
+none of it changed since the run's commit."""
+
+
+def stage_provenance() -> dict[str, str]:
+    """The commit and command a stage ran at: a continued run's stages may come from two commits."""
+    return {"commit": harness.git_commit(), "run_command": " ".join([Path(sys.executable).name, *sys.argv])}
+
+
+def load_stopped_run(bench: Bench, path: Path, quick: bool) -> list[str]:
+    """Load a stopped run's stages into ``bench`` (every repeat of every arm, ratios, studies, timelines, the
+    warm start's evaluation, best_sync) and return them; refuse one measured on other code or another workload."""
+    result = json.loads(path.read_text())
+    commit = result["commit"]
+    if result["quick"] != quick:
+        raise SystemExit(f"{path} is {'a --quick' if result['quick'] else 'a full'} run: extend it in kind")
+    setup = {k: v for k, v in result["setup"].items() if k != "stages"}
+    if setup != {k: v for k, v in json.loads(json.dumps(run_setup(bench.work, []))).items() if k != "stages"}:
+        raise SystemExit(
+            f"{path} was measured on another workload (its setup differs from bench/workloads.py)"
+        )
+    changed = subprocess.run(
+        ["git", "diff", "--name-only", commit.removesuffix("+dirty"), "--", *MEASURED_CODE],
+        capture_output=True,
+        text=True,
+    )
+    if commit.endswith("+dirty") or changed.returncode or changed.stdout.strip():
+        raise SystemExit(
+            f"{path} was measured at {commit}; the measured code ({', '.join(MEASURED_CODE)}) differs from it "
+            f"now ({changed.stdout.strip() or changed.stderr.strip() or 'uncommitted changes then'}): re-run"
+        )
+    for arm, metrics in result["arms"].items():
+        repeats = len(next(iter(metrics.values()))["runs"])
+        bench.raw[arm] = [{m: stats["runs"][i] for m, stats in metrics.items()} for i in range(repeats)]
+    bench.ratios |= result["ratios"]
+    bench.timelines |= result["timelines"]
+    for name, study in result["studies"].items():
+        bench.studies[name] = {"commit": commit, "run_command": result["command"]} | study
+    bench.extra |= {
+        k: result[k] for k in ("warm_start", "memory_per_role_mb", "time_to_reward", "table") if k in result
+    }
+    if result.get("best_sync"):
+        bench.best_sync = next(a for a in SWEEP if a.name == result["best_sync"]["name"])
+    print(f"continuing {path} (stages {', '.join(result['setup']['stages'])} at {commit})", flush=True)
+    return list(result["setup"]["stages"])
+
+
+def run_setup(work: RLWorkload, stages: list[str]) -> dict[str, Any]:
+    """The workload as a result records it (and a continued run checks it against)."""
+    return {
+        **{k: v for k, v in dataclasses.asdict(work).items() if k != "warm_start"},
+        "warm_start": {"command": " ".join(["asyncrl sft", *work.warm_start.sft])},
+        "stages": stages,
+    }
+
+
 def write(args: argparse.Namespace, bench: Bench, stages: list[str], wall_s: float) -> None:
     """The result of the stages done so far: written after each stage, so hours of measurement survive a run
     that is stopped before its last stage (``setup.stages`` says which ran)."""
-    best, work = bench.best_sync, bench.work
+    best = bench.best_sync
     harness.write_result(
         args,
         "long_tail",
         bench.raw,
         ratios=bench.ratios,
         resources=resources(bench),
-        setup={
-            **{k: v for k, v in dataclasses.asdict(work).items() if k != "warm_start"},
-            "warm_start": {"command": " ".join(["asyncrl sft", *work.warm_start.sft])},
-            "stages": stages,
-        },
+        setup=run_setup(bench.work, stages),
         extra={
             "studies": bench.studies,
             "best_sync": None

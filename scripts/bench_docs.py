@@ -179,7 +179,8 @@ def studies_index(result: dict[str, Any]) -> list[str]:
 
 def render_study(result: dict[str, Any], name: str, study_name: str) -> str:
     """One study's block: its arms (one row per point), its paired ratios beside the reference figures, what
-    it derived, and the reference finding that is not one ratio."""
+    it derived, and the reference finding that is not one ratio. A study that records its own commit and command
+    (a continued run's stages may come from two) is labelled with those."""
     study = result.get("studies", {}).get(study_name)
     if study is None:
         return f"_`bench/results/{name}.json` has no study `{study_name}`: run `python bench/{name}.py`._\n"
@@ -197,7 +198,8 @@ def render_study(result: dict[str, Any], name: str, study_name: str) -> str:
         )
     )
     lines = [
-        f"{verb} at commit {commit_label(result['commit'])} by `{result['command']}` "
+        f"{verb} at commit {commit_label(study.get('commit', result['commit']))} "
+        f"by `{study.get('run_command', result['command'])}` "
         f"({number(study['wall_s'])} s of wall time for this study on {result['machine']['cpu_model']}): "
         f"{study['steps']} steps per point, {repeats}{' (--quick: a smoke run, not a result)' if result['quick'] else ''}. "
         f"By hand: `{study['command']}`.",

@@ -39,3 +39,22 @@ def test_long_tail_quick_runs_every_stage(tmp_path: Path, user_env: dict[str, st
     assert (
         len(result["timelines"]["throughput/async_a2"][0]) == 3
     )  # warm-up + measured steps, every step kept
+
+
+@pytest.mark.slow
+def test_a_stopped_run_is_continued_with_its_stages_kept(tmp_path: Path, user_env: dict[str, str]) -> None:
+    stopped, continued = tmp_path / "stopped.json", tmp_path / "continued.json"
+    base = [sys.executable, "bench/long_tail.py", "--quick"]
+    run = dict(cwd=ROOT, env=user_env, check=True, capture_output=True, timeout=900)
+    subprocess.run([*base, "--stages", "sweep", "--out", str(stopped)], **run)
+    subprocess.run(
+        [*base, "--extend", str(stopped), "--stages", "sweep", "bound", "--out", str(continued)], **run
+    )
+    first, second = (json.loads(p.read_text()) for p in (stopped, continued))
+    harness.check_schema(second)
+    assert first["setup"]["stages"] == ["sweep"] and second["setup"]["stages"] == ["sweep", "bound"]
+    sweep_arms = {arm: stats for arm, stats in second["arms"].items() if arm.startswith("sweep/")}
+    assert sweep_arms == first["arms"]  # kept, not re-run
+    assert second["best_sync"] == first["best_sync"] and second["timelines"] == first["timelines"]
+    assert second["studies"]["sweep"]["commit"] == first["commit"]
+    assert "bound/trainer_alone_async" in second["arms"]
