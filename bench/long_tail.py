@@ -549,7 +549,6 @@ class Bench:
     scratch: Path
     cores: int
     raw: dict[str, list[dict[str, float]]] = dataclasses.field(default_factory=dict)
-    ratios: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     studies: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     timelines: dict[str, list[list[dict[str, float]]]] = dataclasses.field(default_factory=dict)
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -589,10 +588,6 @@ class Bench:
             **stage_provenance(),
         }
 
-    def ratio_over_best_sync(self, numerator: str, denominator: str, metric: str = "samples_per_s") -> None:
-        key = f"{numerator.replace('/', '_')}_over_{denominator.split('/')[-1]}"
-        self.ratios[key] = harness.paired_ratio(self.raw, numerator, denominator, metric)
-
 
 def stage_sweep(bench: Bench) -> None:
     arms = {
@@ -607,9 +602,6 @@ def stage_sweep(bench: Bench) -> None:
     medians = {name: statistics.median(r["samples_per_s"] for r in bench.raw[name]) for name in arms}
     best = max(medians, key=medians.__getitem__).removeprefix("sweep/")
     bench.best_sync = next(arm for arm in SWEEP if arm.name == best)
-    for name in arms:
-        if name != f"sweep/{best}":
-            bench.ratio_over_best_sync(name, f"sweep/{best}")
 
 
 def sweep_arms(bench: Bench) -> tuple[Arm, ...]:
@@ -627,9 +619,6 @@ def stage_throughput(bench: Bench) -> None:
         for a in chosen
     }
     bench.run_stage("throughput", f"Async arms beside best_sync ({best.name}), steady state", arms, steps)
-    for arm in chosen:
-        bench.ratio_over_best_sync(f"throughput/{arm.name}", "throughput/best_sync")
-        bench.ratio_over_best_sync(f"throughput/{arm.name}", "throughput/best_sync", "tokens_per_s")
 
 
 def stage_time_to_reward(bench: Bench) -> None:
@@ -673,17 +662,6 @@ def stage_time_to_reward(bench: Bench) -> None:
         work.steps,
     )
     measured = time_to_reward(start["eval/reward_mean"], runs["best_sync"], runs["async_a2"])
-    ratios = [s["ratio"] for s in measured["per_seed"] if s["ratio"] is not None]
-    if ratios:  # a seed whose async run never reached its sync's final reward has no ratio (per_seed says so)
-        bench.ratios["time_to_reward_async_a2_over_best_sync"] = {
-            "numerator": "best_sync",
-            "denominator": "async_a2",
-            "metric": f"time to best_sync's final held-out reward, per seed ({len(ratios)} of "
-            f"{len(measured['per_seed'])} reached it; on the seed-mean curves: "
-            f"{_ratio_text(measured['mean_over_seeds']['ratio'])})",
-            **harness.summary(ratios),
-        }
-    bench.ratio_over_best_sync("time_to_reward/async_a2", "time_to_reward/best_sync")
     steps = [0, *(e["step"] for e in runs["best_sync"][0]["evals"])]
     curves = measured["mean_curves"]
     bench.extra["table"] = {
@@ -830,7 +808,6 @@ def stage_curve(bench: Bench) -> None:
             for arm, source in (("best_sync", best), ("async_a2", ASYNC_A2))
         }
         bench.raw |= harness.run_arms(arms, bench.repeats, harness.print_run)
-        bench.ratio_over_best_sync(f"curve/{point.name}/async_a2", f"curve/{point.name}/best_sync")
         names += list(arms)
     bench.studies["curve"] = {
         "title": "async α = 2 over best_sync as the tail, the group size and the engines grow",
@@ -847,6 +824,44 @@ def require_best_sync(bench: Bench) -> Arm:
     if bench.best_sync is None:
         raise SystemExit("no best_sync: run the sweep stage first, or name one with --best-sync")
     return bench.best_sync
+
+
+def derive_ratios(bench: Bench) -> dict[str, dict[str, Any]]:
+    """Every ratio of the result, from the measured runs alone (so a continued run re-derives its loaded
+    stages' with the same code): each arm over its stage's best sync, per paired repeat, in samples/s (and
+    tokens/s at steady state); and best sync's time to its final held-out reward over async's, per seed."""
+    raw, out = bench.raw, {}
+
+    def over(numerator: str, denominator: str, metric: str = "samples_per_s") -> None:
+        suffix = "" if metric == "samples_per_s" else f"_{metric}"
+        key = f"{numerator.replace('/', '_')}_over_{denominator.split('/')[-1]}{suffix}"
+        out[key] = harness.paired_ratio(raw, numerator, denominator, metric)
+
+    for name in raw:
+        stage, _, arm = name.partition("/")
+        if stage == "sweep" and bench.best_sync and arm != bench.best_sync.name:
+            over(name, f"sweep/{bench.best_sync.name}")
+        elif stage == "throughput" and arm != "best_sync":
+            over(name, "throughput/best_sync")
+            over(name, "throughput/best_sync", "tokens_per_s")
+        elif stage == "curve" and arm.endswith("/async_a2"):
+            over(name, name.removesuffix("async_a2") + "best_sync")
+        elif name == "time_to_reward/async_a2":
+            out["time_to_reward_samples_per_s_async_a2_over_best_sync"] = harness.paired_ratio(
+                raw, name, "time_to_reward/best_sync", "samples_per_s"
+            )
+    measured = bench.extra.get("time_to_reward")
+    ratios = [s["ratio"] for s in measured["per_seed"] if s["ratio"] is not None] if measured else []
+    if ratios:  # a seed whose async run never reached its sync's final reward has no ratio (per_seed says so)
+        out["time_to_reward_async_a2_over_best_sync"] = {
+            "numerator": "best_sync",
+            "denominator": "async_a2",
+            "metric": f"time to best_sync's final held-out reward, per seed ({len(ratios)} of "
+            f"{len(measured['per_seed'])} reached it; on the seed-mean curves: "
+            f"{_ratio_text(measured['mean_over_seeds']['ratio'])})",
+            **harness.summary(ratios),
+        }
+    return out
 
 
 STAGE_FUNCTIONS = {
@@ -899,6 +914,8 @@ def main() -> None:
             bench.best_sync = next(a for a in SWEEP if a.name == args.best_sync)
         if not args.quick:  # the quick twin's 30-step warm start has no headroom by design
             check_headroom(bench)
+        if args.extend and set(done) >= set(args.stages):  # nothing left to run: re-derive and rewrite
+            write(args, bench, done, time.perf_counter() - started)
         for stage in dict.fromkeys(args.stages):
             if stage in done:
                 continue
@@ -918,8 +935,9 @@ def stage_provenance() -> dict[str, str]:
 
 
 def load_stopped_run(bench: Bench, path: Path, quick: bool) -> list[str]:
-    """Load a stopped run's stages into ``bench`` (every repeat of every arm, ratios, studies, timelines, the
-    warm start's evaluation, best_sync) and return them; refuse one measured on other code or another workload."""
+    """Load a stopped run's stages into ``bench`` (every repeat of every arm, studies, timelines, the warm
+    start's evaluation, best_sync; its ratios are derived again from these) and return them; refuse one
+    measured on other code or another workload."""
     result = json.loads(path.read_text())
     commit = result["commit"]
     if result["quick"] != quick:
@@ -942,7 +960,6 @@ def load_stopped_run(bench: Bench, path: Path, quick: bool) -> list[str]:
     for arm, metrics in result["arms"].items():
         repeats = len(next(iter(metrics.values()))["runs"])
         bench.raw[arm] = [{m: stats["runs"][i] for m, stats in metrics.items()} for i in range(repeats)]
-    bench.ratios |= result["ratios"]
     bench.timelines |= result["timelines"]
     for name, study in result["studies"].items():
         bench.studies[name] = {"commit": commit, "run_command": result["command"]} | study
@@ -972,7 +989,7 @@ def write(args: argparse.Namespace, bench: Bench, stages: list[str], wall_s: flo
         args,
         "long_tail",
         bench.raw,
-        ratios=bench.ratios,
+        ratios=derive_ratios(bench),
         resources=resources(bench),
         setup=run_setup(bench.work, stages),
         extra={

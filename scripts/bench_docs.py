@@ -188,7 +188,10 @@ def render_study(result: dict[str, Any], name: str, study_name: str) -> str:
     arms = {
         arm.removeprefix(prefix): stats for arm, stats in result["arms"].items() if arm.startswith(prefix)
     }
-    ratios = {key: stats for key, stats in result["ratios"].items() if key.startswith(prefix)}
+    # a study's ratios are named `STUDY/...`, or `STUDY_..._over_...` where the name must be one key of the JSON
+    ratios = {
+        key: stats for key, stats in result["ratios"].items() if key.startswith((prefix, f"{study_name}_"))
+    }
     verb, repeats = (
         ("Measured", study["repeats_note"])
         if "repeats_note" in study

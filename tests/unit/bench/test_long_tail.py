@@ -147,3 +147,41 @@ def test_a_warm_start_without_headroom_stops_the_run_before_any_arm(reward: floa
             long_tail.check_headroom(bench)
     else:
         long_tail.check_headroom(bench)
+
+
+def test_every_ratio_has_its_own_key_and_the_time_to_reward_headline_is_time_to_reward(tmp_path):
+    """Two ratios once shared a key (tokens/s overwrote samples/s; the samples/s ratio of the time-to-reward runs
+    overwrote their time-to-reward headline): each is derived from the runs under a name of its own."""
+
+    def runs(samples: float, tokens: float) -> list[dict[str, float]]:
+        return [{"samples_per_s": samples, "tokens_per_s": tokens}] * 3
+
+    bench = long_tail.Bench(LONG_TAIL, 3, tmp_path, 2)
+    bench.best_sync = long_tail.SWEEP[-1]
+    bench.raw = {
+        f"sweep/{long_tail.SWEEP[-1].name}": runs(10, 100),
+        "sweep/sync_batch": runs(5, 50),
+        "throughput/best_sync": runs(10, 100),
+        "throughput/async_a2": runs(20, 300),
+        "time_to_reward/best_sync": runs(10, 100),
+        "time_to_reward/async_a2": runs(8, 80),
+        "curve/sigma0/best_sync": runs(10, 100),
+        "curve/sigma0/async_a2": runs(15, 100),
+    }
+    bench.extra["time_to_reward"] = {
+        "per_seed": [{"ratio": 1.5}, {"ratio": None}, {"ratio": 2.5}],
+        "mean_over_seeds": {"ratio": 2.0},
+    }
+    ratios = long_tail.derive_ratios(bench)
+    assert {k: v["median"] for k, v in ratios.items()} == pytest.approx(
+        {
+            f"sweep_sync_batch_over_{long_tail.SWEEP[-1].name}": 0.5,
+            "throughput_async_a2_over_best_sync": 2.0,
+            "throughput_async_a2_over_best_sync_tokens_per_s": 3.0,
+            "time_to_reward_samples_per_s_async_a2_over_best_sync": 0.8,
+            "curve_sigma0_async_a2_over_best_sync": 1.5,
+            "time_to_reward_async_a2_over_best_sync": 2.0,
+        }
+    )
+    assert ratios["time_to_reward_async_a2_over_best_sync"]["runs"] == [1.5, 2.5]
+    assert "2 of 3 reached it" in ratios["time_to_reward_async_a2_over_best_sync"]["metric"]
