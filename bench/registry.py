@@ -46,7 +46,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark(
         "long_tail",
         ("bench/long_tail.py",),
-        180,  # the 2026-11-27 run: sweep ~33 min, time to reward ~40; the other stages estimated from its steps
+        180,  # the 2026-11-27 run: sweep ~33 min, time to reward ~56; the other stages estimated from its steps
         (
             Headline(
                 "time_to_reward_async_a2_over_best_sync",
