@@ -56,7 +56,6 @@ import multiprocessing
 import os
 import pickle
 import statistics
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -66,7 +65,8 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
-from bench import harness  # noqa: E402
+from bench import harness, registry  # noqa: E402
+from bench.provenance import code_changes_since  # noqa: E402
 from bench.workloads import LONG_TAIL, QUICK_LONG_TAIL, RLWorkload  # noqa: E402
 
 STAGES = ("sweep", "bound", "throughput", "time_to_reward", "curve")
@@ -906,7 +906,6 @@ def main() -> None:
     )
     args = parser.parse_args()
     work = QUICK_LONG_TAIL if args.quick else LONG_TAIL
-    started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="long-tail-") as tmp:
         bench = Bench(work, harness.repeats_for(args), Path(tmp), len(os.sched_getaffinity(0)))
         done: list[str] = load_stopped_run(bench, Path(args.extend), args.quick) if args.extend else []
@@ -915,18 +914,18 @@ def main() -> None:
         if not args.quick:  # the quick twin's 30-step warm start has no headroom by design
             check_headroom(bench)
         if args.extend and set(done) >= set(args.stages):  # nothing left to run: re-derive and rewrite
-            write(args, bench, done, time.perf_counter() - started)
+            write(args, bench, done)
         for stage in dict.fromkeys(args.stages):
             if stage in done:
                 continue
             STAGE_FUNCTIONS[stage](bench)
             done.append(stage)
-            write(args, bench, done, time.perf_counter() - started)
+            write(args, bench, done)
 
 
-MEASURED_CODE = ("asyncrl", "bench/workloads.py", "bench/harness.py")
+MEASURED_CODE = registry.by_result("long_tail").measured_code
 """What a stage's numbers depend on besides this script's stage code: a stopped run is continued only where
-none of it changed since the run's commit."""
+none of it changed since the run's commit (``run_all --continue`` keeps a result by the same rule)."""
 
 
 def stage_provenance() -> dict[str, str]:
@@ -947,15 +946,11 @@ def load_stopped_run(bench: Bench, path: Path, quick: bool) -> list[str]:
         raise SystemExit(
             f"{path} was measured on another workload (its setup differs from bench/workloads.py)"
         )
-    changed = subprocess.run(
-        ["git", "diff", "--name-only", commit.removesuffix("+dirty"), "--", *MEASURED_CODE],
-        capture_output=True,
-        text=True,
-    )
-    if commit.endswith("+dirty") or changed.returncode or changed.stdout.strip():
+    changed = code_changes_since(commit, MEASURED_CODE)
+    if changed != []:
         raise SystemExit(
             f"{path} was measured at {commit}; the measured code ({', '.join(MEASURED_CODE)}) differs from it "
-            f"now ({changed.stdout.strip() or changed.stderr.strip() or 'uncommitted changes then'}): re-run"
+            f"now ({' '.join(changed) if changed else 'uncommitted changes then, or an unknown commit'}): re-run"
         )
     for arm, metrics in result["arms"].items():
         repeats = len(next(iter(metrics.values()))["runs"])
@@ -981,7 +976,7 @@ def run_setup(work: RLWorkload, stages: list[str]) -> dict[str, Any]:
     }
 
 
-def write(args: argparse.Namespace, bench: Bench, stages: list[str], wall_s: float) -> None:
+def write(args: argparse.Namespace, bench: Bench, stages: list[str]) -> None:
     """The result of the stages done so far: written after each stage, so hours of measurement survive a run
     that is stopped before its last stage (``setup.stages`` says which ran)."""
     best = bench.best_sync
@@ -1004,7 +999,8 @@ def write(args: argparse.Namespace, bench: Bench, stages: list[str], wall_s: flo
             "bound": bounds(bench),
             **bench.extra,
             "timelines": bench.timelines,
-            "run_wall_s": wall_s,
+            # the stages' own wall-clock: a continued run's stages ran in several invocations
+            "run_wall_s": sum(study["wall_s"] for study in bench.studies.values()),
         },
     )
 

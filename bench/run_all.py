@@ -9,15 +9,26 @@ committed one it replaced (``git show HEAD:bench/results/NAME.json``). A metric 
 runs' spreads do not overlap (new min above old max, or new max below old min): a change beyond the
 repeat-to-repeat spread, up or down. Then ``python scripts/bench_docs.py`` regenerates every table.
 
+Every benchmark in one sitting is about eleven hours on 2 cores, more than a working session. ``--continue``
+spreads it over several: it keeps every benchmark whose result is a full run measured on the code the tree has
+now (no path it depends on, ``measured_code``, changed since any commit it was measured at: asyncrl/,
+pyproject.toml, its script and the bench modules that imports) and runs only the rest, adding to the summary;
+a result measured apart on that same code (bench/long_tail.py continued with ``--extend``) is kept the same
+way. The published results then all describe one code, though they name the commits they were measured at;
+the summary says which benchmarks are still missing, and every regression check compares with the results as
+they were where the series began (``base``). Any change to the measured code sends its benchmarks back to the
+list.
+
 ``--quick`` runs every benchmark's ``--quick`` mode instead, into a temporary directory (a smoke test of the
 whole sequence: nothing is compared or written under ``bench/results``).
 
-    python bench/run_all.py [--only NAME ...] [--skip NAME ...] [--allow-dirty] [--dry-run] [--quick]
+    python bench/run_all.py [--continue] [--only NAME ...] [--skip NAME ...] [--allow-dirty] [--dry-run] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import subprocess
 import sys
@@ -33,7 +44,8 @@ if __name__ == "__main__" and not __package__:
     sys.path[0] = str(ROOT)
 
 from bench.harness import RESULTS_DIR, git_commit  # noqa: E402
-from bench.registry import BENCHMARKS, Benchmark  # noqa: E402
+from bench.provenance import code_changes_since, measured_at  # noqa: E402
+from bench.registry import BENCHMARKS, Benchmark, by_result  # noqa: E402
 
 SUMMARY = "run_all"
 
@@ -83,17 +95,88 @@ def compare(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def committed_result(name: str) -> dict[str, Any] | None:
-    """The result file as the checked-out commit holds it (what this run replaces), if it has one."""
+def committed_result(name: str, base: str = "HEAD") -> dict[str, Any] | None:
+    """The result file as commit ``base`` holds it (what this run replaces), if it has one."""
     shown = subprocess.run(
-        ["git", "show", f"HEAD:{RESULTS_DIR}/{name}.json"], cwd=ROOT, capture_output=True, text=True
+        ["git", "show", f"{base}:{RESULTS_DIR}/{name}.json"], cwd=ROOT, capture_output=True, text=True
     )
     return json.loads(shown.stdout) if shown.returncode == 0 else None
 
 
-def run(benchmark: Benchmark, quick_dir: Path | None = None) -> dict[str, Any]:
-    """One benchmark's full mode as a child process (its output streamed), timed, and its regression check;
-    with ``quick_dir`` its ``--quick`` mode instead, writing there, checked for nothing but its exit status."""
+def regression(name: str, new: Mapping[str, Any], base: str) -> dict[str, Any]:
+    """The regression check of a fresh result against the one it replaced (the file at ``base``, where the
+    all-benchmarks run started); none where there was none, or it is the same measurement."""
+    old = committed_result(name, base)
+    if old is None or old.get("commit") == new.get("commit"):
+        return {"previous_commit": None, "flagged": []}
+    return compare(old, new)
+
+
+def measured_code(benchmark: Benchmark) -> tuple[str, ...]:
+    """The paths a benchmark's numbers depend on: its registered ones, or the package, its pins, its script
+    and every bench module that script imports (followed through their imports)."""
+    if benchmark.measured_code:
+        return benchmark.measured_code
+    seen: set[Path] = set()
+    todo = [ROOT / benchmark.args[0]]
+    while todo:
+        path = todo.pop()
+        if path in seen or not path.is_file():
+            continue
+        seen.add(path)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "bench":
+                modules = [f"bench.{alias.name}" for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                modules = [node.module]
+            elif isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            else:
+                continue
+            todo += [ROOT / f"{m.replace('.', '/')}.py" for m in modules if m.startswith("bench.")]
+    return ("asyncrl", "pyproject.toml", *sorted(str(p.relative_to(ROOT)) for p in seen))
+
+
+def describes_the_code(benchmark: Benchmark, result: Mapping[str, Any]) -> bool:
+    """Whether ``result`` is a full run measured on the code the tree has now: none of the benchmark's
+    measured paths changed since any commit it was measured at. Such a result need not be measured again."""
+    paths = measured_code(benchmark)
+    return not result.get("quick") and all(code_changes_since(c, paths) == [] for c in measured_at(result))
+
+
+def current_results() -> dict[str, dict[str, Any]]:
+    """Every registered benchmark's result file that describes the code the tree has now."""
+    results = {}
+    for benchmark in BENCHMARKS:
+        path = ROOT / RESULTS_DIR / f"{benchmark.result}.json"
+        if path.exists() and describes_the_code(benchmark, result := json.loads(path.read_text())):
+            results[benchmark.result] = result
+    return results
+
+
+def kept(
+    benchmark: Benchmark, result: Mapping[str, Any], previous: Mapping[str, Any] | None, base: str
+) -> dict:
+    """The record of a benchmark a continued run does not re-run: the earlier run's record where there is one,
+    else one made from its result (measured outside run_all, on the same code)."""
+    if previous is not None and previous.get("exit_status") == 0:
+        return dict(previous)
+    return {
+        "command": " ".join(["python", *benchmark.args]),
+        "expected_min": benchmark.minutes,
+        "wall_min": result.get("run_wall_s", 0.0) / 60,
+        "exit_status": 0,
+        "commit": result["commit"],
+        "measured_at": measured_at(result),
+        "measured_apart": True,
+        "regression": regression(benchmark.result, result, base),
+    }
+
+
+def run(benchmark: Benchmark, quick_dir: Path | None = None, base: str = "HEAD") -> dict[str, Any]:
+    """One benchmark's full mode as a child process (its output streamed), timed, and its regression check
+    against its result at ``base``; with ``quick_dir`` its ``--quick`` mode instead, writing there, checked
+    for nothing but its exit status."""
     args = list(benchmark.args)
     if quick_dir is not None:
         args += ["--quick", "--out", str(quick_dir / f"{benchmark.result}.json")]
@@ -113,9 +196,9 @@ def run(benchmark: Benchmark, quick_dir: Path | None = None) -> dict[str, Any]:
     path = ROOT / RESULTS_DIR / f"{benchmark.result}.json"
     if quick_dir is None and status == 0 and path.exists():
         new = json.loads(path.read_text())
-        old = committed_result(benchmark.result)
         record["commit"] = new.get("commit")
-        record["regression"] = compare(old, new) if old else {"previous_commit": None, "flagged": []}
+        record["measured_at"] = measured_at(new)
+        record["regression"] = regression(benchmark.result, new, base)
     return record
 
 
@@ -127,34 +210,65 @@ def main() -> None:
     parser.add_argument("--allow-dirty", action="store_true", help="run from a tree with uncommitted changes")
     parser.add_argument("--dry-run", action="store_true", help="say what would run and what it costs")
     parser.add_argument(
+        "--continue",
+        dest="resume",
+        action="store_true",
+        help="continue the last run (bench/results/run_all.json) in a later session: keep every benchmark "
+        "whose result was measured on the code the tree has now, run the rest",
+    )
+    parser.add_argument(
         "--quick", action="store_true", help="every benchmark's --quick mode, into a temp dir"
     )
     args = parser.parse_args()
     chosen = [b for b in BENCHMARKS if (not args.only or b.result in args.only) and b.result not in args.skip]
     commit = git_commit()
-    total = sum(b.minutes for b in chosen)
-    print(f"{len(chosen)} benchmarks at {commit}, full modes expected ~{total:.0f} min ({total / 60:.1f} h):")
+    summary_path = ROOT / RESULTS_DIR / f"{SUMMARY}.json"
+    resume = args.resume and not args.quick
+    previous = json.loads(summary_path.read_text()) if resume and summary_path.exists() else {}
+    current = current_results() if resume else {}
+    todo = [b for b in chosen if b.result not in current]
+    total = sum(b.minutes for b in todo)
+    print(f"{len(todo)} benchmarks at {commit}, full modes expected ~{total:.0f} min ({total / 60:.1f} h):")
     for benchmark in chosen:
         need = f"  [needs {benchmark.needs}]" if benchmark.needs else ""
-        print(f"  {benchmark.minutes:5.0f} min  python {' '.join(benchmark.args)}{need}")
+        state = "current, kept" if benchmark.result in current else f"{benchmark.minutes:5.0f} min"
+        print(f"  {state:>13}  python {' '.join(benchmark.args)}{need}")
     if args.dry_run:
         return
     if commit.endswith("+dirty") and not (args.allow_dirty or args.quick):
         sys.exit("run_all: the tree has uncommitted changes; commit them so every result names one commit")
+    base = previous.get("base", commit.removesuffix("+dirty"))
+    records = {
+        name: kept(by_result(name), result, previous.get("benchmarks", {}).get(name), base)
+        for name, result in current.items()
+    }
     with tempfile.TemporaryDirectory(prefix="run-all-quick-") as tmp:
         quick_dir = Path(tmp) if args.quick else None
-        summary_path = (quick_dir or ROOT / RESULTS_DIR) / f"{SUMMARY}.json"
+        if quick_dir:
+            summary_path = quick_dir / f"{SUMMARY}.json"
         started = time.perf_counter()
-        records: dict[str, Any] = {}
-        for benchmark in chosen:
-            records[benchmark.result] = run(benchmark, quick_dir)
-            wall = (time.perf_counter() - started) / 60
-            summary = {"commit": commit, "expected_min": total, "wall_min": wall, "benchmarks": records}
-            summary_path.write_text(
-                json.dumps(summary, indent=1) + "\n"
-            )  # after each: a crash keeps the rest
+        ran: list[str] = []
+
+        def write_summary() -> None:  # after each benchmark: a crash keeps the rest
+            session = {"commit": commit, "ran": ran, "wall_min": (time.perf_counter() - started) / 60}
+            summary = {
+                "commit": commit,
+                "base": base,
+                "expected_min": sum(b.minutes for b in BENCHMARKS),
+                "wall_min": sum(r.get("wall_min", 0.0) for r in records.values()),
+                "missing": [b.result for b in BENCHMARKS if b.result not in records],
+                "sessions": [*previous.get("sessions", []), session],
+                "benchmarks": {b.result: records[b.result] for b in BENCHMARKS if b.result in records},
+            }
+            summary_path.write_text(json.dumps(summary, indent=1) + "\n")
+
+        write_summary()
+        for benchmark in todo:
+            records[benchmark.result] = run(benchmark, quick_dir, base)
+            ran.append(benchmark.result)
+            write_summary()
     failed = [name for name, record in records.items() if record["exit_status"] != 0]
-    print(f"\nrun_all: {len(records)} benchmarks in {wall:.1f} min; failed: {failed or 'none'}")
+    print(f"\nrun_all: {len(ran)} benchmarks run, {len(current)} kept; failed: {failed or 'none'}")
     if not args.quick:
         print("next: python scripts/bench_docs.py (every table, the headlines and the regression check)")
     if failed:

@@ -29,6 +29,7 @@ import re
 from typing import Any
 
 from bench.harness import SCHEMA_VERSION, check_schema
+from bench.provenance import measured_at
 from bench.registry import BENCHMARKS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -292,7 +293,8 @@ def arms_table(arms: dict[str, dict[str, Any]], wide_from: int = WIDE_FROM_ARMS)
 
 def headlines(results_dir: Path) -> str:
     """One row per headline of bench/registry.py: what is compared, on what, median (min–max) over paired
-    repeats, the commit it was measured at, and a link to its section."""
+    repeats, the commits it was measured at (a continued run's stages may name several), and a link to its
+    section."""
     lines = [
         "| compared | workload and resources | median (min–max) | commit | section |",
         "|---|---|---:|---|---|",
@@ -302,7 +304,7 @@ def headlines(results_dir: Path) -> str:
             result = load(benchmark.result, results_dir)
             stats = result.get("ratios", {}).get(headline.ratio) if isinstance(result, dict) else None
             measured = (
-                (spread(stats), commit_label(result["commit"]))
+                (spread(stats), ", ".join(commit_label(c) for c in measured_at(result)))
                 if stats
                 else (f"not measured yet: `python {' '.join(benchmark.args)}`", "—")
             )
@@ -320,26 +322,35 @@ def run_all_summary(results_dir: Path) -> str:
     if not path.exists():
         return "_No all-benchmarks run yet: `python bench/run_all.py` writes `bench/results/run_all.json`._\n"
     summary = json.loads(path.read_text())
+    sessions = summary.get("sessions", [{"commit": summary["commit"]}])
     lines = [
-        f"`python bench/run_all.py` at commit {commit_label(summary['commit'])}: "
-        f"{number(summary['wall_min'])} min of wall time (expected {number(summary['expected_min'])}).",
+        f"`python bench/run_all.py` from commit {commit_label(summary.get('base', summary['commit']))} "
+        f"over {len(sessions)} session(s), the last at {commit_label(summary['commit'])}: "
+        f"{number(summary['wall_min'])} min of measurement (expected {number(summary['expected_min'])}); every "
+        "result below was measured on the code of the last (a kept one's measured paths are unchanged since).",
         "",
-        "| benchmark | wall (min) | status | metrics compared | beyond the spread | previous commit |",
-        "|---|---:|---|---:|---:|---|",
+        "| benchmark | wall (min) | status | measured at | metrics compared | beyond the spread | previous commit |",
+        "|---|---:|---|---|---:|---:|---|",
     ]
     flagged_rows = []
     for name, record in summary["benchmarks"].items():
         check = record.get("regression", {})
         previous = check.get("previous_commit")
+        measured = ", ".join(commit_label(c) for c in record.get("measured_at", [])) or "—"
+        if record.get("measured_apart"):
+            measured += " (apart from run_all)"
         lines.append(
             f"| {name} | {number(record['wall_min'])} | {'ok' if record['exit_status'] == 0 else 'failed'} | "
-            f"{check.get('compared', '—')} | {len(check.get('flagged', []))} | "
+            f"{measured} | {check.get('compared', '—')} | {len(check.get('flagged', []))} | "
             f"{commit_label(previous) if previous else '—'} |"
         )
         for flag in check.get("flagged", []):
             before, after = (" / ".join(number(v) for v in flag[key]) for key in ("before", "after"))
             change = number(flag["change"]) if flag["change"] is not None else "—"
             flagged_rows.append(f"| {name} | {flag['metric']} | {before} | {after} | {change} |")
+    if summary.get("missing"):
+        missing = ", ".join(summary["missing"])
+        lines += ["", f"Not yet measured on this code ({len(summary['missing'])}): {missing}."]
     if flagged_rows:
         lines += [
             "",

@@ -171,12 +171,28 @@ def test_the_run_all_block_lists_each_benchmark_and_what_moved_beyond_the_spread
             "engine": {
                 "wall_min": 8.2,
                 "exit_status": 0,
+                "measured_at": ["abc"],
                 "regression": {"previous_commit": "def", "compared": 12, "flagged": [flag]},
+            },
+            "long_tail": {
+                "wall_min": 150,
+                "exit_status": 0,
+                "measured_at": ["0ab", "1cd"],
+                "measured_apart": True,
             },
             "soak": {"wall_min": 1.0, "exit_status": 1},
         },
+        "missing": ["trainer", "lora"],
+        "sessions": [{"commit": "0ab"}, {"commit": "abc"}],
+        "base": "0ab",
     }
     (tmp_path / "run_all.json").write_text(json.dumps(summary))
     text = bench_docs.regenerate("<!-- bench:run_all -->\n<!-- /bench:run_all -->\n", tmp_path)
-    assert "| engine | 8.2 | ok | 12 | 1 | `def` |" in text and "| soak | 1 | failed | — | 0 | — |" in text
+    assert "from commit `0ab` over 2 session(s), the last at `abc`" in text
+    assert (
+        "| engine | 8.2 | ok | `abc` | 12 | 1 | `def` |" in text
+        and "| soak | 1 | failed | — | — | 0 | — |" in text
+    )
+    assert "| long_tail | 150 | ok | `0ab`, `1cd` (apart from run_all) | — | 0 | — |" in text
+    assert "Not yet measured on this code (2): trainer, lora." in text
     assert "| engine | x / rate | 10 / 11 / 12 | 8 / 8.5 / 9 | 0.77 |" in text

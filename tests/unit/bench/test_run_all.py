@@ -12,9 +12,12 @@ from pathlib import Path
 import pytest
 
 from bench import run_all
-from bench.registry import BENCHMARKS, GPU_RESULTS
+from bench.harness import git_commit
+from bench.provenance import measured_at
+from bench.registry import BENCHMARKS, GPU_RESULTS, by_result
 
 ROOT = Path(__file__).resolve().parents[3]
+HEAD = git_commit().removesuffix("+dirty")
 
 
 def stats(low: float, mid: float, high: float) -> dict[str, object]:
@@ -74,3 +77,36 @@ def test_quick_runs_each_chosen_benchmark_quick_mode(user_env: dict[str, str]) -
     done = subprocess.run(command, cwd=ROOT, env=user_env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "bench/simulator.py --quick --out" in done.stdout and "failed: none" in done.stdout
+
+
+def test_a_benchmark_depends_on_its_script_and_the_bench_modules_it_imports() -> None:
+    code = run_all.measured_code(by_result("critic_learning"))
+    assert code[:2] == ("asyncrl", "pyproject.toml")
+    assert {"bench/critic_learning.py", "bench/agentic_learning.py", "bench/harness.py"} <= set(code)
+    assert "bench/trainer.py" in run_all.measured_code(
+        by_result("lora")
+    )  # followed through bench.default_run
+    assert run_all.measured_code(by_result("long_tail")) == by_result("long_tail").measured_code
+
+
+def test_a_result_is_current_only_where_its_measured_code_is_unchanged_since_every_commit_it_names() -> None:
+    trainer = by_result("trainer")
+    if HEAD == "unknown" or run_all.code_changes_since(HEAD, run_all.measured_code(trainer)) != []:
+        pytest.skip("the trainer benchmark's code has uncommitted changes here")
+    full = {"commit": HEAD, "quick": False}
+    assert run_all.describes_the_code(trainer, full)
+    assert not run_all.describes_the_code(trainer, full | {"quick": True})
+    assert not run_all.describes_the_code(trainer, full | {"commit": HEAD + "+dirty"})
+    assert not run_all.describes_the_code(trainer, full | {"commit": "0" * 40})  # unknown here
+    stopped = full | {"studies": {"sweep": {"commit": "0" * 40}, "curve": {"commit": HEAD}}}
+    assert measured_at(stopped) == sorted({"0" * 40, HEAD})
+    assert not run_all.describes_the_code(trainer, stopped)
+
+
+def test_a_kept_result_measured_apart_is_recorded_with_its_commits_and_no_self_comparison() -> None:
+    result = {"commit": "abc", "run_wall_s": 600.0, "studies": {"sweep": {"commit": "def"}}}
+    record = run_all.kept(by_result("long_tail"), result, None, base="HEAD")
+    assert record["measured_apart"] and record["measured_at"] == ["abc", "def"]
+    assert record["wall_min"] == 10.0 and record["exit_status"] == 0
+    earlier = {"exit_status": 0, "wall_min": 170.0, "commit": "abc"}
+    assert run_all.kept(by_result("long_tail"), result, earlier, base="HEAD") == earlier
