@@ -768,6 +768,7 @@ def bounds(bench: Bench) -> dict[str, Any]:
             "fraction_of_bound": harness.summary(
                 [b / r["step_s"] for b, r in zip(sync_best, raw[base], strict=False)]
             ),
+            "engine_rate_of_lone": engine_rate_of_lone(raw[base], raw["bound/engine_alone_best_sync"]),
         }
         for name in raw:
             if not name.startswith(f"{stage}/") or name == base:
@@ -791,8 +792,22 @@ def bounds(bench: Bench) -> dict[str, Any]:
                 "best_step_s": harness.summary(best_steps),
                 "bound_over_best_sync": harness.summary(bound),
                 "fraction_of_bound": harness.summary(fraction),
+                "engine_rate_of_lone": engine_rate_of_lone(raw[name], raw["bound/engine_alone_async"]),
             }
     return out
+
+
+def engine_rate_of_lone(runs: list[dict[str, float]], lone: list[dict[str, float]]) -> dict[str, Any]:
+    """Per paired repeat, the tokens the arm's engines generated per second they were busy, over the lone
+    engines' saturated rate. Why: an arm short of its bound is either an engine idle part of the step
+    (``engine_busy_fraction``) or one that generates slower than it can while busy (a batch below its slots,
+    or a core shared with the trainer): this tells the two apart."""
+    return harness.summary(
+        [
+            r["generated_tokens_per_step"] / (r["step_s"] * r["engine_busy_fraction"]) / e["tokens_per_s"]
+            for r, e in zip(runs, lone, strict=False)
+        ]
+    )
 
 
 def stage_curve(bench: Bench) -> None:

@@ -104,12 +104,14 @@ def test_the_bound_is_made_of_lone_roles_and_never_of_the_arm_it_bounds() -> Non
         "step_s": 4.0,
         "generated_tokens_per_step": 2000,
         "trained_tokens_per_step": 1000,
+        "engine_busy_fraction": 0.8,
     }
     fast = {
         "samples_per_s": 32 / 2.5,
         "step_s": 2.5,
         "generated_tokens_per_step": 2400,
         "trained_tokens_per_step": 1000,
+        "engine_busy_fraction": 1.0,
     }
     bench = long_tail.Bench(LONG_TAIL, 1, scratch=None, cores=2)  # type: ignore[arg-type]
     bench.raw = {
@@ -126,6 +128,9 @@ def test_the_bound_is_made_of_lone_roles_and_never_of_the_arm_it_bounds() -> Non
     assert arm["bound_over_best_sync"]["median"] == pytest.approx(4.0 / 2.0)
     assert arm["fraction_of_bound"]["median"] == pytest.approx(2.0 / 2.5)
     assert got["throughput/best_sync"]["best_step_s"]["median"] == pytest.approx(2.0 + 1.0)
+    # busy 2.5 s of the step for 2400 tokens: 960 tokens/s, 0.8 of the lone 1200; sync's 2000 in 3.2 s: 625
+    assert arm["engine_rate_of_lone"]["median"] == pytest.approx(0.8)
+    assert got["throughput/best_sync"]["engine_rate_of_lone"]["median"] == pytest.approx(0.625)
 
 
 def test_memory_per_role_is_each_lone_roles_peak_over_its_process_baseline() -> None:
