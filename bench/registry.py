@@ -105,7 +105,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark(
         "sync_vs_trl",
         ("bench/sync_vs_trl.py",),
-        7,
+        3,  # measured 2026-11-27 at b524b63: 2.3 min
         (
             Headline(
                 "samples_per_s",
