@@ -6,6 +6,8 @@ tests/integration/test_bench_long_tail.py."""
 
 from __future__ import annotations
 
+import types
+
 import pytest
 
 from asyncrl.config.run import load_run_config
@@ -94,6 +96,29 @@ def test_curve_points_keep_samples_per_step_and_reach_sigma_1_5() -> None:
         config = load_run_config(None, [*LONG_TAIL.run, *point.overrides])
         assert config.rollout.rollout_batch_size * config.rollout.num_return_sequences == 32
         assert config.rollout.rollout_batch_size == point.prompts_per_step
+
+
+def test_a_curve_point_that_changes_the_task_runs_only_inside_the_headroom_band(monkeypatch) -> None:
+    """The warm start is evaluated on each point that changes the task (never on the others); one outside the
+    band is skipped with its reward, since the filter would drop every group there and no step would end."""
+    rewards = {"task.length_sigma=0.0": 0.0, "task.length_sigma=1.5": 0.2}
+    evaluated = []
+
+    def fake_child(fn, overrides, num_prompts):  # the warm start's evaluation, without a model
+        evaluated.append(overrides[-1])
+        return {"eval/reward_mean": rewards[overrides[-1]]}
+
+    monkeypatch.setattr(long_tail, "in_child", fake_child)
+    work = types.SimpleNamespace(overrides=lambda: ["model.path=warm"], eval_prompts=8)
+    bench = long_tail.Bench(work, 1, scratch=None, cores=2)  # type: ignore[arg-type]
+    point = {p.name: p for p in long_tail.curve_points(LONG_TAIL, quick=False)}
+    assert "0.000, outside the headroom band" in long_tail.curve_point_without_headroom(
+        bench, point["sigma0"]
+    )
+    assert long_tail.curve_point_without_headroom(bench, point["sigma1.5"]) is None
+    assert long_tail.curve_point_without_headroom(bench, point["group16"]) is None
+    assert evaluated == ["task.length_sigma=0.0", "task.length_sigma=1.5"]
+    assert bench.extra["curve_warm_start"]["sigma0"]["eval/reward_mean"] == 0.0
 
 
 def test_the_bound_is_made_of_lone_roles_and_never_of_the_arm_it_bounds() -> None:
