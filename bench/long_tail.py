@@ -700,13 +700,21 @@ def warm_start_reward(bench: Bench) -> dict[str, float]:
 def check_headroom(bench: Bench) -> None:
     """Stop before any arm runs when the warm start leaves RL nothing measurable to do (``HEADROOM``)."""
     reward = warm_start_reward(bench)["eval/reward_mean"]
-    low, high = HEADROOM
-    if not low <= reward <= high:
+    if problem := outside_headroom(reward):
         raise SystemExit(
-            f"the warm start's held-out mean reward is {reward:.3f}, outside [{low}, {high}]: the workload's "
-            f"SFT recipe (bench/workloads.py) leaves RL no headroom; fix the recipe before running any arm"
+            f"{problem}: the workload's SFT recipe (bench/workloads.py) leaves RL no headroom; fix the recipe "
+            "before running any arm"
         )
+    low, high = HEADROOM
     print(f"warm start: held-out mean reward {reward:.3f} (headroom band {low}-{high})", flush=True)
+
+
+def outside_headroom(reward: float) -> str | None:
+    """What is wrong with a warm start's held-out mean reward for RL (``HEADROOM``), or None."""
+    low, high = HEADROOM
+    if low <= reward <= high:
+        return None
+    return f"the warm start's held-out mean reward is {reward:.3f}, outside the headroom band [{low}, {high}]"
 
 
 def stage_bound(bench: Bench) -> None:
@@ -850,12 +858,8 @@ def curve_point_without_headroom(bench: Bench, point: CurvePoint) -> str | None:
         return None
     work = bench.work
     evaluated = in_child(evaluate_warm_start, (*work.overrides(), *point.overrides), work.eval_prompts)
-    reward = evaluated["eval/reward_mean"]
     bench.extra.setdefault("curve_warm_start", {})[point.name] = evaluated
-    low, high = HEADROOM
-    if low <= reward <= high:
-        return None
-    return f"the warm start's held-out mean reward there is {reward:.3f}, outside the headroom band [{low}, {high}]"
+    return outside_headroom(evaluated["eval/reward_mean"])
 
 
 def require_best_sync(bench: Bench) -> Arm:

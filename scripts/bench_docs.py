@@ -322,10 +322,9 @@ def run_all_summary(results_dir: Path) -> str:
     if not path.exists():
         return "_No all-benchmarks run yet: `python bench/run_all.py` writes `bench/results/run_all.json`._\n"
     summary = json.loads(path.read_text())
-    sessions = summary.get("sessions", [{"commit": summary["commit"]}])
     lines = [
-        f"`python bench/run_all.py` from commit {commit_label(summary.get('base', summary['commit']))} "
-        f"over {len(sessions)} session(s), the last at {commit_label(summary['commit'])}: "
+        f"`python bench/run_all.py` from commit {commit_label(summary['base'])} "
+        f"over {len(summary['sessions'])} session(s), the last at {commit_label(summary['commit'])}: "
         f"{number(summary['wall_min'])} min of measurement (expected {number(summary['expected_min'])}); every "
         "result below was measured on the code of the last (a kept one's measured paths are unchanged since).",
         "",

@@ -14,6 +14,7 @@ import pytest
 
 from bench import harness
 from bench.long_tail import MEASURED_CODE
+from bench.provenance import code_changes_since
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,8 +46,7 @@ def test_long_tail_quick_runs_every_stage(tmp_path: Path, user_env: dict[str, st
 @pytest.mark.slow
 def test_a_stopped_run_is_continued_with_its_stages_kept(tmp_path: Path, user_env: dict[str, str]) -> None:
     head = harness.git_commit().removesuffix("+dirty")
-    measured_code_changed = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", *MEASURED_CODE], cwd=ROOT)
-    if head == "unknown" or measured_code_changed.returncode:
+    if code_changes_since(head, MEASURED_CODE) != []:
         pytest.skip("the measured code has uncommitted changes here: a continued run is refused on them")
     stopped, continued = tmp_path / "stopped.json", tmp_path / "continued.json"
     base = [sys.executable, "bench/long_tail.py", "--quick"]

@@ -4,13 +4,13 @@ into a full one, or a run measured on code that has changed since (the end-to-en
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from bench import harness
 from bench.long_tail import MEASURED_CODE, Bench, load_stopped_run, run_setup
+from bench.provenance import code_changes_since
 from bench.workloads import QUICK_LONG_TAIL
 
 HEAD = harness.git_commit().removesuffix("+dirty")
@@ -40,8 +40,7 @@ def bench(tmp_path: Path) -> Bench:
 
 
 def test_a_stopped_run_loads_every_repeat_and_its_best_sync(tmp_path: Path) -> None:
-    changed = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", *MEASURED_CODE], check=False)
-    if HEAD == "unknown" or changed.returncode:
+    if code_changes_since(HEAD, MEASURED_CODE) != []:
         pytest.skip("the measured code has uncommitted changes here: a continued run is refused on them")
     loaded = bench(tmp_path)
     assert load_stopped_run(loaded, stopped_run(tmp_path), quick=True) == ["sweep"]
