@@ -971,8 +971,13 @@ none of it changed since the run's commit (``run_all --continue`` keeps a result
 
 
 def stage_provenance() -> dict[str, str]:
-    """The commit and command a stage ran at: a continued run's stages may come from two commits."""
-    return {"commit": harness.git_commit(), "run_command": " ".join([Path(sys.executable).name, *sys.argv])}
+    """The commit, command and CPU a stage ran at: a continued run's stages may come from two commits and, a
+    session later, from another machine (a stage's ratios are paired within it; across stages they are not)."""
+    return {
+        "commit": harness.git_commit(),
+        "run_command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "cpu_model": harness.cpu_model(),
+    }
 
 
 def load_stopped_run(bench: Bench, path: Path, quick: bool) -> list[str]:
@@ -999,7 +1004,12 @@ def load_stopped_run(bench: Bench, path: Path, quick: bool) -> list[str]:
         bench.raw[arm] = [{m: stats["runs"][i] for m, stats in metrics.items()} for i in range(repeats)]
     bench.timelines |= result["timelines"]
     for name, study in result["studies"].items():
-        bench.studies[name] = {"commit": commit, "run_command": result["command"]} | study
+        stopped_at = {
+            "commit": commit,
+            "run_command": result["command"],
+            "cpu_model": result["machine"]["cpu_model"],
+        }
+        bench.studies[name] = stopped_at | study
     bench.extra |= {
         k: result[k]
         for k in ("warm_start", "memory_per_role_mb", "time_to_reward", "table", "curve_warm_start")

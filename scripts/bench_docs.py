@@ -204,7 +204,7 @@ def render_study(result: dict[str, Any], name: str, study_name: str) -> str:
     lines = [
         f"{verb} at commit {commit_label(study.get('commit', result['commit']))} "
         f"by `{study.get('run_command', result['command'])}` "
-        f"({number(study['wall_s'])} s of wall time for this study on {result['machine']['cpu_model']}): "
+        f"({number(study['wall_s'])} s of wall time for this study on {study.get('cpu_model', result['machine']['cpu_model'])}): "
         f"{study['steps']} steps per point, {repeats}{' (--quick: a smoke run, not a result)' if result['quick'] else ''}. "
         f"By hand: `{study['command']}`.",
         "",

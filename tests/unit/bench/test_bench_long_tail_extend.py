@@ -21,6 +21,7 @@ def stopped_run(tmp_path: Path, **changes: object) -> Path:
         "commit": HEAD,
         "command": "python bench/long_tail.py --quick --stages sweep",
         "quick": True,
+        "machine": {"cpu_model": "the stopped run's CPU"},
         "setup": json.loads(json.dumps(run_setup(QUICK_LONG_TAIL, ["sweep"]))),
         "arms": {
             "sweep/sync_batch": {"samples_per_s": {"runs": [1.0, 2.0, 3.0]}, "step_s": {"runs": [3, 2, 1]}}
@@ -51,6 +52,8 @@ def test_a_stopped_run_loads_every_repeat_and_its_best_sync(tmp_path: Path) -> N
     ]
     assert loaded.best_sync is not None and loaded.best_sync.name == "sync_batch"
     assert loaded.studies["sweep"]["commit"] == HEAD
+    # a stage measured before a continuation keeps the CPU it ran on: the next session's machine may differ
+    assert loaded.studies["sweep"]["cpu_model"] == "the stopped run's CPU"
 
 
 @pytest.mark.parametrize(
