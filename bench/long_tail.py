@@ -128,12 +128,16 @@ class CurvePoint:
 
 def curve_points(work: RLWorkload, quick: bool) -> list[CurvePoint]:
     """σ of the length tail from 0 to 1.5, the group size at a fixed number of samples per step, and two
-    engines; the workload itself (σ 1.2, G 8, one engine) is the throughput stage's pair."""
+    engines. The full curve measures the workload itself (σ 1.2, G 8, one engine) again as its own reference:
+    the throughput stage has the same pair, but a curve continued in a later session may run on another
+    machine (and a warm start rebuilt there), and its points compare only with a reference measured beside
+    them."""
     n, b = work.samples_per_step, work.prompts_per_step
     sigmas = (0.0,) if quick else (0.0, 0.6, 1.5)
     points = [CurvePoint(f"sigma{s:g}", (f"task.length_sigma={s}",), b) for s in sigmas]
     if quick:
         return points
+    points.insert(0, CurvePoint("workload", (), b))
     for group in (4, 16):
         points.append(
             CurvePoint(

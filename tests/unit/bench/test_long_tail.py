@@ -91,7 +91,8 @@ def test_the_sweep_and_async_arms_set_their_mode_redundancy_and_engines() -> Non
 
 def test_curve_points_keep_samples_per_step_and_reach_sigma_1_5() -> None:
     points = {p.name: p for p in long_tail.curve_points(LONG_TAIL, quick=False)}
-    assert {"sigma0", "sigma1.5", "group4", "group16", "engines2"} <= set(points)
+    assert {"workload", "sigma0", "sigma1.5", "group4", "group16", "engines2"} <= set(points)
+    assert points["workload"].overrides == ()  # the curve's own reference: the workload, measured beside it
     for point in points.values():
         config = load_run_config(None, [*LONG_TAIL.run, *point.overrides])
         assert config.rollout.rollout_batch_size * config.rollout.num_return_sequences == 32
