@@ -315,6 +315,14 @@ def headlines(results_dir: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def measured_on(result: dict[str, Any]) -> list[str]:
+    """The CPUs a result was measured on: its machine's, or each study's where a continued run's stages say
+    (a later session may run on another machine)."""
+    default = result["machine"]["cpu_model"]
+    studies = result.get("studies") or {"": {}}
+    return sorted({study.get("cpu_model", default) for study in studies.values()})
+
+
 def run_all_summary(results_dir: Path) -> str:
     """The last ``bench/run_all.py``: its commit and cost, each benchmark's wall-clock and status, and the
     metrics whose spread no longer overlaps the previous result's (the regression check)."""
@@ -328,25 +336,35 @@ def run_all_summary(results_dir: Path) -> str:
         f"{number(summary['wall_min'])} min of measurement (expected {number(summary['expected_min'])}); every "
         "result below was measured on the code of the last (a kept one's measured paths are unchanged since).",
         "",
-        "| benchmark | wall (min) | status | measured at | metrics compared | beyond the spread | previous commit |",
-        "|---|---:|---|---|---:|---:|---|",
+        "| benchmark | wall (min) | status | measured at | CPU | metrics compared | beyond the spread | previous commit |",
+        "|---|---:|---|---|---|---:|---:|---|",
     ]
-    flagged_rows = []
+    flagged_rows, cpus = [], set()
     for name, record in summary["benchmarks"].items():
         check = record.get("regression", {})
         previous = check.get("previous_commit")
         measured = ", ".join(commit_label(c) for c in record.get("measured_at", [])) or "—"
         if record.get("measured_apart"):
             measured += " (apart from run_all)"
+        result = load(name, results_dir)
+        on = measured_on(result) if isinstance(result, dict) else []
+        cpus.update(on)
         lines.append(
             f"| {name} | {number(record['wall_min'])} | {'ok' if record['exit_status'] == 0 else 'failed'} | "
-            f"{measured} | {check.get('compared', '—')} | {len(check.get('flagged', []))} | "
+            f"{measured} | {', '.join(on) or '—'} | {check.get('compared', '—')} | {len(check.get('flagged', []))} | "
             f"{commit_label(previous) if previous else '—'} |"
         )
         for flag in check.get("flagged", []):
             before, after = (" / ".join(number(v) for v in flag[key]) for key in ("before", "after"))
             change = number(flag["change"]) if flag["change"] is not None else "—"
             flagged_rows.append(f"| {name} | {flag['metric']} | {before} | {after} | {change} |")
+    if len(cpus) > 1:
+        lines += [
+            "",
+            f"The series spans {len(cpus)} CPUs ({', '.join(sorted(cpus))}): a session's machine is not chosen. "
+            "A ratio is paired within one run and holds on its CPU; absolute rates, and the regression check "
+            "against results measured on another CPU, compare machines as much as code.",
+        ]
     if summary.get("missing"):
         missing = ", ".join(summary["missing"])
         lines += ["", f"Not yet measured on this code ({len(summary['missing'])}): {missing}."]

@@ -187,12 +187,17 @@ def test_the_run_all_block_lists_each_benchmark_and_what_moved_beyond_the_spread
         "base": "0ab",
     }
     (tmp_path / "run_all.json").write_text(json.dumps(summary))
+    (tmp_path / "engine.json").write_text(json.dumps(harness_result("engine", {})))
+    # a continued result whose stages ran on two machines names both
+    studies = {"sweep": {"cpu_model": "amd"}, "curve": {"cpu_model": "intel"}}
+    (tmp_path / "long_tail.json").write_text(json.dumps(harness_result("long_tail", {}, studies=studies)))
     text = bench_docs.regenerate("<!-- bench:run_all -->\n<!-- /bench:run_all -->\n", tmp_path)
     assert "from commit `0ab` over 2 session(s), the last at `abc`" in text
     assert (
-        "| engine | 8.2 | ok | `abc` | 12 | 1 | `def` |" in text
-        and "| soak | 1 | failed | — | — | 0 | — |" in text
+        "| engine | 8.2 | ok | `abc` | cpu | 12 | 1 | `def` |" in text
+        and "| soak | 1 | failed | — | — | — | 0 | — |" in text
     )
-    assert "| long_tail | 150 | ok | `0ab`, `1cd` (apart from run_all) | — | 0 | — |" in text
+    assert "| long_tail | 150 | ok | `0ab`, `1cd` (apart from run_all) | amd, intel | — | 0 | — |" in text
+    assert "The series spans 3 CPUs (amd, cpu, intel)" in text
     assert "Not yet measured on this code (2): trainer, lora." in text
     assert "| engine | x / rate | 10 / 11 / 12 | 8 / 8.5 / 9 | 0.77 |" in text
