@@ -85,7 +85,7 @@ def render(name: str, results_dir: Path) -> str:
     machine = result["machine"]
     gpu = f"{machine['gpu']} with " if machine.get("gpu") else ""
     lines = [
-        f"Measured at commit {commit_label(result['commit'])} on {gpu}{machine['cpu_model']} ({machine['cores']} cores, "
+        f"Measured at commit {commit_label(result['commit'])} on {gpu}{' and '.join(measured_on(result))} ({machine['cores']} cores, "
         f"{machine['torch_threads']} torch threads, torch {machine['torch']}), {result['repeats']} interleaved "
         f"repeats per arm{' (--quick: a smoke run, not a result)' if result['quick'] else ''}; "
         f"median (min–max). Command: `{result['command']}`.",
