@@ -25,6 +25,9 @@ planner), each run in a fresh process so its memory is its own. Stages, each its
   seed-mean curves.
 - ``curve``: async α = 2 over ``best_sync`` as the length tail grows (σ), as the group size grows (at 32
   samples per step) and with two engines, each point its own interleaved pair.
+- ``partial_time_to_reward``: ``time_to_reward`` for partial rollout α = 2 (the one async arm above
+  ``best_sync`` at steady state) against ``best_sync`` again, with its own evaluation of the warm start. Added
+  after the other stages had run, as a stage of its own so that adding it changed none of theirs.
 
 Per-step timelines (elapsed time, phases, samples, tokens, reward, filter keep rate) of every run are saved
 in the result. Stages run in the order ``--stages`` gives, and the result file is rewritten after each, so a
@@ -33,7 +36,8 @@ continues it with the stages it lacks, refused unless the measured code (``MEASU
 are unchanged since its commit (each stage records the commit it ran at). ``--quick`` runs every stage on a
 tiny twin of the workload in about a minute.
 
-    python bench/long_tail.py [--quick] [--repeats 3] [--stages sweep bound throughput time_to_reward curve]
+    python bench/long_tail.py [--quick] [--repeats 3] [--stages sweep bound throughput time_to_reward curve
+        partial_time_to_reward]
         [--best-sync NAME] [--extend RESULT] [--out bench/results/long_tail.json]
 """
 
@@ -50,6 +54,7 @@ import argparse
 import asyncio
 import concurrent.futures
 import dataclasses
+import hashlib
 import itertools
 import json
 import multiprocessing
@@ -69,7 +74,7 @@ from bench import harness, registry  # noqa: E402
 from bench.provenance import code_changes_since  # noqa: E402
 from bench.workloads import LONG_TAIL, QUICK_LONG_TAIL, RLWorkload  # noqa: E402
 
-STAGES = ("sweep", "bound", "throughput", "time_to_reward", "curve")
+STAGES = ("sweep", "bound", "throughput", "time_to_reward", "curve", "partial_time_to_reward")
 EVAL_SEED = 0
 """Sampling seed of every held-out evaluation: the same prompts and seeds at every checkpoint of every run, so
 two checkpoints differ by their weights, not their draws."""
@@ -107,12 +112,13 @@ SWEEP = (
 """The sync tuning sweep at equal resources (2 cores). Redundancy is swept with queue scheduling (where a
 filtered group is replaced the moment it is dropped); the engine layouts at the project default's B/2."""
 ASYNC_A2 = Arm("async_a2", ("controller.mode=async", "buffer.async_ratio=2"))
+PARTIAL_ROLLOUT_A2 = Arm("partial_rollout_a2", ("controller.mode=partial_rollout", "buffer.async_ratio=2"))
 ASYNC_ARMS = (
     Arm("async_a1", ("controller.mode=async", "buffer.async_ratio=1")),
     ASYNC_A2,
     Arm("async_a4", ("controller.mode=async", "buffer.async_ratio=4")),
     Arm("one_step_off", ("controller.mode=one_step_off", "buffer.async_ratio=1")),
-    Arm("partial_rollout_a2", ("controller.mode=partial_rollout", "buffer.async_ratio=2")),
+    PARTIAL_ROLLOUT_A2,
 )
 """Every async arm keeps the workload's redundant prompts (B/2, the project default's share)."""
 
@@ -340,7 +346,10 @@ def reward_curve(start_reward: float, evals: list[dict[str, float]]) -> list[tup
 
 
 def time_to_reward(
-    start_reward: float, sync_runs: list[dict[str, Any]], async_runs: list[dict[str, Any]]
+    start_reward: float,
+    sync_runs: list[dict[str, Any]],
+    async_runs: list[dict[str, Any]],
+    async_name: str = "async_a2",
 ) -> dict[str, Any]:
     """Best sync's time to its final held-out reward over async's time to the same reward, per seed, and on
     the seed-mean curves (the headline: one noisy evaluation per checkpoint averages out over seeds)."""
@@ -362,7 +371,7 @@ def time_to_reward(
     reached = time_to_reach(mean_async, mean_sync[-1][1])
     return {
         "per_seed": per_seed,
-        "mean_curves": {"best_sync": mean_sync, "async_a2": mean_async},
+        "mean_curves": {"best_sync": mean_sync, async_name: mean_async},
         "mean_over_seeds": {
             "target_reward": mean_sync[-1][1],
             "best_sync_s": mean_sync[-1][0],
@@ -589,7 +598,7 @@ class Bench:
             "wall_s": time.perf_counter() - started,
             "command": f"python bench/long_tail.py --stages {stage}",
             "repeats_note": note or f"{self.repeats} interleaved repeats per arm, median (min–max)",
-            **stage_provenance(),
+            **stage_provenance(self.work),
         }
 
 
@@ -625,12 +634,12 @@ def stage_throughput(bench: Bench) -> None:
     bench.run_stage("throughput", f"Async arms beside best_sync ({best.name}), steady state", arms, steps)
 
 
-def stage_time_to_reward(bench: Bench) -> None:
-    best, work = require_best_sync(bench), bench.work
-    runs: dict[str, list[dict[str, Any]]] = {"best_sync": [], "async_a2": []}
-    seeds = (
-        list(work.seeds[: bench.repeats]) if bench.repeats <= len(work.seeds) else list(range(bench.repeats))
-    )
+def full_runs(bench: Bench, stage: str, arms: dict[str, Arm], title: str) -> dict[str, list[dict[str, Any]]]:
+    """One full run of each arm per seed (repeat i runs seed i, the arms interleaved), snapshots evaluated on
+    held-out prompts after each run; every run's result by arm."""
+    work = bench.work
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in arms}
+    seeds = run_seeds(bench)
 
     def full_run(name: str, arm: Arm) -> Callable[[], dict[str, float]]:
         def run() -> dict[str, float]:
@@ -640,7 +649,7 @@ def stage_time_to_reward(bench: Bench) -> None:
             )
             result = in_child(run_training, spec)
             runs[name].append(result)
-            bench.timelines.setdefault(f"time_to_reward/{name}", []).append(result["rows"])
+            bench.timelines.setdefault(f"{stage}/{name}", []).append(result["rows"])
             final = result["evals"][-1]
             return (
                 steady_state(result["rows"], work.warmup, bench.cores)
@@ -654,16 +663,26 @@ def stage_time_to_reward(bench: Bench) -> None:
 
         return run
 
-    start = warm_start_reward(bench)
-    arms = {
-        "time_to_reward/best_sync": full_run("best_sync", best),
-        "time_to_reward/async_a2": full_run("async_a2", ASYNC_A2),
-    }
     bench.run_stage(
+        stage, title, {f"{stage}/{name}": full_run(name, arm) for name, arm in arms.items()}, work.steps
+    )
+    return runs
+
+
+def run_seeds(bench: Bench) -> list[int]:
+    """The seeds of a time-to-reward stage's repeats: the workload's, then 0, 1, ... if more repeats are asked."""
+    seeds = bench.work.seeds
+    return list(seeds[: bench.repeats]) if bench.repeats <= len(seeds) else list(range(bench.repeats))
+
+
+def stage_time_to_reward(bench: Bench) -> None:
+    best = require_best_sync(bench)
+    start = warm_start_reward(bench)
+    runs = full_runs(
+        bench,
         "time_to_reward",
+        {"best_sync": best, "async_a2": ASYNC_A2},
         f"Full runs, async α = 2 vs best_sync ({best.name}), one seed per repeat",
-        arms,
-        work.steps,
     )
     measured = time_to_reward(start["eval/reward_mean"], runs["best_sync"], runs["async_a2"])
     steps = [0, *(e["step"] for e in runs["best_sync"][0]["evals"])]
@@ -679,7 +698,31 @@ def stage_time_to_reward(bench: Bench) -> None:
     bench.extra["time_to_reward"] = {
         **measured,
         "evals": {name: [run["evals"] for run in found] for name, found in runs.items()},
-        "seeds": seeds,
+        "seeds": run_seeds(bench),
+    }
+
+
+def stage_partial_time_to_reward(bench: Bench) -> None:
+    """Why partial rollout: it is the one async arm the throughput stage found above best_sync (its ``in_flight``
+    update does not wait for the longest response in flight, ``async``'s ``drain`` does), and samples/s alone
+    do not say whether its mid-response weight switches cost reward. Why its own warm-start evaluation: this
+    stage may run in a later session on another machine, whose cache holds its own warm-start build (a build
+    is not bit-identical across CPUs), so the curves' common start is measured with the arms it starts."""
+    best, work = require_best_sync(bench), bench.work
+    start = in_child(evaluate_warm_start, tuple(work.overrides()), work.eval_prompts)
+    name = PARTIAL_ROLLOUT_A2.name
+    runs = full_runs(
+        bench,
+        "partial_time_to_reward",
+        {"best_sync": best, name: PARTIAL_ROLLOUT_A2},
+        f"Full runs, partial rollout α = 2 vs best_sync ({best.name}), one seed per repeat",
+    )
+    measured = time_to_reward(start["eval/reward_mean"], runs["best_sync"], runs[name], name)
+    bench.extra["partial_time_to_reward"] = {
+        **measured,
+        "warm_start": start,
+        "evals": {arm: [run["evals"] for run in found] for arm, found in runs.items()},
+        "seeds": run_seeds(bench),
     }
 
 
@@ -848,7 +891,7 @@ def stage_curve(bench: Bench) -> None:
         "command": "python bench/long_tail.py --stages curve",
         "repeats_note": f"{bench.repeats} interleaved repeats per arm at each point, median (min–max)",
         "skipped": skipped,
-        **stage_provenance(),
+        **stage_provenance(bench.work),
     }
 
 
@@ -892,21 +935,26 @@ def derive_ratios(bench: Bench) -> dict[str, dict[str, Any]]:
             over(name, "throughput/best_sync", "tokens_per_s")
         elif stage == "curve" and arm.endswith("/async_a2"):
             over(name, name.removesuffix("async_a2") + "best_sync")
-        elif name == "time_to_reward/async_a2":
-            out["time_to_reward_samples_per_s_async_a2_over_best_sync"] = harness.paired_ratio(
-                raw, name, "time_to_reward/best_sync", "samples_per_s"
+    for stage, arm in (
+        ("time_to_reward", ASYNC_A2.name),
+        ("partial_time_to_reward", PARTIAL_ROLLOUT_A2.name),
+    ):
+        if f"{stage}/{arm}" in raw:
+            out[f"{stage}_samples_per_s_{arm}_over_best_sync"] = harness.paired_ratio(
+                raw, f"{stage}/{arm}", f"{stage}/best_sync", "samples_per_s"
             )
-    measured = bench.extra.get("time_to_reward")
-    ratios = [s["ratio"] for s in measured["per_seed"] if s["ratio"] is not None] if measured else []
-    if ratios:  # a seed whose async run never reached its sync's final reward has no ratio (per_seed says so)
-        out["time_to_reward_async_a2_over_best_sync"] = {
-            "numerator": "best_sync",
-            "denominator": "async_a2",
-            "metric": f"time to best_sync's final held-out reward, per seed ({len(ratios)} of "
-            f"{len(measured['per_seed'])} reached it; on the seed-mean curves: "
-            f"{_ratio_text(measured['mean_over_seeds']['ratio'])})",
-            **harness.summary(ratios),
-        }
+        measured = bench.extra.get(stage)
+        # a seed whose async run never reached its sync's final reward has no ratio (per_seed says so)
+        ratios = [s["ratio"] for s in measured["per_seed"] if s["ratio"] is not None] if measured else []
+        if ratios:
+            out[f"{stage}_{arm}_over_best_sync"] = {
+                "numerator": "best_sync",
+                "denominator": arm,
+                "metric": f"time to best_sync's final held-out reward, per seed ({len(ratios)} of "
+                f"{len(measured['per_seed'])} reached it; on the seed-mean curves: "
+                f"{_ratio_text(measured['mean_over_seeds']['ratio'])})",
+                **harness.summary(ratios),
+            }
     return out
 
 
@@ -916,6 +964,7 @@ STAGE_FUNCTIONS = {
     "throughput": stage_throughput,
     "time_to_reward": stage_time_to_reward,
     "curve": stage_curve,
+    "partial_time_to_reward": stage_partial_time_to_reward,
 }
 
 
@@ -974,14 +1023,27 @@ MEASURED_CODE = registry.by_result("long_tail").measured_code
 none of it changed since the run's commit (``run_all --continue`` keeps a result by the same rule)."""
 
 
-def stage_provenance() -> dict[str, str]:
-    """The commit, command and CPU a stage ran at: a continued run's stages may come from two commits and, a
-    session later, from another machine (a stage's ratios are paired within it; across stages they are not)."""
+def stage_provenance(work: RLWorkload) -> dict[str, str]:
+    """The commit, command, CPU and warm start a stage ran at: a continued run's stages may come from two
+    commits and, a session later, from another machine with its own warm-start build (a stage's ratios are
+    paired within it; across stages they are not)."""
     return {
         "commit": harness.git_commit(),
         "run_command": " ".join([Path(sys.executable).name, *sys.argv]),
         "cpu_model": harness.cpu_model(),
+        "warm_start_sha256": warm_start_digest(work),
     }
+
+
+def warm_start_digest(work: RLWorkload) -> str:
+    """The sha256 of the warm start's weights. Why: the build is cached per machine and is not bit-identical
+    across CPUs (the same recipe gave held-out rewards 0.166 on an AMD EPYC and 0.188 on an Intel Xeon), so
+    results measured on two builds say which build each used."""
+    digest = hashlib.sha256()
+    with open(work.warm_start.build() / "model.safetensors", "rb") as weights:
+        for block in iter(lambda: weights.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def load_stopped_run(bench: Bench, path: Path, quick: bool) -> list[str]:
@@ -1016,7 +1078,14 @@ def load_stopped_run(bench: Bench, path: Path, quick: bool) -> list[str]:
         bench.studies[name] = stopped_at | study
     bench.extra |= {
         k: result[k]
-        for k in ("warm_start", "memory_per_role_mb", "time_to_reward", "table", "curve_warm_start")
+        for k in (
+            "warm_start",
+            "memory_per_role_mb",
+            "time_to_reward",
+            "table",
+            "curve_warm_start",
+            "partial_time_to_reward",
+        )
         if k in result
     }
     if result.get("best_sync"):

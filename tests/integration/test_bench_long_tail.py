@@ -1,5 +1,5 @@
 """bench/long_tail.py --quick end to end: every stage (sync sweep, lone roles, async arms, time to reward, the
-curve) on the tiny twin of the long-tail workload, each run in its own process; the result follows the harness
+curve, partial rollout's time to reward) on the tiny twin of the long-tail workload, each run in its own process; the result follows the harness
 schema, names its best sync, bounds its arms by the lone roles and records memory and timelines. Timings are
 recorded, never asserted."""
 
@@ -27,8 +27,8 @@ def test_long_tail_quick_runs_every_stage(tmp_path: Path, user_env: dict[str, st
     result = json.loads(out.read_text())
     harness.check_schema(result)
     assert result["benchmark"] == "long_tail" and result["quick"] is True and "--quick" in result["command"]
-    assert set(result["studies"]) == {"sweep", "bound", "throughput", "time_to_reward", "curve"}
-    assert result["setup"]["stages"] == ["sweep", "bound", "throughput", "time_to_reward", "curve"]
+    stages = ["sweep", "bound", "throughput", "time_to_reward", "curve", "partial_time_to_reward"]
+    assert set(result["studies"]) == set(stages) and result["setup"]["stages"] == stages
     assert result["best_sync"]["name"] in ("sync_batch", "sync_queue_rb2")
     assert "throughput_async_a2_over_best_sync" in result["ratios"]
     assert set(result["bound"]) >= {"throughput/best_sync", "throughput/async_a2", "time_to_reward/async_a2"}
@@ -38,6 +38,12 @@ def test_long_tail_quick_runs_every_stage(tmp_path: Path, user_env: dict[str, st
     assert all("peak_rss_mb" in metrics for arm, metrics in result["arms"].items() if "/" in arm)
     evals = result["time_to_reward"]["evals"]
     assert [e["step"] for e in evals["async_a2"][0]] == [2, 4]  # every eval_every steps of the quick twin
+    partial = result["partial_time_to_reward"]
+    assert [e["step"] for e in partial["evals"]["partial_rollout_a2"][0]] == [2, 4]
+    assert "eval/reward_mean" in partial["warm_start"]  # its own start, measured with its arms
+    assert "partial_time_to_reward_samples_per_s_partial_rollout_a2_over_best_sync" in result["ratios"]
+    digests = {study["warm_start_sha256"] for study in result["studies"].values()}
+    assert len(digests) == 1 and len(digests.pop()) == 64  # every stage names the one build it ran on
     assert (
         len(result["timelines"]["throughput/async_a2"][0]) == 3
     )  # warm-up + measured steps, every step kept

@@ -198,10 +198,16 @@ def test_every_ratio_has_its_own_key_and_the_time_to_reward_headline_is_time_to_
         "time_to_reward/async_a2": runs(8, 80),
         "curve/sigma0/best_sync": runs(10, 100),
         "curve/sigma0/async_a2": runs(15, 100),
+        "partial_time_to_reward/best_sync": runs(10, 100),
+        "partial_time_to_reward/partial_rollout_a2": runs(14, 100),
     }
     bench.extra["time_to_reward"] = {
         "per_seed": [{"ratio": 1.5}, {"ratio": None}, {"ratio": 2.5}],
         "mean_over_seeds": {"ratio": 2.0},
+    }
+    bench.extra["partial_time_to_reward"] = {
+        "per_seed": [{"ratio": 1.2}, {"ratio": 1.4}, {"ratio": 1.3}],
+        "mean_over_seeds": {"ratio": 1.3},
     }
     ratios = long_tail.derive_ratios(bench)
     assert {k: v["median"] for k, v in ratios.items()} == pytest.approx(
@@ -212,6 +218,8 @@ def test_every_ratio_has_its_own_key_and_the_time_to_reward_headline_is_time_to_
             "time_to_reward_samples_per_s_async_a2_over_best_sync": 0.8,
             "curve_sigma0_async_a2_over_best_sync": 1.5,
             "time_to_reward_async_a2_over_best_sync": 2.0,
+            "partial_time_to_reward_samples_per_s_partial_rollout_a2_over_best_sync": 1.4,
+            "partial_time_to_reward_partial_rollout_a2_over_best_sync": 1.3,
         }
     )
     assert ratios["time_to_reward_async_a2_over_best_sync"]["runs"] == [1.5, 2.5]
