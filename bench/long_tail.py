@@ -30,9 +30,9 @@ planner), each run in a fresh process so its memory is its own. Stages, each its
   after the other stages had run, as a stage of its own so that adding it changed none of theirs.
 
 Per-step timelines (elapsed time, phases, samples, tokens, reward, filter keep rate) of every run are saved
-in the result. Stages run in the order ``--stages`` gives, and the result file is rewritten after each, so a
-run stopped early keeps what it measured (``setup.stages`` names the stages done); ``--extend RESULT``
-continues it with the stages it lacks, refused unless the measured code (``MEASURED_CODE``) and the workload
+in the result. Stages run in the order ``--stages`` gives, and the result file is rewritten after each (and
+after each curve point), so a run stopped early keeps what it measured (``setup.stages`` names the stages
+done); ``--extend RESULT`` continues it with the stages it lacks (a stopped curve with its points), refused unless the measured code (``MEASURED_CODE``) and the workload
 are unchanged since its commit (each stage records the commit it ran at). ``--quick`` runs every stage on a
 tiny twin of the workload in about a minute.
 
@@ -566,6 +566,8 @@ class Bench:
     timelines: dict[str, list[list[dict[str, float]]]] = dataclasses.field(default_factory=dict)
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
     best_sync: Arm | None = None
+    checkpoint: Callable[[], None] = lambda: None
+    """Writes the result as it stands; a stage that takes hours calls it between its parts."""
 
     def overrides(self, arm: Arm, point: CurvePoint | None = None) -> tuple[str, ...]:
         """The workload's run, the arm's mode and scheduling, then the curve point's change (if any)."""
@@ -866,33 +868,51 @@ def engine_rate_of_lone(runs: list[dict[str, float]], lone: list[dict[str, float
 
 
 def stage_curve(bench: Bench) -> None:
+    """Every curve point, the result written after each (the whole curve took two hours on one machine): a
+    stopped run continued with ``--extend`` keeps the points it measured, skipped ones included, and
+    measures the rest. Each point records the commit and CPU it ran on (``point_provenance``)."""
     best = require_best_sync(bench)
     steps = bench.work.measured_steps
-    started = time.perf_counter()
-    names, skipped = [], {}
+    earlier = bench.studies.get("curve", {})
+    names, skipped = list(earlier.get("points", [])), dict(earlier.get("skipped", {}))
+    provenance = dict(earlier.get("point_provenance", {}))
+    spent, started = earlier.get("wall_s", 0.0), time.perf_counter()
+
+    def record(finished: bool) -> None:
+        cpus = sorted({p["cpu_model"] for p in provenance.values()} or {harness.cpu_model()})
+        bench.studies["curve"] = {
+            "title": "async α = 2 over best_sync as the tail, the group size and the engines grow",
+            "points": names,
+            "steps": steps,
+            "wall_s": spent + time.perf_counter() - started,
+            "command": "python bench/long_tail.py --stages curve",
+            "repeats_note": f"{bench.repeats} interleaved repeats per arm at each point, median (min–max)",
+            "skipped": skipped,
+            "point_provenance": provenance,
+            "finished": finished,
+            **stage_provenance(bench.work),
+            "cpu_model": ", ".join(cpus),
+        }
+
     for point in curve_points(bench.work, bench.work is QUICK_LONG_TAIL):
+        if point.name in skipped or point.name in provenance:
+            continue  # measured (or skipped) before a stop
         if reason := curve_point_without_headroom(bench, point):
             print(f"curve/{point.name}: skipped, {reason}", flush=True)
             skipped[point.name] = reason
-            continue
-        arms = {
-            f"curve/{point.name}/{arm}": bench.steady_arm(
-                f"curve/{point.name}/{arm}", bench.overrides(source, point), steps
-            )
-            for arm, source in (("best_sync", best), ("async_a2", ASYNC_A2))
-        }
-        bench.raw |= harness.run_arms(arms, bench.repeats, harness.print_run)
-        names += list(arms)
-    bench.studies["curve"] = {
-        "title": "async α = 2 over best_sync as the tail, the group size and the engines grow",
-        "points": names,
-        "steps": steps,
-        "wall_s": time.perf_counter() - started,
-        "command": "python bench/long_tail.py --stages curve",
-        "repeats_note": f"{bench.repeats} interleaved repeats per arm at each point, median (min–max)",
-        "skipped": skipped,
-        **stage_provenance(bench.work),
-    }
+        else:
+            arms = {
+                f"curve/{point.name}/{arm}": bench.steady_arm(
+                    f"curve/{point.name}/{arm}", bench.overrides(source, point), steps
+                )
+                for arm, source in (("best_sync", best), ("async_a2", ASYNC_A2))
+            }
+            bench.raw |= harness.run_arms(arms, bench.repeats, harness.print_run)
+            names += list(arms)
+            provenance[point.name] = stage_provenance(bench.work)
+        record(finished=False)
+        bench.checkpoint()
+    record(finished=True)
 
 
 def curve_point_without_headroom(bench: Bench, point: CurvePoint) -> str | None:
@@ -1013,6 +1033,7 @@ def main() -> None:
         for stage in dict.fromkeys(args.stages):
             if stage in done:
                 continue
+            bench.checkpoint = lambda: write(args, bench, done)  # a stage's parts, before it is done
             STAGE_FUNCTIONS[stage](bench)
             done.append(stage)
             write(args, bench, done)

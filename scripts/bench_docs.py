@@ -205,7 +205,8 @@ def render_study(result: dict[str, Any], name: str, study_name: str) -> str:
         f"{verb} at commit {commit_label(study.get('commit', result['commit']))} "
         f"by `{study.get('run_command', result['command'])}` "
         f"({number(study['wall_s'])} s of wall time for this study on {study.get('cpu_model', result['machine']['cpu_model'])}): "
-        f"{study['steps']} steps per point, {repeats}{' (--quick: a smoke run, not a result)' if result['quick'] else ''}. "
+        f"{study['steps']} steps per point, {repeats}{' (--quick: a smoke run, not a result)' if result['quick'] else ''}"
+        f"{'; stopped before its last point (continue it with --extend)' if study.get('finished') is False else ''}. "
         f"By hand: `{study['command']}`.",
         "",
         *arms_table(arms, wide_from=1),

@@ -224,3 +224,54 @@ def test_every_ratio_has_its_own_key_and_the_time_to_reward_headline_is_time_to_
     )
     assert ratios["time_to_reward_async_a2_over_best_sync"]["runs"] == [1.5, 2.5]
     assert "2 of 3 reached it" in ratios["time_to_reward_async_a2_over_best_sync"]["metric"]
+
+
+def test_a_stopped_curve_keeps_its_points_and_a_continued_one_measures_only_the_rest(monkeypatch, tmp_path):
+    """The curve writes the result after every point; a run stopped after two of them, continued, runs the
+    remaining points only and ends with every point once (a skipped point stays skipped, with its reason)."""
+    measured: list[str] = []
+
+    def fake_run_arms(arms, repeats, on_run):
+        measured.extend(arms)
+        return {name: [{"samples_per_s": 1.0}] * repeats for name in arms}
+
+    monkeypatch.setattr(long_tail.harness, "run_arms", fake_run_arms)
+    monkeypatch.setattr(long_tail.Bench, "overrides", lambda self, arm, point=None: ())
+    monkeypatch.setattr(long_tail, "warm_start_digest", lambda work: "digest")
+    monkeypatch.setattr(
+        long_tail,
+        "curve_point_without_headroom",
+        lambda bench, point: "no headroom" if point.name == "sigma0" else None,
+    )
+
+    class Stopped(Exception):
+        pass
+
+    def stop_after_two_points() -> None:
+        if len(stopped.studies["curve"]["point_provenance"]) + len(stopped.studies["curve"]["skipped"]) == 2:
+            raise Stopped
+
+    stopped = long_tail.Bench(LONG_TAIL, 3, tmp_path, 2, best_sync=long_tail.SWEEP[0])
+    stopped.checkpoint = stop_after_two_points
+    with pytest.raises(Stopped):
+        long_tail.stage_curve(stopped)
+    first = list(measured)
+    assert stopped.studies["curve"]["finished"] is False and first == [
+        "curve/workload/best_sync",
+        "curve/workload/async_a2",
+    ]  # workload measured, sigma0 skipped: two points
+
+    continued = long_tail.Bench(LONG_TAIL, 3, tmp_path, 2, best_sync=long_tail.SWEEP[0])
+    continued.raw, continued.studies = dict(stopped.raw), dict(stopped.studies)
+    long_tail.stage_curve(continued)
+    names = [p.name for p in long_tail.curve_points(LONG_TAIL, quick=False)]
+    study = continued.studies["curve"]
+    assert study["finished"] is True and set(study["skipped"]) == {"sigma0"}
+    assert set(study["point_provenance"]) == set(names) - {"sigma0"}
+    assert measured[len(first) :] == [
+        f"curve/{name}/{arm}"
+        for name in names
+        if name not in ("workload", "sigma0")
+        for arm in ("best_sync", "async_a2")
+    ]
+    assert study["points"] == measured  # every measured arm once, in order
