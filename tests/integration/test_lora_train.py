@@ -11,27 +11,18 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from short_runs import SHORT_RUN, train, trained
 
-from asyncrl.app import train as training
 from asyncrl.app.evaluate import evaluate_model
 from asyncrl.app.export import export_model
 from asyncrl.config.run import load_run_config
 from asyncrl.metrics.tracker import read_metrics
 
-RUN = (
-    "controller.eval_prompts=0",
-    "rollout.rollout_batch_size=2",
-    "rollout.num_return_sequences=4",
-    "rollout.max_new_tokens=12",
-    "task.num_train=64",
-    "task.num_eval=8",
-    "trainer.checkpoint_every=1",
+LORA_RUN = (
     "trainer.keep_last_checkpoints=null",
     "trainer.lr=1e-3",
     "trainer.lora.rank=8",
     "trainer.lora.dropout=0.1",  # its random state must come back on resume too
-    "model.device=cpu",
-    "metrics.trackers=[jsonl]",
     "controller.mode=sync",
     "buffer.async_ratio=0",
     "rollout.filter=none",
@@ -39,17 +30,8 @@ RUN = (
 )
 
 
-def train(out: Path, steps: int, *overrides: str, resume: bool = False) -> None:
-    extra = [f"resume={out}"] if resume else []
-    config = load_run_config(
-        None, [*RUN, *overrides, f"controller.num_steps={steps}", f"output_dir={out}", *extra]
-    )
-    asyncio.run(training.train(config, console=None))
-
-
-def trained(out: Path) -> list[tuple]:
-    lines = [json.loads(line) for line in (out / "ledger.jsonl").read_text().splitlines()]
-    return [(x["step"], x["prompt"], x["sample"]) for x in lines if x["event"] == "trained"]
+def train_lora(out: Path, steps: int, *overrides: str, resume: bool = False) -> None:
+    train(out, steps, *LORA_RUN, *overrides, resume=resume)
 
 
 def adapter(out: Path, step: int) -> dict[str, torch.Tensor]:
@@ -57,9 +39,9 @@ def adapter(out: Path, step: int) -> dict[str, torch.Tensor]:
 
 
 def test_a_resumed_lora_run_continues_exactly(tmp_path):
-    train(tmp_path / "whole", 6)
-    train(tmp_path / "split", 3)
-    train(tmp_path / "split", 6, resume=True)
+    train_lora(tmp_path / "whole", 6)
+    train_lora(tmp_path / "split", 3)
+    train_lora(tmp_path / "split", 6, resume=True)
     assert trained(tmp_path / "split") == trained(tmp_path / "whole")
     whole, split = adapter(tmp_path / "whole", 6), adapter(tmp_path / "split", 6)
     assert whole.keys() == split.keys() and all("lora_" in name for name in whole)
@@ -73,11 +55,13 @@ def test_a_resumed_lora_run_continues_exactly(tmp_path):
 
 def test_export_merges_the_adapters_into_a_model_that_evaluates_like_the_checkpoint(tmp_path):
     run = tmp_path / "run"
-    train(run, 2)
+    train_lora(run, 2)
     exported = export_model(run, tmp_path / "exported")
-    config = load_run_config(None, [*RUN, "controller.eval_prompts=8"])
+    config = load_run_config(None, [*SHORT_RUN, *LORA_RUN, "controller.eval_prompts=8"])
     from_checkpoint = asyncio.run(evaluate_model(config, str(run / "checkpoints" / "step_00000002")))
-    exported_config = load_run_config(None, [*RUN, "controller.eval_prompts=8", f"model.path={exported}"])
+    exported_config = load_run_config(
+        None, [*SHORT_RUN, *LORA_RUN, "controller.eval_prompts=8", f"model.path={exported}"]
+    )
     assert asyncio.run(evaluate_model(exported_config, None)) == from_checkpoint
 
 
@@ -91,11 +75,11 @@ def test_a_lora_run_on_ray_with_an_fsdp2_trainer_checkpoints_adapters_and_resume
         "runtime.rollout_num_cpus=1",
         "trainer.num_workers=2",
     )
-    train(out, 2, *ray_run)
+    train_lora(out, 2, *ray_run)
     checkpoint = out / "checkpoints" / "step_00000002"
     assert (checkpoint / "adapter" / "adapter_model.safetensors").is_file()
     assert (checkpoint / "sharded").is_dir() and not (checkpoint / "model").exists()
-    train(out, 3, *ray_run, resume=True)
+    train_lora(out, 3, *ray_run, resume=True)
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2, 3]
     resumed = [json.loads(line) for line in (out / "ledger.jsonl").read_text().splitlines()]
     assert {x["first_version"] for x in resumed if x["event"] == "trained" and x["step"] == 3} == {2}

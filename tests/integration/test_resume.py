@@ -3,41 +3,13 @@ finished-but-untrained groups of its buffer instead of regenerating (or losing) 
 
 from __future__ import annotations
 
-import asyncio
 import json
-from pathlib import Path
 
 import pytest
+from short_runs import ledger_lines, train, trained
 
-from asyncrl.app import train as training
-from asyncrl.config.run import load_run_config
 from asyncrl.metrics.tracker import read_metrics
 from asyncrl.modes import MODES, async_ratio_for
-
-RUN = (
-    "controller.eval_prompts=0",
-    "rollout.rollout_batch_size=2",
-    "rollout.num_return_sequences=4",
-    "rollout.max_new_tokens=12",
-    "task.num_train=64",
-    "task.num_eval=8",
-    "trainer.checkpoint_every=1",
-    "model.device=cpu",
-    "metrics.trackers=[jsonl]",
-)
-
-
-def train(out: Path, steps: int, *overrides: str, resume: bool = False) -> None:
-    extra = [f"resume={out}"] if resume else []
-    config = load_run_config(
-        None, [*RUN, *overrides, f"controller.num_steps={steps}", f"output_dir={out}", *extra]
-    )
-    asyncio.run(training.train(config, console=None))
-
-
-def trained(out: Path) -> list[tuple]:
-    lines = [json.loads(line) for line in (out / "ledger.jsonl").read_text().splitlines()]
-    return [(x["step"], x["prompt"], x["sample"]) for x in lines if x["event"] == "trained"]
 
 
 def test_a_resumed_sync_run_trains_the_same_batches_as_an_uninterrupted_one(tmp_path):
@@ -88,10 +60,6 @@ def test_an_async_checkpoint_keeps_its_finished_groups_and_the_resumed_run_train
     assert len(prompts) == len(set(prompts)) == 16
     restored = {prompt for step, prompt, _ in trained(out) if step > 4}
     assert set(saved) & restored, "no saved group was trained after the resume"
-
-
-def ledger_lines(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "ledger.jsonl").read_text().splitlines()]
 
 
 def fates(lines: list[dict]) -> list[str]:

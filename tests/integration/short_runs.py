@@ -1,0 +1,43 @@
+"""Short in-process training runs on the embedded default and what their output directory says: the
+scaffolding of the resume tests (full fine-tuning and LoRA), which stop a run, resume it and compare its
+ledger with an uninterrupted one's."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from asyncrl.app import train as training
+from asyncrl.config.run import load_run_config
+
+SHORT_RUN = (
+    "controller.eval_prompts=0",
+    "rollout.rollout_batch_size=2",
+    "rollout.num_return_sequences=4",
+    "rollout.max_new_tokens=12",
+    "task.num_train=64",
+    "task.num_eval=8",
+    "trainer.checkpoint_every=1",
+    "model.device=cpu",
+    "metrics.trackers=[jsonl]",
+)
+"""Two prompts of four samples per step, a checkpoint every step, no evaluation: seconds per step."""
+
+
+def train(out: Path, steps: int, *overrides: str, resume: bool = False) -> None:
+    """Train ``steps`` steps into ``out`` (continuing its last checkpoint if ``resume``)."""
+    extra = [f"resume={out}"] if resume else []
+    config = load_run_config(
+        None, [*SHORT_RUN, *overrides, f"controller.num_steps={steps}", f"output_dir={out}", *extra]
+    )
+    asyncio.run(training.train(config, console=None))
+
+
+def ledger_lines(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "ledger.jsonl").read_text().splitlines()]
+
+
+def trained(out: Path) -> list[tuple]:
+    """Every trained sample as (step, prompt, sample index), in the ledger's order."""
+    return [(x["step"], x["prompt"], x["sample"]) for x in ledger_lines(out) if x["event"] == "trained"]
