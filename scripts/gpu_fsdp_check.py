@@ -22,7 +22,8 @@ from asyncrl.trainer.trainer import Trainer
 from asyncrl.types import Group, Trajectory
 
 
-def _groups() -> list[Group]:
+def check_groups() -> list[Group]:
+    """Two groups of four 14-token trajectories with mixed rewards: the batch every GPU check trains on."""
     groups = []
     for g in range(2):
         trajectories = []
@@ -79,15 +80,28 @@ def step(
 
                 full = distribute_tensor(full.to(device), head.weight.device_mesh, head.weight.placements)
             head.weight.copy_(full)
-    trainer.train_step(_groups(), policy_version=0)
+    trainer.train_step(check_groups(), policy_version=0)
     named = list(trainer.model.named_parameters())
     if critic is not None:
         named += [(f"critic.{n}", p) for n, p in trainer.critic.module.named_parameters()]
+    grads = gathered_gradients(named)  # on every rank: gathering a sharded gradient is a collective
+    return grads if parallel.rank == 0 else None
+
+
+def gathered_gradients(named: list[tuple[str, torch.nn.Parameter]]) -> dict[str, torch.Tensor]:
+    """Each parameter's full gradient on the CPU: a sharded (DTensor) gradient is gathered first."""
     grads = {}
     for name, param in named:
         grad = param.grad.full_tensor() if hasattr(param.grad, "full_tensor") else param.grad
         grads[name] = grad.float().cpu()
-    return grads if parallel.rank == 0 else None
+    return grads
+
+
+def relative_error(single: dict[str, torch.Tensor], sharded: dict[str, torch.Tensor]) -> float:
+    """The largest gradient difference, relative to the largest gradient of the same parameter."""
+    return max(
+        float((sharded[n] - g).abs().max()) / max(float(g.abs().max()), 1e-12) for n, g in single.items()
+    )
 
 
 def sharded_step(variant: str) -> dict[str, torch.Tensor] | None:
@@ -105,9 +119,7 @@ def main() -> None:
             singles[critic] = step(SingleProcess(), "cuda:0", {}, critic)
         single = singles[critic]
         sharded = run_ranks(sharded_step, world, variant, device="cuda")[0]
-        error = max(
-            float((sharded[n] - g).abs().max()) / max(float(g.abs().max()), 1e-12) for n, g in single.items()
-        )
+        error = relative_error(single, sharded)
         print(
             f"FSDP2 over NCCL, {world} rank(s), {variant}: largest relative gradient error {error:.2e} "
             f"(bound {bound:.0e})"

@@ -22,6 +22,7 @@ import copy
 import sys
 
 import torch
+from gpu_fsdp_check import check_groups, gathered_gradients, relative_error  # this script's directory
 
 from asyncrl.config.algorithm import AdvantageConfig, LossConfig
 from asyncrl.config.engine import EngineConfig
@@ -32,37 +33,13 @@ from asyncrl.testing.ranks import run_ranks
 from asyncrl.trainer.batching import build_train_batch
 from asyncrl.trainer.distributed.parallel import FullyShardedParallel, Parallelism, SingleProcess
 from asyncrl.trainer.trainer import Trainer
-from asyncrl.types import Group, Request, SamplingParams, Trajectory
+from asyncrl.types import Request, SamplingParams
 from asyncrl.weight_sync import InProcessSync
 
 LORA = LoraConfig(rank=8, alpha=16.0)
 GRADIENT_BOUND = 1e-4
 """TF32 and NCCL's reduction order, as scripts/gpu_fsdp_check.py allows."""
 LOGPROB_BOUND = 1e-4
-
-
-def groups() -> list[Group]:
-    out = []
-    for g in range(2):
-        trajectories = []
-        for i in range(4):
-            tokens = [(7 * g + 11 * i + k) % 300 for k in range(14)]
-            prompt = 2 + 3 * i
-            trajectories.append(
-                Trajectory(
-                    prompt_uid=f"g{g}",
-                    sample_index=i,
-                    token_ids=tokens,
-                    loss_mask=[0] * prompt + [1] * (14 - prompt),
-                    logprobs=[0.0] * prompt + [-1.0] * (14 - prompt),
-                    versions=[-1] * prompt + [0] * (14 - prompt),
-                    start_version=0,
-                    num_prompt_tokens=prompt,
-                    reward=float((i + g) % 2),
-                )
-            )
-        out.append(Group(prompt_uid=f"g{g}", trajectories=trajectories))
-    return out
 
 
 def lora_trainer(parallel: Parallelism, device: str) -> Trainer:
@@ -79,13 +56,9 @@ def lora_trainer(parallel: Parallelism, device: str) -> Trainer:
 def adapter_gradients(parallel: Parallelism, device: str) -> dict[str, torch.Tensor] | None:
     """Two LoRA steps (the second has non-zero B, so A gets gradients too); the second step's adapter gradients."""
     trainer = lora_trainer(parallel, device)
-    trainer.train_step(groups(), policy_version=0)
-    trainer.train_step(groups(), policy_version=1)
-    grads = {}
-    for name, param in trainer.model.named_parameters():
-        if param.requires_grad:
-            grad = param.grad.full_tensor() if hasattr(param.grad, "full_tensor") else param.grad
-            grads[name] = grad.float().cpu()
+    trainer.train_step(check_groups(), policy_version=0)
+    trainer.train_step(check_groups(), policy_version=1)
+    grads = gathered_gradients([(n, p) for n, p in trainer.model.named_parameters() if p.requires_grad])
     return grads if parallel.rank == 0 else None
 
 
@@ -97,9 +70,7 @@ def check_fsdp() -> bool:
     world = min(torch.cuda.device_count(), 4)
     single = adapter_gradients(SingleProcess(), "cuda:0")
     sharded = run_ranks(sharded_gradients, world, device="cuda")[0]
-    error = max(
-        float((sharded[n] - g).abs().max()) / max(float(g.abs().max()), 1e-12) for n, g in single.items()
-    )
+    error = relative_error(single, sharded)
     print(
         f"1. LoRA step, FSDP2 over NCCL ({world} rank(s)) vs one process: relative gradient error {error:.2e} "
         f"(bound {GRADIENT_BOUND:.0e})"
@@ -108,7 +79,7 @@ def check_fsdp() -> bool:
 
 
 def check_logprobs(trainer: Trainer) -> bool:
-    batch = build_train_batch(groups(), [0.0] * 8).to("cuda:0")
+    batch = build_train_batch(check_groups(), [0.0] * 8).to("cuda:0")
     with torch.no_grad():
         got = trainer._forward(trainer.policy, batch).logprobs
         logits = trainer.peft_model(
@@ -156,7 +127,7 @@ def main() -> None:
         sys.exit("no CUDA device: this check is for a lent GPU machine")
     ok = check_fsdp()
     trainer = lora_trainer(SingleProcess(), "cuda:0")
-    trainer.train_step(groups(), policy_version=0)  # non-zero B
+    trainer.train_step(check_groups(), policy_version=0)  # non-zero B
     ok &= check_logprobs(trainer)
     ok &= check_engine(trainer)
     print("LoRA GPU check:", "passed" if ok else "FAILED")
