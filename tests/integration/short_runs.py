@@ -23,6 +23,14 @@ SHORT_RUN = (
     "metrics.trackers=[jsonl]",
 )
 """Two prompts of four samples per step, a checkpoint every step, no evaluation: seconds per step."""
+SYNC_EVERY_GROUP = (
+    "controller.mode=sync",
+    "buffer.async_ratio=0",
+    # Every group trained, no redundant prompts: with redundant prompts a sync batch is whichever groups
+    # finish first, so no two sync runs train the same trajectories, stopped or not.
+    "rollout.filter=none",
+    "rollout.max_additional_running_prompts=0",
+)
 
 
 def train(out: Path, steps: int, *overrides: str, resume: bool = False) -> None:

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from short_runs import SHORT_RUN, SYNC_EVERY_GROUP
 
 from asyncrl.config.run import load_run_config
 from asyncrl.data import make_task
@@ -34,24 +35,9 @@ from asyncrl.rollout.prompt_source import PromptSource
 NUM_STEPS = 32
 RUN = (
     f"controller.num_steps={NUM_STEPS}",
-    "controller.eval_prompts=0",
-    "rollout.rollout_batch_size=2",
-    "rollout.num_return_sequences=4",
-    "rollout.max_new_tokens=12",
-    "task.num_train=64",
-    "task.num_eval=8",
-    "trainer.checkpoint_every=1",
+    *SHORT_RUN,
     "trainer.keep_last_checkpoints=2",
-    "model.device=cpu",
-    "metrics.trackers=[console,jsonl]",
-)
-SYNC = (
-    "controller.mode=sync",
-    "buffer.async_ratio=0",
-    # Every group trained, no redundant prompts: with redundant prompts a sync batch is whichever groups
-    # finish first, so no two sync runs train the same trajectories, killed or not.
-    "rollout.filter=none",
-    "rollout.max_additional_running_prompts=0",
+    "metrics.trackers=[console,jsonl]",  # the console too: a piped run must not draw progress bars
 )
 
 
@@ -128,8 +114,8 @@ def _env() -> dict[str, str]:
 def test_sync_run_killed_five_times_trains_exactly_what_an_uninterrupted_run_trains(tmp_path):
     """Slow: two 32-step runs and seven process starts, ~2 min of CPU. The default suite checks the same
     equality for an in-process stop and resume (test_resume.py)."""
-    run_to_completion(tmp_path / "reference", *SYNC)
-    hits = run_with_kills(tmp_path / "killed", *SYNC, num_kills=5, seed=1)
+    run_to_completion(tmp_path / "reference", *SYNC_EVERY_GROUP)
+    hits = run_with_kills(tmp_path / "killed", *SYNC_EVERY_GROUP, num_kills=5, seed=1)
     assert hits >= 3, "too few kills landed in a live, resumed run"
     trained = ledger(tmp_path / "killed", "trained")
     assert trained == ledger(tmp_path / "reference", "trained")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from short_runs import SHORT_RUN, train, trained
+from short_runs import SHORT_RUN, SYNC_EVERY_GROUP, train, trained
 
 from asyncrl.app.evaluate import evaluate_model
 from asyncrl.app.export import export_model
@@ -23,10 +23,7 @@ LORA_RUN = (
     "trainer.lr=1e-3",
     "trainer.lora.rank=8",
     "trainer.lora.dropout=0.1",  # its random state must come back on resume too
-    "controller.mode=sync",
-    "buffer.async_ratio=0",
-    "rollout.filter=none",
-    "rollout.max_additional_running_prompts=0",
+    *SYNC_EVERY_GROUP,
 )
 
 
