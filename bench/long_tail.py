@@ -54,6 +54,7 @@ import argparse
 import asyncio
 import concurrent.futures
 import dataclasses
+import functools
 import hashlib
 import itertools
 import json
@@ -677,18 +678,32 @@ def run_seeds(bench: Bench) -> list[int]:
     return list(seeds[: bench.repeats]) if bench.repeats <= len(seeds) else list(range(bench.repeats))
 
 
-def stage_time_to_reward(bench: Bench) -> None:
+def time_to_reward_stage(
+    bench: Bench, stage: str, arm: Arm, start: dict[str, float], title: str
+) -> dict[str, list[dict[str, Any]]]:
+    """Full runs of best_sync and ``arm`` per seed, then best sync's time to its final held-out reward over
+    ``arm``'s time to the same reward from the warm start's ``start`` evaluation, kept as ``bench.extra[stage]``;
+    the runs by arm."""
     best = require_best_sync(bench)
-    start = warm_start_reward(bench)
     runs = full_runs(
         bench,
-        "time_to_reward",
-        {"best_sync": best, "async_a2": ASYNC_A2},
-        f"Full runs, async α = 2 vs best_sync ({best.name}), one seed per repeat",
+        stage,
+        {"best_sync": best, arm.name: arm},
+        f"Full runs, {title} vs best_sync ({best.name}), one seed per repeat",
     )
-    measured = time_to_reward(start["eval/reward_mean"], runs["best_sync"], runs["async_a2"])
+    bench.extra[stage] = {
+        **time_to_reward(start["eval/reward_mean"], runs["best_sync"], runs[arm.name], arm.name),
+        "evals": {name: [run["evals"] for run in found] for name, found in runs.items()},
+        "seeds": run_seeds(bench),
+    }
+    return runs
+
+
+def stage_time_to_reward(bench: Bench) -> None:
+    require_best_sync(bench)
+    runs = time_to_reward_stage(bench, "time_to_reward", ASYNC_A2, warm_start_reward(bench), "async α = 2")
     steps = [0, *(e["step"] for e in runs["best_sync"][0]["evals"])]
-    curves = measured["mean_curves"]
+    curves = bench.extra["time_to_reward"]["mean_curves"]
     bench.extra["table"] = {
         "title": "Held-out reward against training wall-clock, mean over seeds (time to reward is read off these)",
         "columns": ["step", "best_sync s", "best_sync reward", "async_a2 s", "async_a2 reward"],
@@ -696,11 +711,6 @@ def stage_time_to_reward(bench: Bench) -> None:
             [step, *curves["best_sync"][i], *curves["async_a2"][i]]
             for i, step in enumerate(steps[: min(len(curves["best_sync"]), len(curves["async_a2"]))])
         ],
-    }
-    bench.extra["time_to_reward"] = {
-        **measured,
-        "evals": {name: [run["evals"] for run in found] for name, found in runs.items()},
-        "seeds": run_seeds(bench),
     }
 
 
@@ -710,22 +720,12 @@ def stage_partial_time_to_reward(bench: Bench) -> None:
     do not say whether its mid-response weight switches cost reward. Why its own warm-start evaluation: this
     stage may run in a later session on another machine, whose cache holds its own warm-start build (a build
     is not bit-identical across CPUs), so the curves' common start is measured with the arms it starts."""
-    best, work = require_best_sync(bench), bench.work
+    require_best_sync(bench)
+    work = bench.work
     start = in_child(evaluate_warm_start, tuple(work.overrides()), work.eval_prompts)
-    name = PARTIAL_ROLLOUT_A2.name
-    runs = full_runs(
-        bench,
-        "partial_time_to_reward",
-        {"best_sync": best, name: PARTIAL_ROLLOUT_A2},
-        f"Full runs, partial rollout α = 2 vs best_sync ({best.name}), one seed per repeat",
-    )
-    measured = time_to_reward(start["eval/reward_mean"], runs["best_sync"], runs[name], name)
-    bench.extra["partial_time_to_reward"] = {
-        **measured,
-        "warm_start": start,
-        "evals": {arm: [run["evals"] for run in found] for arm, found in runs.items()},
-        "seeds": run_seeds(bench),
-    }
+    stage = "partial_time_to_reward"
+    time_to_reward_stage(bench, stage, PARTIAL_ROLLOUT_A2, start, "partial rollout α = 2")
+    bench.extra[stage]["warm_start"] = start
 
 
 def _ratio_text(ratio: float | None) -> str:
@@ -879,7 +879,6 @@ def stage_curve(bench: Bench) -> None:
     spent, started = earlier.get("wall_s", 0.0), time.perf_counter()
 
     def record(finished: bool) -> None:
-        cpus = sorted({p["cpu_model"] for p in provenance.values()} or {harness.cpu_model()})
         bench.studies["curve"] = {
             "title": "async α = 2 over best_sync as the tail, the group size and the engines grow",
             "points": names,
@@ -891,7 +890,6 @@ def stage_curve(bench: Bench) -> None:
             "point_provenance": provenance,
             "finished": finished,
             **stage_provenance(bench.work),
-            "cpu_model": ", ".join(cpus),
         }
 
     for point in curve_points(bench.work, bench.work is QUICK_LONG_TAIL):
@@ -1056,10 +1054,12 @@ def stage_provenance(work: RLWorkload) -> dict[str, str]:
     }
 
 
+@functools.cache
 def warm_start_digest(work: RLWorkload) -> str:
     """The sha256 of the warm start's weights. Why: the build is cached per machine and is not bit-identical
     across CPUs (the same recipe gave held-out rewards 0.166 on an AMD EPYC and 0.188 on an Intel Xeon), so
-    results measured on two builds say which build each used."""
+    results measured on two builds say which build each used. Once per process: the build does not change
+    while it runs."""
     digest = hashlib.sha256()
     with open(work.warm_start.build() / "model.safetensors", "rb") as weights:
         for block in iter(lambda: weights.read(1 << 20), b""):

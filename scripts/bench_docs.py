@@ -204,7 +204,7 @@ def render_study(result: dict[str, Any], name: str, study_name: str) -> str:
     lines = [
         f"{verb} at commit {commit_label(study.get('commit', result['commit']))} "
         f"by `{study.get('run_command', result['command'])}` "
-        f"({number(study['wall_s'])} s of wall time for this study on {study.get('cpu_model', result['machine']['cpu_model'])}): "
+        f"({number(study['wall_s'])} s of wall time for this study on {' and '.join(study_cpus(study, result))}): "
         f"{study['steps']} steps per point, {repeats}{' (--quick: a smoke run, not a result)' if result['quick'] else ''}"
         f"{'; stopped before its last point (continue it with --extend)' if study.get('finished') is False else ''}. "
         f"By hand: `{study['command']}`.",
@@ -319,9 +319,17 @@ def headlines(results_dir: Path) -> str:
 def measured_on(result: dict[str, Any]) -> list[str]:
     """The CPUs a result was measured on: its machine's, or each study's where a continued run's stages say
     (a later session may run on another machine)."""
-    default = result["machine"]["cpu_model"]
     studies = result.get("studies") or {"": {}}
-    return sorted({study.get("cpu_model", default) for study in studies.values()})
+    return sorted({cpu for study in studies.values() for cpu in study_cpus(study, result)})
+
+
+def study_cpus(study: dict[str, Any], result: dict[str, Any]) -> list[str]:
+    """The CPUs one study ran on: each point's where it records them (a curve continued on another machine),
+    else the study's, else the result's machine."""
+    points = study.get("point_provenance", {}).values()
+    return sorted(
+        {p["cpu_model"] for p in points} or {study.get("cpu_model", result["machine"]["cpu_model"])}
+    )
 
 
 def run_all_summary(results_dir: Path) -> str:

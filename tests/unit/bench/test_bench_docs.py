@@ -201,3 +201,16 @@ def test_the_run_all_block_lists_each_benchmark_and_what_moved_beyond_the_spread
     assert "The series spans 3 CPUs (amd, cpu, intel)" in text
     assert "Not yet measured on this code (2): trainer, lora." in text
     assert "| engine | x / rate | 10 / 11 / 12 | 8 / 8.5 / 9 | 0.77 |" in text
+
+
+def test_a_curve_continued_on_another_machine_names_each_points_cpu() -> None:
+    """A curve stopped and continued records each point's CPU: the study names them all, not the last
+    invocation's, and so does the result's list of CPUs."""
+    curve = {
+        "cpu_model": "intel",
+        "point_provenance": {"workload": {"cpu_model": "amd"}, "g4": {"cpu_model": "intel"}},
+    }
+    result = harness_result("long_tail", {}, studies={"sweep": {}, "curve": curve})
+    assert bench_docs.study_cpus(curve, result) == ["amd", "intel"]
+    assert bench_docs.study_cpus({}, result) == ["cpu"]
+    assert bench_docs.measured_on(result) == ["amd", "cpu", "intel"]
