@@ -1,4 +1,5 @@
-"""Whether a result still describes the code: the files it depends on, unchanged since it was measured.
+"""Whether a result still describes the code and the machine: the files it depends on, unchanged since it
+was measured, and the CPUs it was measured on.
 
 Why a module of its own: a measurement longer than a working session (bench/long_tail.py's stages, the
 all-benchmarks run) is continued in the next session rather than started again, and that is sound only while
@@ -34,4 +35,20 @@ def measured_at(result: Mapping[str, Any]) -> list[str]:
     studies = result.get("studies", {}).values()
     return sorted(
         {result["commit"], *(s["commit"] for s in studies if isinstance(s, dict) and "commit" in s)}
+    )
+
+
+def measured_on(result: Mapping[str, Any]) -> list[str]:
+    """The CPUs a result was measured on: its machine's, or each study's where a continued run's stages say
+    (a later session may run on another machine)."""
+    studies = result.get("studies") or {"": {}}
+    return sorted({cpu for study in studies.values() for cpu in study_cpus(study, result)})
+
+
+def study_cpus(study: Mapping[str, Any], result: Mapping[str, Any]) -> list[str]:
+    """The CPUs one study ran on: each point's where it records them (a curve continued on another machine),
+    else the study's, else the result's machine."""
+    points = study.get("point_provenance", {}).values()
+    return sorted(
+        {p["cpu_model"] for p in points} or {study.get("cpu_model", result["machine"]["cpu_model"])}
     )

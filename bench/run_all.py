@@ -17,12 +17,14 @@ a result measured apart on that same code (bench/long_tail.py continued with ``-
 way. The published results then all describe one code, though they name the commits they were measured at;
 the summary says which benchmarks are still missing, and every regression check compares with the results as
 they were where the series began (``base``). Any change to the measured code sends its benchmarks back to the
-list.
+list. A session's machine is not chosen, so a series may span CPUs; ``--same-cpu`` also sends back every
+result measured (in part) on another CPU than this machine's, so that absolute rates in one series compare.
 
 ``--quick`` runs every benchmark's ``--quick`` mode instead, into a temporary directory (a smoke test of the
 whole sequence: nothing is compared or written under ``bench/results``).
 
-    python bench/run_all.py [--continue] [--only NAME ...] [--skip NAME ...] [--allow-dirty] [--dry-run] [--quick]
+    python bench/run_all.py [--continue [--same-cpu]] [--only NAME ...] [--skip NAME ...] [--allow-dirty]
+                            [--dry-run] [--quick]
 """
 
 from __future__ import annotations
@@ -43,8 +45,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if __name__ == "__main__" and not __package__:
     sys.path[0] = str(ROOT)
 
-from bench.harness import RESULTS_DIR, git_commit  # noqa: E402
-from bench.provenance import code_changes_since, measured_at  # noqa: E402
+from bench.harness import RESULTS_DIR, cpu_model, git_commit  # noqa: E402
+from bench.provenance import code_changes_since, measured_at, measured_on  # noqa: E402
 from bench.registry import BENCHMARKS, Benchmark, by_result  # noqa: E402
 
 SUMMARY = "run_all"
@@ -154,6 +156,11 @@ def current_results() -> dict[str, dict[str, Any]]:
     return results
 
 
+def measured_elsewhere(results: Mapping[str, Mapping[str, Any]], cpu: str) -> set[str]:
+    """The results measured, wholly or in part, on another CPU than ``cpu``: what ``--same-cpu`` runs again."""
+    return {name for name, result in results.items() if measured_on(result) != [cpu]}
+
+
 def kept(
     benchmark: Benchmark, result: Mapping[str, Any], previous: Mapping[str, Any] | None, base: str
 ) -> dict:
@@ -217,6 +224,12 @@ def main() -> None:
         "whose result was measured on the code the tree has now, run the rest",
     )
     parser.add_argument(
+        "--same-cpu",
+        action="store_true",
+        help="with --continue, also run again every benchmark whose result was measured (in part) on another "
+        "CPU than this machine's, so the series ends on one machine",
+    )
+    parser.add_argument(
         "--quick", action="store_true", help="every benchmark's --quick mode, into a temp dir"
     )
     args = parser.parse_args()
@@ -225,12 +238,18 @@ def main() -> None:
     summary_path = ROOT / RESULTS_DIR / f"{SUMMARY}.json"
     resume = args.resume and not args.quick
     previous = json.loads(summary_path.read_text()) if resume and summary_path.exists() else {}
-    current = current_results() if resume else {}
+    on_the_code = current_results() if resume else {}
+    here = cpu_model()
+    elsewhere = measured_elsewhere(on_the_code, here) if args.same_cpu else set()
+    current = {n: r for n, r in on_the_code.items() if n not in elsewhere}
     todo = [b for b in chosen if b.result not in current]
     total = sum(b.minutes for b in todo)
     print(f"{len(todo)} benchmarks at {commit}, full modes expected ~{total:.0f} min ({total / 60:.1f} h):")
     for benchmark in chosen:
         need = f"  [needs {benchmark.needs}]" if benchmark.needs else ""
+        if benchmark.result in elsewhere:
+            cpus = " and ".join(measured_on(on_the_code[benchmark.result]))
+            need += f"  [again: measured on {cpus}; this machine is {here}]"
         state = "current, kept" if benchmark.result in current else f"{benchmark.minutes:5.0f} min"
         print(f"  {state:>13}  python {' '.join(benchmark.args)}{need}")
     if args.dry_run:

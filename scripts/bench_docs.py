@@ -29,7 +29,7 @@ import re
 from typing import Any
 
 from bench.harness import SCHEMA_VERSION, check_schema
-from bench.provenance import measured_at
+from bench.provenance import measured_at, measured_on, study_cpus
 from bench.registry import BENCHMARKS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -314,22 +314,6 @@ def headlines(results_dir: Path) -> str:
                 f"[details](#{headline.section}) |"
             )
     return "\n".join(lines) + "\n"
-
-
-def measured_on(result: dict[str, Any]) -> list[str]:
-    """The CPUs a result was measured on: its machine's, or each study's where a continued run's stages say
-    (a later session may run on another machine)."""
-    studies = result.get("studies") or {"": {}}
-    return sorted({cpu for study in studies.values() for cpu in study_cpus(study, result)})
-
-
-def study_cpus(study: dict[str, Any], result: dict[str, Any]) -> list[str]:
-    """The CPUs one study ran on: each point's where it records them (a curve continued on another machine),
-    else the study's, else the result's machine."""
-    points = study.get("point_provenance", {}).values()
-    return sorted(
-        {p["cpu_model"] for p in points} or {study.get("cpu_model", result["machine"]["cpu_model"])}
-    )
 
 
 def run_all_summary(results_dir: Path) -> str:

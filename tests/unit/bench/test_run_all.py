@@ -103,6 +103,23 @@ def test_a_result_is_current_only_where_its_measured_code_is_unchanged_since_eve
     assert not run_all.describes_the_code(trainer, stopped)
 
 
+def test_same_cpu_runs_again_every_result_measured_in_part_on_another_cpu() -> None:
+    def on(cpu: str, **studies: dict[str, str]) -> dict[str, object]:
+        return {"machine": {"cpu_model": cpu}, "studies": studies}
+
+    results = {
+        "here": on("intel"),
+        "there": on("amd"),
+        "both": on("intel", sweep={"cpu_model": "amd"}, curve={}),
+        "curve_continued": on(
+            "intel", curve={"point_provenance": {"a": {"cpu_model": "amd"}, "b": {"cpu_model": "intel"}}}
+        ),
+        "stages_here": on("amd", sweep={"cpu_model": "intel"}),
+    }
+    assert run_all.measured_elsewhere(results, "intel") == {"there", "both", "curve_continued"}
+    assert run_all.measured_elsewhere(results, "amd") == {"here", "both", "curve_continued", "stages_here"}
+
+
 def test_a_kept_result_measured_apart_is_recorded_with_its_commits_and_no_self_comparison() -> None:
     result = {"commit": "abc", "run_wall_s": 600.0, "studies": {"sweep": {"commit": "def"}}}
     record = run_all.kept(by_result("long_tail"), result, None, base="HEAD")
