@@ -116,7 +116,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
             ),
         ),
     ),
-    Benchmark("offpolicy", ("bench/offpolicy.py",), 85),
+    Benchmark("offpolicy", ("bench/offpolicy.py",), 50),
     Benchmark(
         "default_run",
         ("bench/default_run.py",),

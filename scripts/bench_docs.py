@@ -26,6 +26,7 @@ if __name__ == "__main__" and not __package__:
 import argparse
 import json
 import re
+import statistics
 from typing import Any
 
 from bench.harness import SCHEMA_VERSION, check_schema
@@ -98,6 +99,8 @@ def render(name: str, results_dir: Path) -> str:
     else:
         lines += [*arms_table(result["arms"]), *ratios_table(result["ratios"])]
     lines += derived_rows(result)
+    if result_name in RUN_METRICS:
+        lines += run_metric_rows(result, *RUN_METRICS[result_name])
     lines += render_table(result.get("table"))
     if "memory" in result:
         memory = result["memory"]
@@ -252,6 +255,34 @@ def derived_rows(result: dict[str, Any]) -> list[str]:
         if key not in STANDARD_KEYS:
             walk(key, value)
     return ["", "| derived | median (min–max) |", "|---|---:|", *rows] if rows else []
+
+
+RUN_METRICS = {
+    "offpolicy": (
+        ("loss", "setting"),
+        "dropped_fraction",
+        "share of tokens (of sequences, for `k3_rs`) the loss's correction dropped, mean over steps",
+    )
+}
+"""Metrics a benchmark records per run but does not summarise per arm, which its reading relies on: the run
+rows' key fields naming the arm, the metric, and what it means."""
+
+
+def run_metric_rows(
+    result: dict[str, Any], arm_keys: tuple[str, ...], metric: str, meaning: str
+) -> list[str]:
+    """One metric of a result's per-run rows as median (min–max) per arm, for the arms that record it."""
+    values: dict[str, list[float]] = {}
+    for row in result.get("runs", []):
+        if row.get(metric) is not None:
+            values.setdefault("/".join(str(row[k]) for k in arm_keys), []).append(row[metric])
+    if not values:
+        return []
+    lines = ["", f"| arm | {metric}: {meaning} |", "|---|---:|"]
+    for arm, runs in values.items():
+        stats = {"min": min(runs), "median": statistics.median(runs), "max": max(runs)}
+        lines.append(f"| {arm} | {spread(stats)} ({len(runs)} runs) |")
+    return lines
 
 
 def cell(value: Any) -> str:

@@ -58,6 +58,16 @@ def test_derived_summaries_and_targets_beyond_the_arms_are_rendered() -> None:
     assert bench_docs.derived_rows({"arms": {}, "setup": {"x": stats}}) == []
 
 
+def test_a_metric_recorded_only_per_run_is_summarised_per_arm_where_runs_record_it() -> None:
+    runs = [{"loss": "a", "setting": "s", "drop": value} for value in (0.5, 0.1, 0.3)] + [
+        {"loss": "b", "setting": "s", "drop": None}
+    ]
+    rows = bench_docs.run_metric_rows({"runs": runs}, ("loss", "setting"), "drop", "share dropped")
+    assert rows[1] == "| arm | drop: share dropped |"
+    assert rows[3:] == ["| a/s | 0.3 (0.1–0.5) (3 runs) |"]  # b records none: no row
+    assert bench_docs.run_metric_rows({"runs": runs[3:]}, ("loss", "setting"), "drop", "x") == []
+
+
 def test_a_derived_table_is_rendered_after_the_ratios(tmp_path: Path) -> None:
     stats = {"min": 1.0, "median": 2.0, "max": 3.0, "runs": [1.0, 2.0, 3.0]}
     table = {"title": "Predicted", "columns": ["arm", "sim", "ok"], "rows": [["a", 0.12345, True]]}
