@@ -161,6 +161,17 @@ def measured_elsewhere(results: Mapping[str, Mapping[str, Any]], cpu: str) -> se
     return {name for name, result in results.items() if measured_on(result) != [cpu]}
 
 
+def split(
+    chosen: list[Benchmark], on_the_code: Mapping[str, Any], elsewhere: set[str]
+) -> tuple[list[Benchmark], list[str]]:
+    """What a continued run measures and what it keeps: it runs each chosen benchmark without a result on the
+    code (or with one measured on another CPU, ``elsewhere``, under ``--same-cpu``) and keeps every other
+    result on the code, chosen or not, so that a run limited by ``--only`` drops nothing from the series."""
+    todo = [b for b in chosen if b.result not in on_the_code or b.result in elsewhere]
+    measured = {b.result for b in todo}
+    return todo, [name for name in on_the_code if name not in measured]
+
+
 def kept(
     benchmark: Benchmark, result: Mapping[str, Any], previous: Mapping[str, Any] | None, base: str
 ) -> dict:
@@ -241,8 +252,7 @@ def main() -> None:
     on_the_code = current_results() if resume else {}
     here = cpu_model()
     elsewhere = measured_elsewhere(on_the_code, here) if args.same_cpu else set()
-    current = {n: r for n, r in on_the_code.items() if n not in elsewhere}
-    todo = [b for b in chosen if b.result not in current]
+    todo, keep = split(chosen, on_the_code, elsewhere)
     total = sum(b.minutes for b in todo)
     print(f"{len(todo)} benchmarks at {commit}, full modes expected ~{total:.0f} min ({total / 60:.1f} h):")
     for benchmark in chosen:
@@ -250,7 +260,7 @@ def main() -> None:
         if benchmark.result in elsewhere:
             cpus = " and ".join(measured_on(on_the_code[benchmark.result]))
             need += f"  [again: measured on {cpus}; this machine is {here}]"
-        state = "current, kept" if benchmark.result in current else f"{benchmark.minutes:5.0f} min"
+        state = "current, kept" if benchmark.result in keep else f"{benchmark.minutes:5.0f} min"
         print(f"  {state:>13}  python {' '.join(benchmark.args)}{need}")
     if args.dry_run:
         return
@@ -258,8 +268,8 @@ def main() -> None:
         sys.exit("run_all: the tree has uncommitted changes; commit them so every result names one commit")
     base = previous.get("base", commit.removesuffix("+dirty"))
     records = {
-        name: kept(by_result(name), result, previous.get("benchmarks", {}).get(name), base)
-        for name, result in current.items()
+        name: kept(by_result(name), on_the_code[name], previous.get("benchmarks", {}).get(name), base)
+        for name in keep
     }
     with tempfile.TemporaryDirectory(prefix="run-all-quick-") as tmp:
         quick_dir = Path(tmp) if args.quick else None
@@ -287,7 +297,7 @@ def main() -> None:
             ran.append(benchmark.result)
             write_summary()
     failed = [name for name, record in records.items() if record["exit_status"] != 0]
-    print(f"\nrun_all: {len(ran)} benchmarks run, {len(current)} kept; failed: {failed or 'none'}")
+    print(f"\nrun_all: {len(ran)} benchmarks run, {len(records) - len(ran)} kept; failed: {failed or 'none'}")
     if not args.quick:
         print("next: python scripts/bench_docs.py (every table, the headlines and the regression check)")
     if failed:

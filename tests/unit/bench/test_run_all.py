@@ -120,6 +120,16 @@ def test_same_cpu_runs_again_every_result_measured_in_part_on_another_cpu() -> N
     assert run_all.measured_elsewhere(results, "amd") == {"here", "both", "curve_continued", "stages_here"}
 
 
+def test_a_continued_run_measures_what_is_missing_or_elsewhere_among_the_chosen_and_keeps_the_rest() -> None:
+    chosen = [by_result("trainer"), by_result("lora"), by_result("simulator")]
+    on_the_code = {"trainer": {}, "lora": {}, "engine": {}}
+    todo, keep = run_all.split(chosen, on_the_code, elsewhere={"trainer", "engine"})
+    assert [b.result for b in todo] == ["trainer", "simulator"]
+    assert keep == ["lora", "engine"]  # engine: measured elsewhere, but not chosen, so kept in the series
+    todo, keep = run_all.split(chosen, on_the_code, elsewhere=set())
+    assert [b.result for b in todo] == ["simulator"] and keep == ["trainer", "lora", "engine"]
+
+
 def test_a_kept_result_measured_apart_is_recorded_with_its_commits_and_no_self_comparison() -> None:
     result = {"commit": "abc", "run_wall_s": 600.0, "studies": {"sweep": {"commit": "def"}}}
     record = run_all.kept(by_result("long_tail"), result, None, base="HEAD")
