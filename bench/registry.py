@@ -160,7 +160,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("deterministic", ("bench/deterministic.py",), 2),
     Benchmark("agentic_learning", ("bench/agentic_learning.py",), 25),
     Benchmark("critic_learning", ("bench/critic_learning.py",), 55),
-    Benchmark("agents_external", ("bench/agents_external.py",), 55),
+    Benchmark("agents_external", ("bench/agents_external.py",), 40),
     Benchmark("serve_load", ("bench/serve_load.py",), 3),
     Benchmark("soak", ("bench/soak.py",), 30),
     Benchmark("simulator", ("bench/simulator.py",), 5),
