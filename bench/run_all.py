@@ -9,7 +9,7 @@ committed one it replaced (``git show HEAD:bench/results/NAME.json``). A metric 
 runs' spreads do not overlap (new min above old max, or new max below old min): a change beyond the
 repeat-to-repeat spread, up or down. Then ``python scripts/bench_docs.py`` regenerates every table.
 
-Every benchmark in one sitting is about eleven hours on 2 cores, more than a working session. ``--continue``
+Every benchmark in one sitting is about thirteen hours on 2 cores, more than a working session. ``--continue``
 spreads it over several: it keeps every benchmark whose result is a full run measured on the code the tree has
 now (no path it depends on, ``measured_code``, changed since any commit it was measured at: asyncrl/,
 pyproject.toml, its script and the bench modules that imports) and runs only the rest, adding to the summary;
