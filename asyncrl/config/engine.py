@@ -6,6 +6,16 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 ENGINE_BACKENDS = ("builtin", "vllm")
+SERVING_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def serving_dtype(engine_dtype: str, model_dtype: str, device: str) -> str:
+    """The dtype an engine serves in: ``engine.dtype`` when set, else bfloat16 on CUDA and the model's dtype
+    elsewhere. Apart from the master dtype because the trainer keeps fp32 masters (a 1e-6 update vanishes in
+    bf16) while serving them in fp32 doubles weight and KV bytes and every update's size."""
+    if engine_dtype != "auto":
+        return engine_dtype
+    return "bfloat16" if device == "cuda" else model_dtype
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,6 +81,9 @@ class EngineConfig:
     device's free memory is refused, naming the length that fits)."""
     kv_on_update: Literal["keep", "recompute"] = "keep"
     """On a weight update, keep in-flight KV (computed by old weights) or recompute it under the new ones."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Dtype the engine serves in (weights and KV cache), apart from ``model.dtype`` (the trainer's master
+    dtype): weight updates are cast to it once at publish. auto: bfloat16 on CUDA, ``model.dtype`` on CPU."""
     seed: int = 0
     """Base seed; a request without its own seed is seeded from this and its request id."""
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
@@ -87,6 +100,10 @@ class EngineConfig:
         if self.backend not in ENGINE_BACKENDS:
             raise ValueError(
                 f"engine.backend must be one of {', '.join(map(repr, ENGINE_BACKENDS))}, got {self.backend!r}"
+            )
+        if self.dtype not in SERVING_DTYPES:
+            raise ValueError(
+                f"engine.dtype must be one of {', '.join(map(repr, SERVING_DTYPES))}, got {self.dtype!r}"
             )
         if self.kv_on_update not in ("keep", "recompute"):
             raise ValueError(
