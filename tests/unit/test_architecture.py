@@ -221,3 +221,13 @@ def test_every_import_inside_a_function_names_something_that_exists():
                         and importlib.util.find_spec(f"{node.module}.{alias.name}") is None
                     ]
     assert not missing, missing
+
+
+def test_test_module_basenames_are_unique():
+    """pytest's default import mode keys a test module by its basename (no ``__init__.py`` here): a second
+    ``test_x.py`` in another folder stops collection of the whole suite, which is how CI once failed in 29 s."""
+    tests_root = Path(__file__).resolve().parents[1]
+    seen: dict[str, list[str]] = defaultdict(list)
+    for path in tests_root.rglob("test_*.py"):
+        seen[path.name].append(str(path.relative_to(tests_root)))
+    assert not {name: paths for name, paths in seen.items() if len(paths) > 1}

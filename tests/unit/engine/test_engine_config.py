@@ -1,10 +1,10 @@
-"""EngineConfig validation names the dotted key."""
+"""EngineConfig validation names the dotted key; `engine.dtype` resolves the serving dtype apart from the master dtype."""
 
 from __future__ import annotations
 
 import pytest
 
-from asyncrl.config.engine import EngineConfig
+from asyncrl.config.engine import EngineConfig, serving_dtype
 
 
 @pytest.mark.parametrize(
@@ -20,3 +20,22 @@ from asyncrl.config.engine import EngineConfig
 def test_bad_values_name_the_key(kwargs, message):
     with pytest.raises(ValueError, match=message):
         EngineConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("engine_dtype", "model_dtype", "device", "expected"),
+    [
+        ("auto", "float32", "cuda", "bfloat16"),
+        ("auto", "float32", "cpu", "float32"),
+        ("auto", "bfloat16", "cpu", "bfloat16"),
+        ("float32", "float32", "cuda", "float32"),
+        ("float16", "float32", "cpu", "float16"),
+    ],
+)
+def test_serving_dtype_follows_engine_dtype_then_device(engine_dtype, model_dtype, device, expected):
+    assert serving_dtype(engine_dtype, model_dtype, device) == expected
+
+
+def test_unknown_engine_dtype_is_refused_by_name():
+    with pytest.raises(ValueError, match="engine.dtype must be one of"):
+        EngineConfig(dtype="int8")
