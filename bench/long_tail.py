@@ -21,8 +21,9 @@ planner), each run in a fresh process so its memory is its own. Stages, each its
 - ``time_to_reward``: async α = 2 and ``best_sync``, one full run per seed (repeat i runs seed i), weights
   snapshotted every ``eval_every`` steps (in memory, untimed work of ~20 ms) and evaluated on held-out prompts
   after the run. ``time_to_reward_async_a2_over_best_sync``: the best sync's time to its final held-out reward
-  over the time async takes to reach the same reward (linear between checkpoints), per seed and on the
-  seed-mean curves.
+  over the time async takes to reach the same reward (linear between checkpoints), on the seed-mean curves
+  (the headline) and per seed beside it; a seed whose async run never reaches it is censored (its time at
+  least its run's length, so its ratio an upper bound), never dropped (``harness.time_to_reward_ratio``).
 - ``curve``: async α = 2 over ``best_sync`` as the length tail grows (σ), as the group size grows (at 32
   samples per step) and with two engines, each point its own interleaved pair.
 - ``partial_time_to_reward``: ``time_to_reward`` for partial rollout α = 2 (the one async arm above
@@ -39,6 +40,7 @@ tiny twin of the workload in about a minute.
     python bench/long_tail.py [--quick] [--repeats 3] [--stages sweep bound throughput time_to_reward curve
         partial_time_to_reward]
         [--best-sync NAME] [--extend RESULT] [--out bench/results/long_tail.json]
+    python bench/long_tail.py --rederive bench/results/long_tail.json   # derive again, re-run nothing
 """
 
 from __future__ import annotations
@@ -352,40 +354,41 @@ def time_to_reward(
     async_runs: list[dict[str, Any]],
     async_name: str = "async_a2",
 ) -> dict[str, Any]:
-    """Best sync's time to its final held-out reward over async's time to the same reward, per seed, and on
-    the seed-mean curves (the headline: one noisy evaluation per checkpoint averages out over seeds)."""
-    per_seed = []
-    for sync, fast in zip(sync_runs, async_runs, strict=True):
-        sync_curve = reward_curve(start_reward, sync["evals"])
-        target, sync_time = sync_curve[-1][1], sync_curve[-1][0]
-        reached = time_to_reach(reward_curve(start_reward, fast["evals"]), target)
-        per_seed.append(
-            {
-                "target_reward": target,
-                "best_sync_s": sync_time,
-                "async_s": reached,
-                "ratio": _ratio(sync_time, reached),
-            }
-        )
+    """Best sync's time to its final held-out reward against async's time to the same reward, per seed, and on
+    the seed-mean curves (the headline: one noisy evaluation per checkpoint averages out over seeds). A seed
+    whose async run never reaches the target is censored (``harness.TimeToReward``), never dropped."""
+    per_seed = [
+        seed_time(reward_curve(start_reward, sync["evals"]), reward_curve(start_reward, fast["evals"]))
+        for sync, fast in zip(sync_runs, async_runs, strict=True)
+    ]
     mean_sync = mean_curve([reward_curve(start_reward, run["evals"]) for run in sync_runs])
     mean_async = mean_curve([reward_curve(start_reward, run["evals"]) for run in async_runs])
-    reached = time_to_reach(mean_async, mean_sync[-1][1])
     return {
         "per_seed": per_seed,
         "mean_curves": {"best_sync": mean_sync, async_name: mean_async},
-        "mean_over_seeds": {
-            "target_reward": mean_sync[-1][1],
-            "best_sync_s": mean_sync[-1][0],
-            "async_s": reached,
-            "ratio": _ratio(mean_sync[-1][0], reached),
-        },
+        "mean_over_seeds": seed_time(mean_sync, mean_async),
     }
 
 
-def _ratio(sync_s: float, async_s: float | None) -> float | None:
-    """best sync's time over async's; None when async never got there, or was there at the start (a target
-    the warm start already meets measures nothing)."""
-    return sync_s / async_s if async_s else None
+def seed_time(sync_curve: Sequence[tuple[float, float]], async_curve: Sequence[tuple[float, float]]) -> dict:
+    """Sync's final reward as the target and its run length as its time; async's first time there (None if
+    never: its time is then at least its run's length, ``async_run_s``) and the ratio (an upper bound when
+    censored)."""
+    target, sync_time = sync_curve[-1][1], sync_curve[-1][0]
+    times = harness.TimeToReward(sync_time, time_to_reach(async_curve, target), async_curve[-1][0])
+    return {
+        "target_reward": target,
+        "best_sync_s": sync_time,
+        "async_s": times.reached_s,
+        "async_run_s": times.run_s,
+        "censored": times.censored,
+        "ratio": times.ratio,
+    }
+
+
+def seed_times(record: dict[str, Any]) -> harness.TimeToReward:
+    """A :func:`seed_time` record back as the harness's ``TimeToReward``."""
+    return harness.TimeToReward(record["best_sync_s"], record["async_s"], record["async_run_s"])
 
 
 def mean_curve(curves: list[list[tuple[float, float]]]) -> list[tuple[float, float]]:
@@ -728,10 +731,6 @@ def stage_partial_time_to_reward(bench: Bench) -> None:
     bench.extra[stage]["warm_start"] = start
 
 
-def _ratio_text(ratio: float | None) -> str:
-    return "not reached" if ratio is None else f"{ratio:.3g}"
-
-
 HEADROOM = (0.05, 0.9)
 """The warm start's held-out mean reward must lie in this band for the run to mean anything: below it RL finds
 too few right answers to learn from in a hundred steps (nearly every group filtered), above it there is nothing
@@ -953,26 +952,21 @@ def derive_ratios(bench: Bench) -> dict[str, dict[str, Any]]:
             over(name, "throughput/best_sync", "tokens_per_s")
         elif stage == "curve" and arm.endswith("/async_a2"):
             over(name, name.removesuffix("async_a2") + "best_sync")
-    for stage, arm in (
-        ("time_to_reward", ASYNC_A2.name),
-        ("partial_time_to_reward", PARTIAL_ROLLOUT_A2.name),
-    ):
+    for stage, arm in TIME_TO_REWARD_STAGES:
         if f"{stage}/{arm}" in raw:
             out[f"{stage}_samples_per_s_{arm}_over_best_sync"] = harness.paired_ratio(
                 raw, f"{stage}/{arm}", f"{stage}/best_sync", "samples_per_s"
             )
         measured = bench.extra.get(stage)
-        # a seed whose async run never reached its sync's final reward has no ratio (per_seed says so)
-        ratios = [s["ratio"] for s in measured["per_seed"] if s["ratio"] is not None] if measured else []
-        if ratios:
-            out[f"{stage}_{arm}_over_best_sync"] = {
-                "numerator": "best_sync",
-                "denominator": arm,
-                "metric": f"time to best_sync's final held-out reward, per seed ({len(ratios)} of "
-                f"{len(measured['per_seed'])} reached it; on the seed-mean curves: "
-                f"{_ratio_text(measured['mean_over_seeds']['ratio'])})",
-                **harness.summary(ratios),
-            }
+        if measured:
+            out[f"{stage}_{arm}_over_best_sync"] = harness.time_to_reward_ratio(
+                "best_sync",
+                arm,
+                "time to best_sync's final held-out reward: the seed-mean curves' ratio, every seed beside it "
+                "(a censored seed never reached it: its ratio is an upper bound)",
+                [seed_times(seed) for seed in measured["per_seed"]],
+                seed_times(measured["mean_over_seeds"]),
+            )
     return out
 
 
@@ -1017,7 +1011,15 @@ def main() -> None:
         help="continue a stopped run: keep RESULT's stages (measured on the same code and workload) and run "
         "only the --stages it lacks",
     )
+    parser.add_argument(
+        "--rederive",
+        metavar="RESULT",
+        help="derive RESULT's ratios and time to reward again from its stored runs, re-running nothing",
+    )
     args = parser.parse_args()
+    if args.rederive:
+        rederive(Path(args.rederive))
+        return
     work = QUICK_LONG_TAIL if args.quick else LONG_TAIL
     with tempfile.TemporaryDirectory(prefix="long-tail-") as tmp:
         bench = Bench(work, harness.repeats_for(args), Path(tmp), len(os.sched_getaffinity(0)))
@@ -1086,6 +1088,15 @@ def load_stopped_run(bench: Bench, path: Path, quick: bool) -> list[str]:
             f"{path} was measured at {commit}; the measured code ({', '.join(MEASURED_CODE)}) differs from it "
             f"now ({' '.join(changed) if changed else 'uncommitted changes then, or an unknown commit'}): re-run"
         )
+    load_measurements(bench, result)
+    print(f"continuing {path} (stages {', '.join(result['setup']['stages'])} at {commit})", flush=True)
+    return list(result["setup"]["stages"])
+
+
+def load_measurements(bench: Bench, result: dict[str, Any]) -> None:
+    """A result's measurements into ``bench``: every repeat of every arm, studies (labelled with the commit,
+    command and CPU they ran at), timelines, the warm start's evaluation, the time-to-reward runs, best_sync."""
+    commit = result["commit"]
     for arm, metrics in result["arms"].items():
         repeats = len(next(iter(metrics.values()))["runs"])
         bench.raw[arm] = [{m: stats["runs"][i] for m, stats in metrics.items()} for i in range(repeats)]
@@ -1111,8 +1122,38 @@ def load_stopped_run(bench: Bench, path: Path, quick: bool) -> list[str]:
     }
     if result.get("best_sync"):
         bench.best_sync = next(a for a in SWEEP if a.name == result["best_sync"]["name"])
-    print(f"continuing {path} (stages {', '.join(result['setup']['stages'])} at {commit})", flush=True)
-    return list(result["setup"]["stages"])
+
+
+TIME_TO_REWARD_STAGES = (
+    ("time_to_reward", ASYNC_A2.name),
+    ("partial_time_to_reward", PARTIAL_ROLLOUT_A2.name),
+)
+"""Each time-to-reward stage and the async arm it runs beside best_sync."""
+
+
+def rederive(path: Path) -> None:
+    """Rewrite ``path``'s derived numbers (time to reward per seed and on the seed-mean curves, every ratio)
+    from the measurements it stores, with today's derivation; nothing is re-run, so the measurements, their
+    commit and command stay as they were and ``rederived`` names the commit whose code derived them."""
+    result = json.loads(path.read_text())
+    work = QUICK_LONG_TAIL if result["quick"] else LONG_TAIL
+    bench = Bench(work, result["repeats"], path.parent, result["machine"]["cores"])
+    load_measurements(bench, result)
+    for stage, arm in TIME_TO_REWARD_STAGES:
+        if stage in bench.extra:
+            start = bench.extra[stage].get("warm_start", bench.extra["warm_start"])["eval/reward_mean"]
+            runs = {
+                name: [{"evals": evals} for evals in found]
+                for name, found in bench.extra[stage]["evals"].items()
+            }
+            result[stage] |= time_to_reward(start, runs["best_sync"], runs[arm], arm)
+    result["ratios"] = derive_ratios(bench)
+    result["rederived"] = {
+        "commit": harness.git_commit(),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "what": "ratios and time-to-reward records derived again from the stored runs; nothing re-measured",
+    }
+    path.write_text(json.dumps(result, indent=1) + "\n")
 
 
 def run_setup(work: RLWorkload, stages: list[str]) -> dict[str, Any]:

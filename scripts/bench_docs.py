@@ -29,7 +29,7 @@ import re
 import statistics
 from typing import Any
 
-from bench.harness import SCHEMA_VERSION, check_schema
+from bench.harness import SCHEMA_VERSION, TIME_TO_REWARD, check_schema
 from bench.provenance import measured_at, measured_on, study_cpus
 from bench.registry import BENCHMARKS
 
@@ -53,7 +53,22 @@ def number(value: float) -> str:
 
 
 def spread(stats: dict[str, Any]) -> str:
+    if stats.get("kind") == TIME_TO_REWARD:
+        return time_to_reward_cell(stats)
     return f"{number(stats['median'])} ({number(stats['min'])}–{number(stats['max'])})"
+
+
+def time_to_reward_cell(stats: dict[str, Any]) -> str:
+    """A time-to-reward ratio as its headline, the seed-mean curves' ratio, with every seed's beside it: a
+    censored seed (one that never reached the target) as the upper bound its run's length gives, ``≤``."""
+    mean = ("≤ " if stats["mean_over_seeds_censored"] else "") + number(stats["mean_over_seeds"])
+    seeds = ", ".join(
+        ("≤ " if censored else "") + number(ratio)
+        for ratio, censored in zip(stats["runs"], stats["censored"], strict=True)
+    )
+    return (
+        f"{mean} on the seed-mean curves; per seed {seeds} ({stats['reached']} of {stats['seeds']} reached)"
+    )
 
 
 def load(name: str, results_dir: Path) -> dict[str, Any] | str:
