@@ -260,6 +260,8 @@ def derived_rows(result: dict[str, Any]) -> list[str]:
     def walk(path: str, value: Any) -> None:
         if isinstance(value, dict) and {"min", "median", "max"} <= set(value):
             rows.append(f"| {path} | {spread(value)} |")
+        elif isinstance(value, str) and path.endswith("edge"):  # a sweep whose best sits at its edge
+            rows.append(f"| {path} | {value} |")
         elif isinstance(value, bool) and path.endswith("censored"):  # a time to reward's, not a target
             rows.append(f"| {path} | {'censored: never reached' if value else 'reached'} |")
         elif isinstance(value, bool):
