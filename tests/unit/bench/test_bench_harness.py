@@ -145,3 +145,24 @@ def test_no_time_to_reward_ratio_in_the_stored_results_has_fewer_runs_than_seeds
                 harness.check_time_to_reward(f"{path.name}:{key}", stats, result["repeats"])
                 found += 1
     assert found >= 3  # long_tail's two and sync_vs_trl's
+
+
+def test_the_best_arm_is_chosen_by_the_paired_ratio_not_the_median() -> None:
+    # b has the higher median (10.1 against 10.0) but a beats it in two repeats of three, by 5 %
+    raw = {
+        "a": [{"x": 10.0}, {"x": 8.4}, {"x": 12.6}],
+        "b": [{"x": 10.1}, {"x": 8.0}, {"x": 12.0}],
+        "c": [{"x": 5.0}, {"x": 4.0}, {"x": 6.0}],
+    }
+    choice = harness.best_by_paired_ratio(raw, ["a", "b", "c"], "x")
+    assert (choice["name"], choice["runner_up"]) == ("a", "b")
+    assert choice["over_runner_up"]["median"] == pytest.approx(1.05)
+    assert harness.best_by_paired_ratio(raw, ["c"], "x") | {"chosen_by": ""} == {"name": "c", "chosen_by": ""}
+
+
+def test_a_sweep_whose_best_sits_at_its_edge_says_so() -> None:
+    axis = {"r0": 0.0, "r4": 0.25, "r2": 0.5}
+    assert "0.5, is its largest value" in harness.sweep_edge(axis, "r2", "share")
+    assert "0, is its smallest value" in harness.sweep_edge(axis, "r0", "share")
+    assert harness.sweep_edge(axis, "r4", "share") is None
+    assert harness.sweep_edge(axis, "other", "share") is None

@@ -290,3 +290,38 @@ def test_a_stopped_curve_keeps_its_points_and_a_continued_one_measures_only_the_
         for arm in ("best_sync", "async_a2")
     ]
     assert study["points"] == measured  # every measured arm once, in order
+
+
+def test_a_layout_point_is_also_divided_by_the_better_sync_of_the_same_work() -> None:
+    """Two engines once showed async 1.34x over a two-engine sync while the one-engine sync of the same work in
+    the same curve, the better sync there, put it below 1."""
+
+    def runs(*values: float) -> list[dict[str, float]]:
+        return [{"samples_per_s": value} for value in values]
+
+    raw = {
+        "curve/workload/best_sync": runs(6.0, 6.0, 6.0),
+        "curve/engines2/best_sync": runs(4.0, 4.0, 4.0),
+        "curve/engines2/async_a2": runs(5.4, 5.4, 5.4),
+    }
+    ratios = long_tail.over_best_curve_sync(raw, "curve/engines2/async_a2")
+    ratio = ratios["curve_engines2_async_a2_over_best_curve_sync"]
+    assert ratio["denominator"] == "curve/workload/best_sync" and ratio["median"] == pytest.approx(0.9)
+
+
+def test_the_sweep_choice_is_by_paired_ratio_and_names_the_redundancy_edge(tmp_path) -> None:
+    bench = long_tail.Bench(LONG_TAIL, 3, tmp_path, 2)
+    rates = {
+        "sync_queue_r0": 4.0,
+        "sync_queue_rb4": 7.0,
+        "sync_queue_rb2": 9.0,
+        "sync_queue_rb2_2engines": 9.5,
+    }
+    bench.raw = {f"sweep/{name}": [{"samples_per_s": rate}] * 3 for name, rate in rates.items()}
+    choice = long_tail.sweep_choice(bench)
+    assert (choice["name"], choice["runner_up"]) == ("sync_queue_rb2_2engines", "sync_queue_rb2")
+    assert "0.5, is its largest value" in choice["edge"]
+    bench.best_sync = next(arm for arm in long_tail.SWEEP if arm.name == "sync_queue_rb2")
+    record = long_tail.best_sync_record(bench)  # the stages ran beside a sync the paired ratio puts behind
+    assert record["by_paired_ratio"]["name"] == "sync_queue_rb2_2engines"
+    assert record["ran_beside_over_best_of_sweep"]["median"] == pytest.approx(9.0 / 9.5)
