@@ -18,8 +18,9 @@ Arms (the same batch: ``rollout_batch_size`` groups × ``num_return_sequences`` 
 Sections, each its own :func:`harness.run_arms` call (arms interleaved within it): ``headline`` (σ = 0.75, the
 middle of the swept range: every arm), ``sigma{σ}`` (the ends of the range at the same mean delay, both syncs
 and env_async), ``redundancy`` (more env groups vs larger groups, with fail-slow hangs and fail-stop crashes
-injected; the step timeout catches hangs). Every async arm's ratio divides by its section's best sync (the
-sync arm with the higher median episodes/s there), per paired repeat. Arms are named ``section/arm``.
+injected; the step timeout catches hangs). Every async arm's ratio divides by its section's best sync (by
+the paired ratio of episodes/s there), per paired repeat; ``--rederive RESULT`` derives them again from a
+result's stored runs. Arms are named ``section/arm``.
 Throughput is trained episodes per second over the steps after ``warmup``. Every run asserts its episode ledger: each episode started was trained,
 dropped by the producer with a reason, or dropped by the buffer with a reason.
 
@@ -39,6 +40,7 @@ if __name__ == "__main__" and not __package__:
 import asyncio
 import collections
 import itertools
+import json
 import os
 import statistics
 import tempfile
@@ -298,15 +300,50 @@ def run_section(
         for arm in section.arms
     }
     raw = harness.run_arms(arms, repeats, harness.print_run)
-    syncs = [f"{section.name}/{arm.name}" for arm in section.arms if arm.sync]
-    best = max(syncs, key=lambda name: statistics.median(run["episodes_per_s"] for run in raw[name]))
+    ratios, best = section_ratios(section.name, raw)
+    drop_reasons = {f"{section.name}/{a}": dict(sorted(c.items())) for a, c in reasons.items()}
+    return raw, ratios, drop_reasons, best
+
+
+def section_ratios(
+    section: str, raw: dict[str, list[dict[str, float]]]
+) -> tuple[dict[str, dict[str, Any]], str]:
+    """Each async arm of ``section`` over the section's best sync, chosen by the paired ratio of episodes/s
+    (``harness.best_by_paired_ratio``; the highest median once chose a sync the paired ratio put behind), and
+    that sync's name."""
+    names = [name for name in raw if name.startswith(f"{section}/")]
+    syncs = [name for name in names if name.removeprefix(f"{section}/") in {arm.name for arm in SYNCS}]
+    best = harness.best_by_paired_ratio(raw, syncs, "episodes_per_s")["name"]
     ratios = {
         f"{name}_vs_best_sync": harness.paired_ratio(raw, name, best, "episodes_per_s")
-        for name in arms
+        for name in names
         if name not in syncs
     }
-    drop_reasons = {f"{section.name}/{a}": dict(sorted(c.items())) for a, c in reasons.items()}
-    return raw, ratios, drop_reasons, best.removeprefix(f"{section.name}/")
+    return ratios, best.removeprefix(f"{section}/")
+
+
+def rederive(path: Path) -> None:
+    """Derive ``path``'s ratios, best syncs and targets again from its stored runs, re-running nothing: the
+    measurements and their commit stay, ``rederived`` names the commit whose code derived them."""
+    result = json.loads(path.read_text())
+    raw = {
+        arm: [
+            {metric: stats["runs"][i] for metric, stats in metrics.items()} for i in range(result["repeats"])
+        ]
+        for arm, metrics in result["arms"].items()
+    }
+    ratios: dict[str, dict[str, Any]] = {}
+    for section in dict.fromkeys(name.partition("/")[0] for name in raw):
+        section_ratio, result["best_sync"][section] = section_ratios(section, raw)
+        ratios |= section_ratio
+    result["ratios"] = ratios
+    result["targets"] = targets(ratios, QUICK if result["quick"] else FULL)
+    result["rederived"] = {
+        "commit": harness.git_commit(),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "what": "ratios, best syncs and targets derived again from the stored runs; nothing re-measured",
+    }
+    path.write_text(json.dumps(result, indent=1) + "\n")
 
 
 def targets(ratios: dict[str, dict[str, Any]], work: Workload) -> dict[str, bool]:
@@ -341,7 +378,15 @@ def resources(work: Workload, out: Path) -> dict[str, Any]:
 def main() -> None:
     parser = harness.parser(__doc__.splitlines()[0], "agentic")
     parser.add_argument("--sections", nargs="*", default=list(SECTIONS), choices=SECTIONS)
+    parser.add_argument(
+        "--rederive",
+        metavar="RESULT",
+        help="derive RESULT's ratios again from its stored runs, re-running nothing",
+    )
     args = parser.parse_args()
+    if args.rederive:
+        rederive(Path(args.rederive))
+        return
     work = QUICK if args.quick else FULL
     repeats = harness.repeats_for(args)
     raw: dict[str, list[dict[str, float]]] = {}

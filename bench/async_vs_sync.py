@@ -9,7 +9,8 @@ run beside it with its own two syncs (``sync_batch_inline``, ``sync_queue_inline
 driver process and Ray calls between the roles. Syncs with one thread per role (``runtime.colocate=never``,
 on Ray and inline) are tried too: on a machine other jobs load, two torch threads per process oversubscribe
 the cores and slow the colocated ``sync``. Every sync arm runs on the same 2 cores, and every ratio divides by
-the best of them (``best_sync``: the highest median samples/s), per paired repeat.
+the best of them (``best_sync``: by the paired ratio of samples/s, ``harness.best_by_paired_ratio``), per
+paired repeat.
 
 Throughput is measured at steady state: the first ``--warmup`` steps (actor start-up, admission filling the
 window) are skipped, and trained samples (tokens) are divided by the wall time of the remaining steps.
@@ -414,11 +415,12 @@ async def _serve_until_unsaturated(engine: Any, requests: list[Request], slots: 
     return {"tokens_per_s": mark["tokens"] / mark["seconds"], "saturated_s": mark["seconds"]}
 
 
-def best_sync(raw: dict[str, list[dict[str, float]]]) -> str | None:
-    """The sync arm (any runtime and placement: all run on the same 2 cores) with the highest median samples/s:
-    the denominator of every async-vs-sync ratio."""
+def best_sync(raw: dict[str, list[dict[str, float]]]) -> dict[str, Any] | None:
+    """The best sync arm (any runtime and placement: all run on the same 2 cores) by the paired ratio of
+    samples/s (``harness.best_by_paired_ratio``), with its margin over the runner-up: the denominator of every
+    async-vs-sync ratio."""
     syncs = [v.name for v in VARIANTS if v.async_ratio == 0 and v.name in raw]
-    return max(syncs, key=lambda name: statistics.median(r["samples_per_s"] for r in raw[name]), default=None)
+    return harness.best_by_paired_ratio(raw, syncs) if syncs else None
 
 
 def resource_ceilings(
@@ -494,7 +496,8 @@ def main() -> None:
             arms[SATURATED] = saturated_engine_arm(work, Path(tmp) / SATURATED)
         raw = harness.run_arms(arms, harness.repeats_for(args), harness.print_run)
     ratios, bounds, ceilings = {}, {}, {}
-    best = best_sync(raw)
+    choice = best_sync(raw)
+    best = choice["name"] if choice else None
     for variant in chosen:
         if best is None or variant.name == best:
             continue
@@ -510,6 +513,7 @@ def main() -> None:
     setup = vars(work) | {"N": work.samples_per_step, "K": work.slots, "model": "tiny-count on count"}
     extra = {
         "best_sync": best,
+        "best_sync_choice": choice,
         "resource_ceiling": ceilings,
         "proposition2": bounds,
         "targets_met": targets(ratios, ceilings),

@@ -18,10 +18,12 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -140,6 +142,118 @@ def paired_ratio(
         "metric": metric,
         **summary([a[metric] / b[metric] for a, b in zip(top, bottom, strict=True)]),
     }
+
+
+def best_by_paired_ratio(
+    raw: Mapping[str, Sequence[Mapping[str, float]]], candidates: Sequence[str], metric: str = "samples_per_s"
+) -> dict[str, Any]:
+    """The best of ``candidates`` (higher ``metric`` is better) by the paired ratio, and by how much.
+
+    Why not the highest median: two arms a few per cent apart swap places from one repeat to the next, and a
+    0.7 % median margin once chose a best sync that the paired ratio put 4 % behind its runner-up. Here each
+    candidate's score is its smallest median paired ratio over every other candidate (above 1: it beats each
+    of them in the median repeat); the best has the largest score. ``over_runner_up`` is its paired ratio over
+    the candidate that comes closest, so a reader sees whether the choice is within the spread."""
+    if not candidates:
+        raise ValueError("best_by_paired_ratio needs at least one candidate")
+
+    def median_over(numerator: str, denominator: str) -> float:
+        return paired_ratio(raw, numerator, denominator, metric)["median"]
+
+    def score(name: str) -> float:
+        return min((median_over(name, other) for other in candidates if other != name), default=1.0)
+
+    best = max(candidates, key=score)
+    others = [name for name in candidates if name != best]
+    record: dict[str, Any] = {
+        "name": best,
+        "chosen_by": f"paired ratio of {metric} over every other candidate",
+    }
+    if others:
+        runner_up = min(others, key=lambda other: median_over(best, other))
+        record |= {"runner_up": runner_up, "over_runner_up": paired_ratio(raw, best, runner_up, metric)}
+    return record
+
+
+def sweep_edge(axis: Mapping[str, float], best: str, what: str) -> str | None:
+    """Where the best arm of a one-axis sweep (``axis``: arm → swept value) sits at the sweep's smallest or
+    largest value, the sentence saying so: the optimum may lie beyond what was swept. None inside the sweep."""
+    values = sorted(axis.values())
+    if best not in axis or len(values) < 2 or values[0] < axis[best] < values[-1]:
+        return None
+    end = "largest" if axis[best] == values[-1] else "smallest"
+    return f"the best {what} swept, {axis[best]:g}, is its {end} value: the sweep stops at its best, beyond it is not measured"
+
+
+@dataclass(frozen=True)
+class TimeToReward:
+    """One seed's (or the seed-mean curve's) time to a target reward, for a ratio ``reference_s / reached_s``.
+
+    ``reached_s`` is None when the measured run never reached the target: the seed is *censored*, its time
+    at least ``run_s`` (the run's length, its last evaluation), so its ratio is an upper bound. Why kept, never
+    dropped: the seed that misses the target is that arm's worst, and dropping it biases every summary."""
+
+    reference_s: float
+    """The reference arm's time (numerator of the ratio)."""
+    reached_s: float | None
+    """The measured arm's first time at the target (denominator), or None if it never got there."""
+    run_s: float
+    """The measured arm's run length: a censored seed's time is at least this."""
+
+    @property
+    def censored(self) -> bool:
+        return self.reached_s is None
+
+    @property
+    def ratio(self) -> float:
+        """reference over measured time; for a censored seed an upper bound (reference over run length)."""
+        time = self.run_s if self.reached_s is None else self.reached_s
+        if time <= 0:
+            raise ValueError(f"time to reward of {time} s: a target met at the start measures nothing")
+        return self.reference_s / time
+
+
+TIME_TO_REWARD = "time_to_reward"
+"""``kind`` of a ratio of times to a reward: :func:`check_schema` holds every such ratio to one run per seed."""
+
+
+def time_to_reward_ratio(
+    numerator: str, denominator: str, metric: str, seeds: Sequence[TimeToReward], mean: TimeToReward
+) -> dict[str, Any]:
+    """A time-to-reward ratio that never drops a seed: every seed's ratio in ``runs`` (a censored one as its
+    upper bound, flagged in ``censored``), ``reached`` of ``seeds`` saying how many got there, and the headline
+    ``mean_over_seeds``: the ratio read off the seed-mean curves (one noisy evaluation per checkpoint averages
+    out over seeds), itself censored when the mean curve never reaches the target."""
+    if not seeds:
+        raise ValueError("a time-to-reward ratio needs at least one seed")
+    censored = [seed.censored for seed in seeds]
+    return {
+        "numerator": numerator,
+        "denominator": denominator,
+        "metric": metric,
+        "kind": TIME_TO_REWARD,
+        "seeds": len(seeds),
+        "reached": censored.count(False),
+        "censored": censored,
+        "mean_over_seeds": mean.ratio,
+        "mean_over_seeds_censored": mean.censored,
+        **summary([seed.ratio for seed in seeds]),
+    }
+
+
+def check_time_to_reward(key: str, stats: Mapping[str, Any], repeats: int) -> None:
+    """Raise ``ValueError`` unless a time-to-reward ratio keeps one run per seed (``repeats`` of them), each
+    flagged censored or not, and carries its seed-mean headline. A ratio whose metric mentions a reward but
+    was not built by :func:`time_to_reward_ratio` is refused: it could have dropped a seed."""
+    if stats.get("kind") != TIME_TO_REWARD:
+        raise ValueError(f"ratios.{key} times a reward but was not built by harness.time_to_reward_ratio")
+    runs, censored = stats["runs"], stats.get("censored", [])
+    if len(runs) != repeats or len(censored) != repeats or stats.get("seeds") != repeats:
+        raise ValueError(
+            f"ratios.{key} has {len(runs)} runs ({len(censored)} flagged) for {repeats} seeds: a seed was dropped"
+        )
+    if stats.get("reached") != censored.count(False) or "mean_over_seeds" not in stats:
+        raise ValueError(f"ratios.{key} lacks its reached count or its seed-mean headline")
 
 
 def git_commit() -> str:
@@ -280,3 +394,15 @@ def check_schema(result: Mapping[str, Any]) -> None:
             missing = {"min", "median", "max", "runs"} - set(stats)
             if missing:
                 raise ValueError(f"{arm}.{metric} lacks {sorted(missing)}")
+    for key, stats in result["ratios"].items():
+        if times_a_reward(stats):
+            check_time_to_reward(key, stats, result["repeats"])
+
+
+def times_a_reward(stats: Mapping[str, Any]) -> bool:
+    """Whether a ratio compares times to a reward: built as one, or its metric says so (a throughput ratio of
+    a time-to-reward stage, ``time_to_reward_samples_per_s_...``, is not one)."""
+    metric = str(stats.get("metric", ""))
+    return stats.get("kind") == TIME_TO_REWARD or (
+        "reward" in metric and re.search(r"\btime to\b|\bs to\b", metric) is not None
+    )

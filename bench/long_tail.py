@@ -8,8 +8,10 @@ planner), each run in a fresh process so its memory is its own. Stages, each its
 
 - ``sweep``: sync tuned on the same 2 cores before anything is compared: batch vs queue generation, redundant
   prompts 0 / B/4 / B/2 (B = prompts per step), over-sampling in batch mode, one engine with every core
-  (``runtime.driver_cpus=0``) and two engine replicas. The arm with the highest median samples/s is
-  ``best_sync``, and every async-vs-sync ratio divides by it.
+  (``runtime.driver_cpus=0``) and two engine replicas. The best arm by the paired ratio of samples/s
+  (``harness.best_by_paired_ratio``: not the highest median, which a 0.7 % margin once decided against the
+  paired ratio) is ``best_sync``, and every async-vs-sync ratio divides by it; where the redundancy axis's
+  best sits at its largest share, the result says so (``best_sync.edge``).
 - ``bound``: the physical bound, measured apart from every arm. For each placement an arm uses, the bare
   engines alone, saturated (more requests than slots), on exactly the role's threads and cores, and the
   trainer alone on its threads and cores, training batches of real kept groups. An arm's best possible step
@@ -21,10 +23,13 @@ planner), each run in a fresh process so its memory is its own. Stages, each its
 - ``time_to_reward``: async α = 2 and ``best_sync``, one full run per seed (repeat i runs seed i), weights
   snapshotted every ``eval_every`` steps (in memory, untimed work of ~20 ms) and evaluated on held-out prompts
   after the run. ``time_to_reward_async_a2_over_best_sync``: the best sync's time to its final held-out reward
-  over the time async takes to reach the same reward (linear between checkpoints), per seed and on the
-  seed-mean curves.
+  over the time async takes to reach the same reward (linear between checkpoints), on the seed-mean curves
+  (the headline) and per seed beside it; a seed whose async run never reaches it is censored (its time at
+  least its run's length, so its ratio an upper bound), never dropped (``harness.time_to_reward_ratio``).
 - ``curve``: async α = 2 over ``best_sync`` as the length tail grows (σ), as the group size grows (at 32
-  samples per step) and with two engines, each point its own interleaved pair.
+  samples per step) and with two engines, each point its own interleaved pair. The two-engine point is also
+  divided by the better of its own sync and the workload point's (``..._over_best_curve_sync``): the same
+  work, so the best sync there may use one engine.
 - ``partial_time_to_reward``: ``time_to_reward`` for partial rollout α = 2 (the one async arm above
   ``best_sync`` at steady state) against ``best_sync`` again, with its own evaluation of the warm start. Added
   after the other stages had run, as a stage of its own so that adding it changed none of theirs.
@@ -39,6 +44,7 @@ tiny twin of the workload in about a minute.
     python bench/long_tail.py [--quick] [--repeats 3] [--stages sweep bound throughput time_to_reward curve
         partial_time_to_reward]
         [--best-sync NAME] [--extend RESULT] [--out bench/results/long_tail.json]
+    python bench/long_tail.py --rederive bench/results/long_tail.json   # derive again, re-run nothing
 """
 
 from __future__ import annotations
@@ -352,40 +358,41 @@ def time_to_reward(
     async_runs: list[dict[str, Any]],
     async_name: str = "async_a2",
 ) -> dict[str, Any]:
-    """Best sync's time to its final held-out reward over async's time to the same reward, per seed, and on
-    the seed-mean curves (the headline: one noisy evaluation per checkpoint averages out over seeds)."""
-    per_seed = []
-    for sync, fast in zip(sync_runs, async_runs, strict=True):
-        sync_curve = reward_curve(start_reward, sync["evals"])
-        target, sync_time = sync_curve[-1][1], sync_curve[-1][0]
-        reached = time_to_reach(reward_curve(start_reward, fast["evals"]), target)
-        per_seed.append(
-            {
-                "target_reward": target,
-                "best_sync_s": sync_time,
-                "async_s": reached,
-                "ratio": _ratio(sync_time, reached),
-            }
-        )
+    """Best sync's time to its final held-out reward against async's time to the same reward, per seed, and on
+    the seed-mean curves (the headline: one noisy evaluation per checkpoint averages out over seeds). A seed
+    whose async run never reaches the target is censored (``harness.TimeToReward``), never dropped."""
+    per_seed = [
+        seed_time(reward_curve(start_reward, sync["evals"]), reward_curve(start_reward, fast["evals"]))
+        for sync, fast in zip(sync_runs, async_runs, strict=True)
+    ]
     mean_sync = mean_curve([reward_curve(start_reward, run["evals"]) for run in sync_runs])
     mean_async = mean_curve([reward_curve(start_reward, run["evals"]) for run in async_runs])
-    reached = time_to_reach(mean_async, mean_sync[-1][1])
     return {
         "per_seed": per_seed,
         "mean_curves": {"best_sync": mean_sync, async_name: mean_async},
-        "mean_over_seeds": {
-            "target_reward": mean_sync[-1][1],
-            "best_sync_s": mean_sync[-1][0],
-            "async_s": reached,
-            "ratio": _ratio(mean_sync[-1][0], reached),
-        },
+        "mean_over_seeds": seed_time(mean_sync, mean_async),
     }
 
 
-def _ratio(sync_s: float, async_s: float | None) -> float | None:
-    """best sync's time over async's; None when async never got there, or was there at the start (a target
-    the warm start already meets measures nothing)."""
-    return sync_s / async_s if async_s else None
+def seed_time(sync_curve: Sequence[tuple[float, float]], async_curve: Sequence[tuple[float, float]]) -> dict:
+    """Sync's final reward as the target and its run length as its time; async's first time there (None if
+    never: its time is then at least its run's length, ``async_run_s``) and the ratio (an upper bound when
+    censored)."""
+    target, sync_time = sync_curve[-1][1], sync_curve[-1][0]
+    times = harness.TimeToReward(sync_time, time_to_reach(async_curve, target), async_curve[-1][0])
+    return {
+        "target_reward": target,
+        "best_sync_s": sync_time,
+        "async_s": times.reached_s,
+        "async_run_s": times.run_s,
+        "censored": times.censored,
+        "ratio": times.ratio,
+    }
+
+
+def seed_times(record: dict[str, Any]) -> harness.TimeToReward:
+    """A :func:`seed_time` record back as the harness's ``TimeToReward``."""
+    return harness.TimeToReward(record["best_sync_s"], record["async_s"], record["async_run_s"])
 
 
 def mean_curve(curves: list[list[tuple[float, float]]]) -> list[tuple[float, float]]:
@@ -615,9 +622,26 @@ def stage_sweep(bench: Bench) -> None:
     bench.run_stage(
         "sweep", "Sync tuned on the same cores: the best is best_sync", arms, bench.work.sweep_measured_steps
     )
-    medians = {name: statistics.median(r["samples_per_s"] for r in bench.raw[name]) for name in arms}
-    best = max(medians, key=medians.__getitem__).removeprefix("sweep/")
+    best = sweep_choice(bench)["name"]
     bench.best_sync = next(arm for arm in SWEEP if arm.name == best)
+
+
+REDUNDANCY_AXIS = {"sync_queue_r0": 0.0, "sync_queue_rb4": 0.25, "sync_queue_rb2": 0.5}
+"""The sweep's one-axis part: queue scheduling at each redundant share of the batch (the share it sets)."""
+
+
+def sweep_choice(bench: Bench) -> dict[str, Any]:
+    """The sweep's best sync by the paired ratio (``harness.best_by_paired_ratio``), its margin over the
+    runner-up, and whether the redundancy axis's best sits at the axis's edge."""
+    swept = [f"sweep/{arm.name}" for arm in SWEEP if f"sweep/{arm.name}" in bench.raw]
+    choice = harness.best_by_paired_ratio(bench.raw, swept)
+    choice = {k: v.removeprefix("sweep/") if isinstance(v, str) else v for k, v in choice.items()}
+    axis = {f"sweep/{name}": share for name, share in REDUNDANCY_AXIS.items() if f"sweep/{name}" in bench.raw}
+    if len(axis) > 1:
+        axis_best = harness.best_by_paired_ratio(bench.raw, list(axis))["name"]
+        if edge := harness.sweep_edge(axis, axis_best, "redundant share (queue scheduling)"):
+            choice["edge"] = edge
+    return choice
 
 
 def sweep_arms(bench: Bench) -> tuple[Arm, ...]:
@@ -726,10 +750,6 @@ def stage_partial_time_to_reward(bench: Bench) -> None:
     stage = "partial_time_to_reward"
     time_to_reward_stage(bench, stage, PARTIAL_ROLLOUT_A2, start, "partial rollout α = 2")
     bench.extra[stage]["warm_start"] = start
-
-
-def _ratio_text(ratio: float | None) -> str:
-    return "not reached" if ratio is None else f"{ratio:.3g}"
 
 
 HEADROOM = (0.05, 0.9)
@@ -944,36 +964,51 @@ def derive_ratios(bench: Bench) -> dict[str, dict[str, Any]]:
         key = f"{numerator.replace('/', '_')}_over_{denominator.split('/')[-1]}{suffix}"
         out[key] = harness.paired_ratio(raw, numerator, denominator, metric)
 
+    best_of_sweep = sweep_choice(bench)["name"] if any(n.startswith("sweep/") for n in raw) else None
     for name in raw:
         stage, _, arm = name.partition("/")
-        if stage == "sweep" and bench.best_sync and arm != bench.best_sync.name:
-            over(name, f"sweep/{bench.best_sync.name}")
+        if stage == "sweep" and best_of_sweep and arm != best_of_sweep:
+            over(name, f"sweep/{best_of_sweep}")
         elif stage == "throughput" and arm != "best_sync":
             over(name, "throughput/best_sync")
             over(name, "throughput/best_sync", "tokens_per_s")
         elif stage == "curve" and arm.endswith("/async_a2"):
             over(name, name.removesuffix("async_a2") + "best_sync")
-    for stage, arm in (
-        ("time_to_reward", ASYNC_A2.name),
-        ("partial_time_to_reward", PARTIAL_ROLLOUT_A2.name),
-    ):
+            if arm.removesuffix("/async_a2") in LAYOUT_POINTS:
+                out |= over_best_curve_sync(raw, name)
+    for stage, arm in TIME_TO_REWARD_STAGES:
         if f"{stage}/{arm}" in raw:
             out[f"{stage}_samples_per_s_{arm}_over_best_sync"] = harness.paired_ratio(
                 raw, f"{stage}/{arm}", f"{stage}/best_sync", "samples_per_s"
             )
         measured = bench.extra.get(stage)
-        # a seed whose async run never reached its sync's final reward has no ratio (per_seed says so)
-        ratios = [s["ratio"] for s in measured["per_seed"] if s["ratio"] is not None] if measured else []
-        if ratios:
-            out[f"{stage}_{arm}_over_best_sync"] = {
-                "numerator": "best_sync",
-                "denominator": arm,
-                "metric": f"time to best_sync's final held-out reward, per seed ({len(ratios)} of "
-                f"{len(measured['per_seed'])} reached it; on the seed-mean curves: "
-                f"{_ratio_text(measured['mean_over_seeds']['ratio'])})",
-                **harness.summary(ratios),
-            }
+        if measured:
+            out[f"{stage}_{arm}_over_best_sync"] = harness.time_to_reward_ratio(
+                "best_sync",
+                arm,
+                "time to best_sync's final held-out reward: the seed-mean curves' ratio, every seed beside it "
+                "(a censored seed never reached it: its ratio is an upper bound)",
+                [seed_times(seed) for seed in measured["per_seed"]],
+                seed_times(measured["mean_over_seeds"]),
+            )
     return out
+
+
+LAYOUT_POINTS = ("engines2",)
+"""Curve points that change only how the cores are used, not the work: their best sync is the better of their
+own sync and the workload point's (the same work), not their own layout's sync alone."""
+
+
+def over_best_curve_sync(raw: dict[str, list[dict[str, float]]], name: str) -> dict[str, dict[str, Any]]:
+    """A layout point's async arm over the best sync of the same work in the curve (its own layout's sync or the
+    workload point's, by the paired ratio). Why: two engines once showed async 1.34× over a two-engine sync,
+    while the one-engine sync of the same curve, the better sync there, put it at 0.93×. The two points ran one
+    after the other (repeat i with repeat i), not interleaved, so the pairing is looser than within a point."""
+    point_sync = name.removesuffix("async_a2") + "best_sync"
+    syncs = [sync for sync in (point_sync, "curve/workload/best_sync") if sync in raw]
+    best = harness.best_by_paired_ratio(raw, syncs)["name"]
+    key = f"{name.replace('/', '_')}_over_best_curve_sync"
+    return {key: harness.paired_ratio(raw, name, best, "samples_per_s")}
 
 
 STAGE_FUNCTIONS = {
@@ -1017,7 +1052,15 @@ def main() -> None:
         help="continue a stopped run: keep RESULT's stages (measured on the same code and workload) and run "
         "only the --stages it lacks",
     )
+    parser.add_argument(
+        "--rederive",
+        metavar="RESULT",
+        help="derive RESULT's ratios and time to reward again from its stored runs, re-running nothing",
+    )
     args = parser.parse_args()
+    if args.rederive:
+        rederive(Path(args.rederive))
+        return
     work = QUICK_LONG_TAIL if args.quick else LONG_TAIL
     with tempfile.TemporaryDirectory(prefix="long-tail-") as tmp:
         bench = Bench(work, harness.repeats_for(args), Path(tmp), len(os.sched_getaffinity(0)))
@@ -1086,6 +1129,15 @@ def load_stopped_run(bench: Bench, path: Path, quick: bool) -> list[str]:
             f"{path} was measured at {commit}; the measured code ({', '.join(MEASURED_CODE)}) differs from it "
             f"now ({' '.join(changed) if changed else 'uncommitted changes then, or an unknown commit'}): re-run"
         )
+    load_measurements(bench, result)
+    print(f"continuing {path} (stages {', '.join(result['setup']['stages'])} at {commit})", flush=True)
+    return list(result["setup"]["stages"])
+
+
+def load_measurements(bench: Bench, result: dict[str, Any]) -> None:
+    """A result's measurements into ``bench``: every repeat of every arm, studies (labelled with the commit,
+    command and CPU they ran at), timelines, the warm start's evaluation, the time-to-reward runs, best_sync."""
+    commit = result["commit"]
     for arm, metrics in result["arms"].items():
         repeats = len(next(iter(metrics.values()))["runs"])
         bench.raw[arm] = [{m: stats["runs"][i] for m, stats in metrics.items()} for i in range(repeats)]
@@ -1111,8 +1163,39 @@ def load_stopped_run(bench: Bench, path: Path, quick: bool) -> list[str]:
     }
     if result.get("best_sync"):
         bench.best_sync = next(a for a in SWEEP if a.name == result["best_sync"]["name"])
-    print(f"continuing {path} (stages {', '.join(result['setup']['stages'])} at {commit})", flush=True)
-    return list(result["setup"]["stages"])
+
+
+TIME_TO_REWARD_STAGES = (
+    ("time_to_reward", ASYNC_A2.name),
+    ("partial_time_to_reward", PARTIAL_ROLLOUT_A2.name),
+)
+"""Each time-to-reward stage and the async arm it runs beside best_sync."""
+
+
+def rederive(path: Path) -> None:
+    """Rewrite ``path``'s derived numbers (time to reward per seed and on the seed-mean curves, every ratio)
+    from the measurements it stores, with today's derivation; nothing is re-run, so the measurements, their
+    commit and command stay as they were and ``rederived`` names the commit whose code derived them."""
+    result = json.loads(path.read_text())
+    work = QUICK_LONG_TAIL if result["quick"] else LONG_TAIL
+    bench = Bench(work, result["repeats"], path.parent, result["machine"]["cores"])
+    load_measurements(bench, result)
+    for stage, arm in TIME_TO_REWARD_STAGES:
+        if stage in bench.extra:
+            start = bench.extra[stage].get("warm_start", bench.extra["warm_start"])["eval/reward_mean"]
+            runs = {
+                name: [{"evals": evals} for evals in found]
+                for name, found in bench.extra[stage]["evals"].items()
+            }
+            result[stage] |= time_to_reward(start, runs["best_sync"], runs[arm], arm)
+    result["ratios"] = derive_ratios(bench)
+    result["best_sync"] = best_sync_record(bench)
+    result["rederived"] = {
+        "commit": harness.git_commit(),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "what": "ratios and time-to-reward records derived again from the stored runs; nothing re-measured",
+    }
+    path.write_text(json.dumps(result, indent=1) + "\n")
 
 
 def run_setup(work: RLWorkload, stages: list[str]) -> dict[str, Any]:
@@ -1124,10 +1207,30 @@ def run_setup(work: RLWorkload, stages: list[str]) -> dict[str, Any]:
     }
 
 
+def best_sync_record(bench: Bench) -> dict[str, Any] | None:
+    """The sync every later stage ran beside, and the sweep's choice by the paired ratio. Where they differ (a
+    result whose stages ran under the earlier rule, the highest median), the record says by how much the
+    stages' divisor trails the sweep's best: their async-vs-best-sync ratios are that much too kind to async."""
+    best = bench.best_sync
+    if best is None:
+        return None
+    record: dict[str, Any] = {"name": best.name, "overrides": list(best.overrides)}
+    if not any(name.startswith("sweep/") for name in bench.raw):
+        return record | {"chosen_by": "named with --best-sync"}
+    choice = sweep_choice(bench)
+    if choice["name"] == best.name:
+        return record | choice
+    behind = harness.paired_ratio(bench.raw, f"sweep/{best.name}", f"sweep/{choice['name']}", "samples_per_s")
+    return record | {
+        "chosen_by": "highest median samples_per_s in the sweep (the rule when the later stages ran)",
+        "by_paired_ratio": choice,
+        "ran_beside_over_best_of_sweep": behind,
+    }
+
+
 def write(args: argparse.Namespace, bench: Bench, stages: list[str]) -> None:
     """The result of the stages done so far: written after each stage, so hours of measurement survive a run
     that is stopped before its last stage (``setup.stages`` says which ran)."""
-    best = bench.best_sync
     harness.write_result(
         args,
         "long_tail",
@@ -1137,13 +1240,7 @@ def write(args: argparse.Namespace, bench: Bench, stages: list[str]) -> None:
         setup=run_setup(bench.work, stages),
         extra={
             "studies": bench.studies,
-            "best_sync": None
-            if best is None
-            else {
-                "name": best.name,
-                "overrides": list(best.overrides),
-                "chosen_by": "highest median samples_per_s in the sweep",
-            },
+            "best_sync": best_sync_record(bench),
             "bound": bounds(bench),
             **bench.extra,
             "timelines": bench.timelines,

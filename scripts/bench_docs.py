@@ -29,7 +29,7 @@ import re
 import statistics
 from typing import Any
 
-from bench.harness import SCHEMA_VERSION, check_schema
+from bench.harness import SCHEMA_VERSION, TIME_TO_REWARD, check_schema
 from bench.provenance import measured_at, measured_on, study_cpus
 from bench.registry import BENCHMARKS
 
@@ -53,7 +53,22 @@ def number(value: float) -> str:
 
 
 def spread(stats: dict[str, Any]) -> str:
+    if stats.get("kind") == TIME_TO_REWARD:
+        return time_to_reward_cell(stats)
     return f"{number(stats['median'])} ({number(stats['min'])}–{number(stats['max'])})"
+
+
+def time_to_reward_cell(stats: dict[str, Any]) -> str:
+    """A time-to-reward ratio as its headline, the seed-mean curves' ratio, with every seed's beside it: a
+    censored seed (one that never reached the target) as the upper bound its run's length gives, ``≤``."""
+    mean = ("≤ " if stats["mean_over_seeds_censored"] else "") + number(stats["mean_over_seeds"])
+    seeds = ", ".join(
+        ("≤ " if censored else "") + number(ratio)
+        for ratio, censored in zip(stats["runs"], stats["censored"], strict=True)
+    )
+    return (
+        f"{mean} on the seed-mean curves; per seed {seeds} ({stats['reached']} of {stats['seeds']} reached)"
+    )
 
 
 def load(name: str, results_dir: Path) -> dict[str, Any] | str:
@@ -245,6 +260,10 @@ def derived_rows(result: dict[str, Any]) -> list[str]:
     def walk(path: str, value: Any) -> None:
         if isinstance(value, dict) and {"min", "median", "max"} <= set(value):
             rows.append(f"| {path} | {spread(value)} |")
+        elif isinstance(value, str) and path.endswith("edge"):  # a sweep whose best sits at its edge
+            rows.append(f"| {path} | {value} |")
+        elif isinstance(value, bool) and path.endswith("censored"):  # a time to reward's, not a target
+            rows.append(f"| {path} | {'censored: never reached' if value else 'reached'} |")
         elif isinstance(value, bool):
             rows.append(f"| {path} | {'met' if value else 'not met'} |")
         elif isinstance(value, dict):

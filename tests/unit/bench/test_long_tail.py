@@ -63,10 +63,19 @@ def test_time_to_reward_divides_best_syncs_time_by_asyncs_time_to_the_same_rewar
     sync = [run((10, 0.4), (20, 0.5)), run((10, 0.4), (20, 0.7))]
     fast = [run((5, 0.45), (10, 0.55)), run((5, 0.45), (10, 0.55))]
     got = long_tail.time_to_reward(0.3, sync, fast)
-    assert got["per_seed"][0]["ratio"] == pytest.approx(20 / 7.5)
-    assert got["per_seed"][1]["ratio"] is None  # async never reached 0.7
+    assert got["per_seed"][0]["ratio"] == pytest.approx(20 / 7.5) and not got["per_seed"][0]["censored"]
+    # async never reached 0.7: censored, kept, its time at least its run's 10 s, so its ratio at most 20 / 10
+    assert got["per_seed"][1] | {"ratio": pytest.approx(2.0)} == {
+        "target_reward": 0.7,
+        "best_sync_s": 20,
+        "async_s": None,
+        "async_run_s": 10,
+        "censored": True,
+        "ratio": 2.0,
+    }
     assert got["mean_over_seeds"]["target_reward"] == pytest.approx(0.6)
-    assert got["mean_over_seeds"]["ratio"] is None  # the mean async curve tops out at 0.55
+    assert got["mean_over_seeds"]["censored"]  # the mean async curve tops out at 0.55
+    assert got["mean_over_seeds"]["ratio"] == pytest.approx(2.0)
 
 
 def test_the_sweep_and_async_arms_set_their_mode_redundancy_and_engines() -> None:
@@ -201,13 +210,17 @@ def test_every_ratio_has_its_own_key_and_the_time_to_reward_headline_is_time_to_
         "partial_time_to_reward/best_sync": runs(10, 100),
         "partial_time_to_reward/partial_rollout_a2": runs(14, 100),
     }
+
+    def seed(sync_s: float, async_s: float | None, run_s: float = 100.0) -> dict[str, float | None]:
+        return {"best_sync_s": sync_s, "async_s": async_s, "async_run_s": run_s}
+
     bench.extra["time_to_reward"] = {
-        "per_seed": [{"ratio": 1.5}, {"ratio": None}, {"ratio": 2.5}],
-        "mean_over_seeds": {"ratio": 2.0},
+        "per_seed": [seed(15, 10), seed(50, None), seed(25, 10)],
+        "mean_over_seeds": seed(20, 10),
     }
     bench.extra["partial_time_to_reward"] = {
-        "per_seed": [{"ratio": 1.2}, {"ratio": 1.4}, {"ratio": 1.3}],
-        "mean_over_seeds": {"ratio": 1.3},
+        "per_seed": [seed(12, 10), seed(14, 10), seed(13, 10)],
+        "mean_over_seeds": seed(13, 10),
     }
     ratios = long_tail.derive_ratios(bench)
     assert {k: v["median"] for k, v in ratios.items()} == pytest.approx(
@@ -217,13 +230,15 @@ def test_every_ratio_has_its_own_key_and_the_time_to_reward_headline_is_time_to_
             "throughput_async_a2_over_best_sync_tokens_per_s": 3.0,
             "time_to_reward_samples_per_s_async_a2_over_best_sync": 0.8,
             "curve_sigma0_async_a2_over_best_sync": 1.5,
-            "time_to_reward_async_a2_over_best_sync": 2.0,
+            "time_to_reward_async_a2_over_best_sync": 1.5,
             "partial_time_to_reward_samples_per_s_partial_rollout_a2_over_best_sync": 1.4,
             "partial_time_to_reward_partial_rollout_a2_over_best_sync": 1.3,
         }
     )
-    assert ratios["time_to_reward_async_a2_over_best_sync"]["runs"] == [1.5, 2.5]
-    assert "2 of 3 reached it" in ratios["time_to_reward_async_a2_over_best_sync"]["metric"]
+    headline = ratios["time_to_reward_async_a2_over_best_sync"]
+    # no seed dropped: the one that never reached the target is kept as censored, at most 50 / 100 s
+    assert headline["runs"] == pytest.approx([1.5, 0.5, 2.5]) and headline["censored"] == [False, True, False]
+    assert (headline["reached"], headline["seeds"], headline["mean_over_seeds"]) == (2, 3, 2.0)
 
 
 def test_a_stopped_curve_keeps_its_points_and_a_continued_one_measures_only_the_rest(monkeypatch, tmp_path):
@@ -275,3 +290,38 @@ def test_a_stopped_curve_keeps_its_points_and_a_continued_one_measures_only_the_
         for arm in ("best_sync", "async_a2")
     ]
     assert study["points"] == measured  # every measured arm once, in order
+
+
+def test_a_layout_point_is_also_divided_by_the_better_sync_of_the_same_work() -> None:
+    """Two engines once showed async 1.34x over a two-engine sync while the one-engine sync of the same work in
+    the same curve, the better sync there, put it below 1."""
+
+    def runs(*values: float) -> list[dict[str, float]]:
+        return [{"samples_per_s": value} for value in values]
+
+    raw = {
+        "curve/workload/best_sync": runs(6.0, 6.0, 6.0),
+        "curve/engines2/best_sync": runs(4.0, 4.0, 4.0),
+        "curve/engines2/async_a2": runs(5.4, 5.4, 5.4),
+    }
+    ratios = long_tail.over_best_curve_sync(raw, "curve/engines2/async_a2")
+    ratio = ratios["curve_engines2_async_a2_over_best_curve_sync"]
+    assert ratio["denominator"] == "curve/workload/best_sync" and ratio["median"] == pytest.approx(0.9)
+
+
+def test_the_sweep_choice_is_by_paired_ratio_and_names_the_redundancy_edge(tmp_path) -> None:
+    bench = long_tail.Bench(LONG_TAIL, 3, tmp_path, 2)
+    rates = {
+        "sync_queue_r0": 4.0,
+        "sync_queue_rb4": 7.0,
+        "sync_queue_rb2": 9.0,
+        "sync_queue_rb2_2engines": 9.5,
+    }
+    bench.raw = {f"sweep/{name}": [{"samples_per_s": rate}] * 3 for name, rate in rates.items()}
+    choice = long_tail.sweep_choice(bench)
+    assert (choice["name"], choice["runner_up"]) == ("sync_queue_rb2_2engines", "sync_queue_rb2")
+    assert "0.5, is its largest value" in choice["edge"]
+    bench.best_sync = next(arm for arm in long_tail.SWEEP if arm.name == "sync_queue_rb2")
+    record = long_tail.best_sync_record(bench)  # the stages ran beside a sync the paired ratio puts behind
+    assert record["by_paired_ratio"]["name"] == "sync_queue_rb2_2engines"
+    assert record["ran_beside_over_best_of_sweep"]["median"] == pytest.approx(9.0 / 9.5)
