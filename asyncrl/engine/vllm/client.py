@@ -2,12 +2,14 @@
 
 Key decision: vLLM's CPU wheel pins an older transformers than asyncrl, so the engine lives in its own
 environment behind a process boundary (``worker_main.py``, started with that environment's interpreter) and
-only builtins and safetensors bytes cross it. The proxy cannot tell this client from the built-in engine:
+only builtins cross its socket: a weight update travels bucket by bucket through shared-memory files
+(``bucket_stream``), an adapter update (small) as safetensors bytes. The proxy cannot tell this client from the built-in engine:
 ``generate`` returns token ids, per-token log-probs and per-token policy versions; ``abort`` returns the
 prefix generated so far; ``pause`` / ``update_weights`` / ``resume`` keep running requests and their KV
 ("keep": tokens after the update are the new policy's and tagged with its version). A weight update is
 checked against the served model's names and shapes (read from its safetensors headers) before a byte is
-sent, so a mismatched update is a ``WeightSyncError`` and the engine keeps serving its old version.
+sent, so a mismatched update is a ``WeightSyncError`` and the engine keeps serving its old version; the worker
+checks each bucket against the manifest again and refuses a partial update by name.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any
 from asyncrl.config.engine import EngineConfig, VLLMConfig
 from asyncrl.config.model import ModelConfig
 from asyncrl.engine.async_engine import resolve_threadsafe
+from asyncrl.engine.vllm.bucket_stream import DEFAULT_BUCKET_BYTES, stream_update
 from asyncrl.models.loading import model_dir
 from asyncrl.types import FinishReason, Generation, Request
 from asyncrl.weight_sync.broadcast import GROUP_PREFIX
@@ -46,6 +49,8 @@ from asyncrl.weight_sync.protocol import (
 from asyncrl.weight_sync.receiver import tensors_of
 
 WORKER = Path(__file__).with_name("worker_main.py")
+UPDATE_REFUSED = "UpdateRefused"
+"""The name of the worker's error for an update its manifest check refuses (``worker_main.UpdateRefused``)."""
 
 
 class VLLMWorkerError(RuntimeError):
@@ -82,6 +87,8 @@ class VLLMEngineClient:
         self.version = 0
         self.weight_sync_timeout_s = 300.0
         """Deadline of every weight operation on the worker (``weight_sync.timeout_s``; the runtime sets it)."""
+        self.bucket_bytes = DEFAULT_BUCKET_BYTES
+        """Largest bucket of a weight update (``weight_sync.bucket_mb``; the runtime sets it)."""
         self.num_generated_tokens = 0
         self._reader = threading.Thread(target=self._read_loop, name="asyncrl-vllm-reader", daemon=True)
         self._reader.start()
@@ -203,40 +210,51 @@ class VLLMEngineClient:
     async def update_weights(
         self, named_tensors: WeightUpdate | Mapping[str, Any] | Iterable[tuple[str, Any]], version: int
     ) -> None:
-        """Check the update against the served model, then send it as safetensors bytes (``WeightSyncError``
-        on a mismatch or a stale version: nothing is sent, the old weights keep serving). An adapter-only
-        update (kind ``lora``) becomes vLLM's newest LoRA adapter (``worker_main.op_update_adapter``)."""
-        from safetensors.torch import save
-
+        """Check the update against the served model, then stream it to the worker bucket by bucket through
+        shared memory (``WeightSyncError`` on a mismatch or a stale version: nothing is sent, the old weights
+        keep serving). An adapter-only update (kind ``lora``) becomes vLLM's newest LoRA adapter
+        (``worker_main.op_update_adapter``)."""
         if isinstance(named_tensors, WeightUpdate) and named_tensors.transport == "broadcast":
             await self._apply_staged(named_tensors, version)
             return
         named = tensors_of(named_tensors, serving_version=self.version, shapes=self._expected_shapes)
-        items = dict(named.items() if isinstance(named, Mapping) else named)
-        adapter = getattr(named_tensors, "adapter", None)
-        if adapter is not None:  # checked by tensors_of; served through vLLM's LoRA support
-            payload = save({name: t.detach().contiguous().clone().cpu() for name, t in items.items()})
-            self.version = await self._call(
-                "update_adapter",
-                self.weight_sync_timeout_s,
-                version=version,
-                safetensors=payload,
-                scaling=adapter.scaling,
-            )
+        if getattr(named_tensors, "adapter", None) is not None:  # checked by tensors_of
+            await self._update_adapter(named, named_tensors.adapter.scaling, version)
             return
-        manifest = tuple(
-            ManifestEntry(name=name, dtype=str(t.dtype).removeprefix("torch."), shape=tuple(t.shape))
-            for name, t in items.items()
-        )
-        update = WeightUpdate(version=version, transport="vllm-reload", manifest=manifest, handle=None)
-        if version < self.version:
-            raise WeightSyncError(
-                f"weight update v{version} is older than the served v{self.version}; refused"
+        if isinstance(named_tensors, WeightUpdate):  # its manifest was checked by tensors_of
+            manifest, items = named_tensors.manifest, named
+        else:
+            items = list(named.items() if isinstance(named, Mapping) else named)
+            manifest = tuple(
+                ManifestEntry(name=name, dtype=str(t.dtype).removeprefix("torch."), shape=tuple(t.shape))
+                for name, t in items
             )
-        check_manifest(update, self._expected_shapes)
-        payload = save({name: t.detach().contiguous().clone().cpu() for name, t in items.items()})
+            update = WeightUpdate(version=version, transport="vllm-buckets", manifest=manifest, handle=None)
+            check_version(update, self.version)
+            check_manifest(update, self._expected_shapes)
+        try:
+            self.version = await stream_update(
+                self._call, manifest, items, version, self.bucket_bytes, self.weight_sync_timeout_s
+            )
+        except VLLMWorkerError as err:
+            if UPDATE_REFUSED in str(err):  # the worker's manifest check: named, never a dead engine
+                raise WeightSyncError(str(err)) from err
+            raise
+
+    async def _update_adapter(self, named: Any, scaling: float, version: int) -> None:
+        """Adapter pairs as safetensors bytes (small: rank × width per layer), served by vLLM's LoRA support."""
+        from safetensors.torch import save
+
+        items = dict(named.items() if isinstance(named, Mapping) else named)
+        payload = await asyncio.to_thread(
+            save, {name: t.detach().contiguous().clone().cpu() for name, t in items.items()}
+        )
         self.version = await self._call(
-            "update", self.weight_sync_timeout_s, version=version, safetensors=payload
+            "update_adapter",
+            self.weight_sync_timeout_s,
+            version=version,
+            safetensors=payload,
+            scaling=scaling,
         )
 
     async def join_weight_group(

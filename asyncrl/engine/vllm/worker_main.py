@@ -2,17 +2,22 @@
 
 Key decision: this file imports nothing from asyncrl (asyncrl pins a newer transformers than vLLM's CPU wheel,
 so the two live in separate environments). It speaks a small protocol over ``multiprocessing.connection`` on
-127.0.0.1 with an auth key, carrying only builtins (ints, floats, strings, lists, dicts) and weights as
-safetensors bytes, never pickled objects of either side's libraries.
+127.0.0.1 with an auth key, carrying only builtins (ints, floats, strings, lists, dicts), never pickled objects
+of either side's libraries. Weights do not cross it: a full update arrives bucket by bucket as shared-memory
+files (``asyncrl/engine/vllm/bucket_stream.py``), only their paths and layouts on the socket; an adapter
+update (small) comes as safetensors bytes.
 
 The engine is vLLM's async engine (``AsyncLLM``) on this process's asyncio loop: vLLM runs its engine core
 (scheduler, continuous batching, the model) in a child process and streams outputs back here. Commands are
 applied one at a time, in the order they arrive, so an ``abort`` always sees the ``add`` sent before it; each
-request's outputs are collected by a task of its own. Every token carries the weight version that sampled it:
-vLLM's engine core stamps each step's outputs with its current weight version, set here after each update.
+request's outputs are collected by a task of its own. Weight operations run one at a time in a task of their
+own (``weight_loop``), so ``abort`` and ``stats`` are answered while an update loads. Every token carries the
+weight version that sampled it: vLLM's engine core stamps each step's outputs with its current weight version,
+set here after each update.
 ``pause`` freezes running requests with their KV (vLLM's ``keep`` pause mode); an update replaces the
-weights in place (``reload_weights``) and resets the prefix cache; ``resume`` continues the requests under
-the new weights ("keep" semantics). An adapter-only update (asyncrl's LoRA, ``--max-lora-rank`` > 0) goes
+weights in place (vLLM's in-place reload, fed one bucket at a time: ``_load_begin`` / ``_load_bucket`` /
+``_load_commit``), checked against its manifest by name, and resets the prefix cache; ``resume`` continues the
+requests under the new weights ("keep" semantics). An adapter-only update (asyncrl's LoRA, ``--max-lora-rank`` > 0) goes
 through vLLM's own LoRA support instead: the pairs are written as a peft adapter directory, added as the
 newest ``LoRARequest``, and every request added afterwards runs with it; a request keeps the adapter it
 started with, so the previous one is removed only once no request uses it.
@@ -53,7 +58,7 @@ def main() -> None:
     args = parser.parse_args()
     check_engine_args(json.loads(args.engine_args_json))
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(args.kv_cache_gib))))
-    # collective_rpc ships this file's functions (``_reload``) to vLLM's engine-core process by cloudpickle
+    # collective_rpc ships this file's functions (``_load_bucket``, ...) to vLLM's engine-core process by cloudpickle
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     with Listener(("127.0.0.1", args.port), authkey=bytes.fromhex(args.authkey_hex)) as listener:
         print("asyncrl-vllm-worker listening", flush=True)
@@ -71,6 +76,24 @@ def check_engine_args(extra: dict) -> None:
             close = difflib.get_close_matches(name, valid, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             sys.exit(f"engine.vllm.engine_args: unknown vLLM engine argument {name!r}{hint}")
+
+
+WEIGHT_OPS = frozenset(
+    {
+        "update_begin",
+        "update_bucket",
+        "update_commit",
+        "update_adapter",
+        "join_group",
+        "stage",
+        "apply_staged",
+    }
+)
+"""Operations that move weights: run in order by ``Worker.weight_loop``, apart from the command loop."""
+
+
+class UpdateRefused(ValueError):
+    """A weight update the manifest check refuses (the client turns it into a ``WeightSyncError``)."""
 
 
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -132,6 +155,14 @@ class Worker:
         self.adapter_id: int | None = None
         """The newest adapter's LoRA id: requests added now run with it (None: the base weights)."""
         self.adapter_root = tempfile.mkdtemp(prefix="asyncrl-vllm-adapters-")
+        self.weight_ops: asyncio.Queue = asyncio.Queue()
+        """Weight operations (``WEIGHT_OPS``) waiting for ``weight_loop``."""
+        self.pending: dict | None = None
+        """The update being streamed: its version, the manifest's (dtype, shape) by name, and how many times
+        each name is still to arrive."""
+        self.torn: str | None = None
+        """Why the served weights are a mix of two versions (an update stopped midway); set, the engine serves
+        nothing more and must be replaced."""
 
     # ---- protocol ---------------------------------------------------------------------------------------
 
@@ -142,7 +173,16 @@ class Worker:
         try:
             await self.engine.update_weight_version(str(self.version))
             self.send({"event": "ready", "version": self.version, "pid": os.getpid()})
-            loop = asyncio.get_running_loop()
+            await self.command_loop()
+        finally:
+            self.engine.shutdown()
+            shutil.rmtree(self.adapter_root, ignore_errors=True)
+
+    async def command_loop(self) -> None:
+        """Serve commands until ``shutdown`` or the client hangs up."""
+        loop = asyncio.get_running_loop()
+        weights = asyncio.create_task(self.weight_loop())
+        try:
             while True:
                 try:
                     message = await loop.run_in_executor(None, self.conn.recv)
@@ -150,10 +190,18 @@ class Worker:
                     break
                 if message["op"] == "shutdown":
                     break
-                await self.run_command(message)
+                if message["op"] in WEIGHT_OPS:
+                    self.weight_ops.put_nowait(message)
+                else:
+                    await self.run_command(message)
         finally:
-            self.engine.shutdown()
-            shutil.rmtree(self.adapter_root, ignore_errors=True)
+            weights.cancel()
+
+    async def weight_loop(self) -> None:
+        """Run weight operations one at a time in arrival order, beside the command loop: an update takes
+        seconds to minutes, and ``abort`` / ``stats`` must still be answered meanwhile."""
+        while True:
+            await self.run_command(await self.weight_ops.get())
 
     def send(self, message: dict) -> None:
         with self.send_lock:
@@ -229,6 +277,7 @@ class Worker:
     # ---- operations -------------------------------------------------------------------------------------
 
     async def op_add(self, message: dict) -> None:
+        self.raise_if_torn()
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -269,6 +318,7 @@ class Worker:
         self.paused = True
 
     async def op_resume(self, message: dict) -> None:
+        self.raise_if_torn()
         await self.engine.resume_generation()
         self.paused = False
 
@@ -279,12 +329,76 @@ class Worker:
             "running_tokens": {rid: len(state["token_ids"]) for rid, state in self.running.items()},
         }
 
-    async def op_update(self, message: dict) -> int:
-        """Weights as safetensors bytes; applied with every request paused in place (their KV kept)."""
+    async def op_update_begin(self, message: dict) -> int:
+        """Open update ``version`` (its manifest ``[[name, dtype, shape], ...]``): vLLM's in-place reload
+        starts, and buckets follow (``op_update_bucket``). The served version until the commit."""
         version = self.newer_version(message)
-        await _bounded(self.engine.collective_rpc(_reload, args=(message["safetensors"],)), message)
-        await self.apply_version(version)
-        return version
+        if self.pending is not None:
+            self.tear(f"update v{self.pending['version']} was left open when v{version} began")
+        self.raise_if_torn()
+        remaining: dict[str, int] = {}
+        shapes: dict[str, tuple[str, list]] = {}
+        for name, dtype, shape in message["manifest"]:
+            remaining[name] = remaining.get(name, 0) + 1
+            shapes[name] = (dtype, list(shape))
+        await _bounded(self.engine.collective_rpc(_load_begin), message)
+        self.pending = {"version": version, "shapes": shapes, "remaining": remaining}
+        return self.version
+
+    async def op_update_bucket(self, message: dict) -> None:
+        """Load one bucket (a shared-memory file and its entries) with the model's weight loader, each entry
+        checked against the open update's manifest first."""
+        pending = self.open_update()
+        try:
+            for name, dtype, shape, _ in message["entries"]:
+                if name not in pending["shapes"] or pending["shapes"][name] != (dtype, list(shape)):
+                    expected = pending["shapes"].get(name)
+                    raise UpdateRefused(
+                        f"update v{pending['version']}: tensor {name!r} ({dtype} {list(shape)}) does not match "
+                        f"the manifest ({'absent' if expected is None else expected})"
+                    )
+                if pending["remaining"][name] == 0:
+                    raise UpdateRefused(
+                        f"update v{pending['version']}: tensor {name!r} arrived more often than its manifest lists it"
+                    )
+                pending["remaining"][name] -= 1
+            args = (message["path"], message["nbytes"], message["entries"])
+            await _bounded(self.engine.collective_rpc(_load_bucket, args=args), message)
+        except BaseException as err:
+            self.tear(f"update v{pending['version']} stopped in a bucket: {type(err).__name__}: {err}")
+            raise
+
+    async def op_update_commit(self, message: dict) -> int:
+        """Close the open update once every manifest entry arrived: vLLM finishes its reload (repacking what
+        its kernels keep packed) and later tokens carry the new version."""
+        pending = self.open_update()
+        missing = [name for name, count in pending["remaining"].items() if count > 0]
+        if missing:
+            reason = (
+                f"update v{pending['version']} is partial: tensor {missing[0]!r} never arrived "
+                f"({len(missing)} tensor(s) missing)"
+            )
+            self.tear(reason)
+            raise UpdateRefused(reason)
+        await _bounded(self.engine.collective_rpc(_load_commit), message)
+        self.pending = None
+        await self.apply_version(pending["version"])
+        return self.version
+
+    def open_update(self) -> dict:
+        self.raise_if_torn()
+        if self.pending is None:
+            raise UpdateRefused("a weight bucket or commit arrived with no update open (update_begin)")
+        return self.pending
+
+    def tear(self, reason: str) -> None:
+        """Mark the served weights as mixed: requests are refused from now on (the proxy replaces the engine)."""
+        self.torn = self.torn or reason
+        self.pending = None
+
+    def raise_if_torn(self) -> None:
+        if self.torn is not None:
+            raise UpdateRefused(f"this engine's weights are torn ({self.torn}); it must be replaced")
 
     async def op_update_adapter(self, message: dict) -> int:
         """LoRA adapter pairs as safetensors bytes (``<module>.lora_A.weight`` / ``.lora_B.weight``) and their
@@ -386,17 +500,65 @@ async def _bounded(call, message: dict):
     return await asyncio.wait_for(call, message.get("timeout_s"))
 
 
-def _reload(worker, safetensors_bytes: bytes) -> None:
-    """Runs on vLLM's worker: replace the weights in place, then repack a tied output layer."""
-    from safetensors.torch import load
+def _load_begin(worker) -> None:
+    """Runs on vLLM's worker: start vLLM's in-place reload (``reload_weights`` split at its seams, so buckets
+    load one at a time): each layer's loader now collects its weights and processes the layer once complete."""
+    from vllm.model_executor.model_loader.reload.layerwise import initialize_layerwise_reload
 
-    _reload_named(worker, load(safetensors_bytes).items())
+    initialize_layerwise_reload(worker.model_runner.get_model())
+
+
+def _load_bucket(worker, path: str, nbytes: int, entries: list) -> None:
+    """Runs on vLLM's worker: hand one bucket's tensors (views of the shared-memory file) to the model's weight
+    loader. The mapping lives as long as a view does (a layer still collecting may hold one)."""
+    worker.model_runner.get_model().load_weights(_mapped_views(path, nbytes, entries))
+
+
+def _load_commit(worker) -> None:
+    """Runs on vLLM's worker: finish the reload and drop state derived from the old weights."""
+    from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
+
+    model_runner = worker.model_runner
+    finalize_layerwise_reload(model_runner.get_model(), model_runner.vllm_config.model_config)
+    _repack_lm_head(model_runner.get_model())
+    for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):
+        getattr(model_runner, reset, lambda: None)()
+
+
+def _mapped_views(path: str, nbytes: int, entries: list):
+    """(name, tensor) views of a bucket file (``asyncrl.weight_sync.buckets`` layout: byte offsets)."""
+    import mmap
+
+    import torch
+
+    if nbytes == 0:
+        buffer = torch.empty(0, dtype=torch.uint8)
+    else:
+        fd = os.open(path, os.O_RDWR)
+        try:
+            size = os.fstat(fd).st_size
+            if size != nbytes:
+                raise UpdateRefused(f"bucket file {path} holds {size} bytes, its message says {nbytes}")
+            buffer = torch.frombuffer(mmap.mmap(fd, nbytes), dtype=torch.uint8)
+        finally:
+            os.close(fd)
+    for name, dtype, shape, offset in entries:
+        width = getattr(torch, dtype).itemsize
+        end = offset + math.prod(shape) * width
+        if offset % width or end > nbytes:
+            raise UpdateRefused(
+                f"tensor {name!r} spans bytes [{offset}, {end}) outside its bucket of {nbytes}"
+            )
+        yield name, buffer[offset:end].view(getattr(torch, dtype)).view(shape)
 
 
 def _reload_named(worker, named_tensors) -> None:
     model_runner = worker.model_runner
     model_runner.reload_weights(weights_iterator=iter(named_tensors))
-    model = model_runner.get_model()
+    _repack_lm_head(model_runner.get_model())
+
+
+def _repack_lm_head(model) -> None:
     lm_head = getattr(model, "lm_head", None)
     method = getattr(lm_head, "quant_method", None)
     if method is not None and hasattr(method, "process_weights_after_loading"):

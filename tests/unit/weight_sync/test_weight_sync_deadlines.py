@@ -93,7 +93,7 @@ def test_a_vllm_worker_that_never_answers_a_weight_update_ends_by_its_deadline()
     shapes = {"w": (2,)}
     client = VLLMEngineClient(SilentProcess(), ours, shapes)
     client.weight_sync_timeout_s = DEADLINE_S
-    with pytest.raises(WeightSyncTimeout, match="update not answered within 1.5 s"):
+    with pytest.raises(WeightSyncTimeout, match="update_begin not answered within 1.5 s"):
         asyncio.run(client.update_weights({"w": torch.ones(2)}, 1))
     assert theirs.recv()["timeout_s"] == DEADLINE_S  # the worker bounds its collective_rpc by it too
     with pytest.raises(WeightSyncTimeout, match="stage not answered"):

@@ -1,0 +1,119 @@
+"""A weight update into the vLLM worker, streamed bucket by bucket through shared-memory files.
+
+Key decision: no tensor byte crosses the worker's socket or vLLM's ``collective_rpc`` (whose msgpack refuses a
+bytes object over 4 GiB): each bucket is written into a file in ``/dev/shm`` (the same host: the worker is this
+process's child) and only its path and layout travel. vLLM's own worker maps the file and hands views of it to
+the model's weight loader, so the engine side holds no copy beyond the mapping. At most ``IN_FLIGHT`` buckets
+exist at once: bucket k+1 is written while bucket k loads, and bucket k+2 waits for bucket k's answer.
+
+Wire contract with ``worker_main`` (``op_update_begin`` / ``op_update_bucket`` / ``op_update_commit``): begin
+carries the manifest ``[[name, dtype, shape], ...]``; each bucket carries ``path``, ``nbytes`` and entries
+``[[name, dtype, shape, byte_offset], ...]``; commit carries the version. The worker refuses (naming the
+tensor) an entry outside the manifest, a tensor sent more often than the manifest lists it, and a commit
+before every manifest entry arrived.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import mmap
+import os
+import secrets
+import tempfile
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+
+from asyncrl.weight_sync.buckets import group_into_buckets, layout, pack_into
+from asyncrl.weight_sync.protocol import ManifestEntry
+
+DEFAULT_BUCKET_BYTES = 256 * 2**20
+"""The bucket size of ``weight_sync.bucket_mb``'s default."""
+IN_FLIGHT = 2
+"""Buckets that exist at once: one loading in the engine, the next being written."""
+
+Call = Callable[..., Awaitable[Any]]
+"""The client's ``_call(op, timeout_s, **fields)``."""
+
+
+def shm_dir() -> str:
+    """Where bucket files live: ``/dev/shm`` (memory, never disk) where the host has it, else the temp dir."""
+    return (
+        "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    )
+
+
+def write_bucket(directory: str, named: list[tuple[str, torch.Tensor]]) -> tuple[str, int, list[list[Any]]]:
+    """Pack ``named`` into a new file under ``directory`` (a unique name, owner-only); its path, size in bytes
+    and entries as builtins."""
+    _, nbytes = layout(named)
+    path = os.path.join(directory, f"asyncrl-weights-{os.getpid()}-{secrets.token_hex(8)}")
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        os.ftruncate(fd, nbytes)
+        if nbytes == 0:  # only empty tensors: nothing to map
+            return path, 0, [entry.as_list() for entry in layout(named)[0]]
+        with mmap.mmap(fd, nbytes) as mapped:
+            buffer = torch.frombuffer(mapped, dtype=torch.uint8)
+            entries = pack_into(buffer, named)
+            del buffer  # the mapping closes only once no tensor exports it
+    except BaseException:
+        os.unlink(path)
+        raise
+    finally:
+        os.close(fd)
+    return path, nbytes, [entry.as_list() for entry in entries]
+
+
+def remove(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):  # never written (the write failed) or already removed
+        os.unlink(path)
+
+
+async def stream_update(
+    call: Call,
+    manifest: Sequence[ManifestEntry],
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    version: int,
+    bucket_bytes: int,
+    timeout_s: float,
+    directory: str | None = None,
+) -> int:
+    """Send ``named_tensors`` (listed by ``manifest``, already checked against the model) as update
+    ``version``; the version the worker serves afterwards. Packing and reading the tensors (which may fetch
+    lazily, e.g. object-store buckets) run in a thread, off the caller's event loop."""
+    directory = directory or shm_dir()
+    await call(
+        "update_begin",
+        timeout_s,
+        version=version,
+        manifest=[[e.name, e.dtype, list(e.shape)] for e in manifest],
+    )
+    groups = group_into_buckets(named_tensors, bucket_bytes)
+    in_flight: deque[tuple[asyncio.Future, str]] = deque()
+    try:
+        while (group := await asyncio.to_thread(next, groups, None)) is not None:
+            if len(in_flight) == IN_FLIGHT:
+                await _settle(in_flight.popleft())
+            path, nbytes, entries = await asyncio.to_thread(write_bucket, directory, group)
+            fields = {"path": path, "nbytes": nbytes, "entries": entries}
+            in_flight.append((asyncio.ensure_future(call("update_bucket", timeout_s, **fields)), path))
+        while in_flight:
+            await _settle(in_flight.popleft())
+        return await call("update_commit", timeout_s, version=version)
+    finally:
+        for future, path in in_flight:  # a failed stream: stop waiting, and leave no file behind
+            future.cancel()
+            remove(path)
+
+
+async def _settle(sent: tuple[asyncio.Future, str]) -> None:
+    """Wait for a bucket's answer, then remove its file (the engine's mapping, if any, outlives the name)."""
+    future, path = sent
+    try:
+        await future
+    finally:
+        remove(path)

@@ -1,0 +1,136 @@
+"""Weight buckets: named tensors packed into byte buffers of bounded size, and the serving-dtype cast.
+
+Key decision: a bucket is one ``uint8`` buffer plus a layout of ``(name, dtype, shape, offset)`` records (byte
+offsets, each aligned to ``ALIGN``), built greedily as tensors arrive, so an update streams bucket by bucket and
+neither side ever holds more than the buckets in flight. The buffer may be anything a ``uint8`` tensor can
+view: memory on the trainer's GPU (the broadcast path), a shared-memory file (the vLLM path), pinned host
+memory. A tensor larger than a bucket travels alone in a bucket of its own size: splitting it would make the
+receiver reassemble it, a copy of the tensor on the engine side. The buffer's bytes are the tensors' own
+bits (``view`` reinterprets, never converts), so unpacking is bit-exact in every dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+ALIGN = 64
+"""Byte alignment of every tensor in a bucket: a view of any dtype (≤ 8 bytes wide) starts on its own width,
+and 64 keeps each tensor on its own cache line."""
+
+
+@dataclass(frozen=True)
+class BucketEntry:
+    """One tensor of a bucket: ``shape`` elements of ``dtype`` (torch name, no ``torch.``) from byte ``offset``."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int
+
+    @property
+    def nbytes(self) -> int:
+        return _numel(self.shape) * getattr(torch, self.dtype).itemsize
+
+    def as_list(self) -> list[Any]:
+        """The entry as builtins (what crosses into vLLM's environment, which imports nothing of asyncrl)."""
+        return [self.name, self.dtype, list(self.shape), self.offset]
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count
+
+
+def _aligned(num_bytes: int) -> int:
+    return -(-num_bytes // ALIGN) * ALIGN
+
+
+def layout(named: list[tuple[str, torch.Tensor]]) -> tuple[list[BucketEntry], int]:
+    """Entries for ``named`` packed in order, and the bucket's size in bytes."""
+    entries, offset = [], 0
+    for name, tensor in named:
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        entries.append(BucketEntry(name, dtype, tuple(tensor.shape), offset))
+        offset = _aligned(offset + tensor.numel() * tensor.element_size())
+    return entries, offset
+
+
+def group_into_buckets(
+    named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """``named_tensors`` in order, cut into groups of at most ``bucket_bytes`` packed bytes (a tensor larger
+    than that forms a group alone). Lazy: a group is yielded before the next tensor is taken."""
+    if bucket_bytes < 1:
+        raise ValueError(f"bucket size must be >= 1 byte, got {bucket_bytes}")
+    items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
+    group: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, tensor in items:
+        nbytes = _aligned(tensor.numel() * tensor.element_size())
+        if group and size + nbytes > bucket_bytes:
+            yield group
+            group, size = [], 0
+        group.append((name, tensor))
+        size += nbytes
+    if group:
+        yield group
+
+
+def pack_into(buffer: torch.Tensor, named: list[tuple[str, torch.Tensor]]) -> list[BucketEntry]:
+    """Copy ``named`` into ``buffer`` (a 1-D ``uint8`` tensor of at least ``layout(named)``'s size, any device)
+    and return their entries. Each copy reinterprets the destination as the tensor's dtype: bits unchanged."""
+    entries, size = layout(named)
+    if buffer.dtype != torch.uint8 or buffer.dim() != 1 or buffer.numel() < size:
+        raise ValueError(
+            f"a bucket of {len(named)} tensor(s) needs a 1-D uint8 buffer of >= {size} bytes, got "
+            f"{buffer.dtype} of shape {tuple(buffer.shape)}"
+        )
+    for entry, (_, tensor) in zip(entries, named, strict=True):
+        view_of(buffer, entry).copy_(tensor.detach())
+    return entries
+
+
+def view_of(buffer: torch.Tensor, entry: BucketEntry) -> torch.Tensor:
+    """The tensor ``entry`` describes, as a view of ``buffer`` (no copy)."""
+    span = buffer[entry.offset : entry.offset + entry.nbytes]
+    return span.view(getattr(torch, entry.dtype)).view(entry.shape)
+
+
+def unpack(buffer: torch.Tensor, entries: Iterable[BucketEntry]) -> list[tuple[str, torch.Tensor]]:
+    """Every entry's tensor as a view of ``buffer``, checked to lie inside it (``ValueError`` naming it)."""
+    named = []
+    for entry in entries:
+        if entry.offset < 0 or entry.offset % ALIGN or entry.offset + entry.nbytes > buffer.numel():
+            raise ValueError(
+                f"bucket: tensor {entry.name!r} spans bytes [{entry.offset}, {entry.offset + entry.nbytes}) "
+                f"outside the bucket's {buffer.numel()} bytes (or off its {ALIGN}-byte alignment)"
+            )
+        named.append((entry.name, view_of(buffer, entry)))
+    return named
+
+
+def cast_for_serving(
+    named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], dtype: str
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """``named_tensors`` in the serving ``dtype``, each floating-point tensor cast once where it lives (the
+    trainer's device), lazily; a tensor under two names (tied embeddings) is cast once and both names get the
+    cast; a tensor already in ``dtype``, or not floating point, passes as it is (no copy)."""
+    target = getattr(torch, dtype, None)
+    if not isinstance(target, torch.dtype) or not target.is_floating_point:
+        raise ValueError(f"serving dtype must be a floating-point torch dtype, got {dtype!r}")
+    items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
+    cast: dict[tuple[Any, ...], torch.Tensor] = {}
+    for name, tensor in items:
+        if tensor.dtype == target or not tensor.is_floating_point():
+            yield name, tensor
+            continue
+        key = (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tensor.stride())
+        if key not in cast:
+            cast[key] = tensor.detach().to(target)
+        yield name, cast[key]

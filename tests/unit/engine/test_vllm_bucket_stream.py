@@ -1,0 +1,187 @@
+"""A weight update into vLLM's worker, streamed through shared-memory buckets: the real client and the real
+``worker_main.Worker`` command loop over a pipe, with a fake in place of vLLM's engine (no vLLM needed).
+
+The fake engine runs the worker's own ``_mapped_views`` where vLLM's worker would, so what it stores is what
+vLLM's weight loader would have been handed."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import threading
+from multiprocessing import Pipe
+
+import pytest
+import torch
+
+from asyncrl.engine.vllm import bucket_stream, worker_main
+from asyncrl.engine.vllm.client import VLLMEngineClient
+from asyncrl.weight_sync.protocol import WeightSyncError
+
+
+class FakeEngine:
+    """vLLM's ``AsyncLLM`` as the worker's weight path uses it; ``gate`` (when set) holds each bucket's load."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.loaded: dict[str, torch.Tensor] = {}
+        self.calls: list[str] = []
+        self.most_files = 0
+        self.gate: asyncio.Event | None = None
+        self.weight_version = "0"
+
+    async def collective_rpc(self, function, args=()):
+        self.calls.append(function.__name__)
+        if function is worker_main._load_bucket:
+            self.most_files = max(self.most_files, len(os.listdir(self.directory)))
+            if self.gate is not None:
+                await self.gate.wait()
+            for name, view in worker_main._mapped_views(*args):
+                self.loaded[name] = view.clone()
+
+    async def reset_prefix_cache(self) -> None:
+        pass
+
+    async def update_weight_version(self, version: str) -> None:
+        self.weight_version = version
+
+
+class Harness:
+    """A client and a worker joined by a pipe; the worker's command loop runs on a thread of its own."""
+
+    def __init__(self, directory, bucket_bytes: int, shapes: dict[str, tuple[int, ...]]) -> None:
+        ours, theirs = Pipe()
+        self.worker = worker_main.Worker(theirs, argparse.Namespace())
+        self.engine = self.worker.engine = FakeEngine(str(directory))
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(
+            target=self.loop.run_until_complete, args=(self.worker.command_loop(),)
+        )
+        self.thread.start()
+        self.client = VLLMEngineClient(Process(), ours, shapes)
+        self.client.bucket_bytes = bucket_bytes
+        self.client.weight_sync_timeout_s = 30.0
+
+    def close(self) -> None:
+        self.client._send({"op": "shutdown"})
+        self.thread.join(10)
+        self.loop.close()
+
+
+class Process:
+    pid = 0
+
+    def poll(self) -> None:
+        return None
+
+
+@pytest.fixture
+def shm(tmp_path, monkeypatch):
+    monkeypatch.setattr(bucket_stream, "shm_dir", lambda: str(tmp_path))
+    return tmp_path
+
+
+def model_weights() -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    return {
+        "model.embed_tokens.weight": torch.randn(64, 8),  # 2 KiB: larger than a bucket
+        "model.norm.weight": torch.randn(8).to(torch.bfloat16),
+        "model.layers.0.mlp.weight": torch.randn(8, 8),
+        "model.layers.0.mlp.bias": torch.randn(8),
+        "lm_head.weight": torch.randn(64, 8),
+    }
+
+
+def test_an_update_arrives_bit_for_bit_bucket_by_bucket_with_at_most_two_buckets_in_memory(shm):
+    weights = model_weights()
+    harness = Harness(shm, bucket_bytes=512, shapes={n: tuple(t.shape) for n, t in weights.items()})
+    try:
+        asyncio.run(harness.client.update_weights(weights, version=3))
+    finally:
+        harness.close()
+    engine = harness.engine
+    assert harness.client.version == 3 and engine.weight_version == "3"
+    for name, tensor in weights.items():
+        assert engine.loaded[name].dtype == tensor.dtype and torch.equal(engine.loaded[name], tensor), name
+    num_buckets = engine.calls.count("_load_bucket")
+    assert engine.calls == ["_load_begin"] + ["_load_bucket"] * num_buckets + ["_load_commit"]
+    assert num_buckets == 3  # embed alone (2 KiB), norm + mlp weight + bias (384 B), lm_head alone
+    assert 1 <= engine.most_files <= bucket_stream.IN_FLIGHT
+    assert os.listdir(shm) == [], "every bucket file is removed"
+
+
+def test_the_worker_answers_stats_while_a_bucket_loads(shm):
+    weights = model_weights()
+    harness = Harness(shm, bucket_bytes=512, shapes={n: tuple(t.shape) for n, t in weights.items()})
+    harness.engine.gate = asyncio.Event()
+
+    async def scenario():
+        update = asyncio.ensure_future(harness.client.update_weights(weights, version=1))
+        while "_load_bucket" not in harness.engine.calls:  # the first bucket is held in the engine
+            await asyncio.sleep(0.01)
+        stats = await harness.client.worker_stats()
+        harness.loop.call_soon_threadsafe(harness.engine.gate.set)
+        await update
+        return stats
+
+    try:
+        stats = asyncio.run(scenario())
+    finally:
+        harness.close()
+    assert stats["version"] == 0 and harness.client.version == 1
+
+
+def run_ops(worker: worker_main.Worker, *messages: dict) -> list[dict]:
+    """Run ``messages`` through the worker's command dispatch; what it sent back."""
+    sent: list[dict] = []
+    worker.send = sent.append
+
+    async def run():
+        for message in messages:
+            await worker.run_command(message)
+
+    asyncio.run(run())
+    return sent
+
+
+def bucket_message(directory, named: dict[str, torch.Tensor], call: int) -> dict:
+    path, nbytes, entries = bucket_stream.write_bucket(str(directory), list(named.items()))
+    return {"op": "update_bucket", "call": call, "path": path, "nbytes": nbytes, "entries": entries}
+
+
+def test_the_worker_refuses_a_tensor_outside_the_manifest_and_a_partial_update_by_name(shm):
+    manifest = [["a", "float32", [2]], ["b", "float32", [3]]]
+    begin = {"op": "update_begin", "call": 0, "version": 1, "manifest": manifest}
+
+    worker = worker_main.Worker(None, argparse.Namespace())
+    worker.engine = FakeEngine(str(shm))
+    sent = run_ops(worker, begin, bucket_message(shm, {"c": torch.zeros(2)}, 1))
+    assert "tensor 'c' (float32 [2]) does not match the manifest (absent)" in sent[-1]["error"]
+    assert "UpdateRefused" in sent[-1]["error"] and worker.torn is not None
+    add = {"op": "add", "call": 2, "request_id": "r", "prompt_token_ids": [1], "sampling": {}}
+    assert "weights are torn" in run_ops(worker, add)[-1]["error"]  # a torn engine serves nothing
+
+    worker = worker_main.Worker(None, argparse.Namespace())
+    worker.engine = FakeEngine(str(shm))
+    commit = {"op": "update_commit", "call": 2, "version": 1}
+    sent = run_ops(worker, begin, bucket_message(shm, {"a": torch.ones(2)}, 1), commit)
+    assert "update v1 is partial: tensor 'b' never arrived" in sent[-1]["error"]
+    assert worker.version == 0 and "_load_commit" not in worker.engine.calls
+
+    worker = worker_main.Worker(None, argparse.Namespace())
+    worker.engine = FakeEngine(str(shm))
+    twice = bucket_message(shm, {"a": torch.ones(2), "b": torch.ones(3)}, 2)
+    sent = run_ops(worker, begin, bucket_message(shm, {"a": torch.ones(2)}, 1), twice)
+    assert "tensor 'a' arrived more often than its manifest lists it" in sent[-1]["error"]
+
+
+def test_a_mismatched_update_is_refused_by_the_client_before_any_bucket_is_written(shm):
+    weights = model_weights()
+    harness = Harness(shm, bucket_bytes=512, shapes={n: tuple(t.shape) for n, t in weights.items()})
+    try:
+        with pytest.raises(WeightSyncError, match="'model.norm.weight' has shape"):
+            asyncio.run(harness.client.update_weights({**weights, "model.norm.weight": torch.ones(3)}, 1))
+    finally:
+        harness.close()
+    assert harness.engine.calls == [] and harness.client.version == 0
