@@ -119,7 +119,7 @@ def cast_for_serving(
     named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], dtype: str
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """``named_tensors`` in the serving ``dtype``, each floating-point tensor cast once where it lives (the
-    trainer's device), lazily; a tensor under two names (tied embeddings) is cast once and both names get the
+    trainer's device; a DTensor casts its shard), lazily; a tensor under two names (tied embeddings) is cast once and both names get the
     cast; a tensor already in ``dtype``, or not floating point, passes as it is (no copy)."""
     target = getattr(torch, dtype, None)
     if not isinstance(target, torch.dtype) or not target.is_floating_point:
@@ -130,7 +130,8 @@ def cast_for_serving(
         if tensor.dtype == target or not tensor.is_floating_point():
             yield name, tensor
             continue
-        key = (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tensor.stride())
+        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor  # a DTensor: its shard's memory
+        key = (local.data_ptr(), tensor.dtype, tuple(tensor.shape), local.stride())
         if key not in cast:
             cast[key] = tensor.detach().to(target)
         yield name, cast[key]
