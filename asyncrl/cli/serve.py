@@ -66,7 +66,9 @@ def run(args: argparse.Namespace) -> int:
         args.model_dir, dtype=args.dtype, device=args.device, revision=args.revision
     )
     engine = make_engine(
-        model, tokenizer, EngineConfig(seed=args.seed, max_running_requests=args.max_running_requests)
+        model,
+        tokenizer,
+        EngineConfig(seed=args.seed, max_running_requests=args.max_running_requests, dtype=args.dtype),
     )
 
     async def serve() -> None:

@@ -102,6 +102,7 @@ class RunConfig:
         )
         check_critic(self.advantage.name, self.critic)
         self.weight_sync.transport_for(self.runtime.type)  # a ValueError when the runtime cannot carry it
+        self._check_broadcast_into_vllm()
         self._fill_vllm_lora()
         if self.deterministic:
             self._check_deterministic()
@@ -145,6 +146,19 @@ class RunConfig:
                 "describe the model at trainer.temperature: it needs rollout.top_p 1, rollout.top_k 0 and "
                 f"rollout.temperature = trainer.temperature (got top_p {rollout.top_p}, top_k {rollout.top_k}, "
                 f"temperature {rollout.temperature} vs {self.trainer.temperature})"
+            )
+
+    def _check_broadcast_into_vllm(self) -> None:
+        """Refuse the broadcast into a vLLM engine sharded over several GPUs, before anything starts."""
+        tensor_parallel = self.engine.vllm.tensor_parallel_size
+        if self.engine.backend != "vllm" or tensor_parallel == 1:
+            return
+        if self.weight_sync.transport_for(self.runtime.type) == "broadcast":
+            raise ValueError(
+                f"weight_sync.type=broadcast cannot feed engine.vllm.tensor_parallel_size={tensor_parallel}: "
+                "the group gives each engine one rank, but every tensor-parallel worker of vLLM would join as "
+                "it (and each needs only its shard); use weight_sync.type: object_store (or auto), which "
+                "streams buckets through shared memory to every worker of the engine"
             )
 
     def _fill_vllm_lora(self) -> None:

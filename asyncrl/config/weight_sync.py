@@ -31,8 +31,10 @@ class WeightSyncConfig:
     memory on CPU, CUDA IPC handles on a GPU; ``weight_sync.colocated``; the local Ray runtime).
     auto: the first the runtime carries (in_process inline, object_store on Ray)."""
     bucket_mb: float = 256.0
-    """Weights leave the trainer in buckets of about this size (object_store): the largest piece of the
-    gathered model a sharded trainer's rank 0 holds at once while publishing."""
+    """Weights leave the trainer in buckets of about this size (object_store, broadcast): the largest piece of
+    the gathered model a sharded trainer's rank 0 holds at once while publishing. An update into a vLLM
+    engine is streamed in buckets of this size too (shared-memory files, each loaded as it arrives): the
+    engine side stages at most two beyond vLLM's own weights. A tensor larger than a bucket travels alone."""
     timeout_s: float = 300.0
     """Longest any one weight-sync wait may take (a collective, forming a broadcast group, an object fetch, a
     shared-memory attach, a vLLM worker's reply); past it the wait fails with ``WeightSyncTimeout`` naming

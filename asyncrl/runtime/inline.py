@@ -230,4 +230,5 @@ def make_engines(config: RunConfig, model: Any, tokenizer: Any, num_threads: int
     ]
     for client in clients:
         client.weight_sync_timeout_s = config.weight_sync.timeout_s
+        client.bucket_bytes = int(config.weight_sync.bucket_mb * 2**20)
     return clients

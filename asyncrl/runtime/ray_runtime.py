@@ -158,6 +158,7 @@ class EngineActor:
         cores: tuple[int, ...] = (),
         seed: int = 0,
         weight_sync_timeout_s: float = 300.0,
+        bucket_bytes: int = 256 * 2**20,
     ) -> None:
         pin(cores)
         torch.set_num_threads(num_threads)
@@ -174,6 +175,7 @@ class EngineActor:
 
             self.engine = VLLMEngineClient.for_model(model, engine, seed=seed)
             self.engine.weight_sync_timeout_s = weight_sync_timeout_s
+            self.engine.bucket_bytes = bucket_bytes  # an update streams into vLLM in buckets of this size
             return
         served, tokenizer = load_configured_model(model)
         self.engine = make_engine(served, tokenizer, engine)
@@ -405,13 +407,14 @@ def spawn_engine(
     cores: tuple[int, ...] = (),
     seed: int = 0,
     weight_sync_timeout_s: float = 300.0,
+    bucket_bytes: int = 256 * 2**20,
 ) -> RayEngineClient:
     """Start an engine actor with Ray ``options`` (its bundle; see ``ray_placement``); its model loads in the
     background, so ``wait_ready`` before relying on it."""
     actor = ray.remote(EngineActor).options(
         max_restarts=0, max_task_retries=0, max_concurrency=ENGINE_MAX_CONCURRENCY, **options
     )
-    handle = actor.remote(model, engine, num_threads, cores, seed, weight_sync_timeout_s)
+    handle = actor.remote(model, engine, num_threads, cores, seed, weight_sync_timeout_s, bucket_bytes)
     return RayEngineClient(handle, name, config, exports_kv=engine.backend == "builtin")
 
 
@@ -452,6 +455,7 @@ class RayEngineFactory:
             cores=self.placement.engine_cores[index] if self.placement.engine_cores else (),
             seed=self.config.seed,
             weight_sync_timeout_s=self.config.weight_sync.timeout_s,
+            bucket_bytes=int(self.config.weight_sync.bucket_mb * 2**20),
         )
         self.engines[index] = client
         await await_actor(
@@ -550,6 +554,7 @@ def build_ray_parts(config: RunConfig, runtime: RuntimeConfig) -> RayParts:
                 cores=placement.engine_cores[index] if placement.engine_cores else (),
                 seed=config.seed,
                 weight_sync_timeout_s=config.weight_sync.timeout_s,
+                bucket_bytes=int(config.weight_sync.bucket_mb * 2**20),
             )
             for index in range(config.rollout.num_engines)
         ]

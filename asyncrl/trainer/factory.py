@@ -12,6 +12,7 @@ from typing import Any
 
 from torch import nn
 
+from asyncrl.config.engine import serving_dtype
 from asyncrl.config.run import RunConfig
 from asyncrl.models.loading import load_decoder_body
 from asyncrl.trainer.distributed.parallel import Parallelism
@@ -22,7 +23,7 @@ def build_trainer(
     config: RunConfig, model: nn.Module, tokenizer: Any, parallel: Parallelism | None = None
 ) -> Trainer:
     """The run's trainer over ``model`` (the policy, also the reference's and a default critic's source), with
-    the run's ``deterministic`` switch."""
+    the run's ``deterministic`` switch, publishing its weights in the engines' dtype (``engine.dtype``)."""
     ref_model = copy.deepcopy(model) if needs_reference_copy(config.loss, config.trainer) else None
     critic = config.critic
     critic_body = None
@@ -39,4 +40,10 @@ def build_trainer(
         critic=critic,
         critic_body=critic_body,
         recompute_behaviour=config.deterministic,
+        serving_dtype=serving_dtype(config.engine.dtype, config.model.dtype, _device_type(model)),
     )
+
+
+def _device_type(model: nn.Module) -> str:
+    """Where ``model``'s weights live (``cpu``, ``cuda``): what ``engine.dtype: auto`` resolves by."""
+    return next(model.parameters()).device.type

@@ -66,6 +66,7 @@ from asyncrl.trainer.mismatch import compute_step_start_correction
 from asyncrl.trainer.offpolicy import m2po_keep
 from asyncrl.trainer.optim import build_optimizer, build_scheduler, clip_gradients
 from asyncrl.types import Group, TrainBatch
+from asyncrl.weight_sync.buckets import cast_for_serving
 from asyncrl.weight_sync.protocol import LoraAdapter
 
 _AGGREGATION_MASK = "aggregation_mask"
@@ -104,7 +105,11 @@ class Trainer:
         critic: CriticConfig | None = None,
         critic_body: nn.Module | None = None,
         recompute_behaviour: bool = False,
+        serving_dtype: str | None = None,
     ) -> None:
+        self.serving_dtype = serving_dtype
+        """The engines' dtype (``engine.dtype`` resolved): ``sync_tensors`` casts to it once, on this trainer's
+        device, so every transport ships it; None: the master dtype as it is."""
         if config.lora is not None and ref_model is not None:
             raise ValueError(
                 "trainer.lora: the reference policy is the base model with the adapters off; pass no ref_model"
@@ -298,10 +303,14 @@ class Trainer:
     def sync_tensors(self) -> dict[str, torch.Tensor]:
         """What an engine needs to serve the current weights, as detached views (DTensors under FSDP2): the
         adapter pairs with LoRA (``trainer.lora.adapter_tensors``), else every weight with the output layer
-        named explicitly (``models.loading.state_dict_for_sync``)."""
-        if self.peft_model is not None:
-            return adapter_tensors(self.model)
-        return state_dict_for_sync(self.model)
+        named explicitly (``models.loading.state_dict_for_sync``). In ``serving_dtype`` when set: cast here, once,
+        where the weights live (each rank casts its shards, so a sharded gather moves serving-dtype bytes)."""
+        named = (
+            adapter_tensors(self.model) if self.peft_model is not None else state_dict_for_sync(self.model)
+        )
+        if self.serving_dtype is None:
+            return named
+        return dict(cast_for_serving(named, self.serving_dtype))
 
     def state_for_sync(self) -> dict[str, torch.Tensor]:
         """A snapshot (copies) of ``sync_tensors``, which the next step cannot change."""

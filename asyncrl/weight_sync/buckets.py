@@ -119,18 +119,30 @@ def cast_for_serving(
     named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], dtype: str
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """``named_tensors`` in the serving ``dtype``, each floating-point tensor cast once where it lives (the
-    trainer's device), lazily; a tensor under two names (tied embeddings) is cast once and both names get the
-    cast; a tensor already in ``dtype``, or not floating point, passes as it is (no copy)."""
+    trainer's device; a DTensor casts its shard), lazily: a cast is held only until its last name is taken, so
+    a consumer that drops each one (a bucket stream) never holds the whole model twice. A tensor under two
+    names (tied embeddings) is cast once and both names get that cast; a tensor already in ``dtype``, or not
+    floating point, passes as it is (no copy)."""
     target = getattr(torch, dtype, None)
     if not isinstance(target, torch.dtype) or not target.is_floating_point:
         raise ValueError(f"serving dtype must be a floating-point torch dtype, got {dtype!r}")
-    items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
+    items = list(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
+    keys = [_memory_key(tensor) for _, tensor in items]
+    last_use = {key: index for index, key in enumerate(keys)}
     cast: dict[tuple[Any, ...], torch.Tensor] = {}
-    for name, tensor in items:
+    for index, ((name, tensor), key) in enumerate(zip(items, keys, strict=True)):
         if tensor.dtype == target or not tensor.is_floating_point():
             yield name, tensor
             continue
-        key = (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tensor.stride())
-        if key not in cast:
-            cast[key] = tensor.detach().to(target)
-        yield name, cast[key]
+        converted = cast.pop(key, None)
+        if converted is None:
+            converted = tensor.detach().to(target)
+        if last_use[key] > index:  # a later name shares this memory: keep the cast for it
+            cast[key] = converted
+        yield name, converted
+
+
+def _memory_key(tensor: torch.Tensor) -> tuple[Any, ...]:
+    """Identity of a tensor's memory (its local shard's for a DTensor): equal for tied names."""
+    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return (local.data_ptr(), tensor.dtype, tuple(tensor.shape), local.stride())

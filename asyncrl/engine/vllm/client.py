@@ -223,8 +223,8 @@ class VLLMEngineClient:
             return
         if isinstance(named_tensors, WeightUpdate):  # its manifest was checked by tensors_of
             manifest, items = named_tensors.manifest, named
-        else:
-            items = list(named.items() if isinstance(named, Mapping) else named)
+        else:  # a mapping is read twice (manifest, then bytes), so a lazy one never holds every tensor
+            items = named.items() if isinstance(named, Mapping) else list(named)
             manifest = tuple(
                 ManifestEntry(name=name, dtype=str(t.dtype).removeprefix("torch."), shape=tuple(t.shape))
                 for name, t in items
@@ -289,6 +289,11 @@ class VLLMEngineClient:
         check_version(update, self.version)
         check_manifest(update, self._expected_shapes)
         self.version = await self._call("apply_staged", self.weight_sync_timeout_s, version=version)
+
+    async def weight_digest(self) -> dict[str, str]:
+        """vLLM's parameter name → sha256 of the bytes it serves (its fused names: ``qkv_proj``,
+        ``gate_up_proj``); for checking an update bit for bit."""
+        return await self._call("weight_digest", self.weight_sync_timeout_s)
 
     async def worker_stats(self) -> dict[str, Any]:
         """The worker's own view: served version, paused, tokens generated so far per running request."""

@@ -329,6 +329,12 @@ class Worker:
             "running_tokens": {rid: len(state["token_ids"]) for rid, state in self.running.items()},
         }
 
+    async def op_weight_digest(self, message: dict) -> dict:
+        """Parameter name → sha256 of its bytes, as vLLM serves it (its own names: fused ``qkv_proj``,
+        ``gate_up_proj``): what a test compares an update with, bit for bit."""
+        (digests,) = await _bounded(self.engine.collective_rpc(_digest), message)
+        return digests
+
     async def op_update_begin(self, message: dict) -> int:
         """Open update ``version`` (its manifest ``[[name, dtype, shape], ...]``): vLLM's in-place reload
         starts, and buckets follow (``op_update_bucket``). The served version until the commit."""
@@ -523,6 +529,19 @@ def _load_commit(worker) -> None:
     _repack_lm_head(model_runner.get_model())
     for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):
         getattr(model_runner, reset, lambda: None)()
+
+
+def _digest(worker) -> dict:
+    """Runs on vLLM's worker: sha256 of every parameter's bytes."""
+    import hashlib
+
+    import torch
+
+    digests = {}
+    for name, parameter in worker.model_runner.get_model().named_parameters():
+        data = parameter.detach().contiguous().cpu().reshape(-1).view(torch.uint8)
+        digests[name] = hashlib.sha256(data.numpy().tobytes()).hexdigest()
+    return digests
 
 
 def _mapped_views(path: str, nbytes: int, entries: list):

@@ -94,3 +94,19 @@ def test_the_serving_cast_happens_once_per_matrix_and_passes_what_needs_none():
     assert torch.equal(by_name["embed"], embed.to(torch.bfloat16))
     with pytest.raises(ValueError, match="floating-point torch dtype, got 'int8'"):
         list(cast_for_serving({"w": embed}, "int8"))
+
+
+def test_the_serving_cast_holds_a_cast_only_until_its_last_name_is_taken():
+    import weakref
+
+    embed, norm = torch.randn(6, 4), torch.randn(4)
+    stream = cast_for_serving([("embed", embed), ("norm", norm), ("lm_head", embed)], "bfloat16")
+    _, first = next(stream)
+    held = weakref.ref(first)
+    del first
+    assert held() is not None, "the tied matrix's cast waits for lm_head"
+    _, second = next(stream)
+    freed = weakref.ref(second)
+    del second
+    next(stream)
+    assert freed() is None, "a cast no later name shares is not kept by the stream"

