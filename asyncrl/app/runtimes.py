@@ -120,6 +120,7 @@ def assemble_controller(
         make_env=env_factory(cfg.env) if cfg.producer == "agentic" else None,
         serve=cfg.serve,
         output_dir=cfg.output_dir,
+        chat_template_kwargs=cfg.task.chat_template_kwargs,
     )
     return make_controller(
         cfg.controller,

@@ -7,7 +7,7 @@ cannot drift from the real wiring.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from asyncrl.buffer.sample_buffer import SampleBuffer
@@ -69,10 +69,11 @@ def make_producer(
     make_env: Callable[..., Any] | None = None,
     serve: Any = None,
     output_dir: str = "",
+    chat_template_kwargs: Mapping[str, Any] | None = None,
 ) -> Producer:
     """The producer ``producer`` names, feeding ``buffer`` from ``source`` through ``proxy``: rlvr needs
-    ``rewards``, agentic ``env_manager`` and ``make_env``, external ``serve`` (the endpoint's config) and
-    ``output_dir`` (where it writes ``endpoint.json``)."""
+    ``rewards``, agentic ``env_manager`` and ``make_env``, external ``serve`` (the endpoint's config),
+    ``output_dir`` (where it writes ``endpoint.json``) and the endpoint's ``chat_template_kwargs``."""
     if producer == "external":
         from asyncrl.rollout.external_producer import ExternalProducer
 
@@ -85,6 +86,7 @@ def make_producer(
             config=serve,
             output_dir=output_dir,
             seed=seed,
+            chat_template_kwargs=chat_template_kwargs,
         )
     if producer == "agentic":
         assert env_manager is not None and make_env is not None

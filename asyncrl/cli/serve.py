@@ -8,6 +8,7 @@ and finished trajectories go to ``--export`` as JSONL.
 from __future__ import annotations
 
 import argparse
+import json
 
 from asyncrl.cli.args import add_model_arguments
 
@@ -28,6 +29,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--port", type=int, default=8000, help="TCP port; 0 picks a free one")
     parser.add_argument("--api-key", default="", help="require 'Authorization: Bearer KEY'; empty: no key")
     parser.add_argument("--chat-format", default="template", choices=("template", "plain"))
+    parser.add_argument(
+        "--chat-template-kwargs",
+        type=json.loads,
+        default={},
+        help="extra chat template variables as JSON, e.g. '{\"enable_thinking\": false}' for Qwen3",
+    )
     parser.add_argument("--export", default="", help="append every finished trajectory to this JSONL file")
     parser.add_argument(
         "--max-concurrent-calls",
@@ -74,7 +81,13 @@ def run(args: argparse.Namespace) -> int:
     async def serve() -> None:
         proxy = LLMProxy([engine])
         server = EndpointServer(
-            CompletionService(proxy=proxy, tokenizer=tokenizer, config=config, seed=args.seed)
+            CompletionService(
+                proxy=proxy,
+                tokenizer=tokenizer,
+                config=config,
+                seed=args.seed,
+                chat_template_kwargs=args.chat_template_kwargs,
+            )
         )
         await server.start()
         print(f"serving {config.model_name} on {server.url}/v1 (Ctrl-C stops)", flush=True)

@@ -42,8 +42,14 @@ class VLLMConfig:
     """Largest LoRA rank the worker serves adapters of through vLLM's LoRA support; 0: none. A run with
     ``trainer.lora`` sets it to ``trainer.lora.rank`` when left at 0."""
     engine_args: dict[str, int | float | str | bool] = field(default_factory=dict)
-    """Further ``vllm.EngineArgs`` fields, passed through; the worker refuses an unknown name, naming the
-    closest valid one."""
+    """Further ``vllm.EngineArgs`` fields, passed through; each overrides the worker's default for it
+    (``enforce_eager`` and ``enable_prefix_caching``: False and True on CUDA, True and False on CPU;
+    ``enable_chunked_prefill``: False on CPU; ``seed``, ``skip_tokenizer_init``, ``logprobs_mode`` ...: see
+    ``worker_main.engine_kwargs``). The worker refuses an unknown name, naming the closest valid one."""
+    request_seeds: bool | None = None
+    """Send each rollout request's own seed to vLLM, so its samples do not depend on its batch mates; vLLM
+    then samples it through a per-request generator, which is slower. None: on exactly when the run is
+    ``deterministic: true``."""
 
     def __post_init__(self) -> None:
         if self.kv_cache_gib <= 0 or not 0 < self.gpu_memory_utilization <= 1:
@@ -56,6 +62,8 @@ class VLLMConfig:
             raise ValueError(f"engine.vllm.max_lora_rank must be >= 0, got {self.max_lora_rank}")
         if self.max_num_seqs < 1 or self.startup_timeout_s <= 0:
             raise ValueError("engine.vllm.max_num_seqs must be >= 1 and startup_timeout_s > 0")
+        if "model" in self.engine_args:
+            raise ValueError("engine.vllm.engine_args.model cannot be set: vLLM serves model.path")
 
 
 @dataclass(frozen=True, kw_only=True)

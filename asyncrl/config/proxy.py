@@ -26,8 +26,17 @@ class ProxyConfig:
     ``RequestTimeout`` is raised. Time held at the proxy does not count; time the engine spends paused for an
     in-flight update does, so keep it well above an update's duration. None: no timeout."""
     control_timeout_s: float = 300.0
-    """Longest an engine may take to answer pause, update_weights, resume or abort before it is declared
-    failed (and unhealthy)."""
+    """Longest an engine may take to answer pause, resume or abort before it is declared failed (and
+    unhealthy). A weight update has a deadline of its own, sized by its bytes (``update_timeout_floor_s``)."""
+    update_timeout_floor_s: float = 120.0
+    """A weight update's deadline on one engine is this floor plus the update's bytes at
+    ``update_timeout_gbps`` (in the proxy and in the Ray runtime's call to the engine actor): a model's update
+    is never cut off by a deadline sized for a pause, and an engine that dies or wedges mid-update is still
+    found (the update fails or passes its deadline, and the engine is replaced)."""
+    update_timeout_gbps: float = 0.2
+    """The conservative bandwidth (GB/s) an update's deadline assumes: at 0.2, Qwen3-8B in bf16 (16.4 GB)
+    gets 120 + 82 s and in fp32 (32.8 GB) 120 + 164 s. Measured updates run far faster (docs/weight-sync.md);
+    lower it for a slow link rather than raising the floor."""
     max_consecutive_failures: int = 3
     """An engine whose requests fail (raise or time out) this many times in a row is marked unhealthy and no
     longer receives requests."""
@@ -59,6 +68,9 @@ class ProxyConfig:
             raise ValueError(f"proxy.request_timeout_s must be > 0 or None, got {self.request_timeout_s}")
         if self.control_timeout_s <= 0:
             raise ValueError(f"proxy.control_timeout_s must be > 0, got {self.control_timeout_s}")
+        for name in ("update_timeout_floor_s", "update_timeout_gbps"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"proxy.{name} must be > 0, got {getattr(self, name)}")
         if self.max_consecutive_failures < 1:
             raise ValueError(
                 f"proxy.max_consecutive_failures must be >= 1, got {self.max_consecutive_failures}"
@@ -71,3 +83,7 @@ class ProxyConfig:
                 raise ValueError(f"proxy.{name} must be > 0, got {value}")
         if self.max_continuations < 0:
             raise ValueError(f"proxy.max_continuations must be >= 0, got {self.max_continuations}")
+
+    def update_timeout_s(self, nbytes: int) -> float:
+        """The deadline of one engine's weight update of ``nbytes`` bytes (``update_timeout_floor_s``)."""
+        return self.update_timeout_floor_s + nbytes / (self.update_timeout_gbps * 1e9)

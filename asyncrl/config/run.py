@@ -104,6 +104,8 @@ class RunConfig:
         self.weight_sync.transport_for(self.runtime.type)  # a ValueError when the runtime cannot carry it
         self._check_broadcast_into_vllm()
         self._fill_vllm_lora()
+        self._fill_vllm_request_seeds()
+        self._fill_eval_chat_template_kwargs()
         if self.deterministic:
             self._check_deterministic()
         if self.producer not in PRODUCERS:
@@ -184,6 +186,28 @@ class RunConfig:
             raise ValueError(
                 f"engine.vllm.max_lora_rank={engine.vllm.max_lora_rank} is below trainer.lora.rank={lora.rank}"
             )
+
+    def _fill_vllm_request_seeds(self) -> None:
+        """vLLM samples with per-request seeds only where the run asks for determinism (they cost speed)."""
+        vllm = self.engine.vllm
+        if vllm.request_seeds is None:
+            vllm = replace(vllm, request_seeds=self.deterministic)
+            object.__setattr__(self, "engine", replace(self.engine, vllm=vllm))
+
+    def _fill_eval_chat_template_kwargs(self) -> None:
+        """An eval set with a task of its own prompts the same model: it renders with the run's
+        ``task.chat_template_kwargs`` unless it sets its own."""
+        kwargs = self.task.chat_template_kwargs
+        sets = self.controller.eval_sets
+        if not kwargs or all(s.task is None or s.task.chat_template_kwargs for s in sets):
+            return
+        filled = [
+            s
+            if s.task is None or s.task.chat_template_kwargs
+            else replace(s, task=replace(s.task, chat_template_kwargs=kwargs))
+            for s in sets
+        ]
+        object.__setattr__(self, "controller", replace(self.controller, eval_sets=filled))
 
     def _check_unset(self, sections: tuple[str, ...], owner: str) -> None:
         for section in sections:

@@ -83,8 +83,9 @@ class RuntimeConfig:
     startup_timeout_s: float = 300.0
     """Longest an actor may take to start and load its model."""
     control_timeout_s: float = 120.0
-    """Longest an actor may take to answer a short call (pause, resume, abort, weight update, stats,
-    checkpoint); past it the call fails with a timeout naming the actor."""
+    """Longest an actor may take to answer a short call (pause, resume, abort, stats, checkpoint); past it the
+    call fails with a timeout naming the actor. An engine's weight update has a deadline sized by its bytes
+    instead (``proxy.update_timeout_floor_s``)."""
     generate_timeout_s: float = 3600.0
     """Longest one generate call may stay on an engine actor before it is cancelled (request aborted there)
     and fails with a timeout naming the engine: a hung but live actor never blocks the run forever."""

@@ -86,6 +86,10 @@ class TaskConfig:
     """How prompts reach the model (any task type). messages: rows with chat messages are rendered with the
     tokenizer's chat template (when it has one), plain prompts are fed as they are. always: plain prompts are
     wrapped as one user message and rendered too. never: every prompt is fed as plain text."""
+    chat_template_kwargs: dict[str, int | float | str | bool] = field(default_factory=dict)
+    """Extra variables every chat template of the run is rendered with: training and evaluation prompts and
+    the OpenAI endpoint (producer external). Qwen3: ``{enable_thinking: false}`` answers without a
+    ``<think>`` block (its template thinks by default)."""
     dataset_name: str = "basic_arithmetic"
     """reasoning_gym: name of the dataset (``reasoning_gym.create_dataset(name, ...)``)."""
     dataset_kwargs: dict[str, int | float | str | bool] = field(default_factory=dict)

@@ -43,6 +43,9 @@ class TaskSample:
     """Name of the reward that verifies this sample by default."""
     metadata: Mapping[str, Any] = field(default_factory=dict)
     """Task-specific facts (number of items, source dataset entry, ...)."""
+    chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    """Extra variables of the chat template when ``messages`` is rendered (``task.chat_template_kwargs``, e.g.
+    ``enable_thinking: false`` for Qwen3)."""
 
 
 class Task(Protocol):
@@ -72,7 +75,9 @@ def render_prompt(sample: TaskSample, tokenizer: Any | None = None) -> str:
     if sample.messages is None or not has_template:
         return sample.prompt
     messages = [dict(m) for m in sample.messages]
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True, **sample.chat_template_kwargs
+    )
 
 
 def prompt_token_ids(sample: TaskSample, tokenizer: Any) -> list[int]:
@@ -87,7 +92,11 @@ def prompt_token_ids(sample: TaskSample, tokenizer: Any) -> list[int]:
         return list(tokenizer.encode(sample.prompt))
     messages = [dict(m) for m in sample.messages]
     ids = tokenizer.apply_chat_template(
-        messages, tokenize=True, add_generation_prompt=True, return_dict=False
+        messages,
+        tokenize=True,
+        add_generation_prompt=True,
+        return_dict=False,
+        **sample.chat_template_kwargs,
     )
     return list(ids)
 

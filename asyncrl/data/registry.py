@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
 from asyncrl.config.task import TaskConfig
 from asyncrl.data.base import Split, Task, TaskSample
@@ -11,9 +13,12 @@ from asyncrl.data.procedural import GENERATORS, LengthSpec, ProceduralTask
 
 def make_task(config: TaskConfig) -> Task:
     """Build the task ``config.type`` names (a built-in procedural task, a dataset file, a Hugging Face
-    dataset on disk or reasoning-gym), its prompts rendered as ``task.chat_template`` says."""
+    dataset on disk or reasoning-gym), its prompts rendered as ``task.chat_template`` and
+    ``task.chat_template_kwargs`` say."""
     task = _make_task(config)
-    return task if config.chat_template == "messages" else ChatRendering(task, config.chat_template)
+    if config.chat_template == "messages" and not config.chat_template_kwargs:
+        return task
+    return ChatRendering(task, config.chat_template, config.chat_template_kwargs)
 
 
 def _make_task(config: TaskConfig) -> Task:
@@ -89,13 +94,15 @@ def _rows_task(config: TaskConfig) -> Task:
 
 
 class ChatRendering:
-    """A task whose samples are all prompted as chat (``always``: a plain prompt becomes one user message)
-    or all as plain text (``never``: chat rows keep only their last user message, ``TaskSample.prompt``)."""
+    """A task whose samples are all prompted as chat (``always``: a plain prompt becomes one user message),
+    all as plain text (``never``: chat rows keep only their last user message, ``TaskSample.prompt``), or as
+    they come (``messages``); every chat sample carries ``template_kwargs`` for its template."""
 
-    def __init__(self, task: Task, mode: str) -> None:
+    def __init__(self, task: Task, mode: str, template_kwargs: Mapping[str, Any] | None = None) -> None:
         self.name = task.name
         self._task = task
         self._mode = mode
+        self._template_kwargs = dict(template_kwargs or {})
 
     def split(self, split: Split) -> list[TaskSample]:
         return [self._render(sample) for sample in self._task.split(split)]
@@ -103,6 +110,8 @@ class ChatRendering:
     def _render(self, sample: TaskSample) -> TaskSample:
         if self._mode == "never":
             return replace(sample, messages=None)
-        if sample.messages is None:
-            return replace(sample, messages=({"role": "user", "content": sample.prompt},))
+        if sample.messages is None and self._mode == "always":
+            sample = replace(sample, messages=({"role": "user", "content": sample.prompt},))
+        if self._template_kwargs:
+            sample = replace(sample, chat_template_kwargs=self._template_kwargs)
         return sample

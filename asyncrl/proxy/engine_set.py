@@ -12,6 +12,7 @@ An engine call costs one task, one future and one timer, however many are in fli
           (attempt = start + await_call)               │ raise: EngineFailure; health: record_failure/success
                                                        │ close(): ProxyClosed; caller cancelled: abort sent
        ── control(worker, op, ...) ───────► op within control_timeout_s, any error → EngineFailure
+                                            (update_weights: within its bytes' deadline, updates_in_flight)
        ── mark_unhealthy(worker, error) ──► no new requests; its version is unknown from now on
 ```
 
@@ -35,6 +36,7 @@ from asyncrl.config.proxy import ProxyConfig
 from asyncrl.proxy.errors import EngineFailure, EngineReclaimed, ProxyClosed, RequestTimeout
 from asyncrl.proxy.worker import EngineClient, EngineWorker
 from asyncrl.types import FinishReason, Generation, InvalidRequest, Request
+from asyncrl.weight_sync.protocol import payload_nbytes
 
 logger = logging.getLogger(__name__)
 
@@ -255,12 +257,23 @@ class EngineSet:
     async def control(
         self, worker: EngineWorker, operation: str, *args: Any, request_id: str | None = None
     ) -> Any:
-        """Call ``operation`` on an engine within ``control_timeout_s``; any error becomes ``EngineFailure``."""
+        """Call ``operation`` on an engine within ``control_timeout_s`` (a weight update: within its bytes'
+        deadline, ``ProxyConfig.update_timeout_s``, and exempt from the health patrol while it runs); any error
+        becomes ``EngineFailure``."""
+        updating = operation == "update_weights"
+        timeout_s = self.config.control_timeout_s
+        if updating:
+            timeout_s = self.config.update_timeout_s(payload_nbytes(args[0]))
+            worker.updates_in_flight += 1
+            worker.num_updates_started += 1
         try:
             method = getattr(worker.client, operation)
-            return await asyncio.wait_for(method(*args), self.config.control_timeout_s)
+            return await asyncio.wait_for(method(*args), timeout_s)
         except Exception as error:
             raise EngineFailure(worker.index, operation, request_id) from error
+        finally:
+            if updating:
+                worker.updates_in_flight -= 1
 
     # ---- health and background work ------------------------------------------------------------------
 

@@ -427,11 +427,18 @@ class LLMProxy(ProxyShell):
 
         An engine made unhealthy by failing *requests* is still paused, updated and resumed, so calls it still
         holds never stay paused and its version stays known; one whose control call fails is dropped for good,
-        or (recovery on) replaced: its failure is then not raised, and engines in recovery are skipped.
+        or (recovery on) replaced: its failure is then not raised, and engines in recovery are skipped. A
+        failure of an engine the recovery already replaced meanwhile (it died mid-call, and its requests' failures
+        got it replaced first) concerns the old engine only: the replacement is not marked.
         """
         workers = [w for w in self._workers if w.control_error is None and not w.recovering]
+        clients = [worker.client for worker in workers]
         results = await asyncio.gather(*(action(worker) for worker in workers), return_exceptions=True)
-        failures = [(w, r) for w, r in zip(workers, results, strict=True) if isinstance(r, BaseException)]
+        failures = [
+            (w, r)
+            for w, client, r in zip(workers, clients, results, strict=True)
+            if isinstance(r, BaseException) and w.client is client
+        ]
         for worker, failure in failures:
             self._engines.mark_unhealthy(worker, failure)
         self._notify()

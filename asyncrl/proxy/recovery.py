@@ -8,6 +8,8 @@ and one code path serves every runtime.
 ```
  a call on the engine fails or times out, or a control call fails ──► suspect: recovering (no new requests)
  patrol, every health_check_interval_s: no probe answer within health_check_timeout_s ──┘
+   (an engine applying a weight update is not probed: the update's own byte-sized deadline watches it, and
+    an engine that dies or wedges mid-update fails that call, which makes it a suspect like any other)
  suspect ─► probe ─ answers, under max_consecutive_failures ─► back in service (a one-off failure)
                   └ silent, raised, or failing repeatedly ─► reclaim its calls (the proxy re-routes them)
                                                            ─► factory.replace(index, old): old killed, new ready
@@ -92,13 +94,21 @@ class EngineRecovery:
 
     async def _patrol(self, interval_s: float) -> None:
         """Probe every engine in service each ``interval_s``: the only way to see an engine that is alive but
-        silent while nothing of its own ran out (a hung generate with no request timeout)."""
+        silent while nothing of its own ran out (a hung generate with no request timeout). An engine applying
+        a weight update is skipped, and a probe that overlapped an update is not held against its engine: an
+        engine loading weights may answer nothing else (a worker serving one command at a time, an actor
+        whose loop is busy), and the update's own deadline watches it."""
         while True:
             await asyncio.sleep(interval_s)
-            workers = [worker for worker in self._engines.workers if worker.healthy and not worker.recovering]
+            workers = [
+                worker
+                for worker in self._engines.workers
+                if worker.healthy and not worker.recovering and not worker.updates_in_flight
+            ]
+            started = [worker.num_updates_started for worker in workers]
             answers = await asyncio.gather(*(self._probe(worker) for worker in workers))
-            for worker, answered in zip(workers, answers, strict=True):
-                if not answered:
+            for worker, before, answered in zip(workers, started, answers, strict=True):
+                if not answered and worker.num_updates_started == before:
                     self.suspect(worker, probed=True)
 
     async def _probe(self, worker: EngineWorker) -> bool:

@@ -110,6 +110,11 @@ class EngineWorker:
     """Why a pause / update / resume failed on this engine (it is then unhealthy at an unknown version)."""
     recovering: bool = False
     """Being probed after a failure, or replaced (``proxy.recovery``): it takes no new request meanwhile."""
+    updates_in_flight: int = 0
+    """Weight updates this engine is applying now: the health patrol leaves it alone meanwhile (an engine
+    busy loading weights may answer nothing else), the update's own deadline watches it instead."""
+    num_updates_started: int = 0
+    """Weight updates ever started on this engine: a probe that overlapped one proves nothing."""
     num_restarts: int = 0
     """Times this engine was replaced by a fresh one."""
     busy_seconds: float = 0.0

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,13 +70,19 @@ class ExternalProducer:
         output_dir: str,
         seed: int,
         name: str = "external",
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         self.source = source
         self.buffer = buffer
         self.name = name
         self.output_dir = Path(output_dir)
         self.service = CompletionService(
-            proxy=proxy, tokenizer=tokenizer, config=config, sink=self, seed=seed
+            proxy=proxy,
+            tokenizer=tokenizer,
+            config=config,
+            sink=self,
+            seed=seed,
+            chat_template_kwargs=chat_template_kwargs,
         )
         self.server = EndpointServer(self.service)
         self.counts = {status.value: 0 for status in TrajectoryStatus} | {"trajectories": 0, "groups": 0}

@@ -38,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -331,6 +331,9 @@ class RayEngineClient:
         self.catch_up: Any = None
         """Broadcast transport: turns an update this engine did not stage (it joined the group after it was
         sent) into an object-store copy (``runtime.weight_group.BroadcastGroup.catch_up``)."""
+        self.update_timeout_s: Callable[[int], float] | None = None
+        """The deadline of an update of so many bytes (``ProxyConfig.update_timeout_s``, set by
+        ``spawn_engine``); None: ``runtime.control_timeout_s``, as for any short call."""
 
     async def generate(self, request: Request) -> Generation:
         ref = self.handle.generate.remote(request)
@@ -372,7 +375,11 @@ class RayEngineClient:
             staged = await self._control(self.handle.staged_versions.remote(), "staged_versions")
             if staged is not None and update.version not in staged:
                 update = await asyncio.to_thread(self.catch_up, update)
-        await self._control(self.handle.update_weights.remote(update, version), f"update_weights(v{version})")
+        timeout_s = self.config.control_timeout_s
+        if self.update_timeout_s is not None:
+            timeout_s = self.update_timeout_s(update.nbytes)
+        ref = self.handle.update_weights.remote(update, version)
+        await await_actor(ref, f"engine {self.name}: update_weights(v{version})", timeout_s)
 
     async def prefetch_weights(self, update: WeightUpdate) -> None:
         await self._control(
@@ -408,14 +415,18 @@ def spawn_engine(
     seed: int = 0,
     weight_sync_timeout_s: float = 300.0,
     bucket_bytes: int = 256 * 2**20,
+    update_timeout_s: Callable[[int], float] | None = None,
 ) -> RayEngineClient:
     """Start an engine actor with Ray ``options`` (its bundle; see ``ray_placement``); its model loads in the
-    background, so ``wait_ready`` before relying on it."""
+    background, so ``wait_ready`` before relying on it. ``update_timeout_s``: a weight update's deadline by
+    its bytes (``RayEngineClient.update_timeout_s``)."""
     actor = ray.remote(EngineActor).options(
         max_restarts=0, max_task_retries=0, max_concurrency=ENGINE_MAX_CONCURRENCY, **options
     )
     handle = actor.remote(model, engine, num_threads, cores, seed, weight_sync_timeout_s, bucket_bytes)
-    return RayEngineClient(handle, name, config, exports_kv=engine.backend == "builtin")
+    client = RayEngineClient(handle, name, config, exports_kv=engine.backend == "builtin")
+    client.update_timeout_s = update_timeout_s
+    return client
 
 
 class RayEngineFactory:
@@ -456,6 +467,7 @@ class RayEngineFactory:
             seed=self.config.seed,
             weight_sync_timeout_s=self.config.weight_sync.timeout_s,
             bucket_bytes=int(self.config.weight_sync.bucket_mb * 2**20),
+            update_timeout_s=self.config.proxy.update_timeout_s,
         )
         self.engines[index] = client
         await await_actor(
@@ -555,6 +567,7 @@ def build_ray_parts(config: RunConfig, runtime: RuntimeConfig) -> RayParts:
                 seed=config.seed,
                 weight_sync_timeout_s=config.weight_sync.timeout_s,
                 bucket_bytes=int(config.weight_sync.bucket_mb * 2**20),
+                update_timeout_s=config.proxy.update_timeout_s,
             )
             for index in range(config.rollout.num_engines)
         ]

@@ -12,6 +12,7 @@ included). A template that cannot be diffed even against a base raises ``FormatE
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from asyncrl.serve.toolcalls import TOOL_CALL_INSTRUCTIONS, render_tool_call, render_tool_result
@@ -108,16 +109,22 @@ def tools_message(tools: list[dict[str, Any]]) -> Message:
 class TemplateFormat:
     """The tokenizer's chat template, new messages diffed against a neutral base (module docstring)."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, template_kwargs: Mapping[str, Any] | None = None) -> None:
         template = getattr(tokenizer, "chat_template", None)
         if not template:
             raise ValueError("the tokenizer has no chat template: use serve.chat_format=plain")
         self.tokenizer = tokenizer
         self.renders_tools = "tools" in template
+        self.template_kwargs = dict(template_kwargs or {})
+        """Extra template variables of every rendering (``task.chat_template_kwargs``)."""
 
     def _render(self, messages: list[Message], generation_prompt: bool, tools: list | None = None) -> str:
         return self.tokenizer.apply_chat_template(
-            messages, tools=tools or None, tokenize=False, add_generation_prompt=generation_prompt
+            messages,
+            tools=tools or None,
+            tokenize=False,
+            add_generation_prompt=generation_prompt,
+            **self.template_kwargs,
         )
 
     def context(self, history: list[Message], new: list[Message], tools: list[dict[str, Any]] | None) -> str:
@@ -181,10 +188,12 @@ class PlainFormat:
         return ""
 
 
-def make_chat_format(name: str, tokenizer: Any) -> ChatFormat:
-    """The format ``serve.chat_format`` names."""
+def make_chat_format(
+    name: str, tokenizer: Any, template_kwargs: Mapping[str, Any] | None = None
+) -> ChatFormat:
+    """The format ``serve.chat_format`` names (a template rendered with ``template_kwargs``)."""
     if name == "template":
-        return TemplateFormat(tokenizer)
+        return TemplateFormat(tokenizer, template_kwargs)
     if name == "plain":
         return PlainFormat()
     raise ValueError(f"serve.chat_format must be 'template' or 'plain', got {name!r}")

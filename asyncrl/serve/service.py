@@ -12,7 +12,7 @@ import asyncio
 import hashlib
 import importlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -78,12 +78,13 @@ class CompletionService:
         config: ServeConfig,
         sink: TrajectorySink | None = None,
         seed: int = 0,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         self.proxy = proxy
         self.tokenizer = tokenizer
         self.config = config
         self.seed = seed
-        self.format: ChatFormat = make_chat_format(config.chat_format, tokenizer)
+        self.format: ChatFormat = make_chat_format(config.chat_format, tokenizer, chat_template_kwargs)
         self.parse_tool_calls = make_tool_parser(
             config.tool_parser if self.format.renders_tools else "hermes",
             getattr(tokenizer, "chat_template", None),

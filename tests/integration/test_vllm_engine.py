@@ -164,6 +164,57 @@ def test_a_weight_update_mid_generation_switches_the_following_tokens_and_their_
     assert list(restored.token_ids) == unchanged and set(restored.versions) == {2}
 
 
+def test_engine_args_override_the_workers_defaults_in_vllms_own_engine_args():
+    """What vLLM receives, built in vLLM's environment without starting an engine: the overrides win, and no
+    keyword arrives twice."""
+    import json
+    import os
+    import subprocess
+
+    from asyncrl.engine.vllm.client import WORKER, worker_args
+
+    config = VLLMConfig(engine_args={"enforce_eager": False, "enable_prefix_caching": True, "seed": 5})
+    argv = worker_args(DEFAULT_MODEL_DIR, config, max_model_len=256, seed=0)
+    code = (
+        "import json, sys, worker_main\n"
+        "args = worker_main.engine_args_of(worker_main.parse_args(sys.argv[1:]))\n"
+        "names = ('enforce_eager', 'enable_prefix_caching', 'seed', 'skip_tokenizer_init', 'max_model_len')\n"
+        "print(json.dumps({name: getattr(args, name) for name in names}))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [str(vllm_python()), "-c", code, *argv, "--port", "1", "--authkey-hex", "00"],
+        cwd=WORKER.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    received = json.loads(done.stdout.strip().splitlines()[-1])
+    assert received == {
+        "enforce_eager": False,
+        "enable_prefix_caching": True,
+        "seed": 5,
+        "skip_tokenizer_init": False,  # the tiny model ships its tokenizer: stop strings work
+        "max_model_len": 256,
+    }
+
+
+def test_stop_strings_end_a_vllm_request_where_the_text_first_holds_one(engine, hf):
+    model, tokenizer = hf
+    prompt = tokenizer.encode(PROMPTS[1])
+    full = asyncio.run(engine.generate(greedy("full", prompt, 16))).token_ids
+    text = tokenizer.decode(full)
+    stop = text.split()[1]  # the second word of the greedy answer
+    cut = next(n for n in range(1, len(full) + 1) if stop in tokenizer.decode(full[:n]))
+    stopped = asyncio.run(
+        engine.generate(request("stopped", prompt, temperature=0.0, max_new_tokens=16, stop_strings=(stop,)))
+    )
+    assert stopped.finish_reason == FinishReason.STOP
+    assert list(stopped.token_ids) == list(full[:cut])
+
+
 def test_a_mismatched_or_stale_update_is_refused_and_the_old_weights_keep_serving(engine, hf):
     model, tokenizer = hf
     prompt = tokenizer.encode(PROMPTS[2])

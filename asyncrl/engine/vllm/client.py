@@ -90,6 +90,9 @@ class VLLMEngineClient:
         self.bucket_bytes = DEFAULT_BUCKET_BYTES
         """Largest bucket of a weight update (``weight_sync.bucket_mb``; the runtime sets it)."""
         self.num_generated_tokens = 0
+        self.request_seeds = False
+        """Whether each request samples from its own seed (``engine.vllm.request_seeds``; ``start`` sets it):
+        vLLM then samples it through a per-request generator, which is slower."""
         self._reader = threading.Thread(target=self._read_loop, name="asyncrl-vllm-reader", daemon=True)
         self._reader.start()
 
@@ -108,29 +111,9 @@ class VLLMEngineClient:
         command = [
             str(python),
             str(WORKER),
-            "--model",
-            str(model_dir),
-            "--port",
-            str(port),
-            "--authkey-hex",
-            authkey.hex(),
-            "--dtype",
-            config.dtype,
-            "--max-model-len",
-            str(max_model_len),
-            "--seed",
-            str(seed),
-            "--kv-cache-gib",
-            str(config.kv_cache_gib),
-            "--max-num-seqs",
-            str(config.max_num_seqs),
-            "--gpu-memory-utilization",
-            str(config.gpu_memory_utilization),
-            "--engine-args-json",
-            json.dumps({"tensor_parallel_size": config.tensor_parallel_size, **config.engine_args}),
-            "--max-lora-rank",
-            str(config.max_lora_rank),
+            *worker_args(model_dir, config, max_model_len=max_model_len, seed=seed),
         ]
+        command += ["--port", str(port), "--authkey-hex", authkey.hex()]
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # never asyncrl's packages there
         env |= {"OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1")}
         log = Path(os.environ.get("ASYNCRL_VLLM_LOG", os.devnull))
@@ -145,7 +128,9 @@ class VLLMEngineClient:
         ready = conn.recv()
         if ready.get("event") != "ready":
             raise VLLMWorkerError(f"vLLM worker did not start: {ready}")
-        return cls(process, conn, model_shapes(model_dir))
+        client = cls(process, conn, model_shapes(model_dir))
+        client.request_seeds = bool(config.request_seeds)
+        return client
 
     # ---- the EngineClient protocol ---------------------------------------------------------------------
 
@@ -185,8 +170,9 @@ class VLLMEngineClient:
                     "temperature": sampling.temperature,
                     "top_p": sampling.top_p,
                     "top_k": sampling.top_k,
-                    "seed": sampling.seed,
+                    "seed": sampling.seed if self.request_seeds else None,
                     "stop_token_ids": list(sampling.stop_token_ids),
+                    "stop_strings": list(sampling.stop_strings),
                     "ignore_eos": sampling.ignore_eos,
                 },
             }
@@ -467,6 +453,33 @@ def _stderr_tail(process: subprocess.Popen, num_chars: int = 3000) -> str:
         return ""
     stream.seek(0)
     return stream.read().decode(errors="replace")[-num_chars:]
+
+
+def worker_args(
+    model_dir: str | os.PathLike[str], config: VLLMConfig, *, max_model_len: int, seed: int
+) -> list[str]:
+    """The worker's command-line arguments for serving ``model_dir`` as ``config`` says (connection aside):
+    what ``worker_main.parse_args`` reads and turns into vLLM's engine arguments."""
+    return [
+        "--model",
+        str(model_dir),
+        "--dtype",
+        config.dtype,
+        "--max-model-len",
+        str(max_model_len),
+        "--seed",
+        str(seed),
+        "--kv-cache-gib",
+        str(config.kv_cache_gib),
+        "--max-num-seqs",
+        str(config.max_num_seqs),
+        "--gpu-memory-utilization",
+        str(config.gpu_memory_utilization),
+        "--engine-args-json",
+        json.dumps({"tensor_parallel_size": config.tensor_parallel_size, **config.engine_args}),
+        "--max-lora-rank",
+        str(config.max_lora_rank),
+    ]
 
 
 def _free_port() -> int:

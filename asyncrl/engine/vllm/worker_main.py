@@ -43,6 +43,19 @@ from multiprocessing.connection import Listener
 
 
 def main() -> None:
+    args = parse_args()
+    check_engine_args(json.loads(args.engine_args_json))
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(args.kv_cache_gib))))
+    # collective_rpc ships this file's functions (``_load_bucket``, ...) to vLLM's engine-core process by cloudpickle
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    with Listener(("127.0.0.1", args.port), authkey=bytes.fromhex(args.authkey_hex)) as listener:
+        print("asyncrl-vllm-worker listening", flush=True)
+        with listener.accept() as conn:
+            asyncio.run(Worker(conn, args).serve())
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The worker's command line (``VLLMEngineClient.start`` writes it)."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", required=True)
     parser.add_argument("--port", type=int, required=True)
@@ -55,15 +68,7 @@ def main() -> None:
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.2)
     parser.add_argument("--engine-args-json", default="{}")
     parser.add_argument("--max-lora-rank", type=int, default=0)
-    args = parser.parse_args()
-    check_engine_args(json.loads(args.engine_args_json))
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(args.kv_cache_gib))))
-    # collective_rpc ships this file's functions (``_load_bucket``, ...) to vLLM's engine-core process by cloudpickle
-    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-    with Listener(("127.0.0.1", args.port), authkey=bytes.fromhex(args.authkey_hex)) as listener:
-        print("asyncrl-vllm-worker listening", flush=True)
-        with listener.accept() as conn:
-            asyncio.run(Worker(conn, args).serve())
+    return parser.parse_args(argv)
 
 
 def check_engine_args(extra: dict) -> None:
@@ -113,30 +118,51 @@ def lora_args(max_rank: int) -> dict:
     return {"enable_lora": True, "max_lora_rank": fitting, "max_loras": 2, "max_cpu_loras": 2}
 
 
-def engine_args_of(args: argparse.Namespace):
-    """vLLM's engine arguments: token ids in and out, the sampled token's processed log-prob, eager mode."""
-    from vllm import AsyncEngineArgs
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+"""Files whose presence in the model directory means vLLM can load its tokenizer (for stop strings)."""
 
-    return AsyncEngineArgs(
-        model=args.model,
-        dtype=args.dtype,
-        max_model_len=args.max_model_len,
-        seed=args.seed,
-        skip_tokenizer_init=True,
-        enforce_eager=True,
-        max_num_seqs=args.max_num_seqs,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        logprobs_mode="processed_logprobs",
-        enable_prefix_caching=False,
-        disable_log_stats=True,
-        # vllm-cpu 0.32 rewinds a seeded request's generator when its prefill is chunked, which CPU
-        # generators cannot do ("CPU Generator does not use offset"): prefill whole prompts instead.
-        **{
-            "enable_chunked_prefill": False,
-            **lora_args(args.max_lora_rank),
-            **json.loads(args.engine_args_json),
-        },
-    )
+
+def engine_kwargs(args: argparse.Namespace, *, on_cpu: bool, has_tokenizer: bool) -> dict:
+    """vLLM's engine arguments, as one dict in which ``--engine-args-json`` (``engine.vllm.engine_args``) wins
+    over every default set here, so no argument can arrive twice.
+
+    Defaults, and why: token ids in and out, and the sampled token's processed log-prob (what the loss
+    needs). On CUDA, vLLM's fast paths: CUDA graphs and prefix caching (safe across updates: every request
+    salts its prefix hashes with the weight version it starts under, ``Worker.op_add``). On CPU, eager mode
+    without prefix caching, and whole-prompt prefill: vllm-cpu 0.32 rewinds a seeded request's generator when
+    its prefill is chunked, which CPU generators cannot do ("CPU Generator does not use offset"). The
+    tokenizer is loaded when the model directory has one, since vLLM checks stop strings on detokenized text.
+    """
+    defaults = {
+        "dtype": args.dtype,
+        "max_model_len": args.max_model_len,
+        "seed": args.seed,
+        "skip_tokenizer_init": not has_tokenizer,
+        "enforce_eager": on_cpu,
+        "enable_prefix_caching": not on_cpu,
+        "max_num_seqs": args.max_num_seqs,
+        "gpu_memory_utilization": args.gpu_memory_utilization,
+        "logprobs_mode": "processed_logprobs",
+        "disable_log_stats": True,
+    }
+    if on_cpu:
+        defaults["enable_chunked_prefill"] = False
+    return {
+        **defaults,
+        **lora_args(args.max_lora_rank),
+        **json.loads(args.engine_args_json),
+        "model": args.model,
+    }
+
+
+def engine_args_of(args: argparse.Namespace):
+    """``engine_kwargs`` for this machine's vLLM platform, as vLLM's ``AsyncEngineArgs``."""
+    from vllm import AsyncEngineArgs
+    from vllm.platforms import current_platform
+
+    has_tokenizer = any(os.path.isfile(os.path.join(args.model, name)) for name in TOKENIZER_FILES)
+    kwargs = engine_kwargs(args, on_cpu=current_platform.is_cpu(), has_tokenizer=has_tokenizer)
+    return AsyncEngineArgs(**kwargs)
 
 
 class Worker:
@@ -282,25 +308,21 @@ class Worker:
         from vllm.sampling_params import RequestOutputKind
 
         sampling = message["sampling"]
-        params = SamplingParams(
-            max_tokens=sampling["max_new_tokens"],
-            temperature=sampling["temperature"],
-            top_p=sampling["top_p"],
-            top_k=sampling["top_k"] if sampling["top_k"] > 0 else -1,
-            seed=sampling["seed"],
-            stop_token_ids=sampling["stop_token_ids"],
-            ignore_eos=sampling["ignore_eos"],
-            logprobs=0,
-            detokenize=False,
-            output_kind=RequestOutputKind.DELTA,
-        )
+        stop = list(sampling.get("stop_strings") or ())
+        if stop and self.engine.vllm_config.model_config.skip_tokenizer_init:
+            raise ValueError(
+                "stop_strings need vLLM's tokenizer: the model directory has none, or "
+                "engine.vllm.engine_args sets skip_tokenizer_init"
+            )
+        params = SamplingParams(**sampling_kwargs(sampling), output_kind=RequestOutputKind.DELTA)
         request_id = message["request_id"]
         if request_id in self.running:
             raise ValueError(f"request {request_id!r} is already running")
         adapter = self.adapters.get(self.adapter_id) if self.adapter_id is not None else None
-        outputs = await self.engine.add_request(
-            request_id, {"prompt_token_ids": message["prompt_token_ids"]}, params, lora_request=adapter
-        )
+        # the weight version salts the prefix-cache hashes: a request never reuses KV of older weights
+        # (vLLM cannot drop cached blocks while paused requests still hold some, see apply_version)
+        prompt = {"prompt_token_ids": message["prompt_token_ids"], "cache_salt": f"asyncrl-v{self.version}"}
+        outputs = await self.engine.add_request(request_id, prompt, params, lora_request=adapter)
         done = asyncio.get_running_loop().create_future()
         self.running[request_id] = {"token_ids": [], "logprobs": [], "done": done, "adapter": self.adapter_id}
         self.running[request_id]["task"] = asyncio.create_task(self.collect(request_id, outputs))
@@ -499,6 +521,24 @@ def write_peft_adapter(directory: str, safetensors_bytes: bytes, scaling: float)
     with open(os.path.join(directory, "adapter_config.json"), "w") as f:
         json.dump(config, f)
     return directory
+
+
+def sampling_kwargs(sampling: dict) -> dict:
+    """vLLM's ``SamplingParams`` fields for the client's ``sampling`` message: one log-prob (the sampled
+    token's), no text unless stop strings need it, and the request's own seed only if the client sent one."""
+    stop = list(sampling.get("stop_strings") or ())
+    return {
+        "max_tokens": sampling["max_new_tokens"],
+        "temperature": sampling["temperature"],
+        "top_p": sampling["top_p"],
+        "top_k": sampling["top_k"] if sampling["top_k"] > 0 else -1,
+        "seed": sampling["seed"],
+        "stop_token_ids": sampling["stop_token_ids"],
+        "stop": stop,
+        "ignore_eos": sampling["ignore_eos"],
+        "logprobs": 0,
+        "detokenize": bool(stop),
+    }
 
 
 async def _bounded(call, message: dict):
