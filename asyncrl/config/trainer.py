@@ -12,6 +12,7 @@ from typing import Literal
 SCHEDULES = ("constant", "cosine")
 COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
 ALL_LINEAR = "all-linear"
+FSDP_GRAD_ACCUMULATIONS = ("sharded", "unsharded")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,6 +109,14 @@ class TrainerConfig:
     mixed_precision: Literal["none", "bf16"] = "none"
     """With num_workers > 1: FSDP2 computes forward and backward in bfloat16 from float32 shards and reduces
     gradients in float32 (one process: use compute_dtype)."""
+    fsdp_grad_accumulation: Literal["sharded", "unsharded"] = "sharded"
+    """With num_workers > 1, how gradients accumulate over a mini-batch's micro-batches. ``sharded``:
+    reduce-scatter after every micro-batch, so each rank holds only its 1/num_workers shard of the gradient
+    (in the master dtype) at any time, for one reduce-scatter of the whole gradient per micro-batch.
+    ``unsharded``: skip the reduction until the mini-batch's last micro-batch, so communication is one
+    reduce-scatter per mini-batch but every rank holds a full-size gradient in the reduction dtype (float32
+    under mixed precision: 4 bytes x every parameter per rank, 32.8 GB for an 8B model). Choose ``unsharded``
+    only where the interconnect is slow and the full gradient fits."""
     checkpoint_every: int = 0
     """Save a checkpoint every this many train steps; 0 never saves periodically."""
     keep_last_checkpoints: int | None = 3
@@ -176,6 +185,11 @@ class TrainerConfig:
             raise ValueError(
                 "trainer.mixed_precision applies to the sharded trainer (num_workers > 1); "
                 "with one worker use trainer.compute_dtype"
+            )
+        if self.fsdp_grad_accumulation not in FSDP_GRAD_ACCUMULATIONS:
+            raise ValueError(
+                "trainer.fsdp_grad_accumulation must be one of "
+                f"{', '.join(map(repr, FSDP_GRAD_ACCUMULATIONS))}, got {self.fsdp_grad_accumulation!r}"
             )
         if self.checkpoint_every < 0:
             raise ValueError(f"trainer.checkpoint_every must be >= 0, got {self.checkpoint_every}")

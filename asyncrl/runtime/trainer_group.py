@@ -96,8 +96,11 @@ class TrainerRankActor:
         if self.world_size == 1:
             return SingleProcess()
         device_type = torch.device(self._device()).type
+        trainer = self.config.trainer
         return FullyShardedParallel(
-            device_type, mixed_precision=self.config.trainer.mixed_precision == "bf16"
+            device_type,
+            mixed_precision=trainer.mixed_precision == "bf16",
+            grad_accumulation=trainer.fsdp_grad_accumulation,
         )
 
     def _device(self) -> str:

@@ -475,7 +475,7 @@ class Trainer:
         plans = self._plan_micro_batches(mini) if mini is not None else []
         passes = agreed_count(self.parallel, len(plans))
         for index in range(passes):
-            # Gradients are reduced across ranks once, with the mini-batch's last pass.
+            # Sharded accumulation reduces after every pass; unsharded only with the mini-batch's last.
             for module in self._trained_modules():
                 self.parallel.sync_gradients(module, index == passes - 1)
             if index < len(plans):

@@ -7,8 +7,9 @@ things of a ``Parallelism`` (``local_rows`` and ``agreed_count`` below are deriv
   the root under FSDP2);
 - ``gather(obj)``: every rank's copy of a small picklable value, in rank order (denominators, micro-batch
   counts, metrics); one process returns ``[obj]``;
-- ``sync_gradients(module, enabled)``: whether the next backward reduces gradients across ranks (only the
-  mini-batch's last pass does; no-op in one process);
+- ``sync_gradients(module, last)``: tells the coming backward whether it is the mini-batch's last pass; under
+  FSDP2 with ``grad_accumulation="unsharded"`` only that pass reduces gradients across ranks (no-op in one
+  process, and under the default sharded accumulation every pass reduces);
 - ``rank`` and ``world_size``.
 
 Key decision: every rank must make the same sequence of collective calls, or FSDP2 deadlocks. So ranks agree on
@@ -36,7 +37,7 @@ class Parallelism(Protocol):
 
     def gather(self, obj: Any) -> list[Any]: ...
 
-    def sync_gradients(self, module: nn.Module, enabled: bool) -> None: ...
+    def sync_gradients(self, module: nn.Module, last: bool) -> None: ...
 
 
 def local_rows(parallel: Parallelism, rows: Sequence[int]) -> list[int]:
@@ -63,8 +64,8 @@ class SingleProcess:
     def gather(self, obj: Any) -> list[Any]:
         return [obj]
 
-    def sync_gradients(self, module: nn.Module, enabled: bool) -> None:
-        del module, enabled
+    def sync_gradients(self, module: nn.Module, last: bool) -> None:
+        del module, last
 
 
 class FullyShardedParallel:
@@ -73,9 +74,14 @@ class FullyShardedParallel:
     Parameters are sharded over a 1-D device mesh of every rank; gradients are reduce-scattered (averaged over
     ranks, which the trainer's loss weights undo, see ``normalisation``). With ``mixed_precision`` the sharded
     parameters stay float32 while forward and backward compute in bfloat16 and gradients reduce in float32.
+    ``grad_accumulation`` is ``trainer.fsdp_grad_accumulation``: ``sharded`` reduce-scatters after every
+    micro-batch (each rank accumulates only its gradient shard), ``unsharded`` only after the mini-batch's
+    last (one reduction per mini-batch, a full-size gradient on every rank until then).
     """
 
-    def __init__(self, device_type: str, *, mixed_precision: bool = False) -> None:
+    def __init__(
+        self, device_type: str, *, mixed_precision: bool = False, grad_accumulation: str = "sharded"
+    ) -> None:
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
 
@@ -85,6 +91,9 @@ class FullyShardedParallel:
         self.world_size = dist.get_world_size()
         self.mesh = init_device_mesh(device_type, (self.world_size,))
         self.mixed_precision = mixed_precision
+        if grad_accumulation not in ("sharded", "unsharded"):
+            raise ValueError(f"grad_accumulation must be 'sharded' or 'unsharded', got {grad_accumulation!r}")
+        self.grad_accumulation = grad_accumulation
 
     def shard(self, module: nn.Module) -> None:
         """``fully_shard`` every decoder layer (one all-gather per layer), then the root (embeddings, norm, head).
@@ -100,10 +109,10 @@ class FullyShardedParallel:
             fully_shard(layer, mesh=self.mesh, mp_policy=policy)
         fully_shard(module, mesh=self.mesh, mp_policy=policy)
 
-    def sync_gradients(self, module: nn.Module, enabled: bool) -> None:
-        """Reduce-scatter gradients in the coming backward (the mini-batch's last pass) or keep accumulating
-        them unsharded on this rank (the passes before: one reduction per mini-batch instead of one per pass)."""
-        module.set_requires_gradient_sync(enabled)
+    def sync_gradients(self, module: nn.Module, last: bool) -> None:
+        """Reduce-scatter gradients in the coming backward: always with sharded accumulation; with unsharded
+        accumulation only in the mini-batch's last pass (the passes before keep a full-size gradient here)."""
+        module.set_requires_gradient_sync(last or self.grad_accumulation == "sharded")
 
     def gather(self, obj: Any) -> list[Any]:
         import torch.distributed as dist

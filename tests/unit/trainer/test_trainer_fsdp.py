@@ -5,7 +5,8 @@ For every loss aggregation mode and the 1x4, 2x2 and 4x1 ranks x micro-batches s
 count exactly), and for the losses that read step-start forwards (reference KL, decoupled proximal recompute,
 mismatch masking, the OPSM / K3 / M2PO masks, a separate or shared critic) with packing, two mini-batches and
 two PPO epochs: gradients, updated weights, loss and gradient norm agree to 1e-5 relative (see the checks for
-what relative means). The compared gradients are checked to be non-zero, so the check can fail.
+what relative means), with gradients reduce-scattered every micro-batch (the default) and, for the 2x2 split,
+once per mini-batch (``fsdp_grad_accumulation: unsharded``). The compared gradients are checked to be non-zero, so the check can fail.
 """
 
 from __future__ import annotations
@@ -147,10 +148,10 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
-def _sharded_steps(names: list[str]) -> list:
+def _sharded_steps(names: list[str], grad_accumulation: str = "sharded") -> list:
     from asyncrl.trainer.distributed.parallel import FullyShardedParallel
 
-    parallel = FullyShardedParallel("cpu")
+    parallel = FullyShardedParallel("cpu", grad_accumulation=grad_accumulation)
     return [_step(name, parallel) for name in names]
 
 
@@ -190,6 +191,15 @@ def test_sharded_step_equals_single_process_step(ranks, micros):
     assert len(plan_micro_batches([14] * rows_per_rank, BUDGET)) == micros  # the split this case claims
     names = [name for name, (_, _, kind) in _cases().items() if kind == "uniform" or ranks == 2]
     results = run_ranks(_sharded_steps, ranks, names)
+    for name, sharded in zip(names, results[0], strict=True):
+        _check(name, sharded)
+
+
+def test_unsharded_accumulation_equals_single_process_step():
+    """``trainer.fsdp_grad_accumulation: unsharded`` (one reduction per mini-batch) gives the same step as the
+    default sharded accumulation checked above: two ranks, two micro-batches each."""
+    names = [name for name, (_, _, kind) in _cases().items() if kind == "uniform"]
+    results = run_ranks(_sharded_steps, 2, names, "unsharded")
     for name, sharded in zip(names, results[0], strict=True):
         _check(name, sharded)
 

@@ -66,6 +66,7 @@ def test_clip_gradients_returns_the_norm_before_clipping():
         ({"compute_dtype": "fp8"}, "trainer.compute_dtype must be one of"),
         ({"betas": (0.9, 1.0)}, "trainer.betas must both be in"),
         ({"max_grad_norm": 0.0}, "trainer.max_grad_norm must be > 0 or null"),
+        ({"fsdp_grad_accumulation": "lazy"}, "trainer.fsdp_grad_accumulation must be one of"),
     ],
 )
 def test_config_errors_name_the_key(kwargs, message):
