@@ -10,7 +10,7 @@ together, trainer ranks, reward workers) are checked against the nodes that exis
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 class PlacementError(RuntimeError):
@@ -25,6 +25,9 @@ class RoleBundles:
     """Role name in messages, e.g. ``engines``, ``trainer``, ``reward``."""
     bundles: tuple[Mapping[str, float], ...]
     """One resource map per bundle (an engine with tensor_parallel_size=2 on CUDA asks ``{"GPU": 2, "CPU": 1}``)."""
+    shares: Mapping[str, tuple[Mapping[str, float], ...]] = field(default_factory=dict)
+    """Roles whose actors share these bundles (colocated on accelerators): role → what its actor ``i`` takes
+    of bundle ``i`` (a fraction of its accelerator). Empty: the role's own actors fill the bundles."""
 
 
 def check_placement(roles: Sequence[RoleBundles], nodes: Sequence[Mapping[str, float]]) -> None:

@@ -9,8 +9,11 @@ against the live nodes (``placement_check``), so an impossible placement fails i
 fails the same way after ``placement_timeout_s``, never as a hang.
 
 Colocated placements (``sync`` on CPU) reserve nothing: their actors share every core behind the mode's
-barrier. Colocating on accelerators would need the engines to release device memory while the trainer runs;
-that is not built, and asking for it is an error that says so.
+barrier. Colocated on accelerators, trainer rank ``i`` and engine ``i`` share one bundle (``SHARED_ROLE``)
+holding one accelerator, each actor taking half of it (Ray's fractional GPUs: both see the same device), so
+the pair takes turns on one GPU behind the barrier; any other colocated ask on accelerators is refused,
+naming why. Both stay resident on the device (the sleeping engine and offloading trainer of
+``runtime.switch`` are inline only so far). ``layout_of`` says which layout was built (``placement.json``).
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from asyncrl.runtime.placement_check import PlacementError, RoleBundles, check_p
 
 TRAINER_ROLE = "trainer"
 ENGINE_ROLE = "engines"
+SHARED_ROLE = "colocated"
+"""Bundles a trainer rank and an engine share (colocated on accelerators)."""
 REWARD_ROLE = "reward"
 """The reward pool's CPUs: it runs in the driver (``rewards.service``), so its bundle is pinned to the driver's
 node and holds no actor; reserving it keeps actors off those cores."""
@@ -52,12 +57,9 @@ def accelerators_per_actor(config: RunConfig, runtime: RuntimeConfig) -> tuple[f
 def role_bundles(config: RunConfig, runtime: RuntimeConfig, placement: Placement) -> list[RoleBundles]:
     """The bundles each role asks for (pure: no Ray). Roles whose bundles would be empty ask for nothing."""
     trainer_accelerators, engine_accelerators = accelerators_per_actor(config, runtime)
-    if placement.colocated and (trainer_accelerators or engine_accelerators):
-        raise PlacementError(
-            "colocated rollout and training on accelerators is not supported (engines would have to free "
-            "device memory while the trainer runs); set runtime.colocate: never"
-        )
     accelerator = runtime.accelerator_resource
+    if placement.colocated and (trainer_accelerators or engine_accelerators):
+        return [_shared_bundles(config, runtime, trainer_accelerators, engine_accelerators)]
     trainer = _bundle(
         placement.trainer_num_cpus, accelerator, trainer_accelerators, runtime.trainer_resources
     )
@@ -70,6 +72,47 @@ def role_bundles(config: RunConfig, runtime: RuntimeConfig, placement: Placement
     if runtime.reward_num_cpus > 0 and not placement.colocated:
         roles.append(RoleBundles(role=REWARD_ROLE, bundles=({"CPU": runtime.reward_num_cpus},)))
     return roles
+
+
+def _shared_bundles(
+    config: RunConfig, runtime: RuntimeConfig, trainer_accelerators: float, engine_accelerators: float
+) -> RoleBundles:
+    """Colocated on accelerators: one bundle per (trainer rank, engine) pair, one accelerator each, half to
+    each actor; a ``PlacementError`` naming the fields for any colocated ask this layout cannot hold."""
+    workers, engines = config.trainer.num_workers, config.rollout.num_engines
+    why = ""
+    if (trainer_accelerators, engine_accelerators) != (1.0, 1.0):
+        why = (
+            f"one accelerator per trainer rank and per engine (got accelerators_per_trainer_worker="
+            f"{trainer_accelerators:g}, accelerators_per_engine={engine_accelerators:g}; a tensor-parallel "
+            "engine over several ranks' devices is not built)"
+        )
+    elif workers != engines:
+        why = f"as many engines as trainer ranks (got rollout.num_engines={engines}, trainer.num_workers={workers})"
+    if why:
+        raise PlacementError(
+            f"colocated rollout and training on accelerators pairs engine i with trainer rank i on one device "
+            f"and needs {why}; or set runtime.colocate: never"
+        )
+    accelerator = runtime.accelerator_resource
+    bundle = {accelerator: 1.0, **runtime.trainer_resources, **runtime.engine_resources}
+    half = ({accelerator: 0.5},) * workers
+    return RoleBundles(
+        role=SHARED_ROLE, bundles=(bundle,) * workers, shares={TRAINER_ROLE: half, ENGINE_ROLE: half}
+    )
+
+
+def layout_of(roles: list[RoleBundles]) -> str:
+    """Which layout ``roles`` build, in words (``placement.json``, messages)."""
+    if not roles:
+        return "colocated on CPU: nothing reserved, every actor shares the cores behind the mode's barrier"
+    shared = [role for role in roles if role.shares]
+    if shared:
+        return (
+            f"colocated on accelerators: {len(shared[0].bundles)} shared bundle(s) {dict(shared[0].bundles[0])}, "
+            f"trainer rank i and engine i each taking {dict(shared[0].shares[TRAINER_ROLE][0])} of bundle i"
+        )
+    return "separate: " + "; ".join(f"{r.role} {len(r.bundles)} x {dict(r.bundles[0])}" for r in roles)
 
 
 def _bundle(
@@ -85,6 +128,8 @@ class Reservation:
 
     groups: dict[str, PlacementGroup] = field(default_factory=dict)
     bundles: dict[str, tuple[Mapping[str, float], ...]] = field(default_factory=dict)
+    layout: str = ""
+    """Which layout was built (``layout_of``)."""
 
     def options(self, role: str, index: int, accelerator: str) -> dict[str, Any]:
         """Ray actor options for actor ``index`` of ``role``: its bundle's resources and scheduling strategy;
@@ -105,7 +150,7 @@ class Reservation:
         return options
 
     def release(self) -> None:
-        for group in self.groups.values():
+        for group in {id(group): group for group in self.groups.values()}.values():  # a shared one once
             remove_placement_group(group)
         self.groups.clear()
 
@@ -120,19 +165,26 @@ def reserve(roles: list[RoleBundles], runtime: RuntimeConfig) -> Reservation:
         else r
         for r in roles
     ]
-    check_placement(roles, nodes)
+    try:
+        check_placement(roles, nodes)
+    except PlacementError as refused:  # say which layout was refused, not only what it asked
+        raise PlacementError(f"{layout_of(roles)} refused: {refused}") from None
     strategies = {
         TRAINER_ROLE: runtime.trainer_strategy,
         ENGINE_ROLE: runtime.engine_strategy,
         REWARD_ROLE: "PACK",
     }
-    reservation = Reservation()
+    reservation = Reservation(layout=layout_of(roles))
+    pending = {}
     for role in roles:
-        reservation.groups[role.role] = placement_group(
-            [dict(bundle) for bundle in role.bundles], strategy=strategies[role.role]
+        group = placement_group(
+            [dict(bundle) for bundle in role.bundles],
+            strategy=strategies.get(role.role, runtime.trainer_strategy),  # shared: the trainer's (PACK)
         )
-        reservation.bundles[role.role] = role.bundles
-    pending = {group.ready(): name for name, group in reservation.groups.items()}
+        pending[group.ready()] = role.role
+        for name, bundles in (role.shares or {role.role: role.bundles}).items():
+            reservation.groups[name] = group
+            reservation.bundles[name] = bundles
     ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=runtime.placement_timeout_s)
     if len(ready) < len(pending):
         waiting = sorted(name for ref, name in pending.items() if ref not in ready)
