@@ -30,12 +30,16 @@ from asyncrl.config.run import RunConfig
 from asyncrl.config.runtime import RuntimeConfig
 from asyncrl.models.loading import resolve_device
 from asyncrl.runtime.placement import Placement
-from asyncrl.runtime.placement_check import PlacementError, RoleBundles, check_placement
+from asyncrl.runtime.placement_check import (
+    ENGINE_ROLE,
+    TRAINER_ROLE,
+    PlacementError,
+    RoleBundles,
+    check_placement,
+    colocated_pairs,
+    layout_of,
+)
 
-TRAINER_ROLE = "trainer"
-ENGINE_ROLE = "engines"
-SHARED_ROLE = "colocated"
-"""Bundles a trainer rank and an engine share (colocated on accelerators)."""
 REWARD_ROLE = "reward"
 """The reward pool's CPUs: it runs in the driver (``rewards.service``), so its bundle is pinned to the driver's
 node and holds no actor; reserving it keeps actors off those cores."""
@@ -77,42 +81,15 @@ def role_bundles(config: RunConfig, runtime: RuntimeConfig, placement: Placement
 def _shared_bundles(
     config: RunConfig, runtime: RuntimeConfig, trainer_accelerators: float, engine_accelerators: float
 ) -> RoleBundles:
-    """Colocated on accelerators: one bundle per (trainer rank, engine) pair, one accelerator each, half to
-    each actor; a ``PlacementError`` naming the fields for any colocated ask this layout cannot hold."""
-    workers, engines = config.trainer.num_workers, config.rollout.num_engines
-    why = ""
-    if (trainer_accelerators, engine_accelerators) != (1.0, 1.0):
-        why = (
-            f"one accelerator per trainer rank and per engine (got accelerators_per_trainer_worker="
-            f"{trainer_accelerators:g}, accelerators_per_engine={engine_accelerators:g}; a tensor-parallel "
-            "engine over several ranks' devices is not built)"
-        )
-    elif workers != engines:
-        why = f"as many engines as trainer ranks (got rollout.num_engines={engines}, trainer.num_workers={workers})"
-    if why:
-        raise PlacementError(
-            f"colocated rollout and training on accelerators pairs engine i with trainer rank i on one device "
-            f"and needs {why}; or set runtime.colocate: never"
-        )
-    accelerator = runtime.accelerator_resource
-    bundle = {accelerator: 1.0, **runtime.trainer_resources, **runtime.engine_resources}
-    half = ({accelerator: 0.5},) * workers
-    return RoleBundles(
-        role=SHARED_ROLE, bundles=(bundle,) * workers, shares={TRAINER_ROLE: half, ENGINE_ROLE: half}
+    """Colocated on accelerators: trainer rank i and engine i share bundle i (``colocated_pairs``)."""
+    return colocated_pairs(
+        workers=config.trainer.num_workers,
+        engines=config.rollout.num_engines,
+        trainer_accelerators=trainer_accelerators,
+        engine_accelerators=engine_accelerators,
+        accelerator=runtime.accelerator_resource,
+        extra={**runtime.trainer_resources, **runtime.engine_resources},
     )
-
-
-def layout_of(roles: list[RoleBundles]) -> str:
-    """Which layout ``roles`` build, in words (``placement.json``, messages)."""
-    if not roles:
-        return "colocated on CPU: nothing reserved, every actor shares the cores behind the mode's barrier"
-    shared = [role for role in roles if role.shares]
-    if shared:
-        return (
-            f"colocated on accelerators: {len(shared[0].bundles)} shared bundle(s) {dict(shared[0].bundles[0])}, "
-            f"trainer rank i and engine i each taking {dict(shared[0].shares[TRAINER_ROLE][0])} of bundle i"
-        )
-    return "separate: " + "; ".join(f"{r.role} {len(r.bundles)} x {dict(r.bundles[0])}" for r in roles)
 
 
 def _bundle(

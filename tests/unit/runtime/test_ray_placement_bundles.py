@@ -4,15 +4,8 @@ import pytest
 
 from asyncrl.config.run import load_run_config
 from asyncrl.runtime.placement import plan_placement
-from asyncrl.runtime.placement_check import PlacementError
-from asyncrl.runtime.ray_placement import (
-    ENGINE_ROLE,
-    SHARED_ROLE,
-    TRAINER_ROLE,
-    Reservation,
-    layout_of,
-    role_bundles,
-)
+from asyncrl.runtime.placement_check import SHARED_ROLE, PlacementError, layout_of
+from asyncrl.runtime.ray_placement import ENGINE_ROLE, TRAINER_ROLE, Reservation, role_bundles
 
 
 def _bundles(*overrides: str) -> dict[str, tuple]:
