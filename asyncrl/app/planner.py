@@ -26,6 +26,15 @@ from typing import Any
 from asyncrl.app.simulate import simulate
 from asyncrl.config.sim import SimConfig
 from asyncrl.modes import async_ratio_for
+from asyncrl.runtime.placement_check import (
+    ENGINE_ROLE,
+    TRAINER_ROLE,
+    PlacementError,
+    RoleBundles,
+    check_placement,
+    colocated_pairs,
+    layout_of,
+)
 from asyncrl.sim import cost
 from asyncrl.sim.derive import length_moments, load_sim_config, mean_running_context
 from asyncrl.sim.plan import Plan, recommend
@@ -72,11 +81,21 @@ class Outcome:
 @dataclass(frozen=True, kw_only=True)
 class PlanResult:
     gpus: int
+    gpus_per_engine: int
     baseline: Outcome
     outcomes: list[Outcome]
     recommended: Outcome
-    runner_up: Outcome
-    proposition: Plan
+    runner_up: Outcome | None
+    """None when the cluster holds one layout only (``--gpus 1``: colocated sync)."""
+    proposition: Plan | None
+    """Proposition 2's split; None where there is no split (the same one-layout clusters)."""
+
+    def placement_text(self, candidate: Candidate) -> str:
+        """The layout the runtime builds for ``candidate``, or why it refuses it (never recommended then)."""
+        try:
+            return placement_of(candidate, self.gpus, self.gpus_per_engine)
+        except PlacementError as refused:
+            return f"refused by the runtime: {refused}"
 
     def speedup(self, outcome: Outcome) -> float:
         return outcome.samples_per_s / self.baseline.samples_per_s
@@ -86,10 +105,17 @@ class PlanResult:
             "gpus": self.gpus,
             "baseline": asdict(self.baseline),
             "recommended": asdict(self.recommended) | {"speedup": self.speedup(self.recommended)},
-            "runner_up": asdict(self.runner_up) | {"speedup": self.speedup(self.runner_up)},
-            "why_runner_up_lost": why_lost(self.recommended, self.runner_up, self.gpus),
+            "runner_up": None
+            if self.runner_up is None
+            else asdict(self.runner_up) | {"speedup": self.speedup(self.runner_up)},
+            "why_runner_up_lost": None
+            if self.runner_up is None
+            else why_lost(self.recommended, self.runner_up, self.gpus),
             "outcomes": [asdict(o) | {"speedup": self.speedup(o)} for o in self.outcomes],
-            "proposition_2": asdict(self.proposition),
+            "proposition_2": None if self.proposition is None else asdict(self.proposition),
+            "placements": {
+                o.candidate.label(self.gpus): self.placement_text(o.candidate) for o in self.outcomes
+            },
         }
 
 
@@ -117,9 +143,10 @@ class Planner:
         if not self.base.model:
             raise ValueError("asyncrl plan needs model=... and hardware=... (the costs derive from them)")
         self.gpus_per_engine = self.base.engine.gpus_per_engine
-        if gpus < 2 * self.gpus_per_engine:
+        if gpus < 2 * self.gpus_per_engine and not self.placeable(COLOCATED_SYNC):
             raise ValueError(
-                f"--gpus {gpus} leaves no room for a trainer beside an engine of {self.gpus_per_engine}"
+                f"--gpus {gpus} leaves no room for a trainer beside an engine of {self.gpus_per_engine}, and "
+                f"the runtime cannot colocate them: {self.refusal(COLOCATED_SYNC)}"
             )
         self._cache: dict[Candidate, Outcome] = {}
 
@@ -173,9 +200,33 @@ class Planner:
             samples, self.gpus, mu_gen, max(l_gen, mu_gen), mu_train, config.trainer.epochs, alpha
         )
 
+    def placeable(self, candidate: Candidate) -> bool:
+        """Whether the runtime places ``candidate`` on this cluster (``placement_of``)."""
+        return not self.refusal(candidate)
+
+    def refusal(self, candidate: Candidate) -> str:
+        """Why the runtime refuses ``candidate`` ('' when it places it)."""
+        try:
+            placement_of(candidate, self.gpus, self.gpus_per_engine)
+        except PlacementError as refused:
+            return str(refused)
+        return ""
+
     def search(self, alphas: Sequence[float] = (1, 2, 4), tolerance: float = 0.02) -> PlanResult:
+        """The candidates of the module docstring; only those the runtime places are recommended (a refused
+        colocated baseline is still simulated: speedups are quoted against it)."""
+        baseline = self.evaluate(COLOCATED_SYNC)
+        if self.gpus < 2 * self.gpus_per_engine:  # one device per engine: colocated sync is the only layout
+            return PlanResult(
+                gpus=self.gpus,
+                gpus_per_engine=self.gpus_per_engine,
+                baseline=baseline,
+                outcomes=[baseline],
+                recommended=baseline,
+                runner_up=None,
+                proposition=None,
+            )
         proposition = self.proposition(2.0)
-        baseline = self.evaluate(Candidate(mode="sync", alpha=0.0, train_gpus=None))
         splits = [
             self.evaluate(Candidate(mode="partial_rollout", alpha=2.0, train_gpus=t))
             for t in self.split_candidates(proposition.beta)
@@ -189,15 +240,51 @@ class Planner:
         ]
         outcomes = [baseline, *splits, *(self.evaluate(c) for c in schedules)]
         outcomes = list({o.candidate: o for o in outcomes}.values())
-        recommended, runner_up = choose(outcomes, tolerance)
+        recommended, runner_up = choose([o for o in outcomes if self.placeable(o.candidate)], tolerance)
         return PlanResult(
             gpus=self.gpus,
+            gpus_per_engine=self.gpus_per_engine,
             baseline=baseline,
             outcomes=sorted(outcomes, key=lambda o: -o.samples_per_s),
             recommended=recommended,
             runner_up=runner_up,
             proposition=proposition,
         )
+
+
+COLOCATED_SYNC = Candidate(mode="sync", alpha=0.0, train_gpus=None)
+"""The baseline: every GPU generates, then trains."""
+GPUS_PER_NODE = 8
+"""Accelerators per node the placement check assumes for ``--gpus`` (the common 8-GPU node)."""
+
+
+def placement_of(candidate: Candidate, gpus: int, gpus_per_engine: int) -> str:
+    """The layout the runtime builds for ``candidate`` on ``gpus`` accelerators in nodes of
+    ``GPUS_PER_NODE``, checked by the runtime's own placement checks (``runtime.placement_check``); a
+    ``PlacementError`` naming why when the runtime refuses it. Colocated: engine i and trainer rank i share a
+    device (only ``sync`` alternates them); split: trainer ranks and engines on devices of their own."""
+    if candidate.train_gpus is None:
+        if candidate.mode != "sync":
+            raise PlacementError(f"{candidate.mode} colocated: only sync never generates while it trains")
+        roles = [
+            colocated_pairs(
+                workers=gpus,
+                engines=gpus // gpus_per_engine,
+                trainer_accelerators=1.0,
+                engine_accelerators=float(gpus_per_engine),
+                accelerator="GPU",
+            )
+        ]
+    else:
+        engines = (gpus - candidate.train_gpus) // gpus_per_engine
+        roles = [
+            RoleBundles(role=TRAINER_ROLE, bundles=({"GPU": 1.0},) * candidate.train_gpus),
+            RoleBundles(role=ENGINE_ROLE, bundles=({"GPU": float(gpus_per_engine)},) * engines),
+        ]
+    full, rest = divmod(gpus, GPUS_PER_NODE)
+    nodes = [{"GPU": float(GPUS_PER_NODE)}] * full + ([{"GPU": float(rest)}] if rest else [])
+    check_placement(roles, nodes)
+    return layout_of(roles)
 
 
 def choose(outcomes: list[Outcome], tolerance: float) -> tuple[Outcome, Outcome]:

@@ -287,7 +287,25 @@ def _record_step(timeline: SpanRecorder, record: StepRecord) -> None:
     end = timeline.clock()
     timeline.add("trainer", end - record.sync_s - record.train_s, end - record.sync_s, "train")
     timeline.add("trainer", end - record.sync_s, end, "update")
+    _record_switch(timeline, record, end)
     timeline.flush()
+
+
+def _record_switch(timeline: SpanRecorder, record: StepRecord, end: float) -> None:
+    """The colocated switch's phases (``runtime.switch``) on their own lane: sleep and reload open the train
+    span, sync, offload and wake open the update span, each as long as it was timed (``colocate/*_s``)."""
+    metrics = record.train_metrics
+    if "colocate/sleep_s" not in metrics:
+        return
+    cursor = end - record.sync_s - record.train_s
+    for phase in ("sleep", "reload"):
+        timeline.add("colocate", cursor, cursor + metrics[f"colocate/{phase}_s"], phase)
+        cursor += metrics[f"colocate/{phase}_s"]
+    cursor = end - record.sync_s
+    for phase in ("sync", "offload", "wake"):
+        if f"colocate/{phase}_s" in metrics:
+            timeline.add("colocate", cursor, cursor + metrics[f"colocate/{phase}_s"], phase)
+            cursor += metrics[f"colocate/{phase}_s"]
 
 
 def _engine_busy_s(proxy_stats: dict) -> float:

@@ -66,11 +66,16 @@ def run(args: argparse.Namespace) -> int:
         f"{result.speedup(best):.2f}x colocated sync ({result.baseline.step_s:.1f} s), "
         f"mean staleness {best.mean_staleness:.2f}"
     )
-    print(f"runner-up: {second.candidate.label(gpus)}: {why_lost(best, second, gpus)}")
-    print(
-        f"Proposition 2 (alpha 2): beta* = {prop.beta:.2f} -> {prop.num_train_workers} train GPUs; "
-        f"bound speedup <= {prop.speedup_bound:.2f}x"
-    )
+    if second is None:
+        print(f"runner-up: none: {gpus} accelerator(s) hold colocated sync only")
+    else:
+        print(f"runner-up: {second.candidate.label(gpus)}: {why_lost(best, second, gpus)}")
+    if prop is not None:
+        print(
+            f"Proposition 2 (alpha 2): beta* = {prop.beta:.2f} -> {prop.num_train_workers} train GPUs; "
+            f"bound speedup <= {prop.speedup_bound:.2f}x"
+        )
+    print(f"placement: {result.placement_text(best.candidate)}")
     if not all(o.converged for o in result.outcomes):
         print("note: some candidates hit the step cap before their step time settled (controller.num_steps)")
     out = Path(planner.base.output_dir) / "plan.json"

@@ -103,6 +103,7 @@ class RunConfig:
         check_critic(self.advantage.name, self.critic)
         self.weight_sync.transport_for(self.runtime.type)  # a ValueError when the runtime cannot carry it
         self._check_broadcast_into_vllm()
+        self._check_switch()
         self._fill_vllm_lora()
         self._fill_vllm_request_seeds()
         self._fill_eval_chat_template_kwargs()
@@ -162,6 +163,34 @@ class RunConfig:
                 "it (and each needs only its shard); use weight_sync.type: object_store (or auto), which "
                 "streams buckets through shared memory to every worker of the engine"
             )
+
+    def _check_switch(self) -> None:
+        """``runtime.switch`` (colocated sync, engines sleeping while the trainer trains) only where it is
+        correct and built: refused by name elsewhere."""
+        if not self.runtime.switch.enabled:
+            return
+        refusals = {
+            "controller.mode": (
+                self.controller.mode == "sync",
+                f"{self.controller.mode!r}: only sync never generates while the trainer trains",
+            ),
+            "runtime.colocate": (self.runtime.colocate != "never", "'never' contradicts it"),
+            "runtime.type": (
+                self.runtime.type == "inline",
+                f"{self.runtime.type!r}: the Ray actors have no sleep/offload calls yet (inline only)",
+            ),
+            "engine.backend": (
+                self.engine.backend == "builtin",
+                f"{self.engine.backend!r}: only the built-in engine sleeps in the inline runtime",
+            ),
+            "weight_sync.type": (
+                self.weight_sync.type in ("auto", "colocated"),
+                f"{self.weight_sync.type!r}: colocated engines take weights by 'colocated' (or auto)",
+            ),
+        }
+        for name, (ok, why) in refusals.items():
+            if not ok:
+                raise ValueError(f"runtime.switch.enabled cannot run with {name}={why}")
 
     def _fill_vllm_lora(self) -> None:
         """With ``trainer.lora`` on vLLM, let its worker serve adapters of that rank, and refuse what its LoRA

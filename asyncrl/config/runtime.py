@@ -29,6 +29,31 @@ _POSITIVE_FIELDS = (
 
 
 @dataclass(frozen=True, kw_only=True)
+class SwitchConfig:
+    """Colocated sync on one device (``runtime.switch``): the engine and the trainer take turns on it, each
+    giving the device back while the other works. Each phase is timed (metrics ``colocate/*``)."""
+
+    enabled: bool = False
+    """Sleep the engines while the trainer trains and offload the trainer's state while they generate.
+    Needs ``controller.mode: sync`` (the only mode whose rollout never overlaps training), the inline runtime
+    and the built-in engine; weights then travel by ``weight_sync.type: colocated`` (``auto`` picks it)."""
+    engine_sleep_level: int = 1
+    """1: a sleeping engine frees its KV pool. 2: it also moves its weights to host memory."""
+    offload_optimizer: bool = True
+    """Move the optimizer state (Adam's moments) to host memory while the engines generate."""
+    offload_grads: bool = False
+    """The same for gradients still held after a step (none with the default ``zero_grad(set_to_none)``)."""
+    offload_master_weights: bool = False
+    """The same for the trainer's own weights (its master copy), after they were published to the engines."""
+
+    def __post_init__(self) -> None:
+        if self.engine_sleep_level not in (1, 2):
+            raise ValueError(
+                f"runtime.switch.engine_sleep_level must be 1 or 2, got {self.engine_sleep_level}"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
 class RuntimeConfig:
     """Where the trainer and the engine replicas run, with which resources and how long calls may take."""
 
@@ -91,6 +116,8 @@ class RuntimeConfig:
     and fails with a timeout naming the engine: a hung but live actor never blocks the run forever."""
     train_step_timeout_s: float = 3600.0
     """Longest one train step may take on the trainer actor."""
+    switch: SwitchConfig = field(default_factory=SwitchConfig)
+    """Colocated sync with engines that sleep and a trainer that offloads (``SwitchConfig``)."""
     trainer_restarts: int = 2
     """Times a run whose trainer actor died (or stopped answering) starts again from its last verified
     checkpoint, every actor anew, exactly as ``resume=`` would; 0: the run fails. Needs

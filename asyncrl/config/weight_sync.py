@@ -8,7 +8,7 @@ from typing import Literal
 
 WEIGHT_SYNC_TYPES = ("auto", "in_process", "object_store", "broadcast", "delta", "colocated")
 RUNTIME_TRANSPORTS = {
-    "inline": ("in_process", "delta"),
+    "inline": ("in_process", "delta", "colocated"),
     "local": ("object_store", "broadcast", "delta", "colocated"),
     "cluster": ("object_store", "broadcast", "delta"),
 }
@@ -28,7 +28,8 @@ class WeightSyncConfig:
     delta: per version only what changed since the previous one, written to a shared directory
     (``delta_dir``) that every engine reads; engines patch their weights in place (``weight_sync.delta``).
     colocated: engines on the trainer's machine map the trainer's packed weights without a copy (shared
-    memory on CPU, CUDA IPC handles on a GPU; ``weight_sync.colocated``; the local Ray runtime).
+    memory on CPU, CUDA IPC handles on a GPU; ``weight_sync.colocated``; the local Ray runtime, and inline
+    with ``runtime.switch``, where ``auto`` picks it).
     auto: the first the runtime carries (in_process inline, object_store on Ray)."""
     bucket_mb: float = 256.0
     """Weights leave the trainer in buckets of about this size (object_store, broadcast): the largest piece of

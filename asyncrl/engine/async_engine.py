@@ -106,6 +106,14 @@ class AsyncEngine:
     async def resume(self) -> None:
         await self._call(self.core.resume)
 
+    async def sleep(self, level: int = 1) -> int:
+        """Free the device between steps (``LLMEngine.sleep``); the bytes freed."""
+        return await self._call(lambda: self.core.sleep(level))
+
+    async def wake(self) -> int:
+        """Undo ``sleep`` (``LLMEngine.wake``); the bytes allocated again."""
+        return await self._call(self.core.wake)
+
     @property
     def version(self) -> int:
         """The policy version the engine serves."""
@@ -236,7 +244,7 @@ class AsyncEngine:
                 return True
 
     def _can_step(self) -> bool:
-        return not self.core.paused and self.core.has_work()
+        return not self.core.paused and not self.core.asleep and self.core.has_work()
 
     def _fail_pending(self) -> None:
         with self._cond:

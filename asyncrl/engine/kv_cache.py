@@ -27,10 +27,37 @@ class KVCache:
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
-        shape = (num_slots, num_kv_heads, max_len + 1, head_dim)
+        self._shape = (num_slots, num_kv_heads, max_len + 1, head_dim)
+        self._layout = (num_layers, dtype, device)
         self.max_len = max_len
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.restore()
+
+    @property
+    def released(self) -> bool:
+        """Whether the pool is freed (``release``) and must be ``restore``d before the next write."""
+        return not self.keys
+
+    def release(self) -> int:
+        """Drop every layer's key and value pool (a sleeping engine, colocated sync: the trainer gets the
+        memory); the bytes let go. The caller must forget every request's KV first (nothing survives)."""
+        freed = self.resident_bytes()
+        self.keys, self.values = [], []
+        return freed
+
+    def restore(self) -> int:
+        """Allocate the pools again, zeroed as at construction; the bytes allocated (0 if never released)."""
+        if not self.released:
+            return 0
+        num_layers, dtype, device = self._layout
+        self.keys = [torch.zeros(self._shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.zeros(self._shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        return self.resident_bytes()
+
+    def resident_bytes(self) -> int:
+        """Bytes the pools hold now (0 while released)."""
+        return sum(t.nbytes for t in (*self.keys, *self.values))
 
     @property
     def scratch_position(self) -> int:

@@ -53,6 +53,9 @@ class LLMEngine:
         self.in_place = InPlaceReceiver()
         """Weight updates patched in place (delta transport), with the chain fetched before a pause."""
         self.paused = False
+        self.asleep = 0
+        """The sleep level (``sleep``): 0 awake, 1 KV pool freed, 2 weights on the host too."""
+        self._host_weights: list[tuple[torch.nn.Parameter, torch.device]] = []
         self.num_generated_tokens = 0
         self.busy_seconds = 0.0
         self._sequences: dict[str, Sequence] = {}
@@ -75,7 +78,7 @@ class LLMEngine:
 
     def step(self) -> list[Generation]:
         """Advance every running request by one scheduled chunk; return the generations that finished."""
-        if self.paused or not self.scheduler.has_work:
+        if self.paused or self.asleep or not self.scheduler.has_work:
             return []
         started = time.perf_counter()
         moves, chunks = self.scheduler.schedule()
@@ -109,6 +112,42 @@ class LLMEngine:
 
     def resume(self) -> None:
         self.paused = False
+
+    def sleep(self, level: int = 1) -> int:
+        """Give the device back while a colocated trainer trains (``runtime.switch``); the bytes freed.
+        Level 1 frees the KV pool; level 2 also moves the weights to host memory (pinned from CUDA). Requests
+        in flight stay queued and are prefilled again after ``wake`` (their KV is gone). No step runs asleep."""
+        if level not in (1, 2):
+            raise ValueError(
+                f"engine sleep level must be 1 (KV pool) or 2 (KV pool and weights), got {level}"
+            )
+        if self.asleep:
+            raise RuntimeError(f"engine is already asleep (level {self.asleep}); wake it first")
+        self.scheduler.reset_kv()
+        freed = self.runner.cache.release()
+        if level == 2:
+            for param in self.model.parameters():
+                self._host_weights.append((param, param.device))
+                freed += param.nbytes
+                param.data = _host_copy(param.data)
+        if self.runner.device.type == "cuda":
+            torch.cuda.empty_cache()  # return the blocks to the device, for a trainer in another process too
+        self.asleep = level
+        return freed
+
+    def wake(self) -> int:
+        """Undo ``sleep``: the weights back on their device (level 2), a fresh zeroed KV pool; the bytes
+        allocated (0 when awake already)."""
+        if not self.asleep:
+            return 0
+        allocated = 0
+        for param, device in self._host_weights:
+            param.data = param.data.to(device)
+            allocated += param.nbytes
+        self._host_weights = []
+        allocated += self.runner.cache.restore()
+        self.asleep = 0
+        return allocated
 
     def update_weights(self, named_tensors: NamedTensors, version: int, *, partial: bool = False) -> None:
         """Copy new weights into the model and tag later tokens with ``version`` (contract: engine/weights.py).
@@ -165,6 +204,8 @@ class LLMEngine:
             "busy_seconds": self.busy_seconds,
             "version": self.version,
             "paused": self.paused,
+            "asleep": self.asleep,
+            "kv_pool_bytes": self.runner.cache.resident_bytes(),
         }
 
     def _append_tokens(self, due: list[Sequence], logits: torch.Tensor) -> list[Generation]:
@@ -203,6 +244,14 @@ class LLMEngine:
 
     def _decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+
+def _host_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A host copy of ``tensor``: pinned when it comes from an accelerator, a plain clone on CPU."""
+    if tensor.device.type == "cpu":
+        return tensor.clone()
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    return host.copy_(tensor)
 
 
 KV_POOL_MEMORY_SHARE = 0.9

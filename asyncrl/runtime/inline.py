@@ -192,15 +192,12 @@ def build_parts(config: RunConfig) -> InlineParts:
     engines = make_engines(config, model, tokenizer, placement.engine_threads)
     trainer = build_trainer(config, model, tokenizer)
     builtin = config.engine.backend == "builtin"
+    local = LocalTrainer(trainer, placement.trainer_threads, make_inline_weight_sync(config, trainer.device))
     return InlineParts(
         config=config,
         task=make_task(config.task),
         tokenizer=tokenizer,
-        trainer=LocalTrainer(
-            trainer,
-            placement.trainer_threads,
-            make_inline_weight_sync(config),
-        ),
+        trainer=with_switch(config, local, engines),
         engines=engines,
         rewards=RewardService.from_config(config.reward),
         engine_factory=InlineEngineFactory(config, engines, placement.engine_threads) if builtin else None,
@@ -208,10 +205,23 @@ def build_parts(config: RunConfig) -> InlineParts:
     )
 
 
-def make_inline_weight_sync(config: RunConfig) -> WeightSync:
-    """The trainer side of the run's transport in this process (in_process, or delta into a directory)."""
+def make_inline_weight_sync(config: RunConfig, device: torch.device | str = "cpu") -> WeightSync:
+    """The trainer side of the run's transport in this process (in_process, delta into a directory, or
+    colocated: what ``runtime.switch`` uses, packed on the trainer's ``device``)."""
     transport = config.weight_sync.transport_for("inline")
-    return make_weight_sync(transport, **config.weight_sync.transport_options(transport, config.output_dir))
+    if config.runtime.switch.enabled and config.weight_sync.type == "auto":
+        transport = "colocated"
+    options = config.weight_sync.transport_options(transport, config.output_dir, str(device))
+    return make_weight_sync(transport, **options)
+
+
+def with_switch(config: RunConfig, local: LocalTrainer, engines: list[Any]) -> Any:
+    """``local``, or with ``runtime.switch`` on, ``local`` behind the colocated switch over ``engines``."""
+    if not config.runtime.switch.enabled:
+        return local
+    from asyncrl.runtime.colocate import ColocatedTrainer
+
+    return ColocatedTrainer(local, engines, config.runtime.switch, config.runtime.control_timeout_s)
 
 
 def make_engines(config: RunConfig, model: Any, tokenizer: Any, num_threads: int | None = None) -> list[Any]:

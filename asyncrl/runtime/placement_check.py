@@ -10,7 +10,7 @@ together, trainer ranks, reward workers) are checked against the nodes that exis
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 class PlacementError(RuntimeError):
@@ -25,6 +25,9 @@ class RoleBundles:
     """Role name in messages, e.g. ``engines``, ``trainer``, ``reward``."""
     bundles: tuple[Mapping[str, float], ...]
     """One resource map per bundle (an engine with tensor_parallel_size=2 on CUDA asks ``{"GPU": 2, "CPU": 1}``)."""
+    shares: Mapping[str, tuple[Mapping[str, float], ...]] = field(default_factory=dict)
+    """Roles whose actors share these bundles (colocated on accelerators): role → what its actor ``i`` takes
+    of bundle ``i`` (a fraction of its accelerator). Empty: the role's own actors fill the bundles."""
 
 
 def check_placement(roles: Sequence[RoleBundles], nodes: Sequence[Mapping[str, float]]) -> None:
@@ -57,3 +60,56 @@ def _refuse(reason: str, roles: Sequence[RoleBundles], nodes: Sequence[Mapping[s
 
 def _describe(roles: Sequence[RoleBundles]) -> str:
     return "; ".join(f"{r.role}: {len(r.bundles)} x {[dict(b) for b in r.bundles][:1]}" for r in roles)
+
+
+TRAINER_ROLE = "trainer"
+ENGINE_ROLE = "engines"
+SHARED_ROLE = "colocated"
+"""Bundles a trainer rank and an engine share (colocated on accelerators)."""
+
+
+def colocated_pairs(
+    *,
+    workers: int,
+    engines: int,
+    trainer_accelerators: float,
+    engine_accelerators: float,
+    accelerator: str,
+    extra: Mapping[str, float] | None = None,
+) -> RoleBundles:
+    """Colocated on accelerators: one bundle per (trainer rank, engine) pair holding one accelerator, half to
+    each actor (Ray's fractional GPUs: both see the same device); a ``PlacementError`` naming the fields for
+    any colocated ask this layout cannot hold. Pure, so ``asyncrl plan`` asks the same check."""
+    why = ""
+    if (trainer_accelerators, engine_accelerators) != (1.0, 1.0):
+        why = (
+            f"one accelerator per trainer rank and per engine (got accelerators_per_trainer_worker="
+            f"{trainer_accelerators:g}, accelerators_per_engine={engine_accelerators:g}; a tensor-parallel "
+            "engine over several ranks' devices is not built)"
+        )
+    elif workers != engines:
+        why = f"as many engines as trainer ranks (got rollout.num_engines={engines}, trainer.num_workers={workers})"
+    if why:
+        raise PlacementError(
+            f"colocated rollout and training on accelerators pairs engine i with trainer rank i on one device "
+            f"and needs {why}; or set runtime.colocate: never"
+        )
+    half = ({accelerator: 0.5},) * workers
+    return RoleBundles(
+        role=SHARED_ROLE,
+        bundles=({accelerator: 1.0, **(extra or {})},) * workers,
+        shares={TRAINER_ROLE: half, ENGINE_ROLE: half},
+    )
+
+
+def layout_of(roles: Sequence[RoleBundles]) -> str:
+    """Which layout ``roles`` build, in words (``placement.json``, refusals, ``asyncrl plan``)."""
+    if not roles:
+        return "colocated on CPU: nothing reserved, every actor shares the cores behind the mode's barrier"
+    shared = [role for role in roles if role.shares]
+    if shared:
+        return (
+            f"colocated on accelerators: {len(shared[0].bundles)} shared bundle(s) {dict(shared[0].bundles[0])}, "
+            f"trainer rank i and engine i each taking {dict(shared[0].shares[TRAINER_ROLE][0])} of bundle i"
+        )
+    return "separate: " + "; ".join(f"{r.role} {len(r.bundles)} x {dict(r.bundles[0])}" for r in roles)

@@ -9,8 +9,11 @@ against the live nodes (``placement_check``), so an impossible placement fails i
 fails the same way after ``placement_timeout_s``, never as a hang.
 
 Colocated placements (``sync`` on CPU) reserve nothing: their actors share every core behind the mode's
-barrier. Colocating on accelerators would need the engines to release device memory while the trainer runs;
-that is not built, and asking for it is an error that says so.
+barrier. Colocated on accelerators, trainer rank ``i`` and engine ``i`` share one bundle (``SHARED_ROLE``)
+holding one accelerator, each actor taking half of it (Ray's fractional GPUs: both see the same device), so
+the pair takes turns on one GPU behind the barrier; any other colocated ask on accelerators is refused,
+naming why. Both stay resident on the device (the sleeping engine and offloading trainer of
+``runtime.switch`` are inline only so far). ``layout_of`` says which layout was built (``placement.json``).
 """
 
 from __future__ import annotations
@@ -27,10 +30,16 @@ from asyncrl.config.run import RunConfig
 from asyncrl.config.runtime import RuntimeConfig
 from asyncrl.models.loading import resolve_device
 from asyncrl.runtime.placement import Placement
-from asyncrl.runtime.placement_check import PlacementError, RoleBundles, check_placement
+from asyncrl.runtime.placement_check import (
+    ENGINE_ROLE,
+    TRAINER_ROLE,
+    PlacementError,
+    RoleBundles,
+    check_placement,
+    colocated_pairs,
+    layout_of,
+)
 
-TRAINER_ROLE = "trainer"
-ENGINE_ROLE = "engines"
 REWARD_ROLE = "reward"
 """The reward pool's CPUs: it runs in the driver (``rewards.service``), so its bundle is pinned to the driver's
 node and holds no actor; reserving it keeps actors off those cores."""
@@ -52,12 +61,9 @@ def accelerators_per_actor(config: RunConfig, runtime: RuntimeConfig) -> tuple[f
 def role_bundles(config: RunConfig, runtime: RuntimeConfig, placement: Placement) -> list[RoleBundles]:
     """The bundles each role asks for (pure: no Ray). Roles whose bundles would be empty ask for nothing."""
     trainer_accelerators, engine_accelerators = accelerators_per_actor(config, runtime)
-    if placement.colocated and (trainer_accelerators or engine_accelerators):
-        raise PlacementError(
-            "colocated rollout and training on accelerators is not supported (engines would have to free "
-            "device memory while the trainer runs); set runtime.colocate: never"
-        )
     accelerator = runtime.accelerator_resource
+    if placement.colocated and (trainer_accelerators or engine_accelerators):
+        return [_shared_bundles(config, runtime, trainer_accelerators, engine_accelerators)]
     trainer = _bundle(
         placement.trainer_num_cpus, accelerator, trainer_accelerators, runtime.trainer_resources
     )
@@ -70,6 +76,20 @@ def role_bundles(config: RunConfig, runtime: RuntimeConfig, placement: Placement
     if runtime.reward_num_cpus > 0 and not placement.colocated:
         roles.append(RoleBundles(role=REWARD_ROLE, bundles=({"CPU": runtime.reward_num_cpus},)))
     return roles
+
+
+def _shared_bundles(
+    config: RunConfig, runtime: RuntimeConfig, trainer_accelerators: float, engine_accelerators: float
+) -> RoleBundles:
+    """Colocated on accelerators: trainer rank i and engine i share bundle i (``colocated_pairs``)."""
+    return colocated_pairs(
+        workers=config.trainer.num_workers,
+        engines=config.rollout.num_engines,
+        trainer_accelerators=trainer_accelerators,
+        engine_accelerators=engine_accelerators,
+        accelerator=runtime.accelerator_resource,
+        extra={**runtime.trainer_resources, **runtime.engine_resources},
+    )
 
 
 def _bundle(
@@ -85,6 +105,8 @@ class Reservation:
 
     groups: dict[str, PlacementGroup] = field(default_factory=dict)
     bundles: dict[str, tuple[Mapping[str, float], ...]] = field(default_factory=dict)
+    layout: str = ""
+    """Which layout was built (``layout_of``)."""
 
     def options(self, role: str, index: int, accelerator: str) -> dict[str, Any]:
         """Ray actor options for actor ``index`` of ``role``: its bundle's resources and scheduling strategy;
@@ -105,7 +127,7 @@ class Reservation:
         return options
 
     def release(self) -> None:
-        for group in self.groups.values():
+        for group in {id(group): group for group in self.groups.values()}.values():  # a shared one once
             remove_placement_group(group)
         self.groups.clear()
 
@@ -120,19 +142,26 @@ def reserve(roles: list[RoleBundles], runtime: RuntimeConfig) -> Reservation:
         else r
         for r in roles
     ]
-    check_placement(roles, nodes)
+    try:
+        check_placement(roles, nodes)
+    except PlacementError as refused:  # say which layout was refused, not only what it asked
+        raise PlacementError(f"{layout_of(roles)} refused: {refused}") from None
     strategies = {
         TRAINER_ROLE: runtime.trainer_strategy,
         ENGINE_ROLE: runtime.engine_strategy,
         REWARD_ROLE: "PACK",
     }
-    reservation = Reservation()
+    reservation = Reservation(layout=layout_of(roles))
+    pending = {}
     for role in roles:
-        reservation.groups[role.role] = placement_group(
-            [dict(bundle) for bundle in role.bundles], strategy=strategies[role.role]
+        group = placement_group(
+            [dict(bundle) for bundle in role.bundles],
+            strategy=strategies.get(role.role, runtime.trainer_strategy),  # shared: the trainer's (PACK)
         )
-        reservation.bundles[role.role] = role.bundles
-    pending = {group.ready(): name for name, group in reservation.groups.items()}
+        pending[group.ready()] = role.role
+        for name, bundles in (role.shares or {role.role: role.bundles}).items():
+            reservation.groups[name] = group
+            reservation.bundles[name] = bundles
     ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=runtime.placement_timeout_s)
     if len(ready) < len(pending):
         waiting = sorted(name for ref, name in pending.items() if ref not in ready)

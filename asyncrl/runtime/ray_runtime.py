@@ -524,6 +524,7 @@ class RayParts:
         return {
             "runtime": self.config.runtime.type,
             "placement": self.placement.describe(),
+            "layout": self.reservation.layout,
             "trainer_ranks": self.trainer.ranks,
             "engines": self.engine_locations,
         }

@@ -4,7 +4,7 @@ import pytest
 
 from asyncrl.config.run import load_run_config
 from asyncrl.runtime.placement import plan_placement
-from asyncrl.runtime.placement_check import PlacementError
+from asyncrl.runtime.placement_check import SHARED_ROLE, PlacementError, layout_of
 from asyncrl.runtime.ray_placement import ENGINE_ROLE, TRAINER_ROLE, Reservation, role_bundles
 
 
@@ -53,10 +53,49 @@ def test_vllm_tensor_parallelism_sets_an_engines_gpus_on_cuda():
     assert accelerators_per_actor(config, config.runtime) == (1.0, 4.0)
 
 
-def test_colocated_cpu_roles_reserve_nothing_and_colocation_on_gpus_is_refused():
+def _roles(*overrides: str) -> list:
+    config = load_run_config(None, ["model.device=cpu", "runtime.type=local", *overrides])
+    placement = plan_placement(
+        config.runtime,
+        num_engines=config.rollout.num_engines,
+        mode=config.controller.mode,
+        num_trainer_workers=config.trainer.num_workers,
+    )
+    return role_bundles(config, config.runtime, placement)
+
+
+SYNC_ON_GPUS = (
+    "controller.mode=sync",
+    "buffer.async_ratio=0",
+    "runtime.accelerator_resource=fake_gpu",
+    "runtime.accelerators_per_trainer_worker=1",
+    "runtime.accelerators_per_engine=1",
+)
+
+
+def test_colocated_cpu_roles_reserve_nothing():
     assert _bundles("controller.mode=sync", "buffer.async_ratio=0") == {}
-    with pytest.raises(PlacementError, match="colocated rollout and training on accelerators"):
-        _bundles("controller.mode=sync", "buffer.async_ratio=0", "runtime.accelerators_per_engine=1")
+    assert layout_of([]).startswith("colocated on CPU")
+
+
+def test_colocated_on_accelerators_pairs_each_engine_with_a_trainer_rank_in_one_bundle():
+    (shared,) = _roles(*SYNC_ON_GPUS, "trainer.num_workers=2", "rollout.num_engines=2")
+    assert shared.role == SHARED_ROLE and shared.bundles == ({"fake_gpu": 1.0},) * 2
+    assert shared.shares == {TRAINER_ROLE: ({"fake_gpu": 0.5},) * 2, ENGINE_ROLE: ({"fake_gpu": 0.5},) * 2}
+    assert layout_of([shared]).startswith("colocated on accelerators: 2 shared bundle(s)")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        (("rollout.num_engines=2",), "rollout.num_engines=2, trainer.num_workers=1"),
+        (("runtime.accelerators_per_engine=2",), "accelerators_per_engine=2"),
+    ],
+)
+def test_colocated_asks_the_shared_layout_cannot_hold_are_refused_naming_why(overrides, named):
+    with pytest.raises(PlacementError, match="pairs engine i with trainer rank i") as refused:
+        _roles(*SYNC_ON_GPUS, *overrides)
+    assert named in str(refused.value)
 
 
 def test_an_actor_outside_any_reservation_asks_for_no_cpus():

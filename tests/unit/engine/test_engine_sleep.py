@@ -1,0 +1,72 @@
+"""A sleeping engine (colocated sync, ``runtime.switch``) frees its KV pool, and with level 2 its weights' device
+memory, and wakes to serve exactly as before: a fresh pool, the same weights, requests in flight prefilled again."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+import torch
+from engine_testlib import drain, engine, request
+
+
+def test_sleep_frees_the_kv_pool_and_wake_restores_it(qwen2) -> None:
+    core = engine(qwen2)
+    pool = core.runner.cache.resident_bytes()
+    assert pool > 0
+    held = weakref.ref(core.runner.cache.keys[0])
+    assert core.sleep(1) == pool
+    gc.collect()
+    assert held() is None, "a layer's key pool is still referenced: the memory was not freed"
+    assert core.stats()["kv_pool_bytes"] == 0 and core.stats()["asleep"] == 1
+    assert core.wake() == pool
+    assert core.stats()["kv_pool_bytes"] == pool and core.stats()["asleep"] == 0
+    assert all(torch.count_nonzero(k) == 0 for k in core.runner.cache.keys)  # zeroed as when built
+
+
+def test_a_woken_engine_generates_what_a_never_slept_one_does(qwen2) -> None:
+    prompts = {f"r{i}": [3 + i, 7, 11, 2 * i + 1] for i in range(3)}
+    never = engine(qwen2)
+    for rid, prompt in prompts.items():
+        never.add_request(request(rid, prompt, max_new_tokens=8, temperature=0.0, ignore_eos=True))
+    want = {rid: g.token_ids for rid, g in drain(never).items()}
+
+    slept = engine(qwen2)
+    for level in (1, 2):
+        slept.sleep(level)
+        slept.wake()
+    for rid, prompt in prompts.items():
+        slept.add_request(request(rid, prompt, max_new_tokens=8, temperature=0.0, ignore_eos=True))
+    assert {rid: g.token_ids for rid, g in drain(slept).items()} == want
+
+
+def test_level_two_moves_the_weights_to_the_host_and_back_bit_equal(qwen2) -> None:
+    core = engine(qwen2)
+    before = {name: p.detach().clone() for name, p in core.model.named_parameters()}
+    weights = sum(p.nbytes for p in core.model.parameters())
+    pool = core.runner.cache.resident_bytes()
+    assert core.sleep(2) == pool + weights
+    core.wake()
+    for name, param in core.model.named_parameters():
+        assert torch.equal(param, before[name]), name
+
+
+def test_requests_in_flight_are_prefilled_again_after_wake(qwen2) -> None:
+    core = engine(qwen2)
+    core.add_request(request("a", [5, 6, 7], max_new_tokens=6, ignore_eos=True))
+    core.step()
+    core.sleep(1)
+    assert core.step() == [] and core.scheduler.kv_tokens_cached == 0  # asleep: nothing runs, no KV kept
+    core.wake()
+    assert len(drain(core)["a"].token_ids) == 6
+
+
+def test_bad_levels_and_double_sleep_are_refused_by_name(qwen2) -> None:
+    core = engine(qwen2)
+    with pytest.raises(ValueError, match="sleep level must be 1"):
+        core.sleep(3)
+    core.sleep(1)
+    with pytest.raises(RuntimeError, match="already asleep"):
+        core.sleep(1)
+    assert core.wake() > 0 and core.wake() == 0
