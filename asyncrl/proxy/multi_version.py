@@ -44,6 +44,11 @@ Invariants (tests/unit/proxy/test_multi_version*.py, tests/unit/controller):
    ``retry_on_engine_failure``: then it is generated again from scratch, on the newest version, on an engine
    that has not failed it, so its trajectory still has exactly one version.
 
+Cost per change (a request ending, an update, a window move): the gate wakes at most as many held calls as
+there are free slots at the newest version (``wakeup.HeldCalls``), and the window, the partition and the
+versions alive read per-version counts kept as calls are pinned; the rest is O(engines). So a change costs
+the same with 1 k or 64 k calls in flight (tests/unit/proxy/test_multi_version_gate.py, bench/control_plane.py).
+
 Not here (unlike ``LLMProxy``): continuation of an aborted request (it would mix versions).
 Shared with ``LLMProxy``-style proxies: workers, bounded engine and control calls, health (``engine_set``).
 """
@@ -62,6 +67,7 @@ from asyncrl.config.proxy import ProxyConfig
 from asyncrl.proxy.continuation import empty_abort
 from asyncrl.proxy.errors import EngineFailure, NoHealthyEngine, RequestTimeout
 from asyncrl.proxy.shell import ProxyShell
+from asyncrl.proxy.wakeup import HeldCalls
 from asyncrl.proxy.worker import (
     EngineClient,
     EngineWorker,
@@ -259,6 +265,12 @@ class MultiVersionProxy(ProxyShell):
         self._incoming: PendingUpdate | None = None
         self._counts = Counter(dict.fromkeys(COUNTERS, 0))
         self._max_versions_alive = 1
+        self._held = HeldCalls()
+        """Calls at the gate: each change wakes as many as there are free slots at the newest version."""
+        self._num_pinned: Counter[int] = Counter()
+        """Calls pinned to each version (no zero counts): the window and the partition read it per change."""
+        self._on_engine: dict[int, dict[str, _Call]] = {}
+        """The calls running on each engine (by index), the ones a switch or an evacuation moves."""
 
     # ----------------------------------------------------------------------------------------------- requests
 
@@ -267,7 +279,18 @@ class MultiVersionProxy(ProxyShell):
 
     def _call_ended(self, call: _Call) -> None:
         self._forget_handoff(call)
+        self._pin(call, None)
         self._changed()
+
+    def _pin(self, call: _Call, version: int | None) -> None:
+        """Set the call's version, keeping the per-version counts current."""
+        if call.version is not None:
+            self._num_pinned[call.version] -= 1
+            if not self._num_pinned[call.version]:
+                del self._num_pinned[call.version]
+        call.version = version
+        if version is not None:
+            self._num_pinned[version] += 1
 
     async def abort(self, request_id: str) -> Generation | None:
         """End a request now: its partial Generation from the engine (or held: an empty one); None if unknown
@@ -276,7 +299,7 @@ class MultiVersionProxy(ProxyShell):
         if call is None or call.abort_requested:
             return None
         call.abort_requested = True
-        self._wakeup.notify()
+        self._held.wake(request_id)
         if call.version is None:
             return empty_abort(call.request)
         worker = call.worker
@@ -297,19 +320,21 @@ class MultiVersionProxy(ProxyShell):
                     raise
                 self._forget_handoff(call)
                 call.excluded.add(failure.engine_index)
-                call.version = None  # generated again from scratch, on the newest version: still one version
+                self._pin(call, None)  # generated again from scratch, on the newest version: one version
                 self._counts["num_retries"] += 1
                 logger.warning("request %s: %s; retrying on another engine", call.request.request_id, failure)
 
     async def _dispatch(self, call: _Call) -> EngineWorker | None:
         """Hold the call at the gate, then pin it to the newest version; its engine, or None if aborted."""
-        await self._wakeup.wait_until(
-            lambda: self._closed or call.abort_requested or self._dispatchable(call)
+        await self._held.wait_until(
+            call.request.request_id,
+            lambda: self._closed or call.abort_requested or self._dispatchable(call),
+            shared=not call.excluded,
         )
         self._check_open()
         if call.abort_requested:
             return None
-        call.version = self._newest
+        self._pin(call, self._newest)
         return self._route(call, self._newest)
 
     async def _run(self, call: _Call, worker: EngineWorker) -> Generation:
@@ -335,6 +360,7 @@ class MultiVersionProxy(ProxyShell):
         run: Callable[[EngineWorker], Awaitable[Generation]],
     ) -> Generation:
         call.worker = worker
+        self._on_engine.setdefault(worker.index, {})[request.request_id] = call
         self._affinity.add(request.affinity_key, worker.index)
         try:
             return await self._engines.attempt(worker, request, lambda: run(worker))
@@ -343,6 +369,7 @@ class MultiVersionProxy(ProxyShell):
             raise
         finally:
             self._affinity.remove(request.affinity_key, worker.index)
+            del self._on_engine[worker.index][request.request_id]
             call.worker = None
             self._changed()
 
@@ -432,7 +459,7 @@ class MultiVersionProxy(ProxyShell):
     async def resume(self) -> None:
         self._check_open()
         self._suspended = False
-        self._wakeup.notify()
+        self._notify()
 
     async def update_applied(self, version: int, timeout_s: float | None = None) -> None:
         """Wait until ``version`` is the newest and at least one healthy engine serves it."""
@@ -469,20 +496,42 @@ class MultiVersionProxy(ProxyShell):
             self._newest = self._weights.version
         self._rebalance()
         self._evacuate_unhealthy()
-        alive = {c.version for c in self._calls.values() if c.version is not None} | {self._newest}
-        self._max_versions_alive = max(self._max_versions_alive, max(alive) - min(alive) + 1)
+        alive = self.versions_alive()
+        self._max_versions_alive = max(self._max_versions_alive, alive[-1] - alive[0] + 1)
+        self._notify()
+
+    def _notify(self) -> None:
+        """Wake the waits a change may have ended: the few broadcast ones, and at the gate only as many held
+        calls as can move now."""
         self._wakeup.notify()
+        capacity = self._gate_capacity()
+        self._held.notify(capacity != 0, limit=capacity)
+
+    def _gate_capacity(self) -> int | None:
+        """How many held calls (with no engine excluded) may leave the gate now; None: all of them.
+
+        Every such call that ``_dispatchable`` lets go needs a free slot on a ready, healthy engine at the
+        newest version, so this is never 0 when one could go (no wake-up is lost). O(engines).
+        """
+        if self._closed or not any(w.healthy for w in self._workers):
+            return None  # each call goes on, to ProxyClosed or NoHealthyEngine
+        if self._suspended or self._incoming is not None:
+            return 0
+        ready = [w for w in self._workers if w.healthy and w.ready and w.version == self._newest]
+        if self.slots_per_engine is None:
+            return None if ready else 0
+        return sum(max(0, self.slots_per_engine - len(w.in_flight) - self._arriving[w.index]) for w in ready)
 
     def _window_open(self) -> bool:
         """The incoming version may become the newest: no request older than the window it opens runs."""
         assert self._incoming is not None
-        oldest = self._incoming.version - self.max_age
-        return all(c.version is None or c.version >= oldest for c in self._calls.values())
+        return min(self._num_pinned, default=self._incoming.version) >= self._incoming.version - self.max_age
 
     def _rebalance(self) -> None:
         if self._weights is None or self._closed:
             return
-        loads = Counter(self._newest if c.version is None else c.version for c in self._calls.values())
+        loads = Counter(self._num_pinned)
+        loads[self._newest] += len(self._calls) - sum(self._num_pinned.values())
         healthy = self._usable()
         target = target_partition(loads, len(healthy), self._newest)
         for switch in plan_switches(self._views(healthy), target, self._newest, self.slots_per_engine):
@@ -523,7 +572,7 @@ class MultiVersionProxy(ProxyShell):
             self._counts["num_evacuations"] += self._send_requests(worker, moves)
 
     def _movable(self, worker: EngineWorker) -> list[_Call]:
-        return [c for c in self._calls.values() if c.worker is worker and c.handoff is None]
+        return [c for c in self._on_engine.get(worker.index, {}).values() if c.handoff is None]
 
     def _send_requests(self, donor: EngineWorker, moves: tuple[tuple[int, int], ...]) -> int:
         """Start migrating the donor's requests to ``moves`` (receiver, count); how many were started."""
@@ -583,7 +632,7 @@ class MultiVersionProxy(ProxyShell):
 
     def versions_alive(self) -> list[int]:
         """Versions with requests in flight, plus the newest: the window the engines serve now."""
-        return sorted({c.version for c in self._calls.values() if c.version is not None} | {self._newest})
+        return sorted({*self._num_pinned, self._newest})
 
     def stats(self) -> dict[str, Any]:
         """Per-engine state and the orchestration metrics: migrations, KV bytes moved, versions alive."""
@@ -592,6 +641,7 @@ class MultiVersionProxy(ProxyShell):
             "newest_version": self._newest,
             "versions_alive": len(self.versions_alive()),
             "max_versions_alive": self._max_versions_alive,
-            "num_held": sum(1 for call in self._calls.values() if call.version is None),
+            "num_held": len(self._calls) - sum(self._num_pinned.values()),
+            "num_gate_wakeups": self._held.num_wakeups,
             **self._counts,
         }
