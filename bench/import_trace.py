@@ -37,9 +37,9 @@ from collections.abc import Iterable  # noqa: E402
 from typing import Any  # noqa: E402
 
 from bench.harness import git_commit  # noqa: E402
+from bench.provenance import TRACES, load_traces  # noqa: E402
 from bench.registry import BENCHMARKS, Benchmark  # noqa: E402
 
-TRACES = ROOT / "bench/imports.json"
 PREFIXES = ("asyncrl", "bench")
 """Top-level packages whose imported modules are the project's code."""
 HOOK = '''"""Written by bench/import_trace.py: records the project's modules this process imports."""
@@ -111,11 +111,6 @@ def trace(benchmark: Benchmark, timeout_s: float) -> dict[str, Any]:
         "processes": processes,
         "quick_s": round(time.perf_counter() - started, 1),
     }
-
-
-def load_traces(path: Path = TRACES) -> dict[str, Any]:
-    """``bench/imports.json`` as stored (benchmark → its trace), empty where none was made yet."""
-    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def main() -> None:
