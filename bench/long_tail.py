@@ -78,7 +78,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 from bench import harness, registry  # noqa: E402
-from bench.provenance import code_changes_since  # noqa: E402
+from bench.provenance import code_changes_since, measured_code  # noqa: E402
 from bench.workloads import LONG_TAIL, QUICK_LONG_TAIL, RLWorkload  # noqa: E402
 
 STAGES = ("sweep", "bound", "throughput", "time_to_reward", "curve", "partial_time_to_reward")
@@ -1080,7 +1080,7 @@ def main() -> None:
             write(args, bench, done)
 
 
-MEASURED_CODE = registry.by_result("long_tail").measured_code
+MEASURED_CODE = measured_code(registry.by_result("long_tail"))
 """What a stage's numbers depend on besides this script's stage code: a stopped run is continued only where
 none of it changed since the run's commit (``run_all --continue`` keeps a result by the same rule)."""
 

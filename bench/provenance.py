@@ -9,22 +9,67 @@ apart from it: changing how results are checked must not make every result stale
 
 from __future__ import annotations
 
+import ast
+import json
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.registry import Benchmark
+
 ROOT = Path(__file__).resolve().parents[1]
+TRACES = ROOT / "bench/imports.json"
+"""Each benchmark's import trace (``bench/import_trace.py``): the project files its ``--quick`` run imports."""
 
 
-def code_changes_since(commit: str, paths: Sequence[str]) -> list[str] | None:
+def load_traces(path: Path = TRACES) -> dict[str, Any]:
+    """``bench/imports.json`` as stored (benchmark → its trace), empty where none was made yet."""
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def measured_code(benchmark: Benchmark, traces: Mapping[str, Any] | None = None) -> tuple[str, ...]:
+    """The paths a benchmark's numbers depend on: what its traced run imports (its modules, its script,
+    pyproject.toml, the package's data files) and its registered extras, less the paths it derives with only
+    (``derived_only``). Without a trace, the whole package, its pins, its script and every bench module that
+    script imports (followed through their imports). A result stays current while none of them changes."""
+    trace = (load_traces() if traces is None else traces).get(benchmark.result)
+    paths = trace["paths"] if trace else ["asyncrl", "pyproject.toml", *bench_imports(benchmark.args[0])]
+    return tuple(
+        p for p in dict.fromkeys([*paths, *benchmark.measured_code]) if p not in benchmark.derived_only
+    )
+
+
+def bench_imports(script: str) -> list[str]:
+    """``script`` and every bench module it imports, followed through their imports (read, not run)."""
+    seen: set[Path] = set()
+    todo = [ROOT / script]
+    while todo:
+        path = todo.pop()
+        if path in seen or not path.is_file():
+            continue
+        seen.add(path)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "bench":
+                modules = [f"bench.{alias.name}" for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                modules = [node.module]
+            elif isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            else:
+                continue
+            todo += [ROOT / f"{m.replace('.', '/')}.py" for m in modules if m.startswith("bench.")]
+    return sorted(str(p.relative_to(ROOT)) for p in seen)
+
+
+def code_changes_since(commit: str, paths: Sequence[str], root: Path = ROOT) -> list[str] | None:
     """The files among ``paths`` that differ between ``commit`` and the working tree, committed or not; None
     where that cannot be told (``commit`` had uncommitted changes, or is unknown to this clone). A result
     measured at ``commit`` describes today's code exactly when this is empty."""
     if commit.endswith("+dirty"):
         return None
     changed = subprocess.run(
-        ["git", "diff", "--name-only", commit, "--", *paths], capture_output=True, text=True, cwd=ROOT
+        ["git", "diff", "--name-only", commit, "--", *paths], capture_output=True, text=True, cwd=root
     )
     return changed.stdout.split() if changed.returncode == 0 else None
 

@@ -39,8 +39,11 @@ class Benchmark:
     needs: str = ""
     """What it needs beyond the project's install (``run_all`` says so; it fails without it)."""
     measured_code: tuple[str, ...] = ()
-    """The paths its numbers depend on, where they are not the default (asyncrl/, pyproject.toml, its script
-    and the bench modules that imports): a result stays current while none of them changes."""
+    """Paths its numbers depend on beyond what the import trace of its ``--quick`` run lists
+    (``bench/import_trace.py``): what its full mode imports and its quick mode does not."""
+    derived_only: tuple[str, ...] = ()
+    """Traced paths whose changes alter what its result derives, not what it measures (a stopped run is
+    continued, and a result kept, across a change to them)."""
 
 
 ASYNC_VS_SYNC = "async-vs-the-best-sync-on-a-long-tail-workload-that-learns"
@@ -69,8 +72,8 @@ BENCHMARKS: tuple[Benchmark, ...] = (
             ),
         ),
         # its script is mostly stage bookkeeping (ratios, continuation) that changes what it derives, not what
-        # it measures: its stopped runs are continued (--extend) while these are unchanged
-        measured_code=("asyncrl", "pyproject.toml", "bench/workloads.py", "bench/harness.py"),
+        # it measures: its stopped runs are continued (--extend) across a change to it
+        derived_only=("bench/long_tail.py", "bench/provenance.py", "bench/registry.py"),
     ),
     Benchmark(
         "engine",
@@ -100,8 +103,15 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         ),
     ),
     Benchmark("distributed", ("bench/distributed.py",), 5),
-    Benchmark("async_vs_sync", ("bench/async_vs_sync.py",), 10),
-    Benchmark("async_vs_sync_training_bound", ("bench/async_vs_sync.py", "--workload", "training_bound"), 10),
+    # its --quick runs every arm inline, its full mode on Ray: the trace misses the Ray runtime's modules
+    Benchmark("async_vs_sync", ("bench/async_vs_sync.py",), 10, measured_code=("asyncrl",)),
+    # its --quick runs every arm inline, its full mode on Ray: the trace misses the Ray runtime's modules
+    Benchmark(
+        "async_vs_sync_training_bound",
+        ("bench/async_vs_sync.py", "--workload", "training_bound"),
+        10,
+        measured_code=("asyncrl",),
+    ),
     Benchmark("ray_calls", ("bench/ray_calls.py",), 1),
     Benchmark(
         "sync_vs_trl",
@@ -167,7 +177,8 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("sim_studies", ("bench/sim_studies.py",), 12),
     # 68 min on the AMD EPYC; 103 on the Intel Xeon (2026-11-29), part of it beside a test pass
     Benchmark("paper_tables", ("bench/paper_tables.py",), 100),
-    Benchmark("sim_vs_real", ("bench/sim_vs_real.py",), 10),
+    # its --quick runs every arm inline, its full mode on Ray: the trace misses the Ray runtime's modules
+    Benchmark("sim_vs_real", ("bench/sim_vs_real.py",), 10, measured_code=("asyncrl",)),
     Benchmark(
         "weight_sync",
         # without 1.1B: there Ray's memory monitor kills the object store's receiver on a 24 GB machine (four

@@ -11,13 +11,15 @@ repeat-to-repeat spread, up or down. Then ``python scripts/bench_docs.py`` regen
 
 Every benchmark in one sitting is about thirteen hours on 2 cores, more than a working session. ``--continue``
 spreads it over several: it keeps every benchmark whose result is a full run measured on the code the tree has
-now (no path it depends on, ``measured_code``, changed since any commit it was measured at: asyncrl/,
-pyproject.toml, its script and the bench modules that imports) and runs only the rest, adding to the summary;
+now (no path it depends on, ``measured_code``, changed since any commit it was measured at: the project files
+its run imports, as ``bench/import_trace.py`` traced them, and the package's data files; the whole package
+where it has no trace) and runs only the rest, adding to the summary;
 a result measured apart on that same code (bench/long_tail.py continued with ``--extend``) is kept the same
 way. The published results then all describe one code, though they name the commits they were measured at;
 the summary says which benchmarks are still missing, and every regression check compares with the results as
-they were where the series began (``base``). Any change to the measured code sends its benchmarks back to the
-list. A session's machine is not chosen, so a series may span CPUs; ``--same-cpu`` also sends back every
+they were where the series began (``base``). A change to a benchmark's measured code sends it back to the
+list; a change to a module its run does not import leaves it current. A session's machine is not chosen, so
+a series may span CPUs; ``--same-cpu`` also sends back every
 result measured (in part) on another CPU than this machine's, so that absolute rates in one series compare.
 
 ``--quick`` runs every benchmark's ``--quick`` mode instead, into a temporary directory (a smoke test of the
@@ -30,7 +32,6 @@ whole sequence: nothing is compared or written under ``bench/results``).
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import subprocess
 import sys
@@ -46,7 +47,7 @@ if __name__ == "__main__" and not __package__:
     sys.path[0] = str(ROOT)
 
 from bench.harness import RESULTS_DIR, cpu_model, git_commit  # noqa: E402
-from bench.provenance import code_changes_since, measured_at, measured_on  # noqa: E402
+from bench.provenance import code_changes_since, measured_at, measured_code, measured_on  # noqa: E402
 from bench.registry import BENCHMARKS, Benchmark, by_result  # noqa: E402
 
 SUMMARY = "run_all"
@@ -112,31 +113,6 @@ def regression(name: str, new: Mapping[str, Any], base: str) -> dict[str, Any]:
     if old is None or old.get("commit") == new.get("commit"):
         return {"previous_commit": None, "flagged": []}
     return compare(old, new)
-
-
-def measured_code(benchmark: Benchmark) -> tuple[str, ...]:
-    """The paths a benchmark's numbers depend on: its registered ones, or the package, its pins, its script
-    and every bench module that script imports (followed through their imports)."""
-    if benchmark.measured_code:
-        return benchmark.measured_code
-    seen: set[Path] = set()
-    todo = [ROOT / benchmark.args[0]]
-    while todo:
-        path = todo.pop()
-        if path in seen or not path.is_file():
-            continue
-        seen.add(path)
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module == "bench":
-                modules = [f"bench.{alias.name}" for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                modules = [node.module]
-            elif isinstance(node, ast.Import):
-                modules = [alias.name for alias in node.names]
-            else:
-                continue
-            todo += [ROOT / f"{m.replace('.', '/')}.py" for m in modules if m.startswith("bench.")]
-    return ("asyncrl", "pyproject.toml", *sorted(str(p.relative_to(ROOT)) for p in seen))
 
 
 def describes_the_code(benchmark: Benchmark, result: Mapping[str, Any]) -> bool:

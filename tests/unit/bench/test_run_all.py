@@ -13,7 +13,7 @@ import pytest
 
 from bench import run_all
 from bench.harness import git_commit
-from bench.provenance import measured_at
+from bench.provenance import load_traces, measured_at
 from bench.registry import BENCHMARKS, GPU_RESULTS, by_result
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -79,14 +79,51 @@ def test_quick_runs_each_chosen_benchmark_quick_mode(user_env: dict[str, str]) -
     assert "bench/simulator.py --quick --out" in done.stdout and "failed: none" in done.stdout
 
 
-def test_a_benchmark_depends_on_its_script_and_the_bench_modules_it_imports() -> None:
-    code = run_all.measured_code(by_result("critic_learning"))
+def test_without_a_trace_a_benchmark_depends_on_the_package_its_script_and_the_bench_modules_it_imports() -> (
+    None
+):
+    code = run_all.measured_code(by_result("critic_learning"), traces={})
     assert code[:2] == ("asyncrl", "pyproject.toml")
     assert {"bench/critic_learning.py", "bench/agentic_learning.py", "bench/harness.py"} <= set(code)
-    assert "bench/trainer.py" in run_all.measured_code(
-        by_result("lora")
-    )  # followed through bench.default_run
-    assert run_all.measured_code(by_result("long_tail")) == by_result("long_tail").measured_code
+    # followed through bench.default_run
+    assert "bench/trainer.py" in run_all.measured_code(by_result("lora"), traces={})
+
+
+def test_with_a_trace_a_benchmark_depends_on_what_its_run_imported_and_its_registered_extras() -> None:
+    traced = {"paths": ["asyncrl/rle.py", "bench/long_tail.py", "bench/harness.py", "pyproject.toml"]}
+    code = run_all.measured_code(by_result("long_tail"), traces={"long_tail": traced})
+    assert code == ("asyncrl/rle.py", "bench/harness.py", "pyproject.toml")  # its script derives only
+    code = run_all.measured_code(by_result("async_vs_sync"), traces={"async_vs_sync": traced})
+    assert code[-1] == "asyncrl"  # its --quick runs inline, its full mode on Ray: the package stays measured
+
+
+def test_editing_a_module_a_benchmark_does_not_import_leaves_its_result_current(tmp_path: Path) -> None:
+    """In a scratch repository: a result measured at a commit stays current across an edit to a module its
+    traced run did not import, and goes stale on an edit to one it did."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True, text=True).stdout
+
+    (tmp_path / "asyncrl").mkdir()
+    for name in ("used.py", "unrelated.py"):
+        (tmp_path / "asyncrl" / name).write_text("X = 1\n")
+    git("init", "-q")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "measured")
+    commit = git("rev-parse", "HEAD").strip()
+    trace = {"paths": ["asyncrl/used.py"]}
+    paths = run_all.measured_code(by_result("trainer"), traces={"trainer": trace})
+    (tmp_path / "asyncrl" / "unrelated.py").write_text("X = 2\n")
+    assert run_all.code_changes_since(commit, paths, root=tmp_path) == []
+    (tmp_path / "asyncrl" / "used.py").write_text("X = 2\n")
+    assert run_all.code_changes_since(commit, paths, root=tmp_path) == ["asyncrl/used.py"]
+
+
+def test_every_stored_trace_names_its_script_and_never_the_whole_package() -> None:
+    for name, trace in load_traces().items():
+        benchmark = by_result(name)
+        assert {benchmark.args[0], "pyproject.toml"} <= set(trace["paths"]), name
+        assert "asyncrl" not in trace["paths"] and all(Path(ROOT / p).is_file() for p in trace["paths"]), name
 
 
 def test_a_result_is_current_only_where_its_measured_code_is_unchanged_since_every_commit_it_names() -> None:

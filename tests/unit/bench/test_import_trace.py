@@ -1,0 +1,58 @@
+"""bench/import_trace.py: a traced run lists the project modules it and its child processes import, and
+nothing it did not import."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench import import_trace
+from bench.registry import Benchmark
+
+SCRIPT = """
+import multiprocessing
+import sys
+
+import asyncrl.rle  # imported by the benchmark's own process
+
+
+def child() -> None:
+    import asyncrl.types  # imported only in a child process
+
+
+if __name__ == "__main__":
+    assert "--quick" in sys.argv
+    process = multiprocessing.get_context("spawn").Process(target=child)
+    process.start()
+    process.join()
+    sys.exit(process.exitcode)
+"""
+
+
+def test_a_trace_lists_the_modules_of_the_run_and_its_children_and_nothing_else(tmp_path: Path) -> None:
+    script = tmp_path / "fake_bench.py"
+    script.write_text(SCRIPT)
+    record = import_trace.trace(Benchmark("fake", (str(script),), 1), timeout_s=120)
+    paths = set(record["paths"])
+    assert {
+        "asyncrl/rle.py",
+        "asyncrl/types.py",
+        "asyncrl/__init__.py",
+        "pyproject.toml",
+        str(script),
+    } <= paths
+    assert "asyncrl/engine/llm_engine.py" not in paths and not any(
+        p.startswith("asyncrl/trainer/") for p in paths
+    )
+    assert record["processes"] >= 2  # the child's imports came from its own process
+    assert any(p.startswith("asyncrl/examples/") for p in paths)  # data files a run reads are measured too
+
+
+def test_a_failed_run_gives_no_trace(tmp_path: Path) -> None:
+    script = tmp_path / "broken.py"
+    script.write_text("raise SystemExit(3)\n")
+    assert "exited 3" in import_trace.trace(Benchmark("broken", (str(script),), 1), timeout_s=60)["error"]
+
+
+def test_module_names_map_to_their_files() -> None:
+    files = import_trace.module_files(["asyncrl", "asyncrl.rle", "asyncrl.no_such_module", "json"])
+    assert files == {"asyncrl/__init__.py", "asyncrl/rle.py"}
