@@ -16,9 +16,9 @@ weight version that sampled it: vLLM's engine core stamps each step's outputs wi
 set here after each update.
 ``pause`` freezes running requests with their KV (vLLM's ``keep`` pause mode); an update replaces the
 weights in place (vLLM's in-place reload, fed one bucket at a time: ``_load_begin`` / ``_load_bucket`` /
-``_load_commit``), checked against its manifest by name, and resets the prefix cache; ``resume`` continues the
-requests under the new weights ("keep" semantics). An adapter-only update (asyncrl's LoRA, ``--max-lora-rank`` > 0) goes
-through vLLM's own LoRA support instead: the pairs are written as a peft adapter directory, added as the
+``_load_commit``), checked against its manifest by name, and resets the prefix cache; ``resume`` continues
+the requests under the new weights ("keep" semantics). An adapter-only update (asyncrl's LoRA,
+``--max-lora-rank`` > 0) goes through vLLM's own LoRA support instead: the pairs are written as a peft adapter directory, added as the
 newest ``LoRARequest``, and every request added afterwards runs with it; a request keeps the adapter it
 started with, so the previous one is removed only once no request uses it.
 
