@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import difflib
 import json
@@ -186,7 +187,7 @@ class Worker:
             while True:
                 try:
                     message = await loop.run_in_executor(None, self.conn.recv)
-                except EOFError:
+                except (EOFError, OSError):  # the client hung up (a killed one resets the connection)
                     break
                 if message["op"] == "shutdown":
                     break
@@ -196,6 +197,8 @@ class Worker:
                     await self.run_command(message)
         finally:
             weights.cancel()
+            while not self.weight_ops.empty():  # buckets never loaded: their files would outlive the client
+                _remove(self.weight_ops.get_nowait().get("path"))
 
     async def weight_loop(self) -> None:
         """Run weight operations one at a time in arrival order, beside the command loop: an update takes
@@ -373,6 +376,8 @@ class Worker:
         except BaseException as err:
             self.tear(f"update v{pending['version']} stopped in a bucket: {type(err).__name__}: {err}")
             raise
+        finally:  # every vLLM worker mapped it (or failed): the name goes, the mappings keep the memory
+            _remove(message["path"])
 
     async def op_update_commit(self, message: dict) -> int:
         """Close the open update once every manifest entry arrived: vLLM finishes its reload (repacking what
@@ -556,6 +561,13 @@ def _digest(worker) -> dict:
         data = tensor.detach().contiguous().cpu().reshape(-1).view(torch.uint8)
         digests[name] = hashlib.sha256(data.numpy().tobytes()).hexdigest()
     return digests
+
+
+def _remove(path: str | None) -> None:
+    """Remove a bucket file (the client removes it too: whichever comes second finds nothing)."""
+    if path:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 def _mapped_views(path: str, nbytes: int, entries: list):
