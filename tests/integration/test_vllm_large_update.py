@@ -5,8 +5,9 @@ Why it matters: the update used to travel as one safetensors blob through vLLM's
 msgpack refuses a bytes object over 4 GiB, so no real model's update could arrive. The engine here is a
 1.16 B-parameter fp32 Qwen2 (4.6 GB) that vLLM initialises with dummy weights (``load_format: dummy``: nothing
 on disk but ``config.json``); the update is generated tensor by tensor from its name (``PatternWeights``), so
-the test process never holds more than a bucket of it. Needs about 11 GB of host memory (the engine's model,
-vLLM itself, two buckets in ``/dev/shm``); ``scripts/test-vllm.sh`` environments only.
+the test process never holds more than a bucket of it. Served weights are read back through vLLM's own kernels
+(``VLLMEngineClient.weight_digest``). Needs about 11 GiB of available host memory (the engine's model, vLLM
+itself, two buckets in ``/dev/shm``); skipped with that reason otherwise.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
 import zlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -101,10 +101,20 @@ def process_tree(pid: int) -> list[int]:
 
 
 def status_bytes(pid: int, field: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+    return status_bytes_of(Path(f"/proc/{pid}/status"), field)
+
+
+def status_bytes_of(path: Path, field: str) -> int:
+    """A ``field: N kB`` line of a /proc file, in bytes."""
+    for line in path.read_text().splitlines():
         if line.startswith(f"{field}:"):
             return int(line.split()[1]) * 1024
     raise KeyError(field)
+
+
+def available_bytes() -> int:
+    """The host's ``MemAvailable`` (free memory plus what the kernel can reclaim)."""
+    return status_bytes_of(Path("/proc/meminfo"), "MemAvailable")
 
 
 def reset_peaks(pids: list[int]) -> None:
@@ -140,7 +150,7 @@ def run_large_update(directory: Path, num_layers: int) -> dict:
         client.shutdown()
     mismatched = [name for name, digest in digests.items() if digest != served_digest(weights, name)]
     model_bytes = sum(4 * torch.Size(shape).numel() for shape in shapes.values())
-    layer_bytes = model_bytes // num_layers if num_layers else 0
+    layer_bytes = (model_bytes - 2 * 4 * SHAPE["vocab_size"] * SHAPE["hidden_size"]) // num_layers
     return {
         "update_bytes": model_bytes,
         "rss_before": before,
@@ -153,8 +163,8 @@ def run_large_update(directory: Path, num_layers: int) -> dict:
 
 
 def test_an_update_over_4_gib_lands_bit_for_bit_within_two_buckets_of_engine_memory(tmp_path):
-    if os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES") < 12 * 2**30:
-        pytest.skip("needs about 12 GB of free host memory")
+    if available_bytes() < 11 * 2**30:
+        pytest.skip("needs about 11 GiB of available host memory")
     report = run_large_update(tmp_path, num_layers=20)
     extra = report["rss_peak"] - report["rss_before"]
     print(
@@ -165,5 +175,6 @@ def test_an_update_over_4_gib_lands_bit_for_bit_within_two_buckets_of_engine_mem
     assert report["update_bytes"] > 4 * 2**30
     assert report["version"] == 1 and report["num_params_checked"] > 0
     assert report["mismatched"] == [], f"served weights differ from the update: {report['mismatched'][:5]}"
-    # two buckets in flight, plus the one layer vLLM's in-place reload materialises while it collects it
-    assert extra <= 2 * BUCKET_BYTES + report["largest_layer_bytes"], extra
+    # two buckets mapped, the one layer vLLM's in-place reload materialises while it collects it, and 64 MiB
+    # for the worker processes' own allocations
+    assert extra <= 2 * BUCKET_BYTES + report["largest_layer_bytes"] + 64 * 2**20, extra

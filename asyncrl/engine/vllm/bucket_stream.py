@@ -1,9 +1,9 @@
 """A weight update into the vLLM worker, streamed bucket by bucket through shared-memory files.
 
-Key decision: no tensor byte crosses the worker's socket or vLLM's ``collective_rpc`` (whose msgpack refuses a
-bytes object over 4 GiB): each bucket is written into a file in ``/dev/shm`` (the same host: the worker is this
-process's child) and only its path and layout travel. vLLM's own worker maps the file and hands views of it to
-the model's weight loader, so the engine side holds no copy beyond the mapping. At most ``IN_FLIGHT`` buckets
+Key decision: no tensor byte crosses the worker's socket or vLLM's ``collective_rpc`` (whose msgpack refuses
+a bytes object over 4 GiB): each bucket is written into a file in ``/dev/shm`` (the same host: the worker is
+this process's child) and only its path and layout travel. vLLM's own worker maps the file and hands views of
+it to the model's weight loader, so the engine side holds no copy beyond the mapping. At most ``IN_FLIGHT`` buckets
 exist at once: bucket k+1 is written while bucket k loads, and bucket k+2 waits for bucket k's answer.
 
 Wire contract with ``worker_main`` (``op_update_begin`` / ``op_update_bucket`` / ``op_update_commit``): begin

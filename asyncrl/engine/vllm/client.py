@@ -3,13 +3,13 @@
 Key decision: vLLM's CPU wheel pins an older transformers than asyncrl, so the engine lives in its own
 environment behind a process boundary (``worker_main.py``, started with that environment's interpreter) and
 only builtins cross its socket: a weight update travels bucket by bucket through shared-memory files
-(``bucket_stream``), an adapter update (small) as safetensors bytes. The proxy cannot tell this client from the built-in engine:
-``generate`` returns token ids, per-token log-probs and per-token policy versions; ``abort`` returns the
-prefix generated so far; ``pause`` / ``update_weights`` / ``resume`` keep running requests and their KV
-("keep": tokens after the update are the new policy's and tagged with its version). A weight update is
-checked against the served model's names and shapes (read from its safetensors headers) before a byte is
-sent, so a mismatched update is a ``WeightSyncError`` and the engine keeps serving its old version; the worker
-checks each bucket against the manifest again and refuses a partial update by name.
+(``bucket_stream``), an adapter update (small) as safetensors bytes. The proxy cannot tell this client from
+the built-in engine: ``generate`` returns token ids, per-token log-probs and per-token policy versions;
+``abort`` returns the prefix generated so far; ``pause`` / ``update_weights`` / ``resume`` keep running
+requests and their KV ("keep": tokens after the update are the new policy's and tagged with its version). A
+weight update is checked against the served model's names and shapes (read from its safetensors headers)
+before a byte is sent, so a mismatched update is a ``WeightSyncError`` and the engine keeps serving its old
+version; the worker checks each bucket against the manifest again and refuses a partial update by name.
 """
 
 from __future__ import annotations

@@ -16,9 +16,9 @@ weight version that sampled it: vLLM's engine core stamps each step's outputs wi
 set here after each update.
 ``pause`` freezes running requests with their KV (vLLM's ``keep`` pause mode); an update replaces the
 weights in place (vLLM's in-place reload, fed one bucket at a time: ``_load_begin`` / ``_load_bucket`` /
-``_load_commit``), checked against its manifest by name, and resets the prefix cache; ``resume`` continues the
-requests under the new weights ("keep" semantics). An adapter-only update (asyncrl's LoRA, ``--max-lora-rank`` > 0) goes
-through vLLM's own LoRA support instead: the pairs are written as a peft adapter directory, added as the
+``_load_commit``), checked against its manifest by name, and resets the prefix cache; ``resume`` continues
+the requests under the new weights ("keep" semantics). An adapter-only update (asyncrl's LoRA,
+``--max-lora-rank`` > 0) goes through vLLM's own LoRA support instead: the pairs are written as a peft adapter directory, added as the
 newest ``LoRARequest``, and every request added afterwards runs with it; a request keeps the adapter it
 started with, so the previous one is removed only once no request uses it.
 
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import difflib
 import json
@@ -212,7 +213,7 @@ class Worker:
             while True:
                 try:
                     message = await loop.run_in_executor(None, self.conn.recv)
-                except EOFError:
+                except (EOFError, OSError):  # the client hung up (a killed one resets the connection)
                     break
                 if message["op"] == "shutdown":
                     break
@@ -222,6 +223,8 @@ class Worker:
                     await self.run_command(message)
         finally:
             weights.cancel()
+            while not self.weight_ops.empty():  # buckets never loaded: their files would outlive the client
+                _remove(self.weight_ops.get_nowait().get("path"))
 
     async def weight_loop(self) -> None:
         """Run weight operations one at a time in arrival order, beside the command loop: an update takes
@@ -395,6 +398,8 @@ class Worker:
         except BaseException as err:
             self.tear(f"update v{pending['version']} stopped in a bucket: {type(err).__name__}: {err}")
             raise
+        finally:  # every vLLM worker mapped it (or failed): the name goes, the mappings keep the memory
+            _remove(message["path"])
 
     async def op_update_commit(self, message: dict) -> int:
         """Close the open update once every manifest entry arrived: vLLM finishes its reload (repacking what
@@ -572,16 +577,37 @@ def _load_commit(worker) -> None:
 
 
 def _digest(worker) -> dict:
-    """Runs on vLLM's worker: sha256 of every parameter's bytes."""
+    """Runs on vLLM's worker: sha256 of every parameter's bytes as the model serves them. vLLM's CPU backend
+    packs each linear layer's weight for its GEMM kernel and empties the parameter, so such a weight is read
+    back through the kernel itself: the layer applied to the identity (no bias) is its weight transposed,
+    exactly (each output element is one product by 1.0 plus zeros)."""
     import hashlib
 
     import torch
 
+    served = {}
+    model = worker.model_runner.get_model()
+    for module_name, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        if isinstance(weight, torch.nn.Parameter) and weight.numel() == 0 and hasattr(module, "cpu_linear"):
+            width = getattr(module, "input_size_per_partition", None) or module.input_size
+            identity = torch.eye(width, dtype=weight.dtype, device=weight.device)
+            served[f"{module_name}.weight"] = module.cpu_linear(identity, weight, None).t()
+    for name, parameter in model.named_parameters():
+        if parameter.numel() > 0:
+            served[name] = parameter
     digests = {}
-    for name, parameter in worker.model_runner.get_model().named_parameters():
-        data = parameter.detach().contiguous().cpu().reshape(-1).view(torch.uint8)
+    for name, tensor in served.items():
+        data = tensor.detach().contiguous().cpu().reshape(-1).view(torch.uint8)
         digests[name] = hashlib.sha256(data.numpy().tobytes()).hexdigest()
     return digests
+
+
+def _remove(path: str | None) -> None:
+    """Remove a bucket file (the client removes it too: whichever comes second finds nothing)."""
+    if path:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 def _mapped_views(path: str, nbytes: int, entries: list):

@@ -185,3 +185,28 @@ def test_a_mismatched_update_is_refused_by_the_client_before_any_bucket_is_writt
     finally:
         harness.close()
     assert harness.engine.calls == [] and harness.client.version == 0
+
+
+def test_a_client_that_hangs_up_mid_update_leaves_no_bucket_file_behind(shm):
+    ours, theirs = Pipe()
+    worker = worker_main.Worker(theirs, argparse.Namespace())
+    worker.engine = FakeEngine(str(shm))
+    worker.engine.gate = asyncio.Event()  # never set: the first bucket is still loading when the client goes
+    manifest = [["a", "float32", [2]], ["b", "float32", [3]]]
+    ours.send({"op": "update_begin", "call": 0, "version": 1, "manifest": manifest})
+    ours.send(bucket_message(shm, {"a": torch.ones(2)}, 1))
+    ours.send(bucket_message(shm, {"b": torch.ones(3)}, 2))
+    assert len(os.listdir(shm)) == 2
+    loop = asyncio.new_event_loop()
+
+    async def serve_until_hangup():
+        serving = asyncio.ensure_future(worker.command_loop())
+        while "_load_bucket" not in worker.engine.calls:  # the first bucket is held in the engine
+            await asyncio.sleep(0.01)
+        ours.close()
+        await serving
+        await asyncio.sleep(0)  # the cancelled weight loop runs its cleanup
+
+    loop.run_until_complete(serve_until_hangup())
+    loop.close()
+    assert os.listdir(shm) == [], "the loading bucket's and the queued bucket's files are removed"
