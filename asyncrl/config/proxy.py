@@ -35,8 +35,8 @@ class ProxyConfig:
     found (the update fails or passes its deadline, and the engine is replaced)."""
     update_timeout_gbps: float = 0.2
     """The conservative bandwidth (GB/s) an update's deadline assumes: at 0.2, Qwen3-8B in bf16 (16.4 GB)
-    gets 120 + 82 s and in fp32 (32.8 GB) 120 + 164 s. Measured updates run far faster (docs/weight-sync.md);
-    lower it for a slow link rather than raising the floor."""
+    gets 120 + 82 s and in fp32 (32.8 GB) 120 + 164 s. An update slower than this is taken for a wedged
+    engine: lower it for a slow link rather than raising the floor."""
     max_consecutive_failures: int = 3
     """An engine whose requests fail (raise or time out) this many times in a row is marked unhealthy and no
     longer receives requests."""

@@ -321,7 +321,8 @@ class LLMProxy(ProxyShell):
 
     async def _prefetch_on(self, worker: EngineWorker, update: WeightUpdate) -> None:
         try:
-            await asyncio.wait_for(worker.client.prefetch_weights(update), self.config.control_timeout_s)
+            timeout_s = self.config.update_timeout_s(update.nbytes)
+            await asyncio.wait_for(worker.client.prefetch_weights(update), timeout_s)
         except Exception as error:  # deliberate: the apply fetches again and reports a real failure
             logger.warning("engine %d: prefetch of v%d failed (%r)", worker.index, update.version, error)
 

@@ -375,16 +375,15 @@ class RayEngineClient:
             staged = await self._control(self.handle.staged_versions.remote(), "staged_versions")
             if staged is not None and update.version not in staged:
                 update = await asyncio.to_thread(self.catch_up, update)
-        timeout_s = self.config.control_timeout_s
-        if self.update_timeout_s is not None:
-            timeout_s = self.update_timeout_s(update.nbytes)
         ref = self.handle.update_weights.remote(update, version)
-        await await_actor(ref, f"engine {self.name}: update_weights(v{version})", timeout_s)
+        await await_actor(
+            ref, f"engine {self.name}: update_weights(v{version})", self._update_deadline(update)
+        )
 
     async def prefetch_weights(self, update: WeightUpdate) -> None:
-        await self._control(
-            self.handle.prefetch_weights.remote(update), f"prefetch_weights(v{update.version})"
-        )
+        ref = self.handle.prefetch_weights.remote(update)
+        what = f"engine {self.name}: prefetch_weights(v{update.version})"
+        await await_actor(ref, what, self._update_deadline(update))
 
     def stats(self) -> dict[str, Any]:
         """The engine's counters (one blocking round trip, ≈ 1 ms)."""
@@ -395,6 +394,12 @@ class RayEngineClient:
     def shutdown(self) -> None:
         """End the actor's process; calls still in flight fail with ``ActorCallError``."""
         ray.kill(self.handle, no_restart=True)
+
+    def _update_deadline(self, update: WeightUpdate) -> float:
+        """Seconds ``update`` may take on the actor: by its bytes where ``update_timeout_s`` is set."""
+        if self.update_timeout_s is None:
+            return self.config.control_timeout_s
+        return self.update_timeout_s(update.nbytes)
 
     async def _control(self, ref: ray.ObjectRef, operation: str) -> Any:
         return await await_actor(ref, f"engine {self.name}: {operation}", self.config.control_timeout_s)

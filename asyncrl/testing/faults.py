@@ -32,9 +32,11 @@ class FaultyEngine:
     """An engine client passed through until ``kill()`` or ``wedge()``; from then on every call, including
     those already in flight, raises ``EngineDied`` (dead) or never returns (wedged).
 
-    ``generating`` is set whenever a request starts on it and ``updated`` once it took a weight update, so a
-    test can fault it mid-generation, or after an update, without sleeping (clear an event to wait for the
-    next time). The wrapped engine's own work is cancelled when faulted, and ``shutdown`` reaches it.
+    ``generating`` is set whenever a request starts on it, ``updating`` when a weight update starts and
+    ``updated`` once it took one, so a test can fault it mid-generation, mid-update or after an update without
+    sleeping (clear an event to wait for the next time). ``slow_next_update(s)`` makes the next update take
+    ``s`` seconds more, answering no abort (the health probe) meanwhile, as a worker that serves one command at
+    a time does. The wrapped engine's own work is cancelled when faulted, and ``shutdown`` reaches it.
     """
 
     def __init__(self, engine: Any, name: str) -> None:
@@ -42,8 +44,18 @@ class FaultyEngine:
         self.name = name
         self.fault = EngineFault.OK
         self.generating = asyncio.Event()
+        self.updating = asyncio.Event()
         self.updated = asyncio.Event()
         self._faulted = asyncio.Event()
+        self._slow_update_s = 0.0
+        self._busy: asyncio.Lock | None = None
+
+    def slow_next_update(self, seconds: float) -> None:
+        self._slow_update_s = seconds
+
+    def _busy_lock(self) -> asyncio.Lock:
+        self._busy = self._busy or asyncio.Lock()
+        return self._busy
 
     def kill(self) -> None:
         self._set(EngineFault.DEAD)
@@ -61,7 +73,8 @@ class FaultyEngine:
         return await self._call(self.engine.generate(request), f"generate({request.request_id})")
 
     async def abort(self, request_id: str) -> Generation | None:
-        return await self._call(self.engine.abort(request_id), f"abort({request_id})")
+        async with self._busy_lock():  # held by a slowed update
+            return await self._call(self.engine.abort(request_id), f"abort({request_id})")
 
     async def pause(self) -> None:
         await self._call(self.engine.pause(), "pause")
@@ -70,8 +83,19 @@ class FaultyEngine:
         await self._call(self.engine.resume(), "resume")
 
     async def update_weights(self, named_tensors: Any, version: int) -> None:
-        await self._call(self.engine.update_weights(named_tensors, version), f"update_weights(v{version})")
+        self.updating.set()
+        async with self._busy_lock():
+            delay, self._slow_update_s = self._slow_update_s, 0.0
+            what = f"update_weights(v{version})"
+            apply = lambda: self.engine.update_weights(named_tensors, version)  # noqa: E731 (started after the delay)
+            await self._call(self._delayed(delay, apply), what)
         self.updated.set()
+
+    @staticmethod
+    async def _delayed(delay: float, call: Callable[[], Any]) -> Any:
+        if delay:
+            await asyncio.sleep(delay)
+        return await call()
 
     def shutdown(self, *args: Any, **kwargs: Any) -> None:
         self.engine.shutdown(*args, **kwargs)

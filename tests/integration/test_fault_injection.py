@@ -160,6 +160,47 @@ def test_inline_engine_killed_or_wedged_mid_generation_is_replaced(monkeypatch, 
         assert last["recovery/failed_probes"] >= 1
 
 
+PATROL_S = 1.0
+"""``proxy.health_check_interval_s`` in ``COMMON``."""
+
+
+def test_inline_update_slowed_past_three_patrols_completes_with_no_engine_replaced(
+    monkeypatch, tiny_path, tmp_path
+):
+    """The first weight update takes 3.5 patrol intervals longer, the engine answering no probe meanwhile: the
+    patrol leaves an updating engine alone, so the run trains every step on the one engine it started with."""
+
+    def prepare(parts: Any) -> None:
+        wrap_engines(parts)
+        parts.engines[0].slow_next_update(3.5 * PATROL_S)
+
+    async def inject(parts: Any) -> None:
+        await parts.engines[0].updated.wait()
+
+    steps = run_with_faults(monkeypatch, tiny_path, tmp_path, (), prepare, inject)
+    assert_nothing_lost(steps)
+    last = steps[-1]
+    assert (last["recovery/engine_restarts"], last["recovery/failed_probes"]) == (0, 0)
+
+
+def test_inline_engine_killed_during_a_weight_update_is_replaced_and_the_run_goes_on(
+    monkeypatch, tiny_path, tmp_path
+):
+    def prepare(parts: Any) -> None:
+        wrap_engines(parts)
+        parts.engines[0].slow_next_update(60.0)  # the kill lands while the update is still applying
+
+    async def inject(parts: Any) -> None:
+        (engine,) = parts.engines
+        await engine.updating.wait()
+        engine.kill()
+
+    steps = run_with_faults(monkeypatch, tiny_path, tmp_path, (), prepare, inject)
+    assert_nothing_lost(steps)
+    last = steps[-1]
+    assert (last["recovery/engine_restarts"], last["recovery/failed_restarts"]) == (1, 0)
+
+
 @pytest.mark.ray
 @pytest.mark.slow
 def test_ray_engine_actor_killed_mid_generation_is_replaced(monkeypatch, tiny_path, tmp_path):
