@@ -30,6 +30,7 @@ from typing import Any
 import ray
 import torch
 
+from asyncrl.config.engine import serving_dtype
 from asyncrl.config.run import RunConfig
 from asyncrl.config.runtime import RuntimeConfig
 from asyncrl.config.weight_sync import WeightSyncConfig
@@ -66,6 +67,7 @@ class TrainerRankActor:
         self.rank = rank
         self.world_size = world_size
         self.trainer: Trainer | None = None
+        self.tokenizer: Any = None
         self.weight_group: WeightGroup | None = None
         self._publishers: dict[str, Any] = {}
         self.last_broadcast: list[FlatWeights] = []
@@ -89,6 +91,7 @@ class TrainerRankActor:
                 timeout_s=timeout_s,
             )
         model, tokenizer = load_configured_model(config.model)
+        self.tokenizer = tokenizer
         self.trainer = build_trainer(config, model.train(), tokenizer, self._parallelism())
         return self.progress()
 
@@ -184,7 +187,19 @@ class TrainerRankActor:
         trainer = self._trainer()
         if self.world_size == 1:
             return str(checkpoint.save_checkpoint(root, trainer, extra=extra, keep_last=keep_last))
-        return str(save_sharded_checkpoint(root, trainer, extra=extra, keep_last=keep_last))
+        # The HF export is for serving and evaluation: in the engines' dtype (``asyncrl export`` writes others).
+        config = self.config
+        dtype = serving_dtype(config.engine.dtype, config.model.dtype, torch.device(self._device()).type)
+        return str(
+            save_sharded_checkpoint(
+                root,
+                trainer,
+                extra=extra,
+                keep_last=keep_last,
+                tokenizer=self.tokenizer,
+                model_dtype=getattr(torch, dtype),
+            )
+        )
 
     def load_checkpoint(self, path: str) -> dict[str, Any]:
         trainer = self._trainer()

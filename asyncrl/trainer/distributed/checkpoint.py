@@ -10,8 +10,10 @@ ranks loads onto M ranks (M = 1 included): the loader asks for the tensors its o
     <root>/step_00000012/
         sharded/             DCP: .metadata + one __<rank>_0.distcp file per writing rank (model + optimizer, and
                              a critic's model + optimizer)
-        model/               the full weights for evaluation and serving: config.json + one safetensors file
-                             per gathered bucket (rank 0 writes each as it is gathered)
+        model/               the full weights for evaluation and serving, a Hugging Face directory that
+                             ``from_pretrained`` loads: config.json, one safetensors file per gathered bucket
+                             (rank 0 writes each as it is gathered), model.safetensors.index.json and the
+                             tokenizer, in the serving dtype unless the caller names another
         adapter/             instead of model/ with LoRA: the gathered adapters in peft's format (sharded/
                              then holds only the adapters and their optimizer state)
         trainer_state.pt     scheduler, step, version, RNG states (rank 0's)
@@ -23,14 +25,19 @@ Every rank must see the same directory (one machine, or a shared filesystem acro
 
 from __future__ import annotations
 
+import copy
+import json
 import os
 import shutil
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from transformers import PreTrainedTokenizerBase
+from transformers.utils import SAFE_WEIGHTS_INDEX_NAME
 
 from asyncrl.trainer import checkpoint
 from asyncrl.trainer.checkpoint import ADAPTER_DIR, MODEL_DIR, SHARDED_DIR
@@ -66,8 +73,11 @@ def save_sharded_checkpoint(
     *,
     extra: dict[str, Any] | None = None,
     keep_last: int | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    model_dtype: torch.dtype | None = None,
 ) -> Path:
-    """Every rank calls this; each returns the step directory once it is in place."""
+    """Every rank calls this; each returns the step directory once it is in place. ``tokenizer`` and
+    ``model_dtype`` (None: the trainer's own dtype) are those of the ``model/`` export (``export_model``)."""
     parallel = trainer.parallel
     staged = checkpoint.new_staging(root, trainer.step) if parallel.rank == 0 else None
     staging, final = parallel.gather(staged)[0]  # rank 0's choice, for everyone
@@ -80,7 +90,7 @@ def save_sharded_checkpoint(
         if trainer.peft_model is not None:
             save_adapter(trainer.peft_model, staging / ADAPTER_DIR, is_main_process=parallel.rank == 0)
         else:
-            export_model(trainer, staging / MODEL_DIR)
+            export_model(trainer, staging / MODEL_DIR, tokenizer=tokenizer, dtype=model_dtype)
         parallel.gather(None)  # every rank's shards are written
         if parallel.rank == 0:
             state = {
@@ -111,20 +121,47 @@ def _dcp_state(trainer: Trainer) -> dict[str, Any]:
     return state
 
 
-def export_model(trainer: Trainer, directory: Path, bucket_bytes: int = 1 << 30) -> None:
-    """Every rank calls this: the full weights as a Hugging Face model directory that ``from_pretrained`` and
-    ``asyncrl eval`` load, written by rank 0 one gathered bucket per safetensors file."""
+def export_model(
+    trainer: Trainer,
+    directory: Path,
+    bucket_bytes: int = 1 << 30,
+    *,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    dtype: torch.dtype | None = None,
+) -> None:
+    """Every rank calls this: the full weights as a Hugging Face model directory that
+    ``AutoModelForCausalLM.from_pretrained`` and ``asyncrl eval`` load, written by rank 0 one gathered bucket
+    per safetensors file, cast to ``dtype`` (None: as trained), with the index of which file holds which
+    tensor, the config (its dtype that of the files) and the tokenizer when one is given."""
     model = trainer.model
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
     if trainer.parallel.rank == 0:
-        model.config.save_pretrained(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+    weight_map: dict[str, str] = {}
+    total_bytes = 0
     for index, bucket in enumerate(full_weight_buckets(model, bucket_bytes)):
         if trainer.parallel.rank != 0:
             continue
         # A tied output layer is the embedding: saved once, as from_pretrained expects.
-        tensors = {n: t.contiguous() for n, t in bucket if not (tied and n == "lm_head.weight")}
+        tensors = {
+            name: (tensor if dtype is None else tensor.to(dtype)).contiguous()
+            for name, tensor in bucket
+            if not (tied and name == "lm_head.weight")
+        }
         if tensors:
-            save_file(tensors, directory / f"model-{index:05d}.safetensors", metadata={"format": "pt"})
+            filename = f"model-{index:05d}.safetensors"
+            save_file(tensors, directory / filename, metadata={"format": "pt"})
+            weight_map.update(dict.fromkeys(tensors, filename))
+            total_bytes += sum(t.numel() * t.element_size() for t in tensors.values())
+    if trainer.parallel.rank != 0:
+        return
+    config = copy.deepcopy(model.config)
+    config.dtype = dtype or next(iter(model.parameters())).dtype
+    config.save_pretrained(directory)
+    index_json = {"metadata": {"total_size": total_bytes}, "weight_map": dict(sorted(weight_map.items()))}
+    (directory / SAFE_WEIGHTS_INDEX_NAME).write_text(json.dumps(index_json, indent=2) + "\n")
+    if tokenizer is not None:
+        tokenizer.save_pretrained(directory)
 
 
 def load_sharded_checkpoint(path: str | os.PathLike[str], trainer: Trainer) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """A sharded checkpoint written by 2 FSDP2 ranks resumes onto 1 and onto 3 ranks: the next step's weights equal
-those of the run that never stopped (so weights, optimizer moments, schedule, step and version all came back)."""
+those of the run that never stopped (so weights, optimizer moments, schedule, step and version all came back);
+its ``model/`` loads with ``AutoModelForCausalLM.from_pretrained``."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 from trainer_fixtures import random_groups, tiny_qwen2, with_model_logprobs
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from asyncrl.config.algorithm import AdvantageConfig, LossConfig
 from asyncrl.config.critic import CriticConfig
 from asyncrl.config.trainer import TrainerConfig
+from asyncrl.models.loading import load_tokenizer
 from asyncrl.testing.ranks import run_ranks
 from asyncrl.trainer import checkpoint
 from asyncrl.trainer.distributed.checkpoint import load_sharded_checkpoint, save_sharded_checkpoint
@@ -99,6 +102,33 @@ def test_a_sharded_checkpoint_carries_a_loadable_model_directory(tmp_path: Path)
     load_sharded_checkpoint(reference["path"], resumed)
     for name, tensor in resumed.model.named_parameters():
         assert torch.equal(dict(model.named_parameters())[name], tensor), name
+
+
+def _train_and_export(root: str) -> dict | None:
+    """One step on two ranks, then a checkpoint whose model/ is in bfloat16 with the shipped tokenizer."""
+    trainer = _trainer(_sharded("fsdp"))
+    trainer.train_step(_groups(0), policy_version=0)
+    tokenizer = load_tokenizer("")
+    path = save_sharded_checkpoint(root, trainer, tokenizer=tokenizer, model_dtype=torch.bfloat16)
+    weights = _full_weights(trainer)
+    return {"path": str(path), "weights": weights} if trainer.parallel.rank == 0 else None
+
+
+def test_a_sharded_checkpoints_model_directory_loads_with_from_pretrained(tmp_path: Path):
+    """Hugging Face's own loader (index, config, tokenizer) gets the trained weights in the export's dtype, the
+    tied output layer included."""
+    reference = run_ranks(_train_and_export, 2, str(tmp_path))[0]
+    directory = Path(reference["path"]) / checkpoint.MODEL_DIR
+    assert (directory / "model.safetensors.index.json").is_file()
+    model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True)
+    assert model.dtype == torch.bfloat16
+    assert model.lm_head.weight is model.get_input_embeddings().weight
+    loaded = dict(model.named_parameters())
+    assert loaded.keys() == reference["weights"].keys()
+    for name, trained in reference["weights"].items():
+        assert torch.equal(loaded[name], trained.to(torch.bfloat16)), name
+    tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    assert tokenizer.get_vocab() == load_tokenizer("").get_vocab()
 
 
 CRITICS = ("separate", "shared_trunk")
