@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from asyncrl.app.memory_plan import DTYPE_BYTES, MemoryPlan, kv_slots_that_fit, memory_plan
+from asyncrl.app import memory_plan
+from asyncrl.app.memory_plan import DTYPE_BYTES, Hardware, kv_slots_that_fit
 from asyncrl.config.run import RunConfig
 from asyncrl.sim.model_shape import ModelShape, shape_from_hf_config
 
@@ -81,17 +82,57 @@ def this_machine() -> Machine:
     )
 
 
-def diagnose(config: RunConfig, machine: Machine | None = None) -> list[Finding]:
-    """Every finding for ``config`` on ``machine`` (this one unless given), in a fixed order."""
+def diagnose(
+    config: RunConfig,
+    machine: Machine | None = None,
+    hardware: Hardware | None = None,
+    shape: ModelShape | None = None,
+) -> list[Finding]:
+    """Every finding for ``config`` on ``machine`` (this one unless given), in a fixed order; or, given
+    ``hardware``, its memory plan on that hardware instead of this machine's devices, disk and services.
+    ``shape`` sizes the model without its ``config.json``."""
+    if hardware is not None:
+        return plan_for(config, hardware, shape)
     machine = machine or this_machine()
     findings = [*check_devices(config, machine)]
-    model, model_findings = check_model(config)
+    model, model_findings = check_model(config, shape)
     findings += model_findings
     if model is not None:
         max_len, task_findings = check_task(config, model)
-        plan = memory_plan(config, model.shape, max_len)
-        findings += [*task_findings, *check_memory(config, machine, plan), check_disk(config, plan)]
+        findings += [*task_findings, *check_memory(config, machine, model.shape, max_len)]
+        findings.append(check_disk(config, model.shape))
+    findings += [f for f in (check_output_dir(config, machine_hardware(machine)),) if f is not None]
     findings += [check_ray(config), check_vllm(config), check_sandbox(config)]
+    return findings
+
+
+def plan_for(config: RunConfig, hardware: Hardware, shape: ModelShape | None = None) -> list[Finding]:
+    """The memory plan of ``config`` on ``hardware`` (a profile, not this machine): nothing here is probed but
+    the model's shape (its ``config.json`` when cached, else ``shape``, else the simulator's shape of that
+    name) and the task's longest context."""
+    findings = [
+        Finding(
+            Status.OK,
+            "devices",
+            f"planning for {hardware.num_gpus} × {hardware.name} ({_gb(hardware.device_bytes)} each, "
+            f"{hardware.gpus_per_node} per node), not this machine; {_gib(hardware.reserve)} per GPU "
+            "reserved for the CUDA context and NCCL",
+        )
+    ]
+    model, model_findings = check_model(config, shape)
+    if model is None and shape is None and (named := memory_plan.shape_named_like(config.model.path)):
+        model = ModelFacts(named, 0, cached=False)
+        model_findings = [
+            Finding(
+                Status.WARN, "model", f"{config.model.path} sized by the simulator's shape {named.name!r}"
+            )
+        ]
+    findings += model_findings
+    if model is not None:
+        max_len, task_findings = check_task(config, model)
+        plan = memory_plan.plan(config, model.shape, max_len, hardware)
+        findings += [*task_findings, *check_plan(config, plan, hardware, model.shape, max_len)]
+    findings += [f for f in (check_output_dir(config, hardware),) if f is not None]
     return findings
 
 
@@ -163,8 +204,15 @@ class ModelFacts:
     """Whether its files are here (a hub model not cached yet is sized from its ``config.json`` alone)."""
 
 
-def check_model(config: RunConfig) -> tuple[ModelFacts | None, list[Finding]]:
-    """The model's shape from its ``config.json`` (cached, or fetched alone), and whether its weights are here."""
+def check_model(
+    config: RunConfig, shape: ModelShape | None = None
+) -> tuple[ModelFacts | None, list[Finding]]:
+    """The model's shape from its ``config.json`` (cached, or fetched alone), and whether its weights are here;
+    ``shape`` (``--shape``) stands in for the config.json when given."""
+    if shape is not None:
+        size = _gib(shape.num_params * DTYPE_BYTES[config.model.dtype])
+        detail = f"shape {shape.name or 'given'}: {_count(shape.num_params)} parameters, {size} in {config.model.dtype}"
+        return ModelFacts(shape, 0, cached=False), [Finding(Status.OK, "model", detail)]
     from asyncrl.hub import HubNotCachedError, hub_cache_dir, is_hub_id, offline
     from asyncrl.models.loading import model_dir
 
@@ -229,75 +277,130 @@ def check_task(config: RunConfig, model: ModelFacts) -> tuple[int, list[Finding]
 # ---- memory and disk ---------------------------------------------------------------------------------------
 
 
-def check_memory(config: RunConfig, machine: Machine, plan: MemoryPlan) -> list[Finding]:
-    if not _wants_cuda(config, machine):
-        return [_host_memory(config, machine, plan)]
+def machine_hardware(machine: Machine) -> Hardware | None:
+    """This machine's GPUs as a plan target (the smallest free memory bounds every device), or None."""
     if not machine.gpus:
+        return None
+    small = min(machine.gpus, key=lambda g: g.free_bytes)
+    return Hardware(
+        f"this machine's {small.name}",
+        small.total_bytes,
+        len(machine.gpus),
+        reserve=small.total_bytes - small.free_bytes,
+    )
+
+
+def check_memory(config: RunConfig, machine: Machine, shape: ModelShape, max_len: int) -> list[Finding]:
+    if not _wants_cuda(config, machine):
+        return [_host_memory(config, machine, shape, max_len)]
+    hardware = machine_hardware(machine)
+    if hardware is None:
         return []  # the devices line failed already
+    findings = check_plan(
+        config, memory_plan.plan(config, shape, max_len, hardware), hardware, shape, max_len
+    )
+    if config.runtime.type == "cluster":  # the cluster's GPUs, not this machine's, are what count
+        findings = [f for f in findings if f.topic != "gpus"]
+    return findings
+
+
+def check_plan(
+    config: RunConfig, plan: memory_plan.Plan, hardware: Hardware, shape: ModelShape, max_len: int
+) -> list[Finding]:
+    """One line per role with its terms, one verdict per device its roles share, the GPU count, vLLM's share."""
     findings = []
     needed = gpus_needed(config)
-    if config.runtime.type == "local" and needed > len(machine.gpus):
+    if needed > hardware.num_gpus:
         findings.append(
             Finding(
                 Status.FAIL,
                 "gpus",
                 f"the roles reserve {needed} GPUs (trainer.num_workers, rollout.num_engines and their "
-                f"accelerators) but {len(machine.gpus)} are visible",
-                "lower rollout.num_engines or trainer.num_workers, or run on a cluster (runtime.type=cluster)",
+                f"accelerators) but {hardware.num_gpus} are planned for",
+                "lower rollout.num_engines or trainer.num_workers, or plan for more GPUs (--gpus)",
             )
         )
-    smallest = min((g.free_bytes for g in machine.gpus), default=0)
-    inline = config.runtime.type == "inline"
-    trainer = plan.trainer_per_rank + (_engines_on_one_device(config, plan) if inline else 0)
-    what = "trainer and engines (inline: one device)" if inline else "each trainer rank"
-    findings.append(
-        _fits("gpu memory", f"{what} need {_gib(trainer)}", trainer, smallest, _memory_fix(config))
-    )
-    if not inline:
-        findings.append(_engine_memory(config, plan, smallest, machine))
+    for role in plan.roles:
+        terms = " + ".join(t.line() for t in role.terms)
+        span = f", {role.gpus_each} GPUs each" if role.gpus_each > 1 else ""
+        findings.append(
+            Finding(
+                Status.OK,
+                "gpu memory",
+                f"{role.name} ×{role.count}{span}: {_gb(role.total)} per GPU at its peak (held + "
+                f"{role.peak_phase}) = {terms}",
+            )
+        )
+    for device in plan.devices:
+        role, term = device.largest()
+        findings.append(
+            _fits(
+                "gpu memory",
+                f"{device.name}: {_gb(device.total)} on {hardware.name}",
+                device.total,
+                hardware.usable_bytes,
+                f"largest term: {role.name}'s {term.name} {_gb(term.bytes)}; {_memory_fix(config)}",
+                unit=_gb,
+            )
+        )
+    if config.engine.backend == "vllm":
+        share = config.engine.vllm.gpu_memory_utilization * hardware.device_bytes
+        need = memory_plan.vllm_needs(config, shape, max_len)
+        findings.append(
+            _fits(
+                "gpu memory",
+                f"vLLM's share {_gb(share)} holds its weights and one {max_len}-token request's KV {_gb(need)}",
+                need,
+                int(share),
+                "raise engine.vllm.gpu_memory_utilization or engine.vllm.tensor_parallel_size",
+                margin=1.0,
+                unit=_gb,
+            )
+        )
     return findings
 
 
-def _engines_on_one_device(config: RunConfig, plan: MemoryPlan) -> int:
-    return config.rollout.num_engines * plan.engine_total
-
-
-def _engine_memory(config: RunConfig, plan: MemoryPlan, free: int, machine: Machine) -> Finding:
-    if config.engine.backend == "vllm":
-        total = min(g.total_bytes for g in machine.gpus)
-        budget = int(config.engine.vllm.gpu_memory_utilization * total)
-        return _fits(
-            "gpu memory",
-            f"each vLLM engine's weights {_gib(plan.engine_weights)} in gpu_memory_utilization "
-            f"{config.engine.vllm.gpu_memory_utilization} of {_gib(total)}",
-            plan.engine_weights,
-            budget,
-            "raise engine.vllm.gpu_memory_utilization or engine.vllm.tensor_parallel_size",
+def check_output_dir(config: RunConfig, hardware: Hardware | None) -> Finding | None:
+    """A run over several nodes writes checkpoints from whichever node a rank runs on: its ``output_dir`` must
+    be one absolute path every node sees (a network filesystem), never relative to each node's working dir."""
+    gpus = gpus_needed(config)
+    multi_node = config.runtime.type == "cluster" or (hardware is not None and gpus > hardware.gpus_per_node)
+    if not multi_node:
+        return None
+    if not Path(config.output_dir).is_absolute():
+        return Finding(
+            Status.FAIL,
+            "output_dir",
+            f"{config.output_dir!r} is relative, and this run spans nodes (runtime.type={config.runtime.type}, "
+            f"{gpus} GPUs)",
+            "set output_dir to an absolute path on a filesystem every node mounts (e.g. /shared/runs/NAME)",
         )
-    return _fits(
-        "gpu memory",
-        _kv_detail(plan, free),
-        plan.engine_total,
-        free,
-        "set engine.max_model_len to what the run needs, or lower engine.max_running_requests",
+    return Finding(
+        Status.OK, "output_dir", f"{config.output_dir} (absolute; it must be mounted on every node)"
     )
 
 
-def _kv_detail(plan: MemoryPlan, free: int) -> str:
-    slots = kv_slots_that_fit(free, plan.engine_weights, plan.kv_per_slot)
-    return (
-        f"each engine {_gib(plan.engine_total)} (weights {_gib(plan.engine_weights)} + KV pool of "
-        f"{plan.num_slots} slots × {_gib(plan.kv_per_slot)}); {slots} KV slots fit in {_gib(free)}"
-    )
+def _gb(n: float) -> str:
+    return f"{n / memory_plan.GB:.1f} GB"
 
 
-def _host_memory(config: RunConfig, machine: Machine, plan: MemoryPlan) -> Finding:
-    engines = _engines_on_one_device(config, plan) if config.engine.backend == "builtin" else 0
-    need = plan.trainer_per_rank * config.trainer.num_workers + engines
-    detail = f"trainer {_gib(plan.trainer_per_rank * config.trainer.num_workers)}"
+def _host_memory(config: RunConfig, machine: Machine, shape: ModelShape, max_len: int) -> Finding:
+    ram = Hardware("this machine's RAM", machine.ram_available_bytes, 1, reserve=0)
+    plan = memory_plan.plan(config, shape, max_len, ram, device="cpu")
+    trainer, engine = plan.roles
+    trainers = trainer.total * trainer.count
+    engines = engine.total * engine.count if config.engine.backend == "builtin" else 0
+    detail = f"trainer {_gib(trainers)}"
     if engines:
-        detail += f" + engines {_gib(engines)}; {_kv_detail(plan, machine.ram_available_bytes)}"
-    return _fits("ram", detail, need, machine.ram_available_bytes, _memory_fix(config))
+        kv = next(t for t in engine.terms if t.name == "KV pool")
+        weights = next(t for t in engine.terms if t.name == "weights")
+        per_slot = kv.bytes // config.engine.max_running_requests
+        slots = kv_slots_that_fit(machine.ram_available_bytes, weights.bytes, per_slot)
+        detail += (
+            f" + engines {_gib(engines)} (each: weights {_gib(weights.bytes)} + KV pool of "
+            f"{config.engine.max_running_requests} slots × {_gib(per_slot)}); {slots} KV slots fit"
+        )
+    return _fits("ram", detail, trainers + engines, machine.ram_available_bytes, _memory_fix(config))
 
 
 def _memory_fix(config: RunConfig) -> str:
@@ -307,30 +410,37 @@ def _memory_fix(config: RunConfig) -> str:
     return "use " + ", ".join(fixes) + "; or lower engine.max_running_requests / engine.max_model_len"
 
 
-def _fits(topic: str, detail: str, need: int, free: int, fix: str) -> Finding:
-    where = f"{detail}; {_gib(free)} free"
+def _fits(
+    topic: str,
+    detail: str,
+    need: int,
+    free: int,
+    fix: str,
+    margin: float = memory_plan.MARGIN,
+    unit: Callable[[float], str] = _gib,
+) -> Finding:
+    where = f"{detail}; {unit(free)} free"
     if need > free:
         return Finding(Status.FAIL, topic, f"{where}: does not fit", fix)
-    if need > TIGHT * free:
-        return Finding(Status.WARN, topic, f"{where}: tight (activations not counted)", fix)
+    if need > margin * free:
+        return Finding(Status.WARN, topic, f"{where}: tight (within {1 - margin:.0%} of full)", fix)
     return Finding(Status.OK, topic, where)
 
 
-def check_disk(config: RunConfig, plan: MemoryPlan) -> Finding:
+def check_disk(config: RunConfig, shape: ModelShape) -> Finding:
     out = Path(config.output_dir).resolve()
     existing = next(p for p in (out, *out.parents) if p.exists())
     free = shutil.disk_usage(existing).free
-    need = plan.checkpoint * plan.num_checkpoints_on_disk
-    detail = (
-        f"{plan.num_checkpoints_on_disk} checkpoint(s) of {_gib(plan.checkpoint)} (weights + optimizer) under "
-        f"{out}"
-    )
+    each, count = memory_plan.checkpoint_bytes(config, shape)
+    need = each * count
+    detail = f"{count} checkpoint(s) of {_gib(each)} (weights + optimizer) under {out}"
     return _fits(
         "disk",
         detail,
         need,
         free,
         "free space, set output_dir elsewhere, or lower trainer.keep_last_checkpoints",
+        margin=TIGHT,
     )
 
 

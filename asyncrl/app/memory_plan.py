@@ -1,73 +1,423 @@
-"""What a run's roles hold in memory, from the model's shape and the config alone (``asyncrl doctor``).
+"""What each role of a run holds on each GPU, from the model's shape and the config alone (``asyncrl doctor``).
 
-Key decision: estimates from arithmetic a user can redo, each naming what it counts and what it leaves out
-(activations, allocator slack, CUDA context), rather than a measurement that needs the run to start: the point
-is to refuse an impossible run before it loads tens of GiB.
+Key decision: the plan is a list of named terms per role, each a small pure function of the shape and the
+config whose arithmetic a user can redo (the term says what it counts), summed per role and per device the
+roles share. It plans for a hardware profile without that hardware present, so an impossible run is refused
+on a laptop before it loads tens of GB on a rented GPU. The terms follow the code paths as they are:
 
-- trainer rank: weights, gradients and AdamW's two moments, all in ``model.dtype`` (4 × weights), sharded over
-  ``trainer.num_workers`` FSDP ranks, plus a frozen reference copy when the loss needs one;
-- built-in engine: its own weights plus the preallocated KV pool, ``engine.max_running_requests`` slots of
-  ``max_len + 1`` positions (``engine.kv_cache.pool_bytes``);
-- vLLM engine: weights (over ``tensor_parallel_size`` GPUs) inside ``gpu_memory_utilization`` of the device;
-- checkpoint: weights plus the optimizer state (``trainer_state.pt``), kept ``keep_last_checkpoints`` times
-  plus the one being written.
+- trainer rank (one per ``trainer.num_workers``, each on its own GPU; FSDP2 shards over them): master weights,
+  gradients (sharded, or whole fp32 while an unsharded accumulation holds them), AdamW's two moments and one
+  foreach scratch of the optimizer step, a frozen reference copy when the loss needs one, the compute-dtype
+  weight copies (autocast's cache, or FSDP's unsharded layers), activations of one micro-batch with or without
+  checkpointing, one checkpointed logits chunk, the critic or value head, and the copy a weight sync publishes;
+- built-in engine: weights in the serving dtype (``engine.dtype``) plus its preallocated KV pool
+  (``engine.max_running_requests`` slots of ``min(max_len, max_kv_tokens) + 1`` positions, as
+  ``engine.kv_cache.pool_bytes``), and one update bucket being staged;
+- vLLM engine: the ``gpu_memory_utilization`` share of each of its ``tensor_parallel_size`` GPUs, which must hold
+  its weights shard and one longest request's KV.
+
+Left out, and why the verdict keeps a margin: the CUDA context and NCCL buffers (``DEVICE_RESERVE``), the
+allocator's fragmentation, and the engine's per-step scratch beyond one prefill chunk.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
+from asyncrl.config.engine import serving_dtype
 from asyncrl.config.run import RunConfig
-from asyncrl.sim.model_shape import ModelShape
+from asyncrl.sim.model_shape import NAMED_SHAPES, ModelShape
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-TRAINER_COPIES = 4
-"""Weights, gradients and AdamW's exp_avg and exp_avg_sq, each the size of the weights."""
+GB = 1e9
+DEVICE_RESERVE = int(1.5 * 2**30)
+"""CUDA context, cuBLAS workspaces and NCCL buffers: not in any term, taken off every device before fitting."""
+MARGIN = 0.9
+"""A device whose plan exceeds this share of what is left after ``DEVICE_RESERVE`` is tight: allocator
+fragmentation and the terms' roundings live in the rest."""
 KV_POOL_SHARE = 0.9
 """The share of free device memory the built-in engine lets its KV pool take (``llm_engine``'s check)."""
+FSDP_PREFETCHED_LAYERS = 2
+"""Unsharded layers FSDP2 holds at once in the compute dtype: the one running and the one prefetched."""
+LOGITS_COPIES = 4
+"""fp32 ``[chunk, vocab]`` blocks alive while one checkpointed chunk runs backward: logits, log-softmax,
+the softmax of its entropy, and the gradient flowing back."""
+
+
+HELD = "held"
+"""A term's phase: alive the whole run (weights, gradients kept between steps, optimizer state, KV pool)."""
+PHASES = ("train", "step", "sync")
+"""Transient phases that never overlap: forward/backward, the optimizer step, publishing weights."""
 
 
 @dataclass(frozen=True)
-class MemoryPlan:
-    """Bytes each role needs, per device it runs on."""
+class Term:
+    """One named quantity on one GPU, with the arithmetic that made it, and when it is alive."""
 
-    weights: int
-    """One copy of the weights in ``model.dtype``."""
-    trainer_per_rank: int
-    engine_weights: int
-    """One engine's weights on each of its devices."""
-    kv_per_slot: int
-    """Built-in engine: one request slot's keys and values over the run's longest context."""
-    num_slots: int
-    checkpoint: int
-    """One checkpoint on disk."""
-    num_checkpoints_on_disk: int
+    name: str
+    bytes: int
+    how: str
+    phase: str = HELD
+
+    def line(self) -> str:
+        when = "" if self.phase == HELD else f", {self.phase}"
+        return f"{self.name} {self.bytes / GB:.2f} ({self.how}{when})"
+
+
+@dataclass(frozen=True)
+class Role:
+    """``count`` instances of one role, each spanning ``gpus_each`` GPUs; ``terms`` are per GPU."""
+
+    name: str
+    count: int
+    gpus_each: int
+    terms: tuple[Term, ...]
+
+    def phase_bytes(self, phase: str) -> int:
+        return sum(t.bytes for t in self.terms if t.phase == phase)
 
     @property
-    def engine_total(self) -> int:
-        """A built-in engine's weights and whole KV pool."""
-        return self.engine_weights + self.kv_per_slot * self.num_slots
+    def peak_phase(self) -> str:
+        """The transient phase that weighs most (what the peak is held plus)."""
+        return max(PHASES, key=self.phase_bytes)
+
+    @property
+    def total(self) -> int:
+        """The peak: what is always held plus the heaviest transient phase."""
+        return self.phase_bytes(HELD) + self.phase_bytes(self.peak_phase)
+
+    @property
+    def largest(self) -> Term:
+        return max(self.terms, key=lambda t: t.bytes)
 
 
-def memory_plan(config: RunConfig, shape: ModelShape, max_len: int) -> MemoryPlan:
-    """The plan of ``config`` for a model of ``shape`` whose requests reach ``max_len`` positions."""
-    element = DTYPE_BYTES[config.model.dtype]
-    weights = shape.num_params * element
-    workers = config.trainer.num_workers
-    reference = weights if config.loss.needs_reference else 0
-    tensor_parallel = config.engine.vllm.tensor_parallel_size if config.engine.backend == "vllm" else 1
-    keep = config.trainer.keep_last_checkpoints
-    every = config.trainer.checkpoint_every
-    num_saved = (config.controller.num_steps // every if every else 0) + 1  # the periodic ones and the final
-    return MemoryPlan(
-        weights=weights,
-        trainer_per_rank=-(-(TRAINER_COPIES * weights + reference) // workers),
-        engine_weights=-(-weights // tensor_parallel),
-        kv_per_slot=shape.kv_bytes_per_token(element) * (max_len + 1),
-        num_slots=config.engine.max_running_requests,
-        checkpoint=3 * weights,
-        num_checkpoints_on_disk=min(keep + 1, num_saved) if keep is not None else num_saved,
+@dataclass(frozen=True)
+class Device:
+    """One GPU (or, inline, the one device) and the roles that share it."""
+
+    name: str
+    roles: tuple[tuple[Role, int], ...]
+    """Each role with how many of its instances sit on this device."""
+
+    @property
+    def total(self) -> int:
+        return sum(role.total * n for role, n in self.roles)
+
+    def largest(self) -> tuple[Role, Term]:
+        """The role and term that weigh most here (what a FAIL names)."""
+        return max(((r, r.largest) for r, _ in self.roles), key=lambda pair: pair[1].bytes)
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """The GPUs a plan targets: named from a spec profile, given as JSON, or this machine's."""
+
+    name: str
+    device_bytes: int
+    num_gpus: int
+    gpus_per_node: int = 8
+    reserve: int = DEVICE_RESERVE
+    """Bytes no term may use: ``DEVICE_RESERVE`` on a profile, what is already taken on a live GPU."""
+
+    @property
+    def usable_bytes(self) -> int:
+        return self.device_bytes - self.reserve
+
+
+@dataclass(frozen=True)
+class Plan:
+    roles: tuple[Role, ...]
+    devices: tuple[Device, ...]
+    gpus_needed: int
+
+
+# ---- hardware and shapes -----------------------------------------------------------------------------------
+
+
+def hardware_named(spec: str, num_gpus: int | None = None) -> Hardware:
+    """``h100``, ``h200`` (any ``asyncrl.sim`` profile name), a JSON object, or a JSON file: ``{"name": ...,
+    "memory_gb": 80, "gpus_per_node": 8}`` (``hbm_bytes`` in place of ``memory_gb`` also reads)."""
+    text = spec.strip()
+    if text.startswith("{") or text.endswith(".json"):
+        data = json.loads(text if text.startswith("{") else Path(text).read_text())
+        if not isinstance(data, dict):
+            raise ValueError(f"--hardware {spec!r}: a JSON object is needed")
+        if "memory_gb" in data:
+            device_bytes = int(float(data["memory_gb"]) * GB)
+        elif "hbm_bytes" in data:
+            device_bytes = int(float(data["hbm_bytes"]))
+        else:
+            raise ValueError(f"--hardware {spec!r}: give memory_gb (or hbm_bytes)")
+        per_node = int(data.get("gpus_per_node", 8))
+        name = str(data.get("name", "custom"))
+    else:
+        from asyncrl.sim.hardware import resolve_profile
+
+        profile = resolve_profile(text)
+        device_bytes, per_node, name = int(profile.hbm_bytes), profile.gpus_per_node, profile.name
+    if device_bytes <= DEVICE_RESERVE:
+        raise ValueError(f"--hardware {spec!r}: {device_bytes} bytes per GPU leaves nothing to plan in")
+    gpus = per_node if num_gpus is None else num_gpus
+    if gpus < 1:
+        raise ValueError(f"--gpus must be >= 1, got {gpus}")
+    return Hardware(name, device_bytes, gpus, per_node)
+
+
+def shape_named_like(model_path: str) -> ModelShape | None:
+    """The simulator's shape whose name the hub id ends with (``Qwen/Qwen3-8B-Base`` → ``qwen3-8b``)."""
+    name = model_path.rsplit("/", 1)[-1].lower()
+    for suffix in ("-base", "-instruct"):
+        name = name.removesuffix(suffix)
+    return NAMED_SHAPES.get(name)
+
+
+# ---- terms: small pure functions ---------------------------------------------------------------------------
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def lora_params(shape: ModelShape, rank: int) -> int:
+    """Adapter parameters on every linear of every layer (``all-linear``): rank × (in + out) per linear."""
+    q, kv = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+    h, i = shape.hidden, shape.intermediate
+    attention = (h + q) + 2 * (h + kv) + (q + h)
+    mlp = 3 * (h + i) if not shape.is_moe else 3 * (h + shape.expert_intermediate) * shape.num_experts
+    return shape.num_layers * rank * (attention + mlp)
+
+
+def layer_activation_bytes_per_token(shape: ModelShape, element: int) -> int:
+    """What one decoder layer saves for backward per token (HF Llama/Qwen layer, SDPA attention): the two
+    RMSNorms' inputs and outputs (4·hidden), q, k, v before and after rotary (2·(q + 2·kv)), the attention
+    output (q), the residual sum (hidden) and the MLP's gate, up, activation and product (4·intermediate)."""
+    q, kv = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+    width = shape.intermediate if not shape.is_moe else shape.expert_intermediate * shape.num_active_experts
+    return element * (5 * shape.hidden + 2 * (q + 2 * kv) + q + 4 * width)
+
+
+def activation_bytes(
+    shape: ModelShape, tokens: int, element: int, residual_element: int, checkpointing: bool
+) -> int:
+    """One micro-batch's saved activations: every layer's (no checkpointing), or every layer's input in the
+    residual dtype plus one layer's activations being recomputed (checkpointing)."""
+    per_layer = tokens * layer_activation_bytes_per_token(shape, element)
+    if not checkpointing:
+        return shape.num_layers * per_layer
+    return shape.num_layers * tokens * shape.hidden * residual_element + per_layer
+
+
+def logits_chunk_bytes(shape: ModelShape, chunk: int, tokens: int) -> int:
+    """One checkpointed ``[chunk, vocab]`` block in fp32, ``LOGITS_COPIES`` times (``trainer.logprobs``)."""
+    return LOGITS_COPIES * min(chunk, tokens) * shape.vocab * 4
+
+
+def kv_pool_bytes(shape: ModelShape, slots: int, positions: int, element: int) -> int:
+    """The built-in engine's pool: K and V of every layer for ``slots`` × ``positions`` (scratch included)."""
+    return slots * (positions + 1) * shape.kv_bytes_per_token(element)
+
+
+# ---- roles -------------------------------------------------------------------------------------------------
+
+
+def _gb(n: int) -> str:
+    return f"{n / GB:.2f} GB"
+
+
+def trainer_role(config: RunConfig, shape: ModelShape, device: str = "cuda") -> Role:
+    """One trainer rank's terms per GPU (``trainer.num_workers`` ranks, FSDP2-sharded when more than one)."""
+    trainer = config.trainer
+    ranks = trainer.num_workers
+    master = DTYPE_BYTES[config.model.dtype]
+    params = shape.num_params
+    lora = trainer.lora
+    trainable = lora_params(shape, lora.rank) if lora is not None else params
+    shard = f" / {ranks} ranks" if ranks > 1 else ""
+    terms = [Term("master weights", ceil_div(params * master, ranks), f"{params:,} × {master} B{shard}")]
+    if lora is not None:
+        terms.append(
+            Term("LoRA adapters", ceil_div(trainable * master, ranks), f"rank {lora.rank} on every linear")
+        )
+    sharded = getattr(trainer, "fsdp_grad_accumulation", "sharded") == "sharded"
+    if ranks > 1 and not sharded:
+        grads = Term("gradients", trainable * 4, f"{trainable:,} × 4 B whole (unsharded fp32 accumulation)")
+    else:
+        grads = Term("gradients", ceil_div(trainable * master, ranks), f"{trainable:,} × {master} B{shard}")
+    moments = ceil_div(2 * trainable * master, ranks)
+    terms += [
+        grads,
+        Term("optimizer state", moments, f"AdamW's 2 moments × {trainable:,} × {master} B{shard}"),
+        Term("optimizer scratch", moments // 2, "one foreach temporary, the size of a moment", "step"),
+    ]
+    if config.loss.needs_reference and lora is None:
+        terms.append(
+            Term("reference copy", ceil_div(params * master, ranks), "frozen policy for the KL term")
+        )
+    compute = _compute_bytes(config, master)
+    if ranks > 1:  # FSDP2 all-gathers each layer (and the root's embeddings) before it runs
+        per_layer = (shape.num_params - shape.embedding_params) // shape.num_layers
+        terms.append(
+            Term(
+                "unsharded layers",
+                (FSDP_PREFETCHED_LAYERS * per_layer + shape.embedding_params) * compute,
+                f"{FSDP_PREFETCHED_LAYERS} gathered layers + embeddings in {compute} B",
+                "train",
+            )
+        )
+    elif compute != master:
+        terms.append(
+            Term("compute copies", params * compute, f"autocast's {compute} B copy of each weight", "train")
+        )
+    tokens = trainer.max_tokens_per_microbatch
+    residual = master if ranks == 1 else compute  # autocast keeps the residual stream in the master dtype
+    ckpt = trainer.activation_checkpointing
+    terms += [
+        Term(
+            "activations",
+            activation_bytes(shape, tokens, compute, residual, ckpt),
+            f"{tokens:,} tokens/micro-batch, {'with' if ckpt else 'no'} checkpointing",
+            "train",
+        ),
+        Term(
+            "logits chunk",
+            logits_chunk_bytes(shape, trainer.logprob_chunk_size, tokens),
+            f"{LOGITS_COPIES} × {trainer.logprob_chunk_size} × {shape.vocab:,} × 4 B",
+            "train",
+        ),
+    ]
+    terms += _critic_terms(config, shape, master, ranks, tokens, compute, residual)
+    terms.append(_publish_term(config, shape, device))
+    return Role("trainer rank", ranks, 1, tuple(terms))
+
+
+def _compute_bytes(config: RunConfig, master: int) -> int:
+    """Bytes per element the forward computes in: FSDP2's bf16 mixed precision, autocast's ``compute_dtype``
+    (a no-op for float32, ``trainer.logprobs.autocast``), else the master dtype."""
+    if config.trainer.num_workers > 1:
+        return 2 if config.trainer.mixed_precision == "bf16" else master
+    compute = config.trainer.compute_dtype
+    return master if compute == "float32" else DTYPE_BYTES[compute]
+
+
+def _critic_terms(
+    config: RunConfig, shape: ModelShape, master: int, ranks: int, tokens: int, compute: int, residual: int
+) -> list[Term]:
+    critic = config.critic
+    if critic is None:
+        return []
+    if critic.type == "shared_trunk":
+        head = shape.hidden + 1
+        return [Term("value head", 4 * head * master, "weights, gradients and 2 moments of hidden + 1")]
+    body = shape.num_params - (0 if shape.tied_embeddings else shape.vocab * shape.hidden)  # no lm_head
+    ckpt = config.trainer.activation_checkpointing
+    return [
+        Term(
+            "critic",
+            ceil_div(4 * body * master, ranks),
+            f"weights, gradients, 2 moments of {body:,} × {master} B",
+        ),
+        Term(
+            "critic activations", activation_bytes(shape, tokens, compute, residual, ckpt), "as the policy's"
+        ),
+    ]
+
+
+def _publish_term(config: RunConfig, shape: ModelShape, device: str) -> Term:
+    serve = DTYPE_BYTES[serving_dtype(config.engine.dtype, config.model.dtype, device)]
+    lora = config.trainer.lora
+    params = lora_params(shape, lora.rank) if lora is not None else shape.num_params
+    if config.runtime.type == "inline":
+        return Term(
+            "publish copy", params * serve, f"the whole model in {serve} B at each sync (in process)", "sync"
+        )
+    bucket = int(config.weight_sync.bucket_mb * 2**20)
+    return Term(
+        "staging copy", min(bucket, params * serve), "one gathered bucket (weight_sync.bucket_mb)", "sync"
     )
+
+
+def max_kv_positions(config: RunConfig, max_len: int) -> int:
+    """Positions per built-in slot, as the engine sizes them: ``engine.max_model_len`` when set (else the run's
+    longest context, which ``asyncrl train`` sets it to), capped by ``engine.max_kv_tokens``."""
+    return min(config.engine.max_model_len or max_len, config.engine.max_kv_tokens)
+
+
+def engine_role(
+    config: RunConfig, shape: ModelShape, max_len: int, hardware: Hardware, device: str = "cuda"
+) -> Role:
+    """One engine's terms per GPU: the built-in engine's weights and KV pool, or vLLM's memory share."""
+    serve_name = serving_dtype(config.engine.dtype, config.model.dtype, device)
+    serve = DTYPE_BYTES[serve_name]
+    engines = config.rollout.num_engines
+    lora = config.trainer.lora
+    if config.engine.backend == "vllm":
+        tp = config.engine.vllm.tensor_parallel_size
+        share = config.engine.vllm.gpu_memory_utilization
+        return Role(
+            "vLLM engine",
+            engines,
+            tp,
+            (Term("gpu_memory_utilization", int(share * hardware.device_bytes), f"{share} of the GPU"),),
+        )
+    slots = config.engine.max_running_requests
+    positions = max_kv_positions(config, max_len)
+    terms = [
+        Term("weights", shape.num_params * serve, f"{shape.num_params:,} × {serve} B ({serve_name})"),
+        Term(
+            "KV pool",
+            kv_pool_bytes(shape, slots, positions, serve),
+            f"{slots} slots × {positions + 1} positions × {shape.kv_bytes_per_token(serve):,} B",
+        ),
+    ]
+    if lora is not None:
+        terms.append(Term("LoRA adapter", lora_params(shape, lora.rank) * serve, f"rank {lora.rank}"))
+    prefill = config.engine.max_prefill_tokens_per_step
+    scratch = prefill * layer_activation_bytes_per_token(shape, serve) + slots * shape.vocab * 4
+    terms.append(
+        Term("step scratch", scratch, f"one {prefill}-token prefill layer + {slots} rows of logits", "train")
+    )
+    if config.runtime.type != "inline":
+        bucket = int(config.weight_sync.bucket_mb * 2**20)
+        terms.append(
+            Term("update staging", min(bucket, shape.num_params * serve), "one received bucket", "sync")
+        )
+    return Role("engine", engines, 1, tuple(terms))
+
+
+def vllm_needs(config: RunConfig, shape: ModelShape, max_len: int) -> int:
+    """What vLLM's share must hold per GPU: its weights shard and one longest request's KV."""
+    serve = DTYPE_BYTES.get(config.engine.vllm.dtype, 2)
+    tp = config.engine.vllm.tensor_parallel_size
+    return ceil_div(shape.num_params * serve + max_len * shape.kv_bytes_per_token(serve), tp)
+
+
+def plan(
+    config: RunConfig, shape: ModelShape, max_len: int, hardware: Hardware, device: str = "cuda"
+) -> Plan:
+    """Every role's terms and every device's colocated sum for ``config`` on ``hardware``."""
+    trainer = trainer_role(config, shape, device)
+    engine = engine_role(config, shape, max_len, hardware, device)
+    if config.runtime.type == "inline":
+        devices = (Device("the one GPU (trainer + engines, inline)", ((trainer, 1), (engine, engine.count))),)
+        needed = 1
+    else:
+        devices = (Device("each trainer GPU", ((trainer, 1),)), Device("each engine GPU", ((engine, 1),)))
+        needed = trainer.count + engine.count * engine.gpus_each
+    return Plan(roles=(trainer, engine), devices=devices, gpus_needed=needed)
+
+
+def checkpoint_bytes(config: RunConfig, shape: ModelShape) -> tuple[int, int]:
+    """One checkpoint's bytes on disk (weights plus AdamW's moments, ``trainer_state.pt``) and how many
+    coexist (the kept ones plus the one being written)."""
+    master = DTYPE_BYTES[config.model.dtype]
+    weights = shape.num_params * master
+    lora = config.trainer.lora
+    trainable = lora_params(shape, lora.rank) * master if lora is not None else weights
+    keep, every = config.trainer.keep_last_checkpoints, config.trainer.checkpoint_every
+    num_saved = (config.controller.num_steps // every if every else 0) + 1  # the periodic ones and the final
+    return weights + 2 * trainable, min(keep + 1, num_saved) if keep is not None else num_saved
 
 
 def kv_slots_that_fit(free_bytes: int, engine_weights: int, kv_per_slot: int) -> int:

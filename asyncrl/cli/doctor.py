@@ -17,6 +17,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "Loads no weights.",
     )
     add_config_arguments(parser)
+    parser.add_argument(
+        "--hardware",
+        help="plan for this hardware instead of checking this machine: h100, h200 (any asyncrl.sim profile), "
+        'a JSON object such as \'{"name": "l40s", "memory_gb": 48}\', or a JSON file; prints GB per GPU '
+        "for every role and every device the roles share",
+    )
+    parser.add_argument("--gpus", type=int, help="GPUs to plan for with --hardware (default: one node's)")
+    parser.add_argument(
+        "--shape",
+        help="size the model by this shape instead of its config.json: a name of the simulator's shape table "
+        "(qwen3-1.7b, qwen3-8b, ...) or a path to a config.json",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -25,7 +37,18 @@ def run(args: argparse.Namespace) -> int:
 
     if names_no_config_file(args.config_args):  # as train: overrides apply to the default
         args.config_args = [str(DEFAULT_EXAMPLE), *args.config_args]
-    findings = diagnose(run_config_from_args(args))
+    hardware = shape = None
+    if args.hardware:
+        from asyncrl.app.memory_plan import hardware_named
+
+        hardware = hardware_named(args.hardware, args.gpus)
+    elif args.gpus is not None:
+        raise ValueError("--gpus plans with --hardware: name the hardware too")
+    if args.shape:
+        from asyncrl.sim.model_shape import resolve_shape
+
+        shape = resolve_shape(args.shape)
+    findings = diagnose(run_config_from_args(args), hardware=hardware, shape=shape)
     for finding in findings:
         print(finding.line(), flush=True)
     failed = sum(f.status is Status.FAIL for f in findings)

@@ -1,0 +1,119 @@
+"""The memory plan per role on hardware that is not here: its terms' arithmetic with exact values, every shipped
+recipe fitting the hardware its header's ``asyncrl doctor ... --hardware`` line declares (with the plan's
+margin), and the FAILs a user must see: the role and its largest term, a relative multi-node ``output_dir``."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from asyncrl.app import memory_plan as mp
+from asyncrl.app.doctor import Status, diagnose
+from asyncrl.cli import main as cli
+from asyncrl.config.run import load_run_config
+from asyncrl.sim.model_shape import NAMED_SHAPES
+from asyncrl.testing.hub_cache import use_offline_cache
+
+RECIPES = Path(__file__).resolve().parents[3] / "asyncrl" / "examples" / "recipes"
+QWEN3_1_7B = NAMED_SHAPES["qwen3-1.7b"]
+H100 = mp.hardware_named("h100", 1)
+
+
+def declared_plan(recipe: Path) -> list[str]:
+    """The ``asyncrl doctor RECIPE --hardware ...`` command of the recipe's header, as arguments."""
+    match = re.search(rf"asyncrl (doctor \S*{recipe.name} --hardware .*?)\s*\(", recipe.read_text())
+    assert match, f"{recipe.name} declares no 'asyncrl doctor {recipe.name} --hardware ...' line"
+    return shlex.split(match.group(1))
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_recipe_fits_its_declared_hardware_with_a_margin(recipe, tmp_path, monkeypatch, capsys) -> None:
+    use_offline_cache(monkeypatch, tmp_path)  # the hub model is not here: sized by the simulator's shape
+    assert cli.main(declared_plan(recipe)) == 0
+    lines = capsys.readouterr().out.splitlines()
+    verdicts = [line for line in lines if line.startswith(("OK", "WARN", "FAIL"))]
+    memory = [line for line in verdicts if " gpu memory: " in line or " gpus: " in line]
+    assert memory and all(line.startswith("OK") for line in memory), "\n".join(memory)
+    assert any("per GPU at its peak" in line for line in memory), "\n".join(lines)  # roles, with their terms
+
+
+def test_the_terms_are_the_arithmetic_they_state() -> None:
+    shape = QWEN3_1_7B
+    config = load_run_config(
+        None,
+        [
+            "model.dtype=float32",
+            "trainer.compute_dtype=bfloat16",
+            "trainer.activation_checkpointing=true",
+            "trainer.max_tokens_per_microbatch=1000",
+            "engine.dtype=bfloat16",
+            "engine.max_running_requests=4",
+            "engine.max_model_len=99",
+        ],
+    )
+    trainer = {t.name: t for t in mp.trainer_role(config, shape).terms}
+    p = shape.num_params
+    assert trainer["master weights"].bytes == trainer["gradients"].bytes == 4 * p
+    assert trainer["optimizer state"].bytes == 8 * p and trainer["optimizer scratch"].bytes == 4 * p
+    assert trainer["compute copies"].bytes == 2 * p  # autocast's bf16 copy of the fp32 weights
+    per_token = 2 * (5 * 2048 + 2 * (2048 + 2 * 1024) + 2048 + 4 * 6144)
+    assert mp.layer_activation_bytes_per_token(shape, 2) == per_token
+    assert trainer["activations"].bytes == 28 * 1000 * 2048 * 4 + 1000 * per_token  # fp32 residual, one layer
+    assert trainer["logits chunk"].bytes == 4 * 1000 * 151_936 * 4
+    assert trainer["publish copy"].bytes == 2 * p
+    role = mp.trainer_role(config, shape)
+    held = 16 * p
+    train = trainer["compute copies"].bytes + trainer["activations"].bytes + trainer["logits chunk"].bytes
+    step = trainer["optimizer scratch"].bytes
+    assert train < step and role.peak_phase == "step" and role.total == held + step  # phases never overlap
+    engine = {t.name: t for t in mp.engine_role(config, shape, 50, H100).terms}
+    assert engine["weights"].bytes == 2 * p
+    assert engine["KV pool"].bytes == 4 * 100 * (2 * 28 * 8 * 128 * 2)  # max_model_len + scratch position
+    sharded = mp.trainer_role(load_run_config(None, ["trainer.num_workers=4"]), shape)
+    assert {t.name: t.bytes for t in sharded.terms}["gradients"] == -(-4 * p // 4)
+    assert mp.lora_params(shape, 8) == 28 * 8 * ((2048 + 2048) + 2 * (2048 + 1024) + (2048 + 2048) + 3 * 8192)
+
+
+def test_the_one_gpu_recipe_as_it_was_fails_naming_the_role_and_its_largest_term(
+    tmp_path, monkeypatch
+) -> None:
+    use_offline_cache(monkeypatch, tmp_path)
+    before = load_run_config(
+        RECIPES / "gsm8k_1gpu.yaml", ["engine.dtype=float32", "engine.max_running_requests=128"]
+    )
+    findings = diagnose(before, hardware=H100)
+    failed = [f for f in findings if f.status is Status.FAIL]
+    assert [f.topic for f in failed] == ["gpu memory"]
+    assert "does not fit" in failed[0].detail and "largest term: engine's KV pool 45.1 GB" in failed[0].fix
+    on_h200 = diagnose(before, hardware=mp.hardware_named("h200", 1))
+    assert not [f for f in on_h200 if f.status is Status.FAIL]
+
+
+def test_a_multi_node_run_needs_an_absolute_output_dir(tmp_path, monkeypatch) -> None:
+    use_offline_cache(monkeypatch, tmp_path)
+    recipe = RECIPES / "dapo_math_2node.yaml"
+    hardware = mp.hardware_named("h100", 16)
+    relative = diagnose(load_run_config(recipe, ["output_dir=runs/x"]), hardware=hardware)
+    out = next(f for f in relative if f.topic == "output_dir")
+    assert out.status is Status.FAIL and "absolute path" in out.fix
+    one_node = diagnose(
+        load_run_config(RECIPES / "dapo_math_8gpu.yaml"), hardware=mp.hardware_named("h100", 8)
+    )
+    assert [f for f in one_node if f.topic == "output_dir"] == []
+
+
+def test_hardware_from_json_and_bad_input_name_the_field(tmp_path) -> None:
+    inline = mp.hardware_named('{"name": "l40s", "memory_gb": 48}', 2)
+    assert (inline.name, inline.device_bytes, inline.num_gpus) == ("l40s", 48_000_000_000, 2)
+    path = tmp_path / "hw.json"
+    path.write_text('{"hbm_bytes": 2e10, "gpus_per_node": 4}')
+    assert mp.hardware_named(str(path)).num_gpus == 4
+    with pytest.raises(ValueError, match="memory_gb"):
+        mp.hardware_named('{"name": "x"}')
+    with pytest.raises(ValueError, match="--gpus"):
+        mp.hardware_named("h100", 0)
+    assert mp.shape_named_like("Qwen/Qwen3-8B-Base") is NAMED_SHAPES["qwen3-8b"]
+    assert mp.shape_named_like("someone/else") is None
