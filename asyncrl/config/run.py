@@ -181,7 +181,8 @@ class RunConfig:
             ),
             "engine.backend": (
                 self.engine.backend == "builtin",
-                f"{self.engine.backend!r}: only the built-in engine sleeps in the inline runtime",
+                f"{self.engine.backend!r}: the vLLM worker sleeps and wakes (engine.vllm sleep mode) but "
+                "colocated weights into vLLM are not built; the built-in engine runs the switch",
             ),
             "weight_sync.type": (
                 self.weight_sync.type in ("auto", "colocated"),

@@ -286,6 +286,17 @@ class SimCostConfig:
     weight_reload_s: float = 1.0
     """An engine's fixed time to pause, load new weights and resume, beyond moving their bytes (an assumption:
     no probe measures the serving stack's reload path)."""
+    switch_offload_bytes_per_param: float = 8.0
+    """Colocated (``trainer.colocated``): trainer state per parameter that leaves the devices while the engines
+    generate and comes back before training, over the host link (8: Adam's two float32 moments, what
+    ``runtime.switch`` offloads by default; 12 with its master weights, 16 with gradients too)."""
+    switch_sleep_level: int = 1
+    """Colocated: what a sleeping engine gives up (``runtime.switch.engine_sleep_level``): 1 its KV pool
+    (re-zeroed on wake), 2 also its weights (out to host memory and back over the host link)."""
+    switch_fixed_s: float = 0.5
+    """Colocated: the switch's fixed time per step beyond moving bytes (allocator calls, CUDA IPC handles, the
+    hand-offs between five phases). An assumption, not measured and not fitted to any figure:
+    ``scripts/gpu_checks/colocate.py`` measures the phases on a lent GPU."""
 
     def __post_init__(self) -> None:
         if self.kv not in ("paged", "reserved"):
@@ -299,6 +310,13 @@ class SimCostConfig:
             raise ValueError(f"cost.memory_utilization must be in (0, 1], got {self.memory_utilization}")
         if self.weight_reload_s < 0:
             raise ValueError(f"cost.weight_reload_s must be >= 0, got {self.weight_reload_s}")
+        if self.switch_offload_bytes_per_param < 0 or self.switch_fixed_s < 0:
+            raise ValueError(
+                "cost.switch_offload_bytes_per_param and cost.switch_fixed_s must be >= 0, got "
+                f"{self.switch_offload_bytes_per_param}, {self.switch_fixed_s}"
+            )
+        if self.switch_sleep_level not in (1, 2):
+            raise ValueError(f"cost.switch_sleep_level must be 1 or 2, got {self.switch_sleep_level}")
 
 
 @dataclass(frozen=True, kw_only=True)

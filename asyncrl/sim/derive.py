@@ -141,8 +141,43 @@ def engine_keys(config: SimConfig, shape: ModelShape, profile: HardwareProfile) 
         "num_layers": shape.num_layers,
         "allreduce_hop_s": profile.intra_node_latency_s,
         "kv_bytes_per_token": shape.kv_bytes_per_token(config.cost.bytes_per_param),
-        "weight_update_s": weight_bytes(config, shape) / profile.inter_node_bandwidth
-        + config.cost.weight_reload_s,
+        "weight_update_s": _weight_transfer_s(config, shape, profile) + config.cost.weight_reload_s,
+    }
+
+
+def _weight_transfer_s(config: SimConfig, shape: ModelShape, profile: HardwareProfile) -> float:
+    """Moving one version's served weights to an engine: over the network link, or colocated on the device
+    itself (``colocated_switch_parts``' ``sync``)."""
+    if config.trainer.colocated:
+        return colocated_switch_parts(config, shape, profile)["sync"]
+    return weight_bytes(config, shape) / profile.inter_node_bandwidth
+
+
+def colocated_switch_parts(
+    config: SimConfig, shape: ModelShape, profile: HardwareProfile
+) -> dict[str, float]:
+    """Seconds of each part of one step's colocated switch (``runtime.switch``), per accelerator, from the
+    bytes it moves and the bandwidth they move at (docs/simulator.md):
+
+    - ``offload``: the trainer's state (``cost.switch_offload_bytes_per_param`` per parameter, sharded over
+      the trainer's accelerators) to host memory and back: twice over the host link;
+    - ``engine_weights``: at ``cost.switch_sleep_level`` 2, an engine's served weights (its share per
+      accelerator) to host memory and back: twice over the host link; 0 at level 1;
+    - ``kv``: the freed KV pool allocated and zeroed again on wake: one write of it at HBM bandwidth;
+    - ``sync``: the weights by CUDA IPC: the trainer packs a served-dtype copy (one write), the engine reads
+      it and writes its own (one read, one write): three passes of the served weights at HBM bandwidth;
+    - ``fixed``: ``cost.switch_fixed_s``.
+    """
+    cost, engine_gpus = config.cost, config.engine.gpus_per_engine
+    host, hbm = profile.host_link_bandwidth, profile.hbm_bandwidth * profile.efficiency.decode_kv
+    served = weight_bytes(config, shape) / engine_gpus
+    kv_pool = profile.hbm_bytes * cost.memory_utilization - served
+    return {
+        "offload": 2 * cost.switch_offload_bytes_per_param * shape.num_params / config.num_train_gpus / host,
+        "engine_weights": 2 * served / host if cost.switch_sleep_level == 2 else 0.0,
+        "kv": max(kv_pool, 0.0) / hbm,
+        "sync": 3 * served / hbm,
+        "fixed": cost.switch_fixed_s,
     }
 
 
@@ -155,7 +190,8 @@ def trainer_keys(config: SimConfig, shape: ModelShape, profile: HardwareProfile)
     gpus = config.num_train_gpus
     # AdamW touches float32 master weights, gradients and two moments: ~16 B read and 16 B written per param.
     optimizer_s = 32 * shape.num_params / (profile.hbm_bandwidth * eff.decode_kv * gpus)
-    offload_s = 0.0
-    if config.trainer.colocated:  # the trainer's state leaves the devices for generation and comes back
-        offload_s = 2 * 16 * shape.num_params / (profile.host_link_bandwidth * gpus)
-    return {"gpu_s_per_token": per_token, "step_overhead_s": optimizer_s + offload_s}
+    switch_s = 0.0
+    if config.trainer.colocated:  # the switch between rollout and training; its weight copy is the update's
+        parts = colocated_switch_parts(config, shape, profile)
+        switch_s = sum(seconds for part, seconds in parts.items() if part != "sync")
+    return {"gpu_s_per_token": per_token, "step_overhead_s": optimizer_s + switch_s}

@@ -193,6 +193,15 @@ class VLLMEngineClient:
     async def resume(self) -> None:
         await self._call("resume")
 
+    async def sleep(self, level: int = 1) -> int:
+        """vLLM's sleep mode (the worker's ``op_sleep``: level 1 weights to host and KV dropped, level 2 both
+        dropped); a ``RuntimeError`` naming why where the installed vLLM or platform has none."""
+        return await self._call("sleep", self.weight_sync_timeout_s, level=level)
+
+    async def wake(self) -> int:
+        """Undo ``sleep`` (vLLM's ``wake_up``)."""
+        return await self._call("wake", self.weight_sync_timeout_s)
+
     async def update_weights(
         self, named_tensors: WeightUpdate | Mapping[str, Any] | Iterable[tuple[str, Any]], version: int
     ) -> None:

@@ -347,6 +347,26 @@ class Worker:
         await self.engine.resume_generation()
         self.paused = False
 
+    async def op_sleep(self, message: dict) -> int:
+        """vLLM's own sleep mode, for colocated runs: level 1 moves the weights to host memory and drops the KV
+        cache, level 2 drops both (the next update must then carry every weight). Refused by name where this
+        vLLM or platform has no sleep mode, or the worker started without it. vLLM reports no byte count: 0."""
+        refusal = sleep_refusal(self.engine)
+        if refusal:
+            raise RuntimeError(refusal)
+        if message["level"] not in (1, 2):
+            raise ValueError(f"vLLM sleep level must be 1 or 2, got {message['level']}")
+        await _bounded(self.engine.sleep(level=message["level"], mode="wait"), message)
+        return 0
+
+    async def op_wake(self, message: dict) -> int:
+        """Undo ``op_sleep``: weights and KV cache back on the device (vLLM's ``wake_up``); 0 bytes reported."""
+        refusal = sleep_refusal(self.engine)
+        if refusal:
+            raise RuntimeError(refusal)
+        await _bounded(self.engine.wake_up(), message)
+        return 0
+
     async def op_stats(self, message: dict) -> dict:
         return {
             "version": self.version,
@@ -544,6 +564,23 @@ def sampling_kwargs(sampling: dict) -> dict:
         "logprobs": 0,
         "detokenize": bool(stop),
     }
+
+
+def sleep_refusal(engine) -> str:
+    """Why ``engine`` (an ``AsyncLLM``) cannot sleep, naming what is missing; '' when it can."""
+    if not (hasattr(engine, "sleep") and hasattr(engine, "wake_up")):
+        return "this vLLM has no sleep mode (AsyncLLM.sleep / wake_up): colocated sleep needs a newer vLLM"
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_sleep_mode_available():
+        return (
+            f"vLLM offers no sleep mode on this platform ({current_platform.device_type}): CUDA, ROCm or XPU"
+        )
+    if not engine.vllm_config.model_config.enable_sleep_mode:
+        return (
+            "the vLLM worker started without sleep mode: set engine.vllm.engine_args.enable_sleep_mode: true"
+        )
+    return ""
 
 
 async def _bounded(call, message: dict):
