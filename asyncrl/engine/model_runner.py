@@ -102,9 +102,7 @@ class ModelRunner:
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             self.cache.write_rows(layer, writes, k, v)
             keys, values = self.cache.view(layer, slice(0, rows), length)
-            return F.scaled_dot_product_attention(
-                q, keys, values, attn_mask=mask[:, None, None, :], enable_gqa=True, scale=self.scale
-            )
+            return grouped_decode_attention(q, keys, values, mask, self.scale)
 
         last = torch.zeros(rows, dtype=torch.long, device=inputs.device)
         return self._forward(ids, rope, attend, last)
@@ -183,6 +181,21 @@ class ModelRunner:
         q, k = self.rotary(q, k, cos, sin)
         out = attend(index, q, k, v)  # [rows, heads, length, head_dim]
         return attn.o_proj(out.transpose(1, 2).reshape(rows, length, -1))
+
+
+def grouped_decode_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Decode attention ``[rows, heads, 1, head_dim]`` with the query heads that share a KV head laid out as
+    that head's query positions (``[rows, kv_heads, group, head_dim]``, HF's ``repeat_kv`` order), so SDPA
+    runs plain multi-head attention over the KV pool's view: no ``enable_gqa``, which on CUDA rules out the
+    memory-efficient kernel and makes the math one expand the keys and values. ``mask`` ``[rows, length]``
+    is each row's visible positions, shared by its heads."""
+    rows, heads, _, head_dim = q.shape
+    kv_heads = keys.shape[1]
+    grouped = q.reshape(rows, kv_heads, heads // kv_heads, head_dim)
+    out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask[:, None, None, :], scale=scale)
+    return out.reshape(rows, heads, 1, head_dim)
 
 
 def kv_dimensions(model: torch.nn.Module) -> dict[str, Any]:

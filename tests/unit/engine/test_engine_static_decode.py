@@ -6,9 +6,12 @@ from __future__ import annotations
 import copy
 
 import pytest
+import torch
+import torch.nn.functional as F
 from engine_testlib import drain, engine, hf_greedy, request
 
 from asyncrl.config.engine import EngineConfig
+from asyncrl.engine.model_runner import grouped_decode_attention
 from asyncrl.engine.static_decode import MIN_LENGTH_BUCKET, batch_buckets, length_bucket
 
 NUM_SLOTS = 9
@@ -96,3 +99,17 @@ def test_static_greedy_matches_hf(qwen2):
         if req.sampling.temperature == 0:
             expected = hf_greedy(qwen2, req.prompt_token_ids, len(out[req.request_id].token_ids))
             assert out[req.request_id].token_ids == expected
+
+
+def test_grouped_decode_attention_matches_sdpa_with_gqa():
+    torch.manual_seed(0)
+    rows, heads, kv_heads, length, head_dim = 3, 8, 2, 10, 16
+    q = torch.randn(rows, heads, 1, head_dim)
+    keys, values = torch.randn(2, rows, kv_heads, length, head_dim)
+    mask = torch.arange(length)[None, :] <= torch.tensor([[2], [9], [0]])
+    expected = F.scaled_dot_product_attention(
+        q, keys, values, attn_mask=mask[:, None, None, :], enable_gqa=True, scale=0.3
+    )
+    got = grouped_decode_attention(q, keys, values, mask, 0.3)
+    assert got.shape == expected.shape
+    assert torch.allclose(got, expected, atol=1e-6)
