@@ -64,15 +64,19 @@ def settings(device: str) -> dict[str, Any]:
             "new": 48,
             "static_kv": 256,
             "hf_batch": 64,
+            "repeats": 10,
+            "exact_new_tokens": 24,
         }
     return {
         "shapes": [TINY_SHAPE],
         "dtype": "float32",
-        "batches": (1, 4, 16),
+        "batches": (1, 8),
         "prompt": 16,
-        "new": 12,
+        "new": 8,
         "static_kv": 64,
-        "hf_batch": 16,
+        "hf_batch": 8,
+        "repeats": 4,
+        "exact_new_tokens": 12,
     }
 
 
@@ -86,8 +90,8 @@ def step_plan(shape: ModelShape, s: dict[str, Any], batches: tuple[int, ...], gr
         engine_step_prompt_tokens=s["prompt"],
         engine_step_new_tokens=s["new"],
         engine_decode_graphs=graphs,
-        warmup=3,
-        repeats=10,
+        warmup=2,
+        repeats=s["repeats"],
     )
 
 
@@ -198,13 +202,12 @@ def qwen3_small(device: torch.device) -> torch.nn.Module:
 
 
 @torch.inference_mode()
-def exactness(device: torch.device) -> list[tuple[str, bool, str]]:
+def exactness(device: torch.device, new: int) -> list[tuple[str, bool, str]]:
     """(check, passed, detail) for each family: greedy == HF generate, log-probs, seeded reproducibility."""
     models = [("tiny-qwen2", tiny_qwen2()), ("tiny-llama", tiny_llama())]
     if device.type == "cuda":
         models.append(("qwen3-0.6b-2layer", qwen3_small(device)))
     prompts = [[(5 * i + j) % 200 + 3 for j in range(length)] for i, length in enumerate((7, 2, 40, 65, 13))]
-    new = 24
     results = []
     for name, model in models:
         model = model.to(device)
@@ -279,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = False
     checks = []
     try:
-        checks = exactness(device)
+        checks = exactness(device, s["exact_new_tokens"])
     except Exception:  # a crash is a failed check, written down with the rest
         failed = True
         result["exactness_error"] = traceback.format_exc()
