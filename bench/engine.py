@@ -168,6 +168,7 @@ def run_engine(model, work, batch_size: int, num_threads: int | None = None) -> 
         max_kv_tokens=batch_size * (64 + MAX_OUTPUT),
         max_prefill_tokens_per_step=512,
         max_model_len=64 + MAX_OUTPUT,
+        dtype=str(next(model.parameters()).dtype).removeprefix("torch."),  # HF generate's precision too
     )
     engine = make_engine(model, None, config, num_threads)
     requests = [

@@ -97,7 +97,7 @@ def check_logprobs(trainer: Trainer) -> bool:
 
 def check_engine(trainer: Trainer) -> bool:
     update = InProcessSync().publish(1, trainer.sync_tensors(), adapter=trainer.adapter)
-    config = EngineConfig(max_running_requests=4, max_kv_tokens=1024, max_model_len=64)
+    config = EngineConfig(max_running_requests=4, max_kv_tokens=1024, max_model_len=64, dtype="float32")
     served = LLMEngine(tiny_qwen2().to("cuda:0"), None, config)
     served.update_weights(update, 1)
     merged = copy.deepcopy(trainer.peft_model).merge_and_unload()

@@ -7,6 +7,7 @@ from typing import Literal
 
 ENGINE_BACKENDS = ("builtin", "vllm")
 SERVING_DTYPES = ("auto", "float32", "bfloat16", "float16")
+DECODE_GRAPHS = ("auto", "on", "off")
 
 
 def serving_dtype(engine_dtype: str, model_dtype: str, device: str) -> str:
@@ -92,6 +93,11 @@ class EngineConfig:
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Dtype the engine serves in (weights and KV cache), apart from ``model.dtype`` (the trainer's master
     dtype): weight updates are cast to it once at publish. auto: bfloat16 on CUDA, ``model.dtype`` on CPU."""
+    decode_graphs: Literal["auto", "on", "off"] = "auto"
+    """How the built-in engine runs a decode step. on: at bucketed static shapes (batch 1, 2, 4, … up to
+    max_running_requests; KV length in powers of two), each bucket captured once as a CUDA graph on CUDA and
+    replayed, run eagerly at the same shapes elsewhere. off: at the step's own shapes, eagerly. auto: on for
+    CUDA, off on CPU (padding a CPU batch to its bucket costs compute that no launch overhead repays)."""
     seed: int = 0
     """Base seed; a request without its own seed is seeded from this and its request id."""
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
@@ -112,6 +118,11 @@ class EngineConfig:
         if self.dtype not in SERVING_DTYPES:
             raise ValueError(
                 f"engine.dtype must be one of {', '.join(map(repr, SERVING_DTYPES))}, got {self.dtype!r}"
+            )
+        if self.decode_graphs not in DECODE_GRAPHS:
+            raise ValueError(
+                f"engine.decode_graphs must be one of {', '.join(map(repr, DECODE_GRAPHS))}, "
+                f"got {self.decode_graphs!r}"
             )
         if self.kv_on_update not in ("keep", "recompute"):
             raise ValueError(

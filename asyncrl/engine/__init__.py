@@ -15,16 +15,9 @@ def make_engine(
     model: torch.nn.Module, tokenizer: Any, config: EngineConfig, num_threads: int | None = None
 ) -> AsyncEngine:
     """An ``AsyncEngine`` serving ``model`` on its own device and thread (``num_threads`` torch threads there;
-    default: the caller's count), in ``config.dtype`` (``model`` is cast in place when it differs: pass a
-    model of the engine's own); call ``shutdown()`` when done."""
-    import torch
-
-    from asyncrl.config.engine import serving_dtype
+    default: the caller's count), in ``config.dtype`` (``LLMEngine`` casts ``model`` in place when it differs:
+    pass a model of the engine's own); call ``shutdown()`` when done."""
     from asyncrl.engine.async_engine import AsyncEngine
     from asyncrl.engine.llm_engine import LLMEngine
 
-    weight = next(model.parameters())
-    dtype = serving_dtype(config.dtype, str(weight.dtype).removeprefix("torch."), weight.device.type)
-    if weight.dtype != getattr(torch, dtype):
-        model = model.to(getattr(torch, dtype))
     return AsyncEngine(LLMEngine(model, tokenizer, config), num_threads=num_threads)

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from asyncrl.config.engine import EngineConfig
+from asyncrl.config.engine import EngineConfig, serving_dtype
 from asyncrl.engine import migration
 from asyncrl.engine.adapters import MergedAdapters
 from asyncrl.engine.kv_cache import available_bytes, pool_bytes
@@ -43,9 +43,13 @@ class LLMEngine:
             max_prefill_tokens_per_step=self.config.max_prefill_tokens_per_step,
             max_model_len=self.max_model_len,
         )
+        self.dtype = cast_to_serving_dtype(model, self.config.dtype)
         check_kv_pool_fits(model, self.config, self.max_model_len)
         self.runner = ModelRunner(
-            model, num_slots=self.config.max_running_requests, max_len=self.max_model_len
+            model,
+            num_slots=self.config.max_running_requests,
+            max_len=self.max_model_len,
+            decode_graphs=self.config.decode_graphs,
         )
         self.eos_token_ids = eos_token_ids(model, tokenizer)
         self.adapters = MergedAdapters(model)
@@ -252,6 +256,21 @@ def _host_copy(tensor: torch.Tensor) -> torch.Tensor:
         return tensor.clone()
     host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
     return host.copy_(tensor)
+
+
+def cast_to_serving_dtype(model: torch.nn.Module, engine_dtype: str) -> torch.dtype:
+    """Cast ``model`` in place to the dtype it is served in (``engine.dtype``, see ``serving_dtype``) and
+    return that dtype; the KV pool, built from the model's parameters, follows it.
+
+    In place because the engine owns the replica it serves (the runtimes hand it its own copy), and a second
+    copy of the weights in the serving dtype would cost more memory than the cast saves. Weight updates are
+    copied into these parameters, so they arrive cast too."""
+    current = next(model.parameters()).dtype
+    device = next(model.parameters()).device
+    target = getattr(torch, serving_dtype(engine_dtype, str(current).removeprefix("torch."), device.type))
+    if target != current:
+        model.to(target)
+    return target
 
 
 KV_POOL_MEMORY_SHARE = 0.9

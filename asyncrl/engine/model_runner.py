@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from asyncrl.engine.architectures import architecture_of
 from asyncrl.engine.kv_cache import KVCache
 from asyncrl.engine.scheduler import Chunk, SlotMove
+from asyncrl.engine.static_decode import StaticDecode
 
 # (layer index, q, k, v) -> attention output; each mode of the runner supplies its own cache handling.
 AttentionFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -31,7 +32,9 @@ class ModelRunner:
     their lengths differ widely, see ``padding_groups``).
     """
 
-    def __init__(self, model: torch.nn.Module, *, num_slots: int, max_len: int) -> None:
+    def __init__(
+        self, model: torch.nn.Module, *, num_slots: int, max_len: int, decode_graphs: str = "off"
+    ) -> None:
         self.architecture = architecture_of(model, max_len)
         self.rotary = self.architecture.rotary
         self.model = model
@@ -43,6 +46,17 @@ class ModelRunner:
         self.cos_sin = RotaryTable(
             model.model.rotary_emb, max_len=max_len, dtype=dims["dtype"], device=self.device
         )
+        self.static: StaticDecode | None = None
+        """Decode at bucketed static shapes (``engine.decode_graphs``); None: at each step's own shapes."""
+        if decode_graphs == "on" or (decode_graphs == "auto" and self.device.type == "cuda"):
+            self.static = StaticDecode(
+                self._decode_rows,
+                num_slots=num_slots,
+                max_len=max_len,
+                device=self.device,
+                capture=self.device.type == "cuda",
+                fingerprint=self._addresses,
+            )
 
     @torch.inference_mode()
     def run(self, moves: list[SlotMove], chunks: list[Chunk], num_slots_in_use: int) -> torch.Tensor:
@@ -70,21 +84,39 @@ class ModelRunner:
             token_ids[chunk.seq.slot] = chunk.seq.token_ids[chunk.start]
             rope_positions[chunk.seq.slot] = write_positions[chunk.seq.slot] = chunk.start
         length = max(chunk.start for chunk in chunks) + 1
-        rope = torch.tensor(rope_positions, device=self.device)
-        writes = torch.tensor(write_positions, device=self.device)
-        mask = torch.arange(length, device=self.device)[None, :] <= rope[:, None]  # [rows, length]
+        if self.static is not None:
+            logits = self.static.run(token_ids, rope_positions, write_positions, length)
+        else:
+            inputs = torch.tensor([token_ids, rope_positions, write_positions], device=self.device)
+            logits = self._decode_rows(inputs, length)
+        return {chunk.seq.slot: logits[chunk.seq.slot] for chunk in chunks}
+
+    def _decode_rows(self, inputs: torch.Tensor, length: int) -> torch.Tensor:
+        """Logits ``[rows, vocab]`` of one decode token per slot ``[0, rows)``: ``inputs`` ``[3, rows]`` holds
+        each row's token id, rope position and KV write position; attention spans positions ``[0, length)``.
+        Allocates nothing outside the step, so ``StaticDecode`` can capture it."""
+        rows = inputs.shape[1]
+        ids, rope, writes = inputs[0, :, None], inputs[1, :, None], inputs[2]
+        mask = torch.arange(length, device=inputs.device)[None, :] <= rope  # [rows, length]
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             self.cache.write_rows(layer, writes, k, v)
-            keys, values = self.cache.view(layer, slice(0, num_rows), length)
-            return F.scaled_dot_product_attention(
-                q, keys, values, attn_mask=mask[:, None, None, :], enable_gqa=True, scale=self.scale
-            )
+            keys, values = self.cache.view(layer, slice(0, rows), length)
+            return grouped_decode_attention(q, keys, values, mask, self.scale)
 
-        ids = torch.tensor(token_ids, device=self.device)[:, None]
-        last = torch.zeros(num_rows, dtype=torch.long, device=self.device)
-        logits = self._forward(ids, rope[:, None], attend, last)
-        return {chunk.seq.slot: logits[chunk.seq.slot] for chunk in chunks}
+        last = torch.zeros(rows, dtype=torch.long, device=inputs.device)
+        return self._forward(ids, rope, attend, last)
+
+    def _addresses(self) -> tuple[int, ...]:
+        """Where the KV pool and the weights live; a captured decode graph is valid only while they stay."""
+        inner = self.model.model
+        return (
+            self.cache.keys[0].data_ptr(),
+            self.cache.values[-1].data_ptr(),
+            inner.embed_tokens.weight.data_ptr(),
+            inner.norm.weight.data_ptr(),
+            self.model.lm_head.weight.data_ptr(),
+        )
 
     def _prefill(self, chunks: list[Chunk]) -> dict[int, torch.Tensor]:
         """Every prefill chunk of the step, in as few padded forward passes as ``padding_groups`` allows;
@@ -149,6 +181,21 @@ class ModelRunner:
         q, k = self.rotary(q, k, cos, sin)
         out = attend(index, q, k, v)  # [rows, heads, length, head_dim]
         return attn.o_proj(out.transpose(1, 2).reshape(rows, length, -1))
+
+
+def grouped_decode_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Decode attention ``[rows, heads, 1, head_dim]`` with the query heads that share a KV head laid out as
+    that head's query positions (``[rows, kv_heads, group, head_dim]``, HF's ``repeat_kv`` order), so SDPA
+    runs plain multi-head attention over the KV pool's view: no ``enable_gqa``, which on CUDA rules out the
+    memory-efficient kernel and makes the math one expand the keys and values. ``mask`` ``[rows, length]``
+    is each row's visible positions, shared by its heads."""
+    rows, heads, _, head_dim = q.shape
+    kv_heads = keys.shape[1]
+    grouped = q.reshape(rows, kv_heads, heads // kv_heads, head_dim)
+    out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask[:, None, None, :], scale=scale)
+    return out.reshape(rows, heads, 1, head_dim)
 
 
 def kv_dimensions(model: torch.nn.Module) -> dict[str, Any]:

@@ -30,27 +30,46 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], uniforms: list[fl
 
     A row's result depends only on its own logits, params and uniform: rows that truncate are sampled in
     sorted order, the others in vocabulary order, whatever the rest of the batch needs.
+
+    One host-to-device copy (every row's parameters and uniform) and one device-to-host copy (token ids and
+    log-probs together) per call, and no other synchronisation: on a GPU each round trip costs more than
+    the sampling arithmetic.
     """
     logits = logits.float()
     device = logits.device
-    temperature = torch.tensor([p.temperature for p in params], device=device)
+    vocab = logits.shape[-1]
+    truncates = [p.top_k > 0 or p.top_p < 1 for p in params]
+    rows = [
+        [p.temperature for p in params],
+        [p.top_k if p.top_k > 0 else vocab for p in params],
+        [p.top_p for p in params],
+        list(uniforms),
+        [float(t) for t in truncates],
+    ]
+    temperature, top_k, top_p, u, truncating = torch.tensor(rows, dtype=torch.float64).to(device).float()
     greedy = temperature == 0
     logprobs = torch.log_softmax(logits / torch.where(greedy, 1.0, temperature)[:, None], dim=-1)
-    u = torch.tensor(uniforms, device=device, dtype=torch.float32)
     chosen, chosen_logprob = _draw(logprobs, u)
-    truncates = [p.top_k > 0 or p.top_p < 1 for p in params]
     if any(truncates):
-        sorted_logprobs, order = _truncate(logprobs, params)
+        sorted_logprobs, order = _truncate(logprobs, top_k, top_p, _sort_width(params, truncates, vocab))
         rank, rank_logprob = _draw(sorted_logprobs, u)
-        mask = torch.tensor(truncates, device=device)
+        mask = truncating.bool()
         chosen = torch.where(mask, order.gather(1, rank[:, None])[:, 0], chosen)
         chosen_logprob = torch.where(mask, rank_logprob, chosen_logprob)
-    if bool(greedy.any()):
+    if any(p.temperature == 0 for p in params):
         full = torch.log_softmax(logits, dim=-1)
         argmax = full.argmax(dim=-1)
         chosen = torch.where(greedy, argmax, chosen)
         chosen_logprob = torch.where(greedy, full.gather(1, argmax[:, None])[:, 0], chosen_logprob)
-    return SampleOutput(chosen.tolist(), chosen_logprob.tolist())
+    token_ids, token_logprobs = torch.stack([chosen.double(), chosen_logprob.double()]).tolist()
+    return SampleOutput([int(t) for t in token_ids], token_logprobs)
+
+
+def _sort_width(params: list[SamplingParams], truncates: list[bool], vocab: int) -> int:
+    """How many of each row's most likely tokens truncation must see: the largest top-k of the truncating
+    rows when each of them has one (a partial ``topk`` instead of a full sort of the vocabulary), else all."""
+    ks = [p.top_k for p, t in zip(params, truncates, strict=True) if t]
+    return vocab if min(ks) <= 0 else min(max(ks), vocab)
 
 
 def _draw(logprobs: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,14 +78,17 @@ def _draw(logprobs: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.
     return chosen, logprobs.gather(1, chosen[:, None])[:, 0]
 
 
-def _truncate(logprobs: torch.Tensor, params: list[SamplingParams]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sort each row, drop tokens outside top-k / top-p, renormalise; returns (sorted log-probs, sort order)."""
-    device = logprobs.device
-    sorted_logprobs, order = logprobs.sort(dim=-1, descending=True)
-    vocab = logprobs.shape[-1]
-    ranks = torch.arange(vocab, device=device)[None, :]
-    top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=device)
-    top_p = torch.tensor([p.top_p for p in params], device=device)
+def _truncate(
+    logprobs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, width: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``width`` most likely tokens of each row in descending order with those outside the row's top-k /
+    top-p dropped, renormalised; returns (sorted log-probs, their vocabulary indices). Tokens past ``width``
+    are dropped by every truncating row anyway, so leaving them out changes nothing."""
+    if width < logprobs.shape[-1]:
+        sorted_logprobs, order = logprobs.topk(width, dim=-1)
+    else:
+        sorted_logprobs, order = logprobs.sort(dim=-1, descending=True)
+    ranks = torch.arange(width, device=logprobs.device)[None, :]
     mass_before = sorted_logprobs.exp().cumsum(dim=-1) - sorted_logprobs.exp()
     drop = (ranks >= top_k[:, None]) | ((mass_before >= top_p[:, None]) & (ranks > 0))
     kept = sorted_logprobs.masked_fill(drop, float("-inf"))

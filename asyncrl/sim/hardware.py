@@ -204,6 +204,14 @@ def resolve_profile(spec: str) -> HardwareProfile:
 
 # ---- fitting a probe --------------------------------------------------------------------------------------
 
+DECODE_BASIS = (
+    "decode fitted to the probe's static CUDA-graph loop: for the built-in engine a static-loop bound, "
+    "not its measured step"
+)
+"""What a fitted profile's decode costs stand for. The fit reads ``decode_static`` points only: no probe so
+far has timed the engine's own captured decode path (``engine.decode_graphs``), so a built-in engine's
+predicted step is what that path could reach, not what it was measured to reach."""
+
 
 def profile_from_probe(probe: dict[str, Any], source: str) -> HardwareProfile:
     """A measured profile: ceilings from the probe's GEMM and bandwidth sections, efficiencies from its model
@@ -228,7 +236,7 @@ def profile_from_probe(probe: dict[str, Any], source: str) -> HardwareProfile:
     return replace(
         sheet,
         name=f"{sheet.name}-measured",
-        source=f"measured: {source} (links from the {sheet.name} spec sheet)",
+        source=f"measured: {source} (links from the {sheet.name} spec sheet; {DECODE_BASIS})",
         peak_flops=peak,
         hbm_bandwidth=bandwidth,
         hbm_bytes=float(device.get("memory_bytes", sheet.hbm_bytes)),

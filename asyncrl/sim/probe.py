@@ -53,6 +53,8 @@ class ProbePlan:
     engine_step_batches: tuple[int, ...] = (1, 16, 64, 256)
     engine_step_prompt_tokens: int = 128
     engine_step_new_tokens: int = 48
+    engine_decode_graphs: str = "auto"
+    """``engine.decode_graphs`` of the engine whose steps are timed (auto: captured static shapes on CUDA)."""
     prefill_row_tokens: tuple[int, ...] = (1024, 4096)
     prefill_tokens: int = 16384
     train_samples: int = 8
@@ -541,6 +543,7 @@ def engine_steps(model: torch.nn.Module, plan: ProbePlan) -> list[dict[str, Any]
             max_kv_tokens=batch * (prompt + new),
             max_prefill_tokens_per_step=batch * prompt,
             max_model_len=prompt + new,
+            decode_graphs=plan.engine_decode_graphs,
         )
         engine = LLMEngine(model, config=config)
         sampling = SamplingParams(max_new_tokens=new, ignore_eos=True)

@@ -22,8 +22,16 @@ def request(rid: str, prompt: list[int], **sampling) -> Request:
 
 
 def engine(model, tokenizer=None, **config) -> LLMEngine:
-    """An engine over ``model``, moved (in place) to the device under test so the HF references follow it."""
-    defaults = {"max_running_requests": 4, "max_kv_tokens": 1024, "max_prefill_tokens_per_step": 16}
+    """An engine over ``model``, moved (in place) to the device under test so the HF references follow it;
+    it serves in the model's own dtype unless ``dtype`` is given, so the references compare like with like
+    on CUDA too (where ``engine.dtype: auto`` would serve bfloat16)."""
+    model_dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    defaults = {
+        "max_running_requests": 4,
+        "max_kv_tokens": 1024,
+        "max_prefill_tokens_per_step": 16,
+        "dtype": model_dtype,
+    }
     return LLMEngine(model.to(device_under_test()), tokenizer, EngineConfig(**{**defaults, **config}))
 
 

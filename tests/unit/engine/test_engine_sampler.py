@@ -74,3 +74,14 @@ def test_rows_do_not_influence_each_other():
     alone = [sample(logits[i : i + 1], [mixed[i]], [u]) for i, u in enumerate([0.3, 0.6, 0.9, 0.45])]
     assert together.token_ids == [a.token_ids[0] for a in alone]
     assert together.logprobs == pytest.approx([a.logprobs[0] for a in alone], abs=1e-6)
+
+
+def test_top_k_rows_sample_the_same_through_a_partial_top_k_or_a_full_sort():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 50)
+    top_k_rows = [SamplingParams(top_k=5, temperature=0.7), SamplingParams(top_k=12, top_p=0.6)]
+    uniforms = [0.31, 0.87]
+    partial = sample(logits[:2], top_k_rows, uniforms)  # every truncating row has a top-k: topk(12)
+    with_sort = sample(logits, [*top_k_rows, SamplingParams(top_p=0.5)], [*uniforms, 0.5])  # needs a sort
+    assert with_sort.token_ids[:2] == partial.token_ids
+    assert with_sort.logprobs[:2] == pytest.approx(partial.logprobs, abs=1e-6)

@@ -1,12 +1,14 @@
-"""The built-in engine serves in ``engine.dtype``: ``make_engine`` casts its model copy, and a serving-dtype
-update (what the trainer publishes) lands in it bit for bit."""
+"""The built-in engine serves, and keeps its KV pool, in ``engine.dtype`` rather than the master dtype it is
+given: ``make_engine`` casts its model copy, and a serving-dtype update (what the trainer publishes) lands in it
+bit for bit."""
 
 from __future__ import annotations
 
 import asyncio
 
+import pytest
 import torch
-from engine_testlib import request, tiny_qwen2
+from engine_testlib import drain, engine, reference_logprobs, request, tiny_qwen2
 
 from asyncrl.config.engine import EngineConfig
 from asyncrl.engine import make_engine
@@ -34,9 +36,20 @@ def test_the_builtin_engine_serves_and_updates_in_the_serving_dtype():
     assert out.versions == [1] * 4
 
 
-def test_auto_keeps_the_models_own_dtype_on_cpu():
-    served = make_engine(tiny_qwen2(), None, EngineConfig(max_kv_tokens=512))
-    try:
-        assert {p.dtype for p in served.core.model.parameters()} == {torch.float32}
-    finally:
-        served.shutdown()
+@pytest.mark.parametrize("mode", ["off", "on"])
+def test_bfloat16_serving_casts_weights_and_kv_and_stays_close_to_fp32(mode):
+    master = tiny_qwen2()
+    prompt = [5, 6, 7, 8, 9, 10, 11]
+    core = engine(tiny_qwen2(), dtype="bfloat16", decode_graphs=mode)
+    assert core.dtype == torch.bfloat16
+    assert {p.dtype for p in core.model.parameters()} == {torch.bfloat16}
+    assert core.runner.cache.keys[0].dtype == torch.bfloat16
+    core.add_request(request("r", prompt, temperature=0, max_new_tokens=6, ignore_eos=True))
+    out = drain(core)["r"]
+    assert out.logprobs == pytest.approx(reference_logprobs(master, prompt, out.token_ids), abs=0.05)
+
+
+def test_auto_on_cpu_keeps_the_model_dtype():
+    core = engine(tiny_qwen2(), dtype="auto")
+    assert core.dtype == torch.float32
+    assert core.runner.cache.keys[0].dtype == torch.float32

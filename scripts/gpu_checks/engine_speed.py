@@ -1,0 +1,349 @@
+"""GPU kit section: the built-in engine's decode step at Qwen3 0.6B / 1.7B / 4B shapes, beside the probe's
+static CUDA-graph loop and HF generate, and its greedy exactness on the device.
+
+Usage: ``python scripts/gpu_checks/engine_speed.py --device {cpu,cuda} --out DIR``
+
+- ``--device cuda``: random-initialised models at the shape table's sizes (``asyncrl.sim.model_shape``, bfloat16;
+  nothing is downloaded). Per shape: whole ``LLMEngine.step()`` calls in decode at batch 1 / 16 / 64 / 256
+  (``engine.decode_graphs: on``: captured static shapes, and ``off`` at batch 64 for the eager path),
+  the probe's static CUDA-graph loop at the same batches over a KV length of 256 (the engine's bucket for these
+  contexts), and tokens per second of the engine against HF ``generate`` at batch 64.
+- ``--device cpu``: the same sections at the probe's tiny shape, a twin that runs in well under a minute.
+
+Exactness (both devices, fp32): greedy tokens of the engine at static shapes equal HF ``generate`` for the two
+tiny test families (and a 2-layer Qwen3-0.6B-shaped model on CUDA), their log-probs within 1e-3 of a full HF
+forward, and a seeded sampled batch gives the same tokens run to run. These are PASS/FAIL lines and set the
+exit status. The issue's speed targets (engine step ≤ 1.3× the static loop at batch ≥ 16 and ≤ 2× at batch 1
+for 0.6B and 1.7B; ≥ 3× HF generate's tokens/s at batch 64) are TARGET lines: met or missed, recorded in the
+result JSON, not a failure of the kit (a missed target is a measurement to act on, not a broken check).
+
+Writes ``DIR/engine_speed.json``. Sections run under one time budget (``--budget-s``); what the budget cannot
+hold is written down as not measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from asyncrl.config.engine import EngineConfig
+from asyncrl.engine.llm_engine import LLMEngine
+from asyncrl.sim.model_shape import NAMED_SHAPES, ModelShape
+from asyncrl.sim.probe import (
+    TINY_SHAPE,
+    ProbePlan,
+    build_model,
+    decode_static,
+    describe_device,
+    engine_steps,
+    hf_config,
+)
+from asyncrl.testing.models import tiny_llama, tiny_qwen2
+from asyncrl.types import Request, SamplingParams
+
+CUDA_SHAPES = ("qwen3-0.6b", "qwen3-1.7b", "qwen3-4b")
+TARGET_SHAPES = ("qwen3-0.6b", "qwen3-1.7b")
+"""Shapes the issue's step-time targets name."""
+
+
+def settings(device: str) -> dict[str, Any]:
+    """Shapes and sizes per device: the real ones on CUDA, a tiny twin on CPU."""
+    if device == "cuda":
+        return {
+            "shapes": [NAMED_SHAPES[name] for name in CUDA_SHAPES],
+            "dtype": "bfloat16",
+            "batches": (1, 16, 64, 256),
+            "prompt": 128,
+            "new": 48,
+            "static_kv": 256,
+            "hf_batch": 64,
+            "repeats": 10,
+            "exact_new_tokens": 24,
+        }
+    return {
+        "shapes": [TINY_SHAPE],
+        "dtype": "float32",
+        "batches": (1, 8),
+        "prompt": 16,
+        "new": 8,
+        "static_kv": 64,
+        "hf_batch": 8,
+        "repeats": 4,
+        "exact_new_tokens": 12,
+    }
+
+
+def step_plan(shape: ModelShape, s: dict[str, Any], batches: tuple[int, ...], graphs: str) -> ProbePlan:
+    return ProbePlan(
+        models=(shape,),
+        dtype=s["dtype"],
+        batches=batches,
+        kv_lengths=(s["static_kv"],),
+        engine_step_batches=batches,
+        engine_step_prompt_tokens=s["prompt"],
+        engine_step_new_tokens=s["new"],
+        engine_decode_graphs=graphs,
+        warmup=2,
+        repeats=s["repeats"],
+    )
+
+
+def _medians(points: list[dict[str, Any]]) -> dict[int, float]:
+    return {p["batch"]: p["median_s"] for p in points if "median_s" in p}
+
+
+@torch.inference_mode()
+def tokens_per_second(model: torch.nn.Module, s: dict[str, Any]) -> dict[str, float]:
+    """Engine and HF ``generate`` over the same ``hf_batch`` random prompts, greedy, ``new`` tokens each; the
+    second run of each is timed (the first captures graphs / warms kernels)."""
+    device = next(model.parameters()).device
+    batch, prompt, new = s["hf_batch"], s["prompt"], s["new"]
+    ids = torch.randint(
+        1, model.config.vocab_size, (batch, prompt), generator=torch.Generator().manual_seed(0)
+    )
+    config = EngineConfig(
+        max_running_requests=batch,
+        max_kv_tokens=batch * (prompt + new),
+        max_prefill_tokens_per_step=batch * prompt,
+        max_model_len=prompt + new,
+    )
+    engine = LLMEngine(model, config=config)
+    sampling = SamplingParams(temperature=0, max_new_tokens=new, ignore_eos=True)
+
+    def run_engine() -> None:
+        for index, row in enumerate(ids.tolist()):
+            engine.add_request(Request(request_id=str(index), prompt_token_ids=row, sampling=sampling))
+        while engine.has_work():
+            engine.step()
+
+    def run_hf() -> None:
+        on_device = ids.to(device)
+        model.generate(
+            on_device,
+            attention_mask=torch.ones_like(on_device),
+            max_new_tokens=new,
+            min_new_tokens=new,
+            do_sample=False,
+            pad_token_id=0,
+        )
+
+    out = {}
+    for name, fn in (("engine", run_engine), ("hf_generate", run_hf)):
+        fn()
+        _sync(device)
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        out[f"{name}_tokens_per_s"] = batch * new / (time.perf_counter() - start)
+    out["engine_over_hf"] = out["engine_tokens_per_s"] / out["hf_generate_tokens_per_s"]
+    return out
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_shape(shape: ModelShape, s: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    model = build_model(shape, device=device, dtype=getattr(torch, s["dtype"]))
+    record: dict[str, Any] = {"shape": shape.name, "dtype": s["dtype"]}
+    record["engine_step"] = engine_steps(model, step_plan(shape, s, s["batches"], "on"))
+    mid = (s["hf_batch"],)
+    record["engine_step_eager"] = engine_steps(model, step_plan(shape, s, mid, "off"))
+    record["static_loop"] = decode_static(model, shape, step_plan(shape, s, s["batches"], "auto"))
+    engine, static = _medians(record["engine_step"]), _medians(record["static_loop"])
+    record["engine_over_static"] = {b: engine[b] / static[b] for b in engine if b in static}
+    record["tokens_per_s"] = tokens_per_second(model, s)
+    del model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return record
+
+
+def targets(shapes: list[dict[str, Any]]) -> list[tuple[str, bool]]:
+    """The issue's step-time and throughput targets, met or missed, per measured shape."""
+    out = []
+    for record in shapes:
+        if "engine_over_static" not in record:
+            continue
+        name = record["shape"]
+        if name in TARGET_SHAPES:
+            for batch, ratio in record["engine_over_static"].items():
+                bound = 2.0 if batch == 1 else 1.3
+                out.append(
+                    (
+                        f"{name} batch {batch}: engine step {ratio:.2f}x the static loop (<= {bound})",
+                        ratio <= bound,
+                    )
+                )
+        speedup = record["tokens_per_s"]["engine_over_hf"]
+        out.append((f"{name}: engine {speedup:.2f}x HF generate tokens/s (>= 3)", speedup >= 3))
+    return out
+
+
+def qwen3_small(device: torch.device) -> torch.nn.Module:
+    """2 layers of the Qwen3-0.6B shape in fp32, with weights wide enough (std 0.1) that greedy picks are
+    not near-ties decided by rounding."""
+    import transformers
+
+    config = hf_config(NAMED_SHAPES["qwen3-0.6b"], num_layers=2)
+    config.initializer_range = 0.1
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    return model.eval()
+
+
+@torch.inference_mode()
+def exactness(device: torch.device, new: int) -> list[tuple[str, bool, str]]:
+    """(check, passed, detail) for each family: greedy == HF generate, log-probs, seeded reproducibility."""
+    models = [("tiny-qwen2", tiny_qwen2()), ("tiny-llama", tiny_llama())]
+    if device.type == "cuda":
+        models.append(("qwen3-0.6b-2layer", qwen3_small(device)))
+    prompts = [[(5 * i + j) % 200 + 3 for j in range(length)] for i, length in enumerate((7, 2, 40, 65, 13))]
+    results = []
+    for name, model in models:
+        model = model.to(device)
+        config = EngineConfig(
+            max_running_requests=8, max_kv_tokens=4096, max_model_len=128, dtype="float32", decode_graphs="on"
+        )
+        engine = LLMEngine(model, config=config)
+        greedy = SamplingParams(temperature=0, max_new_tokens=new, ignore_eos=True)
+        out = _generate(engine, prompts, greedy)
+        worst, mismatched = 0.0, []
+        for index, prompt in enumerate(prompts):
+            expected = model.generate(
+                torch.tensor([prompt], device=device),
+                max_new_tokens=new,
+                do_sample=False,
+                pad_token_id=0,
+                eos_token_id=None,
+            )[0, len(prompt) :].tolist()
+            if out[index][0] != expected:
+                mismatched.append(index)
+            worst = max(worst, _logprob_error(model, prompt, *out[index]))
+        results.append(
+            (f"{name}: greedy tokens == HF generate", not mismatched, f"mismatched prompts {mismatched}")
+        )
+        results.append(
+            (f"{name}: greedy log-probs within 1e-3 of HF", worst <= 1e-3, f"max error {worst:.2e}")
+        )
+        sampled = SamplingParams(temperature=0.8, top_p=0.9, seed=7, max_new_tokens=new, ignore_eos=True)
+        first, second = _generate(engine, prompts, sampled), _generate(engine, prompts, sampled)
+        same = [a[0] for a in first] == [b[0] for b in second]
+        results.append((f"{name}: seeded sampling reproducible run to run", same, ""))
+    return results
+
+
+def _generate(
+    engine: LLMEngine, prompts: list[list[int]], sampling: SamplingParams
+) -> list[tuple[list[int], list[float]]]:
+    for index, prompt in enumerate(prompts):
+        engine.add_request(Request(request_id=str(index), prompt_token_ids=prompt, sampling=sampling))
+    finished = {}
+    while engine.has_work():
+        finished.update({g.request_id: g for g in engine.step()})
+    return [(finished[str(i)].token_ids, finished[str(i)].logprobs) for i in range(len(prompts))]
+
+
+def _logprob_error(
+    model: torch.nn.Module, prompt: list[int], tokens: list[int], logprobs: list[float]
+) -> float:
+    device = next(model.parameters()).device
+    logits = model(torch.tensor([prompt + tokens], device=device)).logits[0].float()
+    reference = torch.log_softmax(logits, dim=-1)
+    rows = torch.arange(len(tokens), device=device) + len(prompt) - 1
+    expected = reference[rows, torch.tensor(tokens, device=device)]
+    return float((expected - torch.tensor(logprobs, device=device)).abs().max())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=("cpu", "cuda"), required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--budget-s", type=float, default=170.0, help="stop starting sections after this")
+    args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("FAIL engine-speed: --device cuda but torch sees no CUDA device")
+        return 1
+    device = torch.device(args.device)
+    if device.type == "cpu":  # a rehearsal of the kit: one thread keeps it quick on a shared, loaded host
+        torch.set_num_threads(1)
+    deadline = time.monotonic() + args.budget_s
+    s = settings(args.device)
+    result: dict[str, Any] = {"device": describe_device(device), "settings": _jsonable(s), "shapes": []}
+    failed = False
+    checks = []
+    try:
+        checks = exactness(device, s["exact_new_tokens"])
+    except Exception:  # a crash is a failed check, written down with the rest
+        failed = True
+        result["exactness_error"] = traceback.format_exc()
+        print(f"FAIL exactness: crashed\n{result['exactness_error']}")
+    for check, passed, detail in checks:
+        print(f"{'PASS' if passed else 'FAIL'} {check}" + (f" ({detail})" if detail and not passed else ""))
+        failed |= not passed
+    result["exactness"] = [{"check": c, "passed": p, "detail": d} for c, p, d in checks]
+    for shape in s["shapes"]:
+        if time.monotonic() > deadline:
+            result["shapes"].append({"shape": shape.name, "not_measured": "time budget spent"})
+            print(f"NOT MEASURED {shape.name}: time budget spent")
+            continue
+        started = time.monotonic()
+        try:
+            record = measure_shape(shape, s, device)
+        except Exception:
+            failed = True
+            record = {"shape": shape.name, "error": traceback.format_exc()}
+            print(f"FAIL {shape.name}: crashed\n{record['error']}")
+        record["seconds"] = time.monotonic() - started
+        result["shapes"].append(record)
+        _print_shape(record)
+    result["targets"] = [{"target": t, "met": m} for t, m in targets(result["shapes"])]
+    for entry in result["targets"]:
+        print(f"TARGET {'met' if entry['met'] else 'MISSED'}: {entry['target']}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "engine_speed.json"
+    path.write_text(json.dumps(_jsonable(result), indent=1) + "\n")
+    print(f"{'FAIL' if failed else 'PASS'} engine-speed ({args.device}): {path}")
+    return 1 if failed else 0
+
+
+def _print_shape(record: dict[str, Any]) -> None:
+    if "engine_step" not in record:
+        return
+    engine, static = _medians(record["engine_step"]), _medians(record["static_loop"])
+    eager = _medians(record["engine_step_eager"])
+    for batch, seconds in engine.items():
+        line = f"  {record['shape']} batch {batch}: engine step {seconds * 1e3:.2f} ms"
+        if batch in static:
+            line += f", static loop {static[batch] * 1e3:.2f} ms"
+        if batch in eager:
+            line += f", eager engine step {eager[batch] * 1e3:.2f} ms"
+        print(line)
+    tps = record["tokens_per_s"]
+    print(
+        f"  {record['shape']}: engine {tps['engine_tokens_per_s']:.0f} tok/s, "
+        f"HF generate {tps['hf_generate_tokens_per_s']:.0f} tok/s"
+    )
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, ModelShape):
+        return value.name
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+if __name__ == "__main__":
+    sys.exit(main())

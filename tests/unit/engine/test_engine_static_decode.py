@@ -1,0 +1,115 @@
+"""Decode at bucketed static shapes (``engine.decode_graphs: on``; eager on CPU, captured on CUDA) gives the
+dynamic path's tokens, token for token, as batches and contexts cross every bucket boundary."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from engine_testlib import drain, engine, hf_greedy, request
+
+from asyncrl.config.engine import EngineConfig
+from asyncrl.engine.model_runner import grouped_decode_attention
+from asyncrl.engine.static_decode import MIN_LENGTH_BUCKET, batch_buckets, length_bucket
+
+NUM_SLOTS = 9
+"""Buckets 1, 2, 4, 8, 9: a power-of-two ladder and a slot count that is not one."""
+
+
+def test_batch_buckets_end_at_the_slot_count():
+    assert batch_buckets(1) == [1]
+    assert batch_buckets(8) == [1, 2, 4, 8]
+    assert batch_buckets(9) == [1, 2, 4, 8, 9]
+
+
+def test_length_buckets_are_powers_of_two_capped_by_the_pool():
+    assert length_bucket(1, 1000) == MIN_LENGTH_BUCKET
+    assert length_bucket(MIN_LENGTH_BUCKET, 1000) == MIN_LENGTH_BUCKET
+    assert length_bucket(MIN_LENGTH_BUCKET + 1, 1000) == 2 * MIN_LENGTH_BUCKET
+    assert length_bucket(700, 1000) == 1000
+    assert length_bucket(30, 40) == 40
+    with pytest.raises(ValueError, match="decode length 41"):
+        length_bucket(41, 40)
+
+
+def test_decode_graphs_setting_is_checked():
+    with pytest.raises(ValueError, match="engine.decode_graphs"):
+        EngineConfig(decode_graphs="yes")
+
+
+def _requests():
+    """Nine requests finishing one after another (the batch shrinks through every bucket after growing
+    through them while prompts are prefilled), contexts from 30 to 128 tokens (across the 64 bucket, up to
+    the pool's length); odd ones sampled with their own seed and truncation."""
+    out = []
+    for i in range(NUM_SLOTS):
+        prompt = [(7 * i + j) % 90 + 3 for j in range(30 + 3 * i)]
+        sampling = {"temperature": 0, "max_new_tokens": 8 + 9 * i, "ignore_eos": True}
+        if i % 2:
+            sampling.update(temperature=0.8, seed=100 + i, top_p=0.9 if i % 4 == 1 else 1.0)
+        out.append(request(str(i), prompt, **sampling))
+    return out
+
+
+def _run(model, mode: str, **config):
+    core = engine(
+        copy.deepcopy(model),
+        decode_graphs=mode,
+        max_running_requests=NUM_SLOTS,
+        max_kv_tokens=4096,
+        max_prefill_tokens_per_step=64,
+        **config,
+    )
+    shapes: set[tuple[int, int]] = set()
+    if core.runner.static is not None:
+        decode = core.runner.static.decode
+
+        def recording(inputs, length):
+            shapes.add((inputs.shape[1], length))
+            return decode(inputs, length)
+
+        core.runner.static.decode = recording
+    for req in _requests():
+        core.add_request(req)
+    return drain(core), shapes
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama"])
+@pytest.mark.parametrize("max_model_len", [None, 100])
+def test_static_shapes_match_the_dynamic_path_at_every_bucket(family, max_model_len, request):
+    model = request.getfixturevalue(family)
+    dynamic, _ = _run(model, "off", max_model_len=max_model_len)
+    static, shapes = _run(model, "on", max_model_len=max_model_len)
+    max_len = max_model_len or model.config.max_position_embeddings
+    if max_model_len is None:  # with 100, the last four requests all stop at the pool's length at once
+        assert {batch for batch, _ in shapes} == set(batch_buckets(NUM_SLOTS))
+    assert {length for _, length in shapes} == {MIN_LENGTH_BUCKET, max_len}
+    assert static.keys() == dynamic.keys()
+    for rid, expected in dynamic.items():
+        assert static[rid].token_ids == expected.token_ids, rid
+        assert static[rid].logprobs == pytest.approx(expected.logprobs, abs=1e-4), rid
+        assert static[rid].finish_reason == expected.finish_reason
+
+
+def test_static_greedy_matches_hf(qwen2):
+    out, _ = _run(qwen2, "on")
+    for req in _requests():
+        if req.sampling.temperature == 0:
+            expected = hf_greedy(qwen2, req.prompt_token_ids, len(out[req.request_id].token_ids))
+            assert out[req.request_id].token_ids == expected
+
+
+def test_grouped_decode_attention_matches_sdpa_with_gqa():
+    torch.manual_seed(0)
+    rows, heads, kv_heads, length, head_dim = 3, 8, 2, 10, 16
+    q = torch.randn(rows, heads, 1, head_dim)
+    keys, values = torch.randn(2, rows, kv_heads, length, head_dim)
+    mask = torch.arange(length)[None, :] <= torch.tensor([[2], [9], [0]])
+    expected = F.scaled_dot_product_attention(
+        q, keys, values, attn_mask=mask[:, None, None, :], enable_gqa=True, scale=0.3
+    )
+    got = grouped_decode_attention(q, keys, values, mask, 0.3)
+    assert got.shape == expected.shape
+    assert torch.allclose(got, expected, atol=1e-6)
