@@ -12,7 +12,7 @@ repeat-to-repeat spread, up or down. Then ``python scripts/bench_docs.py`` regen
 Every benchmark in one sitting is about thirteen hours on 2 cores, more than a working session. ``--continue``
 spreads it over several: it keeps every benchmark whose result is a full run measured on the code the tree has
 now (no path it depends on, ``measured_code``, changed since any commit it was measured at: the project files
-its run imports, as ``bench/import_trace.py`` traced them, and the package's data files; the whole package
+its run imports, as ``scripts/import_trace.py`` traced them, and the package's data files; the whole package
 where it has no trace) and runs only the rest, adding to the summary;
 a result measured apart on that same code (bench/long_tail.py continued with ``--extend``) is kept the same
 way. The published results then all describe one code, though they name the commits they were measured at;
