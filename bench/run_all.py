@@ -151,9 +151,15 @@ def split(
 def kept(
     benchmark: Benchmark, result: Mapping[str, Any], previous: Mapping[str, Any] | None, base: str
 ) -> dict:
-    """The record of a benchmark a continued run does not re-run: the earlier run's record where there is one,
-    else one made from its result (measured outside run_all, on the same code)."""
-    if previous is not None and previous.get("exit_status") == 0:
+    """The record of a benchmark a continued run does not re-run: the earlier run's record where it describes
+    the result as it is now, else one made from its result (measured outside run_all, on the same code). Why
+    the check: a result continued with ``--extend`` after its record was made gains stages (commits, wall
+    time) that the old record leaves out: the long-tail record once missed two stages and 196 minutes."""
+    if (
+        previous is not None
+        and previous.get("exit_status") == 0
+        and previous.get("measured_at", measured_at(result)) == measured_at(result)
+    ):
         return dict(previous)
     return {
         "command": " ".join(["python", *benchmark.args]),

@@ -174,3 +174,16 @@ def test_a_kept_result_measured_apart_is_recorded_with_its_commits_and_no_self_c
     assert record["wall_min"] == 10.0 and record["exit_status"] == 0
     earlier = {"exit_status": 0, "wall_min": 170.0, "commit": "abc"}
     assert run_all.kept(by_result("long_tail"), result, earlier, base="HEAD") == earlier
+
+
+def test_a_kept_record_is_made_again_when_its_result_gained_stages_since() -> None:
+    """The long-tail record once named three of the five commits its result was measured at and 126 of its
+    322 minutes: a record older than its result's stages is made again from the result."""
+    result = {
+        "commit": "abc",
+        "run_wall_s": 600.0,
+        "studies": {"sweep": {"commit": "def"}, "curve": {"commit": "x"}},
+    }
+    earlier = {"exit_status": 0, "wall_min": 2.0, "commit": "abc", "measured_at": ["abc", "def"]}
+    record = run_all.kept(by_result("long_tail"), result, earlier, base="HEAD")
+    assert record["measured_at"] == ["abc", "def", "x"] and record["wall_min"] == 10.0
