@@ -119,11 +119,14 @@ def test_editing_a_module_a_benchmark_does_not_import_leaves_its_result_current(
     assert run_all.code_changes_since(commit, paths, root=tmp_path) == ["asyncrl/used.py"]
 
 
-def test_every_stored_trace_names_its_script_and_never_the_whole_package() -> None:
+def test_every_stored_trace_names_its_script_and_leaves_modules_its_run_does_not_import() -> None:
+    modules = {str(p.relative_to(ROOT)) for p in (ROOT / "asyncrl").rglob("*.py")}
     for name, trace in load_traces().items():
         benchmark = by_result(name)
         assert {benchmark.args[0], "pyproject.toml"} <= set(trace["paths"]), name
         assert "asyncrl" not in trace["paths"] and all(Path(ROOT / p).is_file() for p in trace["paths"]), name
+        if not benchmark.measured_code:  # an edit to a module outside its trace leaves its result current
+            assert modules - set(run_all.measured_code(benchmark)), name
 
 
 def test_a_result_is_current_only_where_its_measured_code_is_unchanged_since_every_commit_it_names() -> None:
