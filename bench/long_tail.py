@@ -340,11 +340,16 @@ def steady_state(rows: list[dict[str, float]], warmup: int, cores: int) -> dict[
 
 
 def time_to_reach(curve: Sequence[tuple[float, float]], target: float) -> float | None:
-    """The first time a (time, reward) curve reaches ``target``, linear between its points; None if never."""
+    """The first time a (time, reward) curve reaches ``target``, linear between its points; None if never.
+    A curve whose start already meets the target reaches it at its first later point that does: reaching
+    takes training, and a time of 0 would make any ratio over it infinite."""
     for (t0, r0), (t1, r1) in zip(curve, curve[1:], strict=False):
-        if r1 >= target:
-            return t0 if r0 >= target else t0 + (t1 - t0) * (target - r0) / (r1 - r0)
-    return curve[0][0] if curve and curve[0][1] >= target else None
+        if r1 < target:
+            continue
+        if r0 < target:
+            return t0 + (t1 - t0) * (target - r0) / (r1 - r0)
+        return t0 if t0 > 0 else t1  # at the target from the start: its first trained point there
+    return None
 
 
 def reward_curve(start_reward: float, evals: list[dict[str, float]]) -> list[tuple[float, float]]:

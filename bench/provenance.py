@@ -20,7 +20,7 @@ from bench.registry import Benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT / "bench/imports.json"
-"""Each benchmark's import trace (``bench/import_trace.py``): the project files its ``--quick`` run imports."""
+"""Each benchmark's import trace (``scripts/import_trace.py``): the project files its ``--quick`` run imports."""
 
 
 def load_traces(path: Path = TRACES) -> dict[str, Any]:

@@ -22,7 +22,7 @@ class Headline:
     workload: str
     """On what workload and resources."""
     section: str
-    """The anchor of its section in docs/benchmarks.md (a heading's GitHub slug)."""
+    """The anchor of its section on a family page under docs/benchmarks/ (a heading's GitHub slug)."""
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class Benchmark:
     """What it needs beyond the project's install (``run_all`` says so; it fails without it)."""
     measured_code: tuple[str, ...] = ()
     """Paths its numbers depend on beyond what the import trace of its ``--quick`` run lists
-    (``bench/import_trace.py``): what its full mode imports and its quick mode does not."""
+    (``scripts/import_trace.py``): what its full mode imports and its quick mode does not."""
     derived_only: tuple[str, ...] = ()
     """Traced paths whose changes alter what its result derives, not what it measures (a stopped run is
     continued, and a result kept, across a change to them)."""

@@ -12,7 +12,7 @@ repeat-to-repeat spread, up or down. Then ``python scripts/bench_docs.py`` regen
 Every benchmark in one sitting is about thirteen hours on 2 cores, more than a working session. ``--continue``
 spreads it over several: it keeps every benchmark whose result is a full run measured on the code the tree has
 now (no path it depends on, ``measured_code``, changed since any commit it was measured at: the project files
-its run imports, as ``bench/import_trace.py`` traced them, and the package's data files; the whole package
+its run imports, as ``scripts/import_trace.py`` traced them, and the package's data files; the whole package
 where it has no trace) and runs only the rest, adding to the summary;
 a result measured apart on that same code (bench/long_tail.py continued with ``--extend``) is kept the same
 way. The published results then all describe one code, though they name the commits they were measured at;
@@ -151,9 +151,15 @@ def split(
 def kept(
     benchmark: Benchmark, result: Mapping[str, Any], previous: Mapping[str, Any] | None, base: str
 ) -> dict:
-    """The record of a benchmark a continued run does not re-run: the earlier run's record where there is one,
-    else one made from its result (measured outside run_all, on the same code)."""
-    if previous is not None and previous.get("exit_status") == 0:
+    """The record of a benchmark a continued run does not re-run: the earlier run's record where it describes
+    the result as it is now, else one made from its result (measured outside run_all, on the same code). Why
+    the check: a result continued with ``--extend`` after its record was made gains stages (commits, wall
+    time) that the old record leaves out: the long-tail record once missed two stages and 196 minutes."""
+    if (
+        previous is not None
+        and previous.get("exit_status") == 0
+        and previous.get("measured_at", measured_at(result)) == measured_at(result)
+    ):
         return dict(previous)
     return {
         "command": " ".join(["python", *benchmark.args]),

@@ -92,6 +92,8 @@ def render(name: str, results_dir: Path) -> str:
     last all-benchmarks run and its regression check) are built from several results."""
     if name in ASSEMBLED:
         return ASSEMBLED[name](results_dir)
+    if name.startswith("family:"):  # atop a family's page: its headlines and its results
+        return family(results_dir, name.partition(":")[2])
     result_name, _, study = name.partition(":")
     result = load(result_name, results_dir)
     if isinstance(result, str):
@@ -342,16 +344,46 @@ def arms_table(arms: dict[str, dict[str, Any]], wide_from: int = WIDE_FROM_ARMS)
     return lines
 
 
-def headlines(results_dir: Path) -> str:
+PAGES = ROOT / "docs/benchmarks"
+"""One page per family of benchmarks; docs/benchmarks.md is their front page."""
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a markdown heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def section_page(section: str, pages: Path = PAGES) -> str | None:
+    """The family page (its file's stem) holding the heading whose anchor is ``section``."""
+    for page in sorted(pages.glob("*.md")):
+        if any(
+            slug(line.lstrip("#")) == section
+            for line in page.read_text().splitlines()
+            if line.startswith("#")
+        ):
+            return page.stem
+    return None
+
+
+def headlines(results_dir: Path, family: str = "") -> str:
     """One row per headline of bench/registry.py: what is compared, on what, median (min–max) over paired
     repeats, the commits it was measured at (a continued run's stages may name several), and a link to its
-    section."""
+    section: on its family's page from the front page; with ``family`` (a page's stem, ``_`` for ``-``) only
+    that family's headlines, linked within its page."""
     lines = [
         "| compared | workload and resources | median (min–max) | commit | section |",
         "|---|---|---:|---|---|",
     ]
     for benchmark in BENCHMARKS:
         for headline in benchmark.headlines:
+            page = section_page(headline.section)
+            if family and page != family.replace("_", "-"):
+                continue
+            link = (
+                f"#{headline.section}"
+                if family or page is None
+                else f"benchmarks/{page}.md#{headline.section}"
+            )
             result = load(benchmark.result, results_dir)
             stats = result.get("ratios", {}).get(headline.ratio) if isinstance(result, dict) else None
             measured = (
@@ -361,9 +393,33 @@ def headlines(results_dir: Path) -> str:
             )
             lines.append(
                 f"| {headline.compared} | {headline.workload} | {measured[0]} | {measured[1]} | "
-                f"[details](#{headline.section}) |"
+                f"[details]({link}) |"
             )
     return "\n".join(lines) + "\n"
+
+
+def family(results_dir: Path, name: str) -> str:
+    """The small table atop a family's page (``name``: its stem, ``_`` for ``-``): its headlines, if any, then
+    each result quoted on the page with the commits and CPUs it was measured at and its repeats."""
+    page = PAGES / f"{name.replace('_', '-')}.md"
+    quoted = dict.fromkeys(
+        m.group("name").partition(":")[0]
+        for m in BLOCK.finditer(page.read_text() if page.exists() else "")
+        if not m.group("name").startswith("family:")
+    )
+    rows = ["| result | measured at | on | repeats |", "|---|---|---|---:|"]
+    for result_name in quoted:
+        result = load(result_name, results_dir)
+        if isinstance(result, str):
+            rows.append(f"| `{result_name}` | not measured yet | — | — |")
+            continue
+        commits = ", ".join(commit_label(c) for c in measured_at(result))
+        quick = " (--quick)" if result["quick"] else ""
+        rows.append(
+            f"| `{result_name}` | {commits} | {', '.join(measured_on(result))} | {result['repeats']}{quick} |"
+        )
+    table = headlines(results_dir, name)
+    return (table + "\n" if table.count("\n") > 2 else "") + "\n".join(rows) + "\n"
 
 
 def run_all_summary(results_dir: Path) -> str:
@@ -433,8 +489,9 @@ def regenerate(text: str, results_dir: Path) -> str:
 
 
 def doc_files() -> list[Path]:
-    """Every file that may hold a block: README.md and docs/*.md (one without a block is left as it is)."""
-    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    """Every file that may hold a block: README.md, docs/*.md and the benchmark family pages (one without a block
+    is left as it is)."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted(PAGES.glob("*.md"))]
 
 
 def main() -> None:

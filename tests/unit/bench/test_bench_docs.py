@@ -157,18 +157,20 @@ def test_the_headline_table_quotes_each_registered_ratio_or_says_how_to_measure_
 
     first = BENCHMARKS[0]
     headline = first.headlines[0]
+    other = next(b for b in BENCHMARKS[1:] if b.headlines and b.headlines[0].section != headline.section)
     stats = {"min": 1.5, "median": 2.0, "max": 2.5, "runs": [1.5, 2.0, 2.5]}
     ratios = {headline.ratio: {"numerator": "a", "denominator": "b", "metric": "t", **stats}}
     (tmp_path / f"{first.result}.json").write_text(
         json.dumps(harness_result(first.result, {}, ratios=ratios))
     )
     table = bench_docs.regenerate("<!-- bench:headlines -->\n<!-- /bench:headlines -->\n", tmp_path)
-    assert (
-        f"| {headline.compared} | {headline.workload} | 2 (1.5–2.5) | `abc` | [details](#{headline.section}) |"
-        in table
-    )
-    other = next(b for b in BENCHMARKS[1:] if b.headlines)
     assert f"not measured yet: `python {' '.join(other.args)}`" in table
+    page = bench_docs.section_page(headline.section)
+    link = f"benchmarks/{page}.md#{headline.section}"  # from the front page to its family's page
+    assert f"| {headline.compared} | {headline.workload} | 2 (1.5–2.5) | `abc` | [details]({link}) |" in table
+    family = bench_docs.regenerate(f"<!-- bench:family:{page} -->\n<!-- /bench:family:{page} -->\n", tmp_path)
+    assert f"[details](#{headline.section}) |" in family and other.headlines[0].compared not in family
+    assert f"| `{first.result}` | `abc` | cpu | 3 |" in family  # each result the page quotes, where measured
 
 
 def test_the_run_all_block_lists_each_benchmark_and_what_moved_beyond_the_spread(tmp_path: Path) -> None:

@@ -1,12 +1,17 @@
-"""bench/import_trace.py: a traced run lists the project modules it and its child processes import, and
+"""scripts/import_trace.py: a traced run lists the project modules it and its child processes import, and
 nothing it did not import."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
-from bench import import_trace
 from bench.registry import Benchmark
+
+ROOT = Path(__file__).resolve().parents[3]
+spec = importlib.util.spec_from_file_location("import_trace", ROOT / "scripts/import_trace.py")
+import_trace = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(import_trace)
 
 SCRIPT = """
 import multiprocessing

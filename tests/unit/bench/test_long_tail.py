@@ -54,6 +54,11 @@ def test_time_to_reach_interpolates_between_checkpoints_and_says_never() -> None
     assert long_tail.time_to_reach(curve, 0.5) == pytest.approx(15.0)
     assert long_tail.time_to_reach(curve, 0.4) == pytest.approx(10.0)
     assert long_tail.time_to_reach(curve, 0.7) is None
+    # a start already at the target is not a time of 0 (the quick twin's warm start can be): the first trained
+    # point at the target, the first crossing after a dip, or never
+    assert long_tail.time_to_reach([(0.0, 0.5), (10.0, 0.5)], 0.45) == 10.0
+    assert long_tail.time_to_reach([(0.0, 0.5), (10.0, 0.4), (20.0, 0.6)], 0.45) == pytest.approx(12.5)
+    assert long_tail.time_to_reach([(0.0, 0.5), (10.0, 0.4)], 0.45) is None
 
 
 def test_time_to_reward_divides_best_syncs_time_by_asyncs_time_to_the_same_reward() -> None:

@@ -37,8 +37,8 @@ def test_every_result_file_is_written_by_a_registered_benchmark() -> None:
     assert len(registered) == len(BENCHMARKS), "two benchmarks write one result file"
 
 
-def test_every_headline_links_to_a_section_of_the_benchmarks_page() -> None:
-    text = (ROOT / "docs/benchmarks.md").read_text()
+def test_every_headline_links_to_a_section_of_a_benchmark_family_page() -> None:
+    text = "\n".join(page.read_text() for page in (ROOT / "docs/benchmarks").glob("*.md"))
     anchors = {slug(line.lstrip("#")) for line in text.splitlines() if line.startswith("#")}
     sections = {h.section for b in BENCHMARKS for h in b.headlines}
     assert sections and sections <= anchors, sections - anchors
@@ -119,11 +119,14 @@ def test_editing_a_module_a_benchmark_does_not_import_leaves_its_result_current(
     assert run_all.code_changes_since(commit, paths, root=tmp_path) == ["asyncrl/used.py"]
 
 
-def test_every_stored_trace_names_its_script_and_never_the_whole_package() -> None:
+def test_every_stored_trace_names_its_script_and_leaves_modules_its_run_does_not_import() -> None:
+    modules = {str(p.relative_to(ROOT)) for p in (ROOT / "asyncrl").rglob("*.py")}
     for name, trace in load_traces().items():
         benchmark = by_result(name)
         assert {benchmark.args[0], "pyproject.toml"} <= set(trace["paths"]), name
         assert "asyncrl" not in trace["paths"] and all(Path(ROOT / p).is_file() for p in trace["paths"]), name
+        if not benchmark.measured_code:  # an edit to a module outside its trace leaves its result current
+            assert modules - set(run_all.measured_code(benchmark)), name
 
 
 def test_a_result_is_current_only_where_its_measured_code_is_unchanged_since_every_commit_it_names() -> None:
@@ -174,3 +177,16 @@ def test_a_kept_result_measured_apart_is_recorded_with_its_commits_and_no_self_c
     assert record["wall_min"] == 10.0 and record["exit_status"] == 0
     earlier = {"exit_status": 0, "wall_min": 170.0, "commit": "abc"}
     assert run_all.kept(by_result("long_tail"), result, earlier, base="HEAD") == earlier
+
+
+def test_a_kept_record_is_made_again_when_its_result_gained_stages_since() -> None:
+    """The long-tail record once named three of the five commits its result was measured at and 126 of its
+    322 minutes: a record older than its result's stages is made again from the result."""
+    result = {
+        "commit": "abc",
+        "run_wall_s": 600.0,
+        "studies": {"sweep": {"commit": "def"}, "curve": {"commit": "x"}},
+    }
+    earlier = {"exit_status": 0, "wall_min": 2.0, "commit": "abc", "measured_at": ["abc", "def"]}
+    record = run_all.kept(by_result("long_tail"), result, earlier, base="HEAD")
+    assert record["measured_at"] == ["abc", "def", "x"] and record["wall_min"] == 10.0

@@ -14,7 +14,7 @@ What a trace cannot see: a module the full mode imports and the ``--quick`` mode
 a backend): such a benchmark names it in its registry entry's ``measured_code``, added to the trace. A
 benchmark without a trace keeps the whole package as its measured code.
 
-    python bench/import_trace.py [--only NAME ...]   # trace every registered benchmark's --quick run
+    python scripts/import_trace.py [--only NAME ...]   # trace every registered benchmark's --quick run
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# `python bench/import_trace.py` puts bench/ first on sys.path: make the checkout the import root
+# `python scripts/import_trace.py` puts scripts/ first on sys.path: make the checkout the import root
 if __name__ == "__main__" and not __package__:
     sys.path[0] = str(ROOT)
 
@@ -42,7 +42,7 @@ from bench.registry import BENCHMARKS, Benchmark  # noqa: E402
 
 PREFIXES = ("asyncrl", "bench")
 """Top-level packages whose imported modules are the project's code."""
-HOOK = '''"""Written by bench/import_trace.py: records the project's modules this process imports."""
+HOOK = '''"""Written by scripts/import_trace.py: records the project's modules this process imports."""
 import os
 import sys
 
