@@ -239,6 +239,11 @@ def exactness(device: torch.device, new: int) -> list[tuple[str, bool, str]]:
         first, second = _generate(engine, prompts, sampled), _generate(engine, prompts, sampled)
         same = [a[0] for a in first] == [b[0] for b in second]
         results.append((f"{name}: seeded sampling reproducible run to run", same, ""))
+        if device.type == "cuda":  # a failed capture falls back to eager static shapes with a warning
+            static = engine.runner.static
+            captured = static is not None and static.capture_error is None and bool(static.graphs)
+            error = "" if static is None else (static.capture_error or "")
+            results.append((f"{name}: decode steps replayed from CUDA graphs", captured, error))
     return results
 
 
