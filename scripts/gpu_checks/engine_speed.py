@@ -273,7 +273,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cpu", "cuda"), required=True)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--budget-s", type=float, default=170.0, help="stop starting sections after this")
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=110.0,
+        help="start no further shape after this (the kit gives 180 s)",
+    )
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("FAIL engine-speed: --device cuda but torch sees no CUDA device")
