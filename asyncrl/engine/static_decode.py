@@ -22,9 +22,12 @@ the dynamic path token for token.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import torch
+
+logger = logging.getLogger(__name__)
 
 MIN_LENGTH_BUCKET = 64
 """Shortest KV-length bucket: below it the attention's cost is lost in the step's fixed cost."""
@@ -83,6 +86,8 @@ class StaticDecode:
         self.logits: torch.Tensor | None = None
         """Every graph's output, rows ``[0, batch)``: one ``[num_slots, vocab]`` buffer, not one per graph."""
         self._captured_for: tuple[int, ...] | None = None
+        self.capture_error: str | None = None
+        """Why capturing was turned off (the first failed capture), or None while it works."""
         self._pool = torch.cuda.graph_pool_handle() if capture else None
 
     def shape_of(self, num_rows: int, length: int) -> tuple[int, int]:
@@ -104,17 +109,38 @@ class StaticDecode:
             inputs.copy_(host)
             return self.decode(inputs, bucket_length)
         graph = self._graph(batch, bucket_length)
+        if graph is None:  # capture failed: the same shapes, eagerly
+            inputs.copy_(host)
+            return self.decode(inputs, bucket_length)
         inputs.copy_(host, non_blocking=True)
         graph.replay()
         return self.logits[:batch]
 
-    def _graph(self, batch: int, length: int) -> torch.cuda.CUDAGraph:
+    def _graph(self, batch: int, length: int) -> torch.cuda.CUDAGraph | None:
+        """The bucket's graph, captured now if new; None once a capture has failed.
+
+        A failed capture turns capturing off for this engine with a warning naming the error, instead of
+        failing the step: the path has not yet run on a GPU, and eager static shapes give the same tokens."""
+        if self.capture_error is not None:
+            return None
         fingerprint = self.fingerprint()
         if fingerprint != self._captured_for:
             self.graphs.clear()
             self._captured_for = fingerprint
         if (batch, length) not in self.graphs:
-            self.graphs[batch, length] = self._capture(batch, length)
+            try:
+                self.graphs[batch, length] = self._capture(batch, length)
+            except RuntimeError as error:
+                self.capture_error = f"{type(error).__name__}: {error}"
+                self.graphs.clear()
+                logger.warning(
+                    "CUDA graph capture of the decode step (batch %d, KV length %d) failed, decoding "
+                    "eagerly at static shapes from now on: %s",
+                    batch,
+                    length,
+                    self.capture_error,
+                )
+                return None
         return self.graphs[batch, length]
 
     def _capture(self, batch: int, length: int) -> torch.cuda.CUDAGraph:

@@ -54,7 +54,7 @@ class ProbePlan:
     engine_step_prompt_tokens: int = 128
     engine_step_new_tokens: int = 48
     engine_decode_graphs: str = "auto"
-    """``engine.decode_graphs`` of the engine whose steps are timed (auto: captured static shapes on CUDA)."""
+    """``engine.decode_graphs`` of the engine steps and runner steps timed (auto: captured static shapes on CUDA)."""
     prefill_row_tokens: tuple[int, ...] = (1024, 4096)
     prefill_tokens: int = 16384
     train_samples: int = 8
@@ -412,7 +412,8 @@ class _DecodingSequence:
 
 def decode_engine_runner(model: torch.nn.Module, shape: ModelShape, plan: ProbePlan) -> list[dict[str, Any]]:
     """Decode steps of the built-in engine's ``ModelRunner``: ``batch`` requests, each with ``kv_len`` tokens
-    in its slot, advance one token (the engine's own KV pool, masks and gathers; sampling excluded)."""
+    in its slot, advance one token (the engine's own KV pool, masks and gathers; sampling excluded), on the
+    decode path ``plan.engine_decode_graphs`` picks (auto: captured static shapes on CUDA)."""
     device = next(model.parameters()).device
     grid = decode_grid(plan, shape, _kv_budget_bytes(plan, device))
     points = []
@@ -430,7 +431,9 @@ def _runner_points(
 ) -> list[dict[str, Any]]:
     """One KV pool of ``batch`` slots long enough for every length; a decode step timed at each length."""
     device = next(model.parameters()).device
-    runner = ModelRunner(model, num_slots=batch, max_len=max(lengths))
+    runner = ModelRunner(
+        model, num_slots=batch, max_len=max(lengths), decode_graphs=plan.engine_decode_graphs
+    )
     points = []
     for length in lengths:
         chunks = [

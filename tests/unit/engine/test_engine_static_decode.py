@@ -12,7 +12,7 @@ from engine_testlib import drain, engine, hf_greedy, request
 
 from asyncrl.config.engine import EngineConfig
 from asyncrl.engine.model_runner import grouped_decode_attention
-from asyncrl.engine.static_decode import MIN_LENGTH_BUCKET, batch_buckets, length_bucket
+from asyncrl.engine.static_decode import MIN_LENGTH_BUCKET, StaticDecode, batch_buckets, length_bucket
 
 NUM_SLOTS = 9
 """Buckets 1, 2, 4, 8, 9: a power-of-two ladder and a slot count that is not one."""
@@ -113,3 +113,27 @@ def test_grouped_decode_attention_matches_sdpa_with_gqa():
     got = grouped_decode_attention(q, keys, values, mask, 0.3)
     assert got.shape == expected.shape
     assert torch.allclose(got, expected, atol=1e-6)
+
+
+def test_a_failed_capture_falls_back_to_eager_static_shapes(monkeypatch):
+    seen = []
+
+    def decode(inputs, length):
+        seen.append((inputs.shape[1], length))
+        return inputs[0, :, None].float().expand(-1, 5).clone()
+
+    static = StaticDecode(
+        decode, num_slots=4, max_len=100, device=torch.device("cpu"), capture=False, fingerprint=tuple
+    )
+    static.capture = True  # as on CUDA, with a capture that fails
+
+    def failing_capture(batch, length):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(static, "_capture", failing_capture)
+    logits = static.run([7, 9, 11], [3, 4, 5], [3, 4, 5], length=6)
+    assert "not permitted" in static.capture_error
+    assert logits[:, 0].tolist() == [7, 9, 11, 0]
+    assert seen == [(4, MIN_LENGTH_BUCKET)]
+    static.run([1], [0], [0], length=1)
+    assert seen[-1] == (1, MIN_LENGTH_BUCKET)
