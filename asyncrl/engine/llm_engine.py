@@ -129,6 +129,8 @@ class LLMEngine:
             raise RuntimeError(f"engine is already asleep (level {self.asleep}); wake it first")
         self.scheduler.reset_kv()
         freed = self.runner.cache.release()
+        if self.runner.static is not None:
+            self.runner.static.release()  # the graphs' pool would outlive the KV pool it points into
         if level == 2:
             for param in self.model.parameters():
                 self._host_weights.append((param, param.device))

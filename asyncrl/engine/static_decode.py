@@ -90,6 +90,13 @@ class StaticDecode:
         """Why capturing was turned off (the first failed capture), or None while it works."""
         self._pool = torch.cuda.graph_pool_handle() if capture else None
 
+    def release(self) -> None:
+        """Drop every captured graph and the shared logits buffer, so that ``torch.cuda.empty_cache`` can
+        return their memory pool to the device (an engine going to sleep); the next step captures again."""
+        self.graphs.clear()
+        self.logits = None
+        self._captured_for = None
+
     def shape_of(self, num_rows: int, length: int) -> tuple[int, int]:
         """The (batch, KV length) bucket a step over ``num_rows`` rows and longest context ``length`` runs at."""
         batch = next(b for b in self.buckets if b >= num_rows)

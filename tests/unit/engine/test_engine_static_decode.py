@@ -137,3 +137,18 @@ def test_a_failed_capture_falls_back_to_eager_static_shapes(monkeypatch):
     assert seen == [(4, MIN_LENGTH_BUCKET)]
     static.run([1], [0], [0], length=1)
     assert seen[-1] == (1, MIN_LENGTH_BUCKET)
+
+
+def test_sleep_drops_the_captured_graphs_and_decode_goes_on_after_wake(qwen2):
+    """A sleeping engine frees its KV pool; graphs captured over it would pin their pool and point into freed
+    memory, so sleep drops them and the first step after wake runs (and would capture) again."""
+    core = engine(copy.deepcopy(qwen2), decode_graphs="on", max_running_requests=NUM_SLOTS)
+    prompt = [5, 6, 7, 8]
+    core.add_request(request("before", prompt, temperature=0, max_new_tokens=5, ignore_eos=True))
+    before = drain(core)["before"].token_ids
+    core.runner.static.graphs[1, MIN_LENGTH_BUCKET] = object()  # what a CUDA capture leaves behind
+    core.sleep(1)
+    assert core.runner.static.graphs == {} and core.runner.static.logits is None
+    core.wake()
+    core.add_request(request("after", prompt, temperature=0, max_new_tokens=5, ignore_eos=True))
+    assert drain(core)["after"].token_ids == before
