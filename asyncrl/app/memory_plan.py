@@ -9,12 +9,16 @@ on a laptop before it loads tens of GB on a rented GPU. The terms follow the cod
   gradients (sharded, or whole fp32 while an unsharded accumulation holds them), AdamW's two moments and one
   foreach scratch of the optimizer step, a frozen reference copy when the loss needs one, the compute-dtype
   weight copies (autocast's cache, or FSDP's unsharded layers), activations of one micro-batch with or without
-  checkpointing, one checkpointed logits chunk, the critic or value head, and the copy a weight sync publishes;
+  checkpointing, one logits chunk (checkpointed: the larger of it and one layer's recompute), the critic or value head, and the copy a weight sync publishes;
 - built-in engine: weights in the serving dtype (``engine.dtype``) plus its preallocated KV pool
-  (``engine.max_running_requests`` slots of ``min(max_len, max_kv_tokens) + 1`` positions, as
+  (``engine.max_running_requests`` slots of ``min(max_model_len, max_kv_tokens) + 1`` positions, as
   ``engine.kv_cache.pool_bytes``), and one update bucket being staged;
 - vLLM engine: the ``gpu_memory_utilization`` share of each of its ``tensor_parallel_size`` GPUs, which must hold
   its weights shard and one longest request's KV.
+
+A role's peak is what it always holds (``HELD``) plus its heaviest transient phase: forward/backward, the
+optimizer step and a weight sync never overlap, so their terms are not summed together. Roles sharing a device
+(inline: the trainer and its engines) are summed at their peaks.
 
 Left out, and why the verdict keeps a margin: the CUDA context and NCCL buffers (``DEVICE_RESERVE``), the
 allocator's fragmentation, and the engine's per-step scratch beyond one prefill chunk.
@@ -128,9 +132,10 @@ class Hardware:
 
 @dataclass(frozen=True)
 class Plan:
+    """The run's roles (trainer rank, engine) and the devices they occupy, each with its colocated sum."""
+
     roles: tuple[Role, ...]
     devices: tuple[Device, ...]
-    gpus_needed: int
 
 
 # ---- hardware and shapes -----------------------------------------------------------------------------------
@@ -419,11 +424,9 @@ def plan(
     engine = engine_role(config, shape, max_len, hardware, device)
     if config.runtime.type == "inline":
         devices = (Device("the one GPU (trainer + engines, inline)", ((trainer, 1), (engine, engine.count))),)
-        needed = 1
     else:
         devices = (Device("each trainer GPU", ((trainer, 1),)), Device("each engine GPU", ((engine, 1),)))
-        needed = trainer.count + engine.count * engine.gpus_each
-    return Plan(roles=(trainer, engine), devices=devices, gpus_needed=needed)
+    return Plan(roles=(trainer, engine), devices=devices)
 
 
 def checkpoint_bytes(config: RunConfig, shape: ModelShape) -> tuple[int, int]:
