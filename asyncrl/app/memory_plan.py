@@ -9,12 +9,16 @@ on a laptop before it loads tens of GB on a rented GPU. The terms follow the cod
   gradients (sharded, or whole fp32 while an unsharded accumulation holds them), AdamW's two moments and one
   foreach scratch of the optimizer step, a frozen reference copy when the loss needs one, the compute-dtype
   weight copies (autocast's cache, or FSDP's unsharded layers), activations of one micro-batch with or without
-  checkpointing, one checkpointed logits chunk, the critic or value head, and the copy a weight sync publishes;
+  checkpointing, one logits chunk (checkpointed: the larger of it and one layer's recompute), the critic or value head, and the copy a weight sync publishes;
 - built-in engine: weights in the serving dtype (``engine.dtype``) plus its preallocated KV pool
-  (``engine.max_running_requests`` slots of ``min(max_len, max_kv_tokens) + 1`` positions, as
+  (``engine.max_running_requests`` slots of ``min(max_model_len, max_kv_tokens) + 1`` positions, as
   ``engine.kv_cache.pool_bytes``), and one update bucket being staged;
 - vLLM engine: the ``gpu_memory_utilization`` share of each of its ``tensor_parallel_size`` GPUs, which must hold
   its weights shard and one longest request's KV.
+
+A role's peak is what it always holds (``HELD``) plus its heaviest transient phase: forward/backward, the
+optimizer step and a weight sync never overlap, so their terms are not summed together. Roles sharing a device
+(inline: the trainer and its engines) are summed at their peaks.
 
 Left out, and why the verdict keeps a margin: the CUDA context and NCCL buffers (``DEVICE_RESERVE``), the
 allocator's fragmentation, and the engine's per-step scratch beyond one prefill chunk.
@@ -128,9 +132,10 @@ class Hardware:
 
 @dataclass(frozen=True)
 class Plan:
+    """The run's roles (trainer rank, engine) and the devices they occupy, each with its colocated sum."""
+
     roles: tuple[Role, ...]
     devices: tuple[Device, ...]
-    gpus_needed: int
 
 
 # ---- hardware and shapes -----------------------------------------------------------------------------------
@@ -190,23 +195,24 @@ def lora_params(shape: ModelShape, rank: int) -> int:
 
 
 def layer_activation_bytes_per_token(shape: ModelShape, element: int) -> int:
-    """What one decoder layer saves for backward per token (HF Llama/Qwen layer, SDPA attention): the two
-    RMSNorms' inputs and outputs (4·hidden), q, k, v before and after rotary (2·(q + 2·kv)), the attention
-    output (q), the residual sum (hidden) and the MLP's gate, up, activation and product (4·intermediate)."""
+    """What one decoder layer saves for backward per token (HF Llama/Qwen layer, SDPA attention): each
+    RMSNorm's input, normalised value and output (6·hidden); about six tensors each of q, k and v width (the
+    projections, Qwen3's q/k norms, rotary's input and output, the attention's inputs, its output and o_proj's
+    input: 6·(q + 2·kv)); and the MLP's gate, up, activation and product (4·intermediate). Counted from the
+    layer's code and checked against the CPU allocator (``tests/unit/app/test_memory_measured.py``)."""
     q, kv = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
     width = shape.intermediate if not shape.is_moe else shape.expert_intermediate * shape.num_active_experts
-    return element * (5 * shape.hidden + 2 * (q + 2 * kv) + q + 4 * width)
+    return element * (6 * shape.hidden + 6 * (q + 2 * kv) + 4 * width)
 
 
 def activation_bytes(
     shape: ModelShape, tokens: int, element: int, residual_element: int, checkpointing: bool
 ) -> int:
     """One micro-batch's saved activations: every layer's (no checkpointing), or every layer's input in the
-    residual dtype plus one layer's activations being recomputed (checkpointing)."""
-    per_layer = tokens * layer_activation_bytes_per_token(shape, element)
+    residual dtype (checkpointing; the one layer recomputed at a time is ``recompute_bytes``)."""
     if not checkpointing:
-        return shape.num_layers * per_layer
-    return shape.num_layers * tokens * shape.hidden * residual_element + per_layer
+        return shape.num_layers * tokens * layer_activation_bytes_per_token(shape, element)
+    return shape.num_layers * tokens * shape.hidden * residual_element
 
 
 def logits_chunk_bytes(shape: ModelShape, chunk: int, tokens: int) -> int:
@@ -273,20 +279,34 @@ def trainer_role(config: RunConfig, shape: ModelShape, device: str = "cuda") -> 
     tokens = trainer.max_tokens_per_microbatch
     residual = master if ranks == 1 else compute  # autocast keeps the residual stream in the master dtype
     ckpt = trainer.activation_checkpointing
-    terms += [
-        Term(
-            "activations",
-            activation_bytes(shape, tokens, compute, residual, ckpt),
-            f"{tokens:,} tokens/micro-batch, {'with' if ckpt else 'no'} checkpointing",
-            "train",
-        ),
-        Term(
-            "logits chunk",
-            logits_chunk_bytes(shape, trainer.logprob_chunk_size, tokens),
-            f"{LOGITS_COPIES} × {trainer.logprob_chunk_size} × {shape.vocab:,} × 4 B",
-            "train",
-        ),
-    ]
+    logits = logits_chunk_bytes(shape, trainer.logprob_chunk_size, tokens)
+    logits_how = f"{LOGITS_COPIES} × {min(trainer.logprob_chunk_size, tokens)} × {shape.vocab:,} × 4 B"
+    if ckpt:  # backward recomputes one layer, or one logits chunk, at a time: never both
+        layer = tokens * layer_activation_bytes_per_token(shape, compute)
+        terms += [
+            Term(
+                "activations",
+                activation_bytes(shape, tokens, compute, residual, ckpt),
+                f"{tokens:,} tokens/micro-batch: each layer's input (checkpointing)",
+                "train",
+            ),
+            Term(
+                "recompute",
+                max(layer, logits),
+                f"the larger of one layer's activations {layer / GB:.2f} and a logits chunk ({logits_how})",
+                "train",
+            ),
+        ]
+    else:
+        terms += [
+            Term(
+                "activations",
+                activation_bytes(shape, tokens, compute, residual, ckpt),
+                f"{tokens:,} tokens/micro-batch, every layer's (no checkpointing)",
+                "train",
+            ),
+            Term("logits chunk", logits, logits_how, "train"),
+        ]
     terms += _critic_terms(config, shape, master, ranks, tokens, compute, residual)
     terms.append(_publish_term(config, shape, device))
     return Role("trainer rank", ranks, 1, tuple(terms))
@@ -319,7 +339,10 @@ def _critic_terms(
             f"weights, gradients, 2 moments of {body:,} × {master} B",
         ),
         Term(
-            "critic activations", activation_bytes(shape, tokens, compute, residual, ckpt), "as the policy's"
+            "critic activations",
+            activation_bytes(shape, tokens, compute, residual, ckpt),
+            "as the policy's",
+            "train",
         ),
     ]
 
@@ -401,11 +424,9 @@ def plan(
     engine = engine_role(config, shape, max_len, hardware, device)
     if config.runtime.type == "inline":
         devices = (Device("the one GPU (trainer + engines, inline)", ((trainer, 1), (engine, engine.count))),)
-        needed = 1
     else:
         devices = (Device("each trainer GPU", ((trainer, 1),)), Device("each engine GPU", ((engine, 1),)))
-        needed = trainer.count + engine.count * engine.gpus_each
-    return Plan(roles=(trainer, engine), devices=devices, gpus_needed=needed)
+    return Plan(roles=(trainer, engine), devices=devices)
 
 
 def checkpoint_bytes(config: RunConfig, shape: ModelShape) -> tuple[int, int]:

@@ -59,14 +59,14 @@ def test_the_terms_are_the_arithmetic_they_state() -> None:
     assert trainer["master weights"].bytes == trainer["gradients"].bytes == 4 * p
     assert trainer["optimizer state"].bytes == 8 * p and trainer["optimizer scratch"].bytes == 4 * p
     assert trainer["compute copies"].bytes == 2 * p  # autocast's bf16 copy of the fp32 weights
-    per_token = 2 * (5 * 2048 + 2 * (2048 + 2 * 1024) + 2048 + 4 * 6144)
+    per_token = 2 * (6 * 2048 + 6 * (2048 + 2 * 1024) + 4 * 6144)
     assert mp.layer_activation_bytes_per_token(shape, 2) == per_token
-    assert trainer["activations"].bytes == 28 * 1000 * 2048 * 4 + 1000 * per_token  # fp32 residual, one layer
-    assert trainer["logits chunk"].bytes == 4 * 1000 * 151_936 * 4
+    assert trainer["activations"].bytes == 28 * 1000 * 2048 * 4  # each layer's input, fp32 residual
+    assert trainer["recompute"].bytes == max(1000 * per_token, 4 * 1000 * 151_936 * 4)  # a layer or logits
     assert trainer["publish copy"].bytes == 2 * p
     role = mp.trainer_role(config, shape)
     held = 16 * p
-    train = trainer["compute copies"].bytes + trainer["activations"].bytes + trainer["logits chunk"].bytes
+    train = trainer["compute copies"].bytes + trainer["activations"].bytes + trainer["recompute"].bytes
     step = trainer["optimizer scratch"].bytes
     assert train < step and role.peak_phase == "step" and role.total == held + step  # phases never overlap
     engine = {t.name: t for t in mp.engine_role(config, shape, 50, H100).terms}
