@@ -246,7 +246,7 @@ def trainer_role(config: RunConfig, shape: ModelShape, device: str = "cuda") -> 
         terms.append(
             Term("LoRA adapters", ceil_div(trainable * master, ranks), f"rank {lora.rank} on every linear")
         )
-    sharded = getattr(trainer, "fsdp_grad_accumulation", "sharded") == "sharded"
+    sharded = trainer.fsdp_grad_accumulation == "sharded"
     if ranks > 1 and not sharded:
         grads = Term("gradients", trainable * 4, f"{trainable:,} × 4 B whole (unsharded fp32 accumulation)")
     else:

@@ -74,6 +74,8 @@ def test_the_terms_are_the_arithmetic_they_state() -> None:
     assert engine["KV pool"].bytes == 4 * 100 * (2 * 28 * 8 * 128 * 2)  # max_model_len + scratch position
     sharded = mp.trainer_role(load_run_config(None, ["trainer.num_workers=4"]), shape)
     assert {t.name: t.bytes for t in sharded.terms}["gradients"] == -(-4 * p // 4)
+    unsharded = load_run_config(None, ["trainer.num_workers=4", "trainer.fsdp_grad_accumulation=unsharded"])
+    assert {t.name: t.bytes for t in mp.trainer_role(unsharded, shape).terms}["gradients"] == 4 * p
     assert mp.lora_params(shape, 8) == 28 * 8 * ((2048 + 2048) + 2 * (2048 + 1024) + (2048 + 2048) + 3 * 8192)
 
 
