@@ -14,7 +14,7 @@ from torch import nn
 
 from asyncrl.config.engine import serving_dtype
 from asyncrl.config.run import RunConfig
-from asyncrl.models.loading import load_decoder_body
+from asyncrl.models.loading import load_decoder_body, resolve_device
 from asyncrl.trainer.distributed.parallel import Parallelism
 from asyncrl.trainer.trainer import Trainer, needs_reference_copy
 
@@ -40,10 +40,7 @@ def build_trainer(
         critic=critic,
         critic_body=critic_body,
         recompute_behaviour=config.deterministic,
-        serving_dtype=serving_dtype(config.engine.dtype, config.model.dtype, _device_type(model)),
+        serving_dtype=serving_dtype(
+            config.engine.dtype, config.model.dtype, resolve_device(config.model.device).type
+        ),
     )
-
-
-def _device_type(model: nn.Module) -> str:
-    """Where ``model``'s weights live (``cpu``, ``cuda``): what ``engine.dtype: auto`` resolves by."""
-    return next(model.parameters()).device.type
