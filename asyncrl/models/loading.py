@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 from transformers import (
+    AutoConfig,
     AutoModel,
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -112,6 +113,28 @@ def load_configured_model(config: ModelConfig) -> tuple[PreTrainedModel, PreTrai
         revision=config.revision,
         local_files_only=config.local_files_only,
     )
+
+
+def load_configured_skeleton(config: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The model a run's ``model`` section names with its parameters on the meta device (no bytes), in its
+    dtype, and its tokenizer.
+
+    For a sharded trainer: each rank shards the skeleton and then reads only its own shards of the weights
+    (``trainer.distributed.sharded_load``), instead of every rank holding the whole model first. Buffers
+    (e.g. rotary ``inv_freq``, computed from the config rather than stored) are built for real, as
+    ``from_pretrained`` would; the files' tensors are not read here at all.
+    """
+    from accelerate import init_empty_weights
+
+    if config.dtype not in _DTYPES:
+        raise ValueError(f"model.dtype must be one of {', '.join(map(repr, _DTYPES))}, got {config.dtype!r}")
+    directory = model_dir(config)
+    model_config = AutoConfig.from_pretrained(directory, local_files_only=True)
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(model_config, dtype=_DTYPES[config.dtype])
+    model.tie_weights()  # the context re-registers every parameter, untying a tied output layer
+    tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    return model.eval(), tokenizer
 
 
 def load_decoder_body(path: str, config: ModelConfig) -> PreTrainedModel:

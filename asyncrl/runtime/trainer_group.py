@@ -34,7 +34,12 @@ from asyncrl.config.engine import serving_dtype
 from asyncrl.config.run import RunConfig
 from asyncrl.config.runtime import RuntimeConfig
 from asyncrl.config.weight_sync import WeightSyncConfig
-from asyncrl.models.loading import load_configured_model, resolve_device
+from asyncrl.models.loading import (
+    load_configured_model,
+    load_configured_skeleton,
+    model_dir,
+    resolve_device,
+)
 from asyncrl.runtime.actor_calls import get_actor, get_trainer
 from asyncrl.runtime.placement import pin
 from asyncrl.trainer import checkpoint
@@ -90,10 +95,20 @@ class TrainerRankActor:
                 world_size=self.world_size,
                 timeout_s=timeout_s,
             )
-        model, tokenizer = load_configured_model(config.model)
+        if self._loads_shards():
+            model, tokenizer = load_configured_skeleton(config.model)  # parameters come with sharding
+        else:
+            model, tokenizer = load_configured_model(config.model)
         self.tokenizer = tokenizer
         self.trainer = build_trainer(config, model.train(), tokenizer, self._parallelism())
         return self.progress()
+
+    def _loads_shards(self) -> bool:
+        """Whether each rank reads only its shards of the weights (``sharded_load``): with several ranks, unless
+        the run adds parameters that are not in the model's files (LoRA adapters, a critic's value head), which
+        still load the whole model on each rank first."""
+        config = self.config
+        return self.world_size > 1 and config.trainer.lora is None and config.critic is None
 
     def _parallelism(self) -> Parallelism:
         if self.world_size == 1:
@@ -104,6 +119,7 @@ class TrainerRankActor:
             device_type,
             mixed_precision=trainer.mixed_precision == "bf16",
             grad_accumulation=trainer.fsdp_grad_accumulation,
+            weights=model_dir(self.config.model) if self._loads_shards() else None,
         )
 
     def _device(self) -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -74,13 +75,20 @@ class FullyShardedParallel:
     Parameters are sharded over a 1-D device mesh of every rank; gradients are reduce-scattered (averaged over
     ranks, which the trainer's loss weights undo, see ``normalisation``). With ``mixed_precision`` the sharded
     parameters stay float32 while forward and backward compute in bfloat16 and gradients reduce in float32.
-    ``grad_accumulation`` is ``trainer.fsdp_grad_accumulation``: ``sharded`` reduce-scatters after every
+    Modules whose parameters are on the meta device get memory only after sharding: each rank reads its shards
+    from the model directory ``weights`` (``sharded_load``). ``grad_accumulation`` is
+    ``trainer.fsdp_grad_accumulation``: ``sharded`` reduce-scatters after every
     micro-batch (each rank accumulates only its gradient shard), ``unsharded`` only after the mini-batch's
     last (one reduction per mini-batch, a full-size gradient on every rank until then).
     """
 
     def __init__(
-        self, device_type: str, *, mixed_precision: bool = False, grad_accumulation: str = "sharded"
+        self,
+        device_type: str,
+        *,
+        mixed_precision: bool = False,
+        grad_accumulation: str = "sharded",
+        weights: Path | None = None,
     ) -> None:
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
@@ -94,20 +102,33 @@ class FullyShardedParallel:
         if grad_accumulation not in ("sharded", "unsharded"):
             raise ValueError(f"grad_accumulation must be 'sharded' or 'unsharded', got {grad_accumulation!r}")
         self.grad_accumulation = grad_accumulation
+        self.weights = weights
+        self.device = torch.device(device_type)
+        if device_type == "cuda":
+            self.device = torch.device("cuda", torch.cuda.current_device())
 
     def shard(self, module: nn.Module) -> None:
         """``fully_shard`` every decoder layer (one all-gather per layer), then the root (embeddings, norm, head).
 
         Decoder layers are the modules whose class the Hugging Face model names in ``_no_split_modules``.
+        The shards keep the parameters' own dtype (``model.dtype``); gradients are reduced in float32 whatever it
+        is. A module built on the meta device is then filled with this rank's shards of ``weights``.
         """
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        policy = MixedPrecisionPolicy()
-        if self.mixed_precision:
-            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        from asyncrl.trainer.distributed.sharded_load import has_meta_parameters, materialise_shards
+
+        param_dtype = torch.bfloat16 if self.mixed_precision else None
+        policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
         for layer in decoder_layers(module):
             fully_shard(layer, mesh=self.mesh, mp_policy=policy)
         fully_shard(module, mesh=self.mesh, mp_policy=policy)
+        if has_meta_parameters(module):
+            if self.weights is None:
+                raise ValueError(
+                    "a module on the meta device needs the model directory to load its shards from"
+                )
+            materialise_shards(module, self.weights, self.device)
 
     def sync_gradients(self, module: nn.Module, last: bool) -> None:
         """Reduce-scatter gradients in the coming backward: always with sharded accumulation; with unsharded
