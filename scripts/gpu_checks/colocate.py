@@ -61,8 +61,8 @@ def settings(device: str) -> dict[str, Any]:
             "median": 96,
             "max_new_tokens": 512,
             "overrides": [
-                "model.dtype=bfloat16",
-                "trainer.mixed_precision=bf16",
+                "model.dtype=float32",  # fp32 master weights (the bf16 file is upcast on load)
+                "trainer.compute_dtype=bfloat16",
                 "rollout.rollout_batch_size=8",
                 "rollout.num_return_sequences=4",
                 "engine.max_running_requests=32",
