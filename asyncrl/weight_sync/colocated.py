@@ -26,8 +26,10 @@ bytes. Memory shared by two names (tied embeddings) is packed once.
 from __future__ import annotations
 
 import contextlib
+import os
 import uuid
 import warnings
+import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from multiprocessing import shared_memory
@@ -47,6 +49,9 @@ from asyncrl.weight_sync.protocol import (
 )
 
 SHM_DIR = "/dev/shm"
+_IN_PROCESS: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
+"""The trainer's live CUDA blocks of this process by key, for engines in the same process (``_attach``);
+weak, so a released block is gone from here too."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,6 +63,10 @@ class SharedBlock:
     dtype: str
     numel: int
     ref: Any
+    local: tuple[int, int] | None = None
+    """CUDA IPC: (pid, key) of the trainer's block: an engine in that same process (the inline runtime,
+    ``runtime.switch``) reads the block itself, since CUDA cannot open an IPC handle in the process that
+    made it."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -163,7 +172,9 @@ class ColocatedSync(BucketedPublish):
         tensor = torch.empty(numel, dtype=getattr(torch, dtype), device=self.device)
         self._live.append(tensor)
         _, args = reduce_tensor(tensor)
-        return tensor, SharedBlock(kind="cuda_ipc", dtype=dtype, numel=numel, ref=args)
+        _IN_PROCESS[id(tensor)] = tensor
+        local = (os.getpid(), id(tensor))
+        return tensor, SharedBlock(kind="cuda_ipc", dtype=dtype, numel=numel, ref=args, local=local)
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # interpreter shutdown: best effort
@@ -184,6 +195,11 @@ def _attach(block: SharedBlock, version: int) -> torch.Tensor:
             warnings.simplefilter("ignore", UserWarning)
             full = torch.from_numpy(words)
         return full[: block.numel * getattr(torch, block.dtype).itemsize].view(getattr(torch, block.dtype))
+    if block.kind == "cuda_ipc" and block.local is not None and block.local[0] == os.getpid():
+        tensor = _IN_PROCESS.get(block.local[1])
+        if tensor is None:
+            raise WeightSyncError(f"weight update v{version}: its CUDA block was released (a newer version?)")
+        return tensor
     if block.kind == "cuda_ipc":
         from torch.multiprocessing.reductions import rebuild_cuda_tensor
 

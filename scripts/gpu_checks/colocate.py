@@ -1,0 +1,236 @@
+"""GPU kit section: colocated sync (``runtime.switch``) and async on one device, at a Qwen3-1.7B shape.
+
+Usage: ``python scripts/gpu_checks/colocate.py --device {cpu,cuda} --out DIR``
+
+Two real ``asyncrl train`` runs (inline runtime, built-in engine) on one device, the same model and workload:
+
+- ``colocated_sync``: ``controller.mode=sync`` with ``runtime.switch.enabled``: the engine sleeps (KV pool freed)
+  while the trainer trains, the trainer offloads its optimizer state while the engine generates, weights go
+  by the colocated transport (CUDA IPC on CUDA). The phases' times (``colocate/*``) are the switch cost.
+- ``async_one_device``: ``controller.mode=async``, α = 1: engine and trainer both resident, running at once
+  on their own threads (one process, one device: an explicit memory split is the engine's KV pool size).
+
+``--device cuda``: random-initialised weights at the shape table's ``qwen3-1.7b`` (``asyncrl.sim.model_shape``,
+bfloat16, its full vocabulary: 2.03 B parameters), written locally with the packaged tiny tokenizer (ids it
+lacks decode to nothing); nothing is downloaded. ``--device cpu``: the probe's tiny shape, a twin under 60 s.
+
+Lengths are long-tailed by the task's law (``data.lengths.long_tail_count``: a clipped log-normal): a random
+model never says EOS, so each request's length is forced, EOS ignored, to a draw seeded by its request id.
+
+Each run: ≥ 4 steps, step time with its breakdown (wait, train, sync; and the switch phases), samples/s, peak
+memory (CUDA allocator peak; on CPU the process's peak RSS so far). Writes ``DIR/result.json``; PASS/FAIL lines
+for what must hold (every colocated step slept and woke, the KV pool was empty while training, ≥ 4 steps each),
+and the one-device async/sync throughput ratio as a measurement, not a check. Exit status non-zero on a FAIL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import random
+import resource
+import shutil
+import sys
+import time
+import traceback
+import zlib
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from asyncrl.app import train as training
+from asyncrl.config.run import load_run_config
+from asyncrl.data.lengths import long_tail_count
+from asyncrl.engine.llm_engine import LLMEngine
+from asyncrl.sim.model_shape import NAMED_SHAPES
+from asyncrl.sim.probe import TINY_SHAPE, build_model
+
+TOKENIZER = Path(__file__).resolve().parents[2] / "asyncrl" / "assets" / "tiny-copy"
+STEPS = 4
+
+
+def settings(device: str) -> dict[str, Any]:
+    """Shape, dtype and workload per device: the real shape on CUDA, a tiny twin on CPU."""
+    if device == "cuda":
+        return {
+            "shape": NAMED_SHAPES["qwen3-1.7b"],
+            "dtype": torch.bfloat16,
+            "median": 96,
+            "max_new_tokens": 512,
+            "overrides": [
+                "model.dtype=float32",  # fp32 master weights (the bf16 file is upcast on load)
+                "trainer.compute_dtype=bfloat16",
+                "rollout.rollout_batch_size=8",
+                "rollout.num_return_sequences=4",
+                "engine.max_running_requests=32",
+                "engine.max_model_len=768",
+            ],
+        }
+    return {
+        "shape": dataclasses.replace(TINY_SHAPE, vocab=512),  # room for the tokenizer's 384 ids
+        "dtype": torch.float32,
+        "median": 6,
+        "max_new_tokens": 24,
+        "overrides": [
+            "rollout.rollout_batch_size=2",
+            "rollout.num_return_sequences=4",
+            "engine.max_model_len=256",
+        ],
+    }
+
+
+def write_model(out: Path, device: str, setting: dict[str, Any]) -> Path:
+    """A random-initialised model of the setting's shape and the tiny tokenizer, saved as a model directory."""
+    model_dir = out / "model"
+    model = build_model(setting["shape"], device=torch.device(device), dtype=setting["dtype"])
+    model.generation_config.eos_token_id = None  # lengths are forced (see module docstring)
+    model.save_pretrained(model_dir)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (TOKENIZER / name).is_file():
+            shutil.copy(TOKENIZER / name, model_dir / name)
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return model_dir
+
+
+def force_long_tailed_lengths(median: float, max_new_tokens: int) -> None:
+    """Every request the built-in engine admits gets a length drawn from the task's long-tailed law, seeded
+    by its id, and ignores EOS (a random model's lengths say nothing)."""
+    add = LLMEngine.add_request
+
+    def forced(self: LLMEngine, request: Any) -> None:
+        rng = random.Random(zlib.crc32(request.request_id.encode()))
+        length = long_tail_count(rng, median=median, sigma=1.0, max_items=max_new_tokens)
+        sampling = dataclasses.replace(request.sampling, max_new_tokens=length, ignore_eos=True)
+        return add(self, dataclasses.replace(request, sampling=sampling))
+
+    LLMEngine.add_request = forced  # type: ignore[method-assign]
+
+
+RUNS = {
+    "colocated_sync": ["controller.mode=sync", "buffer.async_ratio=0", "runtime.switch.enabled=true"],
+    "async_one_device": ["controller.mode=async", "buffer.async_ratio=1", "runtime.colocate=never"],
+}
+
+
+def run_one(name: str, model_dir: Path, out: Path, device: str, setting: dict[str, Any]) -> dict[str, Any]:
+    """One training run; its per-step breakdown, throughput and peak memory."""
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    config = load_run_config(
+        None,
+        [
+            f"model.path={model_dir}",
+            f"model.device={device}",
+            f"output_dir={out / name}",
+            f"controller.num_steps={STEPS}",
+            "controller.eval_prompts=0",
+            "task.num_eval=4",
+            f"rollout.max_new_tokens={setting['max_new_tokens']}",
+            "rollout.filter=none",
+            "rollout.max_additional_running_prompts=0",
+            "trainer.checkpoint_every=0",
+            "metrics.trackers=[jsonl]",
+            *setting["overrides"],
+            *RUNS[name],
+        ],
+    )
+    started = time.perf_counter()
+    summary = asyncio.run(training.train(config, console=None))
+    wall = time.perf_counter() - started
+    lines = [json.loads(line) for line in Path(summary.metrics_path).read_text().splitlines() if line.strip()]
+    steps = [line for line in lines if "train/version" in line]
+    keep = ("time/", "train/colocate/", "weight_sync/", "samples")
+    breakdown = [{k: v for k, v in line.items() if k.startswith(keep) or k == "step"} for line in steps]
+    peak = (
+        torch.cuda.max_memory_allocated()
+        if device == "cuda"
+        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    )
+    return {
+        "steps": len(steps),
+        "wall_s": wall,
+        "samples_per_s": steady_rate(steps),
+        "samples_per_s_definition": "steps 2..N: trained samples / the steps' own time",
+        "peak_memory_bytes": peak,
+        "peak_memory_kind": "cuda max_memory_allocated" if device == "cuda" else "process peak RSS so far",
+        "per_step": breakdown,
+    }
+
+
+def steady_rate(steps: list[dict]) -> float:
+    """Trained samples per second over the steps after the first (the first pays start-up: allocator,
+    kernels, the first weight publish), from each step's own time."""
+    later = steps[1:] or steps
+    seconds = sum(line["time/step_s"] for line in later)
+    return sum(line["samples"] for line in later) / seconds if seconds > 0 else 0.0
+
+
+def checks(results: dict[str, Any]) -> list[tuple[str, bool, str]]:
+    """(name, passed, detail) of what must hold."""
+    found = []
+    for name, result in results.items():
+        found.append((f"{name}: >= {STEPS} steps", result["steps"] >= STEPS, f"{result['steps']} steps"))
+    colocated = results.get("colocated_sync", {}).get("per_step", [])
+    slept = [
+        s.get("train/colocate/sleep_bytes", 0) > 0 and s.get("train/colocate/wake_s") is not None
+        for s in colocated
+    ]
+    found.append(("colocated: the engine slept and woke every step", bool(slept) and all(slept), f"{slept}"))
+    empty = [s.get("train/colocate/kv_pool_bytes_while_training") == 0 for s in colocated]
+    found.append(
+        ("colocated: KV pool empty while the trainer trained", bool(empty) and all(empty), f"{empty}")
+    )
+    return found
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", choices=("cpu", "cuda"), required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    setting = settings(args.device)
+    result: dict[str, Any] = {
+        "device": args.device,
+        "device_name": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+        "shape": setting["shape"].name,
+        "params": setting["shape"].num_params,
+        "lengths": {
+            "law": "clipped log-normal",
+            "median": setting["median"],
+            "sigma": 1.0,
+            "max": setting["max_new_tokens"],
+        },
+        "runs": {},
+        "errors": {},
+    }
+    force_long_tailed_lengths(setting["median"], setting["max_new_tokens"])
+    model_dir = write_model(args.out, args.device, setting)
+    for name in RUNS:
+        try:
+            result["runs"][name] = run_one(name, model_dir, args.out, args.device, setting)
+        except Exception:  # deliberate: one failed run is recorded and the other still measured
+            result["errors"][name] = traceback.format_exc()
+            print(f"FAIL {name}: {traceback.format_exc().splitlines()[-1]}")
+    shutil.rmtree(model_dir, ignore_errors=True)
+    runs = result["runs"]
+    if {"colocated_sync", "async_one_device"} <= runs.keys() and runs["colocated_sync"]["samples_per_s"] > 0:
+        ratio = runs["async_one_device"]["samples_per_s"] / runs["colocated_sync"]["samples_per_s"]
+        result["async_over_sync_samples_per_s"] = ratio
+        print(f"MEASURED async/sync throughput on one {args.device} device: {ratio:.2f}x")
+    outcome = checks(runs)
+    result["checks"] = [{"name": n, "passed": p, "detail": d} for n, p, d in outcome]
+    for name, passed, detail in outcome:
+        print(f"{'PASS' if passed else 'FAIL'} {name} ({detail})")
+    (args.out / "result.json").write_text(json.dumps(result, indent=1, default=str))
+    failed = bool(result["errors"]) or not all(p for _, p, _ in outcome)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
