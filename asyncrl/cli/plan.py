@@ -67,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
         f"mean staleness {best.mean_staleness:.2f}"
     )
     print(f"runner-up: {second.candidate.label(gpus)}: {why_lost(best, second, gpus)}")
+    print(f"multi_version: {result.mode_verdict('multi_version')}")
     print(
         f"Proposition 2 (alpha 2): beta* = {prop.beta:.2f} -> {prop.num_train_workers} train GPUs; "
         f"bound speedup <= {prop.speedup_bound:.2f}x"
