@@ -9,7 +9,9 @@ long requests). Proposition 2's β* still seeds the split search and is printed 
 The search, about a dozen simulations:
 1. colocated sync on every GPU (the baseline every speedup is quoted against);
 2. partial rollout at α = 2 on train shares of 1/8 … 7/8 of the GPUs and at β*;
-3. at the best split, every asynchronous mode and α (one_step_off; async and partial rollout at each α).
+3. at the best split, every asynchronous mode and α (one_step_off; async, partial rollout and multi_version at
+   each α). ``mode_verdict`` says per mode whether it was recommended and, if not, why (multi_version: DORA's
+   answer to long tails, which the simulator often finds slower: its legacy engines idle as their work drains).
 Among the candidates within ``tolerance`` of the best throughput, the least stale wins (a fresher sample
 costs nothing there), so α grows only where it buys throughput.
 """
@@ -49,6 +51,10 @@ PLAN_STEADY = (
 )
 """A planning simulation's steady state: shorter windows than the benchmarks' (a dozen runs must stay quick);
 the config's own keys, given after, override them."""
+
+
+SEARCHED_MODES = ("one_step_off", "async", "partial_rollout", "multi_version")
+"""The schedules ``Planner.search`` tries at the best split (sync colocated and the split search always run)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,7 +122,19 @@ class PlanResult:
             "placements": {
                 o.candidate.label(self.gpus): self.placement_text(o.candidate) for o in self.outcomes
             },
+            "multi_version": self.mode_verdict("multi_version"),
         }
+
+    def mode_verdict(self, mode: str) -> str:
+        """Whether ``mode`` was recommended; if not, why its best candidate lost to the recommended one."""
+        tried = [o for o in self.outcomes if o.candidate.mode == mode]
+        if not tried:
+            return "not simulated"
+        if self.recommended.candidate.mode == mode:
+            return f"recommended ({self.recommended.candidate.label(self.gpus)})"
+        best = max(tried, key=lambda o: o.samples_per_s)
+        reason = why_lost(self.recommended, best, self.gpus)
+        return f"not recommended: its best, {best.candidate.label(self.gpus)}, has {reason}"
 
 
 def candidate_overrides(candidate: Candidate, gpus: int, gpus_per_engine: int) -> list[str]:
@@ -212,7 +230,12 @@ class Planner:
             return str(refused)
         return ""
 
-    def search(self, alphas: Sequence[float] = (1, 2, 4), tolerance: float = 0.02) -> PlanResult:
+    def search(
+        self,
+        alphas: Sequence[float] = (1, 2, 4),
+        tolerance: float = 0.02,
+        modes: Sequence[str] = SEARCHED_MODES,
+    ) -> PlanResult:
         """The candidates of the module docstring; only those the runtime places are recommended (a refused
         colocated baseline is still simulated: speedups are quoted against it)."""
         baseline = self.evaluate(COLOCATED_SYNC)
@@ -235,9 +258,10 @@ class Planner:
         schedules = [Candidate(mode="one_step_off", alpha=1.0, train_gpus=best_split)]
         schedules += [
             Candidate(mode=mode, alpha=float(a), train_gpus=best_split)
-            for mode in ("async", "partial_rollout")
+            for mode in ("async", "partial_rollout", "multi_version")
             for a in alphas
         ]
+        schedules = [c for c in schedules if c.mode in modes]
         outcomes = [baseline, *splits, *(self.evaluate(c) for c in schedules)]
         outcomes = list({o.candidate: o for o in outcomes}.values())
         recommended, runner_up = choose([o for o in outcomes if self.placeable(o.candidate)], tolerance)

@@ -75,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
             f"Proposition 2 (alpha 2): beta* = {prop.beta:.2f} -> {prop.num_train_workers} train GPUs; "
             f"bound speedup <= {prop.speedup_bound:.2f}x"
         )
+    print(f"multi_version: {result.mode_verdict('multi_version')}")
     print(f"placement: {result.placement_text(best.candidate)}")
     if not all(o.converged for o in result.outcomes):
         print("note: some candidates hit the step cap before their step time settled (controller.num_steps)")

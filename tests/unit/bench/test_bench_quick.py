@@ -19,6 +19,7 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[3]
 QUICK = [
     "simulator",
+    "control_plane",
     "engine",
     "trainer",
     "async_vs_sync",

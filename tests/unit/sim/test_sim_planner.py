@@ -77,7 +77,7 @@ def test_a_search_covers_the_baseline_splits_and_schedules():
     assert "sync colocated on 8" in labels  # the baseline every plan is compared with
     assert any(label.startswith("one_step_off a=1 ") for label in labels)
     modes = {o.candidate.mode for o in result.outcomes}
-    assert modes == {"sync", "one_step_off", "async", "partial_rollout"}
+    assert modes == {"sync", "one_step_off", "async", "partial_rollout", "multi_version"}
     splits = {o.candidate.train_gpus for o in result.outcomes if o.candidate.mode == "partial_rollout"}
     assert len(splits) >= 4 and all(1 <= t <= 7 for t in splits)
     best = max(o.samples_per_s for o in result.outcomes)
