@@ -3,8 +3,9 @@
 ::
 
     driver                                         rank actors (one process each, one per bundle)
-    TrainerGroupClient ── start(host, port) ────► every rank joins the process group (gloo / NCCL), loads
-                                                  the model, shards it (FSDP2) and builds its Trainer
+    TrainerGroupClient ── start(host, port) ────► every rank joins the process group (gloo / NCCL), builds
+                                                  the model on the meta device, shards it (FSDP2), reads
+                                                  its shards of the weights and builds its Trainer
                        ── train_step(ref, v) ───► every rank: the whole batch from one object, its rows
                        ◄─ metrics (rank 0's) ──── (they agree: gradients and metrics are reduced)
                        ── publish_weights() ────► every rank gathers parameter by parameter; rank 0 packs
