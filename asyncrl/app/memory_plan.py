@@ -30,7 +30,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from asyncrl.config.engine import serving_dtype
+from asyncrl.config.engine import serving_dtype, vllm_serving_dtype
 from asyncrl.config.run import RunConfig
 from asyncrl.sim.model_shape import NAMED_SHAPES, ModelShape
 
@@ -411,7 +411,7 @@ def engine_role(
 
 def vllm_needs(config: RunConfig, shape: ModelShape, max_len: int) -> int:
     """What vLLM's share must hold per GPU: its weights shard and one longest request's KV."""
-    serve = DTYPE_BYTES.get(config.engine.vllm.dtype, 2)
+    serve = DTYPE_BYTES.get(vllm_serving_dtype(config.engine, config.model.dtype, "cuda"), 2)
     tp = config.engine.vllm.tensor_parallel_size
     return ceil_div(shape.num_params * serve + max_len * shape.kv_bytes_per_token(serve), tp)
 

@@ -19,6 +19,12 @@ def serving_dtype(engine_dtype: str, model_dtype: str, device: str) -> str:
     return "bfloat16" if device == "cuda" else model_dtype
 
 
+def vllm_serving_dtype(engine: EngineConfig, model_dtype: str, device: str) -> str:
+    """vLLM's dtype: ``engine.vllm.dtype`` when set, else ``engine.dtype`` resolved as the trainer resolves it
+    for the cast at publish, so that vLLM serves exactly what arrives (no bf16 update held in fp32)."""
+    return engine.vllm.dtype or serving_dtype(engine.dtype, model_dtype, device)
+
+
 @dataclass(frozen=True, kw_only=True)
 class VLLMConfig:
     """The vLLM backend: a worker process in vLLM's own Python environment (see docs/backends.md)."""
@@ -26,8 +32,10 @@ class VLLMConfig:
     python: str = ""
     """Interpreter of the vLLM environment; empty: ``$ASYNCRL_VLLM_PYTHON``, else the one
     ``asyncrl backends install vllm`` made (``~/.cache/asyncrl/vllm-venv/bin/python``)."""
-    dtype: str = "float32"
-    """vLLM's dtype for the served weights (``float32``, ``bfloat16``, ``float16``, ``auto``)."""
+    dtype: str = ""
+    """vLLM's dtype for the served weights (``float32``, ``bfloat16``, ``float16``, ``auto``); empty: the
+    serving dtype ``engine.dtype`` resolves to (bfloat16 on CUDA, ``model.dtype`` on CPU), the dtype the trainer
+    casts its updates to."""
     kv_cache_gib: float = 1.0
     """KV cache size on CPU (``VLLM_CPU_KVCACHE_SPACE``)."""
     gpu_memory_utilization: float = 0.2

