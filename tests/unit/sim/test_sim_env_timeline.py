@@ -159,7 +159,10 @@ def test_a_fail_stop_env_shows_env_fail_as_its_last_span_and_is_replaced_by_a_ne
 def test_env_spans_move_no_simulated_total() -> None:
     for timeline in ("full", "none"):
         totals = simulate(replace(FAIL_STOP, timeline=timeline)).totals
-        assert {key: totals[key] for key in TOTALS_BEFORE_ENV_SPANS} == TOTALS_BEFORE_ENV_SPANS
+        # to the last bits only: the order clock times are summed in may move with the proxy's bookkeeping
+        assert {key: totals[key] for key in TOTALS_BEFORE_ENV_SPANS} == pytest.approx(
+            TOTALS_BEFORE_ENV_SPANS, rel=1e-12
+        )
 
 
 def test_timeline_rows_keep_trainer_and_engines_first_in_creation_order() -> None:
