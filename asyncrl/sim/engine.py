@@ -130,6 +130,9 @@ class SimEngine:
         self.waiting: deque[_SimRequest] = deque()
         self.running: dict[_SimRequest, None] = {}
         """Running requests in admission order (an ordered set)."""
+        self._running_by_id: dict[str, dict[_SimRequest, None]] = {}
+        """``running`` by request id (each an ordered set): an abort or export finds its request without a scan
+        of the batch (a partial-rollout step aborts thousands of requests, each once)."""
         self.joining: list[_SimRequest] = []
         """Imported requests with their KV and reservation, starting at the next step (before the queue)."""
         self.kv_reserved = 0
@@ -414,6 +417,7 @@ class SimEngine:
         seq.since_step = self._step
         seq.finish_step = self._step + seq.target - seq.produced
         self.running[seq] = None
+        self._running_by_id.setdefault(seq.request.request_id, {})[seq] = None
         heapq.heappush(self._finishing, (seq.finish_step, next(self._admissions), seq))
         self._kv_base += seq.num_prompt_tokens + seq.produced - seq.since_step
         if seq.prefill_tokens:
@@ -511,8 +515,8 @@ class SimEngine:
     # ---- ending requests ----------------------------------------------------------------------------
 
     def _running_seq(self, request_id: str) -> _SimRequest | None:
-        """The first running request with this id (aborts are rare: a scan is fine)."""
-        return next((seq for seq in self.running if seq.request.request_id == request_id), None)
+        """The first running request with this id."""
+        return next(iter(self._running_by_id.get(request_id, ())), None)
 
     def _end_reason(self, seq: _SimRequest) -> FinishReason:
         return FinishReason.LENGTH if seq.target >= self._max_output(seq.request) else FinishReason.STOP
@@ -529,6 +533,10 @@ class SimEngine:
             self._kv_base -= seq.num_prompt_tokens + seq.produced - seq.since_step
             self._settle(seq)
             del self.running[seq]
+            same_id = self._running_by_id[seq.request.request_id]
+            del same_id[seq]
+            if not same_id:
+                del self._running_by_id[seq.request.request_id]
             self.kv_reserved -= seq.reservation
 
     def _resolve(self, seq: _SimRequest, reason: FinishReason) -> Generation:
