@@ -339,7 +339,7 @@ def rederive(path: Path) -> None:
     result["ratios"] = ratios
     result["targets"] = targets(ratios, QUICK if result["quick"] else FULL)
     result["rederived"] = {
-        "commit": harness.git_commit(),
+        "commit": harness.run_commit(),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "what": "ratios, best syncs and targets derived again from the stored runs; nothing re-measured",
     }

@@ -42,12 +42,18 @@ _start_threads: list[int] = []
 may leave the main thread elsewhere (the inline runtime keeps it at 1), so the record states this one."""
 
 
+_start_commit: list[str] = []
+"""The commit when the benchmark started (``parser`` records it): a commit made while it runs (an hour-long
+sweep) must not relabel what it measured."""
+
+
 def parser(description: str, name: str, default_repeats: int = 3) -> argparse.ArgumentParser:
     """The flags every benchmark shares: ``--quick``, ``--repeats``, ``--out``."""
     import torch  # here, not at import: the harness itself is importable without torch
 
     library_bars_follow_terminal()  # a benchmark's log gets no carriage-return bars from the libraries
     _start_threads[:] = [torch.get_num_threads()]
+    _start_commit[:] = [git_commit()]
     parsed = argparse.ArgumentParser(description=description)
     parsed.add_argument("--quick", action="store_true", help="smoke mode: seconds, tiny shapes, 1 repeat")
     parsed.add_argument(
@@ -279,6 +285,11 @@ def git_commit() -> str:
     return commit + ("+dirty" if dirty else "")
 
 
+def run_commit() -> str:
+    """The commit the benchmark's code was at when it started (``parser``), else ``git_commit()`` now."""
+    return _start_commit[0] if _start_commit else git_commit()
+
+
 def cpu_model() -> str:
     """The CPU's model name from /proc/cpuinfo (Linux), else what platform knows."""
     try:
@@ -355,7 +366,7 @@ def write_result(
         "schema": SCHEMA_VERSION,
         "benchmark": name,
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "commit": git_commit(),
+        "commit": run_commit(),
         "quick": bool(args.quick),
         "repeats": len(next(iter(raw.values()))),
         "machine": machine(),

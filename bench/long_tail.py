@@ -1095,7 +1095,7 @@ def stage_provenance(work: RLWorkload) -> dict[str, str]:
     commits and, a session later, from another machine with its own warm-start build (a stage's ratios are
     paired within it; across stages they are not)."""
     return {
-        "commit": harness.git_commit(),
+        "commit": harness.run_commit(),
         "run_command": " ".join([Path(sys.executable).name, *sys.argv]),
         "cpu_model": harness.cpu_model(),
         "warm_start_sha256": warm_start_digest(work),
@@ -1196,7 +1196,7 @@ def rederive(path: Path) -> None:
     result["ratios"] = derive_ratios(bench)
     result["best_sync"] = best_sync_record(bench)
     result["rederived"] = {
-        "commit": harness.git_commit(),
+        "commit": harness.run_commit(),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "what": "ratios and time-to-reward records derived again from the stored runs; nothing re-measured",
     }

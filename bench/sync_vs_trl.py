@@ -493,7 +493,7 @@ def rederive(path: Path) -> None:
         raw, result["setup"]["checkpoints"], noise
     )
     result["rederived"] = {
-        "commit": harness.git_commit(),
+        "commit": harness.run_commit(),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "what": "the time-to-reward ratio derived again from the stored runs; nothing re-measured",
     }

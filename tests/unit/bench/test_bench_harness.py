@@ -76,6 +76,14 @@ def test_a_named_commit_overrides_what_git_says(monkeypatch) -> None:
     assert harness.git_commit() == "0123abc"
 
 
+def test_a_commit_made_while_a_benchmark_runs_does_not_relabel_its_result(monkeypatch) -> None:
+    monkeypatch.setenv("ASYNCRL_BENCH_COMMIT", "started-at")
+    monkeypatch.setattr(harness, "_start_commit", [])
+    harness.parser("x", "x")
+    monkeypatch.setenv("ASYNCRL_BENCH_COMMIT", "committed-meanwhile")
+    assert harness.run_commit() == "started-at"
+
+
 def test_a_child_started_by_a_large_parent_reports_its_own_peak_not_the_parents() -> None:
     """``ru_maxrss`` survives ``execve`` on Linux, so a trainer child of a 2.8 GB benchmark once read 2.8 GB
     whatever it did; ``resident_memory_mb`` reads the child's own address space."""
