@@ -14,19 +14,9 @@ from asyncrl.config.run import load_run_config
 from asyncrl.runtime.placement import plan_placement
 from asyncrl.runtime.placement_check import PlacementError, check_placement
 from asyncrl.runtime.ray_placement import role_bundles
+from tests.unit.sim.test_sim_planner import SMALL
 
-WORKLOAD = [
-    "model=qwen3-0.6b",
-    "hardware=h100",
-    "prompt_tokens=128",
-    "lengths.mean=400",
-    "rollout.max_new_tokens=2048",
-    "rollout.rollout_batch_size=8",
-    "rollout.num_return_sequences=4",
-    "steady_state.window_steps=3",
-    "steady_state.warmup_steps=2",
-    "controller.num_steps=12",
-]
+WORKLOAD = SMALL  # the planner tests' small workload: a search in seconds
 
 
 def runtime_places_colocated_sync(gpus: int) -> None:
