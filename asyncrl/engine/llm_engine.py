@@ -217,7 +217,12 @@ class LLMEngine:
     def _append_tokens(self, due: list[Sequence], logits: torch.Tensor) -> list[Generation]:
         if not due:
             return []
-        out = sample(logits, [seq.request.sampling for seq in due], [seq.rng.random() for seq in due])
+        out = sample(
+            logits,
+            [seq.request.sampling for seq in due],
+            [seq.sample_seed for seq in due],
+            [seq.num_output_tokens for seq in due],
+        )
         self.num_generated_tokens += len(due)
         now = time.perf_counter()
         finished = []

@@ -2,7 +2,8 @@
 
 Key decision (DORA §4.4): when every token of a request was made by one policy version, its KV is the same on
 any engine holding that version's weights, so a migrated request continues from its copied KV with no
-re-prefill and samples exactly as if it had stayed (its generator state travels with it). A ``RequestState``
+re-prefill and samples exactly as if it had stayed (its sampling seed travels with it; the uniforms are
+counter-based, keyed by that seed and the output position). A ``RequestState``
 is plain data plus per-layer tensors, so it pickles across processes (Ray) unchanged.
 
 Lifecycle of a migrated request: running (or waiting) on A → ``export_request`` (gone from A, its KV slot and
@@ -13,12 +14,11 @@ slot or KV budget, waiting with its KV dropped, to be prefilled again: slower, n
 from __future__ import annotations
 
 import heapq
-import random
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from asyncrl.engine.sequence import Sequence, SequenceStatus
+from asyncrl.engine.sequence import Sequence, SequenceStatus, request_seed
 from asyncrl.types import FinishReason, Generation, Request
 
 if TYPE_CHECKING:
@@ -42,8 +42,8 @@ class RequestState:
     num_cached: int = 0
     """Leading tokens whose KV is in ``kv`` (the rest are fed to the model again: the last sampled token)."""
     kv: KVLayers = ()
-    rng_state: Any = None
-    """The request's sampling generator state (``random.Random.getstate()``); None: seed it afresh."""
+    sample_seed: int | None = None
+    """The seed of the request's sampling uniforms; None: the importing engine derives it from the request."""
     elapsed_s: float = 0.0
     """Time since the request arrived at its first engine (its latency keeps counting after the move)."""
     timings: dict[str, float] = field(default_factory=dict)
@@ -88,7 +88,7 @@ def export_request(engine: LLMEngine, seq: Sequence) -> RequestState:
         version=engine.version,
         num_cached=num_cached,
         kv=kv,
-        rng_state=seq.rng.getstate(),
+        sample_seed=seq.sample_seed,
         elapsed_s=time.perf_counter() - arrival,
         timings=timings,
     )
@@ -105,7 +105,7 @@ def import_request(engine: LLMEngine, state: RequestState) -> Sequence:
             f"{engine.version}; KV is only reusable between engines of one version"
         )
     check_kv_shape(engine, state)
-    seq = sequence_of(state)
+    seq = sequence_of(state, engine.config.seed)
     if state.num_cached and place_running(engine, seq):
         write_kv(engine, seq.slot, state.kv)
         seq.num_cached = state.num_cached
@@ -114,13 +114,11 @@ def import_request(engine: LLMEngine, state: RequestState) -> Sequence:
     return seq
 
 
-def sequence_of(state: RequestState) -> Sequence:
-    rng = random.Random()
-    if state.rng_state is not None:
-        rng.setstate(state.rng_state)
+def sequence_of(state: RequestState, engine_seed: int) -> Sequence:
+    seed = state.sample_seed if state.sample_seed is not None else request_seed(state.request, engine_seed)
     seq = Sequence(
         request=state.request,
-        rng=rng,
+        sample_seed=seed,
         token_ids=list(state.token_ids),
         output_logprobs=list(state.output_logprobs),
         output_versions=list(state.output_versions),

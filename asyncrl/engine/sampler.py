@@ -6,8 +6,9 @@ Which distribution the log-prob describes (the SamplingParams contract):
   that crosses top_p is kept), renormalised. With temperature 1, top_p 1, top_k 0 it is the model's own.
 - temperature = 0 (greedy): the argmax token, with its log-prob under the temperature-1 model distribution.
 
-Randomness comes from each request's own generator as one uniform per token (inverse-CDF sampling), so a
-request's draws do not depend on which other requests share its batch.
+Randomness is one uniform per token (inverse-CDF sampling), counter-based: the uniform of a request's n-th
+output token is a hash of (request seed, n) computed on the logits' device (``uniforms.py``), so a request's
+draws do not depend on which other requests share its batch, nor on the device, nor on an interruption.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from asyncrl.engine.uniforms import as_int64, counter_uniforms
 from asyncrl.types import SamplingParams
 
 
@@ -25,28 +27,53 @@ class SampleOutput:
     logprobs: list[float]
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams], uniforms: list[float]) -> SampleOutput:
-    """Sample one token per row of ``logits [rows, vocab]`` with that row's params and uniform in [0, 1).
+def sample(
+    logits: torch.Tensor, params: list[SamplingParams], seeds: list[int], positions: list[int]
+) -> SampleOutput:
+    """Sample one token per row of ``logits [rows, vocab]`` with that row's params, its uniform being the
+    counter-based draw of (its request's seed, the index of the output token being sampled).
 
-    A row's result depends only on its own logits, params and uniform: rows that truncate are sampled in
-    sorted order, the others in vocabulary order, whatever the rest of the batch needs.
-
-    One host-to-device copy (every row's parameters and uniform) and one device-to-host copy (token ids and
-    log-probs together) per call, and no other synchronisation: on a GPU each round trip costs more than
-    the sampling arithmetic.
+    One host-to-device copy (every row's parameters, seed and position in one int64 tensor), the uniforms
+    hashed on the device, and one device-to-host copy (token ids and log-probs together) per call, with no
+    other synchronisation: on a GPU each round trip costs more than the sampling arithmetic.
     """
-    logits = logits.float()
-    device = logits.device
-    vocab = logits.shape[-1]
-    truncates = [p.top_k > 0 or p.top_p < 1 for p in params]
-    rows = [
+    keys = torch.tensor([[as_int64(s) for s in seeds], list(positions)], dtype=torch.int64)
+    rows = _param_rows(params, logits.shape[-1], keys).to(logits.device)
+    return _sample(logits, params, rows[:4].view(torch.float64).float(), counter_uniforms(rows[4], rows[5]))
+
+
+def sample_quantiles(
+    logits: torch.Tensor, params: list[SamplingParams], uniforms: list[float]
+) -> SampleOutput:
+    """``sample`` with each row's uniform in [0, 1) given instead of drawn: the quantile of the row's
+    distribution it takes. The distribution tests drive this with a fixed grid of quantiles."""
+    rows = _param_rows(params, logits.shape[-1], torch.empty(0, len(params), dtype=torch.int64))
+    rows = rows.to(logits.device).view(torch.float64).float()
+    u = torch.tensor(list(uniforms), dtype=torch.float64).to(logits.device).float()
+    return _sample(logits, params, rows, u)
+
+
+def _param_rows(params: list[SamplingParams], vocab: int, keys: torch.Tensor) -> torch.Tensor:
+    """Host int64 ``[4 + len(keys), rows]``: temperature, top-k, top-p and whether the row truncates (as
+    float64 bit patterns) above ``keys``, so one copy moves them all."""
+    floats = [
         [p.temperature for p in params],
         [p.top_k if p.top_k > 0 else vocab for p in params],
         [p.top_p for p in params],
-        list(uniforms),
-        [float(t) for t in truncates],
+        [float(p.top_k > 0 or p.top_p < 1) for p in params],
     ]
-    temperature, top_k, top_p, u, truncating = torch.tensor(rows, dtype=torch.float64).to(device).float()
+    return torch.cat([torch.tensor(floats, dtype=torch.float64).view(torch.int64), keys])
+
+
+def _sample(
+    logits: torch.Tensor, params: list[SamplingParams], rows: torch.Tensor, u: torch.Tensor
+) -> SampleOutput:
+    """A row's result depends only on its own logits, params and uniform: rows that truncate are sampled in
+    sorted order, the others in vocabulary order, whatever the rest of the batch needs."""
+    logits = logits.float()
+    vocab = logits.shape[-1]
+    truncates = [p.top_k > 0 or p.top_p < 1 for p in params]
+    temperature, top_k, top_p, truncating = rows
     greedy = temperature == 0
     logprobs = torch.log_softmax(logits / torch.where(greedy, 1.0, temperature)[:, None], dim=-1)
     chosen, chosen_logprob = _draw(logprobs, u)

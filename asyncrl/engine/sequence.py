@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import enum
 import hashlib
-import random
 from dataclasses import dataclass, field
 
 from asyncrl.types import FinishReason, Generation, Request
@@ -35,12 +34,13 @@ def request_seed(request: Request, engine_seed: int) -> int:
 class Sequence:
     """A request being served: prompt + output tokens, per-token log-probs and versions, KV slot and progress.
 
-    ``rng`` draws one uniform per sampled token; a continued request (``prefix_token_ids``) skips the draws its
-    prefix already used, so an interrupted and resumed request samples like an uninterrupted one.
+    ``sample_seed`` keys the counter-based uniform of each sampled token (``engine/uniforms.py``), whose counter
+    is the output position: a continued request (``prefix_token_ids``) starts past the draws its prefix used,
+    so an interrupted and resumed request samples like an uninterrupted one.
     """
 
     request: Request
-    rng: random.Random
+    sample_seed: int
     token_ids: list[int]
     output_logprobs: list[float]
     output_versions: list[int]
@@ -52,12 +52,9 @@ class Sequence:
 
     @classmethod
     def from_request(cls, request: Request, engine_seed: int) -> Sequence:
-        rng = random.Random(request_seed(request, engine_seed))
-        for _ in request.prefix_token_ids:
-            rng.random()
         return cls(
             request=request,
-            rng=rng,
+            sample_seed=request_seed(request, engine_seed),
             token_ids=list(request.prompt_token_ids) + list(request.prefix_token_ids),
             output_logprobs=list(request.prefix_logprobs),
             output_versions=list(request.prefix_versions),

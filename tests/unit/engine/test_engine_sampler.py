@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from asyncrl.engine.sampler import sample
+from asyncrl.engine.sampler import sample_quantiles
 from asyncrl.types import SamplingParams
 
 PROBS = [0.05, 0.5, 0.15, 0.3]  # token 1 most likely, then 3, 2, 0
@@ -16,7 +16,7 @@ GRID = [(i + 0.5) / 1000 for i in range(1000)]
 
 
 def sample_grid(params: SamplingParams, logits: torch.Tensor = LOGITS):
-    out = sample(logits.repeat(len(GRID), 1), [params] * len(GRID), GRID)
+    out = sample_quantiles(logits.repeat(len(GRID), 1), [params] * len(GRID), GRID)
     counts = {t: out.token_ids.count(t) / len(GRID) for t in set(out.token_ids)}
     logprob_of = dict(zip(out.token_ids, out.logprobs, strict=True))
     return counts, logprob_of
@@ -57,7 +57,7 @@ def test_top_k_and_top_p_combine():
 
 
 def test_greedy_reports_the_temperature_one_logprob():
-    out = sample(LOGITS, [SamplingParams(temperature=0, top_k=2)], [0.99])
+    out = sample_quantiles(LOGITS, [SamplingParams(temperature=0, top_k=2)], [0.99])
     assert out.token_ids == [1]
     assert out.logprobs[0] == pytest.approx(math.log(0.5), abs=1e-6)
 
@@ -70,8 +70,10 @@ def test_rows_do_not_influence_each_other():
         SamplingParams(),
     ]
     logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0))
-    together = sample(logits, mixed, [0.3, 0.6, 0.9, 0.45])
-    alone = [sample(logits[i : i + 1], [mixed[i]], [u]) for i, u in enumerate([0.3, 0.6, 0.9, 0.45])]
+    together = sample_quantiles(logits, mixed, [0.3, 0.6, 0.9, 0.45])
+    alone = [
+        sample_quantiles(logits[i : i + 1], [mixed[i]], [u]) for i, u in enumerate([0.3, 0.6, 0.9, 0.45])
+    ]
     assert together.token_ids == [a.token_ids[0] for a in alone]
     assert together.logprobs == pytest.approx([a.logprobs[0] for a in alone], abs=1e-6)
 
@@ -81,7 +83,9 @@ def test_top_k_rows_sample_the_same_through_a_partial_top_k_or_a_full_sort():
     logits = torch.randn(3, 50)
     top_k_rows = [SamplingParams(top_k=5, temperature=0.7), SamplingParams(top_k=12, top_p=0.6)]
     uniforms = [0.31, 0.87]
-    partial = sample(logits[:2], top_k_rows, uniforms)  # every truncating row has a top-k: topk(12)
-    with_sort = sample(logits, [*top_k_rows, SamplingParams(top_p=0.5)], [*uniforms, 0.5])  # needs a sort
+    partial = sample_quantiles(logits[:2], top_k_rows, uniforms)  # every truncating row has a top-k: topk(12)
+    with_sort = sample_quantiles(
+        logits, [*top_k_rows, SamplingParams(top_p=0.5)], [*uniforms, 0.5]
+    )  # needs a sort
     assert with_sort.token_ids[:2] == partial.token_ids
     assert with_sort.logprobs[:2] == pytest.approx(partial.logprobs, abs=1e-6)
