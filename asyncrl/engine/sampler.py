@@ -47,10 +47,9 @@ def sample_quantiles(
 ) -> SampleOutput:
     """``sample`` with each row's uniform in [0, 1) given instead of drawn: the quantile of the row's
     distribution it takes. The distribution tests drive this with a fixed grid of quantiles."""
-    rows = _param_rows(params, logits.shape[-1], torch.empty(0, len(params), dtype=torch.int64))
-    rows = rows.to(logits.device).view(torch.float64).float()
-    u = torch.tensor(list(uniforms), dtype=torch.float64).to(logits.device).float()
-    return _sample(logits, params, rows, u)
+    given = torch.tensor([list(uniforms)], dtype=torch.float64).view(torch.int64)
+    rows = _param_rows(params, logits.shape[-1], given).to(logits.device).view(torch.float64).float()
+    return _sample(logits, params, rows[:4], rows[4])
 
 
 def _param_rows(params: list[SamplingParams], vocab: int, keys: torch.Tensor) -> torch.Tensor:
