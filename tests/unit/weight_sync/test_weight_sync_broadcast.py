@@ -86,3 +86,30 @@ def test_nccl_stages_on_the_gpu_and_gloo_in_host_memory():
         staging_device("nccl", "cpu")
     with pytest.raises(ValueError, match="backend 'mpi' is not one of"):
         staging_device("mpi", "cpu")
+
+
+def test_the_sender_holds_at_most_two_packed_buckets_at_once():
+    """Rank 0 packs lazily: while bucket k+1 is packed only bucket k may still be alive (no whole-model copy)."""
+    import weakref
+
+    from asyncrl.weight_sync.broadcast import WeightGroup
+
+    group = WeightGroup.__new__(WeightGroup)  # rank 0 without a process group: broadcasts are recorded
+    group.rank, group.staging_device = 0, torch.device("cpu")
+    sent: list[int] = []
+    group._broadcast = lambda tensor, into=False: sent.append(tensor.numel())
+    live, peak = set(), []
+
+    def packed():
+        for index in range(6):
+            bucket = pack_on_device(
+                [(f"w{index}", torch.full((256,), float(index)))], 1, group.staging_device
+            )
+            live.add(index)
+            weakref.finalize(bucket, live.discard, index)
+            peak.append(len(live))
+            yield bucket
+
+    group.send(packed())
+    assert sent.count(256 * 4) == 6  # every bucket's bytes went out
+    assert max(peak) <= 2
