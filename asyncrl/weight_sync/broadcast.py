@@ -128,7 +128,12 @@ class WeightGroup:
     def _broadcast(self, tensor: torch.Tensor, *, into: bool = False) -> None:
         """Broadcast ``tensor`` from rank 0; with ``into`` the received bytes are copied back into it (NCCL
         works on device copies, gloo on the CPU tensor itself)."""
-        on_device = tensor.to(self.staging_device)  # no copy when it is there already
+        if tensor.device == self.staging_device:
+            on_device = tensor
+        elif into:  # its bytes are about to be overwritten: allocate there, copy nothing up
+            on_device = torch.empty_like(tensor, device=self.staging_device)
+        else:
+            on_device = tensor.to(self.staging_device)
         options = dist.BroadcastOptions()
         options.rootRank = 0
         with self._named_failure("a broadcast"):
@@ -214,6 +219,8 @@ def staging_device(backend: str, device: torch.device | str) -> torch.device:
     if backend == "nccl":
         if device.type != "cuda":
             raise ValueError(f"weight group: backend 'nccl' needs a cuda device, got {device}")
+        if device.index is None:  # "cuda": this process's current GPU, so device comparisons match tensors'
+            return torch.device("cuda", torch.cuda.current_device())
         return device
     if backend == "gloo":
         return torch.device("cpu")
