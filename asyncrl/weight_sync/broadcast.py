@@ -3,9 +3,9 @@ of their own (gloo on CPU, NCCL on CUDA), and each engine stages what it receive
 
 ::
 
-    publish (trainer rank 0, all engines at once)              apply (each engine, whenever the proxy says)
-    rank 0: gather bucket ─► pack ─► broadcast ──► engine i: receive into its staging (version v)
-            (next bucket only after this one is sent)           update_weights(v): staged buckets → model
+    publish (trainer rank 0, all engines at once)                        apply (each engine, whenever the proxy says)
+    rank 0: gather bucket ─► pack on the group's device ─► broadcast ──► engine i: receive into its staging (v)
+            (next bucket only after this one is sent)                    update_weights(v): staged buckets → model
 
 Key decisions:
 - Staged, not applied in the collective: a collective needs every engine at once, but the proxy updates engines
@@ -17,6 +17,9 @@ Key decisions:
   (``runtime.weight_group``), and the replacement catches up from trainer rank 0's copy of the last broadcast.
 - Every wait (joining, each collective) ends by ``timeout_s`` with ``WeightSyncTimeout``, and a member that dies
   mid-broadcast is a ``WeightSyncError`` naming the rank, never a hang.
+- The sender packs each bucket where the group moves bytes (``staging_device``: the GPU under NCCL, host memory
+  under gloo), from tensors ``Trainer.sync_tensors`` already cast to the serving dtype, so over NCCL a bucket
+  never crosses host memory on rank 0. The receivers still stage whole updates (see the first decision).
 - Each bucket travels as a small header then its buffers; an empty header ends the update. Buffers cross as
   raw bytes (``weight_sync.flat``), so every dtype travels alike. The header is plain JSON, not a pickle, so
   a member that cannot import asyncrl (the vLLM worker, ``engine/vllm/worker_main.py``) reads it too.
@@ -37,13 +40,14 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from datetime import timedelta
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from asyncrl.weight_sync.flat import FlatWeights, TensorEntry
+from asyncrl.weight_sync.flat import FlatWeights, TensorEntry, carrier_of, layout_of
 from asyncrl.weight_sync.protocol import WeightSyncError, WeightSyncTimeout
 
 GROUP_PREFIX = "asyncrl-weights"
@@ -63,6 +67,9 @@ class WeightGroup:
         self.rank = rank
         self.world_size = world_size
         self.device = torch.device(device)
+        self.backend = backend_for(self.device)
+        self.staging_device = staging_device(self.backend, self.device)
+        """Where this member's bucket buffers live: the GPU under NCCL, host memory under gloo."""
         self.timeout = timeout
         with self._named_failure(f"joining the weight group at {host}:{port}"):
             store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
@@ -71,14 +78,20 @@ class WeightGroup:
                 dist.PrefixStore(GROUP_PREFIX, store), rank, world_size, self.device, timeout
             )
 
-    def send(self, buckets: Iterable[FlatWeights]) -> None:
-        """Rank 0: broadcast each bucket as it comes (the iterator may pack lazily), then the end marker."""
+    def send(self, buckets: Iterable[FlatWeights | DeviceBucket]) -> None:
+        """Rank 0: broadcast each bucket as it comes (the iterator may pack lazily), then the end marker.
+
+        A ``DeviceBucket`` (``pack_on_device``) is broadcast from its own buffers, so over NCCL its bytes never
+        leave the GPU; a ``FlatWeights`` (host numpy) is copied to the group's device first."""
         if self.rank != 0:
             raise RuntimeError("only rank 0 (the trainer) sends weights")
         for flat in buckets:
             self._send_header(header_of(flat))
             for buffer in flat.buffers.values():
-                self._broadcast(torch.from_numpy(buffer.view(np.uint8)))
+                if isinstance(buffer, torch.Tensor):  # a DeviceBucket's buffer: already on the group's device
+                    self._broadcast(buffer)
+                else:
+                    self._broadcast(torch.from_numpy(buffer.view(np.uint8)))
         self._send_header(b"")
 
     def receive(self) -> list[FlatWeights]:
@@ -115,7 +128,12 @@ class WeightGroup:
     def _broadcast(self, tensor: torch.Tensor, *, into: bool = False) -> None:
         """Broadcast ``tensor`` from rank 0; with ``into`` the received bytes are copied back into it (NCCL
         works on device copies, gloo on the CPU tensor itself)."""
-        on_device = tensor if self.device.type == "cpu" else tensor.to(self.device)
+        if tensor.device == self.staging_device:
+            on_device = tensor
+        elif into:  # its bytes are about to be overwritten: allocate there, copy nothing up
+            on_device = torch.empty_like(tensor, device=self.staging_device)
+        else:
+            on_device = tensor.to(self.staging_device)
         options = dist.BroadcastOptions()
         options.rootRank = 0
         with self._named_failure("a broadcast"):
@@ -136,22 +154,89 @@ class WeightGroup:
             raise WeightSyncError(f"{where} failed: {error}") from error
 
 
-def header_of(flat: FlatWeights) -> bytes:
+def header_of(flat: FlatWeights | DeviceBucket) -> bytes:
     """The JSON header of one bucket (module docstring: wire contract)."""
+    if isinstance(flat, DeviceBucket):
+        buffers = [
+            [dtype, b.numel() // getattr(torch, dtype).itemsize, carrier_of(dtype).str]
+            for dtype, b in flat.buffers.items()
+        ]
+    else:
+        buffers = [[dtype, int(b.size), b.dtype.str] for dtype, b in flat.buffers.items()]
     return json.dumps(
         {
             "version": flat.version,
             "manifest": [[e.name, e.dtype, list(e.shape), e.offset] for e in flat.manifest],
-            "buffers": [[dtype, int(b.size), b.dtype.str] for dtype, b in flat.buffers.items()],
+            "buffers": buffers,
         }
     ).encode()
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class DeviceBucket:
+    """One bucket packed where its tensors already are: ``buffers[dtype]`` is a flat ``uint8`` tensor on the
+    group's device holding every entry of that dtype, laid out as ``FlatWeights`` lays them out."""
+
+    version: int
+    manifest: tuple[TensorEntry, ...]
+    buffers: dict[str, torch.Tensor]
+
+    def to_host(self) -> FlatWeights:
+        """A host copy (for the catch-up that trainer rank 0 keeps with engine recovery); a device → host copy
+        per buffer, so only ``publish_weights(retain=True)`` pays it."""
+        buffers = {
+            dtype: buffer.cpu().numpy().view(carrier_of(dtype)) for dtype, buffer in self.buffers.items()
+        }
+        return FlatWeights(version=self.version, manifest=self.manifest, buffers=buffers)
+
+    def without_buffers(self) -> FlatWeights:
+        """The version and manifest only: what the publisher reports once the bucket is sent."""
+        return FlatWeights(version=self.version, manifest=self.manifest, buffers={})
+
+
+def pack_on_device(
+    named_tensors: list[tuple[str, torch.Tensor]], version: int, device: torch.device
+) -> DeviceBucket:
+    """Copy ``named_tensors`` (already in the serving dtype, ``Trainer.sync_tensors``) into fresh flat buffers
+    on ``device``: one device-to-device copy per tensor over NCCL, never through host memory."""
+    entries, sizes, owners = layout_of(named_tensors)
+    buffers = {
+        dtype: torch.empty(size * getattr(torch, dtype).itemsize, dtype=torch.uint8, device=device)
+        for dtype, size in sizes.items()
+    }
+    typed = {dtype: buffer.view(getattr(torch, dtype)) for dtype, buffer in buffers.items()}
+    with torch.no_grad():
+        for (_, tensor), entry, owner in zip(named_tensors, entries, owners, strict=True):
+            if owner:
+                typed[entry.dtype][entry.offset : entry.end].copy_(tensor.detach().reshape(-1))
+    return DeviceBucket(version=version, manifest=tuple(entries), buffers=buffers)
+
+
+def staging_device(backend: str, device: torch.device | str) -> torch.device:
+    """Where a weight-group member keeps bucket buffers: on the GPU for NCCL (which only moves device memory),
+    in host memory for gloo (the CPU twin the tests run); ``ValueError`` naming any other backend."""
+    device = torch.device(device)
+    if backend == "nccl":
+        if device.type != "cuda":
+            raise ValueError(f"weight group: backend 'nccl' needs a cuda device, got {device}")
+        if device.index is None:  # "cuda": this process's current GPU, so device comparisons match tensors'
+            return torch.device("cuda", torch.cuda.current_device())
+        return device
+    if backend == "gloo":
+        return torch.device("cpu")
+    raise ValueError(f"weight group: backend {backend!r} is not one of 'nccl', 'gloo'")
+
+
+def backend_for(device: torch.device) -> str:
+    """The process-group backend of a member on ``device``: NCCL on CUDA, gloo otherwise."""
+    return "nccl" if device.type == "cuda" else "gloo"
 
 
 def _process_group(
     store: dist.Store, rank: int, world_size: int, device: torch.device, timeout: timedelta
 ) -> dist.ProcessGroup:
     """A standalone process group over ``store`` (not the default one): gloo on CPU, NCCL on CUDA."""
-    if device.type == "cuda":
+    if backend_for(device) == "nccl":
         from torch.distributed import ProcessGroupNCCL  # absent from CPU builds of torch
 
         options = ProcessGroupNCCL.Options()

@@ -205,3 +205,16 @@ def _check_tiling(dtype: str, size: int, entries: list[TensorEntry]) -> None:
         raise ValueError(
             f"flat weights: the {dtype} buffer has {size} elements but its tensors cover {position}"
         )
+
+
+def layout_of(
+    items: list[tuple[str, torch.Tensor]],
+) -> tuple[list[TensorEntry], dict[str, int], list[bool]]:
+    """``pack_state``'s layout, for packers that put the buffers elsewhere (``weight_sync.broadcast``'s device
+    buckets): each tensor's entry, each dtype's buffer size in elements, and whether the tensor fills its span."""
+    return _layout(items)
+
+
+def carrier_of(dtype: str) -> np.dtype:
+    """The numpy word type that carries ``dtype``'s bits (``ValueError`` for a dtype that cannot travel)."""
+    return _carrier(dtype)

@@ -11,6 +11,8 @@ import torch
 from asyncrl.config.run import load_run_config
 from asyncrl.config.weight_sync import WeightSyncConfig
 from asyncrl.trainer.distributed.process_group import free_port
+from asyncrl.weight_sync.broadcast import header_of, pack_on_device, staging_device
+from asyncrl.weight_sync.flat import pack_state, unpack_state
 
 BUCKETS = [
     {"a": torch.arange(6.0).reshape(2, 3), "b": torch.ones(3, dtype=torch.bfloat16)},
@@ -19,15 +21,17 @@ BUCKETS = [
 
 
 def _member(rank: int, world_size: int, port: int, results) -> None:
-    from asyncrl.weight_sync.broadcast import WeightGroup
+    from asyncrl.weight_sync.broadcast import WeightGroup, pack_on_device
     from asyncrl.weight_sync.flat import pack_state, unpack_state
 
     group = WeightGroup(
         host="127.0.0.1", port=port, rank=rank, world_size=world_size, device="cpu", timeout_s=60
     )
     for version in (5, 6):  # two updates through one group
-        if rank == 0:
+        if rank == 0 and version == 5:  # host buckets (numpy)
             group.send(pack_state(bucket, version) for bucket in BUCKETS)
+        elif rank == 0:  # buckets packed on the group's device: the same bytes on the wire
+            group.send(pack_on_device(list(b.items()), version, group.staging_device) for b in BUCKETS)
         else:
             got = [
                 (f.version, {k: v.float().tolist() for k, v in unpack_state(f).items()})
@@ -58,3 +62,54 @@ def test_broadcast_is_a_ray_transport_and_keeps_engine_recovery():
         WeightSyncConfig(type="broadcast").transport_for("inline")
     config = load_run_config(None, ["runtime.type=local", "weight_sync.type=broadcast"])
     assert config.proxy.max_engine_restarts > 0  # a replaced engine joins a re-formed group
+
+
+def test_a_device_bucket_has_the_wire_layout_of_a_host_bucket_and_is_packed_once():
+    weight = torch.arange(6.0).reshape(2, 3)
+    named = [("embed", weight), ("lm_head", weight), ("b", torch.ones(3, dtype=torch.bfloat16))]
+    bucket = pack_on_device(named, 7, torch.device("cpu"))
+    assert header_of(bucket) == header_of(pack_state(named, 7))
+    assert {d: b.dtype for d, b in bucket.buffers.items()} == {
+        "float32": torch.uint8,
+        "bfloat16": torch.uint8,
+    }
+    assert bucket.buffers["float32"].numel() == 6 * 4  # the tied pair is stored once
+    host = unpack_state(bucket.to_host())
+    assert torch.equal(host["lm_head"], weight) and torch.equal(host["b"], named[2][1])
+    assert bucket.without_buffers().payload_bytes == 6 * 4 + 3 * 2
+
+
+def test_nccl_stages_on_the_gpu_and_gloo_in_host_memory():
+    assert staging_device("nccl", "cuda:1") == torch.device("cuda:1")
+    assert staging_device("gloo", "cuda:0") == torch.device("cpu")
+    with pytest.raises(ValueError, match="backend 'nccl' needs a cuda device"):
+        staging_device("nccl", "cpu")
+    with pytest.raises(ValueError, match="backend 'mpi' is not one of"):
+        staging_device("mpi", "cpu")
+
+
+def test_the_sender_holds_at_most_two_packed_buckets_at_once():
+    """Rank 0 packs lazily: while bucket k+1 is packed only bucket k may still be alive (no whole-model copy)."""
+    import weakref
+
+    from asyncrl.weight_sync.broadcast import WeightGroup
+
+    group = WeightGroup.__new__(WeightGroup)  # rank 0 without a process group: broadcasts are recorded
+    group.rank, group.staging_device = 0, torch.device("cpu")
+    sent: list[int] = []
+    group._broadcast = lambda tensor, into=False: sent.append(tensor.numel())
+    live, peak = set(), []
+
+    def packed():
+        for index in range(6):
+            bucket = pack_on_device(
+                [(f"w{index}", torch.full((256,), float(index)))], 1, group.staging_device
+            )
+            live.add(index)
+            weakref.finalize(bucket, live.discard, index)
+            peak.append(len(live))
+            yield bucket
+
+    group.send(packed())
+    assert sent.count(256 * 4) == 6  # every bucket's bytes went out
+    assert max(peak) <= 2
