@@ -477,7 +477,8 @@ def worker_args(
         "--model",
         str(model_dir),
         "--dtype",
-        config.dtype or "auto",  # unresolved (``start`` called directly): the checkpoint's own dtype
+        # unresolved (``start`` called directly): float32, not vLLM's "auto", which serves an fp32 model in half
+        config.dtype or "float32",
         "--max-model-len",
         str(max_model_len),
         "--seed",
