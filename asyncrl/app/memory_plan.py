@@ -234,9 +234,26 @@ def _gb(n: int) -> str:
 
 def trainer_role(config: RunConfig, shape: ModelShape, device: str = "cuda") -> Role:
     """One trainer rank's terms per GPU (``trainer.num_workers`` ranks, FSDP2-sharded when more than one)."""
+    ranks = config.trainer.num_workers
+    master = DTYPE_BYTES[config.model.dtype]
+    compute = _compute_bytes(config, master)
+    residual = master if ranks == 1 else compute  # autocast keeps the residual stream in the master dtype
+    tokens = config.trainer.max_tokens_per_microbatch
+    terms = [
+        *_state_terms(config, shape, master),
+        *_weight_copy_terms(shape, ranks, master, compute),
+        *_activation_terms(config, shape, tokens, compute, residual),
+        *_critic_terms(config, shape, master, ranks, tokens, compute, residual),
+        _publish_term(config, shape, device),
+    ]
+    return Role("trainer rank", ranks, 1, tuple(terms))
+
+
+def _state_terms(config: RunConfig, shape: ModelShape, master: int) -> list[Term]:
+    """What a rank holds between steps: its share of the weights, adapters, gradients, AdamW's moments and the
+    reference policy; gradients are whole on every rank when accumulated unsharded."""
     trainer = config.trainer
     ranks = trainer.num_workers
-    master = DTYPE_BYTES[config.model.dtype]
     params = shape.num_params
     lora = trainer.lora
     trainable = lora_params(shape, lora.rank) if lora is not None else params
@@ -246,8 +263,7 @@ def trainer_role(config: RunConfig, shape: ModelShape, device: str = "cuda") -> 
         terms.append(
             Term("LoRA adapters", ceil_div(trainable * master, ranks), f"rank {lora.rank} on every linear")
         )
-    sharded = trainer.fsdp_grad_accumulation == "sharded"
-    if ranks > 1 and not sharded:
+    if ranks > 1 and trainer.fsdp_grad_accumulation != "sharded":
         grads = Term("gradients", trainable * 4, f"{trainable:,} × 4 B whole (unsharded fp32 accumulation)")
     else:
         grads = Term("gradients", ceil_div(trainable * master, ranks), f"{trainable:,} × {master} B{shard}")
@@ -261,55 +277,58 @@ def trainer_role(config: RunConfig, shape: ModelShape, device: str = "cuda") -> 
         terms.append(
             Term("reference copy", ceil_div(params * master, ranks), "frozen policy for the KL term")
         )
-    compute = _compute_bytes(config, master)
+    return terms
+
+
+def _weight_copy_terms(shape: ModelShape, ranks: int, master: int, compute: int) -> list[Term]:
+    """The weights the forward runs on beside the masters: FSDP2's gathered layers, or autocast's copies."""
     if ranks > 1:  # FSDP2 all-gathers each layer (and the root's embeddings) before it runs
         per_layer = (shape.num_params - shape.embedding_params) // shape.num_layers
-        terms.append(
+        return [
             Term(
                 "unsharded layers",
                 (FSDP_PREFETCHED_LAYERS * per_layer + shape.embedding_params) * compute,
                 f"{FSDP_PREFETCHED_LAYERS} gathered layers + embeddings in {compute} B",
                 "train",
             )
-        )
-    elif compute != master:
-        terms.append(
-            Term("compute copies", params * compute, f"autocast's {compute} B copy of each weight", "train")
-        )
-    tokens = trainer.max_tokens_per_microbatch
-    residual = master if ranks == 1 else compute  # autocast keeps the residual stream in the master dtype
+        ]
+    if compute != master:
+        return [
+            Term(
+                "compute copies",
+                shape.num_params * compute,
+                f"autocast's {compute} B copy of each weight",
+                "train",
+            )
+        ]
+    return []
+
+
+def _activation_terms(
+    config: RunConfig, shape: ModelShape, tokens: int, compute: int, residual: int
+) -> list[Term]:
+    """A micro-batch's activations and its logits chunk; with checkpointing, backward recomputes one layer or
+    one logits chunk at a time, never both."""
+    trainer = config.trainer
     ckpt = trainer.activation_checkpointing
     logits = logits_chunk_bytes(shape, trainer.logprob_chunk_size, tokens)
     logits_how = f"{LOGITS_COPIES} × {min(trainer.logprob_chunk_size, tokens)} × {shape.vocab:,} × 4 B"
-    if ckpt:  # backward recomputes one layer, or one logits chunk, at a time: never both
-        layer = tokens * layer_activation_bytes_per_token(shape, compute)
-        terms += [
-            Term(
-                "activations",
-                activation_bytes(shape, tokens, compute, residual, ckpt),
-                f"{tokens:,} tokens/micro-batch: each layer's input (checkpointing)",
-                "train",
-            ),
-            Term(
-                "recompute",
-                max(layer, logits),
-                f"the larger of one layer's activations {layer / GB:.2f} and a logits chunk ({logits_how})",
-                "train",
-            ),
-        ]
-    else:
-        terms += [
-            Term(
-                "activations",
-                activation_bytes(shape, tokens, compute, residual, ckpt),
-                f"{tokens:,} tokens/micro-batch, every layer's (no checkpointing)",
-                "train",
-            ),
-            Term("logits chunk", logits, logits_how, "train"),
-        ]
-    terms += _critic_terms(config, shape, master, ranks, tokens, compute, residual)
-    terms.append(_publish_term(config, shape, device))
-    return Role("trainer rank", ranks, 1, tuple(terms))
+    how = (
+        f"{tokens:,} tokens/micro-batch: each layer's input (checkpointing)"
+        if ckpt
+        else f"{tokens:,} tokens/micro-batch, every layer's (no checkpointing)"
+    )
+    activations = Term("activations", activation_bytes(shape, tokens, compute, residual, ckpt), how, "train")
+    if not ckpt:
+        return [activations, Term("logits chunk", logits, logits_how, "train")]
+    layer = tokens * layer_activation_bytes_per_token(shape, compute)
+    recompute = Term(
+        "recompute",
+        max(layer, logits),
+        f"the larger of one layer's activations {layer / GB:.2f} and a logits chunk ({logits_how})",
+        "train",
+    )
+    return [activations, recompute]
 
 
 def _compute_bytes(config: RunConfig, master: int) -> int:
