@@ -11,7 +11,7 @@ bits (``view`` reinterprets, never converts), so unpacking is bit-exact in every
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,17 +62,21 @@ def layout(named: list[tuple[str, torch.Tensor]]) -> tuple[list[BucketEntry], in
 
 
 def group_into_buckets(
-    named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
+    named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+    bucket_bytes: int,
+    size_of: Callable[[torch.Tensor], int] | None = None,
 ) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """``named_tensors`` in order, cut into groups of at most ``bucket_bytes`` packed bytes (a tensor larger
-    than that forms a group alone). Lazy: a group is yielded before the next tensor is taken."""
+    """``named_tensors`` in order, cut into groups of at most ``bucket_bytes`` (a tensor larger than that forms
+    a group alone), each tensor counted by ``size_of`` (default: its packed, aligned bytes). Lazy: a group is
+    yielded before the next tensor is taken, so a generator that gathers shards gathers one group at a time."""
     if bucket_bytes < 1:
         raise ValueError(f"bucket size must be >= 1 byte, got {bucket_bytes}")
+    size_of = size_of or (lambda tensor: _aligned(tensor.numel() * tensor.element_size()))
     items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
     group: list[tuple[str, torch.Tensor]] = []
     size = 0
     for name, tensor in items:
-        nbytes = _aligned(tensor.numel() * tensor.element_size())
+        nbytes = size_of(tensor)
         if group and size + nbytes > bucket_bytes:
             yield group
             group, size = [], 0

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from asyncrl.models.loading import state_dict_for_sync
+from asyncrl.weight_sync.buckets import group_into_buckets
 
 DEFAULT_BUCKET_BYTES = 256 * 2**20
 """Bucket size when none is configured: large enough that per-bucket overheads vanish, small next to a model."""
@@ -40,23 +41,20 @@ def gathered_buckets(
         raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
     keys = [_storage_key(tensor) for tensor in named.values()]
     shared = {key for key in keys if keys.count(key) > 1}  # tied twins: kept until their last name
-    bucket: list[tuple[str, torch.Tensor]] = []
-    size = 0
-    twins: dict[tuple, torch.Tensor] = {}
-    for (name, tensor), key in zip(named.items(), keys, strict=True):
-        full = twins.get(key)
-        if full is None:
-            full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-            if key in shared:
-                twins[key] = full
-        nbytes = full.numel() * full.element_size()
-        if bucket and size + nbytes > bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.append((name, full))
-        size += nbytes
-    if bucket:
-        yield bucket
+
+    def gathered() -> Iterator[tuple[str, torch.Tensor]]:
+        twins: dict[tuple, torch.Tensor] = {}
+        for (name, tensor), key in zip(named.items(), keys, strict=True):
+            full = twins.get(key)
+            if full is None:
+                full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+                if key in shared:
+                    twins[key] = full
+            yield name, full
+
+    return group_into_buckets(
+        gathered(), bucket_bytes, size_of=lambda full: full.numel() * full.element_size()
+    )
 
 
 def _storage_key(tensor: torch.Tensor) -> tuple:
