@@ -22,6 +22,7 @@ from asyncrl.engine.sampler import sample
 from asyncrl.engine.scheduler import Scheduler
 from asyncrl.engine.sequence import Sequence
 from asyncrl.engine.weights import NamedTensors, copy_into, resolve_update
+from asyncrl.models.loading import host_copy
 from asyncrl.types import FinishReason, Generation, Request, checked_request
 from asyncrl.weight_sync.receiver import InPlaceReceiver, expected_shapes, tensors_of
 
@@ -135,7 +136,7 @@ class LLMEngine:
             for param in self.model.parameters():
                 self._host_weights.append((param, param.device))
                 freed += param.nbytes
-                param.data = _host_copy(param.data)
+                param.data = host_copy(param.data)
         if self.runner.device.type == "cuda":
             torch.cuda.empty_cache()  # return the blocks to the device, for a trainer in another process too
         self.asleep = level
@@ -255,14 +256,6 @@ class LLMEngine:
 
     def _decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
-
-
-def _host_copy(tensor: torch.Tensor) -> torch.Tensor:
-    """A host copy of ``tensor``: pinned when it comes from an accelerator, a plain clone on CPU."""
-    if tensor.device.type == "cpu":
-        return tensor.clone()
-    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
-    return host.copy_(tensor)
 
 
 def cast_to_serving_dtype(model: torch.nn.Module, engine_dtype: str) -> torch.dtype:

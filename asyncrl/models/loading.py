@@ -69,6 +69,15 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+def host_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A host copy of ``tensor``: pinned when it comes from an accelerator (so it moves back asynchronously and
+    at full link speed), a plain clone on CPU. What an engine asleep or an offloaded trainer keeps."""
+    if tensor.device.type == "cpu":
+        return tensor.detach().clone()
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    return host.copy_(tensor.detach())
+
+
 def save_tiny(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path) -> Path:
     """Write model (safetensors), generation config and tokenizer into ``out_dir`` with ``save_pretrained``."""
     out = Path(out_dir)

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from asyncrl.models.loading import host_copy
+
 
 @dataclass(frozen=True, kw_only=True)
 class OffloadChoice:
@@ -110,20 +112,11 @@ class StateOffloader:
         slot = (id(holder), key)
         if to_host:
             self._homes[slot] = tensor.device
-            target = _host_copy(tensor)
+            target = host_copy(tensor)
         else:
             target = tensor.to(self._homes.pop(slot), non_blocking=False)
         _set(holder, key, target)
         return tensor.nbytes
-
-
-def _host_copy(tensor: torch.Tensor) -> torch.Tensor:
-    """A host copy of ``tensor``: pinned when it comes from an accelerator, a plain clone on CPU."""
-    if tensor.device.type == "cpu":
-        return tensor.detach().clone()
-    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
-    host.copy_(tensor.detach())
-    return host
 
 
 def _get(holder: object, key: str) -> torch.Tensor | None:
