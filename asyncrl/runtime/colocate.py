@@ -16,7 +16,8 @@ engine actor); each engine call is bounded by ``runtime.control_timeout_s``.
 
 Each phase is timed and its bytes counted: ``colocate/{sleep,reload,sync,offload,wake}_s`` and ``_bytes``
 join the step's trainer metrics, with what the engines' KV pools hold while the trainer trains
-(``colocate/kv_pool_bytes_while_training``, 0 when they slept, as each engine reports it) and on CUDA the
+(``colocate/kv_pool_bytes_while_training``, 0 when they slept, as each engine reports it), how often each has
+slept and woken so far (``colocate/engine_num_sleeps``, ``_wakes``) and on CUDA the
 allocators' bytes then, the trainer's (``colocate/device_allocated_bytes``) and the engines' own
 (``colocate/engine_device_allocated_bytes``, from each engine's process) (the phases after training
 complete the step's metrics dict in ``state_for_sync``, which the controller runs before it reports the
@@ -42,6 +43,15 @@ T = TypeVar("T")
 
 PHASES = ("sleep", "reload", "sync", "offload", "wake")
 """The switch's phases in the order a step runs them."""
+
+
+ENGINE_STATS = {
+    "kv_pool_bytes_while_training": "kv_pool_bytes",
+    "engine_num_sleeps": "num_sleeps",
+    "engine_num_wakes": "num_wakes",
+}
+"""Metric (``colocate/<key>``) ← engine stat, read from every engine once it sleeps; the counts are each
+engine's own since it started (a replaced engine's start again)."""
 
 
 class SwitchTimeout(TimeoutError):
@@ -153,10 +163,12 @@ class ColocatedTrainer:
         self.inner.shutdown()
 
     def _engines_while_training(self) -> dict[str, float]:
-        """What the sleeping engines hold, as each reports it: its KV pool's bytes and, on CUDA, its process's
-        allocator bytes."""
+        """What the sleeping engines hold and how often they slept and woke, as each reports it (summed):
+        its KV pool's bytes, its counts (``ENGINE_STATS``) and, on CUDA, its process's allocator bytes."""
         stats = [engine.stats() for engine in self.engines]
-        held = {"colocate/kv_pool_bytes_while_training": float(sum(s.get("kv_pool_bytes", 0) for s in stats))}
+        held = {
+            f"colocate/{key}": float(sum(s.get(name, 0) for s in stats)) for key, name in ENGINE_STATS.items()
+        }
         allocated = [s["device_allocated_bytes"] for s in stats if "device_allocated_bytes" in s]
         if allocated:
             held["colocate/engine_device_allocated_bytes"] = float(sum(allocated))

@@ -23,6 +23,7 @@ Key decisions:
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,6 +44,7 @@ from asyncrl.models.loading import (
 )
 from asyncrl.runtime.actor_calls import get_actor, get_trainer
 from asyncrl.runtime.colocate import device_bytes, offload_choice
+from asyncrl.runtime.errors import ActorCallError, ActorCallTimeout
 from asyncrl.runtime.placement import pin
 from asyncrl.trainer import checkpoint
 from asyncrl.trainer.distributed.checkpoint import (
@@ -61,6 +63,11 @@ from asyncrl.weight_sync.broadcast import DeviceBucket, WeightGroup, pack_on_dev
 from asyncrl.weight_sync.flat import FlatWeights
 from asyncrl.weight_sync.protocol import WeightSyncError, WeightUpdate
 from asyncrl.weight_sync.transports import FlatBufferSync, make_weight_sync, update_of_buckets
+
+logger = logging.getLogger(__name__)
+
+RELEASE_TIMEOUT_S = 10.0
+"""How long shutting down waits for rank 0 to unlink its published blocks before killing it anyway."""
 
 
 class TrainerRankActor:
@@ -254,6 +261,14 @@ class TrainerRankActor:
             self.offloader = StateOffloader.for_trainer(self._trainer(), choice)
         return self.offloader
 
+    def release_weights(self) -> None:
+        """Let go of what this rank's publishers hold outside its process (the colocated transport's
+        shared-memory blocks)."""
+        for publisher in self._publishers.values():
+            release = getattr(publisher, "release", None)
+            if release is not None:
+                release()
+
     def stop(self) -> None:
         leave_process_group()
 
@@ -358,6 +373,15 @@ class TrainerGroupClient:
         self.weight_group = weight_group
 
     def shutdown(self) -> None:
+        """End every rank's process; with the colocated transport, rank 0 first unlinks its last published
+        blocks (a killed process would leave them in ``/dev/shm``), within ``RELEASE_TIMEOUT_S``: a dead or
+        wedged rank is killed all the same."""
+        if self.transport == "colocated":
+            try:
+                ref = self.handles[0].release_weights.remote()
+                get_actor(ref, "trainer rank 0: release_weights", RELEASE_TIMEOUT_S)
+            except (ActorCallError, ActorCallTimeout) as error:  # deliberate: shutting down regardless
+                logger.warning("trainer rank 0 kept its published weights (%s); killing it", error)
         for handle in self.handles:
             ray.kill(handle, no_restart=True)
 
