@@ -244,8 +244,12 @@ class TrainerRankActor:
 
     def offload_state(self) -> int:
         """``runtime.switch``: move this rank's chosen state (optimizer, grads, master weights) to host memory
-        while its bundle's engine generates; the bytes moved."""
-        return self._offloader().offload()
+        while its bundle's engine generates; the bytes moved. On CUDA the freed blocks go back to the device
+        (``empty_cache``): the engine is another process, which this process's allocator cache would starve."""
+        moved = self._offloader().offload()
+        if torch.device(self._device()).type == "cuda":
+            torch.cuda.empty_cache()
+        return moved
 
     def reload_state(self) -> int:
         """Undo ``offload_state`` before the next step; the bytes moved (0 when nothing was offloaded)."""
