@@ -17,6 +17,7 @@ from test_kill_resume import RUN
 
 from asyncrl.app import train as training
 from asyncrl.config.run import load_run_config
+from asyncrl.runtime.colocate import PHASES
 from asyncrl.runtime.ray_runtime import RayEngineClient
 from asyncrl.weight_sync.colocated import SHM_DIR
 
@@ -92,6 +93,10 @@ def test_on_ray_the_engine_actor_sleeps_each_step_and_the_run_ends_bit_equal(
         line["train/colocate/reload_bytes"] == steps[0]["train/colocate/offload_bytes"] for line in steps[1:]
     )
 
+    spans = [json.loads(line) for line in (out / "timeline.jsonl").read_text().splitlines()]
+    assert {span["kind"] for span in spans if span["worker"] == "colocate"} == set(
+        PHASES
+    )  # the timeline lane
     # the shared-memory blocks are gone, the last one's too (rank 0 releases them before it is killed)
     assert blocks and not [name for name in blocks if (Path(SHM_DIR) / name).exists()], blocks
 
