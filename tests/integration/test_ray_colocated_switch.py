@@ -21,7 +21,7 @@ from asyncrl.runtime.colocate import PHASES
 from asyncrl.runtime.ray_runtime import RayEngineClient
 from asyncrl.weight_sync.colocated import SHM_DIR
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]  # two Ray runs of three steps on one cluster: ~40 s
+pytestmark = [pytest.mark.ray, pytest.mark.slow]  # two 3-step Ray runs: ~3 min on the loaded 2-core machine
 
 STEPS = 3
 SAMPLES = 8
