@@ -15,13 +15,12 @@ engine is (an ``AsyncEngine``, or a ``RayEngineClient`` whose ``sleep`` / ``wake
 engine actor); each engine call is bounded by ``runtime.control_timeout_s``.
 
 Each phase is timed and its bytes counted: ``colocate/{sleep,reload,sync,offload,wake}_s`` and ``_bytes``
-join the step's trainer metrics, with what the engines' KV pools hold while the trainer trains
-(``colocate/kv_pool_bytes_while_training``, 0 when they slept, as each engine reports it), how often each has
-slept and woken so far (``colocate/engine_num_sleeps``, ``_wakes``) and on CUDA the
-allocators' bytes then, the trainer's (``colocate/device_allocated_bytes``) and the engines' own
-(``colocate/engine_device_allocated_bytes``, from each engine's process) (the phases after training
-complete the step's metrics dict in ``state_for_sync``, which the controller runs before it reports the
-step), and the report's timeline shows them as trainer spans (``app.train``).
+join the step's trainer metrics (the phases after training complete the step's metrics dict in
+``state_for_sync``, which the controller runs before it reports the step), and the report's timeline shows
+them as trainer spans (``app.train``). Read from the engines once they sleep, as each reports it
+(``ENGINE_STATS``): the bytes their KV pools hold (``colocate/kv_pool_bytes_while_training``, 0 when they
+slept) and how often each has slept and woken; on CUDA the allocators' bytes then, the trainer's
+(``colocate/device_allocated_bytes``) and the engines' own (``colocate/engine_device_allocated_bytes``).
 """
 
 from __future__ import annotations
