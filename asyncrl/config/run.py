@@ -101,7 +101,8 @@ class RunConfig:
             self.controller.mode, async_ratio=self.buffer.async_ratio, update_policy=self.proxy.update_policy
         )
         check_critic(self.advantage.name, self.critic)
-        self.weight_sync.transport_for(self.runtime.type)  # a ValueError when the runtime cannot carry it
+        # a ValueError when the runtime cannot carry it
+        self.weight_sync.transport_for(self.runtime.type, switch=self.runtime.switch.enabled)
         self._check_broadcast_into_vllm()
         self._check_switch()
         self._fill_vllm_lora()
@@ -175,9 +176,15 @@ class RunConfig:
                 f"{self.controller.mode!r}: only sync never generates while the trainer trains",
             ),
             "runtime.colocate": (self.runtime.colocate != "never", "'never' contradicts it"),
-            "runtime.type": (
-                self.runtime.type == "inline",
-                f"{self.runtime.type!r}: the Ray actors have no sleep/offload calls yet (inline only)",
+            "rollout.num_engines": (
+                self.runtime.type == "inline" or self.rollout.num_engines == 1,
+                f"{self.rollout.num_engines} on Ray: one engine shares the trainer's bundle (weights by "
+                "colocated blocks only that bundle's machine and device can open)",
+            ),
+            "trainer.num_workers": (
+                self.runtime.type == "inline" or self.trainer.num_workers == 1,
+                f"{self.trainer.num_workers} on Ray: rank 0 alone publishes, and its colocated blocks reach "
+                "only the engine in its own bundle (one rank per engine is not built)",
             ),
             "engine.backend": (
                 self.engine.backend == "builtin",

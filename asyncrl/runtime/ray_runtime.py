@@ -58,7 +58,9 @@ from asyncrl.metrics.progress import LIBRARY_BARS
 from asyncrl.models.loading import load_configured_model, load_configured_tokenizer, resolve_device
 from asyncrl.rewards.service import RewardService
 from asyncrl.runtime.actor_calls import await_actor, get_actor
+from asyncrl.runtime.colocate import ColocatedTrainer, device_bytes
 from asyncrl.runtime.placement import Placement, pin, plan_placement
+from asyncrl.runtime.placement_check import SHARED_ROLE, PlacementError, RoleBundles, layout_of
 from asyncrl.runtime.ray_placement import ENGINE_ROLE, TRAINER_ROLE, Reservation, reserve, role_bundles
 from asyncrl.runtime.trainer_group import TrainerGroupClient, TrainerRankActor, start_trainer_group
 from asyncrl.runtime.weight_group import WEIGHTS_GROUP, BroadcastGroup
@@ -294,8 +296,19 @@ class EngineActor:
     def _device(self) -> torch.device:
         return resolve_device(self.model_config.device)
 
+    async def sleep(self, level: int = 1) -> int:
+        """``runtime.switch``: give the device back while the trainer in this bundle trains (the engine's
+        ``sleep``: level 1 its KV pool, level 2 its weights too); the bytes freed."""
+        return await self.engine.sleep(level)
+
+    async def wake(self) -> int:
+        """Undo ``sleep``; the bytes allocated again."""
+        return await self.engine.wake()
+
     async def stats(self) -> dict[str, Any]:
-        return self.engine.stats()
+        """The engine's counters, with this process's CUDA allocator bytes on CUDA
+        (``device_allocated_bytes``: what a sleeping engine still holds, measured where it runs)."""
+        return self.engine.stats() | device_bytes(self._device(), "device_allocated_bytes")
 
 
 # ------------------------------------------------------------------------------------------------ clients
@@ -360,6 +373,13 @@ class RayEngineClient:
         ref = self.handle.import_request.remote(payload)
         what = f"engine {self.name}: import_request({state.request_id})"
         return await await_actor(ref, what, self.config.generate_timeout_s)
+
+    async def sleep(self, level: int = 1) -> int:
+        """``runtime.switch``: the actor's engine frees its KV pool (level 2: its weights too); the bytes."""
+        return await self._control(self.handle.sleep.remote(level), f"sleep({level})")
+
+    async def wake(self) -> int:
+        return await self._control(self.handle.wake.remote(), "wake")
 
     async def pause(self) -> None:
         await self._control(self.handle.pause.remote(), "pause")
@@ -513,7 +533,8 @@ class RayParts:
     config: RunConfig
     task: Task
     tokenizer: Any
-    trainer: TrainerGroupClient
+    trainer: TrainerGroupClient | ColocatedTrainer
+    """The rank actors' client; with ``runtime.switch``, behind the colocated switch (``with_switch``)."""
     engines: list[RayEngineClient]
     rewards: RewardService
     placement: Placement
@@ -556,7 +577,9 @@ def build_ray_parts(config: RunConfig, runtime: RuntimeConfig) -> RayParts:
         num_trainer_workers=config.trainer.num_workers,
         async_ratio=config.buffer.async_ratio,
     )
-    reservation = reserve(role_bundles(config, runtime, placement), runtime)
+    roles = role_bundles(config, runtime, placement)
+    check_switch_layout(config, runtime, roles)
+    reservation = reserve(roles, runtime)
     accelerator = runtime.accelerator_resource
     handles: list[Any] = []
     try:
@@ -578,7 +601,8 @@ def build_ray_parts(config: RunConfig, runtime: RuntimeConfig) -> RayParts:
             for index in range(config.rollout.num_engines)
         ]
         handles += [engine.handle for engine in engines]
-        trainer = start_trainer_group(handles[: config.trainer.num_workers], runtime, config.weight_sync)
+        group = start_trainer_group(handles[: config.trainer.num_workers], runtime, config.weight_sync)
+        trainer = with_switch(config, group, engines)
         engine_locations = wait_ready(engines, runtime)
         factory = RayEngineFactory(config, placement, reservation, engines)
         if config.weight_sync.transport_for(runtime.type) == "broadcast":
@@ -600,6 +624,31 @@ def build_ray_parts(config: RunConfig, runtime: RuntimeConfig) -> RayParts:
         engine_locations=engine_locations,
         engine_factory=factory,
     )
+
+
+def check_switch_layout(config: RunConfig, runtime: RuntimeConfig, roles: list[RoleBundles]) -> None:
+    """``runtime.switch`` on a cluster needs the trainer rank and the engine in one bundle (accelerators
+    reserved for both: ``SHARED_ROLE``), the only layout that puts them on one machine, where the colocated
+    blocks can be opened; refused by name otherwise, before anything is reserved. A local runtime is one
+    machine."""
+    if not config.runtime.switch.enabled or runtime.type != "cluster":
+        return
+    if not any(role.role == SHARED_ROLE for role in roles):
+        raise PlacementError(
+            f"{layout_of(roles)} refused: runtime.switch on a cluster needs trainer rank 0 and its engine in "
+            "one placement bundle (runtime.accelerators_per_trainer_worker and accelerators_per_engine > 0, "
+            "sync), or its colocated weights could land on another machine"
+        )
+
+
+def with_switch(config: RunConfig, group: TrainerGroupClient, engines: list[RayEngineClient]) -> Any:
+    """``group``, or with ``runtime.switch`` on, ``group`` behind the colocated switch over ``engines`` (the
+    run's list: a replaced engine is switched too): the engine actors sleep and wake by remote calls, the
+    rank actors offload and reload their state."""
+    if not config.runtime.switch.enabled:
+        return group
+    runtime = config.runtime
+    return ColocatedTrainer(group, engines, runtime.switch, runtime.control_timeout_s, state=group)
 
 
 def form_weight_group(

@@ -23,6 +23,7 @@ Key decisions:
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,6 +43,8 @@ from asyncrl.models.loading import (
     resolve_device,
 )
 from asyncrl.runtime.actor_calls import get_actor, get_trainer
+from asyncrl.runtime.colocate import device_bytes, offload_choice
+from asyncrl.runtime.errors import ActorCallError, ActorCallTimeout
 from asyncrl.runtime.placement import pin
 from asyncrl.trainer import checkpoint
 from asyncrl.trainer.distributed.checkpoint import (
@@ -53,12 +56,18 @@ from asyncrl.trainer.distributed.parallel import FullyShardedParallel, Paralleli
 from asyncrl.trainer.distributed.process_group import free_port, join_process_group, leave_process_group
 from asyncrl.trainer.distributed.weights import gathered_buckets
 from asyncrl.trainer.factory import build_trainer
+from asyncrl.trainer.offload import StateOffloader
 from asyncrl.trainer.trainer import Trainer
 from asyncrl.types import Group
 from asyncrl.weight_sync.broadcast import DeviceBucket, WeightGroup, pack_on_device
 from asyncrl.weight_sync.flat import FlatWeights
 from asyncrl.weight_sync.protocol import WeightSyncError, WeightUpdate
 from asyncrl.weight_sync.transports import FlatBufferSync, make_weight_sync, update_of_buckets
+
+logger = logging.getLogger(__name__)
+
+RELEASE_TIMEOUT_S = 10.0
+"""How long shutting down waits for rank 0 to unlink its published blocks before killing it anyway."""
 
 
 class TrainerRankActor:
@@ -78,6 +87,8 @@ class TrainerRankActor:
         self._publishers: dict[str, Any] = {}
         self.last_broadcast: list[FlatWeights] = []
         """Rank 0, broadcast with engine recovery: the last version sent, packed (catch-ups read it)."""
+        self.offloader: StateOffloader | None = None
+        """``runtime.switch``: this rank's ``trainer.offload.StateOffloader``, built on first use."""
 
     def rendezvous(self) -> tuple[str, int]:
         """(this node's address, a free port on it): where the group meets (asked of rank 0 only)."""
@@ -231,6 +242,37 @@ class TrainerRankActor:
             )
         return checkpoint.load_checkpoint(path, trainer)
 
+    def offload_state(self) -> int:
+        """``runtime.switch``: move this rank's chosen state (optimizer, grads, master weights) to host memory
+        while its bundle's engine generates; the bytes moved. On CUDA the freed blocks go back to the device
+        (``empty_cache``): the engine is another process, which this process's allocator cache would starve."""
+        moved = self._offloader().offload()
+        if torch.device(self._device()).type == "cuda":
+            torch.cuda.empty_cache()
+        return moved
+
+    def reload_state(self) -> int:
+        """Undo ``offload_state`` before the next step; the bytes moved (0 when nothing was offloaded)."""
+        return self._offloader().reload()
+
+    def device_bytes(self) -> dict[str, float]:
+        """This rank's CUDA allocator bytes now (``colocate/device_allocated_bytes``; empty on CPU)."""
+        return device_bytes(self._device())
+
+    def _offloader(self) -> StateOffloader:
+        if self.offloader is None:
+            choice = offload_choice(self.config.runtime.switch)
+            self.offloader = StateOffloader.for_trainer(self._trainer(), choice)
+        return self.offloader
+
+    def release_weights(self) -> None:
+        """Let go of what this rank's publishers hold outside its process (the colocated transport's
+        shared-memory blocks)."""
+        for publisher in self._publishers.values():
+            release = getattr(publisher, "release", None)
+            if release is not None:
+                release()
+
     def stop(self) -> None:
         leave_process_group()
 
@@ -260,7 +302,7 @@ class TrainerGroupClient:
         self.handles = handles
         self.config = config
         self.weight_sync = weight_sync
-        self.transport = weight_sync.transport_for(config.type)
+        self.transport = weight_sync.transport_for(config.type, switch=config.switch.enabled)
         if self.transport == "broadcast":
             self.transport = "object_store"  # until the weight group forms (``use_broadcast``)
         self.weight_group: Any = None
@@ -313,12 +355,37 @@ class TrainerGroupClient:
         refs = [handle.progress.remote() for handle in self.handles]
         get_trainer(refs, "trainer: alive", self.config.control_timeout_s)
 
+    def offload_state(self) -> int:
+        """``runtime.switch`` (``runtime.colocate.TrainerState``): every rank's chosen state to host memory,
+        within ``control_timeout_s``; the bytes moved, summed."""
+        refs = [handle.offload_state.remote() for handle in self.handles]
+        return sum(get_trainer(refs, "trainer: offload_state", self.config.control_timeout_s))
+
+    def reload_state(self) -> int:
+        """Undo ``offload_state`` on every rank, within ``control_timeout_s``; the bytes moved, summed."""
+        refs = [handle.reload_state.remote() for handle in self.handles]
+        return sum(get_trainer(refs, "trainer: reload_state", self.config.control_timeout_s))
+
+    def device_bytes(self) -> dict[str, float]:
+        """Rank 0's CUDA allocator bytes now (empty on CPU)."""
+        ref = self.handles[0].device_bytes.remote()
+        return get_trainer(ref, "trainer: device_bytes", self.config.control_timeout_s)
+
     def use_broadcast(self, weight_group: Any) -> None:
         """Publish by broadcast through ``weight_group`` (a formed ``runtime.weight_group.BroadcastGroup``)."""
         self.transport = "broadcast"
         self.weight_group = weight_group
 
     def shutdown(self) -> None:
+        """End every rank's process; with the colocated transport, rank 0 first unlinks its last published
+        blocks (a killed process would leave them in ``/dev/shm``), within ``RELEASE_TIMEOUT_S``: a dead or
+        wedged rank is killed all the same."""
+        if self.transport == "colocated":
+            try:
+                ref = self.handles[0].release_weights.remote()
+                get_actor(ref, "trainer rank 0: release_weights", RELEASE_TIMEOUT_S)
+            except (ActorCallError, ActorCallTimeout) as error:  # deliberate: shutting down regardless
+                logger.warning("trainer rank 0 kept its published weights (%s); killing it", error)
         for handle in self.handles:
             ray.kill(handle, no_restart=True)
 

@@ -201,7 +201,25 @@ def _attach(block: SharedBlock, version: int) -> torch.Tensor:
             raise WeightSyncError(f"weight update v{version}: its CUDA block was released (a newer version?)")
         return tensor
     if block.kind == "cuda_ipc":
-        from torch.multiprocessing.reductions import rebuild_cuda_tensor
-
-        return rebuild_cuda_tensor(*block.ref)
+        return _open_cuda_ipc(block, version)
     raise WeightSyncError(f"weight update v{version}: unknown block kind {block.kind!r}")
+
+
+def _open_cuda_ipc(block: SharedBlock, version: int) -> torch.Tensor:
+    """The trainer's CUDA block mapped into this (another) process, or a ``WeightSyncError`` saying why not:
+    CUDA IPC opens only on the same physical GPU, seen by both processes (on Ray: the trainer rank and the
+    engine in one bundle)."""
+    if not torch.cuda.is_available():
+        raise WeightSyncError(
+            f"weight update v{version}: the trainer sent a CUDA IPC handle, but this engine's process sees no "
+            "CUDA device (colocated weights on a GPU need the engine on the trainer's GPU)"
+        )
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+    try:
+        return rebuild_cuda_tensor(*block.ref)
+    except RuntimeError as error:
+        raise WeightSyncError(
+            f"weight update v{version}: this engine's process cannot open the trainer's CUDA IPC handle "
+            f"({error}); colocated weights need the engine on the trainer's own GPU"
+        ) from error

@@ -63,7 +63,8 @@ def test_the_switched_run_sleeps_each_step_and_ends_bit_equal_to_the_plain_one(t
         (("controller.mode=one_step_off", "buffer.async_ratio=1"), "controller.mode"),
         (("runtime.colocate=never",), "runtime.colocate"),
         (("weight_sync.type=in_process",), "weight_sync.type"),
-        (("runtime.type=local",), "runtime.type"),
+        (("runtime.type=local", "rollout.num_engines=2"), "rollout.num_engines"),
+        (("runtime.type=local", "trainer.num_workers=2"), "trainer.num_workers"),
         (("runtime.switch.engine_sleep_level=3",), "engine_sleep_level"),
     ],
 )

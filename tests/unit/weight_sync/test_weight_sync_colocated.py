@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import multiprocessing
+import os
 
 import pytest
 import torch
@@ -12,7 +13,9 @@ from tied_model import tiny_tied_qwen2
 
 from asyncrl.models.loading import state_dict_for_sync
 from asyncrl.weight_sync import WeightSyncError
-from asyncrl.weight_sync.colocated import ColocatedSync
+from asyncrl.weight_sync.colocated import ColocatedHandle, ColocatedSync, SharedBlock, SharedBucket
+from asyncrl.weight_sync.flat import TensorEntry
+from asyncrl.weight_sync.protocol import ManifestEntry, WeightUpdate
 from asyncrl.weight_sync.transports import make_weight_sync
 from bench.memory import PeakPrivateMemory
 
@@ -77,6 +80,25 @@ def test_a_released_version_is_refused_by_name_never_read_stale():
         dict(make_weight_sync("colocated").receive(old))
     assert torch.equal(dict(make_weight_sync("colocated").receive(new))["w"], torch.full((4,), 2.0))
     sync.release()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal of a process that sees no GPU")
+def test_a_cuda_ipc_handle_in_a_process_without_cuda_is_refused_by_name():
+    """The CUDA path behind the same interface (another process on Ray): where it cannot open, it says why."""
+    block = SharedBlock(kind="cuda_ipc", dtype="float32", numel=4, ref=(), local=(os.getpid() + 1, 0))
+    bucket = SharedBucket(
+        manifest=(TensorEntry(name="w", dtype="float32", shape=(4,), offset=0),), blocks=(block,)
+    )
+    update = WeightUpdate(
+        version=3,
+        transport="colocated",
+        manifest=(ManifestEntry(name="w", dtype="float32", shape=(4,)),),
+        handle=ColocatedHandle(version=3, buckets=(bucket,)),
+    )
+    with pytest.raises(
+        WeightSyncError, match="v3: the trainer sent a CUDA IPC handle, but this engine's process"
+    ):
+        dict(make_weight_sync("colocated").receive(update))
 
 
 def test_the_builtin_engine_takes_a_colocated_update_through_update_weights():
