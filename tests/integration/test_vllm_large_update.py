@@ -137,7 +137,7 @@ def run_large_update(directory: Path, num_layers: int) -> dict:
     }
 
 
-def test_an_update_over_4_gib_lands_bit_for_bit_within_two_buckets_of_engine_memory(tmp_path):
+def test_an_update_over_4_gib_lands_bit_for_bit_within_two_buckets_and_one_module_of_engine_memory(tmp_path):
     if available_bytes() < 11 * 2**30:
         pytest.skip("needs about 11 GiB of available host memory")
     report = run_large_update(tmp_path, num_layers=20)
