@@ -190,6 +190,22 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         30,
     ),
     Benchmark(
+        "weight_sync_vllm",
+        # its own result: it needs vLLM's environment and ~40 s of engine start-up per size and dtype, and is
+        # re-run when the vLLM worker changes, independently of the transports' half-hour sweep
+        (
+            "bench/weight_sync.py",
+            "--parts",
+            "vllm",
+            "--sizes",
+            "21M,100M,0.5B",
+            "--out",
+            "bench/results/weight_sync_vllm.json",
+        ),
+        15,
+        needs="the vLLM environment (asyncrl backends install vllm)",
+    ),
+    Benchmark(
         "weight_sync_delta_bytes",
         (
             "bench/weight_sync.py",

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +58,7 @@ from asyncrl.trainer.factory import build_trainer
 from asyncrl.trainer.offload import StateOffloader
 from asyncrl.trainer.trainer import Trainer
 from asyncrl.types import Group
-from asyncrl.weight_sync.broadcast import DeviceBucket, WeightGroup, pack_on_device
+from asyncrl.weight_sync.broadcast import WeightGroup
 from asyncrl.weight_sync.flat import FlatWeights
 from asyncrl.weight_sync.protocol import WeightSyncError, WeightUpdate
 from asyncrl.weight_sync.transports import FlatBufferSync, make_weight_sync, update_of_buckets
@@ -180,18 +179,8 @@ class TrainerRankActor:
             return FlatBufferSync(put=ray.put).publish_buckets(trainer.version, buckets, adapter=adapter)
         if transport != "broadcast":  # delta, colocated: this rank's publisher lives from version to version
             return self._sync(transport).publish_buckets(trainer.version, buckets, adapter=adapter)
-        sent: list[FlatWeights] = []
-
-        def packed() -> Iterator[DeviceBucket]:
-            for bucket in buckets:  # packed on the group's device: NCCL sends it without touching host memory
-                device_bucket = pack_on_device(
-                    list(bucket), trainer.version, self.weight_group.staging_device
-                )
-                yield device_bucket
-                sent.append(device_bucket.to_host() if retain else device_bucket.without_buffers())
-
         self.last_broadcast = []  # the previous version's copy goes before this one is packed
-        self.weight_group.send(packed())
+        sent = self.weight_group.send_packed(buckets, trainer.version, retain=retain)
         self.last_broadcast = sent if retain else []
         return update_of_buckets(sent, "broadcast", handle=None, adapter=adapter)  # staged on the engines
 
