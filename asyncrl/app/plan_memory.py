@@ -68,6 +68,8 @@ class MemoryCheck:
         self.shape: ModelShape = resolve_shape(sim.model)
         self.hardware: Hardware = memory_plan.hardware_named(sim.hardware)
         self.longest = sim.prompt_tokens + sim.rollout.max_new_tokens
+        self.train_config = load_run_config(sim.memory.train_config) if sim.memory.train_config else None
+        """The training config planned, as written (its layout replaced per candidate by ``run_config``)."""
         self._cache: dict[Layout, Drop | None] = {}
 
     def run_config(self, layout: Layout) -> RunConfig:
@@ -78,16 +80,15 @@ class MemoryCheck:
             f"rollout.num_engines={layout.engines}",
             f"engine.vllm.tensor_parallel_size={gpe}",
         ]
-        train_config = self.sim.memory.train_config
-        if train_config:
-            if not layout.colocated:  # separate processes: the switch (inline only) does not apply
-                keys += ["runtime.type=local", "runtime.switch.enabled=false"]
-            elif layout.trainer_ranks > 1:
-                keys += ["runtime.type=local"]
-            return load_run_config(
-                train_config, [*keys, *_carried_precision(train_config, layout.trainer_ranks)]
-            )
-        return load_run_config(None, [*self.defaults(layout.trainer_ranks), *keys, "runtime.type=local"])
+        base = self.train_config
+        if base is None:
+            return load_run_config(None, [*self.defaults(layout.trainer_ranks), *keys, "runtime.type=local"])
+        if base.runtime.type == "inline" and (layout.trainer_ranks > 1 or not layout.colocated):
+            keys.append("runtime.type=local")  # several processes; memory is the same on a cluster
+        if base.runtime.switch.enabled:  # inline only: ``shared_devices`` reads it from ``base``
+            keys.append("runtime.switch.enabled=false")
+        keys += _carried_precision(base, layout.trainer_ranks)
+        return load_run_config(self.sim.memory.train_config, keys)
 
     def defaults(self, ranks: int) -> list[str]:
         """``memory``'s keys and the simulation's engine as ``asyncrl train`` keys."""
@@ -139,10 +140,10 @@ class MemoryCheck:
         """A colocated layout's GPU, a trainer rank and an engine on each: in turns when they switch, else
         both at their peaks."""
         trainer, engine = plan.roles
-        switch = config.runtime.switch
-        if self.sim.memory.train_config and not switch.enabled:
+        if self.train_config is not None and not self.train_config.runtime.switch.enabled:
             return (Device("each shared GPU (no runtime.switch)", ((trainer, 1), (engine, 1))),)
-        if self.sim.memory.train_config:
+        if self.train_config is not None:
+            switch = self.train_config.runtime.switch
             offloaded = {name for name, key in OFFLOADABLE.items() if getattr(switch, key)}
             level = switch.engine_sleep_level
         else:
@@ -172,10 +173,10 @@ def _overflow(device: Device, usable: int) -> Drop | None:
     return Drop(device.name, device.total, usable, role.name, term.name, term.bytes)
 
 
-def _carried_precision(train_config: str, ranks: int) -> list[str]:
+def _carried_precision(config: RunConfig, ranks: int) -> list[str]:
     """The training config's bf16 compute on ``ranks`` trainer ranks: FSDP2's ``mixed_precision`` on several,
     autocast's ``compute_dtype`` on one (the config refuses the other key there)."""
-    trainer = load_run_config(train_config).trainer
+    trainer = config.trainer
     bf16 = trainer.mixed_precision == "bf16" or trainer.compute_dtype == "bfloat16"
     if not bf16:
         return []

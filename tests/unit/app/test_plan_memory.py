@@ -86,6 +86,11 @@ def test_a_training_config_is_planned_as_the_doctor_plans_it() -> None:
     assert [d.total for d in planned.devices] == [d.total for d in doctor.devices]
     one = check.drop(Layout(1, 7, colocated=False))
     assert one is not None and one.role == "trainer rank"
+    two_nodes = MemoryCheck(
+        load_sim_config(None, [*WORKLOAD_8B, f"memory.train_config={RECIPES / 'dapo_math_2node.yaml'}"])
+    )
+    assert two_nodes.drop(Layout(8, 8, colocated=False)) is None  # a cluster runtime stays one
+    assert two_nodes.run_config(Layout(8, 8, colocated=False)).runtime.type == "cluster"
     no_check = Planner(None, [*WORKLOAD_8B, "memory.check=false"], 8)
     assert no_check.memory is None and no_check.memory_drop(split(1)) is None
 
