@@ -26,6 +26,7 @@ from asyncrl.app.memory_plan import GB, OFFLOADABLE, Device, Hardware, Term
 from asyncrl.config.engine import serving_dtype, vllm_serving_dtype
 from asyncrl.config.run import RunConfig, load_run_config
 from asyncrl.config.sim import SimConfig
+from asyncrl.sim.hardware import resolve_profile
 from asyncrl.sim.model_shape import ModelShape, resolve_shape
 
 SWITCH_OFFLOAD_BYTES = {"optimizer state": 8, "master weights": 12, "gradients": 16}
@@ -66,7 +67,10 @@ class MemoryCheck:
     def __init__(self, sim: SimConfig) -> None:
         self.sim = sim
         self.shape: ModelShape = resolve_shape(sim.model)
-        self.hardware: Hardware = memory_plan.hardware_named(sim.hardware)
+        profile = resolve_profile(sim.hardware)  # as the simulation reads it: a name, a profile or probe file
+        self.hardware = Hardware(
+            profile.name, int(profile.hbm_bytes), profile.gpus_per_node, profile.gpus_per_node
+        )
         self.longest = sim.prompt_tokens + sim.rollout.max_new_tokens
         self.train_config = load_run_config(sim.memory.train_config) if sim.memory.train_config else None
         """The training config planned, as written (its layout replaced per candidate by ``run_config``)."""
