@@ -115,11 +115,9 @@ class TrainerRankActor:
         return self.progress()
 
     def _loads_shards(self) -> bool:
-        """Whether each rank reads only its shards of the weights (``sharded_load``): with several ranks, unless
-        the run adds parameters that are not in the model's files (LoRA adapters, a critic's value head), which
-        still load the whole model on each rank first."""
-        config = self.config
-        return self.world_size > 1 and config.trainer.lora is None and config.critic is None
+        """Whether each rank reads only its shards of the weights (``sharded_load``): with several ranks, LoRA
+        and a critic included (their own parameters, adapters and value head, are built for real and kept)."""
+        return self.world_size > 1
 
     def _parallelism(self) -> Parallelism:
         if self.world_size == 1:
