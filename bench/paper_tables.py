@@ -10,7 +10,10 @@ A simulation is deterministic per seed, so repeats are seeds (repeat i of every 
 prediction is the paired ratio of two arms per seed. Each claim carries the report's figure (quoted from
 ``/work/shared/reference/roll-flash-report.txt``, not measured) and whether the median prediction is within
 ±20 % of it. Writes bench/results/paper_tables.json. Run:
-``python bench/paper_tables.py [--quick] [--figures fig1b_think,fig7] [--repeats 3]``.
+``python bench/paper_tables.py [--quick] [--figures fig1b_think,fig7] [--repeats 3] [--claims-only]``;
+``--claims-only`` runs only the arms a claim reads (not Fig. 3a's other splits, nor Fig. 1b's Sync-ROLL);
+``--merge A.json B.json`` joins results of separate ``--figures`` runs at one commit (run side by side) into
+one result, its points computed again from the runs.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pathlib import Path
 if __name__ == "__main__" and not __package__:
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
+import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -331,14 +335,36 @@ class SeededArm:
         return {metric: float(totals[metric]) for metric in METRICS}
 
 
+def claimed_labels(figure: Figure) -> list[str]:
+    """The arms some claim of ``figure`` reads, in the figure's order."""
+    used = {label for claim in figure.claims for label in (claim.numerator, claim.denominator)}
+    return [label for label in figure.arms if label in used]
+
+
 def run_figure(
-    name: str, figure: Figure, repeats: int, quick: bool
+    name: str, figure: Figure, repeats: int, quick: bool, claims_only: bool = False
 ) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
     """One figure's raw runs (arms ``NAME/LABEL``), its claims as result points, and its record."""
     labels = list(figure.arms)[:2] if quick else list(figure.arms)
+    if claims_only:
+        labels = [label for label in labels if label in claimed_labels(figure)]
     arms = {f"{name}/{label}": SeededArm(figure.config, figure.arms[label], quick) for label in labels}
     start = time.perf_counter()
     raw = harness.run_arms(arms, repeats, harness.print_run)
+    record = {
+        "title": figure.title,
+        "config": f"{EXAMPLES}/{figure.config}.yaml",
+        "arms": {label: list(figure.arms[label]) for label in labels},
+        "wall_s": time.perf_counter() - start,
+    }
+    return raw, figure_points(name, figure, raw, record), record
+
+
+def figure_points(
+    name: str, figure: Figure, raw: Mapping[str, list[dict[str, float]]], record: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The claims of ``figure`` whose arms ran (``raw``), as result points; the best split into ``record``."""
+    labels = [label for label in figure.arms if f"{name}/{label}" in raw]
     points = []
     for claim in figure.claims:
         if not {claim.numerator, claim.denominator} <= set(labels):
@@ -363,15 +389,9 @@ def run_figure(
                 "within_tolerance": abs(predicted["median"] / claim.reported - 1) <= TOLERANCE,
             }
         )
-    record = {
-        "title": figure.title,
-        "config": f"{EXAMPLES}/{figure.config}.yaml",
-        "arms": {label: list(figure.arms[label]) for label in labels},
-        "wall_s": time.perf_counter() - start,
-    }
     if figure.best_of and set(figure.best_of) <= set(labels):
         record["best"] = best_per_seed(raw, name, figure)
-    return raw, points, record
+    return points
 
 
 def best_per_seed(raw: Mapping[str, list[dict[str, float]]], name: str, figure: Figure) -> dict[str, Any]:
@@ -391,7 +411,14 @@ def best_per_seed(raw: Mapping[str, list[dict[str, float]]], name: str, figure: 
 def main() -> None:
     parser = harness.parser(__doc__.splitlines()[0], "paper_tables")
     parser.add_argument("--figures", default=",".join(figures()), help="comma-separated figure names")
+    parser.add_argument("--claims-only", action="store_true", help="run only the arms some claim reads")
+    parser.add_argument(
+        "--merge", nargs="+", metavar="RESULT", help="join results of separate --figures runs"
+    )
     args = parser.parse_args()
+    if args.merge:
+        merge(args, [json.loads(Path(path).read_text()) for path in args.merge])
+        return
     known, chosen = figures(), args.figures.split(",")
     unknown = sorted(set(chosen) - set(known))
     if unknown:
@@ -401,22 +428,63 @@ def main() -> None:
     points: list[dict[str, Any]] = []
     records: dict[str, Any] = {}
     for name in chosen:
-        figure_raw, figure_points, records[name] = run_figure(name, known[name], repeats, args.quick)
+        figure_raw, new_points, records[name] = run_figure(
+            name, known[name], repeats, args.quick, args.claims_only
+        )
         raw |= figure_raw
-        points += figure_points
+        points += new_points
+    write(args, raw, points, records, chosen, repeats, time.perf_counter() - start)
+
+
+def write(
+    args: Any,
+    raw: Mapping[str, Any],
+    points: list[dict[str, Any]],
+    records: dict[str, Any],
+    chosen: list[str],
+    repeats: int,
+    wall_s: float,
+    commit: str | None = None,
+) -> None:
     within = sum(point["within_tolerance"] for point in points)
     extra = {
         "points": points,
         "figures": records,
         "choices": list(CHOICES),
         "within_tolerance": {"count": within, "of": len(points), "tolerance": TOLERANCE},
-        "run_wall_s": time.perf_counter() - start,
+        "run_wall_s": wall_s,
     }
     resources = {
         "all_arms": "one process, one thread (the simulator is single-threaded Python); virtual time"
     }
     setup = {"seeds": list(range(repeats)), "figures": chosen}
-    harness.write_result(args, "paper_tables", raw, resources=resources, setup=setup, extra=extra)
+    result = harness.write_result(args, "paper_tables", raw, resources=resources, setup=setup, extra=extra)
+    if commit is not None:  # a merge records the commit its parts ran at, not the one it was joined at
+        result["commit"] = commit
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+
+
+def merge(args: Any, parts: list[dict[str, Any]]) -> None:
+    """One result from ``parts`` (separate ``--figures`` runs at one commit): their runs, figure records and
+    wall times joined, every claim's point computed again from the runs."""
+    commits = {part["commit"] for part in parts}
+    if len(commits) != 1 or any(part["quick"] for part in parts):
+        raise SystemExit(f"merge: parts must be full runs at one commit, got {sorted(commits)}")
+    known, raw, records, chosen = figures(), {}, {}, []
+    for part in parts:
+        for arm, metrics in part["arms"].items():
+            runs = zip(*(metrics[metric]["runs"] for metric in METRICS), strict=True)
+            raw[arm] = [dict(zip(METRICS, values, strict=True)) for values in runs]
+        records |= part["figures"]
+        chosen += part["setup"]["figures"]
+    points = []
+    for name in chosen:
+        record = {key: value for key, value in records[name].items() if key != "best"}
+        records[name] = record
+        points += figure_points(name, known[name], raw, record)
+    repeats = min(len(runs) for runs in raw.values())
+    wall_s = sum(part["run_wall_s"] for part in parts)
+    write(args, raw, points, records, chosen, repeats, wall_s, commits.pop())
 
 
 if __name__ == "__main__":
