@@ -351,13 +351,28 @@ def run_figure(
     arms = {f"{name}/{label}": SeededArm(figure.config, figure.arms[label], quick) for label in labels}
     start = time.perf_counter()
     raw = harness.run_arms(arms, repeats, harness.print_run)
-    record = {
+    record = figure_record(figure, labels, time.perf_counter() - start)
+    return raw, figure_points(name, figure, raw, record), record
+
+
+def figure_record(figure: Figure, labels: list[str], wall_s: float) -> dict[str, Any]:
+    """What a figure ran: its config, its arms, the length model and the assumption it states, wall time."""
+    lengths = load_sim_config(str(EXAMPLES / f"{figure.config}.yaml")).lengths
+    if not lengths.assumption:
+        raise ValueError(f"{figure.config}.yaml: lengths.assumption must say what the length model assumes")
+    return {
         "title": figure.title,
         "config": f"{EXAMPLES}/{figure.config}.yaml",
         "arms": {label: list(figure.arms[label]) for label in labels},
-        "wall_s": time.perf_counter() - start,
+        "lengths": {
+            "distribution": lengths.distribution,
+            "mean": lengths.mean,
+            "sigma": lengths.sigma,
+            "prompt_sigma": lengths.prompt_sigma,
+            "assumption": lengths.assumption,
+        },
+        "wall_s": wall_s,
     }
-    return raw, figure_points(name, figure, raw, record), record
 
 
 def figure_points(
@@ -479,7 +494,8 @@ def merge(args: Any, parts: list[dict[str, Any]]) -> None:
         chosen += part["setup"]["figures"]
     points = []
     for name in chosen:
-        record = {key: value for key, value in records[name].items() if key != "best"}
+        part_record = records[name]
+        record = figure_record(known[name], list(part_record["arms"]), part_record["wall_s"])
         records[name] = record
         points += figure_points(name, known[name], raw, record)
     repeats = min(len(runs) for runs in raw.values())

@@ -44,6 +44,10 @@ class LengthConfig:
     per_prompt: bool = False
     """Draw once per prompt: every response of a prompt gets the same length (before ``prompt_sigma``), for
     tasks whose prompt fixes the answer's length and sampling barely changes it. False draws per response."""
+    assumption: str = ""
+    """What the length model assumes and where its numbers come from, in words (e.g. which mean and maximum
+    a paper reports and which distribution family and spread were chosen where it reports none). No cost
+    reads it; the benchmarks that predict a paper's tables record it and require it of every workload."""
 
     def __post_init__(self) -> None:
         if self.distribution not in LENGTH_DISTRIBUTIONS:
