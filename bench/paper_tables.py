@@ -94,7 +94,11 @@ def sync_colocated(gpus: int, *extra: str) -> tuple[str, ...]:
     )
 
 
-NAIVE = ("rollout.generation=batch", "rollout.prompt_replication=false")
+GROUPED = ("rollout.prompt_replication=false", "proxy.affinity_slack=1000000")
+"""Grouped decoding: a prompt's responses on one engine. The affinity slack is what makes it one engine (the
+default, 2, lets the proxy spread a group over engines as soon as its engine holds 3 more than the least
+loaded: replication in effect); a slack above any step's request count means affinity always wins."""
+NAIVE = ("rollout.generation=batch", *GROUPED)
 GPU_COUNTS = (16, 32, 64, 128)
 
 
@@ -141,7 +145,7 @@ def figures() -> dict[str, Figure]:
     }
     for (batch, n), _ in fig8.items():
         shape = (f"rollout.rollout_batch_size={batch}", f"rollout.num_return_sequences={n}")
-        replication[f"{batch}x{n}_grouped"] = (*shape, "rollout.prompt_replication=false")
+        replication[f"{batch}x{n}_grouped"] = (*shape, *GROUPED)
         replication[f"{batch}x{n}_replicated"] = (*shape, "rollout.prompt_replication=true")
     sigmas = {(10, 1): 1.16, (10, 7): 2.12, (10, 10): 2.46, (50, 5): 1.20}
     envs = {

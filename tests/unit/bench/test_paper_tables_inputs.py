@@ -101,3 +101,18 @@ def test_colocated_arms_pay_the_colocated_switch(name):
         assert switch > 0 and config.trainer.step_overhead_s == pytest.approx(adam + switch)
         assert config.engine.weight_update_s == pytest.approx(parts["sync"] + config.cost.weight_reload_s)
     assert colocated
+
+
+@pytest.mark.parametrize("name", ["fig1b_base", "fig8"])
+def test_grouped_arms_keep_a_prompts_responses_on_one_engine(name):
+    """With a small ``proxy.affinity_slack`` the proxy spreads a group over engines (replication in effect):
+    a grouped arm's slack exceeds every request of its step, so affinity always wins."""
+    figure = figures()[name]
+    grouped = 0
+    for overrides in figure.arms.values():
+        config = load_sim_config(str(ROOT / EXAMPLES / f"{figure.config}.yaml"), list(overrides))
+        if not config.rollout.prompt_replication:
+            grouped += 1
+            requests = config.rollout.rollout_batch_size * config.rollout.num_return_sequences
+            assert config.proxy.affinity_slack > requests
+    assert grouped
