@@ -43,14 +43,17 @@ TOLERANCE = 0.2
 METRICS = ("steady_samples_per_s", "steady_mean_step_s", "steady_mean_wait_s", "steady_num_steps")
 CHOICES = (
     "hardware: H800 for every figure (the report names no GPU; DORA, by the same ecosystem, runs H800)",
-    "model: Qwen3-8B (the report's), dense bf16, served with paged KV (vLLM/SGLang), 90 % of device memory",
+    "model: Qwen3-8B (the report's), dense bf16, served with paged KV (vLLM/SGLang), 90 % of device memory: "
+    "an engine holds the KV that fits beside its weights (about 380 k tokens on an H800), admits by context so far "
+    "and preempts the newest request (recompute) when its running contexts outgrow it; at most 256 running",
     "responses: lognormal, mean 11,000 (Think) or 2,000 (Base) tokens, clipped at 30,720, total log-sigma 1 of "
     "which half the variance is the prompt's (per-response and per-prompt sigma 0.71: a hard prompt makes all its "
     "responses long); 256-token prompts",
     "batch: 256 prompts x 16 responses per step (Appendix A.1's config), unless the figure varies it",
     "Async: partial rollout (in-flight weight updates) at async ratio 2 on a 1:1 train/infer split (§3)",
-    "Sync-Naive: colocated, batch rollout, a prompt's responses on one engine; Sync-ROLL: colocated, queue "
-    "scheduling and prompt replication",
+    "Sync-Naive: colocated, batch rollout, a prompt's responses on one engine (grouped decoding: proxy affinity "
+    "always wins); Sync-ROLL: colocated, queue scheduling and prompt replication; colocated arms pay the colocated "
+    "switch (trainer state offloaded and back, KV re-zeroed, weights by CUDA IPC, 0.5 s fixed)",
     "trainer: two no-grad log-prob passes per trained token (footnote to Fig. 3a: reference and proximal "
     "models), at the MFU our trainer reached on the H200 probe",
     "filtering (Fig. 7): per-prompt pass rates ~ Beta(0.5, 0.5); agentic figures keep their example configs' "
