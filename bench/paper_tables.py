@@ -10,7 +10,10 @@ A simulation is deterministic per seed, so repeats are seeds (repeat i of every 
 prediction is the paired ratio of two arms per seed. Each claim carries the report's figure (quoted from
 ``/work/shared/reference/roll-flash-report.txt``, not measured) and whether the median prediction is within
 ±20 % of it. Writes bench/results/paper_tables.json. Run:
-``python bench/paper_tables.py [--quick] [--figures fig1b_think,fig7] [--repeats 3]``.
+``python bench/paper_tables.py [--quick] [--figures fig1b_think,fig7] [--repeats 3] [--claims-only]``;
+``--claims-only`` runs only the arms a claim reads (not Fig. 3a's other splits, nor Fig. 1b's Sync-ROLL);
+``--merge A.json B.json`` joins results of separate ``--figures`` runs at one commit (run side by side) into
+one result, its points computed again from the runs.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pathlib import Path
 if __name__ == "__main__" and not __package__:
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
+import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -39,14 +43,17 @@ TOLERANCE = 0.2
 METRICS = ("steady_samples_per_s", "steady_mean_step_s", "steady_mean_wait_s", "steady_num_steps")
 CHOICES = (
     "hardware: H800 for every figure (the report names no GPU; DORA, by the same ecosystem, runs H800)",
-    "model: Qwen3-8B (the report's), dense bf16, served with paged KV (vLLM/SGLang), 90 % of device memory",
+    "model: Qwen3-8B (the report's), dense bf16, served with paged KV (vLLM/SGLang), 90 % of device memory: "
+    "an engine holds the KV that fits beside its weights (about 380 k tokens on an H800), admits by context so far "
+    "and preempts the newest request (recompute) when its running contexts outgrow it; at most 256 running",
     "responses: lognormal, mean 11,000 (Think) or 2,000 (Base) tokens, clipped at 30,720, total log-sigma 1 of "
     "which half the variance is the prompt's (per-response and per-prompt sigma 0.71: a hard prompt makes all its "
     "responses long); 256-token prompts",
     "batch: 256 prompts x 16 responses per step (Appendix A.1's config), unless the figure varies it",
     "Async: partial rollout (in-flight weight updates) at async ratio 2 on a 1:1 train/infer split (§3)",
-    "Sync-Naive: colocated, batch rollout, a prompt's responses on one engine; Sync-ROLL: colocated, queue "
-    "scheduling and prompt replication",
+    "Sync-Naive: colocated, batch rollout, a prompt's responses on one engine (grouped decoding: proxy affinity "
+    "always wins); Sync-ROLL: colocated, queue scheduling and prompt replication; colocated arms pay the colocated "
+    "switch (trainer state offloaded and back, KV re-zeroed, weights by CUDA IPC, 0.5 s fixed)",
     "trainer: two no-grad log-prob passes per trained token (footnote to Fig. 3a: reference and proximal "
     "models), at the MFU our trainer reached on the H200 probe",
     "filtering (Fig. 7): per-prompt pass rates ~ Beta(0.5, 0.5); agentic figures keep their example configs' "
@@ -90,7 +97,11 @@ def sync_colocated(gpus: int, *extra: str) -> tuple[str, ...]:
     )
 
 
-NAIVE = ("rollout.generation=batch", "rollout.prompt_replication=false")
+GROUPED = ("rollout.prompt_replication=false", "proxy.affinity_slack=1000000")
+"""Grouped decoding: a prompt's responses on one engine. The affinity slack is what makes it one engine (the
+default, 2, lets the proxy spread a group over engines as soon as its engine holds 3 more than the least
+loaded: replication in effect); a slack above any step's request count means affinity always wins."""
+NAIVE = ("rollout.generation=batch", *GROUPED)
 GPU_COUNTS = (16, 32, 64, 128)
 
 
@@ -137,7 +148,7 @@ def figures() -> dict[str, Figure]:
     }
     for (batch, n), _ in fig8.items():
         shape = (f"rollout.rollout_batch_size={batch}", f"rollout.num_return_sequences={n}")
-        replication[f"{batch}x{n}_grouped"] = (*shape, "rollout.prompt_replication=false")
+        replication[f"{batch}x{n}_grouped"] = (*shape, *GROUPED)
         replication[f"{batch}x{n}_replicated"] = (*shape, "rollout.prompt_replication=true")
     sigmas = {(10, 1): 1.16, (10, 7): 2.12, (10, 10): 2.46, (50, 5): 1.20}
     envs = {
@@ -331,14 +342,51 @@ class SeededArm:
         return {metric: float(totals[metric]) for metric in METRICS}
 
 
+def claimed_labels(figure: Figure) -> list[str]:
+    """The arms some claim of ``figure`` reads, in the figure's order."""
+    used = {label for claim in figure.claims for label in (claim.numerator, claim.denominator)}
+    return [label for label in figure.arms if label in used]
+
+
 def run_figure(
-    name: str, figure: Figure, repeats: int, quick: bool
+    name: str, figure: Figure, repeats: int, quick: bool, claims_only: bool = False
 ) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
     """One figure's raw runs (arms ``NAME/LABEL``), its claims as result points, and its record."""
     labels = list(figure.arms)[:2] if quick else list(figure.arms)
+    if claims_only:
+        labels = [label for label in labels if label in claimed_labels(figure)]
     arms = {f"{name}/{label}": SeededArm(figure.config, figure.arms[label], quick) for label in labels}
     start = time.perf_counter()
     raw = harness.run_arms(arms, repeats, harness.print_run)
+    record = figure_record(figure, labels, time.perf_counter() - start)
+    return raw, figure_points(name, figure, raw, record), record
+
+
+def figure_record(figure: Figure, labels: list[str], wall_s: float) -> dict[str, Any]:
+    """What a figure ran: its config, its arms, the length model and the assumption it states, wall time."""
+    lengths = load_sim_config(str(EXAMPLES / f"{figure.config}.yaml")).lengths
+    if not lengths.assumption:
+        raise ValueError(f"{figure.config}.yaml: lengths.assumption must say what the length model assumes")
+    return {
+        "title": figure.title,
+        "config": f"{EXAMPLES}/{figure.config}.yaml",
+        "arms": {label: list(figure.arms[label]) for label in labels},
+        "lengths": {
+            "distribution": lengths.distribution,
+            "mean": lengths.mean,
+            "sigma": lengths.sigma,
+            "prompt_sigma": lengths.prompt_sigma,
+            "assumption": lengths.assumption,
+        },
+        "wall_s": wall_s,
+    }
+
+
+def figure_points(
+    name: str, figure: Figure, raw: Mapping[str, list[dict[str, float]]], record: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The claims of ``figure`` whose arms ran (``raw``), as result points; the best split into ``record``."""
+    labels = [label for label in figure.arms if f"{name}/{label}" in raw]
     points = []
     for claim in figure.claims:
         if not {claim.numerator, claim.denominator} <= set(labels):
@@ -363,15 +411,9 @@ def run_figure(
                 "within_tolerance": abs(predicted["median"] / claim.reported - 1) <= TOLERANCE,
             }
         )
-    record = {
-        "title": figure.title,
-        "config": f"{EXAMPLES}/{figure.config}.yaml",
-        "arms": {label: list(figure.arms[label]) for label in labels},
-        "wall_s": time.perf_counter() - start,
-    }
     if figure.best_of and set(figure.best_of) <= set(labels):
         record["best"] = best_per_seed(raw, name, figure)
-    return raw, points, record
+    return points
 
 
 def best_per_seed(raw: Mapping[str, list[dict[str, float]]], name: str, figure: Figure) -> dict[str, Any]:
@@ -391,7 +433,14 @@ def best_per_seed(raw: Mapping[str, list[dict[str, float]]], name: str, figure: 
 def main() -> None:
     parser = harness.parser(__doc__.splitlines()[0], "paper_tables")
     parser.add_argument("--figures", default=",".join(figures()), help="comma-separated figure names")
+    parser.add_argument("--claims-only", action="store_true", help="run only the arms some claim reads")
+    parser.add_argument(
+        "--merge", nargs="+", metavar="RESULT", help="join results of separate --figures runs"
+    )
     args = parser.parse_args()
+    if args.merge:
+        merge(args, [json.loads(Path(path).read_text()) for path in args.merge])
+        return
     known, chosen = figures(), args.figures.split(",")
     unknown = sorted(set(chosen) - set(known))
     if unknown:
@@ -401,22 +450,64 @@ def main() -> None:
     points: list[dict[str, Any]] = []
     records: dict[str, Any] = {}
     for name in chosen:
-        figure_raw, figure_points, records[name] = run_figure(name, known[name], repeats, args.quick)
+        figure_raw, new_points, records[name] = run_figure(
+            name, known[name], repeats, args.quick, args.claims_only
+        )
         raw |= figure_raw
-        points += figure_points
+        points += new_points
+    write(args, raw, points, records, chosen, repeats, time.perf_counter() - start)
+
+
+def write(
+    args: Any,
+    raw: Mapping[str, Any],
+    points: list[dict[str, Any]],
+    records: dict[str, Any],
+    chosen: list[str],
+    repeats: int,
+    wall_s: float,
+    commit: str | None = None,
+) -> None:
     within = sum(point["within_tolerance"] for point in points)
     extra = {
         "points": points,
         "figures": records,
         "choices": list(CHOICES),
         "within_tolerance": {"count": within, "of": len(points), "tolerance": TOLERANCE},
-        "run_wall_s": time.perf_counter() - start,
+        "run_wall_s": wall_s,
     }
     resources = {
         "all_arms": "one process, one thread (the simulator is single-threaded Python); virtual time"
     }
     setup = {"seeds": list(range(repeats)), "figures": chosen}
-    harness.write_result(args, "paper_tables", raw, resources=resources, setup=setup, extra=extra)
+    result = harness.write_result(args, "paper_tables", raw, resources=resources, setup=setup, extra=extra)
+    if commit is not None:  # a merge records the commit its parts ran at, not the one it was joined at
+        result["commit"] = commit
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+
+
+def merge(args: Any, parts: list[dict[str, Any]]) -> None:
+    """One result from ``parts`` (separate ``--figures`` runs at one commit): their runs, figure records and
+    wall times joined, every claim's point computed again from the runs."""
+    commits = {part["commit"] for part in parts}
+    if len(commits) != 1 or any(part["quick"] for part in parts):
+        raise SystemExit(f"merge: parts must be full runs at one commit, got {sorted(commits)}")
+    known, raw, records, chosen = figures(), {}, {}, []
+    for part in parts:
+        for arm, metrics in part["arms"].items():
+            runs = zip(*(metrics[metric]["runs"] for metric in METRICS), strict=True)
+            raw[arm] = [dict(zip(METRICS, values, strict=True)) for values in runs]
+        records |= part["figures"]
+        chosen += part["setup"]["figures"]
+    points = []
+    for name in chosen:
+        part_record = records[name]
+        record = figure_record(known[name], list(part_record["arms"]), part_record["wall_s"])
+        records[name] = record
+        points += figure_points(name, known[name], raw, record)
+    repeats = min(len(runs) for runs in raw.values())
+    wall_s = sum(part["run_wall_s"] for part in parts)
+    write(args, raw, points, records, chosen, repeats, wall_s, commits.pop())
 
 
 if __name__ == "__main__":

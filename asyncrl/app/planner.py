@@ -217,8 +217,9 @@ class Planner:
         """Proposition 2's split from the derived costs: a worker is one accelerator; a sample's mean
         generation time is its share of an engine's full-batch throughput, the longest one runs alone."""
         config, engine = self.base, self.base.engine
-        batch = engine.max_running_requests
-        full_step = cost.decode_step_s(engine, batch, round(batch * mean_running_context(config)))
+        context = mean_running_context(config)  # paged KV: as many as the KV holds at the mean context
+        batch = max(1, min(engine.max_running_requests, int(engine.max_kv_tokens // context)))
+        full_step = cost.decode_step_s(engine, batch, round(batch * context))
         mean_len, _ = length_moments(config)
         mu_gen = mean_len * full_step / batch * engine.gpus_per_engine
         longest = config.rollout.max_new_tokens

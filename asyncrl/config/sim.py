@@ -44,6 +44,10 @@ class LengthConfig:
     per_prompt: bool = False
     """Draw once per prompt: every response of a prompt gets the same length (before ``prompt_sigma``), for
     tasks whose prompt fixes the answer's length and sampling barely changes it. False draws per response."""
+    assumption: str = ""
+    """What the length model assumes and where its numbers come from, in words (e.g. which mean and maximum
+    a paper reports and which distribution family and spread were chosen where it reports none). No cost
+    reads it; the benchmarks that predict a paper's tables record it and require it of every workload."""
 
     def __post_init__(self) -> None:
         if self.distribution not in LENGTH_DISTRIBUTIONS:
@@ -111,8 +115,17 @@ class SimEngineConfig:
     max_running_requests: int = 256
     """Most requests decoding at once; the rest wait in the engine's FIFO queue."""
     max_kv_tokens: int = 10_000_000
-    """KV budget: a request is admitted only when its reservation, min(prompt + max_new_tokens,
-    max_model_len), fits in what is left (``asyncrl.engine.admission``, as the real engine)."""
+    """KV budget in tokens. ``kv_allocation: reserved``: a request is admitted only when its reservation,
+    min(prompt + max_new_tokens, max_model_len), fits in what is left (``asyncrl.engine.admission``, as the
+    real engine). ``paged``: the running requests' contexts as they grow (see ``kv_allocation``)."""
+    kv_allocation: Literal["reserved", "paged"] = "reserved"
+    """How the KV budget binds. reserved (the built-in engine): each request reserves its longest context at
+    admission and is never preempted. paged (vLLM, SGLang): a request is admitted when a slot is free and its
+    context so far plus one token per running request fits what the running batch leaves of
+    ``max_kv_tokens``; every step adds one KV token per running request, and when the next step would not fit,
+    the most recently admitted running request is preempted: its KV is freed and it goes back to the head of
+    the waiting queue, to be prefilled again (prompt and output so far: recompute preemption). So many long
+    responses on one engine (a grouped prompt's) run fewer at a time, or are preempted and recomputed."""
     max_model_len: int | None = None
     """Longest context (prompt + output) a request may reach; it ends there with ``length``, as on the real
     engine. None: unbounded (the reservation is prompt + max_new_tokens)."""
@@ -132,6 +145,10 @@ class SimEngineConfig:
         for name in ("gpus_per_engine", "knee_batch", "max_running_requests", "max_kv_tokens", "num_layers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"engine.{name} must be >= 1, got {getattr(self, name)}")
+        if self.kv_allocation not in ("reserved", "paged"):
+            raise ValueError(
+                f"engine.kv_allocation must be 'reserved' or 'paged', got {self.kv_allocation!r}"
+            )
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"engine.max_model_len must be >= 2 or null, got {self.max_model_len}")
         if not self.decode_step_s > 0:
@@ -271,9 +288,11 @@ class SimCostConfig:
     around the accelerators, which no spec sheet or probe says."""
 
     kv: Literal["paged", "reserved"] = "paged"
-    """paged: engines allocate KV as requests grow (vLLM, SGLang); the KV that fits bounds the running requests
-    to ``KV tokens / mean context`` (capped by ``max_num_seqs``). reserved: each request reserves its longest
-    context up front (the built-in engine), so ``engine.max_kv_tokens`` is the KV that fits."""
+    """paged: engines allocate KV as requests grow (vLLM, SGLang): ``engine.kv_allocation: paged`` with
+    ``engine.max_kv_tokens`` the KV that fits and ``cost.max_num_seqs`` slots, so an engine runs as many
+    requests as their contexts leave room for and preempts when they outgrow it. reserved: each request
+    reserves its longest context up front (the built-in engine), so ``engine.max_kv_tokens`` is the KV that
+    fits."""
     max_num_seqs: int = 256
     """Most requests an engine runs at once whatever the KV (vLLM's ``max_num_seqs``)."""
     memory_utilization: float = 0.9

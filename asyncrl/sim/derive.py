@@ -10,8 +10,10 @@ Key decision: every derived number is a roofline over quantities a spec sheet or
 - prefill per token = forward FLOPs at half the prompt's context / (peak·η_prefill);
 - train per token = 3 forward FLOPs / (peak·η_train) + log-prob passes · forward FLOPs / (peak·η_logprob), at
   the mean attention context of a trained token;
-- the KV that fits = memory · utilisation − weights / g, per GPU, over the KV bytes of a token; with paged KV
-  the running requests are that over a running request's mean context (``mean_running_context``);
+- the KV that fits = memory · utilisation − weights / g, per GPU, over the KV bytes of a token
+  (``shape.kv_bytes_per_token``: layers · 2 · KV heads · head dim · bytes); with paged KV it is the engine's
+  budget that running contexts fill as they grow (preempting the newest when full), with reserved KV the pool
+  that longest-context reservations fill;
 - a weight update moves the served weights over each GPU's network link, plus a fixed reload time.
 
 Mixtures of experts read every expert's weights each decode step (a batch of hundreds routes to all of them)
@@ -117,9 +119,13 @@ def engine_keys(config: SimConfig, shape: ModelShape, profile: HardwareProfile) 
     per_request_s = 2 * shape.active_params_per_token / (profile.peak_flops * eff.decode_compute)
     kv_tokens = kv_tokens_that_fit(config, shape, profile)
     longest = config.prompt_tokens + config.rollout.max_new_tokens
-    if config.cost.kv == "paged":
-        running = max(1, min(config.cost.max_num_seqs, int(kv_tokens // mean_running_context(config))))
-        max_kv = running * longest  # never binds: the KV bound is already in the slot count
+    if config.cost.kv == "paged":  # the engine allocates as contexts grow and preempts when they outgrow it
+        running, max_kv = config.cost.max_num_seqs, kv_tokens
+        if longest > kv_tokens:
+            raise ValueError(
+                f"cost.kv=paged: one request's longest context ({longest} tokens) exceeds the KV that fits an "
+                f"engine ({kv_tokens} tokens)"
+            )
     else:
         running, max_kv = config.cost.max_num_seqs, kv_tokens
         if longest > kv_tokens:
@@ -138,6 +144,7 @@ def engine_keys(config: SimConfig, shape: ModelShape, profile: HardwareProfile) 
         / (profile.peak_flops * eff.prefill),
         "max_running_requests": running,
         "max_kv_tokens": max_kv,
+        "kv_allocation": config.cost.kv,
         "num_layers": shape.num_layers,
         "allreduce_hop_s": profile.intra_node_latency_s,
         "kv_bytes_per_token": shape.kv_bytes_per_token(config.cost.bytes_per_param),

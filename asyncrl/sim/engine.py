@@ -7,6 +7,11 @@ mid-segment shortens the segment to the end of the step in progress, as a real e
 and applies aborts between steps. A request's life: waiting (FIFO, admitted when a slot and its KV
 reservation are free, by the real engine's ``AdmissionPolicy``) → running → finished (stop or length) | aborted (partial output returned) | exported.
 
+With ``engine.kv_allocation: paged`` (vLLM, SGLang) nothing is reserved: a request is admitted when its
+context so far fits what the running batch leaves of the KV budget, the batch's KV grows by one token per
+running request each step (a segment also ends where the next step would not fit), and the most recently
+admitted request is then preempted back to the head of the queue, to be prefilled again (recompute).
+
 Multi-version streaming (``asyncrl.proxy.multi_version``) moves requests between engines of one version:
 ``export_request`` takes a request out between steps (its caller gets the partial output, aborted) as a
 ``SimRequestState``; ``import_request`` continues it elsewhere after ``kv_transfer_s_per_token`` per context
@@ -154,7 +159,10 @@ class SimEngine:
         self._in_transit: dict[str, _SimRequest] = {}
         """Imported requests whose KV is still on its way, by id."""
         self._pause_waiters: list[asyncio.Future[None]] = []
+        self.paged = config.kv_allocation == "paged"
+        """KV allocated as contexts grow, with preemption (``SimEngineConfig.kv_allocation``)."""
         self.counts = {
+            "preempted": 0,
             "requests": 0,
             "tokens": 0,
             "segments": 0,
@@ -325,8 +333,8 @@ class SimEngine:
         self._segment = None
         self._advance(segment.num_steps)
         while self._finishing and self._finishing[0][0] <= self._step:
-            seq = heapq.heappop(self._finishing)[2]
-            if seq in self.running:
+            step, _, seq = heapq.heappop(self._finishing)
+            if seq in self.running and seq.finish_step == step:  # not a preempted request's former entry
                 self._finish(seq, self._end_reason(seq))
         self._apply_aborts()
         self._apply_exports()
@@ -363,10 +371,41 @@ class SimEngine:
                 prefill_tokens += seq.prefill_tokens
                 seq.prefill_tokens = 0
         self._prefill_pending = []
-        while self._finishing[0][2] not in self.running:
+        while not self._live(self._finishing[0]):
             heapq.heappop(self._finishing)
-        num_kv = self._kv_base + self._step * len(self.running)
-        return prefill_tokens, num_kv, self._finishing[0][0] - self._step
+        num_kv = self._kv_now()
+        num_steps = self._finishing[0][0] - self._step
+        if self.paged:  # until the next step would outgrow the KV budget (then a preemption)
+            room = (self.config.max_kv_tokens - num_kv) // len(self.running)
+            num_steps = max(1, min(num_steps, room))
+        return prefill_tokens, num_kv, num_steps
+
+    def _live(self, entry: tuple[int, int, _SimRequest]) -> bool:
+        """A ``_finishing`` entry of a running request (not one that left, nor a preempted one's former)."""
+        step, _, seq = entry
+        return seq in self.running and seq.finish_step == step
+
+    def _kv_now(self) -> int:
+        """KV tokens the running batch holds now (as of the last step boundary)."""
+        return self._kv_base + self._step * len(self.running)
+
+    def _paged_fits(self, context: int, num_running: int, kv_tokens: int) -> bool:
+        """Paged KV: a slot is free beside ``num_running`` and ``context`` more tokens on top of ``kv_tokens``
+        leave room for the next step (one token per running request)."""
+        budget = self.config.max_kv_tokens
+        return (
+            num_running < self.policy.max_running_requests and kv_tokens + context + num_running + 1 <= budget
+        )
+
+    def _preempt_overflow(self) -> None:
+        """Paged KV: while the next step would not fit, the most recently admitted running request gives its
+        KV back and returns to the head of the queue, its context to be prefilled again (recompute)."""
+        while len(self.running) > 1 and self._kv_now() + len(self.running) > self.config.max_kv_tokens:
+            seq = next(reversed(self.running))
+            self._release(seq)
+            seq.prefill_tokens = seq.num_prompt_tokens + seq.produced
+            self.waiting.appendleft(seq)
+            self.counts["preempted"] += 1
 
     def _segment_s(self, segment: _Segment, num_steps: int) -> float:
         return cost.segment_s(
@@ -395,6 +434,11 @@ class SimEngine:
             seq.produced += num_new
             seq.since_step = self._step
 
+    @staticmethod
+    def _context_of(seq: _SimRequest) -> int:
+        """KV tokens a request not running holds once admitted: prompt and output so far."""
+        return seq.num_prompt_tokens + seq.produced
+
     def _context(self, seq: _SimRequest) -> int:
         """KV tokens of a running request now: prompt and output so far."""
         return seq.num_prompt_tokens + seq.produced + self._step - seq.since_step
@@ -403,6 +447,15 @@ class SimEngine:
         for seq in self.joining:  # their reservations were taken on import
             self._start_running(seq)
         self.joining.clear()
+        if self.paged:
+            self._preempt_overflow()
+            while self.waiting and self._paged_fits(
+                self._context_of(self.waiting[0]), len(self.running), self._kv_now()
+            ):
+                head = self.waiting.popleft()
+                self.kv_reserved += head.reservation
+                self._start_running(head)
+            return
         num_admitted = self.policy.num_admitted(
             (seq.reservation for seq in self.waiting),
             num_running=len(self.running),
@@ -426,6 +479,10 @@ class SimEngine:
     def _has_admittable(self) -> bool:
         if self.joining:
             return True
+        if self.paged:
+            return bool(self.waiting) and self._paged_fits(
+                self._context_of(self.waiting[0]), len(self.running), self._kv_now()
+            )
         return bool(self.waiting) and self.policy.admits(
             num_running=len(self.running),
             kv_reserved=self.kv_reserved,
@@ -468,6 +525,9 @@ class SimEngine:
     def _fits_now(self, seq: _SimRequest) -> bool:
         """A slot and ``seq``'s reservation are free now, counting the requests already joining."""
         num_running = len(self.running) + len(self.joining)
+        if self.paged:
+            joining_kv = sum(self._context_of(other) for other in self.joining)
+            return self._paged_fits(self._context_of(seq), num_running, self._kv_now() + joining_kv)
         return self.policy.admits(
             num_running=num_running, kv_reserved=self.kv_reserved, reservation=seq.reservation
         )

@@ -135,6 +135,7 @@ def totals_of(config: SimConfig, run: SimRun, steps: list[StepMetrics], wall_s: 
         "generated_tokens": float(sum(e.counts["tokens"] for e in run.engines)),
         "requests": float(run.producer_counts.get("requests", 0)),
         "aborted_requests": float(sum(e.counts["aborted"] for e in run.engines)),
+        "preempted_requests": float(sum(e.counts.get("preempted", 0) for e in run.engines)),
         "mean_staleness": sum(a * n for a, n in ages.items()) / max(1, sum(ages.values())),
         "max_staleness": float(max(ages, default=0)),
         "wall_s": wall_s,

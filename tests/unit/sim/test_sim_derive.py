@@ -89,8 +89,10 @@ def test_dense_engine_and_trainer_costs_by_hand(card):
     forward_500 = 2 * layers_and_head + 4 * 36 * 32 * 128 * 500  # a prompt token attends to 500 on average
     assert engine.prefill_s_per_token == pytest.approx(forward_500 / (1e15 * 0.5))
     kv_fit = (100e9 * 0.9 - 2 * 8_190_427_136) // 147_456  # memory share minus weights, in KV tokens
-    running = int(kv_fit // (1000 + 3000 / 2))  # constant lengths: a running request holds 1000 + 1500
-    assert engine.max_running_requests == min(256, running) == 199
+    # KV bytes per token: 36 layers x (keys, values) x 8 KV heads x 128 dims x 2 bytes = 147,456
+    assert engine.kv_bytes_per_token == 36 * 2 * 8 * 128 * 2
+    assert engine.kv_allocation == "paged"  # contexts fill the KV as they grow; the slots are max_num_seqs
+    assert (engine.max_kv_tokens, engine.max_running_requests) == (kv_fit, 256)
     assert engine.weight_update_s == pytest.approx(2 * 8_190_427_136 / 50e9 + 1.0)
     # Training: constant 4000-token sequences, a token attends to 2000 positions on average.
     forward_2000 = 2 * layers_and_head + 4 * 36 * 32 * 128 * 2000
@@ -108,7 +110,7 @@ def test_moe_reads_every_expert_but_computes_with_the_active_ones(card):
     assert config.engine.knee_batch == round((2 * read / 2e12) / (2 * active / 5e14))
     weights = 2 * (48 * (10_485_760 + 8_388_608 + 128 * 4_718_592 + 262_144) + 2 * 311_164_928)
     kv_fit = 2 * (100e9 * 0.9 - weights / 2) // (2 * 48 * 4 * 128 * 2)
-    assert config.engine.max_running_requests == min(256, int(kv_fit // 2500))
+    assert config.engine.max_kv_tokens == kv_fit
 
 
 def test_explicit_keys_win_and_model_needs_hardware(card):
@@ -128,6 +130,7 @@ def test_reserved_kv_keeps_the_slots_and_bounds_the_reservations(card):
     config = _config("qwen3-8b", "cost.kv=reserved", "cost.max_num_seqs=128")
     assert config.engine.max_running_requests == 128
     assert config.engine.max_kv_tokens == (100e9 * 0.9 - 2 * 8_190_427_136) // 147_456
+    assert config.engine.kv_allocation == "reserved"
 
 
 def test_shapes_from_a_hf_config_and_by_name(tmp_path):

@@ -133,3 +133,54 @@ def test_continued_request_starts_with_its_prefix_and_a_cancelled_caller_leaves_
     # the cancelled caller's request runs to its end, unread (as a real engine's would until aborted)
     assert running_after_cancel == 1
     assert stats["running"] == 0 and stats["tokens"] == 3 + 10
+
+
+def test_paged_kv_preempts_the_newest_request_and_recomputes_it():
+    """Paged KV (vLLM): two requests of 2 + 10 tokens in a 20-token budget. Both join (prefill 4 tokens = 2 s);
+    after 8 steps they hold 20 tokens and the next step would not fit, so b (the newer) is preempted with 8
+    tokens made; a finishes alone 2 steps later (t = 12); b is prefilled again (2 + 8 tokens = 5 s) and makes
+    its last 2 tokens (t = 19), its output whole."""
+    paged = SimEngineConfig(
+        decode_step_s=1.0,
+        knee_batch=4,
+        max_running_requests=4,
+        prefill_s_per_token=0.5,
+        kv_allocation="paged",
+        max_kv_tokens=20,
+    )
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        engine = SimEngine(paged, lengths({"a": 10, "b": 10}))
+        done = {}
+
+        async def run(rid):
+            generation = await engine.generate(request(rid, max_new_tokens=18))
+            done[rid] = (loop.time(), generation.num_tokens, generation.finish_reason)
+
+        await asyncio.gather(run("a"), run("b"))
+        return done, engine.counts["preempted"]
+
+    done, preempted = run_shuffled(scenario, seed=None)
+    assert done == {"a": (12.0, 10, FinishReason.STOP), "b": (19.0, 10, FinishReason.STOP)}
+    assert preempted == 1
+
+
+def test_paged_kv_admits_by_context_so_far_not_by_the_longest_reservation():
+    """A reservation of prompt + max_new_tokens (2 + 18) admits one request at a time in 30 tokens; paged KV
+    admits both, since their contexts (2 each, growing to 12) fit together."""
+
+    async def finish_time(kv_allocation):
+        config = SimEngineConfig(
+            decode_step_s=1.0,
+            knee_batch=4,
+            max_running_requests=4,
+            kv_allocation=kv_allocation,
+            max_kv_tokens=30,
+        )
+        engine = SimEngine(config, lengths({"a": 10, "b": 10}))
+        await asyncio.gather(*(engine.generate(request(rid, max_new_tokens=18)) for rid in "ab"))
+        return asyncio.get_running_loop().time(), engine.counts["preempted"]
+
+    assert run_shuffled(lambda: finish_time("reserved"), seed=None) == (20.0, 0)
+    assert run_shuffled(lambda: finish_time("paged"), seed=None) == (10.0, 0)
