@@ -1,14 +1,18 @@
-"""asyncrl's own simulator studies (every mode on one workload, drain vs in-flight updates) on the ROLL Flash
-Think workload, costs derived from Qwen3-8B on H800, at steady state.
+"""asyncrl's own simulator studies: every mode on the ROLL Flash Think workload (Qwen3-8B on H800, at steady
+state), drain vs in-flight updates, and every mode at DORA's size (Qwen2.5-32B on 64 and 128 H800s).
 
 The report's figures are reproduced by ``bench/paper_tables.py``; these studies have no counterpart there. Each
 study is the sweep the docs name over an example config in ``asyncrl/examples/sim``, loaded and overridden
 exactly as ``asyncrl simulate --sweep`` does (``asyncrl.sim.derive.load_sim_config`` and
 ``asyncrl.cli.simulate.swept``), and ``scripts/bench_docs.py`` renders each study's block in docs/simulator.md.
 A simulation is deterministic per seed, so the harness's repeats are seeds: repeat i of every point runs with
-seed i, and a paired ratio (``harness.paired_ratio``) compares two points on the same seed.
+seed i, and a paired ratio (``harness.paired_ratio``) compares two points on the same seed. Every run records
+its own wall and CPU time (``wall_s``, ``cpu_s``: the machine is shared, so the CPU time is the steadier).
 
-Writes bench/results/sim_studies.json. Run: ``python bench/sim_studies.py [--quick] [--studies all_modes]``.
+Writes bench/results/sim_studies.json. Run: ``python bench/sim_studies.py [--quick] [--studies all_modes]``. A run
+of some studies keeps the others the ``--out`` file already holds (each study records its own commit, command
+and CPU); ``--merge A.json B.json ...`` writes ``--out`` from results run apart (e.g. side by side), later
+files winning, and simulates nothing.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from pathlib import Path
 if __name__ == "__main__" and not __package__:
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
+import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,11 +38,8 @@ from bench import harness
 
 EXAMPLES = Path("asyncrl/examples/sim")
 MODES = ("sync", "one_step_off", "async", "partial_rollout", "multi_version")
-SMALL_BATCH = ("rollout.rollout_batch_size=64",)
-"""The all-modes study's batch, a quarter of the example's 256 prompts: ``multi_version``'s proxy wakes every
-call held at its gate on each change, so its simulation costs grow with the square of the calls in flight
-(one seed at 256 x 16 ran over 30 minutes, the other modes a few); the other modes run the same batch, so the
-study compares like with like. Chosen before any result at this batch."""
+DORA_128 = ("trainer.num_gpus=64", "rollout.num_engines=16")
+"""The DORA example (64 GPUs: 32 train, 8 engines of 4) at 128 GPUs, the same 1:1 split."""
 
 
 @dataclass(frozen=True)
@@ -74,12 +76,12 @@ def mode_studies() -> dict[str, Study]:
     with no counterpart in the report."""
     return {
         "all_modes": Study(
-            title="All modes on the ROLL Flash Think workload at 64 prompts x 16 per step (8 train GPUs, 8 "
+            title="All modes on the ROLL Flash Think workload at 256 prompts x 16 per step (8 train GPUs, 8 "
             "engines, α = 2 where the mode takes it)",
-            command="asyncrl simulate asyncrl/examples/sim/roll_flash_think.yaml rollout.rollout_batch_size=64 "
+            command="asyncrl simulate asyncrl/examples/sim/roll_flash_think.yaml "
             "--sweep controller.mode=" + ",".join(MODES),
             config="roll_flash_think",
-            points=sweep("controller.mode", MODES, *SMALL_BATCH),
+            points=sweep("controller.mode", MODES),
             metrics=(
                 "steady_mean_step_s",
                 "steady_tokens_per_s",
@@ -105,6 +107,32 @@ def mode_studies() -> dict[str, Study]:
             ),
             metrics=("steady_mean_step_s", "mean_sync_s", "engine_busy_fraction"),
             ratios={"wait_over_no_wait": Ratio("true", "false")},
+        ),
+        "dora": Study(
+            title="All modes at DORA's size: Qwen2.5-32B on 64 and 128 H800s (1:1 train/infer split, engines "
+            "of 4), 512 prompts x 16 per step, responses 2.4 k tokens on average up to 30 k, α = 1 where "
+            "the mode takes it",
+            command="asyncrl simulate asyncrl/examples/sim/dora_qwen25_32b.yaml [trainer.num_gpus=64 "
+            "rollout.num_engines=16] --sweep controller.mode=" + ",".join(MODES),
+            config="dora_qwen25_32b",
+            points={
+                f"{mode}_{gpus}": (*swept("controller.mode", mode), *extra)
+                for gpus, extra in ((64, ()), (128, DORA_128))
+                for mode in MODES
+            },
+            metrics=(
+                "mean_step_s",
+                "tokens_per_s",
+                "engine_busy_fraction",
+                "mean_staleness",
+                "num_migrations",
+                "max_versions_alive",
+            ),
+            ratios={
+                "sync_over_multi_version_64": Ratio("sync_64", "multi_version_64", "mean_step_s"),
+                "sync_over_multi_version_128": Ratio("sync_128", "multi_version_128", "mean_step_s"),
+                "multi_version_64_over_128": Ratio("multi_version_64", "multi_version_128", "mean_step_s"),
+            },
         ),
     }
 
@@ -137,11 +165,14 @@ class SeededPoint:
 
     def __call__(self) -> dict[str, float]:
         seed, self.calls = self.calls, self.calls + 1
-        totals = simulate(point_config(self.study, self.label, seed, self.steps)).totals
+        config = point_config(self.study, self.label, seed, self.steps)
+        wall, cpu = time.perf_counter(), time.process_time()
+        totals = simulate(config).totals
+        spent = {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu}
         if self.steps:  # --quick: no steady state; the whole run's figures stand in
             totals = {**totals, **{f"steady_{k}": v for k, v in totals.items()}}
         # multi_version's migration counters are absent from the other modes' totals: none happened there
-        return {metric: float(totals.get(metric, 0.0)) for metric in self.study.metrics}
+        return {metric: float(totals.get(metric, 0.0)) for metric in self.study.metrics} | spent
 
 
 def run_study(
@@ -172,14 +203,65 @@ def run_study(
         "points": {label: list(study.points[label]) for label in labels},
         "report": study.report,
         "wall_s": wall_s,
+        "commit": harness.run_commit(),
+        "run_command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "cpu_model": harness.cpu_model(),
     }
     return raw, ratios, record
+
+
+def merged(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One result holding every study of ``results`` (a later result's study replaces an earlier one's), in
+    the order ``studies()`` lists them; the rest of the record (commit, machine, memory) is the last one's."""
+    known = list(studies())
+    last = dict(results[-1])
+    records = {  # a study run before studies recorded their own provenance gets its result's
+        name: {
+            "commit": r["commit"],
+            "run_command": r["command"],
+            "cpu_model": r["machine"]["cpu_model"],
+            **r["studies"][name],
+        }
+        for r in results
+        for name in r["studies"]
+    }
+    order = sorted(records, key=lambda name: known.index(name) if name in known else len(known))
+    owner = {name: r for r in results for name in r["studies"]}
+    arms = {
+        arm: stats
+        for name in order
+        for arm, stats in owner[name]["arms"].items()
+        if arm.startswith(f"{name}/")
+    }
+    ratios = {
+        key: stats
+        for name in order
+        for key, stats in owner[name]["ratios"].items()
+        if key.startswith(f"{name}/")
+    }
+    setup = {**last["setup"], "studies": order}
+    return last | {
+        "arms": arms,
+        "ratios": ratios,
+        "setup": setup,
+        "studies": {name: records[name] for name in order},
+    }
 
 
 def main() -> None:
     parser = harness.parser(__doc__.splitlines()[0], "sim_studies")
     parser.add_argument("--studies", default=",".join(studies()), help="comma-separated study names")
+    parser.add_argument(
+        "--merge", nargs="+", metavar="RESULT", help="merge these results into --out, run nothing"
+    )
     args = parser.parse_args()
+    if args.merge:
+        result = merged([json.loads(Path(path).read_text()) for path in args.merge])
+        harness.check_schema(result)
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        return
+    out = Path(args.out)
+    earlier = json.loads(out.read_text()) if out.exists() and not args.quick else None
     chosen, known = args.studies.split(","), studies()
     unknown = sorted(set(chosen) - set(known))
     if unknown:
@@ -197,9 +279,11 @@ def main() -> None:
     }
     setup = {"seeds": list(range(repeats)), "studies": chosen}
     extra = {"studies": records, "run_wall_s": time.perf_counter() - start}
-    harness.write_result(
+    result = harness.write_result(
         args, "sim_studies", raw, ratios=ratios, resources=resources, setup=setup, extra=extra
     )
+    if earlier is not None and earlier.get("schema") == harness.SCHEMA_VERSION and "studies" in earlier:
+        out.write_text(json.dumps(merged([earlier, result]), indent=1) + "\n")  # keep the studies not run
 
 
 if __name__ == "__main__":
