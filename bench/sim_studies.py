@@ -176,24 +176,22 @@ class SeededPoint:
 
 
 def run_study(
-    name: str, study: Study, repeats: int, quick: bool
+    name: str, study: Study, repeats: int, quick: bool, labels: Sequence[str] | None = None
 ) -> tuple[dict[str, list[dict[str, float]]], dict[str, Any], dict[str, Any]]:
-    """One study's raw runs (arms named ``NAME/POINT``), paired ratios and record for the result.
+    """One study's raw runs (arms named ``NAME/POINT``), paired ratios and record for the result; ``labels``:
+    only these points (the rest can run in another process and be merged).
 
     ``quick`` keeps the first two points at one step: enough to exercise every code path, not a result."""
     steps = 1 if quick else None
-    labels = list(study.points)[:2] if quick else list(study.points)
+    labels = list(study.points)[:2] if quick else list(labels or study.points)
     arms = {f"{name}/{label}": SeededPoint(study, label, steps) for label in labels}
     start = time.perf_counter()
     raw = harness.run_arms(arms, repeats, harness.print_run)
     wall_s = time.perf_counter() - start
-    ratios = {
-        f"{name}/{key}": harness.paired_ratio(
-            raw, f"{name}/{r.numerator}", f"{name}/{r.denominator}", r.metric
-        )
-        | ({"report": r.report} if r.report else {})
-        for key, r in study.ratios.items()
-        if {r.numerator, r.denominator} <= set(labels)
+    provenance = {
+        "commit": harness.run_commit(),
+        "run_command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "cpu_model": harness.cpu_model(),
     }
     record = {
         "title": study.title,
@@ -203,54 +201,86 @@ def run_study(
         "points": {label: list(study.points[label]) for label in labels},
         "report": study.report,
         "wall_s": wall_s,
-        "commit": harness.run_commit(),
-        "run_command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "cpu_model": harness.cpu_model(),
+        **provenance,
+        "point_provenance": {label: provenance for label in labels},
     }
-    return raw, ratios, record
+    return raw, study_ratios(name, study, raw), record
+
+
+def study_ratios(name: str, study: Study, raw: Mapping[str, Sequence[Mapping[str, float]]]) -> dict[str, Any]:
+    """The study's paired ratios over the points ``raw`` holds (arms ``NAME/POINT``, run i at seed i)."""
+    return {
+        f"{name}/{key}": harness.paired_ratio(
+            raw, f"{name}/{r.numerator}", f"{name}/{r.denominator}", r.metric
+        )
+        | ({"report": r.report} if r.report else {})
+        for key, r in study.ratios.items()
+        if {f"{name}/{r.numerator}", f"{name}/{r.denominator}"} <= set(raw)
+    }
 
 
 def merged(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """One result holding every study of ``results`` (a later result's study replaces an earlier one's), in
-    the order ``studies()`` lists them; the rest of the record (commit, machine, memory) is the last one's."""
-    known = list(studies())
-    last = dict(results[-1])
-    records = {  # a study run before studies recorded their own provenance gets its result's
-        name: {
-            "commit": r["commit"],
-            "run_command": r["command"],
-            "cpu_model": r["machine"]["cpu_model"],
-            **r["studies"][name],
+    """One result holding every point of every study of ``results`` (a later result's point replaces an
+    earlier one's), studies and points in the order ``studies()`` lists them, each study's ratios recomputed
+    over its merged points (from each repeat's run: repeat i is seed i in every result). A study that ran in
+    several processes records each point's provenance and, as its wall time, the longest of them (they ran
+    side by side); the rest of the record (machine, memory) is the last result's."""
+    known = studies()
+    holders: dict[str, list[Mapping[str, Any]]] = {}
+    for result in results:
+        for name in result["studies"]:
+            holders.setdefault(name, []).append(result)
+    order = sorted(holders, key=lambda name: list(known).index(name) if name in known else len(known))
+    arms: dict[str, Any] = {}
+    ratios: dict[str, Any] = {}
+    records: dict[str, Any] = {}
+    for name in order:
+        parts = holders[name]
+        records[name] = record = dict(parts[-1]["studies"][name])
+        if len(parts) == 1 or name not in known:
+            result = parts[-1]  # a study run before studies recorded their own provenance gets its result's
+            record.setdefault("commit", result["commit"])
+            record.setdefault("run_command", result["command"])
+            record.setdefault("cpu_model", result["machine"]["cpu_model"])
+            arms |= {arm: stats for arm, stats in result["arms"].items() if arm.startswith(f"{name}/")}
+            ratios |= {key: stats for key, stats in result["ratios"].items() if key.startswith(f"{name}/")}
+            continue
+        study = known[name]
+        ran = {label: part for part in parts for label in part["studies"][name]["points"]}
+        labels = [label for label in study.points if label in ran]
+        study_arms = {f"{name}/{label}": ran[label]["arms"][f"{name}/{label}"] for label in labels}
+        provenance = {
+            label: ran[label]["studies"][name].get("point_provenance", {}).get(label)
+            or {key: ran[label]["studies"][name][key] for key in ("commit", "run_command", "cpu_model")}
+            for label in labels
         }
-        for r in results
-        for name in r["studies"]
-    }
-    order = sorted(records, key=lambda name: known.index(name) if name in known else len(known))
-    owner = {name: r for r in results for name in r["studies"]}
-    arms = {
-        arm: stats
-        for name in order
-        for arm, stats in owner[name]["arms"].items()
-        if arm.startswith(f"{name}/")
-    }
-    ratios = {
-        key: stats
-        for name in order
-        for key, stats in owner[name]["ratios"].items()
-        if key.startswith(f"{name}/")
-    }
-    setup = {**last["setup"], "studies": order}
+        record |= {
+            "points": {label: list(study.points[label]) for label in labels},
+            "point_provenance": provenance,
+            "wall_s": max(part["studies"][name]["wall_s"] for part in parts),
+            "commit": parts[-1]["studies"][name]["commit"],
+            "run_command": "; ".join(dict.fromkeys(p["run_command"] for p in provenance.values())),
+        }
+        raw = {
+            arm: [{metric: stats["runs"][i] for metric, stats in metrics.items()} for i in range(len(runs))]
+            for arm, metrics in study_arms.items()
+            for runs in [next(iter(metrics.values()))["runs"]]
+        }
+        arms |= study_arms
+        ratios |= study_ratios(name, study, raw)
+    last = dict(results[-1])
     return last | {
         "arms": arms,
         "ratios": ratios,
-        "setup": setup,
-        "studies": {name: records[name] for name in order},
+        "setup": {**last["setup"], "studies": order},
+        "studies": records,
     }
 
 
 def main() -> None:
     parser = harness.parser(__doc__.splitlines()[0], "sim_studies")
     parser.add_argument("--studies", default=",".join(studies()), help="comma-separated study names")
+    parser.add_argument("--points", help="comma-separated points of the one study chosen (default: all)")
     parser.add_argument(
         "--merge", nargs="+", metavar="RESULT", help="merge these results into --out, run nothing"
     )
@@ -266,14 +296,19 @@ def main() -> None:
     unknown = sorted(set(chosen) - set(known))
     if unknown:
         raise SystemExit(f"unknown studies {unknown}; known: {', '.join(known)}")
+    points = args.points.split(",") if args.points else None
+    if points and (len(chosen) != 1 or set(points) - set(known[chosen[0]].points)):
+        raise SystemExit(
+            f"--points names points of one study; {chosen[0]} has {', '.join(known[chosen[0]].points)}"
+        )
     repeats, start = harness.repeats_for(args), time.perf_counter()
     raw: dict[str, list[dict[str, float]]] = {}
     ratios: dict[str, dict[str, Any]] = {}
     records: dict[str, Any] = {}
     for name in chosen:
-        study_raw, study_ratios, records[name] = run_study(name, known[name], repeats, args.quick)
+        study_raw, ran_ratios, records[name] = run_study(name, known[name], repeats, args.quick, points)
         raw |= study_raw
-        ratios |= study_ratios
+        ratios |= ran_ratios
     resources = {
         "all_arms": "one process, one thread (the simulator is single-threaded Python); virtual time"
     }
