@@ -177,7 +177,8 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     # ~15 min of CPU on a quiet 2-core machine (64 k requests per step dominate); under a load average of 20
     # (2026-12-06) the virtual clock alone took ~35 min of wall time
     Benchmark("control_plane", ("bench/control_plane.py",), 20),
-    Benchmark("sim_studies", ("bench/sim_studies.py",), 12),
+    # estimated (2026-12-06): the DORA study's 30 runs at 20-40 s of CPU each, the all-modes study back at 256 x 16
+    Benchmark("sim_studies", ("bench/sim_studies.py",), 30),
     # 68 min on the AMD EPYC; 103 on the Intel Xeon (2026-11-29), part of it beside a test pass
     Benchmark("paper_tables", ("bench/paper_tables.py",), 100),
     # its --quick runs every arm inline, its full mode on Ray: the trace misses the Ray runtime's modules
