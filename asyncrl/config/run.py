@@ -177,14 +177,10 @@ class RunConfig:
             ),
             "runtime.colocate": (self.runtime.colocate != "never", "'never' contradicts it"),
             "rollout.num_engines": (
-                self.runtime.type == "inline" or self.rollout.num_engines == 1,
-                f"{self.rollout.num_engines} on Ray: one engine shares the trainer's bundle (weights by "
-                "colocated blocks only that bundle's machine and device can open)",
-            ),
-            "trainer.num_workers": (
-                self.runtime.type == "inline" or self.trainer.num_workers == 1,
-                f"{self.trainer.num_workers} on Ray: rank 0 alone publishes, and its colocated blocks reach "
-                "only the engine in its own bundle (one rank per engine is not built)",
+                self.runtime.type == "inline" or self.rollout.num_engines == self.trainer.num_workers,
+                f"{self.rollout.num_engines} with trainer.num_workers={self.trainer.num_workers} on Ray: "
+                "trainer rank i publishes colocated blocks to engine i, the one in its bundle (blocks only "
+                "that bundle's machine and device can open), so one engine per rank",
             ),
             "engine.backend": (
                 self.engine.backend == "builtin",

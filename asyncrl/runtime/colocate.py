@@ -66,7 +66,8 @@ class TrainerState(Protocol):
     def reload_state(self) -> int: ...
 
     def device_bytes(self) -> dict[str, float]:
-        """``colocate/device_allocated_bytes``: the trainer's CUDA allocator bytes now (empty on CPU)."""
+        """``colocate/device_allocated_bytes``: the trainer's CUDA allocator bytes now, every rank's summed (empty
+        on CPU)."""
         ...
 
 

@@ -66,6 +66,7 @@ from asyncrl.runtime.trainer_group import TrainerGroupClient, TrainerRankActor, 
 from asyncrl.runtime.weight_group import WEIGHTS_GROUP, BroadcastGroup
 from asyncrl.types import Generation, Request
 from asyncrl.weight_sync.broadcast import WeightGroup
+from asyncrl.weight_sync.colocated import for_engine
 from asyncrl.weight_sync.protocol import WeightSyncError, WeightSyncTimeout, WeightUpdate, check_version
 from asyncrl.weight_sync.transports import FlatBufferSync
 
@@ -335,10 +336,15 @@ class RayEngineClient:
     ``FlatWeights``), which is forwarded as is, or ordinary named tensors, which are published once.
     """
 
-    def __init__(self, handle: Any, name: str, config: RuntimeConfig, *, exports_kv: bool = True) -> None:
+    def __init__(
+        self, handle: Any, name: str, config: RuntimeConfig, *, exports_kv: bool = True, index: int = 0
+    ) -> None:
         self.handle = handle
         self.name = name
         self.config = config
+        self.index = index
+        """Which engine (and bundle) of the run this is: a colocated update from every trainer rank reaches
+        it as rank ``index``'s blocks (``weight_sync.colocated.for_engine``)."""
         self.exports_kv = exports_kv
         """Whether the actor's engine can hand a request over with its KV (the built-in one; not vLLM)."""
         self.catch_up: Any = None
@@ -391,6 +397,7 @@ class RayEngineClient:
         update = named_tensors
         if not isinstance(update, WeightUpdate):
             update = FlatBufferSync(put=ray.put).publish(version, named_tensors)
+        update = for_engine(update, self.index)
         if update.transport == "broadcast" and self.catch_up is not None:
             staged = await self._control(self.handle.staged_versions.remote(), "staged_versions")
             if staged is not None and update.version not in staged:
@@ -401,7 +408,7 @@ class RayEngineClient:
         )
 
     async def prefetch_weights(self, update: WeightUpdate) -> None:
-        ref = self.handle.prefetch_weights.remote(update)
+        ref = self.handle.prefetch_weights.remote(for_engine(update, self.index))
         what = f"engine {self.name}: prefetch_weights(v{update.version})"
         await await_actor(ref, what, self._update_deadline(update))
 
@@ -436,20 +443,21 @@ def spawn_engine(
     name: str,
     num_threads: int,
     options: dict[str, Any],
+    index: int = 0,
     cores: tuple[int, ...] = (),
     seed: int = 0,
     weight_sync_timeout_s: float = 300.0,
     bucket_bytes: int = 256 * 2**20,
     update_timeout_s: Callable[[int], float] | None = None,
 ) -> RayEngineClient:
-    """Start an engine actor with Ray ``options`` (its bundle; see ``ray_placement``); its model loads in the
-    background, so ``wait_ready`` before relying on it. ``update_timeout_s``: a weight update's deadline by
+    """Start engine ``index`` as an actor with Ray ``options`` (its bundle; see ``ray_placement``); its model
+    loads in the background, so ``wait_ready`` before relying on it. ``update_timeout_s``: a weight update's deadline by
     its bytes (``RayEngineClient.update_timeout_s``)."""
     actor = ray.remote(EngineActor).options(
         max_restarts=0, max_task_retries=0, max_concurrency=ENGINE_MAX_CONCURRENCY, **options
     )
     handle = actor.remote(model, engine, num_threads, cores, seed, weight_sync_timeout_s, bucket_bytes)
-    client = RayEngineClient(handle, name, config, exports_kv=engine.backend == "builtin")
+    client = RayEngineClient(handle, name, config, exports_kv=engine.backend == "builtin", index=index)
     client.update_timeout_s = update_timeout_s
     return client
 
@@ -486,6 +494,7 @@ class RayEngineFactory:
             self.config.engine,
             runtime,
             name=f"engine-{index}-restart-{self.num_started}",
+            index=index,
             num_threads=self.placement.engine_threads,
             options=self.reservation.options(ENGINE_ROLE, index, runtime.accelerator_resource),
             cores=self.placement.engine_cores[index] if self.placement.engine_cores else (),
@@ -590,6 +599,7 @@ def build_ray_parts(config: RunConfig, runtime: RuntimeConfig) -> RayParts:
                 config.engine,
                 runtime,
                 name=f"engine-{index}",
+                index=index,
                 num_threads=placement.engine_threads,
                 options=reservation.options(ENGINE_ROLE, index, accelerator),
                 cores=placement.engine_cores[index] if placement.engine_cores else (),
@@ -627,15 +637,15 @@ def build_ray_parts(config: RunConfig, runtime: RuntimeConfig) -> RayParts:
 
 
 def check_switch_layout(config: RunConfig, runtime: RuntimeConfig, roles: list[RoleBundles]) -> None:
-    """``runtime.switch`` on a cluster needs the trainer rank and the engine in one bundle (accelerators
-    reserved for both: ``SHARED_ROLE``), the only layout that puts them on one machine, where the colocated
-    blocks can be opened; refused by name otherwise, before anything is reserved. A local runtime is one
-    machine."""
+    """``runtime.switch`` on a cluster needs trainer rank i and engine i in one bundle (accelerators
+    reserved for both: ``SHARED_ROLE``), the only layout that puts each pair on one machine, where rank i's
+    colocated blocks can be opened; refused by name otherwise, before anything is reserved. A local runtime
+    is one machine."""
     if not config.runtime.switch.enabled or runtime.type != "cluster":
         return
     if not any(role.role == SHARED_ROLE for role in roles):
         raise PlacementError(
-            f"{layout_of(roles)} refused: runtime.switch on a cluster needs trainer rank 0 and its engine in "
+            f"{layout_of(roles)} refused: runtime.switch on a cluster needs trainer rank i and engine i in "
             "one placement bundle (runtime.accelerators_per_trainer_worker and accelerators_per_engine > 0, "
             "sync), or its colocated weights could land on another machine"
         )

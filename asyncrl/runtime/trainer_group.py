@@ -10,6 +10,7 @@
                        ◄─ metrics (rank 0's) ──── (they agree: gradients and metrics are reduced)
                        ── publish_weights() ────► every rank gathers parameter by parameter; rank 0 packs
                        ◄─ WeightUpdate ─────────  each bucket into the object store as it fills
+                                                  (colocated: every rank packs for its bundle's engine)
                        ── save / load ──────────► every rank writes / reads its DCP shards
 
 Key decisions:
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +61,7 @@ from asyncrl.trainer.offload import StateOffloader
 from asyncrl.trainer.trainer import Trainer
 from asyncrl.types import Group
 from asyncrl.weight_sync.broadcast import WeightGroup
+from asyncrl.weight_sync.colocated import paired_update
 from asyncrl.weight_sync.flat import FlatWeights
 from asyncrl.weight_sync.protocol import WeightSyncError, WeightUpdate
 from asyncrl.weight_sync.transports import FlatBufferSync, make_weight_sync, update_of_buckets
@@ -164,18 +167,23 @@ class TrainerRankActor:
         self, bucket_bytes: int, transport: str = "object_store", retain: bool = False
     ) -> WeightUpdate | None:
         """Every rank gathers; rank 0 packs each bucket as it fills and places it in the object store,
-        broadcasts it to the engines, or hands it to its delta / colocated publisher, then returns the update
-        (the others return None). ``retain`` (broadcast): keep the packed buckets for ``place_last_broadcast``."""
+        broadcasts it to the engines, or hands it to its delta publisher, then returns the update (the others
+        return None). Colocated: every rank packs the full weights for the engine in its own bundle and
+        returns its update (``ColocatedHandle.rank``; the client pairs them, ``paired_update``).
+        ``retain`` (broadcast): keep the packed buckets for ``place_last_broadcast``."""
         trainer = self._trainer()
         buckets = gathered_buckets(trainer.sync_tensors(), bucket_bytes)
         adapter = trainer.adapter
+        if transport == "colocated":
+            update = self._sync(transport).publish_buckets(trainer.version, buckets, adapter=adapter)
+            return replace(update, handle=replace(update.handle, rank=self.rank))
         if self.rank != 0:
             for _ in buckets:  # take part in every gather
                 pass
             return None
         if transport == "object_store":
             return FlatBufferSync(put=ray.put).publish_buckets(trainer.version, buckets, adapter=adapter)
-        if transport != "broadcast":  # delta, colocated: this rank's publisher lives from version to version
+        if transport != "broadcast":  # delta: this rank's publisher lives from version to version
             return self._sync(transport).publish_buckets(trainer.version, buckets, adapter=adapter)
         self.last_broadcast = []  # the previous version's copy goes before this one is packed
         sent = self.weight_group.send_packed(buckets, trainer.version, retain=retain)
@@ -193,7 +201,7 @@ class TrainerRankActor:
         return FlatBufferSync(put=ray.put).update_of(kept, handles, adapter=self._trainer().adapter)
 
     def _sync(self, transport: str) -> Any:
-        """Rank 0's publisher of ``transport``, built once (it may keep state between versions)."""
+        """This rank's publisher of ``transport``, built once (it may keep state between versions)."""
         if transport not in self._publishers:
             weight_sync, out = self.config.weight_sync, self.config.output_dir
             options = weight_sync.transport_options(transport, out, self._device())
@@ -315,7 +323,10 @@ class TrainerGroupClient:
         if self.weight_group is not None:
             return self.weight_group.publish(bucket_bytes)
         refs = [handle.publish_weights.remote(bucket_bytes, self.transport) for handle in self.handles]
-        return get_trainer(refs, "trainer: publish weights", self.weight_sync.timeout_s)[0]
+        updates = get_trainer(refs, "trainer: publish weights", self.weight_sync.timeout_s)
+        if self.transport == "colocated":  # rank i's blocks for engine i, in its bundle
+            return paired_update(updates)
+        return updates[0]
 
     def save_checkpoint(
         self,
@@ -354,9 +365,10 @@ class TrainerGroupClient:
         return sum(get_trainer(refs, "trainer: reload_state", self.config.control_timeout_s))
 
     def device_bytes(self) -> dict[str, float]:
-        """Rank 0's CUDA allocator bytes now (empty on CPU)."""
-        ref = self.handles[0].device_bytes.remote()
-        return get_trainer(ref, "trainer: device_bytes", self.config.control_timeout_s)
+        """Every rank's CUDA allocator bytes now, summed (as the engines' are; empty on CPU)."""
+        refs = [handle.device_bytes.remote() for handle in self.handles]
+        ranks = get_trainer(refs, "trainer: device_bytes", self.config.control_timeout_s)
+        return {key: sum(rank[key] for rank in ranks) for key in ranks[0]}
 
     def use_broadcast(self, weight_group: Any) -> None:
         """Publish by broadcast through ``weight_group`` (a formed ``runtime.weight_group.BroadcastGroup``)."""
@@ -364,15 +376,15 @@ class TrainerGroupClient:
         self.weight_group = weight_group
 
     def shutdown(self) -> None:
-        """End every rank's process; with the colocated transport, rank 0 first unlinks its last published
+        """End every rank's process; with the colocated transport, every rank first unlinks its last published
         blocks (a killed process would leave them in ``/dev/shm``), within ``RELEASE_TIMEOUT_S``: a dead or
         wedged rank is killed all the same."""
         if self.transport == "colocated":
             try:
-                ref = self.handles[0].release_weights.remote()
-                get_actor(ref, "trainer rank 0: release_weights", RELEASE_TIMEOUT_S)
+                refs = [handle.release_weights.remote() for handle in self.handles]
+                get_actor(refs, "trainer ranks: release_weights", RELEASE_TIMEOUT_S)
             except (ActorCallError, ActorCallTimeout) as error:  # deliberate: shutting down regardless
-                logger.warning("trainer rank 0 kept its published weights (%s); killing it", error)
+                logger.warning("a trainer rank kept its published weights (%s); killing the ranks", error)
         for handle in self.handles:
             ray.kill(handle, no_restart=True)
 
