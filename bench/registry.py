@@ -174,8 +174,8 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("serve_load", ("bench/serve_load.py",), 3),
     Benchmark("soak", ("bench/soak.py",), 30),
     Benchmark("simulator", ("bench/simulator.py",), 5),
-    # ~15 min of CPU on a quiet 2-core machine (64 k requests per step dominate); under a load average of 20
-    # (2026-12-06) the virtual clock alone took ~35 min of wall time
+    # 15 min of CPU in its runs (both clocks, 1k/8k/64k, 3 repeats; 64 k requests per step dominate); under a
+    # load average of 27-38 (2026-12-06, 6865b3b) it took 70 min of wall time
     Benchmark("control_plane", ("bench/control_plane.py",), 20),
     # estimated (2026-12-06): the DORA study's 30 runs at 20-40 s of CPU each, the all-modes study back at 256 x 16
     Benchmark("sim_studies", ("bench/sim_studies.py",), 30),
