@@ -107,6 +107,23 @@ class RleSequence(Sequence[T], Generic[T]):
         return f"RleSequence({list(self._parts)!r})"
 
 
+def kept(values: Sequence[T]) -> Sequence[T]:
+    """``values`` in a form the caller may keep: a ``RleSequence`` as itself (immutable, and copying it into a
+    list would cost O(tokens): a simulated prompt or a partial response thousands long), anything else copied
+    into a list (so a list the caller goes on mutating cannot change it)."""
+    return values if type(values) is RleSequence else list(values)
+
+
+def starts_with(values: Sequence[T], prefix: Sequence[T]) -> bool:
+    """Whether ``values`` begins with ``prefix``: O(parts) when ``values`` was joined onto ``prefix`` (a
+    continued request's output starts with the very parts of the prefix it was given), else item by item."""
+    if type(values) is RleSequence and type(prefix) is RleSequence:
+        head = values._parts[: len(prefix._parts)]
+        if len(head) == len(prefix._parts) and all(a is b for a, b in zip(head, prefix._parts, strict=True)):
+            return True
+    return values[: len(prefix)] == prefix
+
+
 def _parts_of(values: Sequence[T]) -> tuple[Sequence[T], ...]:
     """The parts of ``values``: its own if it is a ``RleSequence``, else one part copied into a tuple (so a list
     the caller goes on mutating cannot change this sequence); none if it is empty.

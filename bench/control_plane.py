@@ -212,6 +212,12 @@ def flatness_ratios(
     }
 
 
+def load_averages() -> dict[str, float]:
+    """The machine's 1, 5 and 15 minute load averages (what ``uptime`` prints): on a shared machine the wall
+    cost per request depends on them, the CPU cost per request much less."""
+    return dict(zip(("1m", "5m", "15m"), (round(load, 2) for load in os.getloadavg()), strict=True))
+
+
 def main() -> None:
     parser = harness.parser(__doc__.splitlines()[0], "control_plane")
     parser.add_argument("--sizes", default="1024,8192,65536", help="requests per step")
@@ -219,6 +225,7 @@ def main() -> None:
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--clocks", default="virtual,real")
     args = parser.parse_args()
+    load_at_start = load_averages()
     sizes = [256, 1024] if args.quick else [int(size) for size in args.sizes.split(",")]
     modes, clocks = args.modes.split(","), args.clocks.split(",")
     steps = 1 if args.quick else args.steps
@@ -242,7 +249,10 @@ def main() -> None:
     }
     resources = {"all_arms": "one forked process per run, one thread (the driver is single-threaded asyncio)"}
     ratios = flatness_ratios(raw, modes, clocks, sizes)
-    harness.write_result(args, "control_plane", raw, ratios=ratios, resources=resources, setup=setup)
+    load = {"at_start": load_at_start, "at_end": load_averages()}
+    harness.write_result(
+        args, "control_plane", raw, ratios=ratios, resources=resources, setup=setup, extra={"load_avg": load}
+    )
 
 
 if __name__ == "__main__":

@@ -174,10 +174,11 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("serve_load", ("bench/serve_load.py",), 3),
     Benchmark("soak", ("bench/soak.py",), 30),
     Benchmark("simulator", ("bench/simulator.py",), 5),
-    # ~15 min of CPU on a quiet 2-core machine (64 k requests per step dominate); under a load average of 20
-    # (2026-12-06) the virtual clock alone took ~35 min of wall time
+    # 15 min of CPU in its runs (both clocks, 1k/8k/64k, 3 repeats; 64 k requests per step dominate); under a
+    # load average of 27-38 (2026-12-06, 6865b3b) it took 70 min of wall time
     Benchmark("control_plane", ("bench/control_plane.py",), 20),
-    Benchmark("sim_studies", ("bench/sim_studies.py",), 12),
+    # estimated (2026-12-06): the DORA study's 30 runs at 20-40 s of CPU each, the all-modes study back at 256 x 16
+    Benchmark("sim_studies", ("bench/sim_studies.py",), 30),
     # 68 min on the AMD EPYC; 103 on the Intel Xeon (2026-11-29), part of it beside a test pass
     Benchmark("paper_tables", ("bench/paper_tables.py",), 100),
     # its --quick runs every arm inline, its full mode on Ray: the trace misses the Ray runtime's modules
@@ -188,6 +189,22 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         # float32 copies), as the recorded result's command already left it out (docs/weight-sync.md)
         ("bench/weight_sync.py", "--parts", "transports,long_tail_step", "--sizes", "21M,100M,0.5B"),
         30,
+    ),
+    Benchmark(
+        "weight_sync_vllm",
+        # its own result: it needs vLLM's environment and ~40 s of engine start-up per size and dtype, and is
+        # re-run when the vLLM worker changes, independently of the transports' half-hour sweep
+        (
+            "bench/weight_sync.py",
+            "--parts",
+            "vllm",
+            "--sizes",
+            "21M,100M,0.5B",
+            "--out",
+            "bench/results/weight_sync_vllm.json",
+        ),
+        15,
+        needs="the vLLM environment (asyncrl backends install vllm)",
     ),
     Benchmark(
         "weight_sync_delta_bytes",

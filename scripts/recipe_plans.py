@@ -127,9 +127,11 @@ def simulate_recipe(plan: RecipePlan) -> dict[str, Any]:
     }
 
 
-def search(plan: RecipePlan, out: Path) -> dict[str, Any]:
-    """``asyncrl plan --gpus N`` itself (a subprocess, as a user runs it); its plan.json."""
-    command = [sys.executable, "-m", "asyncrl.cli.main", "plan", *plan.workload, f"output_dir={out}"]
+def search(plan: RecipePlan, recipe: str, out: Path) -> dict[str, Any]:
+    """``asyncrl plan --gpus N`` itself (a subprocess, as a user runs it), its memory filter planning the
+    recipe's own trainer settings on each layout (``memory.train_config``); its plan.json."""
+    memory = f"memory.train_config={ROOT / 'asyncrl' / 'examples' / 'recipes' / recipe}"
+    command = [sys.executable, "-m", "asyncrl.cli.main", "plan", *plan.workload, memory, f"output_dir={out}"]
     subprocess.run([*command, "--gpus", str(plan.gpus)], check=True, cwd=ROOT)
     return json.loads((out / "plan.json").read_text())
 
@@ -146,7 +148,7 @@ def measure() -> dict[str, Any]:
         entry = {"plan": asdict(plan), "own": simulate_recipe(plan)}
         if plan.gpus >= 2:
             with tempfile.TemporaryDirectory() as tmp:
-                full = search(plan, Path(tmp))
+                full = search(plan, name, Path(tmp))
             entry["recommended"] = full["recommended"] | {"label": _label(full["recommended"], plan.gpus)}
             entry["colocated_sync_step_s"] = full["baseline"]["step_s"]
         results["recipes"][name] = entry

@@ -27,6 +27,7 @@ allocator's fragmentation, and the engine's per-step scratch beyond one prefill 
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -446,6 +447,39 @@ def plan(
     else:
         devices = (Device("each trainer GPU", ((trainer, 1),)), Device("each engine GPU", ((engine, 1),)))
     return Plan(roles=(trainer, engine), devices=devices)
+
+
+OFFLOADABLE = {
+    "optimizer state": "offload_optimizer",
+    "master weights": "offload_master_weights",
+    "gradients": "offload_grads",
+}
+"""The trainer's held terms ``runtime.switch`` can move to host memory while the engines generate, each with
+its switch key."""
+
+
+def switch_devices(
+    trainer: Role,
+    engine: Role,
+    offloaded: Collection[str],
+    asleep: Term | None,
+    name: str = "each shared GPU",
+) -> tuple[Device, Device]:
+    """A GPU one trainer rank and one engine take turns on (``runtime.switch``), as its two phases: while the
+    engine generates, its peak beside what the trainer keeps (its held terms less the ``offloaded`` ones, named
+    as in ``OFFLOADABLE``); while the trainer trains, its peak beside what the sleeping engine keeps
+    (``asleep``: its weights at sleep level 1, None at level 2)."""
+    kept = tuple(t for t in trainer.terms if t.phase == HELD and t.name not in offloaded)
+    generating: tuple[tuple[Role, int], ...] = ((engine, 1),)
+    if kept:
+        generating += ((Role(f"{trainer.name} (offloaded)", trainer.count, 1, kept), 1),)
+    training: tuple[tuple[Role, int], ...] = ((trainer, 1),)
+    if asleep is not None:
+        training += ((Role(f"{engine.name} (asleep)", engine.count, engine.gpus_each, (asleep,)), 1),)
+    return (
+        Device(f"{name} while the engine generates", generating),
+        Device(f"{name} while the trainer trains", training),
+    )
 
 
 def checkpoint_bytes(config: RunConfig, shape: ModelShape) -> tuple[int, int]:

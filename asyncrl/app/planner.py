@@ -14,6 +14,12 @@ The search, about a dozen simulations:
    answer to long tails, which the simulator often finds slower: its legacy engines idle as their work drains).
 Among the candidates within ``tolerance`` of the best throughput, the least stale wins (a fresher sample
 costs nothing there), so α grows only where it buys throughput.
+
+Memory (``memory.check``, on by default): every layout is first planned by ``app.plan_memory`` (the memory plan
+``asyncrl doctor --hardware`` prints: per role, per shared GPU, the critic and LoRA included). A split that does
+not fit is dropped before it is simulated, and a colocated baseline that does not fit is simulated as the
+yardstick but never recommended; ``PlanResult.dropped`` names each with the GPU that overflows, its role and
+its largest term.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from asyncrl.app.plan_memory import Drop, Layout, MemoryCheck
 from asyncrl.app.simulate import simulate
 from asyncrl.config.sim import SimConfig
 from asyncrl.modes import async_ratio_for
@@ -95,6 +102,10 @@ class PlanResult:
     """None when the cluster holds one layout only (``--gpus 1``: colocated sync)."""
     proposition: Plan | None
     """Proposition 2's split; None where there is no split (the same one-layout clusters)."""
+    dropped: tuple[tuple[Candidate, Drop], ...] = ()
+    """The candidates whose memory plan does not fit the hardware, each with why (never recommended)."""
+    hardware: str = ""
+    """The hardware profile memory was planned for."""
 
     def placement_text(self, candidate: Candidate) -> str:
         """The layout the runtime builds for ``candidate``, or why it refuses it (never recommended then)."""
@@ -123,6 +134,9 @@ class PlanResult:
                 o.candidate.label(self.gpus): self.placement_text(o.candidate) for o in self.outcomes
             },
             "multi_version": self.mode_verdict("multi_version"),
+            "dropped_for_memory": {
+                candidate.label(self.gpus): drop.text(self.hardware) for candidate, drop in self.dropped
+            },
         }
 
     def mode_verdict(self, mode: str) -> str:
@@ -167,6 +181,7 @@ class Planner:
                 f"the runtime cannot colocate them: {self.refusal(COLOCATED_SYNC)}"
             )
         self._cache: dict[Candidate, Outcome] = {}
+        self.memory = MemoryCheck(self.base) if self.base.memory.check else None
 
     def config(self, candidate: Candidate) -> SimConfig:
         keys = candidate_overrides(candidate, self.gpus, self.gpus_per_engine)
@@ -219,6 +234,17 @@ class Planner:
             samples, self.gpus, mu_gen, max(l_gen, mu_gen), mu_train, config.trainer.epochs, alpha
         )
 
+    def layout(self, candidate: Candidate) -> Layout:
+        """What memory depends on in ``candidate``: its trainer ranks, engines and whether they share GPUs."""
+        engines_gpus = self.gpus if candidate.train_gpus is None else self.gpus - candidate.train_gpus
+        ranks = self.gpus if candidate.train_gpus is None else candidate.train_gpus
+        return Layout(ranks, engines_gpus // self.gpus_per_engine, candidate.train_gpus is None)
+
+    def memory_drop(self, candidate: Candidate) -> Drop | None:
+        """Why ``candidate``'s memory plan does not fit the hardware, or None (also with ``memory.check``
+        off)."""
+        return None if self.memory is None else self.memory.drop(self.layout(candidate))
+
     def placeable(self, candidate: Candidate) -> bool:
         """Whether the runtime places ``candidate`` on this cluster (``placement_of``)."""
         return not self.refusal(candidate)
@@ -240,32 +266,42 @@ class Planner:
         """The candidates of the module docstring; only those the runtime places are recommended (a refused
         colocated baseline is still simulated: speedups are quoted against it)."""
         baseline = self.evaluate(COLOCATED_SYNC)
-        if self.gpus < 2 * self.gpus_per_engine:  # one device per engine: colocated sync is the only layout
-            return PlanResult(
-                gpus=self.gpus,
-                gpus_per_engine=self.gpus_per_engine,
-                baseline=baseline,
-                outcomes=[baseline],
-                recommended=baseline,
-                runner_up=None,
-                proposition=None,
+        dropped = [(COLOCATED_SYNC, d) for d in [self.memory_drop(COLOCATED_SYNC)] if d is not None]
+        outcomes, proposition = [baseline], None
+        if (
+            self.gpus >= 2 * self.gpus_per_engine
+        ):  # else one device per engine: colocated sync is the only layout
+            proposition = self.proposition(2.0)
+            splits = []
+            for train in self.split_candidates(proposition.beta):
+                candidate = Candidate(mode="partial_rollout", alpha=2.0, train_gpus=train)
+                drop = self.memory_drop(candidate)
+                if drop is None:
+                    splits.append(self.evaluate(candidate))
+                else:
+                    dropped.append((candidate, drop))
+            schedules = []
+            if splits:  # the schedules share the best split's layout, so its memory verdict too
+                best_split = max(splits, key=lambda o: o.samples_per_s).candidate.train_gpus
+                schedules = [Candidate(mode="one_step_off", alpha=1.0, train_gpus=best_split)]
+                schedules += [
+                    Candidate(mode=mode, alpha=float(a), train_gpus=best_split)
+                    for mode in ("async", "partial_rollout", "multi_version")
+                    for a in alphas
+                ]
+            schedules = [c for c in schedules if c.mode in modes]
+            outcomes += [*splits, *(self.evaluate(c) for c in schedules)]
+            outcomes = list({o.candidate: o for o in outcomes}.values())
+        refused = {candidate for candidate, _ in dropped}
+        eligible = [o for o in outcomes if o.candidate not in refused and self.placeable(o.candidate)]
+        if not eligible:
+            hardware = self.memory.hardware.name if self.memory else self.base.hardware
+            why = "; ".join(f"{c.label(self.gpus)}: {d.text(hardware)}" for c, d in dropped)
+            raise ValueError(
+                f"no candidate on {self.gpus} GPU(s) fits memory ({why}); more GPUs, a smaller model, or lighter "
+                "trainer settings (memory.*, or memory.train_config) would"
             )
-        proposition = self.proposition(2.0)
-        splits = [
-            self.evaluate(Candidate(mode="partial_rollout", alpha=2.0, train_gpus=t))
-            for t in self.split_candidates(proposition.beta)
-        ]
-        best_split = max(splits, key=lambda o: o.samples_per_s).candidate.train_gpus
-        schedules = [Candidate(mode="one_step_off", alpha=1.0, train_gpus=best_split)]
-        schedules += [
-            Candidate(mode=mode, alpha=float(a), train_gpus=best_split)
-            for mode in ("async", "partial_rollout", "multi_version")
-            for a in alphas
-        ]
-        schedules = [c for c in schedules if c.mode in modes]
-        outcomes = [baseline, *splits, *(self.evaluate(c) for c in schedules)]
-        outcomes = list({o.candidate: o for o in outcomes}.values())
-        recommended, runner_up = choose([o for o in outcomes if self.placeable(o.candidate)], tolerance)
+        recommended, runner_up = choose(eligible, tolerance)
         return PlanResult(
             gpus=self.gpus,
             gpus_per_engine=self.gpus_per_engine,
@@ -274,6 +310,8 @@ class Planner:
             recommended=recommended,
             runner_up=runner_up,
             proposition=proposition,
+            dropped=tuple(dropped),
+            hardware=self.memory.hardware.name if self.memory else "",
         )
 
 
@@ -312,9 +350,9 @@ def placement_of(candidate: Candidate, gpus: int, gpus_per_engine: int) -> str:
     return layout_of(roles)
 
 
-def choose(outcomes: list[Outcome], tolerance: float) -> tuple[Outcome, Outcome]:
+def choose(outcomes: list[Outcome], tolerance: float) -> tuple[Outcome, Outcome | None]:
     """(recommended, runner-up): the least stale of those within ``tolerance`` of the best throughput (ties:
-    the faster), then the best of the rest by the same order."""
+    the faster), then the best of the rest by the same order (None when there is no other)."""
     best = max(o.samples_per_s for o in outcomes)
 
     def rank(o: Outcome) -> tuple[bool, float, float]:
@@ -322,7 +360,7 @@ def choose(outcomes: list[Outcome], tolerance: float) -> tuple[Outcome, Outcome]
         return (not close, o.mean_staleness if close else 0.0, -o.samples_per_s)
 
     ordered = sorted(outcomes, key=rank)
-    return ordered[0], ordered[1]
+    return ordered[0], ordered[1] if len(ordered) > 1 else None
 
 
 def why_lost(winner: Outcome, loser: Outcome, gpus: int) -> str:

@@ -16,7 +16,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description="Simulate candidate schedules of one workload on a cluster of --gpus accelerators, with "
         "every engine and trainer cost derived from model= and hardware= (asyncrl.sim.derive): colocated sync "
         "on all GPUs, partial rollout at alpha 2 on train shares of 1/8 to 7/8 and at Proposition 2's beta*, "
-        "then one_step_off, async and partial rollout at each --alphas on the best split. Prints the "
+        "then one_step_off, async and partial rollout at each --alphas on the best split. A layout whose memory "
+        "plan (asyncrl doctor's, per role and shared GPU, trainer settings from memory.* or memory.train_config) "
+        "does not fit the hardware is dropped and listed with its largest term. Prints the "
         "recommendation (the least stale schedule within --tolerance of the best steady-state throughput) "
         "with its step time, speedup over colocated sync and staleness, the runner-up and why it lost, and "
         "writes OUT/plan.json (OUT: the output_dir key). The workload (lengths, batch, prompt tokens) is the "
@@ -60,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
             f"{outcome.candidate.label(gpus):<40} {outcome.step_s:>9.1f} {outcome.samples_per_s:>10.3g} "
             f"{result.speedup(outcome):>7.2f}x {outcome.mean_staleness:>9.2f} {outcome.engine_busy:>8.0%}"
         )
+    for candidate, drop in result.dropped:
+        print(f"dropped for memory: {candidate.label(gpus)}: {drop.text(result.hardware)}")
     best, second, prop = result.recommended, result.runner_up, result.proposition
     print(
         f"recommended: {best.candidate.label(gpus)}: {best.step_s:.1f} s per step, "
@@ -67,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
         f"mean staleness {best.mean_staleness:.2f}"
     )
     if second is None:
-        print(f"runner-up: none: {gpus} accelerator(s) hold colocated sync only")
+        alone = "colocated sync only" if gpus < 2 * planner.gpus_per_engine else "no other layout that fits"
+        print(f"runner-up: none: {gpus} accelerator(s) hold {alone}")
     else:
         print(f"runner-up: {second.candidate.label(gpus)}: {why_lost(best, second, gpus)}")
     if prop is not None:

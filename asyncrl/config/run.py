@@ -101,7 +101,8 @@ class RunConfig:
             self.controller.mode, async_ratio=self.buffer.async_ratio, update_policy=self.proxy.update_policy
         )
         check_critic(self.advantage.name, self.critic)
-        self.weight_sync.transport_for(self.runtime.type)  # a ValueError when the runtime cannot carry it
+        # a ValueError when the runtime cannot carry it
+        self.weight_sync.transport_for(self.runtime.type, switch=self.runtime.switch.enabled)
         self._check_broadcast_into_vllm()
         self._check_switch()
         self._fill_vllm_lora()
@@ -175,9 +176,11 @@ class RunConfig:
                 f"{self.controller.mode!r}: only sync never generates while the trainer trains",
             ),
             "runtime.colocate": (self.runtime.colocate != "never", "'never' contradicts it"),
-            "runtime.type": (
-                self.runtime.type == "inline",
-                f"{self.runtime.type!r}: the Ray actors have no sleep/offload calls yet (inline only)",
+            "rollout.num_engines": (
+                self.runtime.type == "inline" or self.rollout.num_engines == self.trainer.num_workers,
+                f"{self.rollout.num_engines} with trainer.num_workers={self.trainer.num_workers} on Ray: "
+                "trainer rank i publishes colocated blocks to engine i, the one in its bundle (blocks only "
+                "that bundle's machine and device can open), so one engine per rank",
             ),
             "engine.backend": (
                 self.engine.backend == "builtin",

@@ -35,8 +35,10 @@ class SwitchConfig:
 
     enabled: bool = False
     """Sleep the engines while the trainer trains and offload the trainer's state while they generate.
-    Needs ``controller.mode: sync`` (the only mode whose rollout never overlaps training), the inline runtime
-    and the built-in engine; weights then travel by ``weight_sync.type: colocated`` (``auto`` picks it)."""
+    Needs ``controller.mode: sync`` (the only mode whose rollout never overlaps training) and the built-in
+    engine; inline, or on Ray one engine per trainer rank (rank i and engine i sharing bundle i on
+    accelerators, rank i publishing to engine i); weights then travel by ``weight_sync.type: colocated``
+    (``auto`` picks it)."""
     engine_sleep_level: int = 1
     """1: a sleeping engine frees its KV pool. 2: it also moves its weights to host memory."""
     offload_optimizer: bool = True

@@ -338,6 +338,59 @@ class SimCostConfig:
             raise ValueError(f"cost.switch_sleep_level must be 1 or 2, got {self.switch_sleep_level}")
 
 
+CRITIC_CHOICES = ("none", "separate", "shared_trunk")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimMemoryConfig:
+    """What ``asyncrl plan`` checks each candidate layout's memory with (``asyncrl.app.plan_memory``: the plan
+    ``asyncrl doctor --hardware`` prints, per role and per shared device). The layout (trainer ranks, engines,
+    tensor parallelism) is the candidate's; the engine's slots and longest context are the workload's. The
+    trainer's settings are ``train_config``'s when it names a training config, else the keys below."""
+
+    check: bool = True
+    """Drop the candidates whose plan does not fit ``hardware`` (never simulated; the colocated baseline is
+    still simulated as the yardstick but never recommended). False plans throughput alone."""
+    train_config: str = ""
+    """A training config (``asyncrl train``'s YAML): its model dtype, trainer (micro-batch, checkpointing,
+    mixed precision, gradient accumulation, LoRA), loss (a KL reference), critic, engine (backend, dtype,
+    ``max_model_len``, vLLM's share) and ``runtime.switch`` are planned, and the keys below are ignored. Empty:
+    the keys below, with the engine read from ``cost`` (``kv: paged`` is vLLM at ``memory_utilization``,
+    ``reserved`` the built-in engine; ``bytes_per_param`` its dtype)."""
+    master_dtype: Literal["float32", "bfloat16"] = "float32"
+    """The trainer's weights, gradients and AdamW moments (``model.dtype``)."""
+    mixed_precision: bool = True
+    """The forward and backward compute in bfloat16 (FSDP2's ``mixed_precision: bf16``; one rank: autocast's
+    ``compute_dtype: bfloat16``); False computes in ``master_dtype``."""
+    activation_checkpointing: bool = True
+    """Keep only each layer's input for backward and recompute the rest (``trainer.activation_checkpointing``)."""
+    max_tokens_per_microbatch: int | None = None
+    """Tokens of one micro-batch (``trainer.max_tokens_per_microbatch``); null: one longest sample,
+    ``prompt_tokens + rollout.max_new_tokens``, the least a micro-batch holds."""
+    lora_rank: int = 0
+    """LoRA adapters of this rank on every linear layer (``trainer.lora``): the base frozen, only the adapters
+    hold gradients and moments; 0 trains every weight."""
+    critic: Literal["none", "separate", "shared_trunk"] = "none"
+    """The value model PPO's GAE reads (``critic.type``): a separate decoder body with its own optimizer, or a
+    value head on the policy's trunk."""
+
+    def __post_init__(self) -> None:
+        if self.master_dtype not in ("float32", "bfloat16"):
+            raise ValueError(
+                f"memory.master_dtype must be 'float32' or 'bfloat16', got {self.master_dtype!r}"
+            )
+        if self.max_tokens_per_microbatch is not None and self.max_tokens_per_microbatch < 1:
+            raise ValueError(
+                f"memory.max_tokens_per_microbatch must be >= 1 or null, got {self.max_tokens_per_microbatch}"
+            )
+        if self.lora_rank < 0:
+            raise ValueError(f"memory.lora_rank must be >= 0, got {self.lora_rank}")
+        if self.critic not in CRITIC_CHOICES:
+            raise ValueError(
+                f"memory.critic must be one of {', '.join(map(repr, CRITIC_CHOICES))}, got {self.critic!r}"
+            )
+
+
 @dataclass(frozen=True, kw_only=True)
 class SteadyStateConfig:
     """Run until the step time settles instead of a fixed count: start-up transients (an empty pipeline, the
@@ -408,6 +461,8 @@ class SimConfig:
     """Environment latency and failure model (agentic producer)."""
     env_manager: EnvManagerConfig = field(default_factory=EnvManagerConfig)
     """Env groups, redundancy, async vs batch env stepping and timeouts (agentic producer)."""
+    memory: SimMemoryConfig = field(default_factory=SimMemoryConfig)
+    """The trainer settings ``asyncrl plan`` plans each candidate's memory with (the simulation ignores them)."""
 
     def __post_init__(self) -> None:
         if self.num_prompts < 1 or self.prompt_tokens < 1:

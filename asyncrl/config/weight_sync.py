@@ -28,8 +28,8 @@ class WeightSyncConfig:
     delta: per version only what changed since the previous one, written to a shared directory
     (``delta_dir``) that every engine reads; engines patch their weights in place (``weight_sync.delta``).
     colocated: engines on the trainer's machine map the trainer's packed weights without a copy (shared
-    memory on CPU, CUDA IPC handles on a GPU; ``weight_sync.colocated``; the local Ray runtime, and inline
-    with ``runtime.switch``, where ``auto`` picks it).
+    memory on CPU, CUDA IPC handles on a GPU; ``weight_sync.colocated``; the local Ray runtime, and any
+    runtime with ``runtime.switch``, where ``auto`` picks it).
     auto: the first the runtime carries (in_process inline, object_store on Ray)."""
     bucket_mb: float = 256.0
     """Weights leave the trainer in buckets of about this size (object_store, broadcast): the largest piece of
@@ -75,9 +75,13 @@ class WeightSyncConfig:
             }
         return {}
 
-    def transport_for(self, runtime_type: str) -> str:
+    def transport_for(self, runtime_type: str, *, switch: bool = False) -> str:
         """The transport a run on ``runtime_type`` uses; a ``ValueError`` naming both fields when the chosen
-        one cannot cross that runtime's process boundaries."""
+        one cannot cross that runtime's process boundaries. With ``switch`` (``runtime.switch``) ``auto`` is
+        ``colocated`` on every runtime: the switch's trainer and engine share a machine (one process inline,
+        one placement bundle on Ray)."""
+        if switch and self.type in ("auto", "colocated"):
+            return "colocated"
         carried = RUNTIME_TRANSPORTS[runtime_type]
         if self.type == "auto":
             return carried[0]

@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from asyncrl.rle import kept
+
 Split = Literal["train", "eval"]
 SPLITS: tuple[Split, ...] = ("train", "eval")
 
@@ -89,7 +91,7 @@ def prompt_token_ids(sample: TaskSample, tokenizer: Any) -> list[int]:
     tokenizers), so the model would see a prompt it was never trained on.
     """
     if sample.messages is None or not getattr(tokenizer, "chat_template", None):
-        return list(tokenizer.encode(sample.prompt))
+        return kept(tokenizer.encode(sample.prompt))  # a simulated prompt stays one run
     messages = [dict(m) for m in sample.messages]
     ids = tokenizer.apply_chat_template(
         messages,

@@ -61,6 +61,9 @@ class LLMEngine:
         self.asleep = 0
         """The sleep level (``sleep``): 0 awake, 1 KV pool freed, 2 weights on the host too."""
         self._host_weights: list[tuple[torch.nn.Parameter, torch.device]] = []
+        self.num_sleeps = 0
+        self.num_wakes = 0
+        """Times this engine slept and woke (``runtime.switch``: once each per step)."""
         self.num_generated_tokens = 0
         self.busy_seconds = 0.0
         self._sequences: dict[str, Sequence] = {}
@@ -140,6 +143,7 @@ class LLMEngine:
         if self.runner.device.type == "cuda":
             torch.cuda.empty_cache()  # return the blocks to the device, for a trainer in another process too
         self.asleep = level
+        self.num_sleeps += 1
         return freed
 
     def wake(self) -> int:
@@ -154,6 +158,7 @@ class LLMEngine:
         self._host_weights = []
         allocated += self.runner.cache.restore()
         self.asleep = 0
+        self.num_wakes += 1
         return allocated
 
     def update_weights(self, named_tensors: NamedTensors, version: int, *, partial: bool = False) -> None:
@@ -212,6 +217,8 @@ class LLMEngine:
             "version": self.version,
             "paused": self.paused,
             "asleep": self.asleep,
+            "num_sleeps": self.num_sleeps,
+            "num_wakes": self.num_wakes,
             "kv_pool_bytes": self.runner.cache.resident_bytes(),
         }
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from asyncrl.rle import kept, starts_with
 from asyncrl.types import FinishReason, Generation, Request
 
 
@@ -20,9 +21,9 @@ def continuation_request(request: Request, partial: Generation | None) -> Reques
         return request
     return dataclasses.replace(
         request,
-        prefix_token_ids=list(partial.token_ids),
-        prefix_logprobs=list(partial.logprobs),
-        prefix_versions=list(partial.versions),
+        prefix_token_ids=kept(partial.token_ids),
+        prefix_logprobs=kept(partial.logprobs),
+        prefix_versions=kept(partial.versions),
     )
 
 
@@ -30,9 +31,9 @@ def check_continued(generation: Generation, request: Request) -> None:
     """Raise ``ValueError`` naming the request unless ``generation`` starts with the request's prefix."""
     num_prefix = len(request.prefix_token_ids)
     same = num_prefix == 0 or (
-        generation.token_ids[:num_prefix] == request.prefix_token_ids
-        and generation.logprobs[:num_prefix] == request.prefix_logprobs
-        and generation.versions[:num_prefix] == request.prefix_versions
+        starts_with(generation.token_ids, request.prefix_token_ids)
+        and starts_with(generation.logprobs, request.prefix_logprobs)
+        and starts_with(generation.versions, request.prefix_versions)
     )
     lengths_agree = len(generation.token_ids) == len(generation.logprobs) == len(generation.versions)
     if not (same and lengths_agree):
@@ -54,9 +55,9 @@ def empty_abort(request: Request) -> Generation:
     """The generation of a request aborted before any engine produced a token for it."""
     return Generation(
         request_id=request.request_id,
-        prompt_token_ids=list(request.prompt_token_ids),
-        token_ids=list(request.prefix_token_ids),
-        logprobs=list(request.prefix_logprobs),
-        versions=list(request.prefix_versions),
+        prompt_token_ids=kept(request.prompt_token_ids),
+        token_ids=kept(request.prefix_token_ids),
+        logprobs=kept(request.prefix_logprobs),
+        versions=kept(request.prefix_versions),
         finish_reason=FinishReason.ABORT,
     )

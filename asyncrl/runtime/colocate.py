@@ -6,15 +6,21 @@
     state_for_sync:  publish (weight_sync colocated) ─► trainer offloads its state ─► engines wake
     (then the controller applies the update to the woken engines and the next rollout starts)
 
-Key decision: the switch wraps the trainer facade the controller already calls (``LocalTrainer``), in the
-order ``sync`` already runs its phases, so the controller, the proxy and the modes stay as they are; only
-``sync`` is accepted (``RunConfig._check_switch``), the one mode whose engines are idle while it trains.
+Key decision: the switch wraps the trainer facade the controller already calls (inline ``LocalTrainer``, or
+on Ray ``TrainerGroupClient``), in the order ``sync`` already runs its phases, so the controller, the proxy
+and the modes stay as they are; only ``sync`` is accepted (``RunConfig._check_switch``), the one mode whose
+engines are idle while it trains. The two runtimes differ only in where the trainer's state moves
+(``TrainerState``: on the training thread inline, a remote call to each rank actor on Ray) and in what an
+engine is (an ``AsyncEngine``, or a ``RayEngineClient`` whose ``sleep`` / ``wake`` are remote calls to the
+engine actor); each engine call is bounded by ``runtime.control_timeout_s``.
 
 Each phase is timed and its bytes counted: ``colocate/{sleep,reload,sync,offload,wake}_s`` and ``_bytes``
-join the step's trainer metrics, with what the engines' KV pools hold while the trainer trains
-(``colocate/kv_pool_bytes_while_training``, 0 when they slept) and on CUDA the allocator's bytes then (the phases after training complete the step's metrics dict in
+join the step's trainer metrics (the phases after training complete the step's metrics dict in
 ``state_for_sync``, which the controller runs before it reports the step), and the report's timeline shows
-them as trainer spans (``app.train``).
+them as trainer spans (``app.train``). Read from the engines once they sleep, as each reports it
+(``ENGINE_STATS``): the bytes their KV pools hold (``colocate/kv_pool_bytes_while_training``, 0 when they
+slept) and how often each has slept and woken; on CUDA the allocators' bytes then, the trainer's
+(``colocate/device_allocated_bytes``) and the engines' own (``colocate/engine_device_allocated_bytes``).
 """
 
 from __future__ import annotations
@@ -23,7 +29,9 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
+
+import torch
 
 from asyncrl.config.runtime import SwitchConfig
 from asyncrl.trainer.offload import OffloadChoice, StateOffloader
@@ -36,55 +44,95 @@ PHASES = ("sleep", "reload", "sync", "offload", "wake")
 """The switch's phases in the order a step runs them."""
 
 
+ENGINE_STATS = {
+    "kv_pool_bytes_while_training": "kv_pool_bytes",
+    "engine_num_sleeps": "num_sleeps",
+    "engine_num_wakes": "num_wakes",
+}
+"""Metric (``colocate/<key>``) ← engine stat, read from every engine once it sleeps; the counts are each
+engine's own since it started (a replaced engine's start again)."""
+
+
 class SwitchTimeout(TimeoutError):
     """An engine did not finish sleeping or waking within ``runtime.control_timeout_s``."""
 
 
-class ColocatedTrainer:
-    """The inline trainer facade (``runtime.inline.LocalTrainer``) with the engines in ``engines`` (the
-    run's list, replaced engines included) sleeping while it trains and its state offloaded while they
-    generate."""
+class TrainerState(Protocol):
+    """Where a switched trainer's resident state goes between steps (``trainer.offload.StateOffloader``
+    behind the runtime's own calls): each move returns the bytes it moved."""
 
-    def __init__(self, local: Any, engines: list[Any], switch: SwitchConfig, timeout_s: float) -> None:
+    def offload_state(self) -> int: ...
+
+    def reload_state(self) -> int: ...
+
+    def device_bytes(self) -> dict[str, float]:
+        """``colocate/device_allocated_bytes``: the trainer's CUDA allocator bytes now, every rank's summed (empty
+        on CPU)."""
+        ...
+
+
+class LocalState:
+    """``TrainerState`` of the inline trainer: its offloader, run on the training thread."""
+
+    def __init__(self, local: Any, switch: SwitchConfig) -> None:
         self.local = local
+        self.offloader = StateOffloader.for_trainer(local.trainer, offload_choice(switch))
+
+    def offload_state(self) -> int:
+        return self.local.on_training_thread(self.offloader.offload)
+
+    def reload_state(self) -> int:
+        return self.local.on_training_thread(self.offloader.reload)
+
+    def device_bytes(self) -> dict[str, float]:
+        return device_bytes(self.local.trainer.device)
+
+
+class ColocatedTrainer:
+    """A trainer facade (``inner``: ``runtime.inline.LocalTrainer`` or ``runtime.trainer_group.
+    TrainerGroupClient``) with the engines in ``engines`` (the run's list, replaced engines included)
+    sleeping while it trains and its state (``state``; inline: ``LocalState``) offloaded while they
+    generate. Anything else is ``inner``'s (``ranks``, ``handles``, ``trainer``)."""
+
+    def __init__(
+        self,
+        inner: Any,
+        engines: list[Any],
+        switch: SwitchConfig,
+        timeout_s: float,
+        state: TrainerState | None = None,
+    ) -> None:
+        self.inner = inner
         self.engines = engines
         self.switch = switch
         self.timeout_s = timeout_s
-        self.offloader = StateOffloader.for_trainer(
-            local.trainer,
-            OffloadChoice(
-                optimizer=switch.offload_optimizer,
-                grads=switch.offload_grads,
-                master_weights=switch.offload_master_weights,
-            ),
-        )
+        self.state = state if state is not None else LocalState(inner, switch)
         self._asleep = False
         self._metrics: dict[str, float] = {}
         """The metrics dict of the last step, completed by ``state_for_sync``."""
 
-    @property
-    def trainer(self) -> Any:
-        return self.local.trainer
+    def __getattr__(self, name: str) -> Any:
+        if name == "inner":  # not set yet (unpickling, a failed __init__): no recursion
+            raise AttributeError(name)
+        return getattr(self.inner, name)
 
     @property
     def step(self) -> int:
-        return self.local.step
+        return self.inner.step
 
     @property
     def version(self) -> int:
-        return self.local.version
+        return self.inner.version
 
     def train_step(self, groups: Sequence[Group], policy_version: int) -> dict[str, float]:
         """Sleep the engines, reload the trainer's state, train."""
         phases: dict[str, float] = {}
         self._timed(phases, "sleep", lambda: self._on_engines("sleep", self.switch.engine_sleep_level))
         self._asleep = True
-        phases["colocate/kv_pool_bytes_while_training"] = float(
-            sum(engine.stats().get("kv_pool_bytes", 0) for engine in self.engines)
-        )
-        self._timed(phases, "reload", lambda: self.local.on_training_thread(self.offloader.reload))
-        phases |= _device_bytes(self.local.trainer.device)
-        metrics = self.local.train_step(groups, policy_version)
+        phases |= self._engines_while_training()
+        self._timed(phases, "reload", self.state.reload_state)
+        phases |= self.state.device_bytes()
+        metrics = self.inner.train_step(groups, policy_version)
         metrics.update(phases)
         self._metrics = metrics
         return metrics
@@ -92,30 +140,39 @@ class ColocatedTrainer:
     def state_for_sync(self) -> WeightUpdate:
         """Publish the weights, offload the trainer's state, wake the engines (which then apply the update)."""
         phases: dict[str, float] = {}
-        update = self._timed(phases, "sync", self.local.state_for_sync, nbytes=_shipped)
-        self._timed(phases, "offload", lambda: self.local.on_training_thread(self.offloader.offload))
+        update = self._timed(phases, "sync", self.inner.state_for_sync, nbytes=_shipped)
+        self._timed(phases, "offload", self.state.offload_state)
         if self._asleep:  # not on a resume's first publish: the engines never slept
             self._timed(phases, "wake", lambda: self._on_engines("wake"))
             self._asleep = False
         self._metrics.update(phases)
         return update
 
-    def on_training_thread(self, fn: Callable[..., T], *args: Any) -> T:
-        return self.local.on_training_thread(fn, *args)
-
     def save_checkpoint(self, root: str | Path, *, extra: dict[str, Any], keep_last: int | None) -> Path:
-        return self.local.save_checkpoint(root, extra=extra, keep_last=keep_last)
+        return self.inner.save_checkpoint(root, extra=extra, keep_last=keep_last)
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         """Reload first: a loaded optimizer state lands on the device the parameters are on."""
-        self.local.on_training_thread(self.offloader.reload)
-        return self.local.load_checkpoint(path)
+        self.state.reload_state()
+        return self.inner.load_checkpoint(path)
 
     def check_alive(self) -> None:
-        self.local.check_alive()
+        self.inner.check_alive()
 
     def shutdown(self) -> None:
-        self.local.shutdown()
+        self.inner.shutdown()
+
+    def _engines_while_training(self) -> dict[str, float]:
+        """What the sleeping engines hold and how often they slept and woke, as each reports it (summed):
+        its KV pool's bytes, its counts (``ENGINE_STATS``) and, on CUDA, its process's allocator bytes."""
+        stats = [engine.stats() for engine in self.engines]
+        held = {
+            f"colocate/{key}": float(sum(s.get(name, 0) for s in stats)) for key, name in ENGINE_STATS.items()
+        }
+        allocated = [s["device_allocated_bytes"] for s in stats if "device_allocated_bytes" in s]
+        if allocated:
+            held["colocate/engine_device_allocated_bytes"] = float(sum(allocated))
+        return held
 
     def _timed(
         self,
@@ -149,13 +206,20 @@ class ColocatedTrainer:
         return sum(asyncio.run(bounded()))
 
 
-def _device_bytes(device: Any) -> dict[str, float]:
-    """The CUDA allocator's bytes in use as the trainer starts training (nothing to read on CPU)."""
-    if device.type != "cuda":
-        return {}
-    import torch
+def offload_choice(switch: SwitchConfig) -> OffloadChoice:
+    """What ``switch`` moves to host memory between steps."""
+    return OffloadChoice(
+        optimizer=switch.offload_optimizer,
+        grads=switch.offload_grads,
+        master_weights=switch.offload_master_weights,
+    )
 
-    return {"colocate/device_allocated_bytes": float(torch.cuda.memory_allocated(device))}
+
+def device_bytes(device: Any, key: str = "colocate/device_allocated_bytes") -> dict[str, float]:
+    """``{key: the CUDA allocator's bytes in use}`` of this process on ``device`` (empty on CPU)."""
+    if torch.device(device).type != "cuda":
+        return {}
+    return {key: float(torch.cuda.memory_allocated(device))}
 
 
 def _shipped(update: WeightUpdate) -> int:

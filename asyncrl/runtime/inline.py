@@ -208,9 +208,7 @@ def build_parts(config: RunConfig) -> InlineParts:
 def make_inline_weight_sync(config: RunConfig, device: torch.device | str = "cpu") -> WeightSync:
     """The trainer side of the run's transport in this process (in_process, delta into a directory, or
     colocated: what ``runtime.switch`` uses, packed on the trainer's ``device``)."""
-    transport = config.weight_sync.transport_for("inline")
-    if config.runtime.switch.enabled and config.weight_sync.type == "auto":
-        transport = "colocated"
+    transport = config.weight_sync.transport_for("inline", switch=config.runtime.switch.enabled)
     options = config.weight_sync.transport_options(transport, config.output_dir, str(device))
     return make_weight_sync(transport, **options)
 

@@ -12,8 +12,9 @@ Colocated placements (``sync`` on CPU) reserve nothing: their actors share every
 barrier. Colocated on accelerators, trainer rank ``i`` and engine ``i`` share one bundle (``SHARED_ROLE``)
 holding one accelerator, each actor taking half of it (Ray's fractional GPUs: both see the same device), so
 the pair takes turns on one GPU behind the barrier; any other colocated ask on accelerators is refused,
-naming why. Both stay resident on the device (the sleeping engine and offloading trainer of
-``runtime.switch`` are inline only so far). ``layout_of`` says which layout was built (``placement.json``).
+naming why. Both stay resident on the device unless ``runtime.switch`` is on (every pair: the engine actor
+sleeps and the rank actor offloads, ``ray_runtime.with_switch``; rank i publishes to engine i). ``layout_of`` says which layout was built
+(``placement.json``).
 """
 
 from __future__ import annotations

@@ -58,12 +58,15 @@ from asyncrl.metrics.progress import LIBRARY_BARS
 from asyncrl.models.loading import load_configured_model, load_configured_tokenizer, resolve_device
 from asyncrl.rewards.service import RewardService
 from asyncrl.runtime.actor_calls import await_actor, get_actor
+from asyncrl.runtime.colocate import ColocatedTrainer, device_bytes
 from asyncrl.runtime.placement import Placement, pin, plan_placement
+from asyncrl.runtime.placement_check import SHARED_ROLE, PlacementError, RoleBundles, layout_of
 from asyncrl.runtime.ray_placement import ENGINE_ROLE, TRAINER_ROLE, Reservation, reserve, role_bundles
 from asyncrl.runtime.trainer_group import TrainerGroupClient, TrainerRankActor, start_trainer_group
 from asyncrl.runtime.weight_group import WEIGHTS_GROUP, BroadcastGroup
 from asyncrl.types import Generation, Request
 from asyncrl.weight_sync.broadcast import WeightGroup
+from asyncrl.weight_sync.colocated import for_engine
 from asyncrl.weight_sync.protocol import WeightSyncError, WeightSyncTimeout, WeightUpdate, check_version
 from asyncrl.weight_sync.transports import FlatBufferSync
 
@@ -294,8 +297,19 @@ class EngineActor:
     def _device(self) -> torch.device:
         return resolve_device(self.model_config.device)
 
+    async def sleep(self, level: int = 1) -> int:
+        """``runtime.switch``: give the device back while the trainer in this bundle trains (the engine's
+        ``sleep``: level 1 its KV pool, level 2 its weights too); the bytes freed."""
+        return await self.engine.sleep(level)
+
+    async def wake(self) -> int:
+        """Undo ``sleep``; the bytes allocated again."""
+        return await self.engine.wake()
+
     async def stats(self) -> dict[str, Any]:
-        return self.engine.stats()
+        """The engine's counters, with this process's CUDA allocator bytes on CUDA
+        (``device_allocated_bytes``: what a sleeping engine still holds, measured where it runs)."""
+        return self.engine.stats() | device_bytes(self._device(), "device_allocated_bytes")
 
 
 # ------------------------------------------------------------------------------------------------ clients
@@ -322,10 +336,15 @@ class RayEngineClient:
     ``FlatWeights``), which is forwarded as is, or ordinary named tensors, which are published once.
     """
 
-    def __init__(self, handle: Any, name: str, config: RuntimeConfig, *, exports_kv: bool = True) -> None:
+    def __init__(
+        self, handle: Any, name: str, config: RuntimeConfig, *, exports_kv: bool = True, index: int = 0
+    ) -> None:
         self.handle = handle
         self.name = name
         self.config = config
+        self.index = index
+        """Which engine (and bundle) of the run this is: a colocated update from every trainer rank reaches
+        it as rank ``index``'s blocks (``weight_sync.colocated.for_engine``)."""
         self.exports_kv = exports_kv
         """Whether the actor's engine can hand a request over with its KV (the built-in one; not vLLM)."""
         self.catch_up: Any = None
@@ -361,6 +380,13 @@ class RayEngineClient:
         what = f"engine {self.name}: import_request({state.request_id})"
         return await await_actor(ref, what, self.config.generate_timeout_s)
 
+    async def sleep(self, level: int = 1) -> int:
+        """``runtime.switch``: the actor's engine frees its KV pool (level 2: its weights too); the bytes."""
+        return await self._control(self.handle.sleep.remote(level), f"sleep({level})")
+
+    async def wake(self) -> int:
+        return await self._control(self.handle.wake.remote(), "wake")
+
     async def pause(self) -> None:
         await self._control(self.handle.pause.remote(), "pause")
 
@@ -371,6 +397,7 @@ class RayEngineClient:
         update = named_tensors
         if not isinstance(update, WeightUpdate):
             update = FlatBufferSync(put=ray.put).publish(version, named_tensors)
+        update = for_engine(update, self.index)
         if update.transport == "broadcast" and self.catch_up is not None:
             staged = await self._control(self.handle.staged_versions.remote(), "staged_versions")
             if staged is not None and update.version not in staged:
@@ -381,7 +408,7 @@ class RayEngineClient:
         )
 
     async def prefetch_weights(self, update: WeightUpdate) -> None:
-        ref = self.handle.prefetch_weights.remote(update)
+        ref = self.handle.prefetch_weights.remote(for_engine(update, self.index))
         what = f"engine {self.name}: prefetch_weights(v{update.version})"
         await await_actor(ref, what, self._update_deadline(update))
 
@@ -416,20 +443,21 @@ def spawn_engine(
     name: str,
     num_threads: int,
     options: dict[str, Any],
+    index: int = 0,
     cores: tuple[int, ...] = (),
     seed: int = 0,
     weight_sync_timeout_s: float = 300.0,
     bucket_bytes: int = 256 * 2**20,
     update_timeout_s: Callable[[int], float] | None = None,
 ) -> RayEngineClient:
-    """Start an engine actor with Ray ``options`` (its bundle; see ``ray_placement``); its model loads in the
-    background, so ``wait_ready`` before relying on it. ``update_timeout_s``: a weight update's deadline by
+    """Start engine ``index`` as an actor with Ray ``options`` (its bundle; see ``ray_placement``); its model
+    loads in the background, so ``wait_ready`` before relying on it. ``update_timeout_s``: a weight update's deadline by
     its bytes (``RayEngineClient.update_timeout_s``)."""
     actor = ray.remote(EngineActor).options(
         max_restarts=0, max_task_retries=0, max_concurrency=ENGINE_MAX_CONCURRENCY, **options
     )
     handle = actor.remote(model, engine, num_threads, cores, seed, weight_sync_timeout_s, bucket_bytes)
-    client = RayEngineClient(handle, name, config, exports_kv=engine.backend == "builtin")
+    client = RayEngineClient(handle, name, config, exports_kv=engine.backend == "builtin", index=index)
     client.update_timeout_s = update_timeout_s
     return client
 
@@ -466,6 +494,7 @@ class RayEngineFactory:
             self.config.engine,
             runtime,
             name=f"engine-{index}-restart-{self.num_started}",
+            index=index,
             num_threads=self.placement.engine_threads,
             options=self.reservation.options(ENGINE_ROLE, index, runtime.accelerator_resource),
             cores=self.placement.engine_cores[index] if self.placement.engine_cores else (),
@@ -513,7 +542,8 @@ class RayParts:
     config: RunConfig
     task: Task
     tokenizer: Any
-    trainer: TrainerGroupClient
+    trainer: TrainerGroupClient | ColocatedTrainer
+    """The rank actors' client; with ``runtime.switch``, behind the colocated switch (``with_switch``)."""
     engines: list[RayEngineClient]
     rewards: RewardService
     placement: Placement
@@ -556,7 +586,9 @@ def build_ray_parts(config: RunConfig, runtime: RuntimeConfig) -> RayParts:
         num_trainer_workers=config.trainer.num_workers,
         async_ratio=config.buffer.async_ratio,
     )
-    reservation = reserve(role_bundles(config, runtime, placement), runtime)
+    roles = role_bundles(config, runtime, placement)
+    check_switch_layout(config, runtime, roles)
+    reservation = reserve(roles, runtime)
     accelerator = runtime.accelerator_resource
     handles: list[Any] = []
     try:
@@ -567,6 +599,7 @@ def build_ray_parts(config: RunConfig, runtime: RuntimeConfig) -> RayParts:
                 config.engine,
                 runtime,
                 name=f"engine-{index}",
+                index=index,
                 num_threads=placement.engine_threads,
                 options=reservation.options(ENGINE_ROLE, index, accelerator),
                 cores=placement.engine_cores[index] if placement.engine_cores else (),
@@ -578,7 +611,8 @@ def build_ray_parts(config: RunConfig, runtime: RuntimeConfig) -> RayParts:
             for index in range(config.rollout.num_engines)
         ]
         handles += [engine.handle for engine in engines]
-        trainer = start_trainer_group(handles[: config.trainer.num_workers], runtime, config.weight_sync)
+        group = start_trainer_group(handles[: config.trainer.num_workers], runtime, config.weight_sync)
+        trainer = with_switch(config, group, engines)
         engine_locations = wait_ready(engines, runtime)
         factory = RayEngineFactory(config, placement, reservation, engines)
         if config.weight_sync.transport_for(runtime.type) == "broadcast":
@@ -600,6 +634,31 @@ def build_ray_parts(config: RunConfig, runtime: RuntimeConfig) -> RayParts:
         engine_locations=engine_locations,
         engine_factory=factory,
     )
+
+
+def check_switch_layout(config: RunConfig, runtime: RuntimeConfig, roles: list[RoleBundles]) -> None:
+    """``runtime.switch`` on a cluster needs trainer rank i and engine i in one bundle (accelerators
+    reserved for both: ``SHARED_ROLE``), the only layout that puts each pair on one machine, where rank i's
+    colocated blocks can be opened; refused by name otherwise, before anything is reserved. A local runtime
+    is one machine."""
+    if not config.runtime.switch.enabled or runtime.type != "cluster":
+        return
+    if not any(role.role == SHARED_ROLE for role in roles):
+        raise PlacementError(
+            f"{layout_of(roles)} refused: runtime.switch on a cluster needs trainer rank i and engine i in "
+            "one placement bundle (runtime.accelerators_per_trainer_worker and accelerators_per_engine > 0, "
+            "sync), or its colocated weights could land on another machine"
+        )
+
+
+def with_switch(config: RunConfig, group: TrainerGroupClient, engines: list[RayEngineClient]) -> Any:
+    """``group``, or with ``runtime.switch`` on, ``group`` behind the colocated switch over ``engines`` (the
+    run's list: a replaced engine is switched too): the engine actors sleep and wake by remote calls, the
+    rank actors offload and reload their state."""
+    if not config.runtime.switch.enabled:
+        return group
+    runtime = config.runtime
+    return ColocatedTrainer(group, engines, runtime.switch, runtime.control_timeout_s, state=group)
 
 
 def form_weight_group(

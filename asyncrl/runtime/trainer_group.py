@@ -10,6 +10,7 @@
                        ◄─ metrics (rank 0's) ──── (they agree: gradients and metrics are reduced)
                        ── publish_weights() ────► every rank gathers parameter by parameter; rank 0 packs
                        ◄─ WeightUpdate ─────────  each bucket into the object store as it fills
+                                                  (colocated: every rank packs for its bundle's engine)
                        ── save / load ──────────► every rank writes / reads its DCP shards
 
 Key decisions:
@@ -23,8 +24,9 @@ Key decisions:
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,8 @@ from asyncrl.models.loading import (
     resolve_device,
 )
 from asyncrl.runtime.actor_calls import get_actor, get_trainer
+from asyncrl.runtime.colocate import device_bytes, offload_choice
+from asyncrl.runtime.errors import ActorCallError, ActorCallTimeout
 from asyncrl.runtime.placement import pin
 from asyncrl.trainer import checkpoint
 from asyncrl.trainer.distributed.checkpoint import (
@@ -53,12 +57,19 @@ from asyncrl.trainer.distributed.parallel import FullyShardedParallel, Paralleli
 from asyncrl.trainer.distributed.process_group import free_port, join_process_group, leave_process_group
 from asyncrl.trainer.distributed.weights import gathered_buckets
 from asyncrl.trainer.factory import build_trainer
+from asyncrl.trainer.offload import StateOffloader
 from asyncrl.trainer.trainer import Trainer
 from asyncrl.types import Group
-from asyncrl.weight_sync.broadcast import DeviceBucket, WeightGroup, pack_on_device
+from asyncrl.weight_sync.broadcast import WeightGroup
+from asyncrl.weight_sync.colocated import paired_update
 from asyncrl.weight_sync.flat import FlatWeights
 from asyncrl.weight_sync.protocol import WeightSyncError, WeightUpdate
 from asyncrl.weight_sync.transports import FlatBufferSync, make_weight_sync, update_of_buckets
+
+logger = logging.getLogger(__name__)
+
+RELEASE_TIMEOUT_S = 10.0
+"""How long shutting down waits for rank 0 to unlink its published blocks before killing it anyway."""
 
 
 class TrainerRankActor:
@@ -78,6 +89,8 @@ class TrainerRankActor:
         self._publishers: dict[str, Any] = {}
         self.last_broadcast: list[FlatWeights] = []
         """Rank 0, broadcast with engine recovery: the last version sent, packed (catch-ups read it)."""
+        self.offloader: StateOffloader | None = None
+        """``runtime.switch``: this rank's ``trainer.offload.StateOffloader``, built on first use."""
 
     def rendezvous(self) -> tuple[str, int]:
         """(this node's address, a free port on it): where the group meets (asked of rank 0 only)."""
@@ -105,11 +118,9 @@ class TrainerRankActor:
         return self.progress()
 
     def _loads_shards(self) -> bool:
-        """Whether each rank reads only its shards of the weights (``sharded_load``): with several ranks, unless
-        the run adds parameters that are not in the model's files (LoRA adapters, a critic's value head), which
-        still load the whole model on each rank first."""
-        config = self.config
-        return self.world_size > 1 and config.trainer.lora is None and config.critic is None
+        """Whether each rank reads only its shards of the weights (``sharded_load``): with several ranks, LoRA
+        and a critic included (their own parameters, adapters and value head, are built for real and kept)."""
+        return self.world_size > 1
 
     def _parallelism(self) -> Parallelism:
         if self.world_size == 1:
@@ -156,31 +167,26 @@ class TrainerRankActor:
         self, bucket_bytes: int, transport: str = "object_store", retain: bool = False
     ) -> WeightUpdate | None:
         """Every rank gathers; rank 0 packs each bucket as it fills and places it in the object store,
-        broadcasts it to the engines, or hands it to its delta / colocated publisher, then returns the update
-        (the others return None). ``retain`` (broadcast): keep the packed buckets for ``place_last_broadcast``."""
+        broadcasts it to the engines, or hands it to its delta publisher, then returns the update (the others
+        return None). Colocated: every rank packs the full weights for the engine in its own bundle and
+        returns its update (``ColocatedHandle.rank``; the client pairs them, ``paired_update``).
+        ``retain`` (broadcast): keep the packed buckets for ``place_last_broadcast``."""
         trainer = self._trainer()
         buckets = gathered_buckets(trainer.sync_tensors(), bucket_bytes)
         adapter = trainer.adapter
+        if transport == "colocated":
+            update = self._sync(transport).publish_buckets(trainer.version, buckets, adapter=adapter)
+            return replace(update, handle=replace(update.handle, rank=self.rank))
         if self.rank != 0:
             for _ in buckets:  # take part in every gather
                 pass
             return None
         if transport == "object_store":
             return FlatBufferSync(put=ray.put).publish_buckets(trainer.version, buckets, adapter=adapter)
-        if transport != "broadcast":  # delta, colocated: this rank's publisher lives from version to version
+        if transport != "broadcast":  # delta: this rank's publisher lives from version to version
             return self._sync(transport).publish_buckets(trainer.version, buckets, adapter=adapter)
-        sent: list[FlatWeights] = []
-
-        def packed() -> Iterator[DeviceBucket]:
-            for bucket in buckets:  # packed on the group's device: NCCL sends it without touching host memory
-                device_bucket = pack_on_device(
-                    list(bucket), trainer.version, self.weight_group.staging_device
-                )
-                yield device_bucket
-                sent.append(device_bucket.to_host() if retain else device_bucket.without_buffers())
-
         self.last_broadcast = []  # the previous version's copy goes before this one is packed
-        self.weight_group.send(packed())
+        sent = self.weight_group.send_packed(buckets, trainer.version, retain=retain)
         self.last_broadcast = sent if retain else []
         return update_of_buckets(sent, "broadcast", handle=None, adapter=adapter)  # staged on the engines
 
@@ -195,7 +201,7 @@ class TrainerRankActor:
         return FlatBufferSync(put=ray.put).update_of(kept, handles, adapter=self._trainer().adapter)
 
     def _sync(self, transport: str) -> Any:
-        """Rank 0's publisher of ``transport``, built once (it may keep state between versions)."""
+        """This rank's publisher of ``transport``, built once (it may keep state between versions)."""
         if transport not in self._publishers:
             weight_sync, out = self.config.weight_sync, self.config.output_dir
             options = weight_sync.transport_options(transport, out, self._device())
@@ -231,6 +237,37 @@ class TrainerRankActor:
             )
         return checkpoint.load_checkpoint(path, trainer)
 
+    def offload_state(self) -> int:
+        """``runtime.switch``: move this rank's chosen state (optimizer, grads, master weights) to host memory
+        while its bundle's engine generates; the bytes moved. On CUDA the freed blocks go back to the device
+        (``empty_cache``): the engine is another process, which this process's allocator cache would starve."""
+        moved = self._offloader().offload()
+        if torch.device(self._device()).type == "cuda":
+            torch.cuda.empty_cache()
+        return moved
+
+    def reload_state(self) -> int:
+        """Undo ``offload_state`` before the next step; the bytes moved (0 when nothing was offloaded)."""
+        return self._offloader().reload()
+
+    def device_bytes(self) -> dict[str, float]:
+        """This rank's CUDA allocator bytes now (``colocate/device_allocated_bytes``; empty on CPU)."""
+        return device_bytes(self._device())
+
+    def _offloader(self) -> StateOffloader:
+        if self.offloader is None:
+            choice = offload_choice(self.config.runtime.switch)
+            self.offloader = StateOffloader.for_trainer(self._trainer(), choice)
+        return self.offloader
+
+    def release_weights(self) -> None:
+        """Let go of what this rank's publishers hold outside its process (the colocated transport's
+        shared-memory blocks)."""
+        for publisher in self._publishers.values():
+            release = getattr(publisher, "release", None)
+            if release is not None:
+                release()
+
     def stop(self) -> None:
         leave_process_group()
 
@@ -260,7 +297,7 @@ class TrainerGroupClient:
         self.handles = handles
         self.config = config
         self.weight_sync = weight_sync
-        self.transport = weight_sync.transport_for(config.type)
+        self.transport = weight_sync.transport_for(config.type, switch=config.switch.enabled)
         if self.transport == "broadcast":
             self.transport = "object_store"  # until the weight group forms (``use_broadcast``)
         self.weight_group: Any = None
@@ -286,7 +323,10 @@ class TrainerGroupClient:
         if self.weight_group is not None:
             return self.weight_group.publish(bucket_bytes)
         refs = [handle.publish_weights.remote(bucket_bytes, self.transport) for handle in self.handles]
-        return get_trainer(refs, "trainer: publish weights", self.weight_sync.timeout_s)[0]
+        updates = get_trainer(refs, "trainer: publish weights", self.weight_sync.timeout_s)
+        if self.transport == "colocated":  # rank i's blocks for engine i, in its bundle
+            return paired_update(updates)
+        return updates[0]
 
     def save_checkpoint(
         self,
@@ -313,12 +353,38 @@ class TrainerGroupClient:
         refs = [handle.progress.remote() for handle in self.handles]
         get_trainer(refs, "trainer: alive", self.config.control_timeout_s)
 
+    def offload_state(self) -> int:
+        """``runtime.switch`` (``runtime.colocate.TrainerState``): every rank's chosen state to host memory,
+        within ``control_timeout_s``; the bytes moved, summed."""
+        refs = [handle.offload_state.remote() for handle in self.handles]
+        return sum(get_trainer(refs, "trainer: offload_state", self.config.control_timeout_s))
+
+    def reload_state(self) -> int:
+        """Undo ``offload_state`` on every rank, within ``control_timeout_s``; the bytes moved, summed."""
+        refs = [handle.reload_state.remote() for handle in self.handles]
+        return sum(get_trainer(refs, "trainer: reload_state", self.config.control_timeout_s))
+
+    def device_bytes(self) -> dict[str, float]:
+        """Every rank's CUDA allocator bytes now, summed (as the engines' are; empty on CPU)."""
+        refs = [handle.device_bytes.remote() for handle in self.handles]
+        ranks = get_trainer(refs, "trainer: device_bytes", self.config.control_timeout_s)
+        return {key: sum(rank[key] for rank in ranks) for key in ranks[0]}
+
     def use_broadcast(self, weight_group: Any) -> None:
         """Publish by broadcast through ``weight_group`` (a formed ``runtime.weight_group.BroadcastGroup``)."""
         self.transport = "broadcast"
         self.weight_group = weight_group
 
     def shutdown(self) -> None:
+        """End every rank's process; with the colocated transport, every rank first unlinks its last published
+        blocks (a killed process would leave them in ``/dev/shm``), within ``RELEASE_TIMEOUT_S``: a dead or
+        wedged rank is killed all the same."""
+        if self.transport == "colocated":
+            try:
+                refs = [handle.release_weights.remote() for handle in self.handles]
+                get_actor(refs, "trainer ranks: release_weights", RELEASE_TIMEOUT_S)
+            except (ActorCallError, ActorCallTimeout) as error:  # deliberate: shutting down regardless
+                logger.warning("a trainer rank kept its published weights (%s); killing the ranks", error)
         for handle in self.handles:
             ray.kill(handle, no_restart=True)
 

@@ -32,8 +32,8 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-from collections import deque
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,6 +94,53 @@ class _SimRequest:
         return len(self.request.prompt_token_ids)
 
 
+class _Requests:
+    """An ordered set of requests (FIFO for the waiting queue, admission order for the running batch) in which
+    the first with a given id is found, and any one removed, in O(1): an abort or export finds its request
+    without a scan (a partial-rollout step aborts thousands of requests, each once, most of them queued)."""
+
+    def __init__(self) -> None:
+        self._order: OrderedDict[_SimRequest, None] = OrderedDict()
+        self._by_id: dict[str, dict[_SimRequest, None]] = {}
+        """Each id's requests, in order (an ordered set: a continued request may meet its earlier self)."""
+
+    def add(self, seq: _SimRequest) -> None:
+        self._order[seq] = None
+        self._by_id.setdefault(seq.request.request_id, {})[seq] = None
+
+    def remove(self, seq: _SimRequest) -> None:
+        del self._order[seq]
+        same_id = self._by_id[seq.request.request_id]
+        del same_id[seq]
+        if not same_id:
+            del self._by_id[seq.request.request_id]
+
+    def find(self, request_id: str) -> _SimRequest | None:
+        """The first request with this id."""
+        return next(iter(self._by_id.get(request_id, ())), None)
+
+    def first(self) -> _SimRequest:
+        return next(iter(self._order))
+
+    def popleft(self) -> _SimRequest:
+        seq = self.first()
+        self.remove(seq)
+        return seq
+
+    def clear(self) -> None:
+        self._order.clear()
+        self._by_id.clear()
+
+    def __contains__(self, seq: object) -> bool:
+        return seq in self._order
+
+    def __iter__(self) -> Iterator[_SimRequest]:
+        return iter(self._order)
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+
 @dataclass
 class _Segment:
     """Steps planned for a fixed running batch, from ``start`` until its timer."""
@@ -132,13 +179,11 @@ class SimEngine:
         self.timeline = timeline or Timeline(enabled=False)
         self.version = version
         self.paused = False
-        self.waiting: deque[_SimRequest] = deque()
-        self.running: dict[_SimRequest, None] = {}
-        """Running requests in admission order (an ordered set)."""
-        self._running_by_id: dict[str, dict[_SimRequest, None]] = {}
-        """``running`` by request id (each an ordered set): an abort or export finds its request without a scan
-        of the batch (a partial-rollout step aborts thousands of requests, each once)."""
-        self.joining: list[_SimRequest] = []
+        self.waiting = _Requests()
+        """Requests waiting for admission, FIFO."""
+        self.running = _Requests()
+        """Running requests in admission order."""
+        self.joining = _Requests()
         """Imported requests with their KV and reservation, starting at the next step (before the queue)."""
         self.kv_reserved = 0
         self._step = 0
@@ -188,7 +233,7 @@ class SimEngine:
         if produced >= target:
             return self._generation(seq, self._end_reason(seq))
         seq.prefill_tokens = seq.num_prompt_tokens + produced
-        self.waiting.append(seq)
+        self.waiting.add(seq)
         self._kick()
         return await seq.result  # a cancelled caller cancels only this future: the request runs on, unread
 
@@ -196,7 +241,7 @@ class SimEngine:
         seq = self._take_queued(request_id)
         if seq is not None:
             return self._finish(seq, FinishReason.ABORT)
-        seq = self._running_seq(request_id)
+        seq = self.running.find(request_id)
         if seq is None:
             return None
         if self._segment is None:  # paused: no step in progress
@@ -209,7 +254,7 @@ class SimEngine:
         seq = self._take_queued(request_id)
         if seq is not None:
             return self._export(seq)
-        seq = self._running_seq(request_id)
+        seq = self.running.find(request_id)
         if seq is None:
             return None
         if self._segment is None:
@@ -233,10 +278,10 @@ class SimEngine:
             return await seq.result  # aborted or exported again on its way here
         if state.kv_tokens and self._fits_now(seq):
             self.kv_reserved += seq.reservation
-            self.joining.append(seq)
+            self.joining.add(seq)
         else:
             seq.prefill_tokens = seq.num_prompt_tokens + seq.produced
-            self.waiting.append(seq)
+            self.waiting.add(seq)
         self._kick()
         return await seq.result
 
@@ -469,8 +514,7 @@ class SimEngine:
     def _start_running(self, seq: _SimRequest) -> None:
         seq.since_step = self._step
         seq.finish_step = self._step + seq.target - seq.produced
-        self.running[seq] = None
-        self._running_by_id.setdefault(seq.request.request_id, {})[seq] = None
+        self.running.add(seq)
         heapq.heappush(self._finishing, (seq.finish_step, next(self._admissions), seq))
         self._kv_base += seq.num_prompt_tokens + seq.produced - seq.since_step
         if seq.prefill_tokens:
@@ -486,19 +530,19 @@ class SimEngine:
         return bool(self.waiting) and self.policy.admits(
             num_running=len(self.running),
             kv_reserved=self.kv_reserved,
-            reservation=self.waiting[0].reservation,
+            reservation=self.waiting.first().reservation,
         )
 
     def _apply_aborts(self) -> None:
         pending, self._pending_aborts = self._pending_aborts, {}
         for request_id, waiter in pending.items():
-            seq = self._running_seq(request_id)
+            seq = self.running.find(request_id)
             waiter.set_result(None if seq is None else self._finish(seq, FinishReason.ABORT))
 
     def _apply_exports(self) -> None:
         pending, self._pending_exports = self._pending_exports, {}
         for request_id, waiter in pending.items():
-            seq = self._running_seq(request_id)
+            seq = self.running.find(request_id)
             waiter.set_result(None if seq is None else self._export(seq))
 
     def _go_idle(self) -> None:
@@ -545,16 +589,15 @@ class SimEngine:
         reservation)."""
         if request_id in self._in_transit:
             return self._in_transit.pop(request_id)
-        for seq in self.joining:
-            if seq.request.request_id == request_id:
-                self.joining.remove(seq)
-                self.kv_reserved -= seq.reservation
-                return seq
-        for seq in self.waiting:
-            if seq.request.request_id == request_id:
-                self.waiting.remove(seq)
-                return seq
-        return None
+        seq = self.joining.find(request_id)
+        if seq is not None:
+            self.joining.remove(seq)
+            self.kv_reserved -= seq.reservation
+            return seq
+        seq = self.waiting.find(request_id)
+        if seq is not None:
+            self.waiting.remove(seq)
+        return seq
 
     def _export(self, seq: _SimRequest) -> SimRequestState:
         """End ``seq`` here as exported; its KV goes with it unless it is due to be prefilled (waiting)."""
@@ -574,10 +617,6 @@ class SimEngine:
 
     # ---- ending requests ----------------------------------------------------------------------------
 
-    def _running_seq(self, request_id: str) -> _SimRequest | None:
-        """The first running request with this id."""
-        return next(iter(self._running_by_id.get(request_id, ())), None)
-
     def _end_reason(self, seq: _SimRequest) -> FinishReason:
         return FinishReason.LENGTH if seq.target >= self._max_output(seq.request) else FinishReason.STOP
 
@@ -592,11 +631,7 @@ class SimEngine:
         if seq in self.running:
             self._kv_base -= seq.num_prompt_tokens + seq.produced - seq.since_step
             self._settle(seq)
-            del self.running[seq]
-            same_id = self._running_by_id[seq.request.request_id]
-            del same_id[seq]
-            if not same_id:
-                del self._running_by_id[seq.request.request_id]
+            self.running.remove(seq)
             self.kv_reserved -= seq.reservation
 
     def _resolve(self, seq: _SimRequest, reason: FinishReason) -> Generation:

@@ -10,6 +10,7 @@ from asyncrl.config.sim import SimTrainerConfig
 from asyncrl.data.base import TaskSample
 from asyncrl.metrics.timeline import Timeline
 from asyncrl.rewards.service import RewardResult, RewardStatus
+from asyncrl.rle import RleSequence
 from asyncrl.sim import cost
 from asyncrl.sim.workload import PassRates
 from asyncrl.types import Group
@@ -86,15 +87,18 @@ class SimRewards:
 
 
 class SimTokenizer:
-    """Every prompt is ``prompt_tokens`` tokens; responses decode to nothing (the engine supplies text)."""
+    """Every prompt is ``prompt_tokens`` tokens; responses decode to nothing (the engine supplies text).
+
+    A prompt is one run (``RleSequence``), as a simulated response is: the proxy checks a list's tokens one by
+    one for every request, which at hundreds of tokens per prompt was most of a large simulation's time."""
 
     chat_template = None
 
     def __init__(self, prompt_tokens: int) -> None:
         self.prompt_tokens = prompt_tokens
 
-    def encode(self, text: str) -> list[int]:
-        return [1] * self.prompt_tokens
+    def encode(self, text: str) -> RleSequence[int]:
+        return RleSequence.repeat(1, self.prompt_tokens)
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return ""

@@ -79,9 +79,12 @@ class Critic:
 
 
 def head_for(model: nn.Module) -> nn.Linear:
-    """A zero value head sized, typed and placed for ``model``'s hidden states."""
+    """A zero value head sized, typed and placed for ``model``'s hidden states; on the host when ``model`` is a
+    skeleton on the meta device (a sharded trainer's: the head is real, and sharding keeps it, see
+    ``sharded_load``)."""
     parameter = next(model.parameters())
-    return value_head(model.config.hidden_size, parameter.dtype, parameter.device)
+    device = torch.device("cpu") if parameter.is_meta else parameter.device
+    return value_head(model.config.hidden_size, parameter.dtype, device)
 
 
 def separate_value_model(

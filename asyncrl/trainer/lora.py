@@ -12,6 +12,7 @@ Key decision: the trainer computes with the Hugging Face model peft injected its
 from __future__ import annotations
 
 import contextlib
+import math
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,8 +36,10 @@ ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
 def attach_lora(model: nn.Module, config: LoraConfig, seed: int) -> peft.PeftModel:
     """``model`` with LoRA adapters on ``config.target_modules`` (in place); only the adapters require grad.
 
-    The A matrices are drawn from ``seed`` alone (the global generator is left as it was): a run and its
-    resumed twin start alike, and every FSDP2 rank holds the same adapters before they are sharded."""
+    The adapters are drawn from ``seed`` alone (``_draw_adapters``; the global generator is left as it was): a
+    run and its resumed twin start alike, and every FSDP2 rank holds the same adapters before they are sharded,
+    also on a model whose weights are still on the meta device (a sharded trainer's skeleton: the adapters are
+    then real, on the host, and sharding keeps them, see ``sharded_load``)."""
     targets = ALL_LINEAR if config.target_modules == (ALL_LINEAR,) else list(config.target_modules)
     peft_config = peft.LoraConfig(
         r=config.rank,
@@ -54,9 +57,29 @@ def attach_lora(model: nn.Module, config: LoraConfig, seed: int) -> peft.PeftMod
             # peft asks transformers a deprecated question: nothing for users
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
             torch.manual_seed(seed)
-            return peft.get_peft_model(model, peft_config, adapter_name=ADAPTER_NAME)
+            peft_model = peft.get_peft_model(model, peft_config, adapter_name=ADAPTER_NAME)
     except ValueError as error:  # peft names the modules it could not find
         raise ValueError(f"trainer.lora.target_modules={list(config.target_modules)}: {error}") from error
+    _draw_adapters(peft_model, seed)
+    return peft_model
+
+
+def _draw_adapters(model: nn.Module, seed: int) -> None:
+    """Every adapter pair drawn as peft's default initialisation draws it (A kaiming-uniform with a = √5, B
+    zero, so a new adapter changes nothing), on the host from a generator seeded with ``seed``, layer by layer
+    in module order: the same values whatever device the model is on. peft's own draw cannot be kept on a base
+    on the meta device: it moves each adapter to its base's device, and a meta tensor holds no values."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, layer in lora_layers(model):
+            down, up = layer.lora_A[ADAPTER_NAME], layer.lora_B[ADAPTER_NAME]
+            for linear in (down, up):
+                if linear.weight.is_meta:
+                    linear.to_empty(device="cpu")
+            drawn = torch.empty(down.weight.shape)
+            nn.init.kaiming_uniform_(drawn, a=math.sqrt(5), generator=generator)
+            down.weight.copy_(drawn)
+            up.weight.zero_()
 
 
 def save_adapter(peft_model: peft.PeftModel, directory: Path, *, is_main_process: bool = True) -> None:

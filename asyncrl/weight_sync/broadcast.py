@@ -94,6 +94,23 @@ class WeightGroup:
                     self._broadcast(torch.from_numpy(buffer.view(np.uint8)))
         self._send_header(b"")
 
+    def send_packed(
+        self, buckets: Iterable[list[tuple[str, torch.Tensor]]], version: int, *, retain: bool = False
+    ) -> list[FlatWeights]:
+        """Rank 0's publish: pack each bucket on the group's device as it comes (``pack_on_device``: over NCCL
+        never through host memory), broadcast it, drop it; what was sent, as host copies with ``retain`` (the
+        catch-up kept for engine recovery), else the version and manifest only."""
+        sent: list[FlatWeights] = []
+
+        def packed() -> Iterator[DeviceBucket]:
+            for bucket in buckets:
+                device_bucket = pack_on_device(list(bucket), version, self.staging_device)
+                yield device_bucket
+                sent.append(device_bucket.to_host() if retain else device_bucket.without_buffers())
+
+        self.send(packed())
+        return sent
+
     def receive(self) -> list[FlatWeights]:
         """Ranks 1..E: every bucket of one update, as ``FlatWeights`` this process owns."""
         buckets = []

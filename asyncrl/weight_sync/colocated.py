@@ -30,8 +30,8 @@ import os
 import uuid
 import warnings
 import weakref
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from multiprocessing import shared_memory
 from typing import Any
 
@@ -81,6 +81,52 @@ class ColocatedHandle:
 
     version: int
     buckets: tuple[SharedBucket, ...]
+    rank: int = 0
+    """The trainer rank that packed it (on Ray with N pairs each rank packs for the engine in its bundle)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PairedHandles:
+    """The ``WeightUpdate`` handle of a colocated version published by every trainer rank at once
+    (``runtime.switch`` on Ray with N pairs): entry i is rank i's blocks, for engine i, the one in rank i's
+    bundle (its machine, its GPU). ``for_engine`` picks an engine's entry before the update leaves the
+    driver."""
+
+    version: int
+    by_engine: tuple[ColocatedHandle, ...]
+
+
+def paired_update(updates: Sequence[WeightUpdate]) -> WeightUpdate:
+    """One update of every rank's colocated publication (rank order): engine i reads rank i's blocks. The
+    ranks must agree on the version and the manifest (they gathered the same full weights); one rank's update
+    is returned as is. Its bytes are one rank's: what each engine receives."""
+    first = updates[0]
+    if len(updates) == 1:
+        return first
+    for rank, update in enumerate(updates):
+        if not isinstance(update.handle, ColocatedHandle) or update.handle.rank != rank:
+            raise WeightSyncError(f"weight update v{first.version}: entry {rank} is not rank {rank}'s blocks")
+        if (update.version, update.manifest) != (first.version, first.manifest):
+            raise WeightSyncError(
+                f"weight update: trainer rank {rank} published v{update.version}, rank 0 v{first.version} "
+                "(or another manifest); the ranks must publish the same weights"
+            )
+    handles = tuple(update.handle for update in updates)
+    return replace(first, handle=PairedHandles(version=first.version, by_engine=handles))
+
+
+def for_engine(update: WeightUpdate, index: int) -> WeightUpdate:
+    """The part of ``update`` engine ``index`` reads: with ``PairedHandles``, rank ``index``'s blocks (the
+    ones in its own bundle); any other update as it is."""
+    handle = update.handle
+    if not isinstance(handle, PairedHandles):
+        return update
+    if not 0 <= index < len(handle.by_engine):
+        raise WeightSyncError(
+            f"weight update v{update.version}: engine {index} has no trainer rank in its bundle "
+            f"({len(handle.by_engine)} ranks published)"
+        )
+    return replace(update, handle=handle.by_engine[index])
 
 
 class ColocatedSync(BucketedPublish):
@@ -121,6 +167,11 @@ class ColocatedSync(BucketedPublish):
 
     def receive(self, update: WeightUpdate) -> Iterator[tuple[str, Any]]:
         """Each tensor as a view of its mapped block (valid while the caller holds it; copy, never write)."""
+        if isinstance(update.handle, PairedHandles):
+            raise WeightSyncError(
+                f"weight update v{update.version} holds every trainer rank's blocks; an engine reads only its "
+                "own rank's (``for_engine``)"
+            )
         if update.transport != self.name or not isinstance(update.handle, ColocatedHandle):
             raise WeightSyncError(
                 f"weight update v{update.version} travels by {update.transport!r}, not 'colocated'"
@@ -201,7 +252,25 @@ def _attach(block: SharedBlock, version: int) -> torch.Tensor:
             raise WeightSyncError(f"weight update v{version}: its CUDA block was released (a newer version?)")
         return tensor
     if block.kind == "cuda_ipc":
-        from torch.multiprocessing.reductions import rebuild_cuda_tensor
-
-        return rebuild_cuda_tensor(*block.ref)
+        return _open_cuda_ipc(block, version)
     raise WeightSyncError(f"weight update v{version}: unknown block kind {block.kind!r}")
+
+
+def _open_cuda_ipc(block: SharedBlock, version: int) -> torch.Tensor:
+    """The trainer's CUDA block mapped into this (another) process, or a ``WeightSyncError`` saying why not:
+    CUDA IPC opens only on the same physical GPU, seen by both processes (on Ray: the trainer rank and the
+    engine in one bundle)."""
+    if not torch.cuda.is_available():
+        raise WeightSyncError(
+            f"weight update v{version}: the trainer sent a CUDA IPC handle, but this engine's process sees no "
+            "CUDA device (colocated weights on a GPU need the engine on the trainer's GPU)"
+        )
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+    try:
+        return rebuild_cuda_tensor(*block.ref)
+    except RuntimeError as error:
+        raise WeightSyncError(
+            f"weight update v{version}: this engine's process cannot open the trainer's CUDA IPC handle "
+            f"({error}); colocated weights need the engine on the trainer's own GPU"
+        ) from error

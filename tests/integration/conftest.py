@@ -23,3 +23,30 @@ def tiny_path(tmp_path_factory) -> Path:
         max_position_embeddings=256,
     )
     return save_tiny(model, tokenizer, tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def one_gpu_cluster():
+    """A one-node Ray cluster (2 CPUs) whose one stand-in GPU is the custom resource ``fake_gpu``: what a
+    trainer rank and an engine sharing one bundle are placed on (``runtime.accelerator_resource=fake_gpu``)."""
+    yield from fake_gpu_cluster(1)
+
+
+@pytest.fixture(scope="module")
+def two_gpu_cluster():
+    """``one_gpu_cluster`` with two stand-in GPUs: two (trainer rank, engine) pairs, one per shared bundle."""
+    yield from fake_gpu_cluster(2)
+
+
+def fake_gpu_cluster(gpus: int):
+    import ray  # here: the suite's other tests need no Ray
+    from ray.cluster_utils import Cluster
+
+    if ray.is_initialized():
+        ray.shutdown()
+    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"fake_gpu": gpus}})
+    ray.init(address=nodes.address)
+    nodes.wait_for_nodes()
+    yield nodes
+    ray.shutdown()
+    nodes.shutdown()

@@ -63,10 +63,21 @@ def test_the_switched_run_sleeps_each_step_and_ends_bit_equal_to_the_plain_one(t
         (("controller.mode=one_step_off", "buffer.async_ratio=1"), "controller.mode"),
         (("runtime.colocate=never",), "runtime.colocate"),
         (("weight_sync.type=in_process",), "weight_sync.type"),
-        (("runtime.type=local",), "runtime.type"),
+        (("runtime.type=local", "rollout.num_engines=2"), "rollout.num_engines"),
+        (("runtime.type=local", "trainer.num_workers=2"), "trainer.num_workers=2 on Ray"),
         (("runtime.switch.engine_sleep_level=3",), "engine_sleep_level"),
     ],
 )
 def test_the_switch_is_refused_where_it_is_not_correct_naming_the_field(override, named):
     with pytest.raises(ValueError, match=named):
         load_run_config(None, ["output_dir=/tmp/x", "runtime.switch.enabled=true", *SYNC, *override])
+
+
+def test_the_switch_on_ray_takes_one_engine_per_trainer_rank():
+    """N pairs on Ray: rank i publishes to engine i in its bundle (``test_ray_colocated_pairs``)."""
+    pairs = ("runtime.type=local", "trainer.num_workers=2", "rollout.num_engines=2")
+    config = load_run_config(None, ["output_dir=/tmp/x", "runtime.switch.enabled=true", *SYNC, *pairs])
+    assert (
+        config.runtime.switch.enabled
+        and config.weight_sync.transport_for("local", switch=True) == "colocated"
+    )

@@ -67,7 +67,13 @@ def schedule_seed() -> int:
 
 
 def final_weights(out: Path, steps: int) -> dict[str, torch.Tensor]:
-    return load_file(out / "checkpoints" / f"step_{steps:08d}" / "model" / "model.safetensors")
+    """The step's exported weights: one file, or one per gathered bucket (a sharded trainer's export)."""
+    model = out / "checkpoints" / f"step_{steps:08d}" / "model"
+    weights: dict[str, torch.Tensor] = {}
+    for file in sorted(model.glob("*.safetensors")):
+        weights |= load_file(file)
+    assert weights, f"no weights exported in {model}"
+    return weights
 
 
 def assert_same_run(out: Path, reference: Path, steps: int, samples: int, why: str) -> None:

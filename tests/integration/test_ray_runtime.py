@@ -23,7 +23,7 @@ from asyncrl.config.model import ModelConfig
 from asyncrl.config.proxy import ProxyConfig
 from asyncrl.config.rollout import RolloutConfig
 from asyncrl.config.run import RunConfig
-from asyncrl.config.runtime import RuntimeConfig
+from asyncrl.config.runtime import RuntimeConfig, SwitchConfig
 from asyncrl.config.trainer import TrainerConfig
 from asyncrl.engine import make_engine
 from asyncrl.models.corpus import sample_texts
@@ -32,6 +32,7 @@ from asyncrl.models.tiny import build_tiny
 from asyncrl.proxy.llm_proxy import LLMProxy
 from asyncrl.proxy.multi_version import MultiVersionProxy
 from asyncrl.runtime.actor_calls import ActorCallError, ActorCallTimeout
+from asyncrl.runtime.colocate import ColocatedTrainer
 from asyncrl.runtime.placement import Placement
 from asyncrl.runtime.ray_runtime import (
     RayEngineClient,
@@ -281,6 +282,31 @@ def test_trainer_checkpoint_round_trip_through_the_actor(parts, tmp_path):
     assert (parts.trainer.step, parts.trainer.version) == (step, version)
     restored = received(parts.trainer.state_for_sync())
     assert all(torch.equal(restored[name], tensor) for name, tensor in saved.items())
+
+
+def test_the_switch_sleeps_and_wakes_the_engine_actor_and_moves_the_rank_state(parts):
+    """The default suite's twin of ``test_ray_colocated_switch`` (slow: whole runs on a shared bundle): the
+    switch over this module's actors, two steps."""
+    engine = parts.engines[0]
+    switched = ColocatedTrainer(
+        parts.trainer, parts.engines, SwitchConfig(enabled=True), timeout_s=60, state=parts.trainer
+    )
+    pool, slept = engine.stats()["kv_pool_bytes"], engine.stats()["num_sleeps"]
+    steps = []
+    for _ in range(2):
+        version = parts.trainer.version
+        generation = asyncio.run(engine.generate(sampled(1)[0]))
+        steps.append(switched.train_step(groups_from([generation, generation], [1.0, 0.0], version), version))
+        assert engine.stats()["asleep"] == 1  # still asleep after the step, until the weights are published
+        switched.state_for_sync()
+        assert engine.stats()["asleep"] == 0 and engine.stats()["kv_pool_bytes"] == pool
+    for step, metrics in enumerate(steps, start=1):
+        assert metrics["colocate/sleep_bytes"] == metrics["colocate/wake_bytes"] == pool > 0, metrics
+        assert metrics["colocate/kv_pool_bytes_while_training"] == 0, metrics
+        assert metrics["colocate/engine_num_sleeps"] == slept + step, metrics
+        assert metrics["colocate/offload_bytes"] > 0, metrics  # Adam's moments, once the first step made them
+    assert steps[1]["colocate/reload_bytes"] == steps[0]["colocate/offload_bytes"]
+    parts.trainer.reload_state()  # the module's trainer as it was: its state where it lives
 
 
 def test_actors_are_separate_processes_threaded_as_placed(parts):

@@ -7,26 +7,12 @@ import asyncio
 import json
 
 import pytest
-import ray
-from ray.cluster_utils import Cluster
 from ray.util.placement_group import placement_group_table
 
 from asyncrl.app import train as training
 from asyncrl.config.run import load_run_config
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]  # a Ray cluster and two actors: ~15 s
-
-
-@pytest.fixture(scope="module")
-def one_gpu_cluster():
-    if ray.is_initialized():
-        ray.shutdown()
-    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"fake_gpu": 1}})
-    ray.init(address=nodes.address)
-    nodes.wait_for_nodes()
-    yield nodes
-    ray.shutdown()
-    nodes.shutdown()
 
 
 def test_a_trainer_rank_and_an_engine_share_one_bundle_and_train(one_gpu_cluster, tiny_path, tmp_path):

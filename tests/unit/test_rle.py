@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from asyncrl.rle import RleSequence
+from asyncrl.rle import RleSequence, kept, starts_with
 
 parts = st.lists(
     st.one_of(
@@ -83,3 +83,23 @@ def test_pickles_as_the_same_sequence() -> None:
     runs = [7, 8] + RleSequence.from_runs([(0, 2), (1, 3)])
     restored = pickle.loads(pickle.dumps(runs))
     assert isinstance(restored, RleSequence) and restored == [7, 8, 0, 0, 1, 1, 1]
+
+
+def test_kept_copies_a_list_and_keeps_runs_as_they_are() -> None:
+    """A prefix kept for a continuation: a list the caller mutates later must not change it; runs are immutable."""
+    values = [1, 2]
+    copy = kept(values)
+    values.append(3)
+    assert copy == [1, 2] and isinstance(copy, list)
+    runs = RleSequence.repeat(1, 512)
+    assert kept(runs) is runs
+
+
+def test_starts_with_by_shared_parts_or_item_by_item() -> None:
+    prefix = [7, 8] + RleSequence.repeat(0, 1000)
+    continued = prefix + RleSequence.repeat(1, 5)
+    assert starts_with(continued, prefix)  # joined onto the prefix: its parts are the prefix's own
+    assert starts_with(list(continued), list(prefix)) and starts_with(list(continued), prefix)
+    assert starts_with(RleSequence(list(continued)), prefix)  # other parts: compared item by item
+    assert not starts_with(RleSequence.repeat(1, 1005), prefix)
+    assert not starts_with([7], [7, 8]) and starts_with([7, 8], [])

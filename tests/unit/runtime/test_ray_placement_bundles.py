@@ -106,3 +106,31 @@ def test_the_reward_pool_reserves_its_cpus_when_asked():
     bundles = _bundles("runtime.reward_num_cpus=1")
     assert bundles["reward"] == ({"CPU": 1.0},)
     assert "reward" not in _bundles()
+
+
+def _switch_on_a_cluster(*overrides: str):
+    config = load_run_config(
+        None,
+        [
+            "model.device=cpu",
+            "runtime.type=cluster",
+            "runtime.address=auto",
+            "runtime.switch.enabled=true",
+            "controller.mode=sync",
+            "buffer.async_ratio=0",
+            *overrides,
+        ],
+    )
+    placement = plan_placement(config.runtime, num_engines=1, mode="sync", num_trainer_workers=1)
+    return config, role_bundles(config, config.runtime, placement)
+
+
+def test_the_switch_on_a_cluster_needs_the_shared_bundle_and_takes_colocated_weights():
+    from asyncrl.runtime.ray_runtime import check_switch_layout
+
+    config, roles = _switch_on_a_cluster(*SYNC_ON_GPUS)
+    check_switch_layout(config, config.runtime, roles)  # one bundle, one machine: accepted
+    assert config.weight_sync.transport_for("cluster", switch=True) == "colocated"
+    config, roles = _switch_on_a_cluster()  # CPU only: nothing reserved, so nothing keeps the pair together
+    with pytest.raises(PlacementError, match="colocated on CPU.* refused: runtime.switch on a cluster needs"):
+        check_switch_layout(config, config.runtime, roles)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import multiprocessing
+import os
+from dataclasses import replace
 
 import pytest
 import torch
@@ -12,7 +14,16 @@ from tied_model import tiny_tied_qwen2
 
 from asyncrl.models.loading import state_dict_for_sync
 from asyncrl.weight_sync import WeightSyncError
-from asyncrl.weight_sync.colocated import ColocatedSync
+from asyncrl.weight_sync.colocated import (
+    ColocatedHandle,
+    ColocatedSync,
+    SharedBlock,
+    SharedBucket,
+    for_engine,
+    paired_update,
+)
+from asyncrl.weight_sync.flat import TensorEntry
+from asyncrl.weight_sync.protocol import ManifestEntry, WeightUpdate
 from asyncrl.weight_sync.transports import make_weight_sync
 from bench.memory import PeakPrivateMemory
 
@@ -79,6 +90,25 @@ def test_a_released_version_is_refused_by_name_never_read_stale():
     sync.release()
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal of a process that sees no GPU")
+def test_a_cuda_ipc_handle_in_a_process_without_cuda_is_refused_by_name():
+    """The CUDA path behind the same interface (another process on Ray): where it cannot open, it says why."""
+    block = SharedBlock(kind="cuda_ipc", dtype="float32", numel=4, ref=(), local=(os.getpid() + 1, 0))
+    bucket = SharedBucket(
+        manifest=(TensorEntry(name="w", dtype="float32", shape=(4,), offset=0),), blocks=(block,)
+    )
+    update = WeightUpdate(
+        version=3,
+        transport="colocated",
+        manifest=(ManifestEntry(name="w", dtype="float32", shape=(4,)),),
+        handle=ColocatedHandle(version=3, buckets=(bucket,)),
+    )
+    with pytest.raises(
+        WeightSyncError, match="v3: the trainer sent a CUDA IPC handle, but this engine's process"
+    ):
+        dict(make_weight_sync("colocated").receive(update))
+
+
 def test_the_builtin_engine_takes_a_colocated_update_through_update_weights():
     from asyncrl.config.engine import EngineConfig
     from asyncrl.engine import make_engine
@@ -97,3 +127,37 @@ def test_the_builtin_engine_takes_a_colocated_update_through_update_weights():
     ):
         assert torch.equal(got, want), name
     sync.release()
+
+
+def test_every_ranks_update_is_paired_and_each_engine_reads_its_own_ranks_blocks():
+    """``runtime.switch`` on Ray with N pairs: each rank packs the full weights for the engine in its bundle;
+    engine i reads rank i's blocks, and a mismatched or misplaced publication is refused by name."""
+    state = {"w": torch.arange(6, dtype=torch.float32), "b": torch.ones(2)}
+    ranks = [ColocatedSync("cpu"), ColocatedSync("cpu")]
+    updates = [
+        replace(update, handle=replace(update.handle, rank=rank))
+        for rank, update in enumerate(sync.publish(3, state) for sync in ranks)
+    ]
+    paired = paired_update(updates)
+    assert (paired.version, paired.transport, paired.nbytes) == (3, "colocated", updates[0].nbytes)
+    with pytest.raises(WeightSyncError, match="its own rank's"):
+        make_weight_sync("colocated").receive(paired)  # every rank's blocks: never read whole
+    for engine in (0, 1):
+        own = for_engine(paired, engine)
+        assert own.handle is updates[engine].handle
+        received = dict(make_weight_sync("colocated").receive(own))
+        assert all(torch.equal(received[name], tensor) for name, tensor in state.items())
+    assert {b.ref for b in for_engine(paired, 0).handle.buckets[0].blocks}.isdisjoint(
+        b.ref for b in for_engine(paired, 1).handle.buckets[0].blocks
+    )
+    with pytest.raises(WeightSyncError, match="engine 2 has no trainer rank"):
+        for_engine(paired, 2)
+    assert for_engine(updates[0], 5) is updates[0]  # one rank's update: every engine reads it
+    assert paired_update(updates[:1]) is updates[0]
+    with pytest.raises(WeightSyncError, match="entry 0 is not rank 0"):
+        paired_update(updates[::-1])
+    stale = replace(updates[1], version=2)
+    with pytest.raises(WeightSyncError, match="rank 1 published v2"):
+        paired_update([updates[0], stale])
+    for sync in ranks:
+        sync.release()

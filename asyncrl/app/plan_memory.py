@@ -1,0 +1,189 @@
+"""``asyncrl plan``'s memory filter: each candidate layout planned by ``app.memory_plan`` (the plan ``asyncrl
+doctor --hardware`` prints), and dropped when a GPU it occupies does not hold it.
+
+Key decisions:
+- A candidate stands for a ``RunConfig``: the training config ``memory.train_config`` names (its model dtype,
+  trainer, loss, critic, LoRA, engine and switch), else ``memory``'s documented defaults with the engine the
+  simulation's ``cost`` keys describe (``kv: paged``: vLLM at ``memory_utilization``; ``reserved``: the built-in
+  engine with the workload's slots). The candidate sets the layout: trainer ranks (FSDP2 shards), engines and
+  their tensor parallelism. The longest context is the workload's, ``prompt_tokens + rollout.max_new_tokens``.
+- A split candidate's GPUs are the doctor's: each trainer GPU, each engine GPU. A colocated one shares each GPU
+  between a trainer rank and an engine taking turns (``memory_plan.switch_devices``), with the switch the
+  simulator costs: the training config's ``runtime.switch``, else ``cost.switch_offload_bytes_per_param`` (8:
+  AdamW's moments leave the GPU while the engine generates; 12: the master weights too; 16: gradients too) and
+  ``cost.switch_sleep_level`` (1: a sleeping engine keeps its weights; 2: nothing).
+- A candidate is dropped on the doctor's FAIL (a GPU's plan over what ``DEVICE_RESERVE`` leaves, or vLLM's share
+  short of its weights and one longest request's KV), never on a WARN: the plan leaves out fragmentation, so a
+  plan within 10 % of full is kept and the margin is the user's to judge with ``asyncrl doctor``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from asyncrl.app import memory_plan
+from asyncrl.app.memory_plan import GB, OFFLOADABLE, Device, Hardware, Term
+from asyncrl.config.engine import serving_dtype, vllm_serving_dtype
+from asyncrl.config.run import RunConfig, load_run_config
+from asyncrl.config.sim import SimConfig
+from asyncrl.sim.hardware import resolve_profile
+from asyncrl.sim.model_shape import ModelShape, resolve_shape
+
+SWITCH_OFFLOAD_BYTES = {"optimizer state": 8, "master weights": 12, "gradients": 16}
+"""``cost.switch_offload_bytes_per_param`` from which each held trainer term is offloaded (the key's docstring:
+8 is AdamW's two fp32 moments, 12 adds the master weights, 16 the gradients)."""
+
+
+@dataclass(frozen=True)
+class Drop:
+    """Why a candidate does not fit: the GPU that overflows, what it needs and holds, and its largest term."""
+
+    device: str
+    need: int
+    usable: int
+    role: str
+    term: str
+    term_bytes: int
+
+    def text(self, hardware: str) -> str:
+        return (
+            f"{self.device} needs {self.need / GB:.1f} GB, {self.usable / GB:.1f} GB usable on {hardware}; "
+            f"largest term: {self.role}'s {self.term} {self.term_bytes / GB:.1f} GB"
+        )
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What memory depends on in a candidate: trainer ranks, engines, and whether they share GPUs."""
+
+    trainer_ranks: int
+    engines: int
+    colocated: bool
+
+
+class MemoryCheck:
+    """Plans the memory of one workload's layouts on its hardware profile (``SimConfig.memory`` says how)."""
+
+    def __init__(self, sim: SimConfig) -> None:
+        self.sim = sim
+        self.shape: ModelShape = resolve_shape(sim.model)
+        profile = resolve_profile(sim.hardware)  # as the simulation reads it: a name, a profile or probe file
+        self.hardware = Hardware(
+            profile.name, int(profile.hbm_bytes), profile.gpus_per_node, profile.gpus_per_node
+        )
+        self.longest = sim.prompt_tokens + sim.rollout.max_new_tokens
+        self.train_config = load_run_config(sim.memory.train_config) if sim.memory.train_config else None
+        """The training config planned, as written (its layout replaced per candidate by ``run_config``)."""
+        self._cache: dict[Layout, Drop | None] = {}
+
+    def run_config(self, layout: Layout) -> RunConfig:
+        """The run ``layout`` stands for (module docstring)."""
+        gpe = self.sim.engine.gpus_per_engine
+        keys = [
+            f"trainer.num_workers={layout.trainer_ranks}",
+            f"rollout.num_engines={layout.engines}",
+            f"engine.vllm.tensor_parallel_size={gpe}",
+        ]
+        base = self.train_config
+        if base is None:
+            return load_run_config(None, [*self.defaults(layout.trainer_ranks), *keys, "runtime.type=local"])
+        if base.runtime.type == "inline" and (layout.trainer_ranks > 1 or not layout.colocated):
+            keys.append("runtime.type=local")  # several processes; memory is the same on a cluster
+        if base.runtime.switch.enabled:  # inline only: ``shared_devices`` reads it from ``base``
+            keys.append("runtime.switch.enabled=false")
+        keys += _carried_precision(base, layout.trainer_ranks)
+        return load_run_config(self.sim.memory.train_config, keys)
+
+    def defaults(self, ranks: int) -> list[str]:
+        """``memory``'s keys and the simulation's engine as ``asyncrl train`` keys."""
+        memory, sim = self.sim.memory, self.sim
+        served = {2: "bfloat16", 4: "float32"}.get(sim.cost.bytes_per_param, "bfloat16")
+        tokens = memory.max_tokens_per_microbatch or self.longest
+        keys = [
+            f"model.dtype={memory.master_dtype}",
+            f"trainer.activation_checkpointing={str(memory.activation_checkpointing).lower()}",
+            f"trainer.max_tokens_per_microbatch={tokens}",
+            f"engine.backend={'vllm' if sim.cost.kv == 'paged' else 'builtin'}",
+            f"engine.dtype={served}",
+            f"engine.vllm.dtype={served}",
+            f"engine.vllm.gpu_memory_utilization={sim.cost.memory_utilization}",
+            f"engine.max_running_requests={sim.engine.max_running_requests}",
+            f"engine.max_model_len={sim.engine.max_model_len or self.longest}",
+            f"engine.max_kv_tokens={max(sim.engine.max_kv_tokens, self.longest)}",
+        ]
+        if memory.mixed_precision:
+            keys.append("trainer.mixed_precision=bf16" if ranks > 1 else "trainer.compute_dtype=bfloat16")
+        if memory.lora_rank:
+            keys.append(f"trainer.lora.rank={memory.lora_rank}")
+        if memory.critic != "none":
+            keys += [f"critic.type={memory.critic}", "advantage.name=gae"]
+        return keys
+
+    def drop(self, layout: Layout) -> Drop | None:
+        """Why ``layout`` does not fit (the GPU that overflows most), or None when every GPU holds it."""
+        if layout not in self._cache:
+            self._cache[layout] = self._drop(layout)
+        return self._cache[layout]
+
+    def _drop(self, layout: Layout) -> Drop | None:
+        config = self.run_config(layout)
+        shape, hardware = self.shape, self.hardware
+        plan = memory_plan.plan(config, shape, self.longest, hardware)
+        devices = self.shared_devices(config, plan) if layout.colocated else plan.devices
+        drops = [_overflow(device, hardware.usable_bytes) for device in devices]
+        if config.engine.backend == "vllm":
+            share = int(config.engine.vllm.gpu_memory_utilization * hardware.device_bytes)
+            need = memory_plan.vllm_needs(config, shape, self.longest)
+            if need > share:
+                how = f"weights and one {self.longest}-token request's KV"
+                drops.append(Drop("vLLM's share of each engine GPU", need, share, "vLLM engine", how, need))
+        failed = [d for d in drops if d is not None]
+        return max(failed, key=lambda d: d.need / d.usable) if failed else None
+
+    def shared_devices(self, config: RunConfig, plan: memory_plan.Plan) -> tuple[Device, ...]:
+        """A colocated layout's GPU, a trainer rank and an engine on each: in turns when they switch, else
+        both at their peaks."""
+        trainer, engine = plan.roles
+        if self.train_config is not None and not self.train_config.runtime.switch.enabled:
+            return (Device("each shared GPU (no runtime.switch)", ((trainer, 1), (engine, 1))),)
+        if self.train_config is not None:
+            switch = self.train_config.runtime.switch
+            offloaded = {name for name, key in OFFLOADABLE.items() if getattr(switch, key)}
+            level = switch.engine_sleep_level
+        else:
+            per_param = self.sim.cost.switch_offload_bytes_per_param
+            offloaded = {name for name, least in SWITCH_OFFLOAD_BYTES.items() if per_param >= least}
+            level = self.sim.cost.switch_sleep_level
+        return memory_plan.switch_devices(
+            trainer, engine, offloaded, self.asleep(config) if level == 1 else None
+        )
+
+    def asleep(self, config: RunConfig) -> Term:
+        """What a sleeping engine keeps at level 1: its weights (its shard, tensor-parallel)."""
+        if config.engine.backend == "vllm":
+            dtype = vllm_serving_dtype(config.engine, config.model.dtype, "cuda")
+        else:
+            dtype = serving_dtype(config.engine.dtype, config.model.dtype, "cuda")
+        serve = memory_plan.DTYPE_BYTES.get(dtype, 2)
+        tp = config.engine.vllm.tensor_parallel_size if config.engine.backend == "vllm" else 1
+        weights = memory_plan.ceil_div(self.shape.num_params * serve, tp)
+        return Term("weights", weights, f"kept asleep (sleep level 1), {serve} B")
+
+
+def _overflow(device: Device, usable: int) -> Drop | None:
+    if device.total <= usable:
+        return None
+    role, term = device.largest()
+    return Drop(device.name, device.total, usable, role.name, term.name, term.bytes)
+
+
+def _carried_precision(config: RunConfig, ranks: int) -> list[str]:
+    """The training config's bf16 compute on ``ranks`` trainer ranks: FSDP2's ``mixed_precision`` on several,
+    autocast's ``compute_dtype`` on one (the config refuses the other key there)."""
+    trainer = config.trainer
+    bf16 = trainer.mixed_precision == "bf16" or trainer.compute_dtype == "bfloat16"
+    if not bf16:
+        return []
+    if ranks == 1:
+        return ["trainer.mixed_precision=none", "trainer.compute_dtype=bfloat16"]
+    return ["trainer.mixed_precision=bf16"]

@@ -1,0 +1,77 @@
+"""Colocated sync with the switch on Ray, N pairs (``runtime.switch``, two here): trainer rank i (an FSDP2 shard,
+gloo) and engine i share placement bundle i (a stand-in GPU of ``two_gpu_cluster``). Every step both engine
+actors sleep and wake, every rank gathers the full weights and packs them for the engine in its own bundle (the
+colocated transport's shared-memory twin), engine i applies rank i's blocks, and the run ends bit-equal to the
+same seed's 2 x 2 Ray sync without the switch."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from test_colocated_switch import SWITCH, step_metrics
+from test_determinism import assert_same_run
+from test_ray_colocated_switch import SAMPLES, STEPS, train_on_ray
+
+from asyncrl.runtime.ray_runtime import RayEngineClient
+from asyncrl.weight_sync.colocated import SHM_DIR, for_engine
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]  # two 3-step 2 x 2 Ray runs: minutes on the 2-core machine
+
+PAIRS = ("trainer.num_workers=2", "rollout.num_engines=2")
+
+
+def test_each_engine_sleeps_each_step_and_takes_its_own_ranks_blocks_bit_equal(
+    two_gpu_cluster, tiny_path, tmp_path, monkeypatch
+):
+    plain = tmp_path / "plain"
+    train_on_ray(plain, two_gpu_cluster, tiny_path, *PAIRS)
+    applied, blocks, calls = [], [], Counter()
+    update_weights, sleep, wake = RayEngineClient.update_weights, RayEngineClient.sleep, RayEngineClient.wake
+
+    async def recorded(self, update, version):
+        own = for_engine(update, self.index)
+        applied.append((self.index, update.transport, version, own.handle.rank))
+        blocks.extend(b.ref for bucket in own.handle.buckets for b in bucket.blocks)
+        await update_weights(self, update, version)
+
+    async def slept(self, level=1):
+        calls["sleep", self.index] += 1
+        return await sleep(self, level)
+
+    async def woke(self):
+        calls["wake", self.index] += 1
+        return await wake(self)
+
+    monkeypatch.setattr(RayEngineClient, "update_weights", recorded)
+    monkeypatch.setattr(RayEngineClient, "sleep", slept)
+    monkeypatch.setattr(RayEngineClient, "wake", woke)
+    out = tmp_path / "switched"
+    train_on_ray(out, two_gpu_cluster, tiny_path, *PAIRS, *SWITCH)
+
+    placed = json.loads((out / "placement.json").read_text())
+    assert placed["layout"].startswith("colocated on accelerators: 2 shared bundle(s)"), placed["layout"]
+    # every version into each engine by the colocated transport, from the rank in its own bundle (the last
+    # version may come after the run stopped)
+    for engine in (0, 1):
+        got = [(transport, v, rank) for index, transport, v, rank in applied if index == engine]
+        assert got[: STEPS - 1] == [("colocated", v, engine) for v in range(1, STEPS)], applied
+    # each rank packed its own blocks: the two engines never read the same memory
+    assert len(set(blocks)) == len(blocks), blocks
+    # every engine slept once per step and woke once after each step
+    assert calls == {(call, engine): STEPS for call in ("sleep", "wake") for engine in (0, 1)}, calls
+    steps = step_metrics(out)
+    assert len(steps) == STEPS
+    for step, line in enumerate(steps, start=1):
+        # summed over the two engine actors, as each counts itself
+        assert line["train/colocate/engine_num_sleeps"] == 2 * step, line
+        assert line["train/colocate/engine_num_wakes"] == 2 * (step - 1), line
+        assert line["train/colocate/kv_pool_bytes_while_training"] == 0, line
+        assert line["train/colocate/wake_bytes"] == line["train/colocate/sleep_bytes"] > 0, line
+        assert line["train/colocate/offload_bytes"] > 0 and line["train/colocate/sync_bytes"] > 0, line
+    # every rank unlinked its last blocks before it was killed
+    assert blocks and not [name for name in blocks if (Path(SHM_DIR) / name).exists()], blocks
+
+    assert_same_run(out, plain, STEPS, SAMPLES, "switched vs plain 2 x 2 sync on Ray")

@@ -1,0 +1,103 @@
+"""Colocated sync with the switch on Ray (``runtime.switch``): a trainer rank and an engine share one placement
+bundle (the stand-in GPU of ``one_gpu_cluster``); every step the engine actor sleeps (its KV pool, as the actor
+reports it, freed while the rank trains) and wakes, the rank actor offloads and reloads its optimizer state,
+the weights travel by the colocated transport (shared memory, the CPU twin of CUDA IPC), and the run ends
+bit-equal to the same seed's Ray run without the switch."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+from test_colocated_switch import SWITCH, step_metrics
+from test_determinism import IN_PROCESS, SYNC, assert_same_run
+from test_kill_resume import RUN
+
+from asyncrl.app import train as training
+from asyncrl.config.run import load_run_config
+from asyncrl.runtime.colocate import PHASES
+from asyncrl.runtime.ray_runtime import RayEngineClient
+from asyncrl.weight_sync.colocated import SHM_DIR
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]  # two 3-step Ray runs: ~3 min on the loaded 2-core machine
+
+STEPS = 3
+SAMPLES = 8
+SMALL = (*SYNC, "rollout.rollout_batch_size=2")
+
+
+def shared_bundle(cluster, tiny_path) -> tuple[str, ...]:
+    """A trainer rank and an engine in one bundle holding the cluster's one stand-in GPU."""
+    return (
+        f"model.path={tiny_path}",
+        "runtime.type=cluster",
+        f"runtime.address={cluster.address}",
+        "runtime.accelerator_resource=fake_gpu",
+        "runtime.accelerators_per_trainer_worker=1",
+        "runtime.accelerators_per_engine=1",
+        "runtime.placement_timeout_s=20",
+        "engine.max_model_len=128",
+    )
+
+
+def train_on_ray(out, cluster, tiny_path, *overrides: str) -> None:
+    config = load_run_config(
+        None,
+        [
+            *RUN,
+            *IN_PROCESS,
+            *shared_bundle(cluster, tiny_path),
+            *SMALL,
+            *overrides,
+            f"controller.num_steps={STEPS}",
+            f"output_dir={out}",
+        ],
+    )
+    asyncio.run(training.train(config, console=None))
+
+
+def test_on_ray_the_engine_actor_sleeps_each_step_and_the_run_ends_bit_equal(
+    one_gpu_cluster, tiny_path, tmp_path, monkeypatch
+):
+    plain = tmp_path / "plain"
+    train_on_ray(plain, one_gpu_cluster, tiny_path)
+    sent, blocks = [], []
+    update_weights = RayEngineClient.update_weights
+
+    async def recorded(self, update, version):
+        sent.append((update.transport, version))
+        blocks.extend(b.ref for bucket in update.handle.buckets for b in bucket.blocks)
+        await update_weights(self, update, version)
+
+    monkeypatch.setattr(RayEngineClient, "update_weights", recorded)
+    out = tmp_path / "switched"
+    train_on_ray(out, one_gpu_cluster, tiny_path, *SWITCH)
+
+    placed = json.loads((out / "placement.json").read_text())
+    assert placed["layout"].startswith("colocated on accelerators: 1 shared bundle(s)"), placed["layout"]
+    # every version into the engine actor by the colocated transport (the last may come after the run stopped)
+    assert sent[: STEPS - 1] == [("colocated", v) for v in range(1, STEPS)], sent
+    steps = step_metrics(out)
+    assert len(steps) == STEPS
+    for step, line in enumerate(steps, start=1):
+        # counted by the engine actor itself: slept once this step, woken once after each earlier one
+        assert line["train/colocate/engine_num_sleeps"] == step, line
+        assert line["train/colocate/engine_num_wakes"] == step - 1, line
+        assert line["train/colocate/sleep_bytes"] > 0, line  # the actor's KV pool let go ...
+        assert line["train/colocate/kv_pool_bytes_while_training"] == 0, line  # ... and gone while training
+        assert line["train/colocate/wake_bytes"] == line["train/colocate/sleep_bytes"], line
+        assert line["train/colocate/offload_bytes"] > 0 and line["train/colocate/sync_bytes"] > 0, line
+    assert all(
+        line["train/colocate/reload_bytes"] == steps[0]["train/colocate/offload_bytes"] for line in steps[1:]
+    )
+
+    spans = [json.loads(line) for line in (out / "timeline.jsonl").read_text().splitlines()]
+    assert {span["kind"] for span in spans if span["worker"] == "colocate"} == set(
+        PHASES
+    )  # the timeline lane
+    # the shared-memory blocks are gone, the last one's too (rank 0 releases them before it is killed)
+    assert blocks and not [name for name in blocks if (Path(SHM_DIR) / name).exists()], blocks
+
+    assert_same_run(out, plain, STEPS, SAMPLES, "switched vs plain sync on Ray")

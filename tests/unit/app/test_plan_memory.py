@@ -1,0 +1,122 @@
+"""``asyncrl plan`` drops the layouts whose memory plan (``asyncrl doctor --hardware``'s) does not fit: an 8B
+model's trainer on too few H100s and a colocated vLLM engine beside a trainer are dropped naming the role and
+largest term, a 0.6B model fits everywhere, the critic and LoRA move the verdict, a training config's settings
+are planned as the doctor plans them, and a search never recommends a dropped layout and lists why."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from asyncrl.app import memory_plan
+from asyncrl.app.plan_memory import Layout, MemoryCheck
+from asyncrl.app.planner import COLOCATED_SYNC, Candidate, Planner
+from asyncrl.cli.main import main
+from asyncrl.config.run import load_run_config
+from asyncrl.sim.derive import load_sim_config
+from asyncrl.sim.model_shape import NAMED_SHAPES
+from tests.unit.sim.test_sim_planner import SMALL
+
+RECIPES = Path(__file__).resolve().parents[3] / "asyncrl" / "examples" / "recipes"
+WORKLOAD_8B = ["model=qwen3-8b", *SMALL[1:]]
+
+
+def split(train: int) -> Candidate:
+    return Candidate(mode="partial_rollout", alpha=2.0, train_gpus=train)
+
+
+def verdicts(overrides: list[str], gpus: int) -> dict[str, str]:
+    """{candidate label: 'fits' or why it is dropped} for the colocated and every split layout."""
+    planner = Planner(None, overrides, gpus)
+    assert planner.memory is not None
+    candidates = [COLOCATED_SYNC, *(split(t) for t in range(1, gpus))]
+    return {
+        c.label(gpus): "fits" if (drop := planner.memory_drop(c)) is None else drop.text("h100")
+        for c in candidates
+    }
+
+
+def test_an_8b_trainer_on_too_few_gpus_and_a_colocated_vllm_engine_are_dropped_naming_the_term() -> None:
+    big = verdicts(WORKLOAD_8B, 8)
+    # fp32 masters, gradients and AdamW's moments of 8.2 B parameters: 131 GB, sharded over the trainer GPUs
+    assert "each trainer GPU needs 163.8 GB" in big["partial_rollout a=2 1T/7I"]
+    assert big["partial_rollout a=2 1T/7I"].endswith("largest term: trainer rank's optimizer state 65.5 GB")
+    assert "trainer rank's optimizer state" in big["partial_rollout a=2 2T/6I"]
+    assert all(big[f"partial_rollout a=2 {t}T/{8 - t}I"] == "fits" for t in range(3, 8))
+    # vLLM takes 0.9 of the GPU while it generates, beside the trainer's un-offloaded shards
+    colocated = big["sync colocated on 8"]
+    assert colocated.startswith("each shared GPU while the engine generates needs")
+    assert "largest term: vLLM engine's gpu_memory_utilization 72.0 GB" in colocated
+    small = verdicts(SMALL, 8)
+    assert set(small.values()) == {"fits"}  # 0.6 B: every layout fits
+
+
+def test_the_critic_and_lora_are_costed() -> None:
+    critic = verdicts([*WORKLOAD_8B, "memory.critic=separate"], 8)
+    assert "largest term: trainer rank's critic" in critic["partial_rollout a=2 3T/5I"]  # fits without it
+    assert critic["partial_rollout a=2 4T/4I"] == "fits"
+    full = verdicts(WORKLOAD_8B, 2)
+    lora = verdicts([*WORKLOAD_8B, "memory.lora_rank=16"], 2)
+    assert (
+        "optimizer state" in full["partial_rollout a=2 1T/1I"] and lora["partial_rollout a=2 1T/1I"] == "fits"
+    )
+    check = MemoryCheck(
+        load_sim_config(None, [*WORKLOAD_8B, "memory.lora_rank=16", "memory.critic=shared_trunk"])
+    )
+    config = check.run_config(Layout(1, 1, colocated=False))
+    terms = {t.name for t in memory_plan.trainer_role(config, check.shape).terms}
+    assert {"LoRA adapters", "value head"} <= terms and "reference copy" not in terms
+
+
+def test_a_training_config_is_planned_as_the_doctor_plans_it() -> None:
+    recipe = RECIPES / "dapo_math_8gpu.yaml"
+    check = MemoryCheck(load_sim_config(None, [*WORKLOAD_8B, f"memory.train_config={recipe}"]))
+    config = check.run_config(Layout(4, 4, colocated=False))  # the recipe's own layout
+    assert config.trainer.max_tokens_per_microbatch == 32768 and config.engine.backend == "vllm"
+    assert check.drop(Layout(4, 4, colocated=False)) is None
+    doctor = memory_plan.plan(
+        load_run_config(recipe),
+        NAMED_SHAPES["qwen3-8b"],
+        check.longest,
+        memory_plan.hardware_named("h100", 8),
+    )
+    planned = memory_plan.plan(config, check.shape, check.longest, check.hardware)
+    assert [d.total for d in planned.devices] == [d.total for d in doctor.devices]
+    one = check.drop(Layout(1, 7, colocated=False))
+    assert one is not None and one.role == "trainer rank"
+    two_nodes = MemoryCheck(
+        load_sim_config(None, [*WORKLOAD_8B, f"memory.train_config={RECIPES / 'dapo_math_2node.yaml'}"])
+    )
+    assert two_nodes.drop(Layout(8, 8, colocated=False)) is None  # a cluster runtime stays one
+    assert two_nodes.run_config(Layout(8, 8, colocated=False)).runtime.type == "cluster"
+    no_check = Planner(None, [*WORKLOAD_8B, "memory.check=false"], 8)
+    assert no_check.memory is None and no_check.memory_drop(split(1)) is None
+
+
+def test_a_search_never_recommends_a_dropped_layout_and_lists_why() -> None:
+    """On 2 H100s an 8B model trains only with LoRA on a GPU of its own: colocated sync is dropped (simulated
+    as the yardstick only) and the split is recommended; without LoRA nothing fits, and the error says why."""
+    planner = Planner(None, [*WORKLOAD_8B, "memory.lora_rank=16"], 2)
+    result = planner.search(alphas=(1,), modes=("one_step_off",))
+    assert [c for c, _ in result.dropped] == [COLOCATED_SYNC] and result.baseline.candidate == COLOCATED_SYNC
+    assert result.recommended.candidate.train_gpus == 1
+    assert result.runner_up is not None and result.runner_up.candidate.train_gpus == 1
+    why = result.to_json()["dropped_for_memory"]["sync colocated on 2"]
+    assert why.startswith("each shared GPU while the engine generates needs")
+    assert "on h100; largest term: vLLM engine's gpu_memory_utilization 72.0 GB" in why
+    with pytest.raises(ValueError, match="no candidate on 2 GPU.* fits memory.*optimizer state"):
+        Planner(None, WORKLOAD_8B, 2).search(alphas=(1,), modes=("one_step_off",))
+
+
+@pytest.mark.slow
+def test_plan_cli_prints_the_dropped_layouts(tmp_path, capsys) -> None:
+    args = [*WORKLOAD_8B, "memory.lora_rank=16", f"output_dir={tmp_path}"]
+    assert main(["plan", *args, "--gpus", "2", "--alphas", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "dropped for memory: sync colocated on 2: each shared GPU while the engine generates" in out
+    record = json.loads((tmp_path / "plan.json").read_text())
+    assert list(record["dropped_for_memory"]) == ["sync colocated on 2"]
+    assert record["recommended"]["candidate"]["train_gpus"] == 1
+    assert main(["plan", *WORKLOAD_8B, "--gpus", "2"]) == 2  # nothing fits: a named error, not a traceback
