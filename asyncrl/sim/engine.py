@@ -122,6 +122,14 @@ class _Requests:
     def first(self) -> _SimRequest:
         return next(iter(self._order))
 
+    def last(self) -> _SimRequest:
+        return next(reversed(self._order))
+
+    def appendleft(self, seq: _SimRequest) -> None:
+        """Put ``seq`` first (a preempted request goes back to the head of the queue)."""
+        self.add(seq)
+        self._order.move_to_end(seq, last=False)
+
     def popleft(self) -> _SimRequest:
         seq = self.first()
         self.remove(seq)
@@ -446,7 +454,7 @@ class SimEngine:
         """Paged KV: while the next step would not fit, the most recently admitted running request gives its
         KV back and returns to the head of the queue, its context to be prefilled again (recompute)."""
         while len(self.running) > 1 and self._kv_now() + len(self.running) > self.config.max_kv_tokens:
-            seq = next(reversed(self.running))
+            seq = self.running.last()
             self._release(seq)
             seq.prefill_tokens = seq.num_prompt_tokens + seq.produced
             self.waiting.appendleft(seq)
@@ -495,7 +503,7 @@ class SimEngine:
         if self.paged:
             self._preempt_overflow()
             while self.waiting and self._paged_fits(
-                self._context_of(self.waiting[0]), len(self.running), self._kv_now()
+                self._context_of(self.waiting.first()), len(self.running), self._kv_now()
             ):
                 head = self.waiting.popleft()
                 self.kv_reserved += head.reservation
@@ -525,7 +533,7 @@ class SimEngine:
             return True
         if self.paged:
             return bool(self.waiting) and self._paged_fits(
-                self._context_of(self.waiting[0]), len(self.running), self._kv_now()
+                self._context_of(self.waiting.first()), len(self.running), self._kv_now()
             )
         return bool(self.waiting) and self.policy.admits(
             num_running=len(self.running),
