@@ -33,6 +33,7 @@ from pathlib import Path
 
 from asyncrl.config.engine import serving_dtype, vllm_serving_dtype
 from asyncrl.config.run import RunConfig
+from asyncrl.runtime.placement import is_colocated
 from asyncrl.sim.model_shape import NAMED_SHAPES, ModelShape
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -444,9 +445,43 @@ def plan(
     engine = engine_role(config, shape, max_len, hardware, device)
     if config.runtime.type == "inline":
         devices = (Device("the one GPU (trainer + engines, inline)", ((trainer, 1), (engine, engine.count))),)
+    elif device == "cuda" and shares_gpus(config):
+        devices = shared_gpu_devices(config, shape, trainer, engine)
     else:
         devices = (Device("each trainer GPU", ((trainer, 1),)), Device("each engine GPU", ((engine, 1),)))
     return Plan(roles=(trainer, engine), devices=devices)
+
+
+def shares_gpus(config: RunConfig) -> bool:
+    """Whether a Ray run puts trainer rank i and engine i on one GPU (one placement bundle), as its placement
+    does: rollout and training colocated (``runtime.colocate``: ``sync``, or α = 0, under ``auto``)."""
+    return is_colocated(config.runtime, config.controller.mode, config.buffer.async_ratio)
+
+
+def shared_gpu_devices(
+    config: RunConfig, shape: ModelShape, trainer: Role, engine: Role
+) -> tuple[Device, ...]:
+    """The GPU a trainer rank and an engine share: in turns with ``runtime.switch`` (what its settings move
+    off the device), else both resident at their peaks."""
+    switch = config.runtime.switch
+    if not switch.enabled:
+        return (
+            Device("each shared GPU (trainer rank + engine, no runtime.switch)", ((trainer, 1), (engine, 1))),
+        )
+    offloaded = {name for name, key in OFFLOADABLE.items() if getattr(switch, key)}
+    asleep = asleep_weights(config, shape) if switch.engine_sleep_level == 1 else None
+    return switch_devices(trainer, engine, offloaded, asleep)
+
+
+def asleep_weights(config: RunConfig, shape: ModelShape) -> Term:
+    """What a sleeping engine keeps at sleep level 1: its weights (its tensor-parallel shard)."""
+    if config.engine.backend == "vllm":
+        dtype = vllm_serving_dtype(config.engine, config.model.dtype, "cuda")
+    else:
+        dtype = serving_dtype(config.engine.dtype, config.model.dtype, "cuda")
+    serve = DTYPE_BYTES.get(dtype, 2)
+    tp = config.engine.vllm.tensor_parallel_size if config.engine.backend == "vllm" else 1
+    return Term("weights", ceil_div(shape.num_params * serve, tp), f"kept asleep (sleep level 1), {serve} B")
 
 
 OFFLOADABLE = {

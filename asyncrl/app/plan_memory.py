@@ -22,8 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from asyncrl.app import memory_plan
-from asyncrl.app.memory_plan import GB, OFFLOADABLE, Device, Hardware, Term
-from asyncrl.config.engine import serving_dtype, vllm_serving_dtype
+from asyncrl.app.memory_plan import GB, OFFLOADABLE, Device, Hardware
 from asyncrl.config.run import RunConfig, load_run_config
 from asyncrl.config.sim import SimConfig
 from asyncrl.sim.hardware import resolve_profile
@@ -84,6 +83,8 @@ class MemoryCheck:
             f"rollout.num_engines={layout.engines}",
             f"engine.vllm.tensor_parallel_size={gpe}",
         ]
+        if not layout.colocated:  # a split layout: its own GPUs per role, whatever the mode would colocate
+            keys.append("runtime.colocate=never")
         base = self.train_config
         if base is None:
             return load_run_config(None, [*self.defaults(layout.trainer_ranks), *keys, "runtime.type=local"])
@@ -155,19 +156,8 @@ class MemoryCheck:
             offloaded = {name for name, least in SWITCH_OFFLOAD_BYTES.items() if per_param >= least}
             level = self.sim.cost.switch_sleep_level
         return memory_plan.switch_devices(
-            trainer, engine, offloaded, self.asleep(config) if level == 1 else None
+            trainer, engine, offloaded, memory_plan.asleep_weights(config, self.shape) if level == 1 else None
         )
-
-    def asleep(self, config: RunConfig) -> Term:
-        """What a sleeping engine keeps at level 1: its weights (its shard, tensor-parallel)."""
-        if config.engine.backend == "vllm":
-            dtype = vllm_serving_dtype(config.engine, config.model.dtype, "cuda")
-        else:
-            dtype = serving_dtype(config.engine.dtype, config.model.dtype, "cuda")
-        serve = memory_plan.DTYPE_BYTES.get(dtype, 2)
-        tp = config.engine.vllm.tensor_parallel_size if config.engine.backend == "vllm" else 1
-        weights = memory_plan.ceil_div(self.shape.num_params * serve, tp)
-        return Term("weights", weights, f"kept asleep (sleep level 1), {serve} B")
 
 
 def _overflow(device: Device, usable: int) -> Drop | None:

@@ -119,3 +119,26 @@ def test_hardware_from_json_and_bad_input_name_the_field(tmp_path) -> None:
         mp.hardware_named("h100", 0)
     assert mp.shape_named_like("Qwen/Qwen3-8B-Base") is NAMED_SHAPES["qwen3-8b"]
     assert mp.shape_named_like("someone/else") is None
+
+
+def test_a_ray_sync_run_plans_trainer_rank_and_engine_on_one_gpu_as_its_placement_puts_them() -> None:
+    """Ray colocates sync (one bundle per pair), so the plan sums the pair on one GPU: both resident without
+    ``runtime.switch``; with it, in turns (the offloaded trainer beside the engine, the asleep engine beside
+    the trainer). An async run keeps each role on its own GPUs."""
+    keys = ["runtime.type=local", "trainer.num_workers=2", "rollout.num_engines=2", "controller.mode=sync"]
+    resident = mp.plan(load_run_config(None, keys), QWEN3_1_7B, 512, H100)
+    trainer, engine = resident.roles
+    [shared] = resident.devices
+    assert shared.roles == ((trainer, 1), (engine, 1)) and shared.total == trainer.total + engine.total
+    switched = mp.plan(load_run_config(None, [*keys, "runtime.switch.enabled=true"]), QWEN3_1_7B, 512, H100)
+    generating, training = switched.devices
+    assert [role.name for role, _ in generating.roles] == ["engine", "trainer rank (offloaded)"]
+    assert [role.name for role, _ in training.roles] == ["trainer rank", "engine (asleep)"]
+    assert max(generating.total, training.total) < shared.total
+    split = mp.plan(
+        load_run_config(None, [*keys[:-1], "controller.mode=async", "buffer.async_ratio=1"]),
+        QWEN3_1_7B,
+        512,
+        H100,
+    )
+    assert [device.name for device in split.devices] == ["each trainer GPU", "each engine GPU"]
