@@ -6,6 +6,10 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# OpenMP threads sleep as soon as their work runs out instead of spinning for it: the runs here are tiny models
+# whose engine and trainer threads share 2 cores, and spinning workers took the core the other thread needed
+# (a resumed sync run: 15 s of CPU spinning, 2 s without). Set before anything imports torch; children inherit.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 @pytest.fixture

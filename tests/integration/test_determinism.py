@@ -44,7 +44,7 @@ KILLED = (
     "rollout.max_additional_running_prompts=0",
 )
 """The subprocess runs: 8 prompts x 4 samples in flight at once, 10 steps."""
-IN_PROCESS_STEPS = 4
+IN_PROCESS_STEPS = 3
 IN_PROCESS = (
     "deterministic=true",
     f"controller.num_steps={IN_PROCESS_STEPS}",
@@ -56,7 +56,7 @@ IN_PROCESS = (
     "rollout.max_additional_running_prompts=0",
     "metrics.trackers=[jsonl]",
 )
-"""The default suite's runs: 4 prompts x 4 samples, 4 steps."""
+"""The default suite's runs: 4 prompts x 4 samples, 3 steps (a stop after step 1 or 2)."""
 
 
 def schedule_seed() -> int:
