@@ -579,14 +579,21 @@ class MultiVersionProxy(ProxyShell):
         receivers = [self._workers[index] for index, count in moves for _ in range(count)]
         pairs = list(zip(self._movable(donor), receivers, strict=False))  # calls may have ended meanwhile
         for call, receiver in pairs:
-            call.handoff = asyncio.get_running_loop().create_future()
+            call.handoff = handoff = asyncio.get_running_loop().create_future()
             self._arriving[receiver.index] += 1
-            self._engines.spawn(self._migrate(call, donor, receiver))
+            self._engines.spawn(self._migrate(call, handoff, donor, receiver))
         return len(pairs)
 
-    async def _migrate(self, call: _Call, donor: EngineWorker, receiver: EngineWorker) -> None:
-        handoff = call.handoff
-        assert handoff is not None
+    async def _migrate(
+        self,
+        call: _Call,
+        handoff: asyncio.Future[tuple[EngineWorker, ExportedRequest] | None],
+        donor: EngineWorker,
+        receiver: EngineWorker,
+    ) -> None:
+        """Export the call's request from the donor and resolve ``handoff`` (its own future, passed in: a call
+        that ends before this task starts has already let go of ``call.handoff``, and the receiver's arrival
+        count must still be given back)."""
         target = None
         try:
             rid = call.request.request_id

@@ -290,3 +290,27 @@ def test_an_engine_that_exports_kv_is_not_wrapped_unless_it_says_it_cannot() -> 
     assert migratable(engine) is engine
     engine.exports_kv = False  # e.g. a Ray client whose actor runs vLLM
     assert isinstance(migratable(engine), RecomputeMigration)
+
+
+def test_a_call_that_lets_go_of_its_migration_before_it_starts_still_gives_back_the_receivers_arrival() -> (
+    None
+):
+    """A call that ends (cancelled at shutdown, or retried) in the tick its migration is started has dropped
+    ``call.handoff`` before the migration task runs: the task resolves its own future, so the receiver's
+    arrival count returns to 0 (a count left at 1 would keep that engine from ever switching version)."""
+
+    async def scenario() -> int:
+        engines = [FakeEngine(lengths=20, step_s=1.0) for _ in range(2)]
+        proxy = MultiVersionProxy(engines, async_ratio=1.0, clock=asyncio.get_running_loop().time)
+        running = asyncio.ensure_future(proxy.generate(make_request("r", max_new_tokens=20)))
+        await asyncio.sleep(2.5)
+        [call] = [call for calls in proxy._on_engine.values() for call in calls.values()]
+        donor = call.worker
+        receiver = next(worker for worker in proxy._workers if worker is not donor)
+        assert proxy._send_requests(donor, ((receiver.index, 1),)) == 1
+        proxy._forget_handoff(call)  # in the same tick, before the migration task's first step
+        await running
+        await asyncio.sleep(1.0)
+        return proxy._arriving[receiver.index]
+
+    assert run_shuffled(scenario, seed=3) == 0
