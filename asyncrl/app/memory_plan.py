@@ -33,6 +33,7 @@ from pathlib import Path
 
 from asyncrl.config.engine import serving_dtype, vllm_serving_dtype
 from asyncrl.config.run import RunConfig
+from asyncrl.config.runtime import SwitchConfig
 from asyncrl.runtime.placement import is_colocated
 from asyncrl.sim.model_shape import NAMED_SHAPES, ModelShape
 
@@ -459,11 +460,11 @@ def shares_gpus(config: RunConfig) -> bool:
 
 
 def shared_gpu_devices(
-    config: RunConfig, shape: ModelShape, trainer: Role, engine: Role
+    config: RunConfig, shape: ModelShape, trainer: Role, engine: Role, switch: SwitchConfig | None = None
 ) -> tuple[Device, ...]:
-    """The GPU a trainer rank and an engine share: in turns with ``runtime.switch`` (what its settings move
-    off the device), else both resident at their peaks."""
-    switch = config.runtime.switch
+    """The GPU a trainer rank and an engine share: in turns with ``switch`` (default ``runtime.switch``; what
+    its settings move off the device), else both resident at their peaks."""
+    switch = config.runtime.switch if switch is None else switch
     if not switch.enabled:
         return (
             Device("each shared GPU (trainer rank + engine, no runtime.switch)", ((trainer, 1), (engine, 1))),

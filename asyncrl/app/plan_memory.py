@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from asyncrl.app import memory_plan
-from asyncrl.app.memory_plan import GB, OFFLOADABLE, Device, Hardware
+from asyncrl.app.memory_plan import GB, Device, Hardware
 from asyncrl.config.run import RunConfig, load_run_config
 from asyncrl.config.sim import SimConfig
 from asyncrl.sim.hardware import resolve_profile
@@ -145,16 +145,14 @@ class MemoryCheck:
         """A colocated layout's GPU, a trainer rank and an engine on each: in turns when they switch, else
         both at their peaks."""
         trainer, engine = plan.roles
-        if self.train_config is not None and not self.train_config.runtime.switch.enabled:
-            return (Device("each shared GPU (no runtime.switch)", ((trainer, 1), (engine, 1))),)
-        if self.train_config is not None:
+        if (
+            self.train_config is not None
+        ):  # its switch, which ``run_config`` turned off for the runtime's checks
             switch = self.train_config.runtime.switch
-            offloaded = {name for name, key in OFFLOADABLE.items() if getattr(switch, key)}
-            level = switch.engine_sleep_level
-        else:
-            per_param = self.sim.cost.switch_offload_bytes_per_param
-            offloaded = {name for name, least in SWITCH_OFFLOAD_BYTES.items() if per_param >= least}
-            level = self.sim.cost.switch_sleep_level
+            return memory_plan.shared_gpu_devices(config, self.shape, trainer, engine, switch)
+        per_param = self.sim.cost.switch_offload_bytes_per_param
+        offloaded = {name for name, least in SWITCH_OFFLOAD_BYTES.items() if per_param >= least}
+        level = self.sim.cost.switch_sleep_level
         return memory_plan.switch_devices(
             trainer, engine, offloaded, memory_plan.asleep_weights(config, self.shape) if level == 1 else None
         )
