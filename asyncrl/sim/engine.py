@@ -386,8 +386,9 @@ class SimEngine:
         self._segment = None
         self._advance(segment.num_steps)
         while self._finishing and self._finishing[0][0] <= self._step:
-            step, _, seq = heapq.heappop(self._finishing)
-            if seq in self.running and seq.finish_step == step:  # not a preempted request's former entry
+            entry = heapq.heappop(self._finishing)
+            if self._live(entry):  # not a preempted request's former entry
+                seq = entry[2]
                 self._finish(seq, self._end_reason(seq))
         self._apply_aborts()
         self._apply_exports()
@@ -456,7 +457,7 @@ class SimEngine:
         while len(self.running) > 1 and self._kv_now() + len(self.running) > self.config.max_kv_tokens:
             seq = self.running.last()
             self._release(seq)
-            seq.prefill_tokens = seq.num_prompt_tokens + seq.produced
+            seq.prefill_tokens = self._context_of(seq)
             self.waiting.appendleft(seq)
             self.counts["preempted"] += 1
 
