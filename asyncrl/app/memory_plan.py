@@ -188,15 +188,6 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def lora_params(shape: ModelShape, rank: int) -> int:
-    """Adapter parameters on every linear of every layer (``all-linear``): rank × (in + out) per linear."""
-    q, kv = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
-    h, i = shape.hidden, shape.intermediate
-    attention = (h + q) + 2 * (h + kv) + (q + h)
-    mlp = 3 * (h + i) if not shape.is_moe else 3 * (h + shape.expert_intermediate) * shape.num_experts
-    return shape.num_layers * rank * (attention + mlp)
-
-
 def layer_activation_bytes_per_token(shape: ModelShape, element: int) -> int:
     """What one decoder layer saves for backward per token (HF Llama/Qwen layer, SDPA attention): each
     RMSNorm's input, normalised value and output (6·hidden); about six tensors each of q, k and v width (the
@@ -259,7 +250,7 @@ def _state_terms(config: RunConfig, shape: ModelShape, master: int) -> list[Term
     ranks = trainer.num_workers
     params = shape.num_params
     lora = trainer.lora
-    trainable = lora_params(shape, lora.rank) if lora is not None else params
+    trainable = shape.lora_params(lora.rank) if lora is not None else params
     shard = f" / {ranks} ranks" if ranks > 1 else ""
     terms = [Term("master weights", ceil_div(params * master, ranks), f"{params:,} × {master} B{shard}")]
     if lora is not None:
@@ -352,7 +343,7 @@ def _critic_terms(
     if critic.type == "shared_trunk":
         head = shape.hidden + 1
         return [Term("value head", 4 * head * master, "weights, gradients and 2 moments of hidden + 1")]
-    body = shape.num_params - (0 if shape.tied_embeddings else shape.vocab * shape.hidden)  # no lm_head
+    body = shape.body_params  # no lm_head
     ckpt = config.trainer.activation_checkpointing
     return [
         Term(
@@ -372,7 +363,7 @@ def _critic_terms(
 def _publish_term(config: RunConfig, shape: ModelShape, device: str) -> Term:
     serve = DTYPE_BYTES[serving_dtype(config.engine.dtype, config.model.dtype, device)]
     lora = config.trainer.lora
-    params = lora_params(shape, lora.rank) if lora is not None else shape.num_params
+    params = shape.lora_params(lora.rank) if lora is not None else shape.num_params
     if config.runtime.type == "inline":
         return Term(
             "publish copy", params * serve, f"the whole model in {serve} B at each sync (in process)", "sync"
@@ -417,7 +408,7 @@ def engine_role(
         ),
     ]
     if lora is not None:
-        terms.append(Term("LoRA adapter", lora_params(shape, lora.rank) * serve, f"rank {lora.rank}"))
+        terms.append(Term("LoRA adapter", shape.lora_params(lora.rank) * serve, f"rank {lora.rank}"))
     prefill = config.engine.max_prefill_tokens_per_step
     scratch = prefill * layer_activation_bytes_per_token(shape, serve) + slots * shape.vocab * 4
     terms.append(
@@ -524,7 +515,7 @@ def checkpoint_bytes(config: RunConfig, shape: ModelShape) -> tuple[int, int]:
     master = DTYPE_BYTES[config.model.dtype]
     weights = shape.num_params * master
     lora = config.trainer.lora
-    trainable = lora_params(shape, lora.rank) * master if lora is not None else weights
+    trainable = shape.lora_params(lora.rank) * master if lora is not None else weights
     keep, every = config.trainer.keep_last_checkpoints, config.trainer.checkpoint_every
     num_saved = (config.controller.num_steps // every if every else 0) + 1  # the periodic ones and the final
     return weights + 2 * trainable, min(keep + 1, num_saved) if keep is not None else num_saved

@@ -346,7 +346,9 @@ class SimMemoryConfig:
     """What ``asyncrl plan`` checks each candidate layout's memory with (``asyncrl.app.plan_memory``: the plan
     ``asyncrl doctor --hardware`` prints, per role and per shared device). The layout (trainer ranks, engines,
     tensor parallelism) is the candidate's; the engine's slots and longest context are the workload's. The
-    trainer's settings are ``train_config``'s when it names a training config, else the keys below."""
+    trainer's settings are ``train_config``'s when it names a training config, else the keys below. Their critic
+    and LoRA also set the simulated trainer's and weight update's time (``asyncrl.sim.trained``), with memory
+    checked or not."""
 
     check: bool = True
     """Drop the candidates whose plan does not fit ``hardware`` (never simulated; the colocated baseline is
@@ -369,10 +371,11 @@ class SimMemoryConfig:
     ``prompt_tokens + rollout.max_new_tokens``, the least a micro-batch holds."""
     lora_rank: int = 0
     """LoRA adapters of this rank on every linear layer (``trainer.lora``): the base frozen, only the adapters
-    hold gradients and moments; 0 trains every weight."""
+    hold gradients and moments; 0 trains every weight. Also costed in time: no weight gradients for the base,
+    AdamW and the weight update over the adapters only."""
     critic: Literal["none", "separate", "shared_trunk"] = "none"
     """The value model PPO's GAE reads (``critic.type``): a separate decoder body with its own optimizer, or a
-    value head on the policy's trunk."""
+    value head on the policy's trunk. Also costed in time: a separate body's own passes and optimizer step."""
 
     def __post_init__(self) -> None:
         if self.master_dtype not in ("float32", "bfloat16"):
@@ -462,7 +465,8 @@ class SimConfig:
     env_manager: EnvManagerConfig = field(default_factory=EnvManagerConfig)
     """Env groups, redundancy, async vs batch env stepping and timeouts (agentic producer)."""
     memory: SimMemoryConfig = field(default_factory=SimMemoryConfig)
-    """The trainer settings ``asyncrl plan`` plans each candidate's memory with (the simulation ignores them)."""
+    """The trainer settings ``asyncrl plan`` plans each candidate's memory with; their critic and LoRA also set
+    the derived trainer and weight-update costs (``asyncrl.sim.trained``)."""
 
     def __post_init__(self) -> None:
         if self.num_prompts < 1 or self.prompt_tokens < 1:

@@ -133,17 +133,23 @@ def load_configured_skeleton(config: ModelConfig) -> tuple[PreTrainedModel, PreT
     (e.g. rotary ``inv_freq``, computed from the config rather than stored) are built for real, as
     ``from_pretrained`` would; the files' tensors are not read here at all.
     """
+    directory = model_dir(config)
+    model = _skeleton(AutoModelForCausalLM, directory, config.dtype)
+    return model, AutoTokenizer.from_pretrained(directory, local_files_only=True)
+
+
+def _skeleton(auto_class: Any, directory: Path, dtype: str) -> PreTrainedModel:
+    """``auto_class``'s model of ``directory``'s config with its parameters on the meta device (buffers real),
+    in ``dtype``, in eval mode."""
     from accelerate import init_empty_weights
 
-    if config.dtype not in _DTYPES:
-        raise ValueError(f"model.dtype must be one of {', '.join(map(repr, _DTYPES))}, got {config.dtype!r}")
-    directory = model_dir(config)
+    if dtype not in _DTYPES:
+        raise ValueError(f"model.dtype must be one of {', '.join(map(repr, _DTYPES))}, got {dtype!r}")
     model_config = AutoConfig.from_pretrained(directory, local_files_only=True)
     with init_empty_weights(include_buffers=False):
-        model = AutoModelForCausalLM.from_config(model_config, dtype=_DTYPES[config.dtype])
+        model = auto_class.from_config(model_config, dtype=_DTYPES[dtype])
     model.tie_weights()  # the context re-registers every parameter, untying a tied output layer
-    tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
-    return model.eval(), tokenizer
+    return model.eval()
 
 
 def load_decoder_body(path: str, config: ModelConfig) -> PreTrainedModel:
@@ -153,6 +159,14 @@ def load_decoder_body(path: str, config: ModelConfig) -> PreTrainedModel:
     directory = resolve_model_path(path, config.revision, local_files_only=config.local_files_only)
     body = AutoModel.from_pretrained(directory, dtype=_DTYPES[config.dtype], local_files_only=True)
     return body.to(resolve_device(config.device)).eval()
+
+
+def load_decoder_skeleton(path: str, config: ModelConfig) -> tuple[PreTrainedModel, Path]:
+    """``load_decoder_body``'s body with its parameters on the meta device, and the directory its weights are
+    in: for a sharded trainer, whose ranks each read only their shards of it from there (as the policy's,
+    ``load_configured_skeleton``)."""
+    directory = resolve_model_path(path, config.revision, local_files_only=config.local_files_only)
+    return _skeleton(AutoModel, directory, config.dtype), directory
 
 
 def load_configured_tokenizer(config: ModelConfig) -> PreTrainedTokenizerBase:

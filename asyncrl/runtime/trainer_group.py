@@ -119,7 +119,8 @@ class TrainerRankActor:
 
     def _loads_shards(self) -> bool:
         """Whether each rank reads only its shards of the weights (``sharded_load``): with several ranks, LoRA
-        and a critic included (their own parameters, adapters and value head, are built for real and kept)."""
+        and a critic included (their own parameters, adapters and value head, are built for real and kept; a
+        ``critic.model_path`` body reads its shards from its own files, ``build_trainer``)."""
         return self.world_size > 1
 
     def _parallelism(self) -> Parallelism:

@@ -8,13 +8,16 @@ Key decision: every derived number is a roofline over quantities a spec sheet or
   + KV tokens · KV bytes per token / (BW·η_kv)``, which is the simulator's knee model with
   ``decode_step_s = weight bytes / (BW·η_w)`` and ``knee_batch = decode_step_s / (2·P_active / (peak·η_c))``;
 - prefill per token = forward FLOPs at half the prompt's context / (peak·η_prefill);
-- train per token = 3 forward FLOPs / (peak·η_train) + log-prob passes · forward FLOPs / (peak·η_logprob), at
-  the mean attention context of a trained token;
+- train per token = training FLOPs / (peak·η_train) + no-grad FLOPs / (peak·η_logprob), at the mean attention
+  context of a trained token: 3 forwards and the log-prob passes' forwards, with a critic's and LoRA's terms
+  (``sim.trained``: LoRA drops the frozen weights' weight-gradient GEMMs, a separate critic adds its own
+  passes and optimizer step);
 - the KV that fits = memory · utilisation − weights / g, per GPU, over the KV bytes of a token
   (``shape.kv_bytes_per_token``: layers · 2 · KV heads · head dim · bytes); with paged KV it is the engine's
   budget that running contexts fill as they grow (preempting the newest when full), with reserved KV the pool
   that longest-context reservations fill;
-- a weight update moves the served weights over each GPU's network link, plus a fixed reload time.
+- a weight update moves the served weights (LoRA: the adapter pairs) over each GPU's network link, plus a
+  fixed reload time (and, on the built-in engine, merging an adapter into the served weights).
 
 Mixtures of experts read every expert's weights each decode step (a batch of hundreds routes to all of them)
 and compute with the active ones only.
@@ -31,8 +34,10 @@ from typing import Any
 from asyncrl.config.base import from_dict
 from asyncrl.config.loader import apply_overrides, read_yaml_file
 from asyncrl.config.sim import SimConfig
+from asyncrl.sim import trained
 from asyncrl.sim.hardware import HardwareProfile, resolve_profile
 from asyncrl.sim.model_shape import ModelShape, resolve_shape
+from asyncrl.sim.trained import TrainedParts, trained_parts
 from asyncrl.sim.workload import LengthModel
 
 LENGTH_SAMPLES = 4000
@@ -115,8 +120,11 @@ def mean_attention_context(config: SimConfig) -> float:
 
 def engine_keys(config: SimConfig, shape: ModelShape, profile: HardwareProfile) -> dict[str, Any]:
     eff = profile.efficiency
+    parts = trained_parts(config)
     decode_s = decode_read_bytes(config, shape) / (profile.hbm_bandwidth * eff.decode_weights)
-    per_request_s = 2 * shape.active_params_per_token / (profile.peak_flops * eff.decode_compute)
+    per_request_s = (
+        2 * decode_params_per_token(config, shape, parts) / (profile.peak_flops * eff.decode_compute)
+    )
     kv_tokens = kv_tokens_that_fit(config, shape, profile)
     longest = config.prompt_tokens + config.rollout.max_new_tokens
     if config.cost.kv == "paged":  # the engine allocates as contexts grow and preempts when they outgrow it
@@ -148,16 +156,47 @@ def engine_keys(config: SimConfig, shape: ModelShape, profile: HardwareProfile) 
         "num_layers": shape.num_layers,
         "allreduce_hop_s": profile.intra_node_latency_s,
         "kv_bytes_per_token": shape.kv_bytes_per_token(config.cost.bytes_per_param),
-        "weight_update_s": _weight_transfer_s(config, shape, profile) + config.cost.weight_reload_s,
+        "weight_update_s": _weight_transfer_s(config, shape, profile, parts)
+        + adapter_merge_s(config, shape, profile, parts.lora_rank)
+        + config.cost.weight_reload_s,
     }
 
 
-def _weight_transfer_s(config: SimConfig, shape: ModelShape, profile: HardwareProfile) -> float:
-    """Moving one version's served weights to an engine: over the network link, or colocated on the device
+def decode_params_per_token(config: SimConfig, shape: ModelShape, parts: TrainedParts) -> int:
+    """Weights a decoded token multiplies: the model's, plus its LoRA adapters where the engine serves them
+    unmerged (``cost.kv: paged``, vLLM's LoRA); the built-in engine merges them (``adapter_merge_s``)."""
+    unmerged = parts.lora_rank if config.cost.kv == "paged" else 0
+    return shape.active_params_per_token + shape.active_lora_params(unmerged)
+
+
+def adapter_merge_s(config: SimConfig, shape: ModelShape, profile: HardwareProfile, lora_rank: int) -> float:
+    """The built-in engine's (``cost.kv: reserved``) merge of a LoRA update, per accelerator: W = W0 + B·A·s on
+    every adapted linear reads W0 and writes W (two passes of those weights at HBM bandwidth) and costs 2·rank
+    FLOPs per adapted weight; the slower bound. 0 without LoRA and for vLLM (paged), which serves the adapter
+    unmerged (``decode_params_per_token``)."""
+    if not lora_rank or config.cost.kv == "paged":
+        return 0.0
+    adapted = (shape.num_params - shape.embedding_params) / config.engine.gpus_per_engine
+    memory_s = (
+        2 * adapted * config.cost.bytes_per_param / (profile.hbm_bandwidth * profile.efficiency.decode_kv)
+    )
+    compute_s = 2 * lora_rank * adapted / (profile.peak_flops * profile.efficiency.prefill)
+    return max(memory_s, compute_s)
+
+
+def published_bytes(config: SimConfig, shape: ModelShape, lora_rank: int) -> float:
+    """One version's bytes a weight update ships, in the served dtype: the adapter pairs with LoRA."""
+    return trained.published_params(shape, lora_rank) * config.cost.bytes_per_param
+
+
+def _weight_transfer_s(
+    config: SimConfig, shape: ModelShape, profile: HardwareProfile, parts: TrainedParts
+) -> float:
+    """Moving one version's published weights to an engine: over the network link, or colocated on the device
     itself (``colocated_switch_parts``' ``sync``)."""
     if config.trainer.colocated:
         return colocated_switch_parts(config, shape, profile)["sync"]
-    return weight_bytes(config, shape) / profile.inter_node_bandwidth
+    return published_bytes(config, shape, parts.lora_rank) / profile.inter_node_bandwidth
 
 
 def colocated_switch_parts(
@@ -167,38 +206,44 @@ def colocated_switch_parts(
     bytes it moves and the bandwidth they move at (docs/simulator.md):
 
     - ``offload``: the trainer's state (``cost.switch_offload_bytes_per_param`` per parameter, sharded over
-      the trainer's accelerators) to host memory and back: twice over the host link;
+      the trainer's accelerators; with LoRA and a critic as ``trained.offloaded_state_bytes`` counts it) to
+      host memory and back: twice over the host link;
     - ``engine_weights``: at ``cost.switch_sleep_level`` 2, an engine's served weights (its share per
       accelerator) to host memory and back: twice over the host link; 0 at level 1;
     - ``kv``: the freed KV pool allocated and zeroed again on wake: one write of it at HBM bandwidth;
     - ``sync``: the weights by CUDA IPC: the trainer packs a served-dtype copy (one write), the engine reads
-      it and writes its own (one read, one write): three passes of the served weights at HBM bandwidth;
+      it and writes its own (one read, one write): three passes of the published weights (LoRA: the
+      adapters) at HBM bandwidth;
     - ``fixed``: ``cost.switch_fixed_s``.
     """
     cost, engine_gpus = config.cost, config.engine.gpus_per_engine
     host, hbm = profile.host_link_bandwidth, profile.hbm_bandwidth * profile.efficiency.decode_kv
     served = weight_bytes(config, shape) / engine_gpus
     kv_pool = profile.hbm_bytes * cost.memory_utilization - served
+    parts = trained_parts(config)
+    state = trained.offloaded_state_bytes(shape, parts, cost.switch_offload_bytes_per_param)
     return {
-        "offload": 2 * cost.switch_offload_bytes_per_param * shape.num_params / config.num_train_gpus / host,
+        "offload": 2 * state / config.num_train_gpus / host,
         "engine_weights": 2 * served / host if cost.switch_sleep_level == 2 else 0.0,
         "kv": max(kv_pool, 0.0) / hbm,
-        "sync": 3 * served / hbm,
+        "sync": 3 * (published_bytes(config, shape, parts.lora_rank) / engine_gpus) / hbm,
         "fixed": cost.switch_fixed_s,
     }
 
 
 def trainer_keys(config: SimConfig, shape: ModelShape, profile: HardwareProfile) -> dict[str, Any]:
     eff = profile.efficiency
-    forward = shape.forward_flops_per_token(mean_attention_context(config))
-    per_token = 3 * forward / (profile.peak_flops * eff.train) + config.cost.logprob_passes * forward / (
-        profile.peak_flops * eff.logprob
-    )
+    parts = trained_parts(config)
+    context = mean_attention_context(config)
+    critic_train, critic_no_grad = trained.critic_flops(shape, context, parts.critic)
+    train = trained.policy_train_flops(shape, context, parts.lora_rank) + critic_train
+    passes = trained.no_grad_passes(config.cost.logprob_passes, parts.critic)
+    no_grad = passes * trained.no_grad_pass_flops(shape, context, parts.lora_rank) + critic_no_grad
+    per_token = train / (profile.peak_flops * eff.train) + no_grad / (profile.peak_flops * eff.logprob)
     gpus = config.num_train_gpus
-    # AdamW touches float32 master weights, gradients and two moments: ~16 B read and 16 B written per param.
-    optimizer_s = 32 * shape.num_params / (profile.hbm_bandwidth * eff.decode_kv * gpus)
+    optimizer_s = trained.optimizer_bytes(shape, parts) / (profile.hbm_bandwidth * eff.decode_kv * gpus)
     switch_s = 0.0
     if config.trainer.colocated:  # the switch between rollout and training; its weight copy is the update's
-        parts = colocated_switch_parts(config, shape, profile)
-        switch_s = sum(seconds for part, seconds in parts.items() if part != "sync")
+        switch = colocated_switch_parts(config, shape, profile)
+        switch_s = sum(seconds for part, seconds in switch.items() if part != "sync")
     return {"gpu_s_per_token": per_token, "step_overhead_s": optimizer_s + switch_s}

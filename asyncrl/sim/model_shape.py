@@ -99,6 +99,29 @@ class ModelShape:
         per_layer = self.attention_params_per_layer + self.active_mlp_params_per_layer
         return self.num_layers * per_layer + self.vocab * self.hidden
 
+    @property
+    def body_params(self) -> int:
+        """A decoder body's weights (``AutoModel``: a separate critic's): every weight but an untied output
+        layer (a tied one is the input embedding, which the body keeps)."""
+        return self.num_params - (0 if self.tied_embeddings else self.vocab * self.hidden)
+
+    def lora_params(self, rank: int) -> int:
+        """LoRA adapter weights of ``rank`` on every linear of every layer (peft's ``all-linear``: q, k, v, o,
+        gate, up, down of every expert; not the output layer): rank × (in + out) per linear."""
+        return self.num_layers * rank * self._lora_widths_per_layer(self.num_experts)
+
+    def active_lora_params(self, rank: int) -> int:
+        """The adapter weights one token multiplies: its layers' attention and its routed experts' adapters."""
+        return self.num_layers * rank * self._lora_widths_per_layer(self.num_active_experts)
+
+    def _lora_widths_per_layer(self, num_experts: int) -> int:
+        """Σ (in + out) over a layer's adapted linears, with ``num_experts`` experts' MLPs (a dense MLP when the
+        shape has none)."""
+        q, kv, h = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.hidden
+        attention = (h + q) + 2 * (h + kv) + (q + h)
+        mlp = 3 * (h + self.expert_intermediate) * num_experts if self.is_moe else 3 * (h + self.intermediate)
+        return attention + mlp
+
     def forward_flops_per_token(self, context_tokens: float) -> float:
         """FLOPs of one token's forward when it attends to ``context_tokens`` positions: 2 per active weight
         plus QKᵀ and AV (2 · 2 · heads · head_dim per attended position, every layer)."""

@@ -2,7 +2,9 @@
 
 Key decision: one place decides which extra models a run's trainer holds — a frozen reference copy when the
 loss reads reference log-probs, a critic when the advantage is GAE (a copy of the policy's body, or the body of
-``critic.model_path``) — so the runtimes cannot drift apart on it.
+``critic.model_path``) — so the runtimes cannot drift apart on it. A ``critic.model_path`` body is loaded as the
+policy was: whole, or (a sharded trainer's policy on the meta device) as a skeleton whose shards each rank reads
+from that checkpoint's files.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ from torch import nn
 
 from asyncrl.config.engine import serving_dtype
 from asyncrl.config.run import RunConfig
-from asyncrl.models.loading import load_decoder_body, resolve_device
+from asyncrl.models.loading import load_decoder_body, load_decoder_skeleton, resolve_device
 from asyncrl.trainer.distributed.parallel import Parallelism
+from asyncrl.trainer.distributed.sharded_load import has_meta_parameters
 from asyncrl.trainer.trainer import Trainer, needs_reference_copy
 
 
@@ -26,9 +29,12 @@ def build_trainer(
     the run's ``deterministic`` switch, publishing its weights in the engines' dtype (``engine.dtype``)."""
     ref_model = copy.deepcopy(model) if needs_reference_copy(config.loss, config.trainer) else None
     critic = config.critic
-    critic_body = None
+    critic_body, critic_weights = None, None
     if critic is not None and critic.model_path is not None:
-        critic_body = load_decoder_body(critic.model_path, config.model)
+        if has_meta_parameters(model):
+            critic_body, critic_weights = load_decoder_skeleton(critic.model_path, config.model)
+        else:
+            critic_body = load_decoder_body(critic.model_path, config.model)
     return Trainer(
         model,
         config.trainer,
@@ -39,6 +45,7 @@ def build_trainer(
         parallel=parallel,
         critic=critic,
         critic_body=critic_body,
+        critic_weights=critic_weights,
         recompute_behaviour=config.deterministic,
         serving_dtype=serving_dtype(
             config.engine.dtype, config.model.dtype, resolve_device(config.model.device).type

@@ -23,6 +23,7 @@ import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -50,6 +51,7 @@ from asyncrl.trainer.distributed.normalisation import (
     local_denominator,
 )
 from asyncrl.trainer.distributed.parallel import Parallelism, SingleProcess, agreed_count, local_rows
+from asyncrl.trainer.distributed.sharded_load import has_meta_parameters
 from asyncrl.trainer.gae import gae_targets
 from asyncrl.trainer.logprobs import TokenLogProbModule, TokenLogProbs, autocast
 from asyncrl.trainer.lora import (
@@ -104,6 +106,7 @@ class Trainer:
         parallel: Parallelism | None = None,
         critic: CriticConfig | None = None,
         critic_body: nn.Module | None = None,
+        critic_weights: Path | None = None,
         recompute_behaviour: bool = False,
         serving_dtype: str | None = None,
     ) -> None:
@@ -117,6 +120,10 @@ class Trainer:
         if loss_config.needs_reference and ref_model is None and config.lora is None:
             raise ValueError("loss.kl.beta > 0 needs a reference model (Trainer(ref_model=...)), got none")
         check_critic(advantage_config.name, critic)
+        if critic_body is not None and critic_weights is None and has_meta_parameters(critic_body):
+            raise ValueError(
+                "a critic body on the meta device needs critic_weights, the directory of its shards"
+            )
         # A separate critic copies the policy's body first: before LoRA wraps it (the critic trains full
         # weights) and before FSDP2 shards it (a sharded module cannot be copied).
         value_model = None
@@ -143,7 +150,11 @@ class Trainer:
         self.reference = self._reference_module(loss_config)
         self.optimizer = build_optimizer(model, config)  # after sharding: the optimizer holds the shards
         self.scheduler = build_scheduler(self.optimizer, config)
-        self.critic = self._make_critic(critic, shared_head, value_model) if critic is not None else None
+        self.critic = (
+            self._make_critic(critic, shared_head, value_model, critic_weights)
+            if critic is not None
+            else None
+        )
         self.step = 0
         self.version = version
 
@@ -192,15 +203,20 @@ class Trainer:
         return config.packed_row_tokens if config.sequence_packing else None
 
     def _make_critic(
-        self, config: CriticConfig, shared_head: nn.Module | None, value_model: nn.Module | None
+        self,
+        config: CriticConfig,
+        shared_head: nn.Module | None,
+        value_model: nn.Module | None,
+        weights: Path | None,
     ) -> Critic:
-        """The shared head (already sharded inside ``self.policy``), or the separate value model, sharded here."""
+        """The shared head (already sharded inside ``self.policy``), or the separate value model, sharded here
+        (a body on the meta device reads its shards from ``weights``, else from the policy's files)."""
         if shared_head is not None:
             return make_critic(config, shared_head, self.config)
         assert value_model is not None
         if self.config.activation_checkpointing:
             enable_activation_checkpointing(value_model.body)
-        self.parallel.shard(value_model)
+        self.parallel.shard(value_model, weights)
         return make_critic(config, value_model, self.config)
 
     @property

@@ -3,8 +3,9 @@
 The trainer runs the same code whatever the world size; this is the only piece that differs. It asks these
 things of a ``Parallelism`` (``local_rows`` and ``agreed_count`` below are derived from them):
 
-- ``shard(module)``: prepare a log-prob module (no-op in one process; ``fully_shard`` on every decoder layer and
-  the root under FSDP2);
+- ``shard(module, weights=None)``: prepare a log-prob module (no-op in one process; ``fully_shard`` on every
+  decoder layer and the root under FSDP2, then a module on the meta device reads its shards from the model
+  directory ``weights``, by default the run's model's);
 - ``gather(obj)``: every rank's copy of a small picklable value, in rank order (denominators, micro-batch
   counts, metrics); one process returns ``[obj]``;
 - ``sync_gradients(module, last)``: tells the coming backward whether it is the mini-batch's last pass; under
@@ -34,7 +35,7 @@ class Parallelism(Protocol):
     rank: int
     world_size: int
 
-    def shard(self, module: nn.Module) -> None: ...
+    def shard(self, module: nn.Module, weights: Path | None = None) -> None: ...
 
     def gather(self, obj: Any) -> list[Any]: ...
 
@@ -59,8 +60,8 @@ class SingleProcess:
     rank: int = 0
     world_size: int = 1
 
-    def shard(self, module: nn.Module) -> None:
-        del module
+    def shard(self, module: nn.Module, weights: Path | None = None) -> None:
+        del module, weights
 
     def gather(self, obj: Any) -> list[Any]:
         return [obj]
@@ -107,12 +108,13 @@ class FullyShardedParallel:
         if device_type == "cuda":
             self.device = torch.device("cuda", torch.cuda.current_device())
 
-    def shard(self, module: nn.Module) -> None:
+    def shard(self, module: nn.Module, weights: Path | None = None) -> None:
         """``fully_shard`` every decoder layer (one all-gather per layer), then the root (embeddings, norm, head).
 
         Decoder layers are the modules whose class the Hugging Face model names in ``_no_split_modules``.
         The shards keep the parameters' own dtype (``model.dtype``); gradients are reduced in float32 whatever it
-        is. A module built on the meta device is then filled with this rank's shards of ``weights``.
+        is. A module built on the meta device is then filled with this rank's shards of ``weights`` (a model
+        directory; None: this parallelism's own, the run's model), e.g. a critic body of another checkpoint.
         """
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -124,11 +126,12 @@ class FullyShardedParallel:
             fully_shard(layer, mesh=self.mesh, mp_policy=policy)
         fully_shard(module, mesh=self.mesh, mp_policy=policy)
         if has_meta_parameters(module):
-            if self.weights is None:
+            directory = weights if weights is not None else self.weights
+            if directory is None:
                 raise ValueError(
                     "a module on the meta device needs the model directory to load its shards from"
                 )
-            materialise_shards(module, self.weights, self.device)
+            materialise_shards(module, directory, self.device)
 
     def sync_gradients(self, module: nn.Module, last: bool) -> None:
         """Reduce-scatter gradients in the coming backward: always with sharded accumulation; with unsharded

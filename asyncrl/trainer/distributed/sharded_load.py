@@ -20,9 +20,10 @@ Key decisions:
 - Buffers are not in the files (rotary ``inv_freq`` is computed from the config); the skeleton built them for
   real, and they are carried over the allocation unchanged.
 - What the files hold is what the skeleton left on the meta device. Parameters built for real before sharding
-  are the run's own and not in the files (LoRA adapters, drawn from the run's seed; a critic's zero value head;
-  a critic body loaded from ``critic.model_path``): each rank keeps its shard of them over the allocation, as
-  it keeps the buffers.
+  are the run's own and not in the files (LoRA adapters, drawn from the run's seed; a critic's zero value head):
+  each rank keeps its shard of them over the allocation, as it keeps the buffers. A separate critic's body is a
+  skeleton too: a copy of the policy's, read from the policy's files, or the body of ``critic.model_path``, read
+  the same way from that checkpoint's files (the directory is an argument, ``FullyShardedParallel.shard``).
 - Names: a module may hold Hugging Face models under any attribute (the log-prob wrapper, a reference copy, a
   critic's decoder body); each parameter is looked up under its name inside its outermost Hugging Face model,
   also with that model's ``base_model_prefix`` (a body ``layers.0...`` is the file's ``model.layers.0...``)

@@ -76,7 +76,7 @@ def test_the_terms_are_the_arithmetic_they_state() -> None:
     assert {t.name: t.bytes for t in sharded.terms}["gradients"] == -(-4 * p // 4)
     unsharded = load_run_config(None, ["trainer.num_workers=4", "trainer.fsdp_grad_accumulation=unsharded"])
     assert {t.name: t.bytes for t in mp.trainer_role(unsharded, shape).terms}["gradients"] == 4 * p
-    assert mp.lora_params(shape, 8) == 28 * 8 * ((2048 + 2048) + 2 * (2048 + 1024) + (2048 + 2048) + 3 * 8192)
+    assert shape.lora_params(8) == 28 * 8 * ((2048 + 2048) + 2 * (2048 + 1024) + (2048 + 2048) + 3 * 8192)
 
 
 def test_the_one_gpu_recipe_as_it_was_fails_naming_the_role_and_its_largest_term(

@@ -7,7 +7,15 @@ import math
 
 import pytest
 
-from asyncrl.app.planner import Candidate, Outcome, Planner, choose, why_lost, workload_from_run
+from asyncrl.app.planner import (
+    COLOCATED_SYNC,
+    Candidate,
+    Outcome,
+    Planner,
+    choose,
+    why_lost,
+    workload_from_run,
+)
 from asyncrl.cli.main import main
 
 
@@ -92,3 +100,19 @@ def test_plan_cli_prints_a_recommendation_and_writes_it(tmp_path, capsys):
     record = json.loads((tmp_path / "plan.json").read_text())
     assert record["gpus"] == 8 and record["recommended"]["speedup"] > 0
     assert main(["plan", "lengths.mean=100", "--gpus", "8"]) == 2  # no model: a named error, not a traceback
+
+
+def test_a_critic_slows_the_trainer_side_and_lora_speeds_it():
+    """The same candidates under the same workload: a separate critic adds its own passes and optimizer to every
+    train step, LoRA drops the frozen weights' gradient GEMMs and optimizer (``asyncrl.sim.trained``)."""
+    keys = {"plain": [], "critic": ["memory.critic=separate"], "lora": ["memory.lora_rank=16"]}
+    planners = {name: Planner(None, [*SMALL, "memory.check=false", *k], gpus=8) for name, k in keys.items()}
+    per_token = {name: p.base.trainer.gpu_s_per_token for name, p in planners.items()}
+    assert per_token["lora"] < per_token["plain"] < per_token["critic"]
+    beta = {name: p.proposition(2).beta for name, p in planners.items()}  # Proposition 2's train share
+    assert beta["lora"] < beta["plain"] < beta["critic"]
+    sync = {name: p.evaluate(COLOCATED_SYNC) for name, p in planners.items()}  # generate, then train
+    assert sync["lora"].step_s < sync["plain"].step_s < sync["critic"].step_s
+    split = Candidate(mode="one_step_off", alpha=1, train_gpus=4)
+    busy = {name: p.evaluate(split).trainer_busy for name, p in planners.items()}
+    assert busy["lora"] < busy["plain"] < busy["critic"]
