@@ -184,7 +184,8 @@ class Scheduler:
         A request's bucket is that of its whole context (prompt and output so far), what its next decode
         step attends over; one still in prefill is placed by the context it is filling. Bucket by bucket,
         longest first, the bucket's requests take the next run of slots: each one outside that run swaps
-        with a request inside it that belongs elsewhere, so a request already in place never moves."""
+        with a request inside it that belongs elsewhere, so a request already in place never moves. Runs
+        after ``_compact``: slots are ``0..n-1``, so a request's index in slot order is its slot."""
         max_len = self.policy.max_model_len
         bucket = {seq: length_bucket(min(seq.num_tokens, max_len), max_len) for seq in self.running}
         by_slot = sorted(self.running, key=lambda s: s.slot)
