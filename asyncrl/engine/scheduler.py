@@ -178,20 +178,21 @@ class Scheduler:
             seq.slot = dst
         return moves
 
-    def _order_by_length(self) -> list[SlotSwap]:
+    def _order_by_length(self) -> list[SlotMove | SlotSwap]:
         """Swap slots until the requests' length buckets do not increase with the slot (module docstring).
 
         A request's bucket is that of its whole context (prompt and output so far), what its next decode
         step attends over; one still in prefill is placed by the context it is filling. Bucket by bucket,
         longest first, the bucket's requests take the next run of slots: each one outside that run swaps
         with a request inside it that belongs elsewhere, so a request already in place never moves. Runs
-        after ``_compact``: slots are ``0..n-1``, so a request's index in slot order is its slot."""
+        after ``_compact``: slots are ``0..n-1``, so a request's index in slot order is its slot. Where one
+        of the two has no KV yet (just admitted), the other's is moved rather than exchanged."""
         max_len = self.policy.max_model_len
         bucket = {seq: length_bucket(min(seq.num_tokens, max_len), max_len) for seq in self.running}
         by_slot = sorted(self.running, key=lambda s: s.slot)
         if all(bucket[x] >= bucket[y] for x, y in pairwise(by_slot)):
             return []
-        swaps = []
+        moves: list[SlotMove | SlotSwap] = []
         start = 0
         for level in sorted(set(bucket.values()), reverse=True):
             end = start + sum(1 for seq in by_slot if bucket[seq] == level)
@@ -199,11 +200,15 @@ class Scheduler:
             outsiders = [i for i in range(end, len(by_slot)) if bucket[by_slot[i]] == level]
             for i, j in zip(intruders, outsiders, strict=True):
                 inside, outside = by_slot[i], by_slot[j]
-                swaps.append(SlotSwap(i, j, max(inside.num_cached, outside.num_cached)))
+                if inside.num_cached and outside.num_cached:
+                    moves.append(SlotSwap(i, j, max(inside.num_cached, outside.num_cached)))
+                elif inside.num_cached or outside.num_cached:
+                    src, dst, moved = (i, j, inside) if inside.num_cached else (j, i, outside)
+                    moves.append(SlotMove(src, dst, moved.num_cached))
                 inside.slot, outside.slot = j, i
                 by_slot[i], by_slot[j] = outside, inside
             start = end
-        return swaps
+        return moves
 
     def _release(self, seq: Sequence) -> None:
         assert seq.slot is not None, f"running request {seq.request_id} holds no slot"
