@@ -103,7 +103,7 @@ class EngineConfig:
     dtype): weight updates are cast to it once at publish. auto: bfloat16 on CUDA, ``model.dtype`` on CPU."""
     decode_graphs: Literal["auto", "on", "off"] = "auto"
     """How the built-in engine runs a decode step. on: at bucketed static shapes (batch 1, 2, 4, … up to
-    max_running_requests; KV length in powers of two), each bucket captured once as a CUDA graph on CUDA and
+    max_running_requests; each row's KV length in powers of two, rows grouped by it), each bucket captured once as a CUDA graph on CUDA and
     replayed, run eagerly at the same shapes elsewhere. off: at the step's own shapes, eagerly. auto: on for
     CUDA, off on CPU (padding a CPU batch to its bucket costs compute that no launch overhead repays)."""
     seed: int = 0

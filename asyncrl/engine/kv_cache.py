@@ -93,6 +93,12 @@ class KVCache:
         for pool in (*self.keys, *self.values):
             pool[dst, :, :num_positions] = pool[src, :, :num_positions]
 
+    def swap(self, a: int, b: int, num_positions: int) -> None:
+        """Exchange two requests' KV (slot ordering by length); positions past ``num_positions`` are junk."""
+        pair, crossed = [a, b], [b, a]
+        for pool in (*self.keys, *self.values):
+            pool[pair, :, :num_positions] = pool[crossed, :, :num_positions]
+
     def view(self, layer: int, slots: slice, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of ``slots`` over positions ``[0, length)``, as views (no copy)."""
         return self.keys[layer][slots, :, :length], self.values[layer][slots, :, :length]

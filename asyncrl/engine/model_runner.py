@@ -17,8 +17,9 @@ import torch
 import torch.nn.functional as F
 
 from asyncrl.engine.architectures import architecture_of
+from asyncrl.engine.decode_plan import Group, attention_groups, attention_positions
 from asyncrl.engine.kv_cache import KVCache
-from asyncrl.engine.scheduler import Chunk, SlotMove
+from asyncrl.engine.scheduler import Chunk, SlotMove, SlotSwap
 from asyncrl.engine.static_decode import StaticDecode
 
 # (layer index, q, k, v) -> attention output; each mode of the runner supplies its own cache handling.
@@ -46,6 +47,9 @@ class ModelRunner:
         self.cos_sin = RotaryTable(
             model.model.rotary_emb, max_len=max_len, dtype=dims["dtype"], device=self.device
         )
+        self.decode_attention_positions = 0
+        """KV positions read by decode attention so far, per layer (``decode_plan.attention_positions``):
+        the attention work the plans cost, counted rather than timed."""
         self.static: StaticDecode | None = None
         """Decode at bucketed static shapes (``engine.decode_graphs``); None: at each step's own shapes."""
         if decode_graphs == "on" or (decode_graphs == "auto" and self.device.type == "cuda"):
@@ -59,11 +63,16 @@ class ModelRunner:
             )
 
     @torch.inference_mode()
-    def run(self, moves: list[SlotMove], chunks: list[Chunk], num_slots_in_use: int) -> torch.Tensor:
-        """Apply slot moves, then return logits ``[num_completing, vocab]`` (float32) for the chunks that
+    def run(
+        self, moves: list[SlotMove | SlotSwap], chunks: list[Chunk], num_slots_in_use: int
+    ) -> torch.Tensor:
+        """Apply slot moves and swaps, then return logits ``[num_completing, vocab]`` (float32) for the chunks that
         complete, in chunk order."""
         for move in moves:
-            self.cache.move(move.src, move.dst, move.num_positions)
+            if isinstance(move, SlotSwap):
+                self.cache.swap(move.a, move.b, move.num_positions)
+            else:
+                self.cache.move(move.src, move.dst, move.num_positions)
         rows = self._decode([c for c in chunks if c.num_tokens == 1], num_slots_in_use)
         prefills = [c for c in chunks if c.num_tokens > 1]
         if prefills:
@@ -74,7 +83,8 @@ class ModelRunner:
         return torch.stack(logits).float()
 
     def _decode(self, chunks: list[Chunk], num_rows: int) -> dict[int, torch.Tensor]:
-        """One token for each chunk, batched over slots ``[0, num_rows)``; idle rows write to scratch."""
+        """One token for each chunk, batched over slots ``[0, num_rows)``; idle rows write to scratch.
+        Each row attends over its own context's group (``decode_plan``), not the batch's longest."""
         if not chunks:
             return {}
         token_ids = [0] * num_rows
@@ -83,26 +93,37 @@ class ModelRunner:
         for chunk in chunks:
             token_ids[chunk.seq.slot] = chunk.seq.token_ids[chunk.start]
             rope_positions[chunk.seq.slot] = write_positions[chunk.seq.slot] = chunk.start
-        length = max(chunk.start for chunk in chunks) + 1
         if self.static is not None:
-            logits = self.static.run(token_ids, rope_positions, write_positions, length)
+            shape = self.static.shape_of(rope_positions)
+            groups = shape[1]
+            logits = self.static.run(token_ids, rope_positions, write_positions, shape)
         else:
+            needs = [position + 1 for position in rope_positions]
+            groups = attention_groups(needs, self.cache.max_len)
             inputs = torch.tensor([token_ids, rope_positions, write_positions], device=self.device)
-            logits = self._decode_rows(inputs, length)
+            logits = self._decode_rows(inputs, groups)
+        self.decode_attention_positions += attention_positions(groups)
         return {chunk.seq.slot: logits[chunk.seq.slot] for chunk in chunks}
 
-    def _decode_rows(self, inputs: torch.Tensor, length: int) -> torch.Tensor:
+    def _decode_rows(self, inputs: torch.Tensor, groups: tuple[Group, ...]) -> torch.Tensor:
         """Logits ``[rows, vocab]`` of one decode token per slot ``[0, rows)``: ``inputs`` ``[3, rows]`` holds
-        each row's token id, rope position and KV write position; attention spans positions ``[0, length)``.
+        each row's token id, rope position and KV write position; ``groups`` tile the rows, each attending
+        over positions ``[0, its length)`` of its own slots, the mask hiding what lies past a row's position.
         Allocates nothing outside the step, so ``StaticDecode`` can capture it."""
         rows = inputs.shape[1]
         ids, rope, writes = inputs[0, :, None], inputs[1, :, None], inputs[2]
-        mask = torch.arange(length, device=inputs.device)[None, :] <= rope  # [rows, length]
+        masks = [
+            torch.arange(length, device=inputs.device)[None, :] <= rope[start:end]  # [group rows, length]
+            for start, end, length in groups
+        ]
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             self.cache.write_rows(layer, writes, k, v)
-            keys, values = self.cache.view(layer, slice(0, rows), length)
-            return grouped_decode_attention(q, keys, values, mask, self.scale)
+            outs = []
+            for (start, end, length), mask in zip(groups, masks, strict=True):
+                keys, values = self.cache.view(layer, slice(start, end), length)
+                outs.append(grouped_decode_attention(q[start:end], keys, values, mask, self.scale))
+            return outs[0] if len(outs) == 1 else torch.cat(outs)
 
         last = torch.zeros(rows, dtype=torch.long, device=inputs.device)
         return self._forward(ids, rope, attend, last)

@@ -10,6 +10,13 @@ Slots stay compact: when requests end and nothing waits to take their slots, the
 slots move down into the free ones (a one-off copy of their KV), so a decode step spans exactly as many slots
 as there are running requests, even in the long tail where a few long requests outlive all the others.
 
+Slots stay ordered by context length too, at bucket granularity: after compaction, requests swap slots (a
+one-off exchange of their KV) so that those whose context falls in a longer KV-length bucket
+(``decode_plan.length_bucket``) hold lower slots. A decode step's attention groups (``decode_plan``) then
+split the batch into one contiguous range per bucket, and each row attends over its own bucket rather than
+the batch's longest. Order changes only when a request is admitted, ends, or crosses a bucket boundary, so
+the swaps are rare beside the decode steps they shorten.
+
 Each step every running request in decode (one pending token) advances by one token, and requests still in
 prefill share ``max_prefill_tokens_per_step`` tokens in admission order (chunked prefill), so new prompts are
 prefilled between decode steps without stalling the running batch.
@@ -20,8 +27,10 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from dataclasses import dataclass
+from itertools import pairwise
 
 from asyncrl.engine.admission import AdmissionPolicy
+from asyncrl.engine.decode_plan import length_bucket
 from asyncrl.engine.sequence import Sequence, SequenceStatus
 from asyncrl.types import FinishReason
 
@@ -32,6 +41,15 @@ class SlotMove:
 
     src: int
     dst: int
+    num_positions: int
+
+
+@dataclass(frozen=True)
+class SlotSwap:
+    """Exchange the first ``num_positions`` KV positions of slots ``a`` and ``b`` before this step runs."""
+
+    a: int
+    b: int
     num_positions: int
 
 
@@ -79,11 +97,11 @@ class Scheduler:
         self.policy.check_fits(seq.request_id, self.reservation(seq))
         self.waiting.append(seq)
 
-    def schedule(self) -> tuple[list[SlotMove], list[Chunk]]:
-        """Admit what fits, compact the slots, then plan this step: one token per decoding request, prefill
-        chunks within budget."""
+    def schedule(self) -> tuple[list[SlotMove | SlotSwap], list[Chunk]]:
+        """Admit what fits, compact the slots and order them by length, then plan this step: one token per
+        decoding request, prefill chunks within budget. The moves are applied in order before the step."""
         self._admit()
-        moves = self._compact()
+        moves: list[SlotMove | SlotSwap] = [*self._compact(), *self._order_by_length()]
         prefilling = (seq.num_pending for seq in self.running if seq.num_pending > 1)
         prefill_sizes = iter(self.policy.prefill_chunks(prefilling))
         chunks = []
@@ -158,6 +176,38 @@ class Scheduler:
             moves.append(SlotMove(seq.slot, dst, seq.num_cached))
             heapq.heappush(self._free_slots, seq.slot)
             seq.slot = dst
+        return moves
+
+    def _order_by_length(self) -> list[SlotMove | SlotSwap]:
+        """Swap slots until the requests' length buckets do not increase with the slot (module docstring).
+
+        A request's bucket is that of its whole context (prompt and output so far), what its next decode
+        step attends over; one still in prefill is placed by the context it is filling. Bucket by bucket,
+        longest first, the bucket's requests take the next run of slots: each one outside that run swaps
+        with a request inside it that belongs elsewhere, so a request already in place never moves. Runs
+        after ``_compact``: slots are ``0..n-1``, so a request's index in slot order is its slot. Where one
+        of the two has no KV yet (just admitted), the other's is moved rather than exchanged."""
+        max_len = self.policy.max_model_len
+        bucket = {seq: length_bucket(min(seq.num_tokens, max_len), max_len) for seq in self.running}
+        by_slot = sorted(self.running, key=lambda s: s.slot)
+        if all(bucket[x] >= bucket[y] for x, y in pairwise(by_slot)):
+            return []
+        moves: list[SlotMove | SlotSwap] = []
+        start = 0
+        for level in sorted(set(bucket.values()), reverse=True):
+            end = start + sum(1 for seq in by_slot if bucket[seq] == level)
+            intruders = [i for i in range(start, end) if bucket[by_slot[i]] != level]
+            outsiders = [i for i in range(end, len(by_slot)) if bucket[by_slot[i]] == level]
+            for i, j in zip(intruders, outsiders, strict=True):
+                inside, outside = by_slot[i], by_slot[j]
+                if inside.num_cached and outside.num_cached:
+                    moves.append(SlotSwap(i, j, max(inside.num_cached, outside.num_cached)))
+                elif inside.num_cached or outside.num_cached:
+                    src, dst, moved = (i, j, inside) if inside.num_cached else (j, i, outside)
+                    moves.append(SlotMove(src, dst, moved.num_cached))
+                inside.slot, outside.slot = j, i
+                by_slot[i], by_slot[j] = outside, inside
+            start = end
         return moves
 
     def _release(self, seq: Sequence) -> None:

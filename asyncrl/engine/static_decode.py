@@ -7,8 +7,10 @@ captured with, so a step runs at its bucket's shape instead of its own:
 
 - batch: the step's rows ``[0, num_rows)`` padded to the next batch bucket (1, 2, 4, … up to the slot count);
   the padded rows are idle slots: token 0 at position 0, their KV write going to the scratch position;
-- KV length: the step's longest context padded to the next power of two (at least ``MIN_LENGTH_BUCKET``,
-  at most the pool's length); the attention mask hides every position past a row's own.
+- KV length, per row: the rows are split into attention groups by their own context's bucket (the next power
+  of two, at least ``MIN_LENGTH_BUCKET``, at most the pool's length), each group's row count rounded up to the
+  batch ladder (``decode_plan.attention_groups``); a group attends over its level, the mask hiding every
+  position past a row's own. A row pays for its own bucket, not the batch's longest.
 
 The inputs of a step (token ids, rope positions, KV write positions) are written into one preallocated
 ``[3, num_slots]`` buffer with a single host-to-device copy; a captured graph reads them from there and leaves
@@ -27,37 +29,16 @@ from collections.abc import Callable
 
 import torch
 
-logger = logging.getLogger(__name__)
+from asyncrl.engine.decode_plan import Group, attention_groups, batch_buckets
 
-MIN_LENGTH_BUCKET = 64
-"""Shortest KV-length bucket: below it the attention's cost is lost in the step's fixed cost."""
+logger = logging.getLogger(__name__)
 
 WARMUP_RUNS = 2
 """Eager runs on a side stream before a capture, so lazy initialisation (cuBLAS workspaces, autotuning)
 happens outside the graph."""
 
-# (inputs [3, rows]: token ids, rope positions, KV write positions; KV length) -> logits [rows, vocab]
-DecodeFn = Callable[[torch.Tensor, int], torch.Tensor]
-
-
-def batch_buckets(num_slots: int) -> list[int]:
-    """1, 2, 4, … below ``num_slots``, then ``num_slots`` itself: every batch a step can have fits one."""
-    buckets, size = [], 1
-    while size < num_slots:
-        buckets.append(size)
-        size *= 2
-    return [*buckets, num_slots]
-
-
-def length_bucket(length: int, max_len: int) -> int:
-    """The KV length a step with longest context ``length`` attends over: the next power of two, at least
-    ``MIN_LENGTH_BUCKET``, at most ``max_len`` (the pool's real positions; the scratch one is never read)."""
-    if not 1 <= length <= max_len:
-        raise ValueError(f"decode length {length} is outside [1, {max_len}]")
-    bucket = MIN_LENGTH_BUCKET
-    while bucket < length:
-        bucket *= 2
-    return min(bucket, max_len)
+# (inputs [3, rows]: token ids, rope positions, KV write positions; attention groups) -> logits [rows, vocab]
+DecodeFn = Callable[[torch.Tensor, tuple[Group, ...]], torch.Tensor]
 
 
 class StaticDecode:
@@ -82,7 +63,7 @@ class StaticDecode:
         self.fingerprint = fingerprint
         """Addresses the graphs depend on (KV pool, weights); when they change the graphs are dropped."""
         self.inputs = torch.zeros(3, num_slots, dtype=torch.long, device=device)
-        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[tuple[int, tuple[Group, ...]], torch.cuda.CUDAGraph] = {}
         self.logits: torch.Tensor | None = None
         """Every graph's output, rows ``[0, batch)``: one ``[num_slots, vocab]`` buffer, not one per graph."""
         self._captured_for: tuple[int, ...] | None = None
@@ -97,33 +78,45 @@ class StaticDecode:
         self.logits = None
         self._captured_for = None
 
-    def shape_of(self, num_rows: int, length: int) -> tuple[int, int]:
-        """The (batch, KV length) bucket a step over ``num_rows`` rows and longest context ``length`` runs at."""
-        batch = next(b for b in self.buckets if b >= num_rows)
-        return batch, length_bucket(length, self.max_len)
+    def shape_of(self, rope: list[int]) -> tuple[int, tuple[Group, ...]]:
+        """The (batch, attention groups) bucket a step over rows at positions ``rope`` runs at: the batch
+        padded to its bucket (idle rows at position 0), the groups' row counts to the batch ladder."""
+        batch = next(b for b in self.buckets if b >= len(rope))
+        needs = [position + 1 for position in rope] + [1] * (batch - len(rope))
+        return batch, attention_groups(needs, self.max_len, pad_rows=self._batch_bucket)
 
-    def run(self, token_ids: list[int], rope: list[int], writes: list[int], length: int) -> torch.Tensor:
+    def _batch_bucket(self, rows: int) -> int:
+        return next(b for b in self.buckets if b >= rows)
+
+    def run(
+        self,
+        token_ids: list[int],
+        rope: list[int],
+        writes: list[int],
+        shape: tuple[int, tuple[Group, ...]] | None = None,
+    ) -> torch.Tensor:
         """Logits ``[bucket batch, vocab]`` for rows ``[0, len(token_ids))``; rows past them are padding.
+        Row ``r`` attends over positions ``[0, rope[r]]``; ``shape`` is ``shape_of(rope)`` if the caller has it.
 
         The returned tensor is the graph's output buffer when captured: read it before the next step.
         """
-        batch, bucket_length = self.shape_of(len(token_ids), length)
+        batch, groups = shape or self.shape_of(rope)
         pad = batch - len(token_ids)
         scratch = self.max_len
         host = torch.tensor([token_ids + [0] * pad, rope + [0] * pad, writes + [scratch] * pad])
         inputs = self.inputs[:, :batch]
         if not self.capture:
             inputs.copy_(host)
-            return self.decode(inputs, bucket_length)
-        graph = self._graph(batch, bucket_length)
+            return self.decode(inputs, groups)
+        graph = self._graph(batch, groups)
         if graph is None:  # capture failed: the same shapes, eagerly
             inputs.copy_(host)
-            return self.decode(inputs, bucket_length)
+            return self.decode(inputs, groups)
         inputs.copy_(host, non_blocking=True)
         graph.replay()
         return self.logits[:batch]
 
-    def _graph(self, batch: int, length: int) -> torch.cuda.CUDAGraph | None:
+    def _graph(self, batch: int, groups: tuple[Group, ...]) -> torch.cuda.CUDAGraph | None:
         """The bucket's graph, captured now if new; None once a capture has failed.
 
         A failed capture turns capturing off for this engine with a warning naming the error, instead of
@@ -134,23 +127,23 @@ class StaticDecode:
         if fingerprint != self._captured_for:
             self.graphs.clear()
             self._captured_for = fingerprint
-        if (batch, length) not in self.graphs:
+        if (batch, groups) not in self.graphs:
             try:
-                self.graphs[batch, length] = self._capture(batch, length)
+                self.graphs[batch, groups] = self._capture(batch, groups)
             except RuntimeError as error:
                 self.capture_error = f"{type(error).__name__}: {error}"
                 self.graphs.clear()
                 logger.warning(
-                    "CUDA graph capture of the decode step (batch %d, KV length %d) failed, decoding "
-                    "eagerly at static shapes from now on: %s",
+                    "CUDA graph capture of the decode step (batch %d, attention groups %s) failed, "
+                    "decoding eagerly at static shapes from now on: %s",
                     batch,
-                    length,
+                    groups,
                     self.capture_error,
                 )
                 return None
-        return self.graphs[batch, length]
+        return self.graphs[batch, groups]
 
-    def _capture(self, batch: int, length: int) -> torch.cuda.CUDAGraph:
+    def _capture(self, batch: int, groups: tuple[Group, ...]) -> torch.cuda.CUDAGraph:
         """Capture one bucket's step over idle inputs (every row writing to its scratch position, so neither
         the warm-up nor the capture touches a real row's KV).
 
@@ -166,11 +159,11 @@ class StaticDecode:
         side.wait_stream(torch.cuda.current_stream(inputs.device))
         with torch.cuda.stream(side):
             for _ in range(WARMUP_RUNS):
-                logits = self.decode(inputs, length)
+                logits = self.decode(inputs, groups)
         torch.cuda.current_stream(inputs.device).wait_stream(side)
         if self.logits is None:
             self.logits = logits.new_empty(self.inputs.shape[1], logits.shape[1])
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-            self.logits[:batch].copy_(self.decode(inputs, length))
+            self.logits[:batch].copy_(self.decode(inputs, groups))
         return graph

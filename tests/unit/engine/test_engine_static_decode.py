@@ -11,8 +11,9 @@ import torch.nn.functional as F
 from engine_testlib import drain, engine, hf_greedy, request
 
 from asyncrl.config.engine import EngineConfig
+from asyncrl.engine.decode_plan import MIN_LENGTH_BUCKET, batch_buckets, length_bucket
 from asyncrl.engine.model_runner import grouped_decode_attention
-from asyncrl.engine.static_decode import MIN_LENGTH_BUCKET, StaticDecode, batch_buckets, length_bucket
+from asyncrl.engine.static_decode import StaticDecode
 
 NUM_SLOTS = 9
 """Buckets 1, 2, 4, 8, 9: a power-of-two ladder and a slot count that is not one."""
@@ -62,13 +63,13 @@ def _run(model, mode: str, **config):
         max_prefill_tokens_per_step=64,
         **config,
     )
-    shapes: set[tuple[int, int]] = set()
+    shapes: set[tuple[int, int]] = set()  # (batch, a group's KV length)
     if core.runner.static is not None:
         decode = core.runner.static.decode
 
-        def recording(inputs, length):
-            shapes.add((inputs.shape[1], length))
-            return decode(inputs, length)
+        def recording(inputs, groups):
+            shapes.update((inputs.shape[1], length) for _, _, length in groups)
+            return decode(inputs, groups)
 
         core.runner.static.decode = recording
     for req in _requests():
@@ -118,8 +119,8 @@ def test_grouped_decode_attention_matches_sdpa_with_gqa():
 def test_a_failed_capture_falls_back_to_eager_static_shapes(monkeypatch):
     seen = []
 
-    def decode(inputs, length):
-        seen.append((inputs.shape[1], length))
+    def decode(inputs, groups):
+        seen.append((inputs.shape[1], groups))
         return inputs[0, :, None].float().expand(-1, 5).clone()
 
     static = StaticDecode(
@@ -127,16 +128,16 @@ def test_a_failed_capture_falls_back_to_eager_static_shapes(monkeypatch):
     )
     static.capture = True  # as on CUDA, with a capture that fails
 
-    def failing_capture(batch, length):
+    def failing_capture(batch, groups):
         raise RuntimeError("operation not permitted when stream is capturing")
 
     monkeypatch.setattr(static, "_capture", failing_capture)
-    logits = static.run([7, 9, 11], [3, 4, 5], [3, 4, 5], length=6)
+    logits = static.run([7, 9, 11], [3, 4, 5], [3, 4, 5])
     assert "not permitted" in static.capture_error
     assert logits[:, 0].tolist() == [7, 9, 11, 0]
-    assert seen == [(4, MIN_LENGTH_BUCKET)]
-    static.run([1], [0], [0], length=1)
-    assert seen[-1] == (1, MIN_LENGTH_BUCKET)
+    assert seen == [(4, ((0, 4, MIN_LENGTH_BUCKET),))]
+    static.run([1], [0], [0])
+    assert seen[-1] == (1, ((0, 1, MIN_LENGTH_BUCKET),))
 
 
 def test_sleep_drops_the_captured_graphs_and_decode_goes_on_after_wake(qwen2):
@@ -146,7 +147,7 @@ def test_sleep_drops_the_captured_graphs_and_decode_goes_on_after_wake(qwen2):
     prompt = [5, 6, 7, 8]
     core.add_request(request("before", prompt, temperature=0, max_new_tokens=5, ignore_eos=True))
     before = drain(core)["before"].token_ids
-    core.runner.static.graphs[1, MIN_LENGTH_BUCKET] = object()  # what a CUDA capture leaves behind
+    core.runner.static.graphs[1, ((0, 1, MIN_LENGTH_BUCKET),)] = object()  # what a CUDA capture leaves behind
     core.sleep(1)
     assert core.runner.static.graphs == {} and core.runner.static.logits is None
     core.wake()
