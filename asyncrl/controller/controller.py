@@ -252,8 +252,12 @@ class Controller:
         await self.proxy.model_update(update, self.version)
         transfer_s = clock() - started
         await self.proxy.resume()
-        if self.config.wait_for_weight_sync:
+        # A trainer that keeps the update's memory for the engines (runtime.switch) lets go once they hold it.
+        holds = getattr(self.trainer, "holds_published", False)
+        if self.config.wait_for_weight_sync or holds:
             await self.proxy.update_applied(self.version)
+        if holds:
+            await self.trainer.weights_applied(update)
         return transfer_s, payload_nbytes(update)
 
 
