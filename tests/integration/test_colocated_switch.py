@@ -25,15 +25,11 @@ def step_metrics(out) -> list[dict]:
     return [line for line in lines if "train/colocate/sleep_s" in line]
 
 
-def test_the_switched_run_sleeps_each_step_and_ends_bit_equal_to_the_plain_one(tmp_path, monkeypatch):
-    plain = tmp_path / "plain"
-    train_in_process(plain, STEPS, *SMALL)
-    received, publishers, blocks, held_while_training = [], [], [], []
-    receive, publish, train_step = (
-        ColocatedSync.receive,
-        ColocatedSync.publish_buckets,
-        ColocatedTrainer.train_step,
-    )
+def held_at_each_step(monkeypatch) -> list[tuple[int, list[int], list[str]]]:
+    """Per trained step, what every colocated publisher of the run still held as it began (bytes and blocks)
+    and which of their shared-memory blocks were still in /dev/shm: filled as the run goes."""
+    publishers, blocks, held = [], [], []
+    publish, train_step = ColocatedSync.publish_buckets, ColocatedTrainer.train_step
 
     def published(self, version, buckets, **kwargs):
         update = publish(self, version, buckets, **kwargs)
@@ -42,20 +38,27 @@ def test_the_switched_run_sleeps_each_step_and_ends_bit_equal_to_the_plain_one(t
         return update
 
     def trained(self, groups, policy_version):
-        # what the publishers still hold once the engines applied and generated: nothing, in /dev/shm either
-        held = [sync.held_bytes for sync in publishers] + [len(sync._live) for sync in publishers]
-        held_while_training.append(
-            (policy_version, held, [n for n in blocks if (Path(SHM_DIR) / n).exists()])
-        )
+        kept = [sync.held_bytes for sync in publishers] + [len(sync._live) for sync in publishers]
+        present = [name for name in blocks if (Path(SHM_DIR) / name).exists()]
+        held.append((policy_version, kept, present))
         return train_step(self, groups, policy_version)
 
+    monkeypatch.setattr(ColocatedSync, "publish_buckets", published)
+    monkeypatch.setattr(ColocatedTrainer, "train_step", trained)
+    return held
+
+
+def test_the_switched_run_sleeps_each_step_and_ends_bit_equal_to_the_plain_one(tmp_path, monkeypatch):
+    plain = tmp_path / "plain"
+    train_in_process(plain, STEPS, *SMALL)
+    received = []
+    receive = ColocatedSync.receive
     monkeypatch.setattr(
         ColocatedSync,
         "receive",
         lambda self, update: received.append(update.version) or receive(self, update),
     )
-    monkeypatch.setattr(ColocatedSync, "publish_buckets", published)
-    monkeypatch.setattr(ColocatedTrainer, "train_step", trained)
+    held_while_training = held_at_each_step(monkeypatch)
     out = tmp_path / "switched"
     train_in_process(out, STEPS, *SMALL, *SWITCH)
 
@@ -82,6 +85,17 @@ def test_the_switched_run_sleeps_each_step_and_ends_bit_equal_to_the_plain_one(t
     assert kinds <= {"sleep", "reload", "sync", "offload", "wake"} and "sync" in kinds
 
     assert_same_run(out, plain, STEPS, 8, "switched vs plain sync")
+
+
+def test_a_resumed_switched_run_lets_go_of_the_resumed_weights_once_the_engine_holds_them(
+    tmp_path, monkeypatch
+):
+    out = tmp_path / "switched"
+    train_in_process(out, 1, *SMALL, *SWITCH)
+    held_while_training = held_at_each_step(monkeypatch)
+    train_in_process(out, 2, *SMALL, *SWITCH, resume=True)
+    ((version, held, present),) = held_while_training
+    assert version == 1 and not any(held) and not present, held_while_training
 
 
 @pytest.mark.parametrize(
