@@ -51,7 +51,11 @@ from asyncrl.weight_sync.protocol import payload_nbytes
 
 
 class TrainerClient(Protocol):
-    """The trainer as the controller sees it: awaitable, so it may live in a thread, an actor or a simulator."""
+    """The trainer as the controller sees it: awaitable, so it may live in a thread, an actor or a simulator.
+
+    Optional: ``holds_published`` (true when the trainer keeps memory for a published update until every engine
+    applied it, ``runtime.switch``) with ``async weights_applied(update)``, which the controller then calls
+    once the update has landed (``runtime.inline.AwaitableTrainer``)."""
 
     async def train_step(self, groups: Sequence[Group], policy_version: int) -> dict[str, float]: ...
 
@@ -240,7 +244,9 @@ class Controller:
         return None
 
     async def _sync_weights(self) -> tuple[float, int]:
-        """suspend → version+1 (stale work aborted) → model_update → resume; the transfer's (seconds, bytes)."""
+        """suspend → version+1 (stale work aborted) → model_update → resume (→ the update applied, when
+        ``wait_for_weight_sync`` or the trainer holds memory for it until then: ``holds_published``); the
+        transfer's (seconds, bytes)."""
         clock = asyncio.get_running_loop().time
         await self.proxy.suspend()
         self.version += 1
