@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from asyncrl.config.engine import serving_dtype, vllm_serving_dtype
@@ -360,10 +360,25 @@ def _critic_terms(
     ]
 
 
+def _published_params(config: RunConfig, shape: ModelShape) -> int:
+    """What a publication carries: the LoRA adapter under ``trainer.lora``, else the whole model."""
+    lora = config.trainer.lora
+    return shape.lora_params(lora.rank) if lora is not None else shape.num_params
+
+
+def packed_copy(config: RunConfig, shape: ModelShape, device: str = "cuda") -> Term:
+    """What a switched trainer rank (``runtime.switch``, the colocated transport) packs for the engine in its
+    bundle: the whole publication in the serving dtype, alive from publication until that engine applied it
+    (``runtime.colocate.ColocatedTrainer.weights_applied``)."""
+    serve = DTYPE_BYTES[serving_dtype(config.engine.dtype, config.model.dtype, device)]
+    params = _published_params(config, shape)
+    how = f"{params:,} × {serve} B packed for the engine, from publication until it applied them"
+    return Term("packed copy", params * serve, how, "sync")
+
+
 def _publish_term(config: RunConfig, shape: ModelShape, device: str) -> Term:
     serve = DTYPE_BYTES[serving_dtype(config.engine.dtype, config.model.dtype, device)]
-    lora = config.trainer.lora
-    params = shape.lora_params(lora.rank) if lora is not None else shape.num_params
+    params = _published_params(config, shape)
     if config.runtime.type == "inline":
         return Term(
             "publish copy", params * serve, f"the whole model in {serve} B at each sync (in process)", "sync"
@@ -462,7 +477,7 @@ def shared_gpu_devices(
         )
     offloaded = {name for name, key in OFFLOADABLE.items() if getattr(switch, key)}
     asleep = asleep_weights(config, shape) if switch.engine_sleep_level == 1 else None
-    return switch_devices(trainer, engine, offloaded, asleep)
+    return switch_devices(trainer, engine, offloaded, asleep, packed_copy(config, shape))
 
 
 def asleep_weights(config: RunConfig, shape: ModelShape) -> Term:
@@ -490,17 +505,24 @@ def switch_devices(
     engine: Role,
     offloaded: Collection[str],
     asleep: Term | None,
+    packed: Term,
     name: str = "each shared GPU",
 ) -> tuple[Device, Device]:
     """A GPU one trainer rank and one engine take turns on (``runtime.switch``), as its two phases: while the
     engine generates, its peak beside what the trainer keeps (its held terms less the ``offloaded`` ones, named
     as in ``OFFLOADABLE``); while the trainer trains, its peak beside what the sleeping engine keeps
-    (``asleep``: its weights at sleep level 1, None at level 2)."""
+    (``asleep``: its weights at sleep level 1, None at level 2).
+
+    ``packed`` (``packed_copy``) is the copy the trainer packs for the engine: made while the trainer is
+    resident (its publication phase, beside its staged bucket) and alive while the woken engine applies it,
+    so it is counted on both sides; beside the engine's peak it is conservative by the engine's transient
+    phase, which is not alive while it applies."""
     kept = tuple(t for t in trainer.terms if t.phase == HELD and t.name not in offloaded)
     generating: tuple[tuple[Role, int], ...] = ((engine, 1),)
-    if kept:
-        generating += ((Role(f"{trainer.name} (offloaded)", trainer.count, 1, kept), 1),)
-    training: tuple[tuple[Role, int], ...] = ((trainer, 1),)
+    kept += (replace(packed, phase=HELD, how=f"{packed.how}, while it applies"),)
+    generating += ((Role(f"{trainer.name} (offloaded)", trainer.count, 1, kept), 1),)
+    publishing = replace(trainer, terms=(*trainer.terms, packed))
+    training: tuple[tuple[Role, int], ...] = ((publishing, 1),)
     if asleep is not None:
         training += ((Role(f"{engine.name} (asleep)", engine.count, engine.gpus_each, (asleep,)), 1),)
     return (

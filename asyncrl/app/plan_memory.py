@@ -153,9 +153,9 @@ class MemoryCheck:
         per_param = self.sim.cost.switch_offload_bytes_per_param
         offloaded = {name for name, least in SWITCH_OFFLOAD_BYTES.items() if per_param >= least}
         level = self.sim.cost.switch_sleep_level
-        return memory_plan.switch_devices(
-            trainer, engine, offloaded, memory_plan.asleep_weights(config, self.shape) if level == 1 else None
-        )
+        asleep = memory_plan.asleep_weights(config, self.shape) if level == 1 else None
+        packed = memory_plan.packed_copy(config, self.shape)
+        return memory_plan.switch_devices(trainer, engine, offloaded, asleep, packed)
 
 
 def _overflow(device: Device, usable: int) -> Drop | None:

@@ -135,7 +135,11 @@ async def _train_with_proxy(
 ) -> TrainingSummary:
     config = parts.config
     if parts.trainer.version > 0:  # the engines start from the loaded model: give them the resumed weights
-        await proxy.load_weights(parts.trainer.state_for_sync(), parts.trainer.version)
+        resumed = parts.trainer.state_for_sync()
+        await proxy.load_weights(resumed, parts.trainer.version)
+        applied = getattr(parts.trainer, "weights_applied", None)
+        if applied is not None:  # runtime.switch: the copy packed for the engines goes once they hold it
+            applied(resumed)
     before = await _evaluate(parts, proxy, "before")
     _say(console, f"held-out reward before: {before.get('eval/reward_mean', float('nan')):.3f}")
     tracker = MetricsTracker(

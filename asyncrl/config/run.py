@@ -104,6 +104,7 @@ class RunConfig:
         # a ValueError when the runtime cannot carry it
         self.weight_sync.transport_for(self.runtime.type, switch=self.runtime.switch.enabled)
         self._check_broadcast_into_vllm()
+        self._check_delta_dtype()
         self._check_switch()
         self._fill_vllm_lora()
         self._fill_vllm_request_seeds()
@@ -164,6 +165,37 @@ class RunConfig:
                 "it (and each needs only its shard); use weight_sync.type: object_store (or auto), which "
                 "streams buckets through shared memory to every worker of the engine"
             )
+
+    def _check_delta_dtype(self) -> None:
+        """Refuse a delta run whose trainer and built-in engines would resolve ``engine.dtype: auto`` apart.
+
+        The trainer casts each version to the serving dtype once, at publish, and diffs it against the previous
+        cast version, so the deltas are in the serving dtype and the engine patches its weights byte for byte
+        (a float32 trainer feeding a bfloat16 engine works). ``auto`` resolves on each side's own device
+        (bfloat16 on CUDA, ``model.dtype`` elsewhere): a trainer rank on a GPU and engines without one would
+        publish bfloat16 into float32 weights, which a byte patch cannot do (other transports cast while
+        copying). vLLM receives a delta as whole tensors and casts them, so only the built-in engine is
+        concerned."""
+        runtime = self.runtime
+        trainer, engine = runtime.accelerators_per_trainer_worker, runtime.accelerators_per_engine
+        if (
+            self.weight_sync.transport_for(runtime.type, switch=runtime.switch.enabled) != "delta"
+            or self.engine.backend != "builtin"
+            or self.engine.dtype != "auto"
+            or self.model.dtype == "bfloat16"  # what auto resolves to on either side
+            or runtime.accelerator_resource != "GPU"
+            or trainer is None
+            or engine is None
+            or (trainer > 0) == (engine > 0)
+        ):
+            return
+        raise ValueError(
+            f"weight_sync.type=delta with engine.dtype=auto, runtime.accelerators_per_trainer_worker={trainer} "
+            f"and runtime.accelerators_per_engine={engine}: auto resolves to bfloat16 on a GPU and to "
+            f"model.dtype={self.model.dtype!r} without one, so the trainer would publish deltas in another "
+            "dtype than the engines serve, and a delta is patched in byte for byte; set engine.dtype "
+            "(e.g. bfloat16), or use weight_sync.type: object_store"
+        )
 
     def _check_switch(self) -> None:
         """``runtime.switch`` (colocated sync, engines sleeping while the trainer trains) only where it is

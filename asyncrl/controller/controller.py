@@ -51,7 +51,11 @@ from asyncrl.weight_sync.protocol import payload_nbytes
 
 
 class TrainerClient(Protocol):
-    """The trainer as the controller sees it: awaitable, so it may live in a thread, an actor or a simulator."""
+    """The trainer as the controller sees it: awaitable, so it may live in a thread, an actor or a simulator.
+
+    Optional: ``holds_published`` (true when the trainer keeps memory for a published update until every engine
+    applied it, ``runtime.switch``) with ``async weights_applied(update)``, which the controller then calls
+    once the update has landed (``runtime.inline.AwaitableTrainer``)."""
 
     async def train_step(self, groups: Sequence[Group], policy_version: int) -> dict[str, float]: ...
 
@@ -240,7 +244,9 @@ class Controller:
         return None
 
     async def _sync_weights(self) -> tuple[float, int]:
-        """suspend → version+1 (stale work aborted) → model_update → resume; the transfer's (seconds, bytes)."""
+        """suspend → version+1 (stale work aborted) → model_update → resume (→ the update applied, when
+        ``wait_for_weight_sync`` or the trainer holds memory for it until then: ``holds_published``); the
+        transfer's (seconds, bytes)."""
         clock = asyncio.get_running_loop().time
         await self.proxy.suspend()
         self.version += 1
@@ -252,8 +258,12 @@ class Controller:
         await self.proxy.model_update(update, self.version)
         transfer_s = clock() - started
         await self.proxy.resume()
-        if self.config.wait_for_weight_sync:
+        # A trainer that keeps the update's memory for the engines (runtime.switch) lets go once they hold it.
+        holds = getattr(self.trainer, "holds_published", False)
+        if self.config.wait_for_weight_sync or holds:
             await self.proxy.update_applied(self.version)
+        if holds:
+            await self.trainer.weights_applied(update)
         return transfer_s, payload_nbytes(update)
 
 

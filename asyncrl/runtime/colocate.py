@@ -4,7 +4,9 @@
 
     train_step:      engines sleep (KV pool freed) ─► trainer reloads its state ─► train
     state_for_sync:  publish (weight_sync colocated) ─► trainer offloads its state ─► engines wake
-    (then the controller applies the update to the woken engines and the next rollout starts)
+    (then the controller applies the update to the woken engines)
+    weights_applied: every engine holds the update ─► the trainer lets go of its packed copy
+    (then the next rollout runs without it)
 
 Key decision: the switch wraps the trainer facade the controller already calls (inline ``LocalTrainer``, or
 on Ray ``TrainerGroupClient``), in the order ``sync`` already runs its phases, so the controller, the proxy
@@ -17,7 +19,9 @@ engine actor); each engine call is bounded by ``runtime.control_timeout_s``.
 Each phase is timed and its bytes counted: ``colocate/{sleep,reload,sync,offload,wake}_s`` and ``_bytes``
 join the step's trainer metrics (the phases after training complete the step's metrics dict in
 ``state_for_sync``, which the controller runs before it reports the step), and the report's timeline shows
-them as trainer spans (``app.train``). Read from the engines once they sleep, as each reports it
+them as trainer spans (``app.train``); ``colocate/released_bytes`` is the packed copy let go once the engines
+applied it (the controller waits for that, ``controller.Controller._sync_weights``): on a GPU the whole model
+in the serving dtype, which would otherwise sit beside the engine's KV pool until the next publication. Read from the engines once they sleep, as each reports it
 (``ENGINE_STATS``): the bytes their KV pools hold (``colocate/kv_pool_bytes_while_training``, 0 when they
 slept) and how often each has slept and woken; on CUDA the allocators' bytes then, the trainer's
 (``colocate/device_allocated_bytes``) and the engines' own (``colocate/engine_device_allocated_bytes``).
@@ -36,6 +40,7 @@ import torch
 from asyncrl.config.runtime import SwitchConfig
 from asyncrl.trainer.offload import OffloadChoice, StateOffloader
 from asyncrl.types import Group
+from asyncrl.weight_sync.colocated import mark_released
 from asyncrl.weight_sync.protocol import WeightUpdate
 
 T = TypeVar("T")
@@ -147,6 +152,13 @@ class ColocatedTrainer:
             self._asleep = False
         self._metrics.update(phases)
         return update
+
+    def weights_applied(self, update: WeightUpdate) -> None:
+        """Every engine holds ``update``: the trainer lets go of the copy it packed for them now rather than at
+        the next publication. It is marked released first, so an engine that comes for it later (one
+        replaced since, catching up) is refused by name (``weight_sync.colocated.mark_released``)."""
+        mark_released(update)
+        self._metrics["colocate/released_bytes"] = float(self.inner.release_published())
 
     def save_checkpoint(self, root: str | Path, *, extra: dict[str, Any], keep_last: int | None) -> Path:
         return self.inner.save_checkpoint(root, extra=extra, keep_last=keep_last)

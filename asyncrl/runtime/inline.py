@@ -86,6 +86,12 @@ class LocalTrainer:
         claim_torch_threads(self._num_threads)
         return fn(*args)
 
+    def release_published(self) -> int:
+        """``runtime.switch``: let go of the copy the colocated transport packed for the engines, which have
+        applied it (``runtime.colocate.ColocatedTrainer.weights_applied``); the bytes let go."""
+        release = getattr(self._sync, "release", None)
+        return int(self.on_training_thread(release) or 0) if release is not None else 0
+
     def _publish(self) -> WeightUpdate:
         trainer = self.trainer
         return self._sync.publish(trainer.version, trainer.sync_tensors(), adapter=trainer.adapter)
@@ -116,6 +122,17 @@ class AwaitableTrainer:
 
     async def state_for_sync(self) -> Any:
         return await asyncio.to_thread(self.trainer.state_for_sync)
+
+    @property
+    def holds_published(self) -> bool:
+        """Whether the trainer keeps a published update's memory until every engine applied it (``runtime.
+        switch``: ``ColocatedTrainer.weights_applied``), so the controller waits for that and says so."""
+        return hasattr(self.trainer, "weights_applied")
+
+    async def weights_applied(self, update: Any) -> None:
+        """Every engine holds ``update``: what the trainer kept for them goes (nothing without the switch)."""
+        if self.holds_published:
+            await asyncio.to_thread(self.trainer.weights_applied, update)
 
 
 class InlineEngineFactory:

@@ -261,13 +261,18 @@ class TrainerRankActor:
             self.offloader = StateOffloader.for_trainer(self._trainer(), choice)
         return self.offloader
 
-    def release_weights(self) -> None:
-        """Let go of what this rank's publishers hold outside its process (the colocated transport's
-        shared-memory blocks)."""
+    def release_weights(self) -> int:
+        """Let go of what this rank's publishers hold for the engines (the colocated transport's packed copy:
+        shared-memory blocks, or device blocks, whose freed memory goes back to the device for the engine's
+        process, as in ``offload_state``); the bytes let go."""
+        released = 0
         for publisher in self._publishers.values():
             release = getattr(publisher, "release", None)
             if release is not None:
-                release()
+                released += release() or 0
+        if released and torch.device(self._device()).type == "cuda":
+            torch.cuda.empty_cache()
+        return released
 
     def stop(self) -> None:
         leave_process_group()
@@ -347,6 +352,12 @@ class TrainerGroupClient:
         progress = get_actor(self.handles[0].progress.remote(), "trainer: progress", timeout_s)
         self.step, self.version = progress["step"], progress["version"]
         return extra
+
+    def release_published(self) -> int:
+        """``runtime.switch``: every rank lets go of the copy it packed for its engine, which has applied it
+        (``runtime.colocate.ColocatedTrainer.weights_applied``), within ``control_timeout_s``; the bytes, summed."""
+        refs = [handle.release_weights.remote() for handle in self.handles]
+        return sum(get_trainer(refs, "trainer: release_weights", self.config.control_timeout_s))
 
     def check_alive(self) -> None:
         """``TrainerDied`` if a rank is dead or silent (asked when the engines were all lost: the weights they

@@ -17,10 +17,14 @@ Two block kinds behind one interface (``weight_sync.type=colocated`` picks by th
   trainer's allocation) and copies device to device. Not yet run on a GPU in this project's tests:
   ``scripts/gpu-weight-sync.sh`` exercises it on a lent GPU.
 
-Memory: the trainer side holds one packed copy of the latest version (the blocks); the engine side holds
-nothing beyond its own weights while it copies. A block is released when the next version is published
-(``release``) — an engine that attaches a released version gets a ``WeightSyncError`` naming it, never stale
-bytes. Memory shared by two names (tied embeddings) is packed once.
+Memory: the trainer side holds one packed copy of the latest version (the blocks) from its publication until
+every engine applied it: ``runtime.switch`` then releases it (``runtime.colocate.ColocatedTrainer.
+weights_applied``; on a GPU the copy is the whole model in the serving dtype, which would otherwise sit beside
+the engine's KV pool while it generates); at the latest the next publication releases it. The engine side
+holds nothing beyond its own weights while it copies. An engine that attaches a released version (one replaced
+after the release, catching up) gets a ``WeightSyncError`` naming it, never stale bytes: the driver refuses a
+released update before it sends a handle (``Lease``), since a freed CUDA block's IPC handle would map whatever
+the allocator put there since. Memory shared by two names (tied embeddings) is packed once.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import uuid
 import warnings
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from multiprocessing import shared_memory
 from typing import Any
 
@@ -52,6 +56,15 @@ SHM_DIR = "/dev/shm"
 _IN_PROCESS: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
 """The trainer's live CUDA blocks of this process by key, for engines in the same process (``_attach``);
 weak, so a released block is gone from here too."""
+
+
+class Lease:
+    """Whether the trainer still holds a published version's blocks, as the process holding its update sees it
+    (the driver on Ray, the one process inline): ``mark_released`` once every engine applied it. A copy sent to
+    another process (pickled) is that process's own and is never marked."""
+
+    def __init__(self) -> None:
+        self.released = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,6 +96,7 @@ class ColocatedHandle:
     buckets: tuple[SharedBucket, ...]
     rank: int = 0
     """The trainer rank that packed it (on Ray with N pairs each rank packs for the engine in its bundle)."""
+    lease: Lease = field(default_factory=Lease, compare=False, repr=False)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,6 +108,7 @@ class PairedHandles:
 
     version: int
     by_engine: tuple[ColocatedHandle, ...]
+    lease: Lease = field(default_factory=Lease, compare=False, repr=False)
 
 
 def paired_update(updates: Sequence[WeightUpdate]) -> WeightUpdate:
@@ -115,9 +130,27 @@ def paired_update(updates: Sequence[WeightUpdate]) -> WeightUpdate:
     return replace(first, handle=PairedHandles(version=first.version, by_engine=handles))
 
 
+def mark_released(update: WeightUpdate) -> None:
+    """Record that the trainer let go of ``update``'s blocks (a colocated update; any other is left as is), so
+    this process refuses to hand them to an engine from now on (``for_engine``, ``ColocatedSync.receive``)."""
+    handle = update.handle
+    if isinstance(handle, PairedHandles | ColocatedHandle):
+        handle.lease.released = True
+
+
+def _check_held(update: WeightUpdate) -> None:
+    handle = update.handle
+    if isinstance(handle, PairedHandles | ColocatedHandle) and handle.lease.released:
+        raise WeightSyncError(
+            f"weight update v{update.version}: the trainer released its colocated blocks once every engine "
+            "had applied it (runtime.switch); an engine that missed it (replaced since) cannot read it"
+        )
+
+
 def for_engine(update: WeightUpdate, index: int) -> WeightUpdate:
     """The part of ``update`` engine ``index`` reads: with ``PairedHandles``, rank ``index``'s blocks (the
-    ones in its own bundle); any other update as it is."""
+    ones in its own bundle); any other update as it is. A released colocated update is refused by name."""
+    _check_held(update)
     handle = update.handle
     if not isinstance(handle, PairedHandles):
         return update
@@ -139,6 +172,8 @@ class ColocatedSync(BucketedPublish):
         self.device = torch.device(device)
         self._live: list[Any] = []
         """What keeps the latest version's blocks alive on the trainer side (SharedMemory or device tensors)."""
+        self.held_bytes = 0
+        """The bytes of the blocks in ``_live``: the packed copy this side holds now (0 once released)."""
 
     def publish_buckets(
         self, version: int, buckets: Iterable[NamedTensors], *, adapter: LoraAdapter | None = None
@@ -150,6 +185,7 @@ class ColocatedSync(BucketedPublish):
             shared = self._pack(bucket)
             packed.append(shared)
             nbytes += sum(b.numel * getattr(torch, b.dtype).itemsize for b in shared.blocks)
+            self.held_bytes = nbytes
         if not packed:
             raise WeightSyncError(f"weight update v{version}: no tensors to publish")
         manifest = tuple(
@@ -176,20 +212,26 @@ class ColocatedSync(BucketedPublish):
             raise WeightSyncError(
                 f"weight update v{update.version} travels by {update.transport!r}, not 'colocated'"
             )
+        _check_held(update)
         views = []
         for bucket in update.handle.buckets:
             typed = {block.dtype: _attach(block, update.version) for block in bucket.blocks}
             views += [(e.name, typed[e.dtype][e.offset : e.end].view(e.shape)) for e in bucket.manifest]
         return iter(views)
 
-    def release(self) -> None:
-        """Let go of the latest version's blocks (engines still mapping them keep them until they let go)."""
+    def release(self) -> int:
+        """Let go of the latest version's blocks (engines still mapping them keep them until they let go); the
+        bytes let go (0 when nothing was held)."""
         for owner in self._live:
             if isinstance(owner, shared_memory.SharedMemory):
                 owner.close()
                 with contextlib.suppress(FileNotFoundError):  # already unlinked
                     owner.unlink()
+            else:  # a device block: gone from _IN_PROCESS too once this was its last reference
+                _IN_PROCESS.pop(id(owner), None)
         self._live = []
+        released, self.held_bytes = self.held_bytes, 0
+        return released
 
     def _pack(self, bucket: NamedTensors) -> SharedBucket:
         items = list(bucket.items() if hasattr(bucket, "items") else bucket)

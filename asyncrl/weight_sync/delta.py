@@ -340,7 +340,8 @@ def _apply_segment(step: FetchedVersion, segment: Segment, params: Mapping[str, 
     if str(target.dtype).removeprefix("torch.") != segment.dtype or tuple(target.shape) != segment.shape:
         raise WeightSyncError(
             f"weight update v{step.version}: {name!r} is {segment.dtype} {segment.shape} in the update, "
-            f"{target.dtype} {tuple(target.shape)} on the engine; delta updates need the same dtype on both sides"
+            f"{target.dtype} {tuple(target.shape)} on the engine; delta updates need the same dtype on both sides "
+            "(the trainer publishes in engine.dtype as its own device resolves it: set engine.dtype)"
         )
     if not target.is_contiguous():
         raise WeightSyncError(f"weight update v{step.version}: {name!r} is not contiguous on the engine")

@@ -5,12 +5,14 @@ in the metrics and the timeline, and the run ends bit-equal to the same seed's r
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from test_determinism import SYNC, assert_same_run, train_in_process
 
 from asyncrl.config.run import load_run_config
-from asyncrl.weight_sync.colocated import ColocatedSync
+from asyncrl.runtime.colocate import ColocatedTrainer
+from asyncrl.weight_sync.colocated import SHM_DIR, ColocatedSync
 
 STEPS = 3
 SMALL = (*SYNC, "rollout.rollout_batch_size=2")
@@ -23,6 +25,29 @@ def step_metrics(out) -> list[dict]:
     return [line for line in lines if "train/colocate/sleep_s" in line]
 
 
+def held_at_each_step(monkeypatch) -> list[tuple[int, list[int], list[str]]]:
+    """Per trained step, what every colocated publisher of the run still held as it began (bytes and blocks)
+    and which of their shared-memory blocks were still in /dev/shm: filled as the run goes."""
+    publishers, blocks, held = [], [], []
+    publish, train_step = ColocatedSync.publish_buckets, ColocatedTrainer.train_step
+
+    def published(self, version, buckets, **kwargs):
+        update = publish(self, version, buckets, **kwargs)
+        publishers.append(self)
+        blocks.extend(b.ref for bucket in update.handle.buckets for b in bucket.blocks)
+        return update
+
+    def trained(self, groups, policy_version):
+        kept = [sync.held_bytes for sync in publishers] + [len(sync._live) for sync in publishers]
+        present = [name for name in blocks if (Path(SHM_DIR) / name).exists()]
+        held.append((policy_version, kept, present))
+        return train_step(self, groups, policy_version)
+
+    monkeypatch.setattr(ColocatedSync, "publish_buckets", published)
+    monkeypatch.setattr(ColocatedTrainer, "train_step", trained)
+    return held
+
+
 def test_the_switched_run_sleeps_each_step_and_ends_bit_equal_to_the_plain_one(tmp_path, monkeypatch):
     plain = tmp_path / "plain"
     train_in_process(plain, STEPS, *SMALL)
@@ -33,11 +58,15 @@ def test_the_switched_run_sleeps_each_step_and_ends_bit_equal_to_the_plain_one(t
         "receive",
         lambda self, update: received.append(update.version) or receive(self, update),
     )
+    held_while_training = held_at_each_step(monkeypatch)
     out = tmp_path / "switched"
     train_in_process(out, STEPS, *SMALL, *SWITCH)
 
-    # every version through the colocated transport (the last one's apply may come after the run stopped)
-    assert received[: STEPS - 1] == list(range(1, STEPS)) and len(received) <= STEPS, received
+    # every version through the colocated transport, each applied before the step ended
+    assert received == list(range(1, STEPS + 1)), received
+    # the packed copy is let go once the engines applied it, not kept until the next publication
+    assert [version for version, _, _ in held_while_training] == list(range(STEPS))
+    assert all(not any(held) and not present for _, held, present in held_while_training), held_while_training
     steps = step_metrics(out)
     assert len(steps) == STEPS
     for line in steps:
@@ -45,6 +74,7 @@ def test_the_switched_run_sleeps_each_step_and_ends_bit_equal_to_the_plain_one(t
         assert line["train/colocate/kv_pool_bytes_while_training"] == 0, line  # ... and gone while training
         assert line["train/colocate/wake_bytes"] == line["train/colocate/sleep_bytes"], line
         assert line["train/colocate/offload_bytes"] > 0 and line["train/colocate/sync_bytes"] > 0, line
+        assert line["train/colocate/released_bytes"] == line["train/colocate/sync_bytes"], line
         for phase in ("sleep", "reload", "sync", "offload", "wake"):
             assert line[f"train/colocate/{phase}_s"] >= 0
     assert all(
@@ -55,6 +85,17 @@ def test_the_switched_run_sleeps_each_step_and_ends_bit_equal_to_the_plain_one(t
     assert kinds <= {"sleep", "reload", "sync", "offload", "wake"} and "sync" in kinds
 
     assert_same_run(out, plain, STEPS, 8, "switched vs plain sync")
+
+
+def test_a_resumed_switched_run_lets_go_of_the_resumed_weights_once_the_engine_holds_them(
+    tmp_path, monkeypatch
+):
+    out = tmp_path / "switched"
+    train_in_process(out, 1, *SMALL, *SWITCH)
+    held_while_training = held_at_each_step(monkeypatch)
+    train_in_process(out, 2, *SMALL, *SWITCH, resume=True)
+    ((version, held, present),) = held_while_training
+    assert version == 1 and not any(held) and not present, held_while_training
 
 
 @pytest.mark.parametrize(

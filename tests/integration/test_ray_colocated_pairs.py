@@ -71,6 +71,8 @@ def test_each_engine_sleeps_each_step_and_takes_its_own_ranks_blocks_bit_equal(
         assert line["train/colocate/kv_pool_bytes_while_training"] == 0, line
         assert line["train/colocate/wake_bytes"] == line["train/colocate/sleep_bytes"] > 0, line
         assert line["train/colocate/offload_bytes"] > 0 and line["train/colocate/sync_bytes"] > 0, line
+        # every rank let go of its packed copy once the engines applied it (summed over the ranks)
+        assert line["train/colocate/released_bytes"] == 2 * line["train/colocate/sync_bytes"], line
     # every rank unlinked its last blocks before it was killed
     assert blocks and not [name for name in blocks if (Path(SHM_DIR) / name).exists()], blocks
 

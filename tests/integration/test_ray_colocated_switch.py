@@ -89,6 +89,8 @@ def test_on_ray_the_engine_actor_sleeps_each_step_and_the_run_ends_bit_equal(
         assert line["train/colocate/kv_pool_bytes_while_training"] == 0, line  # ... and gone while training
         assert line["train/colocate/wake_bytes"] == line["train/colocate/sleep_bytes"], line
         assert line["train/colocate/offload_bytes"] > 0 and line["train/colocate/sync_bytes"] > 0, line
+        # the rank let go of its packed copy once the engine applied it
+        assert line["train/colocate/released_bytes"] == line["train/colocate/sync_bytes"], line
     assert all(
         line["train/colocate/reload_bytes"] == steps[0]["train/colocate/offload_bytes"] for line in steps[1:]
     )

@@ -121,7 +121,8 @@ class VLLMEngineClient:
             str(WORKER),
             *worker_args(model_dir, config, max_model_len=max_model_len, seed=seed),
         ]
-        command += ["--port", str(port), "--authkey-hex", authkey.hex()]
+        # the worker dies with this process from its first moment (``worker_main.die_with_parent``)
+        command += ["--port", str(port), "--authkey-hex", authkey.hex(), "--parent-pid", str(os.getpid())]
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # never asyncrl's packages there
         env |= {"OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1")}
         log = Path(os.environ.get("ASYNCRL_VLLM_LOG", os.devnull))

@@ -45,6 +45,7 @@ from multiprocessing.connection import Listener
 
 def main() -> None:
     args = parse_args()
+    die_with_parent(args.parent_pid)  # before vLLM is imported: start-up can take minutes
     check_engine_args(json.loads(args.engine_args_json))
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(args.kv_cache_gib))))
     # collective_rpc ships this file's functions (``_load_bucket``, ...) to vLLM's engine-core process by cloudpickle
@@ -69,6 +70,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.2)
     parser.add_argument("--engine-args-json", default="{}")
     parser.add_argument("--max-lora-rank", type=int, default=0)
+    parser.add_argument("--parent-pid", type=int, default=0, help="die with this process (0: never)")
     return parser.parse_args(argv)
 
 
@@ -813,6 +815,67 @@ def _sampled_logprob(entry, token: int) -> float:
         return float("nan")
     value = entry[token]
     return float(getattr(value, "logprob", value))
+
+
+PARENT_POLL_S = 0.5
+"""How often the parent watch looks for its parent where the OS offers no pidfd (not Linux ≥ 5.3)."""
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """End this worker's whole session once process ``parent_pid`` (the client that started it) is gone, at
+    any stage from here on: importing vLLM, building the engine, waiting for the client, serving. Without it
+    a worker whose client died during start-up lived on, since the only sign it watched was its connection
+    closing, which starts once it is ready.
+
+    A daemon thread waits on the parent's pidfd (woken by its exit, no polling). ``PR_SET_PDEATHSIG`` is not
+    used for this process: it fires when the *thread* that spawned it exits, and the client may start a
+    worker from a thread that ends long before the process does. The worker leads its own session (the client
+    starts it so), which holds vLLM's engine core and its workers: the session is killed, they with it."""
+    if parent_pid > 0:
+        watch = threading.Thread(target=_watch_parent, args=(parent_pid,), name="asyncrl-parent", daemon=True)
+        watch.start()
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """Return only by ending the session, once ``parent_pid`` has exited (or had already)."""
+    import select
+    import time
+
+    try:
+        pidfd = os.pidfd_open(parent_pid)
+    except ProcessLookupError:  # gone already
+        _end_session()
+    except (AttributeError, OSError):  # no pidfd here: look now and then
+        while _alive(parent_pid):
+            time.sleep(PARENT_POLL_S)
+        _end_session()
+    else:
+        select.select([pidfd], [], [])  # readable once the parent has exited
+        _end_session()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, another user's
+        pass
+    return True
+
+
+def _end_session() -> None:
+    """SIGKILL this worker's session (its process group, when it leads one), else this process alone."""
+    import signal
+
+    print(
+        "asyncrl-vllm-worker: the client that started this worker is gone; exiting",
+        file=sys.stderr,
+        flush=True,
+    )
+    if os.getpgrp() == os.getpid():
+        os.killpg(os.getpid(), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _die_with_parent() -> None:

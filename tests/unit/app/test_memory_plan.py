@@ -135,6 +135,13 @@ def test_a_ray_sync_run_plans_trainer_rank_and_engine_on_one_gpu_as_its_placemen
     assert [role.name for role, _ in generating.roles] == ["engine", "trainer rank (offloaded)"]
     assert [role.name for role, _ in training.roles] == ["trainer rank", "engine (asleep)"]
     assert max(generating.total, training.total) < shared.total
+    # the whole model each rank packs for its engine (bf16 on CUDA): made while the rank is resident, alive
+    # until the woken engine applied it, so counted beside both
+    copy = QWEN3_1_7B.num_params * 2
+    (packed,) = [t for t in generating.roles[1][0].terms if t.name == "packed copy"]
+    assert (packed.bytes, packed.phase) == (copy, mp.HELD)
+    publishing = training.roles[0][0]
+    assert publishing.phase_bytes("sync") == copy + trainer.phase_bytes("sync")
     split = mp.plan(
         load_run_config(None, [*keys[:-1], "controller.mode=async", "buffer.async_ratio=1"]),
         QWEN3_1_7B,

@@ -15,11 +15,13 @@ from tied_model import tiny_tied_qwen2
 from asyncrl.models.loading import state_dict_for_sync
 from asyncrl.weight_sync import WeightSyncError
 from asyncrl.weight_sync.colocated import (
+    SHM_DIR,
     ColocatedHandle,
     ColocatedSync,
     SharedBlock,
     SharedBucket,
     for_engine,
+    mark_released,
     paired_update,
 )
 from asyncrl.weight_sync.flat import TensorEntry
@@ -159,5 +161,37 @@ def test_every_ranks_update_is_paired_and_each_engine_reads_its_own_ranks_blocks
     stale = replace(updates[1], version=2)
     with pytest.raises(WeightSyncError, match="rank 1 published v2"):
         paired_update([updates[0], stale])
+    for sync in ranks:
+        sync.release()
+
+
+def test_a_version_released_once_applied_is_gone_and_refused_by_name_and_the_next_is_exact():
+    """``runtime.switch`` lets go of the packed copy once every engine applied it (``mark_released``, then
+    ``release``): its memory is gone, a late reader is refused before it opens a handle, the next version is
+    packed afresh and read bit for bit."""
+    ranks = [ColocatedSync("cpu"), ColocatedSync("cpu")]
+    first = {"w": torch.arange(6, dtype=torch.float32), "h": torch.ones(3, dtype=torch.bfloat16)}
+    updates = [
+        replace(update, handle=replace(update.handle, rank=rank))
+        for rank, update in enumerate(sync.publish(1, first) for sync in ranks)
+    ]
+    paired = paired_update(updates)
+    names = [b.ref for u in updates for bucket in u.handle.buckets for b in bucket.blocks]
+    assert [sync.held_bytes for sync in ranks] == [paired.nbytes] * 2
+    mark_released(paired)
+    assert [sync.release() for sync in ranks] == [paired.nbytes] * 2
+    assert [sync.held_bytes for sync in ranks] == [0, 0] and not any(sync._live for sync in ranks)
+    assert not [name for name in names if os.path.exists(f"{SHM_DIR}/{name}")]
+    for engine in (0, 1):  # the driver refuses before any handle leaves it
+        with pytest.raises(WeightSyncError, match="v1: the trainer released its colocated blocks"):
+            for_engine(paired, engine)
+    single = ranks[0].publish(2, first)
+    mark_released(single)
+    with pytest.raises(WeightSyncError, match="v2: the trainer released"):
+        dict(make_weight_sync("colocated").receive(single))
+    second = {name: tensor + 1 for name, tensor in first.items()}
+    update = ranks[1].publish(3, second)
+    received = dict(make_weight_sync("colocated").receive(update))
+    assert all(torch.equal(received[name], tensor) for name, tensor in second.items())
     for sync in ranks:
         sync.release()
