@@ -126,6 +126,13 @@ class SimEngineConfig:
     the most recently admitted running request is preempted: its KV is freed and it goes back to the head of
     the waiting queue, to be prefilled again (prompt and output so far: recompute preemption). So many long
     responses on one engine (a grouped prompt's) run fewer at a time, or are preempted and recomputed."""
+    prefix_caching: bool = True
+    """paged only: a preempted request's freed KV stays cached until allocations reuse it (vLLM's prefix
+    cache, on by default since its V1 engine and in ROLL's config; SGLang's radix tree), so on readmission
+    only the part reused meanwhile is prefilled again. The free blocks are handed out least recently freed
+    first and a request's last blocks first, so what a preempted request keeps is its prefix, and it is lost
+    only once the space that was already free is spent. False: every readmission recomputes the whole
+    context."""
     max_model_len: int | None = None
     """Longest context (prompt + output) a request may reach; it ends there with ``length``, as on the real
     engine. None: unbounded (the reservation is prompt + max_new_tokens)."""

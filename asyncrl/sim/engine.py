@@ -10,7 +10,8 @@ reservation are free, by the real engine's ``AdmissionPolicy``) → running → 
 With ``engine.kv_allocation: paged`` (vLLM, SGLang) nothing is reserved: a request is admitted when its
 context so far fits what the running batch leaves of the KV budget, the batch's KV grows by one token per
 running request each step (a segment also ends where the next step would not fit), and the most recently
-admitted request is then preempted back to the head of the queue, to be prefilled again (recompute).
+admitted request is then preempted back to the head of the queue, to be prefilled again (recompute): with the
+prefix cache (``engine.prefix_caching``, the default) only the part of its KV that allocations reused meanwhile.
 
 Multi-version streaming (``asyncrl.proxy.multi_version``) moves requests between engines of one version:
 ``export_request`` takes a request out between steps (its caller gets the partial output, aborted) as a
@@ -88,6 +89,9 @@ class _SimRequest:
     """Context tokens to prefill in the next step (the prompt on admission, everything after a recompute)."""
     finish_step: int = 0
     """The engine step at which a running request reaches ``target``."""
+    cached_until: int | None = None
+    """Preempted with ``engine.prefix_caching``: the engine's allocation count (``SimEngine._allocated``) after
+    which allocations start reusing this request's freed KV; None when it holds none in the cache."""
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -203,6 +207,9 @@ class SimEngine:
         self._admissions = itertools.count()
         self._kv_base = 0
         """Sum over running requests of prompt + produced - since_step: their KV tokens minus steps x count."""
+        self._allocated = 0
+        """KV tokens allocated so far (contexts on admission, a token per running request per step): the
+        position in the free-block queue that ``_SimRequest.cached_until`` is measured against."""
         self._prefill_pending: list[_SimRequest] = []
         self._segment: _Segment | None = None
         self._busy_since: float | None = None
@@ -216,6 +223,8 @@ class SimEngine:
         """KV allocated as contexts grow, with preemption (``SimEngineConfig.kv_allocation``)."""
         self.counts = {
             "preempted": 0,
+            "recomputed_tokens": 0,
+            "cached_tokens": 0,
             "requests": 0,
             "tokens": 0,
             "segments": 0,
@@ -453,13 +462,31 @@ class SimEngine:
 
     def _preempt_overflow(self) -> None:
         """Paged KV: while the next step would not fit, the most recently admitted running request gives its
-        KV back and returns to the head of the queue, its context to be prefilled again (recompute)."""
-        while len(self.running) > 1 and self._kv_now() + len(self.running) > self.config.max_kv_tokens:
+        KV back and returns to the head of the queue, its context to be prefilled again (recompute).
+
+        With ``prefix_caching`` its freed blocks stay cached behind the blocks already free (vLLM's free queue
+        hands out the least recently freed first, a request's last blocks before its first), so allocations
+        reuse them only once the free space ahead of them is spent: ``cached_until``."""
+        budget = self.config.max_kv_tokens
+        while len(self.running) > 1 and (kv_now := self._kv_now()) + len(self.running) > budget:
             seq = self.running.last()
             self._release(seq)
             seq.prefill_tokens = self._context_of(seq)
+            if self.config.prefix_caching:
+                seq.cached_until = self._allocated + max(0, budget - kv_now)
             self.waiting.appendleft(seq)
             self.counts["preempted"] += 1
+
+    def _recompute_tokens(self, seq: _SimRequest) -> int:
+        """Context tokens a request preempted with ``prefix_caching`` prefills again on readmission: those that
+        allocations since its preemption reused (its last ones first); the rest are read from the cache."""
+        assert seq.cached_until is not None
+        context = self._context_of(seq)
+        reused = min(context, max(0, self._allocated - seq.cached_until))
+        seq.cached_until = None
+        self.counts["recomputed_tokens"] += reused
+        self.counts["cached_tokens"] += context - reused
+        return reused
 
     def _segment_s(self, segment: _Segment, num_steps: int) -> float:
         return cost.segment_s(
@@ -475,6 +502,7 @@ class SimEngine:
             self._runs_version = self.version
         self._step += num_steps
         self.counts["tokens"] += num_steps * len(self.running)
+        self._allocated += num_steps * len(self.running)
 
     def _settle(self, seq: _SimRequest) -> None:
         """Bring ``seq.produced`` and its version runs up to the current step."""
@@ -521,6 +549,9 @@ class SimEngine:
             self._start_running(head)
 
     def _start_running(self, seq: _SimRequest) -> None:
+        if seq.cached_until is not None:  # a preempted request back: what the cache kept is not prefilled
+            seq.prefill_tokens = self._recompute_tokens(seq)
+        self._allocated += seq.num_prompt_tokens + seq.produced
         seq.since_step = self._step
         seq.finish_step = self._step + seq.target - seq.produced
         self.running.add(seq)

@@ -135,35 +135,78 @@ def test_continued_request_starts_with_its_prefix_and_a_cancelled_caller_leaves_
     assert stats["running"] == 0 and stats["tokens"] == 3 + 10
 
 
-def test_paged_kv_preempts_the_newest_request_and_recomputes_it():
-    """Paged KV (vLLM): two requests of 2 + 10 tokens in a 20-token budget. Both join (prefill 4 tokens = 2 s);
-    after 8 steps they hold 20 tokens and the next step would not fit, so b (the newer) is preempted with 8
-    tokens made; a finishes alone 2 steps later (t = 12); b is prefilled again (2 + 8 tokens = 5 s) and makes
-    its last 2 tokens (t = 19), its output whole."""
+def preemption_run(
+    prefix_caching: bool, budget: int = 20, lengths_of: dict[str, int] | None = None, max_new_tokens: int = 18
+):
+    """Requests of 2 prompt tokens (10 output each unless ``lengths_of`` says) on a paged engine of
+    ``budget`` KV tokens, 1 s a step and 0.5 s a prefilled token: when each finished, and the engine's counts."""
     paged = SimEngineConfig(
         decode_step_s=1.0,
         knee_batch=4,
         max_running_requests=4,
         prefill_s_per_token=0.5,
         kv_allocation="paged",
-        max_kv_tokens=20,
+        max_kv_tokens=budget,
+        prefix_caching=prefix_caching,
     )
+    table = lengths_of or {"a": 10, "b": 10}
 
     async def scenario():
         loop = asyncio.get_running_loop()
-        engine = SimEngine(paged, lengths({"a": 10, "b": 10}))
+        engine = SimEngine(paged, lengths(table))
         done = {}
 
         async def run(rid):
-            generation = await engine.generate(request(rid, max_new_tokens=18))
+            generation = await engine.generate(request(rid, max_new_tokens=max_new_tokens))
             done[rid] = (loop.time(), generation.num_tokens, generation.finish_reason)
 
-        await asyncio.gather(run("a"), run("b"))
-        return done, engine.counts["preempted"]
+        await asyncio.gather(*(run(rid) for rid in table))
+        return done, engine.counts
 
-    done, preempted = run_shuffled(scenario, seed=None)
+    return run_shuffled(scenario, seed=None)
+
+
+def test_paged_kv_preempts_the_newest_request_and_recomputes_it():
+    """Paged KV (vLLM) without a prefix cache: two requests of 2 + 10 tokens in a 20-token budget. Both join
+    (prefill 4 tokens = 2 s); after 8 steps they hold 20 tokens and the next step would not fit, so b (the
+    newer) is preempted with 8 tokens made; a finishes alone 2 steps later (t = 12); b is prefilled again
+    (2 + 8 tokens = 5 s) and makes its last 2 tokens (t = 19), its output whole."""
+    done, counts = preemption_run(prefix_caching=False)
     assert done == {"a": (12.0, 10, FinishReason.STOP), "b": (19.0, 10, FinishReason.STOP)}
-    assert preempted == 1
+    assert counts["preempted"] == 1
+    assert counts["recomputed_tokens"] == counts["cached_tokens"] == 0
+
+
+def test_prefix_cache_keeps_a_preempted_request_until_allocations_reuse_its_kv():
+    """The same run with the prefix cache (vLLM's default): b's 10 freed tokens stay cached. No space was
+    free ahead of them when b was preempted (20 of 20 held), so a's 2 further tokens reuse 2 of b's (its last
+    ones); b is readmitted at t = 12 with 8 tokens read from the cache and 2 prefilled again (1 s), then makes
+    its last 2 tokens: t = 15, not 19."""
+    done, counts = preemption_run(prefix_caching=True)
+    assert done == {"a": (12.0, 10, FinishReason.STOP), "b": (15.0, 10, FinishReason.STOP)}
+    assert counts["preempted"] == 1
+    assert (counts["recomputed_tokens"], counts["cached_tokens"]) == (2, 8)
+
+
+def test_prefix_cache_is_spent_space_already_free_first_and_a_long_wait_loses_it_all():
+    """Free space ahead of the preempted request's blocks is used before them; once allocations since its
+    preemption pass its context, all of it is prefilled again, as without a cache.
+
+    Budget 21: a and b (2 + 10 each) hold 20 after 8 steps, the next step needs 22, b is preempted with one
+    token free ahead of its 10. a's 2 further tokens take that free one and 1 of b's: b keeps 9 (t = 12.5 + 2).
+    With a = 30 and b = 20 tokens in 32: b is preempted after 14 steps (2 + 14 held each, none free), and a
+    makes 16 more: all of b's 16 are reused, b recomputes its whole context as without a cache, and both runs
+    end at the same time."""
+    done, counts = preemption_run(prefix_caching=True, budget=21)
+    assert done["b"] == (14.5, 10, FinishReason.STOP)
+    assert (counts["recomputed_tokens"], counts["cached_tokens"]) == (1, 9)
+
+    long_a = {"a": 30, "b": 20}
+    cached, cached_counts = preemption_run(True, budget=32, lengths_of=long_a, max_new_tokens=30)
+    uncached, _ = preemption_run(False, budget=32, lengths_of=long_a, max_new_tokens=30)
+    assert cached == uncached
+    assert cached_counts["preempted"] == 1
+    assert (cached_counts["recomputed_tokens"], cached_counts["cached_tokens"]) == (16, 0)
 
 
 def test_paged_kv_admits_by_context_so_far_not_by_the_longest_reservation():
