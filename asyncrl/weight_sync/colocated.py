@@ -138,9 +138,14 @@ def mark_released(update: WeightUpdate) -> None:
         handle.lease.released = True
 
 
+def is_released(update: Any) -> bool:
+    """Whether ``update`` is a colocated update whose blocks the trainer let go of (``mark_released``)."""
+    handle = getattr(update, "handle", None)
+    return isinstance(handle, PairedHandles | ColocatedHandle) and handle.lease.released
+
+
 def _check_held(update: WeightUpdate) -> None:
-    handle = update.handle
-    if isinstance(handle, PairedHandles | ColocatedHandle) and handle.lease.released:
+    if is_released(update):
         raise WeightSyncError(
             f"weight update v{update.version}: the trainer released its colocated blocks once every engine "
             "had applied it (runtime.switch); an engine that missed it (replaced since) cannot read it"
