@@ -17,7 +17,7 @@ from asyncrl.data.base import Task
 from asyncrl.envs import env_factory
 from asyncrl.proxy.factory import proxy_for_mode
 from asyncrl.proxy.llm_proxy import LLMProxy
-from asyncrl.proxy.recovery import EngineFactory
+from asyncrl.proxy.recovery import EngineFactory, as_published
 from asyncrl.rewards.service import RewardService
 from asyncrl.rollout.agentic_producer import make_env_seed_source
 from asyncrl.rollout.prompt_source import PromptSource
@@ -80,7 +80,8 @@ def make_proxy(parts: Parts) -> Proxy:
         slots_per_engine=cfg.engine.max_running_requests,
     )
     if isinstance(proxy, LLMProxy) and parts.engine_factory is not None:
-        proxy.enable_recovery(parts.engine_factory)
+        # runtime.switch: the trainer lets go of each update once applied; a replacement gets it packed again
+        proxy.enable_recovery(parts.engine_factory, getattr(parts.trainer, "catch_up", as_published))
     return proxy
 
 

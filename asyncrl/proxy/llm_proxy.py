@@ -61,7 +61,7 @@ from typing import Any
 from asyncrl.config.proxy import ProxyConfig
 from asyncrl.proxy.continuation import check_continued, continuation_request, empty_abort, needs_continuation
 from asyncrl.proxy.errors import EngineFailure, NoHealthyEngine, RequestTimeout
-from asyncrl.proxy.recovery import EngineFactory, EngineRecovery
+from asyncrl.proxy.recovery import EngineFactory, EngineRecovery, Readable, as_published
 from asyncrl.proxy.shell import ProxyShell
 from asyncrl.proxy.wakeup import HeldCalls
 from asyncrl.proxy.worker import (
@@ -122,9 +122,10 @@ class LLMProxy(ProxyShell):
         """The last update published, kept for engines that replace failed ones (``enable_recovery``)."""
         self._recovery: EngineRecovery | None = None
 
-    def enable_recovery(self, factory: EngineFactory) -> None:
-        """Replace dead or wedged engines with ones ``factory`` starts (see ``proxy.recovery``); call it on
-        the event loop the proxy serves."""
+    def enable_recovery(self, factory: EngineFactory, readable: Readable = as_published) -> None:
+        """Replace dead or wedged engines with ones ``factory`` starts (see ``proxy.recovery``; ``readable``:
+        what a replacement applies in place of the latest update); call it on the event loop the proxy
+        serves."""
         if self._recovery is None and self.config.max_engine_restarts > 0:
             self._recovery = EngineRecovery(
                 self._engines,
@@ -132,6 +133,7 @@ class LLMProxy(ProxyShell):
                 initial_version=self._initial_version,
                 latest_update=lambda: self._latest_update,
                 on_recovered=self._on_recovered,
+                readable=readable,
             )
 
     # ----------------------------------------------------------------------------------------------- requests

@@ -16,6 +16,10 @@ and one code path serves every runtime.
                                                            ─► update_weights(latest published) ─► in service
 ```
 
+The latest update goes through the runtime's ``readable`` hook (default: as it is): under ``runtime.switch``
+the trainer lets go of its copy once every engine applied it, so the hook lends one packed again, of the same
+version, for the ``update_weights`` call (``runtime.republish``); the proxy checks the version it was lent.
+
 Invariants (tests/unit/proxy/test_proxy_recovery.py):
 1. A replacement serves no request before it holds the latest published weights: its worker stays
    ``recovering`` (not ready, so routing holds or diverts every call) until the last update has landed.
@@ -27,9 +31,11 @@ Invariants (tests/unit/proxy/test_proxy_recovery.py):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Protocol
 
 from asyncrl.proxy.engine_set import EngineSet
 from asyncrl.proxy.errors import EngineFailure
@@ -52,11 +58,23 @@ class EngineFactory(Protocol):
         ...
 
 
+Readable = Callable[[Any], AbstractAsyncContextManager[Any]]
+"""The runtime's hook around a catch-up: given the latest update's payload, a context that yields what the
+replacement applies (of the same version) and lets go of it on exit."""
+
+
+@contextlib.asynccontextmanager
+async def as_published(payload: Any) -> AsyncIterator[Any]:
+    """The default ``Readable``: the stored update as it is."""
+    yield payload
+
+
 class EngineRecovery:
     """Watches the workers of ``engines`` and replaces the ones that die or wedge (contract: module docstring).
 
     ``latest_update()`` is the last update the proxy published (None before the first); ``on_recovered(worker)``
-    runs when a worker leaves recovery, in service or not, so the proxy can re-check its waits.
+    runs when a worker leaves recovery, in service or not, so the proxy can re-check its waits; ``readable``
+    gives what a replacement applies in place of the latest update (module docstring).
     """
 
     def __init__(
@@ -67,6 +85,7 @@ class EngineRecovery:
         initial_version: int,
         latest_update: Callable[[], PendingUpdate | None],
         on_recovered: Callable[[EngineWorker], None],
+        readable: Readable = as_published,
     ) -> None:
         self.config = engines.config
         self._engines = engines
@@ -74,6 +93,7 @@ class EngineRecovery:
         self._initial_version = initial_version
         self._latest_update = latest_update
         self._on_recovered = on_recovered
+        self._readable = readable
         self.counts = {"num_engine_restarts": 0, "num_failed_restarts": 0, "num_failed_probes": 0}
         engines.on_failure = self.suspect
         if self.config.health_check_interval_s is not None:
@@ -171,7 +191,13 @@ class EngineRecovery:
             )
         worker.version = self._initial_version
         while update is not None and update.version > worker.version:
-            await self._engines.control(worker, "update_weights", update.named_tensors, update.version)
+            async with self._readable(update.named_tensors) as payload:
+                lent = getattr(payload, "version", update.version)
+                if lent != update.version:
+                    raise RuntimeError(
+                        f"engine {worker.index}: catching up to v{update.version}, the runtime lent v{lent}"
+                    )
+                await self._engines.control(worker, "update_weights", payload, update.version)
             worker.version = update.version
             update = self._latest_update()
         if worker.pending is not None and worker.pending.version <= worker.version:

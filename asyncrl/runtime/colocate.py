@@ -6,7 +6,8 @@
     state_for_sync:  publish (weight_sync colocated) ─► trainer offloads its state ─► engines wake
     (then the controller applies the update to the woken engines)
     weights_applied: every engine holds the update ─► the trainer lets go of its packed copy
-    (then the next rollout runs without it)
+    (then the next rollout runs without it; an engine replaced meanwhile catches up from a copy packed
+    again and let go once it applied it: ``catch_up``, ``runtime.republish``)
 
 Key decision: the switch wraps the trainer facade the controller already calls (inline ``LocalTrainer``, or
 on Ray ``TrainerGroupClient``), in the order ``sync`` already runs its phases, so the controller, the proxy
@@ -32,15 +33,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import torch
 
 from asyncrl.config.runtime import SwitchConfig
+from asyncrl.runtime.republish import Republisher
 from asyncrl.trainer.offload import OffloadChoice, StateOffloader
 from asyncrl.types import Group
-from asyncrl.weight_sync.colocated import mark_released
 from asyncrl.weight_sync.protocol import WeightUpdate
 
 T = TypeVar("T")
@@ -113,6 +115,8 @@ class ColocatedTrainer:
         self.timeout_s = timeout_s
         self.state = state if state is not None else LocalState(inner, switch)
         self._asleep = False
+        self.republisher = Republisher(inner, timeout_s)
+        """What a replaced engine catches up from once the packed copy is released (``runtime.republish``)."""
         self._metrics: dict[str, float] = {}
         """The metrics dict of the last step, completed by ``state_for_sync``."""
 
@@ -132,6 +136,7 @@ class ColocatedTrainer:
     def train_step(self, groups: Sequence[Group], policy_version: int) -> dict[str, float]:
         """Sleep the engines, reload the trainer's state, train."""
         phases: dict[str, float] = {}
+        self.republisher.begin_step()
         self._timed(phases, "sleep", lambda: self._on_engines("sleep", self.switch.engine_sleep_level))
         self._asleep = True
         phases |= self._engines_while_training()
@@ -146,6 +151,7 @@ class ColocatedTrainer:
         """Publish the weights, offload the trainer's state, wake the engines (which then apply the update)."""
         phases: dict[str, float] = {}
         update = self._timed(phases, "sync", self.inner.state_for_sync, nbytes=_shipped)
+        self.republisher.published()
         self._timed(phases, "offload", self.state.offload_state)
         if self._asleep:  # not on a resume's first publish: the engines never slept
             self._timed(phases, "wake", lambda: self._on_engines("wake"))
@@ -155,10 +161,15 @@ class ColocatedTrainer:
 
     def weights_applied(self, update: WeightUpdate) -> None:
         """Every engine holds ``update``: the trainer lets go of the copy it packed for them now rather than at
-        the next publication. It is marked released first, so an engine that comes for it later (one
-        replaced since, catching up) is refused by name (``weight_sync.colocated.mark_released``)."""
-        mark_released(update)
-        self._metrics["colocate/released_bytes"] = float(self.inner.release_published())
+        the next publication. It is marked released first (``weight_sync.colocated.mark_released``), so an
+        engine replaced since gets a copy packed again instead (``catch_up``)."""
+        self._metrics["colocate/released_bytes"] = float(self.republisher.release(update))
+
+    def catch_up(self, payload: Any) -> AbstractAsyncContextManager[Any]:
+        """What a replaced engine applies in place of the proxy's latest update ``payload``: it as is while
+        held, else a fresh copy of its version, let go once applied (``runtime.republish``; the proxy's
+        ``readable`` hook, wired by ``app.runtimes.make_proxy``)."""
+        return self.republisher.for_catch_up(payload)
 
     def save_checkpoint(self, root: str | Path, *, extra: dict[str, Any], keep_last: int | None) -> Path:
         return self.inner.save_checkpoint(root, extra=extra, keep_last=keep_last)

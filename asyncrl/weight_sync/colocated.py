@@ -21,10 +21,10 @@ Memory: the trainer side holds one packed copy of the latest version (the blocks
 every engine applied it: ``runtime.switch`` then releases it (``runtime.colocate.ColocatedTrainer.
 weights_applied``; on a GPU the copy is the whole model in the serving dtype, which would otherwise sit beside
 the engine's KV pool while it generates); at the latest the next publication releases it. The engine side
-holds nothing beyond its own weights while it copies. An engine that attaches a released version (one replaced
-after the release, catching up) gets a ``WeightSyncError`` naming it, never stale bytes: the driver refuses a
-released update before it sends a handle (``Lease``), since a freed CUDA block's IPC handle would map whatever
-the allocator put there since. Memory shared by two names (tied embeddings) is packed once.
+holds nothing beyond its own weights while it copies. An engine that attaches a released version gets a
+``WeightSyncError`` naming it, never stale bytes (the switch sends an engine replaced after the release a copy
+packed again instead: ``runtime.republish``): the driver refuses a released update before it sends a handle
+(``Lease``), since a freed CUDA block's IPC handle would map whatever the allocator put there since. Memory shared by two names (tied embeddings) is packed once.
 """
 
 from __future__ import annotations
@@ -138,9 +138,14 @@ def mark_released(update: WeightUpdate) -> None:
         handle.lease.released = True
 
 
+def is_released(update: Any) -> bool:
+    """Whether ``update`` is a colocated update whose blocks the trainer let go of (``mark_released``)."""
+    handle = getattr(update, "handle", None)
+    return isinstance(handle, PairedHandles | ColocatedHandle) and handle.lease.released
+
+
 def _check_held(update: WeightUpdate) -> None:
-    handle = update.handle
-    if isinstance(handle, PairedHandles | ColocatedHandle) and handle.lease.released:
+    if is_released(update):
         raise WeightSyncError(
             f"weight update v{update.version}: the trainer released its colocated blocks once every engine "
             "had applied it (runtime.switch); an engine that missed it (replaced since) cannot read it"

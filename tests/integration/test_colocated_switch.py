@@ -12,6 +12,7 @@ from test_determinism import SYNC, assert_same_run, train_in_process
 
 from asyncrl.config.run import load_run_config
 from asyncrl.runtime.colocate import ColocatedTrainer
+from asyncrl.runtime.republish import Republisher
 from asyncrl.weight_sync.colocated import SHM_DIR, ColocatedSync
 
 STEPS = 3
@@ -48,9 +49,15 @@ def held_at_each_step(monkeypatch) -> list[tuple[int, list[int], list[str]]]:
     return held
 
 
-def test_the_switched_run_sleeps_each_step_and_ends_bit_equal_to_the_plain_one(tmp_path, monkeypatch):
-    plain = tmp_path / "plain"
-    train_in_process(plain, STEPS, *SMALL)
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory) -> Path:
+    """The same seed's run without the switch, which every switched run ends bit-equal to."""
+    out = tmp_path_factory.mktemp("colocated") / "plain"
+    train_in_process(out, STEPS, *SMALL)
+    return out
+
+
+def test_the_switched_run_sleeps_each_step_and_ends_bit_equal_to_the_plain_one(tmp_path, monkeypatch, plain):
     received = []
     receive = ColocatedSync.receive
     monkeypatch.setattr(
@@ -85,6 +92,46 @@ def test_the_switched_run_sleeps_each_step_and_ends_bit_equal_to_the_plain_one(t
     assert kinds <= {"sleep", "reload", "sync", "offload", "wake"} and "sync" in kinds
 
     assert_same_run(out, plain, STEPS, 8, "switched vs plain sync")
+
+
+def test_an_engine_replaced_after_the_release_catches_up_from_a_copy_packed_again(
+    tmp_path, monkeypatch, plain
+):
+    """The one engine dies once every engine applied v1 and the trainer let go of its copy: its replacement
+    is sent v1 packed again (not refused), which is let go once applied, and the run ends as the plain one."""
+    applied, lend = ColocatedTrainer.weights_applied, Republisher.lend
+    lent, received = [], []
+
+    def applied_then_killed(self, update):
+        applied(self, update)
+        if update.version == 1 and not lent:
+            self.engines[0].shutdown()  # the next rollout finds it dead: the proxy replaces it
+
+    def lent_of(self, update):
+        copy = lend(self, update)
+        lent.append((update.version, copy.version, copy is not update, self.inner._sync.held_bytes))
+        return copy
+
+    receive = ColocatedSync.receive
+    monkeypatch.setattr(ColocatedTrainer, "weights_applied", applied_then_killed)
+    monkeypatch.setattr(Republisher, "lend", lent_of)
+    monkeypatch.setattr(
+        ColocatedSync,
+        "receive",
+        lambda self, update: received.append(update.version) or receive(self, update),
+    )
+    held_while_training = held_at_each_step(monkeypatch)
+    out = tmp_path / "switched"
+    train_in_process(out, STEPS, *SMALL, *SWITCH)
+
+    ((stored, version, fresh, held),) = lent  # one catch-up, to v1, from a copy packed again
+    assert (stored, version, fresh) == (1, 1, True) and held > 0, lent
+    assert received == [1, 1, 2, 3], received  # the replacement applied v1, then every engine v2 and v3
+    # the copy packed again is let go once the replacement applied it, as every published one is
+    assert all(not any(held) and not present for _, held, present in held_while_training), held_while_training
+    last = step_metrics(out)[-1]
+    assert (last["recovery/engine_restarts"], last["recovery/failed_restarts"]) == (1, 0), last
+    assert_same_run(out, plain, STEPS, 8, "switched with a replaced engine vs plain sync")
 
 
 def test_a_resumed_switched_run_lets_go_of_the_resumed_weights_once_the_engine_holds_them(

@@ -11,17 +11,19 @@ import json
 from pathlib import Path
 
 import pytest
+import ray
 from test_colocated_switch import SWITCH, step_metrics
 from test_determinism import IN_PROCESS, SYNC, assert_same_run
 from test_kill_resume import RUN
 
 from asyncrl.app import train as training
 from asyncrl.config.run import load_run_config
-from asyncrl.runtime.colocate import PHASES
+from asyncrl.runtime.colocate import PHASES, ColocatedTrainer
 from asyncrl.runtime.ray_runtime import RayEngineClient
+from asyncrl.runtime.republish import Republisher
 from asyncrl.weight_sync.colocated import SHM_DIR
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]  # two 3-step Ray runs: ~3 min on the loaded 2-core machine
+pytestmark = [pytest.mark.ray, pytest.mark.slow]  # three 3-step Ray runs: ~5 min on the loaded 2-core machine
 
 STEPS = 3
 SAMPLES = 8
@@ -58,11 +60,17 @@ def train_on_ray(out, cluster, tiny_path, *overrides: str) -> None:
     asyncio.run(training.train(config, console=None))
 
 
+@pytest.fixture(scope="module")
+def plain(one_gpu_cluster, tiny_path, tmp_path_factory) -> Path:
+    """The same seed's Ray run without the switch, which every switched run ends bit-equal to."""
+    out = tmp_path_factory.mktemp("ray_colocated") / "plain"
+    train_on_ray(out, one_gpu_cluster, tiny_path)
+    return out
+
+
 def test_on_ray_the_engine_actor_sleeps_each_step_and_the_run_ends_bit_equal(
-    one_gpu_cluster, tiny_path, tmp_path, monkeypatch
+    one_gpu_cluster, tiny_path, tmp_path, monkeypatch, plain
 ):
-    plain = tmp_path / "plain"
-    train_on_ray(plain, one_gpu_cluster, tiny_path)
     sent, blocks = [], []
     update_weights = RayEngineClient.update_weights
 
@@ -103,3 +111,32 @@ def test_on_ray_the_engine_actor_sleeps_each_step_and_the_run_ends_bit_equal(
     assert blocks and not [name for name in blocks if (Path(SHM_DIR) / name).exists()], blocks
 
     assert_same_run(out, plain, STEPS, SAMPLES, "switched vs plain sync on Ray")
+
+
+def test_on_ray_an_engine_replaced_after_the_release_catches_up_from_a_copy_packed_again(
+    one_gpu_cluster, tiny_path, tmp_path, monkeypatch, plain
+):
+    """The engine actor is killed once it applied v1 and the rank let go of its copy: the replacement (in the
+    same bundle) is sent v1 packed again by the rank, and the run ends as the plain one."""
+    applied, lend = ColocatedTrainer.weights_applied, Republisher.lend
+    lent = []
+
+    def applied_then_killed(self, update):
+        applied(self, update)
+        if update.version == 1 and not lent:
+            ray.kill(self.engines[0].handle, no_restart=True)  # the next rollout finds it dead
+
+    def lent_of(self, update):
+        copy = lend(self, update)
+        lent.append((update.version, copy.version, copy is not update))
+        return copy
+
+    monkeypatch.setattr(ColocatedTrainer, "weights_applied", applied_then_killed)
+    monkeypatch.setattr(Republisher, "lend", lent_of)
+    out = tmp_path / "replaced"
+    train_on_ray(out, one_gpu_cluster, tiny_path, *SWITCH)
+
+    assert lent == [(1, 1, True)], lent  # one catch-up, to v1, from a copy the rank packed again
+    last = step_metrics(out)[-1]
+    assert (last["recovery/engine_restarts"], last["recovery/failed_restarts"]) == (1, 0), last
+    assert_same_run(out, plain, STEPS, SAMPLES, "switched with a replaced engine actor vs plain sync on Ray")

@@ -4,7 +4,8 @@ before any request, and the requests they held are re-routed, on the shuffled lo
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -296,3 +297,69 @@ def test_engines_lost_ends_with_proxy_closed_when_the_proxy_closes():
             await lost
 
     run(main)
+
+
+class Packed(dict):
+    """A payload that names its version, as a ``WeightUpdate`` does (what a runtime's ``readable`` lends)."""
+
+    def __init__(self, version: int, tensors: dict[str, Any]) -> None:
+        super().__init__(tensors)
+        self.version = version
+
+
+def lending(version: int, events: list[Any], fresh: list[FakeEngine]) -> Any:
+    """A ``readable`` hook that lends ``{"w": "again"}`` as ``version`` and records what happened around it."""
+
+    @contextlib.asynccontextmanager
+    async def readable(payload: Any) -> AsyncIterator[Any]:
+        events.append(("lent", dict(payload)))
+        try:
+            yield Packed(version, {"w": "again"})
+        finally:
+            events.append(("given back", list(fresh[0].updates), len(fresh[0].received)))
+
+    return readable
+
+
+def test_a_replacement_applies_what_the_runtime_lends_and_it_is_given_back_before_it_serves():
+    """``runtime.switch`` let go of the stored update: the runtime lends a copy packed again, of its version."""
+
+    async def main() -> None:
+        events: list[Any] = []
+        factory = Factory()
+        engines = [DyingEngine("r0", 1, lengths=4)]
+        proxy = LLMProxy(
+            engines, ProxyConfig(health_check_interval_s=None), clock=asyncio.get_running_loop().time
+        )
+        proxy.enable_recovery(factory, lending(1, events, factory.started))
+        await proxy.model_update({"w": 1}, 1)
+        await proxy.update_applied(1)
+        generation = await proxy.generate(make_request("r0"))
+        (fresh,) = factory.started
+        assert events == [("lent", {"w": 1}), ("given back", [(1, {"w": "again"})], 0)]
+        assert (fresh.updates, generation.versions) == ([(1, {"w": "again"})], [1] * 4)
+
+    for seed in range(20):
+        run(main, seed)
+
+
+def test_a_lent_copy_of_another_version_is_refused_and_still_given_back(caplog):
+    async def main() -> None:
+        events: list[Any] = []
+        factory = Factory()
+        engines = [DyingEngine("r0", 1, lengths=4)]
+        proxy = LLMProxy(
+            engines, ProxyConfig(health_check_interval_s=None), clock=asyncio.get_running_loop().time
+        )
+        proxy.enable_recovery(factory, lending(2, events, factory.started))
+        await proxy.model_update({"w": 1}, 1)
+        await proxy.update_applied(1)
+        with pytest.raises(Exception, match="r0"):
+            await proxy.generate(make_request("r0"))
+        assert events == [("lent", {"w": 1}), ("given back", [], 0)]
+        assert (proxy.healthy_engines(), proxy.stats()["num_failed_restarts"]) == ([], 1)
+
+    for seed in range(10):
+        caplog.clear()
+        run(main, seed)
+        assert "catching up to v1, the runtime lent v2" in caplog.text
