@@ -187,6 +187,12 @@ def plan_switches(
     return switches
 
 
+def has_surplus(ready_at: Mapping[int, int], target: Mapping[int, int], newest: int) -> bool:
+    """Whether some legacy version has more ready engines (``ready_at``: per version) than its target: only
+    then may ``plan_switches`` return a switch, so a change where none has need not look at the engines."""
+    return any(count > target.get(version, 0) for version, count in ready_at.items() if version < newest)
+
+
 def _fill(receivers: dict[int, int], count: int, slots: int | None) -> tuple[tuple[int, int], ...] | None:
     """Place ``count`` requests one by one on the least-loaded receiver (updating ``receivers``); None if they
     do not all fit, leaving ``receivers`` unchanged."""
@@ -544,18 +550,16 @@ class MultiVersionProxy(ProxyShell):
         return min(self._num_pinned, default=self._incoming.version) >= self._incoming.version - self.max_age
 
     def _rebalance(self) -> None:
-        """Hand surplus legacy engines to the newest version. ``plan_switches`` only ever moves an engine of a
-        legacy version with more ready engines than its target, so while none has (most changes) the tally
-        answers in O(versions) and the engines are not looked at."""
+        """Hand surplus legacy engines to the newest version; while no legacy version has a surplus
+        (``has_surplus``, most changes) the tally answers in O(versions) and the engines are not looked at."""
         if self._weights is None or self._closed:
             return
-        legacy = [v for v in self._tally.ready_at if v < self._newest]
-        if not legacy:
-            return
+        if min(self._tally.ready_at, default=self._newest) >= self._newest:
+            return  # no legacy engine: nothing to hand over
         loads = Counter(self._num_pinned)
         loads[self._newest] += len(self._calls) - sum(self._num_pinned.values())
         target = target_partition(loads, self._tally.num_usable, self._newest)
-        if all(self._tally.ready_at[v] <= target.get(v, 0) for v in legacy):
+        if not has_surplus(self._tally.ready_at, target, self._newest):
             return
         views = self._views(self._usable())
         for switch in plan_switches(views, target, self._newest, self.slots_per_engine):
