@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import collections
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 
 def max_policy_age(async_ratio: float) -> int:
@@ -113,9 +113,18 @@ def latest_overdue_version(
     trainer's version) is overdue at once. ``slack`` groups more are tolerated (redundant admissions, which
     may be reclaimed by design). Example, B = 1 at version 1: deadlines [2, 2] are overdue at 2.
     """
+    return latest_overdue_version_of_counts(
+        collections.Counter(deadlines), trainer_version, groups_per_batch, slack
+    )
+
+
+def latest_overdue_version_of_counts(
+    counts: Mapping[int, int], trainer_version: int, groups_per_batch: int, slack: int = 0
+) -> int | None:
+    """``latest_overdue_version`` given how many groups have each deadline: O(distinct deadlines), for a
+    caller that keeps the groups counted by version (the buffer tests it on every change)."""
     _check_batch(groups_per_batch)
     overdue, num_due = None, 0
-    counts = collections.Counter(deadlines)
     for deadline in sorted(counts):
         num_due += counts[deadline]
         if num_due > max(0, deadline - trainer_version) * groups_per_batch + slack:

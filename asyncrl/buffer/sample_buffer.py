@@ -45,10 +45,11 @@ Invariants (asserted after every change):
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from asyncrl import staleness
 from asyncrl.buffer.records import Admission, BufferAccounting, DropKind, DroppedGroup
@@ -56,6 +57,21 @@ from asyncrl.config.buffer import BufferConfig
 from asyncrl.types import Group
 
 T = TypeVar("T")
+
+
+class _Buffered(NamedTuple):
+    """A buffered group with its training order (start version, then ticket) computed once, when it is put.
+
+    Why: ``take_batch`` runs on every buffer change while the trainer waits (in multi_version mode each change
+    re-tests ``wait_for_older``); recomputing a group's start version (a min over its trajectories) in every
+    sort made that the simulator's largest cost at DORA's size. As a tuple led by the order, a list of these
+    sorts natively, never comparing the admission or group."""
+
+    start_version: int
+    """``_start_version(admission, group)``: how old the group counts as."""
+    ticket_id: int
+    admission: Admission
+    group: Group
 
 
 class BufferClosedError(RuntimeError):
@@ -106,7 +122,7 @@ class SampleBuffer:
         """In-flight tickets per start version: counting the stale ones costs O(versions), not O(tickets)."""
         self._fresh_scan_threshold: int | None = None
         """The freshness threshold at which every buffered group was last checked (``_buffered_fresh``)."""
-        self._buffered: list[tuple[Admission, Group]] = []
+        self._buffered: list[_Buffered] = []
         self._dropped_log: list[DroppedGroup] = []
         self._counts: collections.Counter[str] = collections.Counter()
         self._dropped: collections.Counter[DropKind] = collections.Counter()
@@ -164,7 +180,9 @@ class SampleBuffer:
         self._counts["put"] += 1
         kind, reason = self._rejection(admission, group)
         if kind is None:
-            self._buffered.append((admission, group))
+            self._buffered.append(
+                _Buffered(_start_version(admission, group), admission.ticket_id, admission, group)
+            )
             self._counts["max_buffered"] = max(self._counts["max_buffered"], len(self._buffered))
         else:
             self._drop(admission, kind, reason, group)
@@ -214,9 +232,12 @@ class SampleBuffer:
             return []
         self._version = version
         self._min_fresh_version = staleness.min_fresh_version(version, self.config.async_ratio)
-        stale = [(a, g) for a, g in self._buffered if not self._is_fresh(_start_version(a, g))]
-        self._buffered = [(a, g) for a, g in self._buffered if self._is_fresh(_start_version(a, g))]
-        dropped = [self._drop(a, DropKind.STALE, self._stale_reason(a, g), g) for a, g in stale]
+        stale = [entry for entry in self._buffered if not self._is_fresh(entry.start_version)]
+        self._buffered = [entry for entry in self._buffered if self._is_fresh(entry.start_version)]
+        dropped = [
+            self._drop(e.admission, DropKind.STALE, self._stale_reason(e.admission, e.group), e.group)
+            for e in stale
+        ]
         self._changed()
         return dropped
 
@@ -233,15 +254,15 @@ class SampleBuffer:
         self.on_trainer_version(trainer_version)
         if len(self._buffered) < wanted:
             return None
-        self._buffered.sort(key=lambda entry: (_start_version(*entry), entry[0].ticket_id))
+        self._buffered.sort()  # by (start version, ticket): see ``_Buffered``
         if wait_for_older and self._must_wait_for_older(wanted):
             return None
         taken, self._buffered = self._buffered[:wanted], self._buffered[wanted:]
         self._batch_taken_at = self._version
         self._counts["trained"] += len(taken)
-        self._counts["trained_samples"] += sum(len(group) for _, group in taken)
+        self._counts["trained_samples"] += sum(len(entry.group) for entry in taken)
         self._changed()
-        return [group for _, group in taken]
+        return [entry.group for entry in taken]
 
     async def get_batch(
         self,
@@ -275,8 +296,7 @@ class SampleBuffer:
     def snapshot(self) -> list[tuple[int, Group]]:
         """The buffered (finished, untrained) groups as ``(start version, group)``, in training order: what a
         checkpoint must keep so that a resumed run trains them instead of losing them."""
-        ordered = sorted(self._buffered, key=lambda entry: (_start_version(*entry), entry[0].ticket_id))
-        return [(_start_version(admission, group), group) for admission, group in ordered]
+        return [(entry.start_version, entry.group) for entry in sorted(self._buffered)]
 
     def restore(self, groups: list[tuple[int, Group]], producer: str = "resume") -> list[Group]:
         """Re-admit a checkpoint's buffered groups at their start versions; the fresh ones are buffered, the
@@ -305,8 +325,8 @@ class SampleBuffer:
             return
         self._closed_reason = reason
         buffered, self._buffered = self._buffered, []
-        for admission, group in buffered:
-            self._drop(admission, DropKind.CLOSED, reason, group)
+        for entry in buffered:
+            self._drop(entry.admission, DropKind.CLOSED, reason, entry.group)
         self._changed()
 
     @property
@@ -335,7 +355,7 @@ class SampleBuffer:
             num_stale_in_flight=len(self.stale_in_flight()),
             num_buffered=len(self._buffered),
             num_trained_samples=counts["trained_samples"],
-            num_buffered_samples=sum(len(group) for _, group in self._buffered),
+            num_buffered_samples=sum(len(entry.group) for entry in self._buffered),
             max_buffered_seen=counts["max_buffered"],
             num_waiting_producers=self._num_admission_waiters,
             num_dropped={kind.value: count for kind, count in self._dropped.items()},
@@ -377,17 +397,26 @@ class SampleBuffer:
         Without such a group waiting cannot help (only redundant admissions get there), so the batch goes.
         """
         alpha = self.config.async_ratio
-        fresh_in_flight = [
-            a.start_version for a in self._in_flight.values() if self._is_fresh(a.start_version)
-        ]
+        fresh_in_flight = {v: n for v, n in self._in_flight_versions.items() if self._is_fresh(v)}
         if not fresh_in_flight:
             return False
-        left = [_start_version(*entry) for entry in self._buffered[wanted:]] + fresh_in_flight
-        deadlines = [staleness.last_fresh_version(start, alpha) for start in left]
-        overdue = staleness.latest_overdue_version(
+        left = collections.Counter(self._start_counts(wanted))
+        left.update(fresh_in_flight)
+        deadlines = {staleness.last_fresh_version(start, alpha): n for start, n in left.items()}
+        overdue = staleness.latest_overdue_version_of_counts(
             deadlines, self._version, self.groups_per_batch, slack=self.max_redundant_groups
         )
         return overdue is not None and staleness.last_fresh_version(min(fresh_in_flight), alpha) <= overdue
+
+    def _start_counts(self, skip: int) -> dict[int, int]:
+        """How many of the buffered groups after the first ``skip`` (sorted) started at each version: one
+        bisection per version, so the per-change test of ``wait_for_older`` is O(versions), not O(buffered)."""
+        buffered, counts, i = self._buffered, {}, skip
+        while i < len(buffered):
+            version = buffered[i].start_version
+            end = bisect.bisect_left(buffered, (version + 1,), lo=i)  # (v,) sorts before every (v, ...)
+            counts[version], i = end - i, end
+        return counts
 
     def _rejection(self, admission: Admission, group: Group) -> tuple[DropKind | None, str]:
         """Why a finished group cannot be buffered, or (None, "") when it can."""
@@ -450,8 +479,8 @@ class SampleBuffer:
         threshold and otherwise only the last one, keeping the check O(1) per event instead of O(buffered)."""
         if self._fresh_scan_threshold != self._min_fresh_version:
             self._fresh_scan_threshold = self._min_fresh_version
-            return all(self._is_fresh(_start_version(a, g)) for a, g in self._buffered)
-        return not self._buffered or self._is_fresh(_start_version(*self._buffered[-1]))
+            return all(self._is_fresh(entry.start_version) for entry in self._buffered)
+        return not self._buffered or self._is_fresh(self._buffered[-1].start_version)
 
     def _check_num_groups(self, num_groups: int | None) -> int:
         wanted = self.groups_per_batch if num_groups is None else num_groups

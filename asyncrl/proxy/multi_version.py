@@ -46,8 +46,11 @@ Invariants (tests/unit/proxy/test_multi_version*.py, tests/unit/controller):
 
 Cost per change (a request ending, an update, a window move): the gate wakes at most as many held calls as
 there are free slots at the newest version (``wakeup.HeldCalls``), and the window, the partition and the
-versions alive read per-version counts kept as calls are pinned; the rest is O(engines). So a change costs
-the same with 1 k or 64 k calls in flight (tests/unit/proxy/test_multi_version_gate.py, bench/control_plane.py).
+versions alive read per-version counts kept as calls are pinned. The gate's free slots, the ready engines
+per version and the engines to evacuate are tallied as each engine changes (``engine_tally``), so a change
+looks at every engine only when a legacy version holds more engines than its target (then a switch is
+planned) or the newest version moves. So a change costs the same with 1 k or 64 k calls in flight
+(tests/unit/proxy/test_multi_version_gate.py, bench/control_plane.py), and hardly more with more engines.
 
 Not here (unlike ``LLMProxy``): continuation of an aborted request (it would mix versions).
 Shared with ``LLMProxy``-style proxies: workers, bounded engine and control calls, health (``engine_set``).
@@ -65,6 +68,7 @@ from typing import Any, Protocol
 
 from asyncrl.config.proxy import ProxyConfig
 from asyncrl.proxy.continuation import empty_abort
+from asyncrl.proxy.engine_tally import EngineTally
 from asyncrl.proxy.errors import EngineFailure, NoHealthyEngine, RequestTimeout
 from asyncrl.proxy.shell import ProxyShell
 from asyncrl.proxy.wakeup import HeldCalls
@@ -183,6 +187,12 @@ def plan_switches(
     return switches
 
 
+def has_surplus(ready_at: Mapping[int, int], target: Mapping[int, int], newest: int) -> bool:
+    """Whether some legacy version has more ready engines (``ready_at``: per version) than its target: only
+    then may ``plan_switches`` return a switch, so a change where none has need not look at the engines."""
+    return any(count > target.get(version, 0) for version, count in ready_at.items() if version < newest)
+
+
 def _fill(receivers: dict[int, int], count: int, slots: int | None) -> tuple[tuple[int, int], ...] | None:
     """Place ``count`` requests one by one on the least-loaded receiver (updating ``receivers``); None if they
     do not all fit, leaving ``receivers`` unchanged."""
@@ -258,9 +268,14 @@ class MultiVersionProxy(ProxyShell):
             raise ValueError(f"slots_per_engine must be >= 1 or None, got {slots_per_engine}")
         self.slots_per_engine = slots_per_engine
         self._arriving: Counter[int] = Counter()
-        super().__init__(engines, config, initial_version=initial_version, clock=clock)
-        self.max_age = max_policy_age(async_ratio)
+        """Requests migrating to each engine (by index); changed only through ``_arrive``."""
         self._newest = initial_version
+        self._tally = EngineTally(len(engines), slots_per_engine)
+        """Gate slots, ready engines per version, sick engines: kept per engine change (``_on_load_change``,
+        ``_arrive``), rebuilt when the newest version moves."""
+        super().__init__(engines, config, initial_version=initial_version, clock=clock)
+        self._tally.rebuild(self._workers, self._arriving, self._newest)
+        self.max_age = max_policy_age(async_ratio)
         self._weights: PendingUpdate | None = None
         self._incoming: PendingUpdate | None = None
         self._counts = Counter(dict.fromkeys(COUNTERS, 0))
@@ -379,7 +394,7 @@ class MultiVersionProxy(ProxyShell):
         target = await call.handoff
         call.handoff = None
         if target is not None:
-            self._arriving[target[0].index] -= 1
+            self._arrive(target[0], -1)
         return target
 
     def _forget_handoff(self, call: _Call) -> None:
@@ -390,7 +405,7 @@ class MultiVersionProxy(ProxyShell):
 
         def release(done: asyncio.Future[tuple[EngineWorker, ExportedRequest] | None]) -> None:
             if not done.cancelled() and done.result() is not None:
-                self._arriving[done.result()[0].index] -= 1
+                self._arrive(done.result()[0], -1)
                 self._changed()
 
         handoff.add_done_callback(release)
@@ -437,6 +452,12 @@ class MultiVersionProxy(ProxyShell):
 
     def _on_load_change(self, worker: EngineWorker) -> None:
         self._loads.update(worker.load())
+        self._tally.update(worker, self._arriving[worker.index], self._newest)
+
+    def _arrive(self, worker: EngineWorker, count: int) -> None:
+        """``count`` more (or fewer) requests are migrating to ``worker``."""
+        self._arriving[worker.index] += count
+        self._tally.update(worker, self._arriving[worker.index], self._newest)
 
     # ------------------------------------------------------------------------------------------ weight update
 
@@ -494,6 +515,7 @@ class MultiVersionProxy(ProxyShell):
         if self._incoming is not None and self._window_open() and not self._closed:
             self._weights, self._incoming = self._incoming, None
             self._newest = self._weights.version
+            self._tally.rebuild(self._workers, self._arriving, self._newest)
         self._rebalance()
         self._evacuate_unhealthy()
         alive = self.versions_alive()
@@ -511,16 +533,16 @@ class MultiVersionProxy(ProxyShell):
         """How many held calls (with no engine excluded) may leave the gate now; None: all of them.
 
         Every such call that ``_dispatchable`` lets go needs a free slot on a ready, healthy engine at the
-        newest version, so this is never 0 when one could go (no wake-up is lost). O(engines).
+        newest version, so this is never 0 when one could go (no wake-up is lost). O(1): the free slots are
+        tallied as engines change (``EngineTally``).
         """
-        if self._closed or not any(w.healthy for w in self._workers):
+        if self._closed or not self._tally.num_healthy:
             return None  # each call goes on, to ProxyClosed or NoHealthyEngine
         if self._suspended or self._incoming is not None:
             return 0
-        ready = [w for w in self._workers if w.healthy and w.ready and w.version == self._newest]
         if self.slots_per_engine is None:
-            return None if ready else 0
-        return sum(max(0, self.slots_per_engine - len(w.in_flight) - self._arriving[w.index]) for w in ready)
+            return None if self._tally.num_gate_engines else 0
+        return self._tally.gate_slots
 
     def _window_open(self) -> bool:
         """The incoming version may become the newest: no request older than the window it opens runs."""
@@ -528,13 +550,19 @@ class MultiVersionProxy(ProxyShell):
         return min(self._num_pinned, default=self._incoming.version) >= self._incoming.version - self.max_age
 
     def _rebalance(self) -> None:
+        """Hand surplus legacy engines to the newest version; while no legacy version has a surplus
+        (``has_surplus``, most changes) the tally answers in O(versions) and the engines are not looked at."""
         if self._weights is None or self._closed:
             return
+        if min(self._tally.ready_at, default=self._newest) >= self._newest:
+            return  # no legacy engine: nothing to hand over
         loads = Counter(self._num_pinned)
         loads[self._newest] += len(self._calls) - sum(self._num_pinned.values())
-        healthy = self._usable()
-        target = target_partition(loads, len(healthy), self._newest)
-        for switch in plan_switches(self._views(healthy), target, self._newest, self.slots_per_engine):
+        target = target_partition(loads, self._tally.num_usable, self._newest)
+        if not has_surplus(self._tally.ready_at, target, self._newest):
+            return
+        views = self._views(self._usable())
+        for switch in plan_switches(views, target, self._newest, self.slots_per_engine):
             self._start_switch(self._workers[switch.index], switch.moves)
 
     def _usable(self) -> list[EngineWorker]:
@@ -562,11 +590,10 @@ class MultiVersionProxy(ProxyShell):
     def _evacuate_unhealthy(self) -> None:
         """Move the requests of an engine marked unhealthy (that still answers) to healthy engines of their
         version, KV included; a request with nowhere to go stays and finishes where it is."""
-        sick = [w for w in self._workers if not w.healthy and w.control_error is None and w.in_flight]
-        if self._closed or not sick:
+        if self._closed or not self._tally.sick:
             return
         healthy = self._views(self._usable())
-        for worker in sick:
+        for worker in [self._workers[index] for index in sorted(self._tally.sick)]:
             receivers = {v.index: v.num_requests for v in healthy if v.version == worker.version}
             moves = _fill_some(receivers, len(self._movable(worker)), self.slots_per_engine)
             self._counts["num_evacuations"] += self._send_requests(worker, moves)
@@ -580,7 +607,7 @@ class MultiVersionProxy(ProxyShell):
         pairs = list(zip(self._movable(donor), receivers, strict=False))  # calls may have ended meanwhile
         for call, receiver in pairs:
             call.handoff = handoff = asyncio.get_running_loop().create_future()
-            self._arriving[receiver.index] += 1
+            self._arrive(receiver, 1)
             self._engines.spawn(self._migrate(call, handoff, donor, receiver))
         return len(pairs)
 
@@ -610,7 +637,7 @@ class MultiVersionProxy(ProxyShell):
             else:
                 handoff.set_result(target)
             if target is None:
-                self._arriving[receiver.index] -= 1
+                self._arrive(receiver, -1)
                 self._changed()
 
     async def _switch(self, donor: EngineWorker) -> None:

@@ -81,16 +81,20 @@ def _copy_value(value: Any) -> Any:
     return value
 
 
-_LOAD_FIELDS = frozenset({"version", "pending", "applying", "healthy", "recovering", "num_in_flight_tokens"})
-"""Fields that change ``EngineWorker.load()`` (``start``/``finish`` change ``in_flight`` and then the tokens)."""
+_LOAD_FIELDS = frozenset(
+    {"version", "pending", "applying", "healthy", "recovering", "num_in_flight_tokens", "control_error"}
+)
+"""Fields that change ``EngineWorker.load()`` (``start``/``finish`` change ``in_flight`` and then the tokens),
+or whether the engine may take work (``control_error``, read by ``engine_tally``)."""
 
 
 @dataclass(kw_only=True)
 class EngineWorker:
     """Proxy-side state of engine ``index``; mutated only by the proxy, on its event loop.
 
-    ``on_load_change(worker)`` runs after every assignment that changes ``load()``, wherever it happens, so an
-    index of loads kept beside the workers (``routing.LoadIndex``) cannot miss a change.
+    ``on_load_change(worker)`` runs after every assignment that changes ``load()`` or ``control_error``,
+    wherever it happens, so an index kept beside the workers (``routing.LoadIndex``, ``engine_tally``) cannot
+    miss a change.
     """
 
     index: int
