@@ -12,9 +12,11 @@ on a laptop before it loads tens of GB on a rented GPU. The terms follow the cod
   checkpointing, one logits chunk (checkpointed: the larger of it and one layer's recompute), the critic or value head, and the copy a weight sync publishes;
 - built-in engine: weights in the serving dtype (``engine.dtype``) plus its preallocated KV pool
   (``engine.max_running_requests`` slots of ``min(max_model_len, max_kv_tokens) + 1`` positions, as
-  ``engine.kv_cache.pool_bytes``), and one update bucket being staged;
+  ``engine.kv_cache.pool_bytes``), and one update bucket being received (a staged broadcast keeps the
+  whole update in host memory, which this per-GPU plan does not count; a streamed one holds one bucket);
 - vLLM engine: the ``gpu_memory_utilization`` share of each of its ``tensor_parallel_size`` GPUs, which must hold
-  its weights shard and one longest request's KV.
+  its weights shard and one longest request's KV, plus, with the broadcast transport, the whole update its
+  worker stages on the device beside that share (vLLM stays on the staged path).
 
 A role's peak is what it always holds (``HELD``) plus its heaviest transient phase: forward/backward, the
 optimizer step and a weight sync never overlap, so their terms are not summed together. Roles sharing a device
@@ -391,12 +393,13 @@ def engine_role(
     if config.engine.backend == "vllm":
         tp = config.engine.vllm.tensor_parallel_size
         share = config.engine.vllm.gpu_memory_utilization
-        return Role(
-            "vLLM engine",
-            engines,
-            tp,
-            (Term("gpu_memory_utilization", int(share * hardware.device_bytes), f"{share} of the GPU"),),
-        )
+        terms = [Term("gpu_memory_utilization", int(share * hardware.device_bytes), f"{share} of the GPU")]
+        if _transport(config) == "broadcast":  # vLLM's worker stages every broadcast whole on its device
+            whole = shape.num_params * serve
+            terms.append(
+                Term("broadcast staging", whole, "the whole update, staged beside vLLM's share", "sync")
+            )
+        return Role("vLLM engine", engines, tp, tuple(terms))
     slots = config.engine.max_running_requests
     positions = max_kv_positions(config, max_len)
     terms = [
@@ -416,10 +419,19 @@ def engine_role(
     )
     if config.runtime.type != "inline":
         bucket = int(config.weight_sync.bucket_mb * 2**20)
-        terms.append(
-            Term("update staging", min(bucket, shape.num_params * serve), "one received bucket", "sync")
-        )
+        how = "one received bucket"
+        if _transport(config) == "broadcast":
+            how += (
+                ", applied as it arrives (broadcast_apply streamed)"
+                if config.broadcast_apply() == "streamed"
+                else "; the whole update staged in host memory (broadcast_apply staged)"
+            )
+        terms.append(Term("update staging", min(bucket, shape.num_params * serve), how, "sync"))
     return Role("engine", engines, 1, tuple(terms))
+
+
+def _transport(config: RunConfig) -> str:
+    return config.weight_sync.transport_for(config.runtime.type, switch=config.runtime.switch.enabled)
 
 
 def vllm_needs(config: RunConfig, shape: ModelShape, max_len: int) -> int:
