@@ -27,7 +27,8 @@ class WeightSyncConfig:
     """in_process: trainer and engines in one process (the inline runtime), tensors cloned once per update.
     object_store: flat per-dtype buffers in buckets through Ray's object store (the Ray runtimes).
     broadcast: trainer rank 0 broadcasts each bucket to every engine over a group of their own (gloo on CPU,
-    NCCL on CUDA) and engines stage it until applied (``weight_sync.broadcast``; Ray runtimes); a replaced
+    NCCL on CUDA) and engines stage it until applied or apply it as it arrives (``broadcast_apply``;
+    ``weight_sync.broadcast``; Ray runtimes); a replaced
     engine joins a re-formed group and catches up from the trainer's last packed version.
     delta: per version only what changed since the previous one, written to a shared directory
     (``delta_dir``) that every engine reads; engines patch their weights in place (``weight_sync.delta``).

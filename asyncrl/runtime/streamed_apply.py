@@ -20,7 +20,8 @@ Key decisions:
   paused, refuses ``generate``, ``resume`` and ``update_weights`` with the failure (so the proxy marks it failed
   and its recovery replaces it), until a later stream delivers a whole update (the publish's retry, sent to a
   re-formed group, does). A stream that failed before copying anything leaves the old weights whole: only that
-  update fails.
+  update fails. A stream superseded by a later one (the old group of a retried publish failing late) changes
+  nothing: the later stream decides.
 - A failed apply (a mismatch) does not break the collective: ``WeightGroup.receive_streamed`` drains the rest
   of the stream, so every other member still gets the whole update; a failed broadcast raises as it happens.
 """
@@ -48,6 +49,8 @@ class StreamedApply:
         self.failed: dict[int, WeightSyncError] = {}
         """Streams that failed, by version: ``update_weights`` of one raises its failure."""
         self._resume_after = False
+        self._streams = 0
+        """Streams begun; a failure of one that a later one superseded changes nothing."""
 
     def check_serving(self, what: str) -> None:
         """``WeightSyncError`` when the engine must not serve (``broken``), naming ``what`` was refused."""
@@ -59,6 +62,8 @@ class StreamedApply:
         A failed apply is recorded (``failed``) and the version returned, so the group's publish succeeds and
         the proxy's ``update_weights`` reports it; a failed broadcast raises."""
         core = self.engine.core
+        self._streams += 1
+        mine = self._streams
         if self.broken is None:
             self._resume_after = not core.paused
         await self.engine.pause()
@@ -87,6 +92,8 @@ class StreamedApply:
         try:
             version = await asyncio.to_thread(group.receive_streamed, apply)
         except Exception as error:
+            if mine != self._streams:
+                raise  # a later stream (the publish's retry over a re-formed group) owns the engine's state
             if state["touched"]:
                 self.broken = _as_sync_error(error)
             elif self._resume_after:

@@ -1,16 +1,21 @@
 """The broadcast transport: trainer rank 0 sends each packed bucket once to every engine over a process group
-of their own (gloo on CPU, NCCL on CUDA), and each engine stages what it receives until the proxy applies it.
+of their own (gloo on CPU, NCCL on CUDA), and each engine stages what it receives until the proxy applies it,
+or applies each bucket as it arrives where every engine is updated at once.
 
 ::
 
     publish (trainer rank 0, all engines at once)                        apply (each engine, whenever the proxy says)
     rank 0: gather bucket ─► pack on the group's device ─► broadcast ──► engine i: receive into its staging (v)
             (next bucket only after this one is sent)                    update_weights(v): staged buckets → model
+                                                                   streamed: engine i: each bucket → model on arrival
 
 Key decisions:
-- Staged, not applied in the collective: a collective needs every engine at once, but the proxy updates engines
-  at different moments (drain waits for requests, multi_version keeps old versions alive). Receiving into a
-  staging copy at publish time decouples the two, at the cost of one extra copy of the weights per engine.
+- Staged or streamed (``weight_sync.broadcast_apply``): a collective needs every engine at once, but in most
+  modes the proxy updates engines at different moments (drain waits for requests, multi_version keeps old
+  versions alive). There each engine receives into a staging copy at publish time (``receive``), at the cost
+  of one extra copy of the weights per engine. Where every engine is updated at one moment (``sync``,
+  ``partial_rollout``) the built-in engine applies each bucket as it arrives (``receive_streamed``, holding one
+  bucket; ``runtime.streamed_apply``). ``HeldBytes`` counts what a receiver holds, so tests check it.
 - A group of its own (a ``TCPStore`` hosted by trainer rank 0 and a standalone process group), separate from the
   trainer's FSDP2 group, so the engines never join the trainer's collectives.
 - Members are fixed when the group forms: when an engine is replaced the driver forms a new group
@@ -19,7 +24,7 @@ Key decisions:
   mid-broadcast is a ``WeightSyncError`` naming the rank, never a hang.
 - The sender packs each bucket where the group moves bytes (``staging_device``: the GPU under NCCL, host memory
   under gloo), from tensors ``Trainer.sync_tensors`` already cast to the serving dtype, so over NCCL a bucket
-  never crosses host memory on rank 0. The receivers still stage whole updates (see the first decision).
+  never crosses host memory on rank 0. A staged receiver still holds whole updates (see the first decision).
 - Each bucket travels as a small header then its buffers; an empty header ends the update. Buffers cross as
   raw bytes (``weight_sync.flat``), so every dtype travels alike. The header is plain JSON, not a pickle, so
   a member that cannot import asyncrl (the vLLM worker, ``engine/vllm/worker_main.py``) reads it too.
