@@ -292,7 +292,8 @@ class EngineActor:
 
     async def stage_weights(self) -> int:
         """Receive the next broadcast update into staging (generation goes on meanwhile, except on vLLM,
-        whose engine core waits for the receive); its version."""
+        whose engine core waits for the receive), or, streamed, into the model as it arrives (the engine
+        paused meanwhile; ``runtime.streamed_apply``); its version."""
         if self.engine_joins_group:
             return await self.engine.stage_weights()
         if self.streamed is not None:

@@ -90,7 +90,7 @@ def test_delta_colocated_and_streamed_updates_reach_an_engine_actor_exactly(
 
     from asyncrl.config.proxy import ProxyConfig
     from asyncrl.proxy.llm_proxy import LLMProxy
-    from asyncrl.weight_sync.transports import make_weight_sync
+    from asyncrl.weight_sync.transports import FlatBufferSync, make_weight_sync
 
     parts = build_ray_parts(
         config(tiny_path, tmp_path, transport), config(tiny_path, tmp_path, transport).runtime
@@ -111,11 +111,13 @@ def test_delta_colocated_and_streamed_updates_reach_an_engine_actor_exactly(
     try:
         update, generation = asyncio.run(rollout_train_sync())
         assert update.transport == transport and update.nbytes > 0
-        carried = update
         if transport == "broadcast":
             assert parts.config.broadcast_apply() == "streamed"
-            carried = parts.engine_factory.weight_group.catch_up(update)
-        trained = {name: t.clone() for name, t in make_weight_sync(carried.transport).receive(carried)}
+            carried = parts.engine_factory.weight_group.catch_up(update)  # rank 0's copy, in the object store
+            sync = FlatBufferSync(get=ray.get)
+        else:
+            carried, sync = update, make_weight_sync(transport)
+        trained = {name: t.clone() for name, t in sync.receive(carried)}
     finally:
         parts.close()
     assert generation.versions == [1] * len(generation.token_ids)
