@@ -243,3 +243,19 @@ def test_a_run_config_refuses_streamed_where_engines_update_apart():
         )
     with pytest.raises(ValueError, match="weight_sync.broadcast_apply must be one of"):
         WeightSyncConfig(broadcast_apply="eager")
+
+
+def test_an_engine_paused_for_the_update_stays_paused_until_the_proxy_resumes_it():
+    """partial_rollout: the proxy pauses every engine before the publish and resumes after model_update."""
+    groups = _groups(2)
+    streamed, staged = _engines([*groups, None])
+    staged.engine.shutdown()
+    try:
+        asyncio.run(streamed.pause())
+        flats, outcomes = _publish(groups, [streamed], _buckets(_new_weights(streamed, seed=6)), version=1)
+        assert outcomes == [1] and streamed.engine.core.paused and streamed.engine.version == 1
+        asyncio.run(streamed.update_weights(update_of_buckets(flats, "broadcast", handle=None), 1))
+        asyncio.run(streamed.resume())
+        assert not streamed.engine.core.paused
+    finally:
+        streamed.engine.shutdown()
