@@ -13,7 +13,8 @@ on a laptop before it loads tens of GB on a rented GPU. The terms follow the cod
 - built-in engine: weights in the serving dtype (``engine.dtype``) plus its preallocated KV pool
   (``engine.max_running_requests`` slots of ``min(max_model_len, max_kv_tokens) + 1`` positions, as
   ``engine.kv_cache.pool_bytes``), and one update bucket being received (a staged broadcast keeps the
-  whole update in host memory, which this per-GPU plan does not count; a streamed one holds one bucket);
+  whole update in host memory: counted when the plan is of host memory, ``device="cpu"``; a streamed one
+  holds one bucket);
 - vLLM engine: the ``gpu_memory_utilization`` share of each of its ``tensor_parallel_size`` GPUs, which must hold
   its weights shard and one longest request's KV, plus, with the broadcast transport, the whole update its
   worker stages on the device beside that share (vLLM stays on the staged path).
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from asyncrl.config.engine import serving_dtype, vllm_serving_dtype
@@ -418,15 +419,27 @@ def engine_role(
         Term("step scratch", scratch, f"one {prefill}-token prefill layer + {slots} rows of logits", "train")
     )
     if config.runtime.type != "inline":
-        bucket = int(config.weight_sync.bucket_mb * 2**20)
-        how = "one received bucket"
-        if _transport(config) == "broadcast":
-            how += (
-                ", applied as it arrives (broadcast_apply streamed)"
-                if config.broadcast_apply() == "streamed"
-                else "; the whole update staged in host memory (broadcast_apply staged)"
+        whole = shape.num_params * serve
+        staging = Term(
+            "update staging",
+            min(int(config.weight_sync.bucket_mb * 2**20), whole),
+            "one received bucket",
+            "sync",
+        )
+        if _transport(config) == "broadcast" and config.broadcast_apply() == "streamed":
+            staging = replace(
+                staging, how="one received bucket, applied as it arrives (broadcast_apply streamed)"
             )
-        terms.append(Term("update staging", min(bucket, shape.num_params * serve), how, "sync"))
+        elif _transport(config) == "broadcast" and device == "cpu":  # host memory is where it stages
+            staging = replace(
+                staging, bytes=whole, how="the whole update, staged until applied (broadcast_apply staged)"
+            )
+        elif _transport(config) == "broadcast":
+            staging = replace(
+                staging,
+                how="one received bucket; the whole update staged in host memory (broadcast_apply staged)",
+            )
+        terms.append(staging)
     return Role("engine", engines, 1, tuple(terms))
 
 

@@ -164,3 +164,10 @@ def test_a_broadcast_plans_the_staging_its_apply_path_holds() -> None:
         ]
         assert f"broadcast_apply {path}" in staging.how
         assert staging.bytes == int(config.weight_sync.bucket_mb * 2**20)
+        [on_host] = [
+            t
+            for t in mp.engine_role(config, QWEN3_1_7B, 512, H100, device="cpu").terms
+            if t.name == "update staging"
+        ]  # a plan of host memory counts where the staged path keeps the whole update
+        whole = QWEN3_1_7B.num_params * 4  # the model's dtype on CPU (float32)
+        assert on_host.bytes == (whole if path == "staged" else int(config.weight_sync.bucket_mb * 2**20))
