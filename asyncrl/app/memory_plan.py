@@ -12,9 +12,12 @@ on a laptop before it loads tens of GB on a rented GPU. The terms follow the cod
   checkpointing, one logits chunk (checkpointed: the larger of it and one layer's recompute), the critic or value head, and the copy a weight sync publishes;
 - built-in engine: weights in the serving dtype (``engine.dtype``) plus its preallocated KV pool
   (``engine.max_running_requests`` slots of ``min(max_model_len, max_kv_tokens) + 1`` positions, as
-  ``engine.kv_cache.pool_bytes``), and one update bucket being staged;
+  ``engine.kv_cache.pool_bytes``), and one update bucket being received (a staged broadcast keeps the
+  whole update in host memory: counted when the plan is of host memory, ``device="cpu"``; a streamed one
+  holds one bucket);
 - vLLM engine: the ``gpu_memory_utilization`` share of each of its ``tensor_parallel_size`` GPUs, which must hold
-  its weights shard and one longest request's KV.
+  its weights shard and one longest request's KV, plus, with the broadcast transport, the whole update its
+  worker stages on the device beside that share (vLLM stays on the staged path).
 
 A role's peak is what it always holds (``HELD``) plus its heaviest transient phase: forward/backward, the
 optimizer step and a weight sync never overlap, so their terms are not summed together. Roles sharing a device
@@ -406,12 +409,13 @@ def engine_role(
     if config.engine.backend == "vllm":
         tp = config.engine.vllm.tensor_parallel_size
         share = config.engine.vllm.gpu_memory_utilization
-        return Role(
-            "vLLM engine",
-            engines,
-            tp,
-            (Term("gpu_memory_utilization", int(share * hardware.device_bytes), f"{share} of the GPU"),),
-        )
+        terms = [Term("gpu_memory_utilization", int(share * hardware.device_bytes), f"{share} of the GPU")]
+        if _transport(config) == "broadcast":  # vLLM's worker stages every broadcast whole on its device
+            whole = shape.num_params * serve
+            terms.append(
+                Term("broadcast staging", whole, "the whole update, staged beside vLLM's share", "sync")
+            )
+        return Role("vLLM engine", engines, tp, tuple(terms))
     slots = config.engine.max_running_requests
     positions = max_kv_positions(config, max_len)
     terms = [
@@ -430,11 +434,32 @@ def engine_role(
         Term("step scratch", scratch, f"one {prefill}-token prefill layer + {slots} rows of logits", "train")
     )
     if config.runtime.type != "inline":
-        bucket = int(config.weight_sync.bucket_mb * 2**20)
-        terms.append(
-            Term("update staging", min(bucket, shape.num_params * serve), "one received bucket", "sync")
+        whole = shape.num_params * serve
+        staging = Term(
+            "update staging",
+            min(int(config.weight_sync.bucket_mb * 2**20), whole),
+            "one received bucket",
+            "sync",
         )
+        if _transport(config) == "broadcast" and config.broadcast_apply() == "streamed":
+            staging = replace(
+                staging, how="one received bucket, applied as it arrives (broadcast_apply streamed)"
+            )
+        elif _transport(config) == "broadcast" and device == "cpu":  # host memory is where it stages
+            staging = replace(
+                staging, bytes=whole, how="the whole update, staged until applied (broadcast_apply staged)"
+            )
+        elif _transport(config) == "broadcast":
+            staging = replace(
+                staging,
+                how="one received bucket; the whole update staged in host memory (broadcast_apply staged)",
+            )
+        terms.append(staging)
     return Role("engine", engines, 1, tuple(terms))
+
+
+def _transport(config: RunConfig) -> str:
+    return config.weight_sync.transport_for(config.runtime.type, switch=config.runtime.switch.enabled)
 
 
 def vllm_needs(config: RunConfig, shape: ModelShape, max_len: int) -> int:

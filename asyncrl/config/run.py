@@ -105,6 +105,7 @@ class RunConfig:
         self.weight_sync.transport_for(self.runtime.type, switch=self.runtime.switch.enabled)
         self._check_broadcast_into_vllm()
         self._check_delta_dtype()
+        self.broadcast_apply()  # a ValueError when 'streamed' is asked where it is not correct
         self._check_switch()
         self._fill_vllm_lora()
         self._fill_vllm_request_seeds()
@@ -152,6 +153,13 @@ class RunConfig:
                 f"rollout.temperature = trainer.temperature (got top_p {rollout.top_p}, top_k {rollout.top_k}, "
                 f"temperature {rollout.temperature} vs {self.trainer.temperature})"
             )
+
+    def broadcast_apply(self) -> str:
+        """``staged`` or ``streamed``: how a broadcast update reaches this run's engines
+        (``weight_sync.broadcast_apply``, resolved for the mode, the engine and LoRA)."""
+        return self.weight_sync.broadcast_apply_for(
+            self.controller.mode, self.engine.backend, lora=self.trainer.lora is not None
+        )
 
     def _check_broadcast_into_vllm(self) -> None:
         """Refuse the broadcast into a vLLM engine sharded over several GPUs, before anything starts."""

@@ -14,6 +14,10 @@ RUNTIME_TRANSPORTS = {
 }
 """The transports each runtime type can carry; ``auto`` picks the first."""
 
+BROADCAST_APPLY = ("auto", "staged", "streamed")
+STREAMED_MODES = ("sync", "partial_rollout")
+"""Modes that update every engine at one moment, idle or paused (``broadcast_apply_for``)."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class WeightSyncConfig:
@@ -23,7 +27,8 @@ class WeightSyncConfig:
     """in_process: trainer and engines in one process (the inline runtime), tensors cloned once per update.
     object_store: flat per-dtype buffers in buckets through Ray's object store (the Ray runtimes).
     broadcast: trainer rank 0 broadcasts each bucket to every engine over a group of their own (gloo on CPU,
-    NCCL on CUDA) and engines stage it until applied (``weight_sync.broadcast``; Ray runtimes); a replaced
+    NCCL on CUDA) and engines stage it until applied or apply it as it arrives (``broadcast_apply``;
+    ``weight_sync.broadcast``; Ray runtimes); a replaced
     engine joins a re-formed group and catches up from the trainer's last packed version.
     delta: per version only what changed since the previous one, written to a shared directory
     (``delta_dir``) that every engine reads; engines patch their weights in place (``weight_sync.delta``).
@@ -40,6 +45,16 @@ class WeightSyncConfig:
     """Longest any one weight-sync wait may take (a collective, forming a broadcast group, an object fetch, a
     shared-memory attach, a vLLM worker's reply); past it the wait fails with ``WeightSyncTimeout`` naming
     the transport and what it waited for, never a hang."""
+    broadcast_apply: Literal["auto", "staged", "streamed"] = "auto"
+    """broadcast: when an engine loads what it receives. staged: it keeps the whole update (one extra copy of
+    the weights per engine: host memory on the built-in engine, the GPU in vLLM's worker) and loads it when
+    the proxy applies it, for modes that update engines at different moments (``one_step_off`` and ``async``
+    drain each engine after its requests, ``multi_version`` keeps old versions serving). streamed: it loads
+    each bucket into its model as the bucket arrives, holding one bucket, for modes that update every
+    engine at one moment (``sync``: nothing trainable in flight; ``partial_rollout``: engines paused); the
+    engine stops stepping while it receives. An engine whose stream fails part-way refuses to serve (its
+    update fails and the proxy replaces it) until a whole update reaches it. The built-in engine only:
+    vLLM's worker stages. auto: streamed where the mode and engine allow it, else staged."""
     delta_dir: str = ""
     """delta: the shared directory versions are written to; empty: ``<output_dir>/weight-deltas``. Every
     engine must see it at the same path (a shared filesystem when engines run on other nodes)."""
@@ -53,6 +68,11 @@ class WeightSyncConfig:
         if self.type not in WEIGHT_SYNC_TYPES:
             raise ValueError(
                 f"weight_sync.type must be one of {', '.join(map(repr, WEIGHT_SYNC_TYPES))}, got {self.type!r}"
+            )
+        if self.broadcast_apply not in BROADCAST_APPLY:
+            raise ValueError(
+                f"weight_sync.broadcast_apply must be one of {', '.join(map(repr, BROADCAST_APPLY))}, "
+                f"got {self.broadcast_apply!r}"
             )
         if self.bucket_mb <= 0:
             raise ValueError(f"weight_sync.bucket_mb must be > 0, got {self.bucket_mb}")
@@ -91,3 +111,24 @@ class WeightSyncConfig:
                 f"(it carries {', '.join(map(repr, carried))}; or set weight_sync.type: auto)"
             )
         return self.type
+
+    def broadcast_apply_for(self, mode: str, engine_backend: str, *, lora: bool = False) -> str:
+        """``staged`` or ``streamed``: how a broadcast reaches the engines of a run in ``mode`` (the field's
+        docstring); a ``ValueError`` naming the field when ``streamed`` is asked where it cannot be correct."""
+        why = None
+        if mode not in STREAMED_MODES:
+            why = (
+                f"controller.mode={mode!r} updates engines at different moments (only "
+                f"{', '.join(map(repr, STREAMED_MODES))} update all at once)"
+            )
+        elif engine_backend != "builtin":
+            why = f"engine.backend={engine_backend!r}: vLLM's worker stages broadcast updates"
+        elif lora:
+            why = "trainer.lora: an adapter update is merged when applied, not loaded bucket by bucket"
+        if why is None:
+            return "streamed" if self.broadcast_apply in ("auto", "streamed") else "staged"
+        if self.broadcast_apply == "streamed":
+            raise ValueError(
+                f"weight_sync.broadcast_apply='streamed' cannot run with {why}; use staged or auto"
+            )
+        return "staged"

@@ -124,6 +124,13 @@ class AsyncEngine:
     ) -> None:
         await self._call(lambda: self.core.update_weights(named_tensors, version, partial=partial))
 
+    async def apply_bucket(self, named_tensors: NamedTensors) -> None:
+        """One bucket of a streamed broadcast, copied between steps (``LLMEngine.apply_bucket``)."""
+        await self._call(lambda: self.core.apply_bucket(named_tensors))
+
+    async def finish_stream(self, version: int) -> None:
+        await self._call(lambda: self.core.finish_stream(version))
+
     async def prefetch_weights(self, update: Any) -> None:
         """Read a coming update's files before the pause (delta transport), off the engine's step thread."""
         await asyncio.to_thread(self.core.prefetch_weights, update)

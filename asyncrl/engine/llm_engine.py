@@ -191,6 +191,19 @@ class LLMEngine:
         if self.config.kv_on_update == "recompute":
             self.scheduler.reset_kv()
 
+    def apply_bucket(self, named_tensors: NamedTensors) -> None:
+        """Copy one bucket of a streamed broadcast (``runtime.EngineActor``) into the model, leaving the
+        version as it is until ``finish_stream``; ``ValueError`` naming the first tensor that does not fit the
+        model, before any of this bucket is copied."""
+        copy_into(resolve_update(self.model, named_tensors, partial=True))
+
+    def finish_stream(self, version: int) -> None:
+        """Every bucket of ``version`` was applied: later tokens carry it (as ``update_weights`` would tag
+        them), and with ``kv_on_update="recompute"`` in-flight requests are prefilled again."""
+        self.version = version
+        if self.config.kv_on_update == "recompute":
+            self.scheduler.reset_kv()
+
     def prefetch_weights(self, update: Any) -> None:
         """Read what a coming update needs before the engine pauses for it (delta transport; no-op for the
         others); safe from another thread than the one stepping the engine."""

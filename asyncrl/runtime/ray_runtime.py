@@ -62,6 +62,7 @@ from asyncrl.runtime.colocate import ColocatedTrainer, device_bytes
 from asyncrl.runtime.placement import Placement, pin, plan_placement
 from asyncrl.runtime.placement_check import SHARED_ROLE, PlacementError, RoleBundles, layout_of
 from asyncrl.runtime.ray_placement import ENGINE_ROLE, TRAINER_ROLE, Reservation, reserve, role_bundles
+from asyncrl.runtime.streamed_apply import StreamedApply
 from asyncrl.runtime.trainer_group import TrainerGroupClient, TrainerRankActor, start_trainer_group
 from asyncrl.runtime.weight_group import WEIGHTS_GROUP, BroadcastGroup
 from asyncrl.types import Generation, Request
@@ -162,6 +163,7 @@ class EngineActor:
         seed: int = 0,
         weight_sync_timeout_s: float = 300.0,
         bucket_bytes: int = 256 * 2**20,
+        broadcast_apply: str = "staged",
     ) -> None:
         pin(cores)
         torch.set_num_threads(num_threads)
@@ -173,6 +175,9 @@ class EngineActor:
         """Broadcast updates received but not yet applied, by version."""
         self.engine_joins_group = engine.backend == "vllm"
         """Whether the engine itself (vLLM's worker) is the broadcast member and stages the updates."""
+        self.streamed: StreamedApply | None = None
+        """Broadcast applied bucket by bucket as it arrives (``weight_sync.broadcast_apply`` streamed; the
+        built-in engine only), else None: staged whole until applied."""
         if engine.backend == "vllm":
             from asyncrl.engine.vllm import VLLMEngineClient
 
@@ -182,6 +187,8 @@ class EngineActor:
             return
         served, tokenizer = load_configured_model(model)
         self.engine = make_engine(served, tokenizer, engine)
+        if broadcast_apply == "streamed":
+            self.streamed = StreamedApply(self.engine)
 
     async def ready(self) -> dict[str, Any]:
         """Where this engine runs: pid, torch threads and Ray node."""
@@ -189,6 +196,7 @@ class EngineActor:
         return {"pid": os.getpid(), "num_threads": torch.get_num_threads(), "node_id": node_id}
 
     async def generate(self, request: Request) -> Generation:
+        self._check_serving(f"generate({request.request_id})")
         return await self.engine.generate(request)
 
     async def abort(self, request_id: str) -> Generation | None:
@@ -198,6 +206,7 @@ class EngineActor:
         await self.engine.pause()
 
     async def resume(self) -> None:
+        self._check_serving("resume")
         await self.engine.resume()
 
     async def export_request(self, request_id: str) -> tuple[dict[str, int] | None, RequestState | None]:
@@ -210,6 +219,7 @@ class EngineActor:
 
     async def import_request(self, state: RequestState) -> Generation:
         """Continue a request exported by another engine of this version (Ray resolved its reference here)."""
+        self._check_serving(f"import_request({state.request_id})")
         return await self.engine.import_request(state)
 
     async def update_weights(self, update: WeightUpdate, version: int) -> None:
@@ -220,6 +230,14 @@ class EngineActor:
             raise ValueError(
                 f"update_weights: the update is version {update.version}, the call says {version}"
             )
+        if (
+            update.transport == "broadcast"
+            and self.streamed is not None
+            and update.version in self._streamed()
+        ):
+            self.streamed.confirm(version)  # it landed as it arrived (``runtime.streamed_apply``)
+            return
+        self._check_serving(f"weight update v{version}")
         check_version(update, self.engine.version)
         if update.transport == "broadcast" and self.engine_joins_group:
             fetched = update  # staged inside the vLLM worker, which applies it
@@ -274,9 +292,12 @@ class EngineActor:
 
     async def stage_weights(self) -> int:
         """Receive the next broadcast update into staging (generation goes on meanwhile, except on vLLM,
-        whose engine core waits for the receive); its version."""
+        whose engine core waits for the receive), or, streamed, into the model as it arrives (the engine
+        paused meanwhile; ``runtime.streamed_apply``); its version."""
         if self.engine_joins_group:
             return await self.engine.stage_weights()
+        if self.streamed is not None:
+            return await self.streamed.receive(self.weight_group)
         buckets = await asyncio.to_thread(self.weight_group.receive)
         version = buckets[0].version
         self.staged[version] = buckets
@@ -284,7 +305,18 @@ class EngineActor:
 
     async def staged_versions(self) -> list[int] | None:
         """Versions received by broadcast and not yet applied; None when vLLM's worker stages them."""
-        return None if self.engine_joins_group else sorted(self.staged)
+        return None if self.engine_joins_group else sorted({*self.staged, *self._streamed()})
+
+    def _streamed(self) -> set[int]:
+        """Versions a stream delivered here, applied or failed (``update_weights`` of one confirms it)."""
+        if self.streamed is None:
+            return set()
+        landed = {self.streamed.version} if self.streamed.version is not None else set()
+        return landed | set(self.streamed.failed)
+
+    def _check_serving(self, what: str) -> None:
+        if self.streamed is not None:
+            self.streamed.check_serving(f"engine {what}")
 
     def _take_staged(self, version: int) -> list[Any]:
         """The staged buckets of ``version``; staged versions older than it are dropped with it."""
@@ -448,15 +480,18 @@ def spawn_engine(
     seed: int = 0,
     weight_sync_timeout_s: float = 300.0,
     bucket_bytes: int = 256 * 2**20,
+    broadcast_apply: str = "staged",
     update_timeout_s: Callable[[int], float] | None = None,
 ) -> RayEngineClient:
     """Start engine ``index`` as an actor with Ray ``options`` (its bundle; see ``ray_placement``); its model
     loads in the background, so ``wait_ready`` before relying on it. ``update_timeout_s``: a weight update's deadline by
-    its bytes (``RayEngineClient.update_timeout_s``)."""
+    its bytes (``RayEngineClient.update_timeout_s``); ``broadcast_apply``: ``RunConfig.broadcast_apply``."""
     actor = ray.remote(EngineActor).options(
         max_restarts=0, max_task_retries=0, max_concurrency=ENGINE_MAX_CONCURRENCY, **options
     )
-    handle = actor.remote(model, engine, num_threads, cores, seed, weight_sync_timeout_s, bucket_bytes)
+    handle = actor.remote(
+        model, engine, num_threads, cores, seed, weight_sync_timeout_s, bucket_bytes, broadcast_apply
+    )
     client = RayEngineClient(handle, name, config, exports_kv=engine.backend == "builtin", index=index)
     client.update_timeout_s = update_timeout_s
     return client
@@ -501,6 +536,7 @@ class RayEngineFactory:
             seed=self.config.seed,
             weight_sync_timeout_s=self.config.weight_sync.timeout_s,
             bucket_bytes=int(self.config.weight_sync.bucket_mb * 2**20),
+            broadcast_apply=self.config.broadcast_apply(),
             update_timeout_s=self.config.proxy.update_timeout_s,
         )
         self.engines[index] = client
@@ -606,6 +642,7 @@ def build_ray_parts(config: RunConfig, runtime: RuntimeConfig) -> RayParts:
                 seed=config.seed,
                 weight_sync_timeout_s=config.weight_sync.timeout_s,
                 bucket_bytes=int(config.weight_sync.bucket_mb * 2**20),
+                broadcast_apply=config.broadcast_apply(),
                 update_timeout_s=config.proxy.update_timeout_s,
             )
             for index in range(config.rollout.num_engines)

@@ -117,7 +117,8 @@ class BroadcastGroup:
         return [joins[ref] for ref in ready if ref in joins]
 
     def publish(self, bucket_bytes: int) -> WeightUpdate:
-        """Broadcast the trainer's weights to every member (staged there); forms the group first when its
+        """Broadcast the trainer's weights to every member (staged there, or applied as it arrives with
+        ``weight_sync.broadcast_apply`` streamed); forms the group first when its
         members changed; a failed send forms it again without the failed member and sends once more."""
         with self._lock:
             for attempt in (1, 2):

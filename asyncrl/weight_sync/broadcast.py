@@ -1,16 +1,21 @@
 """The broadcast transport: trainer rank 0 sends each packed bucket once to every engine over a process group
-of their own (gloo on CPU, NCCL on CUDA), and each engine stages what it receives until the proxy applies it.
+of their own (gloo on CPU, NCCL on CUDA), and each engine stages what it receives until the proxy applies it,
+or applies each bucket as it arrives where every engine is updated at once.
 
 ::
 
     publish (trainer rank 0, all engines at once)                        apply (each engine, whenever the proxy says)
     rank 0: gather bucket ─► pack on the group's device ─► broadcast ──► engine i: receive into its staging (v)
             (next bucket only after this one is sent)                    update_weights(v): staged buckets → model
+                                                                   streamed: engine i: each bucket → model on arrival
 
 Key decisions:
-- Staged, not applied in the collective: a collective needs every engine at once, but the proxy updates engines
-  at different moments (drain waits for requests, multi_version keeps old versions alive). Receiving into a
-  staging copy at publish time decouples the two, at the cost of one extra copy of the weights per engine.
+- Staged or streamed (``weight_sync.broadcast_apply``): a collective needs every engine at once, but in most
+  modes the proxy updates engines at different moments (drain waits for requests, multi_version keeps old
+  versions alive). There each engine receives into a staging copy at publish time (``receive``), at the cost
+  of one extra copy of the weights per engine. Where every engine is updated at one moment (``sync``,
+  ``partial_rollout``) the built-in engine applies each bucket as it arrives (``receive_streamed``, holding one
+  bucket; ``runtime.streamed_apply``). ``HeldBytes`` counts what a receiver holds, so tests check it.
 - A group of its own (a ``TCPStore`` hosted by trainer rank 0 and a standalone process group), separate from the
   trainer's FSDP2 group, so the engines never join the trainer's collectives.
 - Members are fixed when the group forms: when an engine is replaced the driver forms a new group
@@ -19,7 +24,7 @@ Key decisions:
   mid-broadcast is a ``WeightSyncError`` naming the rank, never a hang.
 - The sender packs each bucket where the group moves bytes (``staging_device``: the GPU under NCCL, host memory
   under gloo), from tensors ``Trainer.sync_tensors`` already cast to the serving dtype, so over NCCL a bucket
-  never crosses host memory on rank 0. The receivers still stage whole updates (see the first decision).
+  never crosses host memory on rank 0. A staged receiver still holds whole updates (see the first decision).
 - Each bucket travels as a small header then its buffers; an empty header ends the update. Buffers cross as
   raw bytes (``weight_sync.flat``), so every dtype travels alike. The header is plain JSON, not a pickle, so
   a member that cannot import asyncrl (the vLLM worker, ``engine/vllm/worker_main.py``) reads it too.
@@ -39,7 +44,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterable, Iterator
+import weakref
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -71,6 +77,8 @@ class WeightGroup:
         self.staging_device = staging_device(self.backend, self.device)
         """Where this member's bucket buffers live: the GPU under NCCL, host memory under gloo."""
         self.timeout = timeout
+        self.held = HeldBytes()
+        """Bytes of received buffers still alive, during and after the last ``receive``/``receive_streamed``."""
         with self._named_failure(f"joining the weight group at {host}:{port}"):
             store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
             self._store = store  # the group keeps using it: keep it alive as long as the group
@@ -112,21 +120,52 @@ class WeightGroup:
         return sent
 
     def receive(self) -> list[FlatWeights]:
-        """Ranks 1..E: every bucket of one update, as ``FlatWeights`` this process owns."""
-        buckets = []
+        """Ranks 1..E: every bucket of one update, as ``FlatWeights`` this process owns (staged apply)."""
+        self.held = HeldBytes()
+        return list(self._buckets())
+
+    def receive_streamed(self, apply: Callable[[FlatWeights], None]) -> int:
+        """Ranks 1..E: hand each bucket to ``apply`` as it arrives and drop it before the next is received,
+        so at most one bucket is held (``held.peak``); the update's version. The first error ``apply`` raises
+        is raised once the stream has ended: the rest is received unapplied, so the group's collectives stay
+        in step for every other member. A failed broadcast raises as it happens (``_named_failure``)."""
+        self.held = HeldBytes()
+        version, failure = None, None
+        for flat in self._buckets():
+            if version is not None and flat.version != version:
+                failure = failure or WeightSyncError(
+                    f"weight group rank {self.rank}: one update carries versions {version} and {flat.version}"
+                )
+            version = flat.version
+            if failure is None:
+                try:
+                    apply(flat)
+                except Exception as error:  # deliberate: any apply failure ends applying, not the stream
+                    failure = error
+            del flat  # before the next bucket is received: one bucket held, not two
+        if failure is not None:
+            raise failure
+        if version is None:
+            raise WeightSyncError(f"weight group rank {self.rank}: an update of no buckets")
+        return version
+
+    def _buckets(self) -> Iterator[FlatWeights]:
         while header := self._receive_header():
-            fields = json.loads(header)
-            buffers = {}
-            for dtype, size, carrier in fields["buffers"]:
-                buffer = np.empty(size, np.dtype(carrier))
-                self._broadcast(torch.from_numpy(buffer.view(np.uint8)), into=True)
-                buffers[dtype] = buffer
-            manifest = tuple(
-                TensorEntry(name=name, dtype=dtype, shape=tuple(shape), offset=offset)
-                for name, dtype, shape, offset in fields["manifest"]
-            )
-            buckets.append(FlatWeights(version=fields["version"], manifest=manifest, buffers=buffers))
-        return buckets
+            yield self._receive_bucket(header)
+
+    def _receive_bucket(self, header: bytes) -> FlatWeights:
+        """One bucket's buffers after its header, each counted in ``held`` while it lives."""
+        fields = json.loads(header)
+        buffers = {}
+        for dtype, size, carrier in fields["buffers"]:
+            buffer = self.held.track(np.empty(size, np.dtype(carrier)))
+            self._broadcast(torch.from_numpy(buffer.view(np.uint8)), into=True)
+            buffers[dtype] = buffer
+        manifest = tuple(
+            TensorEntry(name=name, dtype=dtype, shape=tuple(shape), offset=offset)
+            for name, dtype, shape, offset in fields["manifest"]
+        )
+        return FlatWeights(version=fields["version"], manifest=manifest, buffers=buffers)
 
     def _send_header(self, header: bytes) -> None:
         self._broadcast(torch.tensor([len(header)], dtype=torch.int64))
@@ -169,6 +208,24 @@ class WeightGroup:
             if "timeout" in str(error).lower() or "timed out" in str(error).lower():
                 raise WeightSyncTimeout(f"{where}: no progress within {self.timeout}") from error
             raise WeightSyncError(f"{where} failed: {error}") from error
+
+
+class HeldBytes:
+    """The bytes of the arrays ``track`` was given that are still alive (a weak reference each), and the most
+    alive at once: what a receiver holds, counted, not inferred from its code."""
+
+    def __init__(self) -> None:
+        self.held = 0
+        self.peak = 0
+
+    def track(self, array: np.ndarray) -> np.ndarray:
+        self.held += array.nbytes
+        self.peak = max(self.peak, self.held)
+        weakref.finalize(array, self._release, array.nbytes)
+        return array
+
+    def _release(self, nbytes: int) -> None:
+        self.held -= nbytes
 
 
 def header_of(flat: FlatWeights | DeviceBucket) -> bytes:

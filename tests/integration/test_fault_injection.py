@@ -380,13 +380,20 @@ def _until_dead(handle: Any) -> None:
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_ray_engine_dying_mid_broadcast_is_replaced_and_catches_up(monkeypatch, tiny_path, tmp_path):
+@pytest.mark.parametrize(
+    "mode",
+    [("controller.mode=async",), ("controller.mode=sync", "buffer.async_ratio=0")],
+    ids=["staged", "streamed"],
+)
+def test_ray_engine_dying_mid_broadcast_is_replaced_and_catches_up(monkeypatch, tiny_path, tmp_path, mode):
     """The only engine dies while the second broadcast is under way: rank 0's send fails, the group is formed
     again without it and the send retried; the proxy replaces the engine, which catches up from rank 0's copy
-    of the last broadcast and joins the group formed for the next one. Nothing is lost or trained twice."""
+    of the last broadcast and joins the group formed for the next one. Nothing is lost or trained twice. In
+    ``async`` the engines stage each broadcast; in ``sync`` they apply it as it arrives (``broadcast_apply``)."""
     killed: list[Any] = []
 
     def prepare(parts: Any) -> None:
+        assert parts.config.broadcast_apply() == ("streamed" if mode[0].endswith("=sync") else "staged")
         group = parts.engine_factory.weight_group
         sends = [0]
 
@@ -403,7 +410,7 @@ def test_ray_engine_dying_mid_broadcast_is_replaced_and_catches_up(monkeypatch, 
     async def inject(parts: Any) -> None:
         return None
 
-    steps = run_with_faults(monkeypatch, tiny_path, tmp_path, BROADCAST, prepare, inject)
+    steps = run_with_faults(monkeypatch, tiny_path, tmp_path, (*BROADCAST, *mode), prepare, inject)
     assert_nothing_lost(steps)
     assert_trained_once(tmp_path)
     assert len(killed) == 1

@@ -104,16 +104,29 @@ def test_an_unsatisfiable_placement_fails_in_seconds_by_name(cluster, tiny_path,
     assert time.monotonic() - started < 30
 
 
-def test_weights_broadcast_from_trainer_rank_0_to_engines_on_another_node(cluster, tiny_path, tmp_path):
+@pytest.mark.parametrize(
+    ("mode", "path"),
+    [
+        (("controller.mode=async",), "staged"),
+        (("controller.mode=sync", "buffer.async_ratio=0", "runtime.colocate=never"), "streamed"),
+    ],
+    ids=["staged", "streamed"],
+)
+def test_weights_broadcast_from_trainer_rank_0_to_engines_on_another_node(
+    cluster, tiny_path, tmp_path, mode, path
+):
     """The broadcast transport across the two nodes: trainer rank 0 sends each bucket once over a gloo group
-    with both engines, which stage it and apply it when the proxy updates them; every step trains."""
+    with both engines, which stage it and apply it when the proxy updates them (async mode), or apply each
+    bucket as it arrives (sync mode; ``weight_sync.broadcast_apply``); every step trains."""
     overrides = [
         *_overrides(cluster, tiny_path, tmp_path),
         "weight_sync.type=broadcast",
         "proxy.max_engine_restarts=0",
         "controller.num_steps=4",
+        *mode,
     ]
     config = load_run_config(None, overrides)
+    assert config.broadcast_apply() == path
     summary = asyncio.run(training.train(config, console=None))
     lines = [json.loads(line) for line in Path(summary.metrics_path).read_text().splitlines()]
     assert [line["train/version"] for line in lines] == [1.0, 2.0, 3.0, 4.0]

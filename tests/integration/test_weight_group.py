@@ -78,15 +78,19 @@ def test_a_member_that_never_joins_is_left_out_within_the_deadline(session, tiny
         parts.close()
 
 
-@pytest.mark.parametrize("transport", ["delta", "colocated"])
-def test_delta_and_colocated_updates_reach_an_engine_actor_exactly(session, tiny_path, tmp_path, transport):
+@pytest.mark.parametrize("transport", ["delta", "colocated", "broadcast"])
+def test_delta_colocated_and_streamed_updates_reach_an_engine_actor_exactly(
+    session, tiny_path, tmp_path, transport
+):
     """Rollout, a train step, then the sync through ``transport``: the engine actor generates with exactly the
-    trained weights (its log-probs are the trainer's, computed from what the transport carried)."""
+    trained weights (its log-probs are the trainer's, computed from what the transport carried). The broadcast
+    runs streamed (sync mode, built-in engine: each bucket applied as it arrives), and what it carried is read
+    back from trainer rank 0's packed copy of it."""
     from test_ray_runtime import greedy, groups_from, sampled, trainer_logprobs
 
     from asyncrl.config.proxy import ProxyConfig
     from asyncrl.proxy.llm_proxy import LLMProxy
-    from asyncrl.weight_sync.transports import make_weight_sync
+    from asyncrl.weight_sync.transports import FlatBufferSync, make_weight_sync
 
     parts = build_ray_parts(
         config(tiny_path, tmp_path, transport), config(tiny_path, tmp_path, transport).runtime
@@ -107,7 +111,13 @@ def test_delta_and_colocated_updates_reach_an_engine_actor_exactly(session, tiny
     try:
         update, generation = asyncio.run(rollout_train_sync())
         assert update.transport == transport and update.nbytes > 0
-        trained = {name: t.clone() for name, t in make_weight_sync(transport).receive(update)}
+        if transport == "broadcast":
+            assert parts.config.broadcast_apply() == "streamed"
+            carried = parts.engine_factory.weight_group.catch_up(update)  # rank 0's copy, in the object store
+            sync = FlatBufferSync(get=ray.get)
+        else:
+            carried, sync = update, make_weight_sync(transport)
+        trained = {name: t.clone() for name, t in sync.receive(carried)}
     finally:
         parts.close()
     assert generation.versions == [1] * len(generation.token_ids)

@@ -149,3 +149,32 @@ def test_a_ray_sync_run_plans_trainer_rank_and_engine_on_one_gpu_as_its_placemen
         H100,
     )
     assert [device.name for device in split.devices] == ["each trainer GPU", "each engine GPU"]
+
+
+def test_a_broadcast_plans_the_staging_its_apply_path_holds() -> None:
+    """vLLM's worker stages a broadcast whole on its GPU beside its share (the whole update, counted); the
+    built-in engine receives one bucket on the GPU either way and says which path it runs (a staged one keeps
+    the whole update in host memory, a streamed one only the bucket)."""
+    broadcast = ["runtime.type=local", "weight_sync.type=broadcast"]
+    vllm = load_run_config(None, [*broadcast, "engine.backend=vllm"])
+    terms = {t.name: t for t in mp.engine_role(vllm, QWEN3_1_7B, 512, H100).terms}
+    assert terms["broadcast staging"].bytes == QWEN3_1_7B.num_params * 2  # bf16 on CUDA
+    assert terms["broadcast staging"].phase == "sync"
+    by_object_store = load_run_config(None, ["runtime.type=local", "engine.backend=vllm"])
+    assert "broadcast staging" not in {
+        t.name for t in mp.engine_role(by_object_store, QWEN3_1_7B, 512, H100).terms
+    }
+    for mode, path in (("sync", "streamed"), ("multi_version", "staged")):
+        config = load_run_config(None, [*broadcast, f"controller.mode={mode}"])
+        [staging] = [
+            t for t in mp.engine_role(config, QWEN3_1_7B, 512, H100).terms if t.name == "update staging"
+        ]
+        assert f"broadcast_apply {path}" in staging.how
+        assert staging.bytes == int(config.weight_sync.bucket_mb * 2**20)
+        [on_host] = [
+            t
+            for t in mp.engine_role(config, QWEN3_1_7B, 512, H100, device="cpu").terms
+            if t.name == "update staging"
+        ]  # a plan of host memory counts where the staged path keeps the whole update
+        whole = QWEN3_1_7B.num_params * 4  # the model's dtype on CPU (float32)
+        assert on_host.bytes == (whole if path == "staged" else int(config.weight_sync.bucket_mb * 2**20))

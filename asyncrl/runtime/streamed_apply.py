@@ -1,0 +1,129 @@
+"""A broadcast applied as it arrives (``weight_sync.broadcast_apply: streamed``): the built-in engine loads each
+bucket into its model when the bucket arrives, instead of staging the whole update until the proxy applies it.
+
+::
+
+    stage_weights (publish)                                   update_weights(v) (proxy)
+      engine paused ─► per bucket: check names/shapes ─► copy   v streamed here: nothing left to copy
+      ─► every tensor came? version = v ─► pause as before      failed stream: WeightSyncError (replaced)
+
+Key decisions:
+- Only where every engine is updated at one moment (``WeightSyncConfig.broadcast_apply_for``): the weights
+  change at publish, not when the proxy applies them, so the mode must have nothing trainable generating on
+  the old version (``sync``) or hold every engine paused across the update (``partial_rollout``).
+- The engine is paused while buckets arrive, so no step ever runs on half-new weights, and it serves the new
+  version (tokens tagged with it) from the moment the last bucket lands; the proxy's ``update_weights(v)``
+  then only confirms it.
+- Each bucket is checked against the model (names, shapes) before any of it is copied, and the update must
+  carry every tensor the model has (the manifest check of the staged path, bucket by bucket).
+- A stream that fails after a bucket was copied leaves mixed weights: the engine is then *broken*. It stays
+  paused, refuses ``generate``, ``resume`` and ``update_weights`` with the failure (so the proxy marks it failed
+  and its recovery replaces it), until a later stream delivers a whole update (the publish's retry, sent to a
+  re-formed group, does). A stream that failed before copying anything leaves the old weights whole: only that
+  update fails. A stream superseded by a later one (the old group of a retried publish failing late) changes
+  nothing: the later stream decides.
+- A failed apply (a mismatch) does not break the collective: ``WeightGroup.receive_streamed`` drains the rest
+  of the stream, so every other member still gets the whole update; a failed broadcast raises as it happens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from asyncrl.weight_sync.broadcast import WeightGroup
+from asyncrl.weight_sync.flat import FlatWeights, unpack_state
+from asyncrl.weight_sync.protocol import WeightSyncError
+from asyncrl.weight_sync.receiver import expected_shapes
+
+
+class StreamedApply:
+    """One built-in engine's side of streamed broadcasts (module docstring); ``engine`` is its ``AsyncEngine``."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.version: int | None = None
+        """The last version a whole stream applied (what ``update_weights`` of it confirms)."""
+        self.broken: WeightSyncError | None = None
+        """Set while the model holds mixed weights from a stream that failed part-way."""
+        self.failed: dict[int, WeightSyncError] = {}
+        """Streams that failed, by version: ``update_weights`` of one raises its failure."""
+        self._resume_after = False
+        self._streams = 0
+        """Streams begun; a failure of one that a later one superseded changes nothing."""
+
+    def check_serving(self, what: str) -> None:
+        """``WeightSyncError`` when the engine must not serve (``broken``), naming ``what`` was refused."""
+        if self.broken is not None:
+            raise WeightSyncError(f"{what} refused: the engine holds a half-applied update ({self.broken})")
+
+    async def receive(self, group: WeightGroup) -> int:
+        """Receive the next broadcast and apply it bucket by bucket (the engine paused meanwhile); its version.
+        A failed apply is recorded (``failed``) and the version returned, so the group's publish succeeds and
+        the proxy's ``update_weights`` reports it; a failed broadcast raises."""
+        core = self.engine.core
+        self._streams += 1
+        mine = self._streams
+        if self.broken is None:
+            self._resume_after = not core.paused
+        await self.engine.pause()
+        loop = asyncio.get_running_loop()
+        seen: set[str] = set()
+        state: dict[str, Any] = {"version": None, "touched": False, "error": None}
+
+        def apply(flat: FlatWeights) -> None:
+            try:
+                state["version"] = flat.version
+                if flat.version < self.engine.version:
+                    raise WeightSyncError(
+                        f"weight update v{flat.version} is older than the served v{self.engine.version}; refused"
+                    )
+                named = unpack_state(flat)
+                try:
+                    asyncio.run_coroutine_threadsafe(self.engine.apply_bucket(named), loop).result()
+                except ValueError as error:
+                    raise WeightSyncError(f"weight update v{flat.version}: {error}") from None
+                state["touched"] = True
+                seen.update(named)
+            except Exception as error:
+                state["error"] = error
+                raise
+
+        try:
+            version = await asyncio.to_thread(group.receive_streamed, apply)
+        except Exception as error:
+            if mine != self._streams:
+                raise  # a later stream (the publish's retry over a re-formed group) owns the engine's state
+            if state["touched"]:
+                self.broken = _as_sync_error(error)
+            elif self._resume_after:
+                await self.engine.resume()
+            if error is not state["error"] or state["version"] is None:
+                raise  # the broadcast itself failed: the group's publish re-forms it and sends again
+            self.failed[state["version"]] = _as_sync_error(error)
+            return state["version"]
+        missing = sorted(expected_shapes(core.model).keys() - seen)
+        if missing:
+            self.broken = self.failed[version] = WeightSyncError(
+                f"weight update v{version}: missing tensor(s) {missing[:5]} ({len(missing)} in all)"
+            )
+            return version
+        await self.engine.finish_stream(version)
+        self.version, self.broken = version, None
+        self.failed = {v: e for v, e in self.failed.items() if v > version}
+        if self._resume_after:
+            await self.engine.resume()
+        return version
+
+    def confirm(self, version: int) -> None:
+        """``update_weights(version)`` of a streamed version: its failure if its stream failed, else nothing
+        (the weights landed when it arrived)."""
+        if version in self.failed:
+            raise self.failed.pop(version)
+        self.check_serving(f"weight update v{version}")
+
+
+def _as_sync_error(error: BaseException) -> WeightSyncError:
+    return (
+        error if isinstance(error, WeightSyncError) else WeightSyncError(f"streamed apply failed: {error!r}")
+    )

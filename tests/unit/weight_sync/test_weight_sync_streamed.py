@@ -1,0 +1,261 @@
+"""Streamed broadcast (``weight_sync.broadcast_apply: streamed``): each bucket is loaded into the built-in engine
+as it arrives. Checked over a real gloo group on CPU, with one streamed and one staged engine in the same group:
+the same weights bit for bit, one bucket held instead of the whole update (bytes counted while alive), a
+mismatch or a partial update refused by name with the engine refusing to serve until a whole update lands,
+and a sender lost mid-stream a named error."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from asyncrl.config.engine import EngineConfig
+from asyncrl.config.model import ModelConfig
+from asyncrl.config.run import load_run_config
+from asyncrl.config.weight_sync import WeightSyncConfig
+from asyncrl.runtime.ray_runtime import EngineActor
+from asyncrl.trainer.distributed.process_group import free_port
+from asyncrl.weight_sync.broadcast import WeightGroup
+from asyncrl.weight_sync.protocol import WeightSyncError, WeightSyncTimeout
+from asyncrl.weight_sync.receiver import expected_shapes, named_targets
+from asyncrl.weight_sync.transports import update_of_buckets
+
+BUCKET_BYTES = 64 * 2**10  # small, so the default tiny model travels as many buckets
+
+
+def _groups(world_size: int, timeout_s: float = 60) -> list[WeightGroup]:
+    port, groups = free_port("127.0.0.1"), [None] * world_size
+
+    def join(rank: int) -> None:
+        groups[rank] = WeightGroup(
+            host="127.0.0.1", port=port, rank=rank, world_size=world_size, device="cpu", timeout_s=timeout_s
+        )
+
+    threads = [threading.Thread(target=join, args=(rank,)) for rank in range(world_size)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return groups
+
+
+def _engines(groups: list[WeightGroup]) -> tuple[EngineActor, EngineActor]:
+    """Rank 1 streamed, rank 2 staged, on the same seeded model."""
+    actors = []
+    for rank, apply in ((1, "streamed"), (2, "staged")):
+        torch.manual_seed(0)
+        actor = EngineActor(ModelConfig(device="cpu"), EngineConfig(), 1, broadcast_apply=apply)
+        actor.weight_group = groups[rank]
+        actors.append(actor)
+    return actors[0], actors[1]
+
+
+def _new_weights(actor: EngineActor, seed: int) -> list[tuple[str, torch.Tensor]]:
+    """What a trainer would send: every name the engine expects (tied names alike), fresh values."""
+    generator = torch.Generator().manual_seed(seed)
+    targets = named_targets(actor.engine.core.model)
+    fresh: dict[int, torch.Tensor] = {}
+    for tensor in targets.values():
+        fresh.setdefault(id(tensor), torch.randn(tensor.shape, generator=generator).to(tensor.dtype))
+    return [(name, fresh[id(targets[name])]) for name in sorted(expected_shapes(actor.engine.core.model))]
+
+
+def _buckets(named: list[tuple[str, torch.Tensor]]) -> list[list[tuple[str, torch.Tensor]]]:
+    buckets, current, size = [], [], 0
+    for name, tensor in named:
+        if current and size + tensor.nbytes > BUCKET_BYTES:
+            buckets.append(current)
+            current, size = [], 0
+        current.append((name, tensor))
+        size += tensor.nbytes
+    return [*buckets, current]
+
+
+def _publish(groups, actors, buckets, version: int):
+    """Rank 0 sends on a thread while both engines receive on this loop; the sent buckets and the engines'
+    outcomes (a version, or the exception)."""
+    sent = {}
+
+    def send() -> None:
+        sent["flats"] = groups[0].send_packed(buckets, version)
+
+    async def receive():
+        return await asyncio.gather(*(a.stage_weights() for a in actors), return_exceptions=True)
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    outcomes = asyncio.run(receive())
+    sender.join(60)
+    return sent.get("flats"), outcomes
+
+
+def _state(actor: EngineActor) -> dict[str, torch.Tensor]:
+    return {name: t.clone() for name, t in actor.engine.core.model.state_dict().items()}
+
+
+def _shutdown(*actors: EngineActor) -> None:
+    for actor in actors:
+        actor.engine.shutdown()
+
+
+def test_streamed_apply_equals_staged_bit_for_bit_and_holds_one_bucket():
+    groups = _groups(3)
+    streamed, staged = _engines(groups)
+    try:
+        before = _state(streamed)
+        buckets = _buckets(_new_weights(streamed, seed=1))
+        assert len(buckets) >= 4
+        flats, outcomes = _publish(groups, [streamed, staged], buckets, version=1)
+        assert outcomes == [1, 1]
+        assert streamed.engine.version == 1 and staged.engine.version == 0  # streamed: landed on arrival
+        update = update_of_buckets(flats, "broadcast", handle=None)
+        for actor in (streamed, staged):
+            asyncio.run(actor.update_weights(update, 1))
+        assert staged.engine.version == 1
+        want, got = _state(staged), _state(streamed)
+        assert want.keys() == got.keys()
+        assert all(torch.equal(want[name], got[name]) for name in want)
+        assert not any(torch.equal(want[name], before[name]) for name in want)  # the update changed them
+        total = sum(t.nbytes for bucket in buckets for _, t in bucket)
+        largest = max(sum(t.nbytes for _, t in bucket) for bucket in buckets)
+        assert groups[1].held.peak <= 2 * largest < total  # counted while alive, not inferred
+        assert groups[2].held.peak >= total - 2 * largest  # the staged path holds (about) the whole update
+        assert groups[1].held.held == 0
+        assert not streamed.engine.core.paused  # paused while receiving, as before after
+    finally:
+        _shutdown(streamed, staged)
+
+
+def test_a_mismatch_mid_stream_is_refused_by_name_and_the_engine_serves_nothing_until_a_whole_update():
+    groups = _groups(3)
+    streamed, staged = _engines(groups)
+    try:
+        named = _new_weights(streamed, seed=2)
+        buckets = _buckets(named)
+        name, tensor = buckets[-1][0]
+        buckets[-1][0] = (name, torch.zeros(tensor.numel() + 1))  # the last bucket does not fit the model
+        flats, outcomes = _publish(groups, [streamed, staged], buckets, version=1)
+        assert outcomes == [1, 1]  # the group stayed in step: both received the whole stream
+        update = update_of_buckets(flats, "broadcast", handle=None)
+        with pytest.raises(WeightSyncError, match=f"v1: .*{name}"):
+            asyncio.run(streamed.update_weights(update, 1))
+        with pytest.raises(WeightSyncError, match="half-applied update"):
+            asyncio.run(streamed.generate(SimpleNamespace(request_id="r0")))
+        with pytest.raises(WeightSyncError, match="half-applied update"):
+            asyncio.run(streamed.resume())
+        assert streamed.engine.core.paused and streamed.engine.version == 0
+        with pytest.raises(WeightSyncError, match=name):  # the staged engine refuses it before copying
+            asyncio.run(staged.update_weights(update, 1))
+
+        whole = _buckets(_new_weights(streamed, seed=3))  # the next whole update heals it
+        flats, outcomes = _publish(groups, [streamed, staged], whole, version=2)
+        assert outcomes == [2, 2]
+        asyncio.run(streamed.update_weights(update_of_buckets(flats, "broadcast", handle=None), 2))
+        asyncio.run(staged.update_weights(update_of_buckets(flats, "broadcast", handle=None), 2))
+        want, got = _state(staged), _state(streamed)
+        assert all(torch.equal(want[name], got[name]) for name in want)
+        assert not streamed.engine.core.paused and streamed.streamed.broken is None
+    finally:
+        _shutdown(streamed, staged)
+
+
+def test_a_partial_update_is_refused_by_the_missing_names():
+    groups = _groups(2)
+    streamed, staged = _engines([*groups, None])
+    staged.engine.shutdown()
+    try:
+        named = _new_weights(streamed, seed=4)
+        dropped = named[-1][0]
+        flats, outcomes = _publish(groups, [streamed], _buckets(named[:-1]), version=1)
+        assert outcomes == [1]
+        update = update_of_buckets(flats, "broadcast", handle=None)
+        with pytest.raises(WeightSyncError, match=f"missing tensor.*{dropped}"):
+            asyncio.run(streamed.update_weights(update, 1))
+        with pytest.raises(WeightSyncError, match="half-applied"):
+            asyncio.run(streamed.generate(SimpleNamespace(request_id="r0")))
+    finally:
+        streamed.engine.shutdown()
+
+
+def test_a_sender_lost_mid_stream_is_a_named_error_and_the_engine_is_broken():
+    groups = _groups(2, timeout_s=1.5)
+    streamed, staged = _engines([*groups, None])
+    staged.engine.shutdown()
+    try:
+        buckets = _buckets(_new_weights(streamed, seed=5))
+        # the trainer stops after one bucket: no more bytes, no end marker
+        sender = threading.Thread(target=_send_without_end, args=(groups[0], buckets[0]))
+        sender.start()
+        with pytest.raises(WeightSyncTimeout, match="weight group rank 1/2"):
+            asyncio.run(streamed.stage_weights())
+        sender.join(30)
+        with pytest.raises(WeightSyncError, match="half-applied"):
+            asyncio.run(streamed.generate(SimpleNamespace(request_id="r0")))
+    finally:
+        streamed.engine.shutdown()
+
+
+def _send_without_end(group: WeightGroup, bucket: list[tuple[str, torch.Tensor]]) -> None:
+    from asyncrl.weight_sync.broadcast import header_of, pack_on_device
+
+    flat = pack_on_device(bucket, 1, group.staging_device)
+    group._send_header(header_of(flat))
+    for buffer in flat.buffers.values():
+        group._broadcast(buffer)
+
+
+@pytest.mark.parametrize(
+    ("mode", "backend", "lora", "chosen"),
+    [
+        ("sync", "builtin", False, "streamed"),
+        ("partial_rollout", "builtin", False, "streamed"),
+        ("one_step_off", "builtin", False, "staged"),
+        ("async", "builtin", False, "staged"),
+        ("multi_version", "builtin", False, "staged"),
+        ("sync", "vllm", False, "staged"),
+        ("sync", "builtin", True, "staged"),
+    ],
+)
+def test_auto_streams_only_where_every_engine_updates_at_one_moment(mode, backend, lora, chosen):
+    assert WeightSyncConfig().broadcast_apply_for(mode, backend, lora=lora) == chosen
+    assert (
+        WeightSyncConfig(broadcast_apply="staged").broadcast_apply_for(mode, backend, lora=lora) == "staged"
+    )
+    if chosen == "staged":
+        with pytest.raises(ValueError, match="weight_sync.broadcast_apply='streamed' cannot run with"):
+            WeightSyncConfig(broadcast_apply="streamed").broadcast_apply_for(mode, backend, lora=lora)
+
+
+def test_a_run_config_refuses_streamed_where_engines_update_apart():
+    with pytest.raises(ValueError, match="controller.mode='async' updates engines at different moments"):
+        load_run_config(
+            None,
+            [
+                "runtime.type=local",
+                "weight_sync.type=broadcast",
+                "weight_sync.broadcast_apply=streamed",
+                "controller.mode=async",
+            ],
+        )
+    with pytest.raises(ValueError, match="weight_sync.broadcast_apply must be one of"):
+        WeightSyncConfig(broadcast_apply="eager")
+
+
+def test_an_engine_paused_for_the_update_stays_paused_until_the_proxy_resumes_it():
+    """partial_rollout: the proxy pauses every engine before the publish and resumes after model_update."""
+    groups = _groups(2)
+    streamed, staged = _engines([*groups, None])
+    staged.engine.shutdown()
+    try:
+        asyncio.run(streamed.pause())
+        flats, outcomes = _publish(groups, [streamed], _buckets(_new_weights(streamed, seed=6)), version=1)
+        assert outcomes == [1] and streamed.engine.core.paused and streamed.engine.version == 1
+        asyncio.run(streamed.update_weights(update_of_buckets(flats, "broadcast", handle=None), 1))
+        asyncio.run(streamed.resume())
+        assert not streamed.engine.core.paused
+    finally:
+        streamed.engine.shutdown()
