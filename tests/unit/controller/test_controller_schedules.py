@@ -143,7 +143,9 @@ def test_multi_version_really_migrates_and_serves_several_versions_at_once() -> 
 
 def dropped_mid_run(outcome) -> list:
     """Ledger entries of admitted groups that ended untrained before the run's end (stale or surplus)."""
-    return [e for e in outcome.ledger.entries() if e.outcome is not End.TRAINED and e.reason not in CUT_AT_END]
+    return [
+        e for e in outcome.ledger.entries() if e.outcome is not End.TRAINED and e.reason not in CUT_AT_END
+    ]
 
 
 def test_partial_rollout_reclaims_stragglers_unless_it_waits_for_older() -> None:
