@@ -36,6 +36,16 @@ SCENARIOS = {
         mode="partial_rollout", async_ratio=1.0, train_s=0.5, wait_for_older=True
     ),
     "async_wait_for_older": Scenario(mode="async", async_ratio=1.0, train_s=0.5, wait_for_older=True),
+    # redundant admissions are not waited for (they may be reclaimed): no deadlock, invariants hold
+    "partial_rollout_wait_for_older_redundant_filter": Scenario(
+        mode="partial_rollout",
+        async_ratio=1.0,
+        redundant=2,
+        filter="zero_variance",
+        reward_fail_rate=0.1,
+        train_s=0.5,
+        wait_for_older=True,
+    ),
     "multi_version": Scenario(mode="multi_version", async_ratio=1.0, train_s=0.5),
     "multi_version_2": Scenario(mode="multi_version", async_ratio=2.0, num_engines=3, batch=3, train_s=0.5),
     # Redundant admissions may be reclaimed (the batch does not wait for them): no deadlock, invariants hold.
