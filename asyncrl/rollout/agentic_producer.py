@@ -5,7 +5,9 @@ Key decision: the same seams and lifecycle as ``RLVRProducer`` (admission ticket
 resets ``env_manager.group_size`` envs with one seed and is complete once ``rollout.num_return_sequences``
 episodes ended trainable; its other episodes are cut. ``env_manager.num_env_groups`` groups run at once, so
 groups beyond the batch (redundant env groups) and episodes beyond the group size are the slack that keeps
-slow or failing environments off the critical path; what is cut is recorded, never silently lost.
+slow or failing environments off the critical path; what is cut is recorded, never silently lost. With
+``env_manager.episode_replays`` a failed episode the group cannot do without is played again (a new episode
+on the same slot), so groups stay full.
 
 ::
 
