@@ -50,14 +50,17 @@ CHOICES = (
     "which half the variance is the prompt's (per-response and per-prompt sigma 0.71: a hard prompt makes all its "
     "responses long); 256-token prompts",
     "batch: 256 prompts x 16 responses per step (Appendix A.1's config), unless the figure varies it",
-    "Async: partial rollout (in-flight weight updates) at async ratio 2 on a 1:1 train/infer split (§3)",
+    "Async: partial rollout (in-flight weight updates) at async ratio 2 on a 1:1 train/infer split (§3); as the "
+    "report states, no admitted sample is wasted (a batch waits for the oldest admitted groups, §4.3) and requests "
+    "running at an update are aborted and recomputed (prompt and partial output prefilled again, §4.2)",
     "Sync-Naive: colocated, batch rollout, a prompt's responses on one engine (grouped decoding: proxy affinity "
     "always wins); Sync-ROLL: colocated, queue scheduling and prompt replication; colocated arms pay the colocated "
     "switch (trainer state offloaded and back, KV re-zeroed, weights by CUDA IPC, 0.5 s fixed)",
     "trainer: two no-grad log-prob passes per trained token (footnote to Fig. 3a: reference and proximal "
     "models), at the MFU our trainer reached on the H200 probe",
     "filtering (Fig. 7): per-prompt pass rates ~ Beta(0.5, 0.5); agentic figures keep their example configs' "
-    "env models (Fig. 10's failure rates are not in the report)",
+    "env models (Fig. 10's failure rates are not in the report); a failed episode is played again so a step "
+    "trains its full batch (Fig. 10: 'fixing the total rollout batch size at 256')",
     "steady state: 5 warm-up steps excluded, stopped when two 10-step windows agree within 3 % (cap 45)",
 )
 
@@ -102,13 +105,22 @@ GROUPED = ("rollout.prompt_replication=false", "proxy.affinity_slack=1000000")
 default, 2, lets the proxy spread a group over engines as soon as its engine holds 3 more than the least
 loaded: replication in effect); a slack above any step's request count means affinity always wins."""
 NAIVE = ("rollout.generation=batch", *GROUPED)
+ROLL_FLASH_ASYNC = ("controller.wait_for_older=true", "engine.recompute_kv_on_update=true")
+"""What ROLL Flash's Async does with work in flight, as the report states it, on every Async arm: no admitted
+sample is wasted (§4.3: a batch waits for the oldest admitted groups, as ROLL's get_batch drains the oldest step
+first, instead of taking the first fresh groups and reclaiming the late, long ones), and requests running at a
+weight update are aborted and recomputed (§4.2: prompt and partial output prefilled again on the new weights)."""
 GPU_COUNTS = (16, 32, 64, 128)
 
 
 def fig1b(model: str, claims: tuple[Claim, ...]) -> Figure:
     arms: dict[str, tuple[str, ...]] = {}
     for gpus in GPU_COUNTS:
-        arms[f"async_{gpus}"] = (f"rollout.num_engines={gpus // 2}", f"trainer.num_gpus={gpus // 2}")
+        arms[f"async_{gpus}"] = (
+            f"rollout.num_engines={gpus // 2}",
+            f"trainer.num_gpus={gpus // 2}",
+            *ROLL_FLASH_ASYNC,
+        )
         arms[f"sync_roll_{gpus}"] = sync_colocated(gpus)
         arms[f"sync_naive_{gpus}"] = sync_colocated(gpus, *NAIVE)
     return Figure(
@@ -130,7 +142,7 @@ def slower(setting: str, reported: float, slow: str, fast: str, metric: str, quo
 
 def figures() -> dict[str, Figure]:
     splits = {
-        f"async_{t}T{40 - t}I": (f"trainer.num_gpus={t}", f"rollout.num_engines={40 - t}")
+        f"async_{t}T{40 - t}I": (f"trainer.num_gpus={t}", f"rollout.num_engines={40 - t}", *ROLL_FLASH_ASYNC)
         for t in (8, 16, 24, 32)
     }
     ratio_arms = {}
@@ -138,7 +150,11 @@ def figures() -> dict[str, Figure]:
         place = (f"trainer.num_gpus={train}", f"rollout.num_engines={infer}")
         ratio_arms[f"{train}T{infer}I_alpha0"] = (*place, *swept("controller.mode", "sync"))
         for alpha in (1, 2, 4):
-            ratio_arms[f"{train}T{infer}I_alpha{alpha}"] = (*place, f"buffer.async_ratio={alpha}")
+            ratio_arms[f"{train}T{infer}I_alpha{alpha}"] = (
+                *place,
+                f"buffer.async_ratio={alpha}",
+                *ROLL_FLASH_ASYNC,
+            )
     replication = {}
     fig8 = {
         (32, 16): (1.30, "116 s -> 89 s"),

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from asyncrl.config.task import TaskConfig
-from asyncrl.modes import mode_spec
+from asyncrl.modes import ModeError, mode_spec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,9 +73,20 @@ class ControllerConfig:
     """Wait until every engine runs the new weights before the next get_batch. Never needed for correctness
     (a request routed to an engine with a pending update waits for it); under the drain policy True makes every
     step wait for the longest in-flight response, the very tail asynchrony removes."""
+    wait_for_older: bool | None = None
+    """Whether a batch also waits for older admitted groups still generating that it would otherwise leave to go
+    stale (earliest deadline first), so that no admitted group is reclaimed as a straggler: ROLL Flash's
+    get_batch, which drains the oldest step's prompts first ("no sample is wasted"). False: the batch takes
+    the first B fresh groups to finish and late ones are reclaimed (wasted work, a shorter wait at small α).
+    null: the mode decides (``multi_version`` waits, the others do not); ``multi_version`` refuses False."""
 
     def __post_init__(self) -> None:
-        mode_spec(self.mode)  # ModeError naming the allowed modes
+        spec = mode_spec(self.mode)  # ModeError naming the allowed modes
+        if spec.multi_version and self.wait_for_older is False:
+            raise ModeError(
+                "controller.mode='multi_version' trains no admitted group stale: controller.wait_for_older "
+                "must be true or null, got false"
+            )
         if self.num_steps < 1:
             raise ValueError(f"controller.num_steps must be >= 1, got {self.num_steps}")
         if self.eval_prompts < 0:
@@ -89,6 +100,13 @@ class ControllerConfig:
         names = [s.name for s in self.eval_sets]
         if len(set(names)) != len(names):
             raise ValueError(f"controller.eval_sets names must be unique, got {names}")
+
+    @property
+    def waits_for_older(self) -> bool:
+        """``wait_for_older`` resolved: the mode's choice where it is null."""
+        if self.wait_for_older is None:
+            return mode_spec(self.mode).multi_version
+        return self.wait_for_older
 
     def periodic_eval_sets(self) -> list[EvalSetConfig]:
         """The sets ``eval_every`` scores (the default one when none is named)."""

@@ -87,6 +87,13 @@ class EnvManagerConfig:
     after each generation and after each env step."""
     step_timeout_s: float = 600.0
     """An env reset or step taking longer fails its episode (recorded) and the env is replaced."""
+    episode_replays: int = 0
+    """Failed episodes (env error or timeout) a group may play again, each on its slot's replaced env with the
+    group's seed, when the group's running episodes could no longer give it ``rollout.num_return_sequences``
+    trainable ones. 0: a group whose episodes fail is trained short (fewer samples), at once. Above 0 groups stay
+    full, as ROLL's GroupQueue requires (a group is ready only with group_size trajectories), and a failure
+    costs the replay's time unless redundant episodes (``group_size`` above the group) cover it. Async
+    stepping only (a replay cannot join a batch round's lockstep)."""
     max_turns: int = 16
     """An episode still running after this many model turns ends as truncated."""
     max_context_tokens: int = 4096
@@ -103,6 +110,13 @@ class EnvManagerConfig:
                 raise ValueError(f"env_manager.{name} must be >= 1, got {getattr(self, name)}")
         if self.stepping not in ("async", "batch"):
             raise ValueError(f"env_manager.stepping must be one of 'async', 'batch', got {self.stepping!r}")
+        if self.episode_replays < 0:
+            raise ValueError(f"env_manager.episode_replays must be >= 0, got {self.episode_replays}")
+        if self.episode_replays and self.stepping != "async":
+            raise ValueError(
+                f"env_manager.episode_replays={self.episode_replays} needs env_manager.stepping='async' (a "
+                f"replay cannot join a batch round's lockstep), got {self.stepping!r}"
+            )
         if self.step_timeout_s <= 0:
             raise ValueError(f"env_manager.step_timeout_s must be > 0, got {self.step_timeout_s}")
         if self.chat_format not in ("plain", "template"):

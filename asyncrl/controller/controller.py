@@ -44,7 +44,6 @@ from asyncrl import staleness
 from asyncrl.buffer.sample_buffer import SampleBuffer
 from asyncrl.config.controller import ControllerConfig
 from asyncrl.metrics.tracker import length_stats
-from asyncrl.modes import mode_spec
 from asyncrl.rollout.prompt_source import PromptSource
 from asyncrl.types import Group, TrajectoryStatus
 from asyncrl.weight_sync.protocol import payload_nbytes
@@ -214,8 +213,9 @@ class Controller:
         """The next batch, or None once ``stop`` is set; a producer that crashed, or engines all lost for good,
         surface here instead of leaving the trainer waiting."""
         assert self._producer_task is not None
-        # multi_version trains no admitted group stale: the batch waits for older groups still generating
-        wait_for_older = mode_spec(self.config.mode).multi_version
+        # wait_for_older (multi_version's default): no admitted group is trained stale, the batch waits for
+        # older groups still generating
+        wait_for_older = self.config.waits_for_older
         batch = asyncio.ensure_future(self.buffer.get_batch(self.version, wait_for_older=wait_for_older))
         lost = asyncio.ensure_future(self.proxy.engines_lost())
         # its error is raised below unless a batch came too (the next wait raises it at once): mark it read

@@ -5,7 +5,9 @@ Key decision: the same seams and lifecycle as ``RLVRProducer`` (admission ticket
 resets ``env_manager.group_size`` envs with one seed and is complete once ``rollout.num_return_sequences``
 episodes ended trainable; its other episodes are cut. ``env_manager.num_env_groups`` groups run at once, so
 groups beyond the batch (redundant env groups) and episodes beyond the group size are the slack that keeps
-slow or failing environments off the critical path; what is cut is recorded, never silently lost.
+slow or failing environments off the critical path; what is cut is recorded, never silently lost. With
+``env_manager.episode_replays`` a failed episode the group cannot do without is played again (a new episode
+on the same slot), so groups stay full.
 
 ::
 
@@ -55,8 +57,11 @@ class _RunningGroup:
     admission: Admission
     prompt: Prompt
     control: GroupControl
+    managers: list[EnvManager]
+    """The EnvManager each episode runs on, by episode index (a replay runs on its failed episode's)."""
     episodes: list[Episode]
     tasks: list[asyncio.Task[Trajectory]]
+    replays_left: int = 0
 
 
 class AgenticProducer:
@@ -164,18 +169,36 @@ class AgenticProducer:
             for manager, episode in zip(slot, episodes, strict=True)
         ]
         self.counts["episodes"] += len(episodes)
-        group = _RunningGroup(admission, prompt, control, episodes, tasks)
+        group = _RunningGroup(
+            admission, prompt, control, list(slot), episodes, tasks, replays_left=self.config.episode_replays
+        )
         self._live[admission.ticket_id] = group
         return group
 
+    def _replay(self, group: _RunningGroup, failed: Trajectory) -> None:
+        """Play the failed episode's seed again on its slot (whose env was replaced), as a new episode."""
+        manager = group.managers[failed.sample_index]
+        episode = Episode(
+            group.prompt.key, len(group.episodes), group.episodes[0].env_seed, group.admission.start_version
+        )
+        group.managers.append(manager)
+        group.episodes.append(episode)
+        group.tasks.append(asyncio.ensure_future(manager.run_episode(episode, group.control)))
+        group.replays_left -= 1
+        self.counts["episodes"] += 1
+
     async def _collect(self, group: _RunningGroup) -> None:
-        """Keep the first ``group_size`` trainable episodes, cut the rest, then hand the group in."""
+        """Keep the first ``group_size`` trainable episodes, cut the rest, then hand the group in. A failed
+        episode is played again (``env_manager.episode_replays``) when the others could not fill the group."""
         wanted = self.buffer.group_size
         kept: list[Trajectory] = []
         dropped: list[Trajectory] = []
+        finished: asyncio.Queue[asyncio.Task[Trajectory]] = asyncio.Queue()  # in the order they finish
+        for task in group.tasks:
+            task.add_done_callback(finished.put_nowait)
         try:
-            for next_done in asyncio.as_completed(group.tasks):
-                trajectory = await next_done
+            while len(kept) + len(dropped) < len(group.tasks):
+                trajectory = (await finished.get()).result()
                 if trajectory.status.trainable and len(kept) < wanted:
                     kept.append(trajectory)
                 else:
@@ -184,6 +207,14 @@ class AgenticProducer:
                             trajectory, TrajectoryStatus.ABORTED, f"redundant: group already had {wanted}"
                         )
                     )
+                running = len(group.tasks) - len(kept) - len(dropped)
+                if (
+                    trajectory.status is TrajectoryStatus.FAILED
+                    and group.replays_left
+                    and len(kept) + running < wanted
+                ):
+                    self._replay(group, trajectory)
+                    group.tasks[-1].add_done_callback(finished.put_nowait)
                 if len(kept) == wanted and len(kept) + len(dropped) < len(group.tasks):
                     await group.control.cut(f"redundant: group already had {wanted} trajectories")
         except asyncio.CancelledError:

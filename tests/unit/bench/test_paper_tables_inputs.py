@@ -14,7 +14,7 @@ from asyncrl.config.loader import read_yaml_file
 from asyncrl.sim.derive import colocated_switch_parts, derived_keys, load_sim_config
 from asyncrl.sim.hardware import resolve_profile
 from asyncrl.sim.model_shape import resolve_shape
-from bench.paper_tables import EXAMPLES, figures
+from bench.paper_tables import EXAMPLES, ROLL_FLASH_ASYNC, figures
 
 ROOT = Path(__file__).resolve().parents[3]
 COST_MODEL = [
@@ -23,8 +23,9 @@ COST_MODEL = [
     ROOT / "asyncrl/config/sim.py",
 ]
 FIGURE_NAME = re.compile(r"\bfig(ure)?s?\.?\s*\d|\bfig\d|paper_tables|\bfrom bench\b|\bimport bench\b", re.I)
-PLACEMENT = {"engine": {"gpus_per_engine"}, "trainer": {"num_gpus", "colocated"}}
-"""The only engine and trainer keys a figure may set: where things run, not what they cost."""
+PLACEMENT = {"engine": {"gpus_per_engine", "recompute_kv_on_update"}, "trainer": {"num_gpus", "colocated"}}
+"""The only engine and trainer keys a figure may set: where things run, and whether running requests are
+prefilled again after an update (what the simulated system does, ROLL Flash's Async), not what anything costs."""
 
 
 def figure_configs() -> dict[str, dict]:
@@ -116,3 +117,19 @@ def test_grouped_arms_keep_a_prompts_responses_on_one_engine(name):
             requests = config.rollout.rollout_batch_size * config.rollout.num_return_sequences
             assert config.proxy.affinity_slack > requests
     assert grouped
+
+
+@pytest.mark.parametrize("name", ["fig1b_think", "fig1b_base", "fig3a", "async_ratio"])
+def test_every_async_arm_runs_roll_flash_async_and_no_sync_arm_does(name):
+    """Every arm that trains asynchronously wastes no admitted sample and recomputes at updates (the report's
+    Async); a synchronous arm has neither in-flight work at an update nor older groups to wait for."""
+    figure = figures()[name]
+    modes = set()
+    for label, overrides in figure.arms.items():
+        config = load_sim_config(str(ROOT / EXAMPLES / f"{figure.config}.yaml"), list(overrides))
+        modes.add(config.controller.mode)
+        is_async = config.controller.mode != "sync"
+        assert (set(ROLL_FLASH_ASYNC) <= set(overrides)) is is_async, f"{name}/{label}"
+        assert config.controller.waits_for_older is is_async
+        assert config.engine.recompute_kv_on_update is is_async
+    assert modes == {"sync", "partial_rollout"}

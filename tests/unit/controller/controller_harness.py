@@ -91,6 +91,7 @@ class Scenario:
     generation: str = "queue"
     reward_fail_rate: float = 0.0
     train_s: float = 5.0
+    wait_for_older: bool | None = None
 
 
 @dataclass
@@ -158,7 +159,9 @@ async def run_scenario(scenario: Scenario, seed: int) -> Outcome:
     )
     trainer = FakeTrainer(ledger, scenario.train_s)
     controller = Controller(
-        config=ControllerConfig(mode=scenario.mode, num_steps=scenario.num_steps),
+        config=ControllerConfig(
+            mode=scenario.mode, num_steps=scenario.num_steps, wait_for_older=scenario.wait_for_older
+        ),
         buffer=buffer,
         producer=producer,
         source=source,

@@ -31,6 +31,21 @@ SCENARIOS = {
     "sync_batch_filter": Scenario(mode="sync", generation="batch", filter="zero_variance"),
     # Over-sampling: a batch round starts the batch plus the redundant prompts; the surplus is dropped, recorded.
     "sync_batch_oversample": Scenario(mode="sync", generation="batch", redundant=2, filter="zero_variance"),
+    # ROLL Flash's get_batch: the batch waits for older admitted groups, so none is reclaimed stale
+    "partial_rollout_wait_for_older": Scenario(
+        mode="partial_rollout", async_ratio=1.0, train_s=0.5, wait_for_older=True
+    ),
+    "async_wait_for_older": Scenario(mode="async", async_ratio=1.0, train_s=0.5, wait_for_older=True),
+    # redundant admissions are not waited for (they may be reclaimed): no deadlock, invariants hold
+    "partial_rollout_wait_for_older_redundant_filter": Scenario(
+        mode="partial_rollout",
+        async_ratio=1.0,
+        redundant=2,
+        filter="zero_variance",
+        reward_fail_rate=0.1,
+        train_s=0.5,
+        wait_for_older=True,
+    ),
     "multi_version": Scenario(mode="multi_version", async_ratio=1.0, train_s=0.5),
     "multi_version_2": Scenario(mode="multi_version", async_ratio=2.0, num_engines=3, batch=3, train_s=0.5),
     # Redundant admissions may be reclaimed (the batch does not wait for them): no deadlock, invariants hold.
@@ -65,7 +80,8 @@ def check_invariants(scenario: Scenario, outcome) -> None:
     if scenario.mode == "multi_version":  # the engines' window of versions never exceeds ⌊α⌋ + 1
         assert outcome.proxy_stats["max_versions_alive"] <= int(scenario.async_ratio) + 1
         assert outcome.proxy_stats["num_calls"] == 0
-    if scenario.mode == "multi_version" and scenario.redundant == 0 and scenario.filter == "none":
+    waits = scenario.wait_for_older or (scenario.wait_for_older is None and scenario.mode == "multi_version")
+    if waits and scenario.redundant == 0 and scenario.filter == "none":
         # no trajectory dropped: every admitted group is trained, or cut off only by the end of the run
         assert [
             e for e in outcome.ledger.entries() if e.outcome is not End.TRAINED and e.reason not in CUT_AT_END
@@ -133,3 +149,19 @@ def test_multi_version_really_migrates_and_serves_several_versions_at_once() -> 
     ]
     assert sum(s["num_migrations"] for s in stats) > 0
     assert max(s["max_versions_alive"] for s in stats) >= 2
+
+
+def dropped_mid_run(outcome) -> list:
+    """Ledger entries of admitted groups that ended untrained before the run's end (stale or surplus)."""
+    return [
+        e for e in outcome.ledger.entries() if e.outcome is not End.TRAINED and e.reason not in CUT_AT_END
+    ]
+
+
+def test_partial_rollout_reclaims_stragglers_unless_it_waits_for_older() -> None:
+    """Guards the wait_for_older cases above: on the same schedules the plain α = 1 batch takes the first fresh
+    groups and reclaims some older straggler, the waiting one reclaims none."""
+    plain, waiting = SCENARIOS["partial_rollout"], SCENARIOS["partial_rollout_wait_for_older"]
+    seeds = range(20)
+    assert any(dropped_mid_run(run_shuffled(lambda s=s: run_scenario(plain, s), s)) for s in seeds)
+    assert not any(dropped_mid_run(run_shuffled(lambda s=s: run_scenario(waiting, s), s)) for s in seeds)

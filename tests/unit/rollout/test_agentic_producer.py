@@ -4,6 +4,7 @@ envs replaced, redundant groups and episodes cut and recorded, and the exact mul
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -82,6 +83,7 @@ class Scenario:
     hang_p: float = 0.0
     num_steps: int = 3
     filter: str = "none"
+    episode_replays: int = 0
 
 
 @dataclass
@@ -151,6 +153,7 @@ async def run_scenario(s: Scenario, seed: int) -> Run:
             group_size=s.env_group_size,
             stepping=s.stepping,  # type: ignore[arg-type]
             step_timeout_s=10.0,
+            episode_replays=s.episode_replays,
         ),
         make_env=lambda: FlakyEnv(rng, s.crash_p, s.hang_p),
         seed=seed,
@@ -227,6 +230,52 @@ def test_failing_and_hanging_envs_fail_their_episode_with_a_reason_and_are_repla
         "env failed: EnvError: scripted crash",
         "env call timed out after env_manager.step_timeout_s=10.0s",
     }
+
+
+def test_failed_episodes_are_replayed_so_that_every_group_trains_full() -> None:
+    """episode_replays: a failed episode is played again on its replaced env until the group is full; each
+    replay is an episode of its own that ends exactly once. Without replays the same schedules train some
+    group short (the guard that the failures happen where a replay is needed)."""
+    replaying = Scenario(num_env_groups=3, env_group_size=2, crash_p=0.3, episode_replays=1000, num_steps=4)
+    short_groups = 0
+    for seed in range(8):
+        run = run_shuffled(lambda: run_scenario(replaying, seed), seed=seed)  # noqa: B023 (run at once)
+        ended = {e.uid for e in run.ledger.entries()}
+        assert set(run.started) <= ended
+        assert (
+            len(ended) == run.producer.counts["episodes"] > len(run.started)
+        )  # some replays, each ended once
+        run.ledger.assert_fresh(0.0)
+        assert all(len(g) == replaying.group for batch in run.batches for g in batch)
+        plain = run_shuffled(
+            lambda: run_scenario(dataclasses.replace(replaying, episode_replays=0), seed),  # noqa: B023
+            seed=seed,
+        )
+        check_invariants(replaying, plain)
+        short_groups += sum(len(g) < replaying.group for batch in plain.batches for g in batch)
+    assert short_groups > 0
+
+
+def test_redundant_episodes_cover_a_failure_without_a_replay() -> None:
+    """A replay starts only when the group's running episodes could not fill it: with no failures none
+    starts, and with one spare episode per group a single failure needs none."""
+    for crash_p in (0.0, 0.05):
+        scenario = Scenario(num_env_groups=2, env_group_size=3, crash_p=crash_p, episode_replays=1000)
+        for seed in range(6):
+            run = run_shuffled(lambda s=scenario: run_scenario(s, seed), seed=seed)  # noqa: B023
+            failed_per_group: dict[str, int] = {}
+            for t in run.dropped:
+                if t.status is TrajectoryStatus.FAILED:
+                    failed_per_group[t.prompt_uid] = failed_per_group.get(t.prompt_uid, 0) + 1
+            # each group started 3 episodes for 2: replays <= failures beyond the one spare
+            replays = run.producer.counts["episodes"] - len(run.started)
+            assert replays <= sum(max(0, n - 1) for n in failed_per_group.values())
+            assert all(len(g) == scenario.group for batch in run.batches for g in batch)
+
+
+def test_episode_replays_need_async_stepping() -> None:
+    with pytest.raises(ValueError, match="episode_replays=1 needs env_manager.stepping='async'"):
+        EnvManagerConfig(stepping="batch", episode_replays=1)
 
 
 def test_redundant_groups_and_episodes_are_cut_and_recorded() -> None:
