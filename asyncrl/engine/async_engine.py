@@ -245,8 +245,8 @@ class AsyncEngine:
                     return False
                 commands, self._commands = self._commands, deque()
             claim_torch_threads(self._num_threads)  # for these commands and the step after them
-            for command in commands:
-                command.run()
+            while commands:  # popped, not iterated: no finished command (its closure may hold a weight
+                commands.popleft().run()  # bucket) stays referenced while this thread waits for the next
             if self._can_step():
                 return True
 
@@ -286,12 +286,17 @@ class _Command:
         self.fn, self.loop, self.future, self.settles = fn, loop, future, settles
 
     def run(self) -> None:
-        """Call ``fn``; its error (e.g. the caller's bad request or state dict) goes back to the caller only."""
+        """Call ``fn``; its error (e.g. the caller's bad request or state dict) goes back to the caller only.
+        ``fn`` is dropped before the caller hears the result, so what its closure holds (a streamed weight
+        bucket) is freed by then, not whenever this command is next overwritten."""
+        fn, self.fn = self.fn, _ran
         try:
-            result = self.fn()
+            result = fn()
         except Exception as exc:
+            del fn
             self.fail(exc)
         else:
+            del fn
             if self.settles and self.future is not None:
                 resolve_threadsafe(self.loop, self.future, result=result)
 
@@ -331,3 +336,8 @@ def resolve_threadsafe(
 ) -> None:
     """``settle_threadsafe`` for one future."""
     settle_threadsafe(loop, [(future, result, exception)])
+
+
+def _ran() -> None:
+    """What a command holds once its work ran (``_Command.run``)."""
+    raise RuntimeError("an engine command ran twice")

@@ -251,3 +251,23 @@ def test_requests_finishing_in_one_step_are_delivered_with_one_wake_up(qwen2, mo
         served.shutdown()
     assert all(o.num_tokens == 5 for o in outs)
     assert len(PROMPTS) in wake_ups, f"the four same-length requests were delivered in {wake_ups}"
+
+
+def test_a_finished_command_holds_nothing_once_its_caller_hears(async_engine):
+    """A command's closure (a streamed weight bucket) is freed before its caller resumes, not when the engine
+    thread's next command overwrites it: the engine, paused and idle, runs nothing after it."""
+    import weakref
+
+    class Payload:
+        pass
+
+    async def main():
+        await async_engine.pause()
+        for _ in range(20):
+            payload = Payload()
+            alive = weakref.ref(payload)
+            await async_engine._call(lambda held=payload: None)  # held by the closure only
+            del payload
+            assert alive() is None
+
+    run(main())
