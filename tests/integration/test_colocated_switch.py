@@ -26,6 +26,18 @@ def step_metrics(out) -> list[dict]:
     return [line for line in lines if "train/colocate/sleep_s" in line]
 
 
+def versions_received(monkeypatch) -> list[int]:
+    """The version of every update an engine receives through the colocated transport, in order."""
+    received: list[int] = []
+    receive = ColocatedSync.receive
+    monkeypatch.setattr(
+        ColocatedSync,
+        "receive",
+        lambda self, update: received.append(update.version) or receive(self, update),
+    )
+    return received
+
+
 def held_at_each_step(monkeypatch) -> list[tuple[int, list[int], list[str]]]:
     """Per trained step, what every colocated publisher of the run still held as it began (bytes and blocks)
     and which of their shared-memory blocks were still in /dev/shm: filled as the run goes."""
@@ -58,13 +70,7 @@ def plain(tmp_path_factory) -> Path:
 
 
 def test_the_switched_run_sleeps_each_step_and_ends_bit_equal_to_the_plain_one(tmp_path, monkeypatch, plain):
-    received = []
-    receive = ColocatedSync.receive
-    monkeypatch.setattr(
-        ColocatedSync,
-        "receive",
-        lambda self, update: received.append(update.version) or receive(self, update),
-    )
+    received = versions_received(monkeypatch)
     held_while_training = held_at_each_step(monkeypatch)
     out = tmp_path / "switched"
     train_in_process(out, STEPS, *SMALL, *SWITCH)
@@ -100,7 +106,7 @@ def test_an_engine_replaced_after_the_release_catches_up_from_a_copy_packed_agai
     """The one engine dies once every engine applied v1 and the trainer let go of its copy: its replacement
     is sent v1 packed again (not refused), which is let go once applied, and the run ends as the plain one."""
     applied, lend = ColocatedTrainer.weights_applied, Republisher.lend
-    lent, received = [], []
+    lent = []
 
     def applied_then_killed(self, update):
         applied(self, update)
@@ -112,14 +118,9 @@ def test_an_engine_replaced_after_the_release_catches_up_from_a_copy_packed_agai
         lent.append((update.version, copy.version, copy is not update, self.inner._sync.held_bytes))
         return copy
 
-    receive = ColocatedSync.receive
     monkeypatch.setattr(ColocatedTrainer, "weights_applied", applied_then_killed)
     monkeypatch.setattr(Republisher, "lend", lent_of)
-    monkeypatch.setattr(
-        ColocatedSync,
-        "receive",
-        lambda self, update: received.append(update.version) or receive(self, update),
-    )
+    received = versions_received(monkeypatch)
     held_while_training = held_at_each_step(monkeypatch)
     out = tmp_path / "switched"
     train_in_process(out, STEPS, *SMALL, *SWITCH)

@@ -321,19 +321,25 @@ def lending(version: int, events: list[Any], fresh: list[FakeEngine]) -> Any:
     return readable
 
 
+async def applied_then_dying(factory: Factory, readable: Any) -> LLMProxy:
+    """A proxy whose one engine applied v1 and dies on its next request, recovering through ``readable``."""
+    engines = [DyingEngine("r0", 1, lengths=4)]
+    proxy = LLMProxy(
+        engines, ProxyConfig(health_check_interval_s=None), clock=asyncio.get_running_loop().time
+    )
+    proxy.enable_recovery(factory, readable)
+    await proxy.model_update({"w": 1}, 1)
+    await proxy.update_applied(1)
+    return proxy
+
+
 def test_a_replacement_applies_what_the_runtime_lends_and_it_is_given_back_before_it_serves():
     """``runtime.switch`` let go of the stored update: the runtime lends a copy packed again, of its version."""
 
     async def main() -> None:
         events: list[Any] = []
         factory = Factory()
-        engines = [DyingEngine("r0", 1, lengths=4)]
-        proxy = LLMProxy(
-            engines, ProxyConfig(health_check_interval_s=None), clock=asyncio.get_running_loop().time
-        )
-        proxy.enable_recovery(factory, lending(1, events, factory.started))
-        await proxy.model_update({"w": 1}, 1)
-        await proxy.update_applied(1)
+        proxy = await applied_then_dying(factory, lending(1, events, factory.started))
         generation = await proxy.generate(make_request("r0"))
         (fresh,) = factory.started
         assert events == [("lent", {"w": 1}), ("given back", [(1, {"w": "again"})], 0)]
@@ -347,13 +353,7 @@ def test_a_lent_copy_of_another_version_is_refused_and_still_given_back(caplog):
     async def main() -> None:
         events: list[Any] = []
         factory = Factory()
-        engines = [DyingEngine("r0", 1, lengths=4)]
-        proxy = LLMProxy(
-            engines, ProxyConfig(health_check_interval_s=None), clock=asyncio.get_running_loop().time
-        )
-        proxy.enable_recovery(factory, lending(2, events, factory.started))
-        await proxy.model_update({"w": 1}, 1)
-        await proxy.update_applied(1)
+        proxy = await applied_then_dying(factory, lending(2, events, factory.started))
         with pytest.raises(Exception, match="r0"):
             await proxy.generate(make_request("r0"))
         assert events == [("lent", {"w": 1}), ("given back", [], 0)]
