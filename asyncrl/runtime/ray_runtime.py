@@ -497,6 +497,29 @@ def spawn_engine(
     return client
 
 
+def spawn_run_engine(
+    config: RunConfig, placement: Placement, reservation: Reservation, index: int, name: str
+) -> RayEngineClient:
+    """Engine ``index`` of a run, in its reserved bundle, with the run's engine settings: what the first start
+    (``build_ray_parts``) and a replacement (``RayEngineFactory.replace``) both spawn."""
+    runtime = config.runtime
+    return spawn_engine(
+        config.model,
+        config.engine,
+        runtime,
+        name=name,
+        index=index,
+        num_threads=placement.engine_threads,
+        options=reservation.options(ENGINE_ROLE, index, runtime.accelerator_resource),
+        cores=placement.engine_cores[index] if placement.engine_cores else (),
+        seed=config.seed,
+        weight_sync_timeout_s=config.weight_sync.timeout_s,
+        bucket_bytes=int(config.weight_sync.bucket_mb * 2**20),
+        broadcast_apply=config.broadcast_apply(),
+        update_timeout_s=config.proxy.update_timeout_s,
+    )
+
+
 class RayEngineFactory:
     """Replaces engine actors for the proxy's recovery (``asyncrl.proxy.recovery.EngineFactory``): the failed
     actor is killed and a new one spawned through ``spawn_engine`` with the same model, engine settings and
@@ -524,20 +547,8 @@ class RayEngineFactory:
         failed.shutdown()  # ray.kill: a wedged actor stops too, and frees its bundle for the new one
         self.num_started += 1
         runtime = self.config.runtime
-        client = spawn_engine(
-            self.config.model,
-            self.config.engine,
-            runtime,
-            name=f"engine-{index}-restart-{self.num_started}",
-            index=index,
-            num_threads=self.placement.engine_threads,
-            options=self.reservation.options(ENGINE_ROLE, index, runtime.accelerator_resource),
-            cores=self.placement.engine_cores[index] if self.placement.engine_cores else (),
-            seed=self.config.seed,
-            weight_sync_timeout_s=self.config.weight_sync.timeout_s,
-            bucket_bytes=int(self.config.weight_sync.bucket_mb * 2**20),
-            broadcast_apply=self.config.broadcast_apply(),
-            update_timeout_s=self.config.proxy.update_timeout_s,
+        client = spawn_run_engine(
+            self.config, self.placement, self.reservation, index, f"engine-{index}-restart-{self.num_started}"
         )
         self.engines[index] = client
         await await_actor(
@@ -630,21 +641,7 @@ def build_ray_parts(config: RunConfig, runtime: RuntimeConfig) -> RayParts:
     try:
         handles = spawn_trainer_ranks(config, placement, reservation, accelerator)
         engines = [
-            spawn_engine(
-                config.model,
-                config.engine,
-                runtime,
-                name=f"engine-{index}",
-                index=index,
-                num_threads=placement.engine_threads,
-                options=reservation.options(ENGINE_ROLE, index, accelerator),
-                cores=placement.engine_cores[index] if placement.engine_cores else (),
-                seed=config.seed,
-                weight_sync_timeout_s=config.weight_sync.timeout_s,
-                bucket_bytes=int(config.weight_sync.bucket_mb * 2**20),
-                broadcast_apply=config.broadcast_apply(),
-                update_timeout_s=config.proxy.update_timeout_s,
-            )
+            spawn_run_engine(config, placement, reservation, index, f"engine-{index}")
             for index in range(config.rollout.num_engines)
         ]
         handles += [engine.handle for engine in engines]
