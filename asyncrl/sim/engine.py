@@ -221,18 +221,11 @@ class SimEngine:
         self._pause_waiters: list[asyncio.Future[None]] = []
         self.paged = config.kv_allocation == "paged"
         """KV allocated as contexts grow, with preemption (``SimEngineConfig.kv_allocation``)."""
-        self.counts = {
-            "preempted": 0,
-            "recomputed_tokens": 0,
-            "cached_tokens": 0,
-            "requests": 0,
-            "tokens": 0,
-            "segments": 0,
-            "aborted": 0,
-            "updates": 0,
-            "exported": 0,
-            "imported": 0,
-        }
+        self.counts = dict.fromkeys(
+            ("preempted", "recomputed_tokens", "cached_tokens", "requests", "tokens", "segments", "aborted")
+            + ("updates", "exported", "imported"),
+            0,
+        )
 
     @property
     def generating(self) -> bool:

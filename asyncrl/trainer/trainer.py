@@ -113,17 +113,7 @@ class Trainer:
         self.serving_dtype = serving_dtype
         """The engines' dtype (``engine.dtype`` resolved): ``sync_tensors`` casts to it once, on this trainer's
         device, so every transport ships it; None: the master dtype as it is."""
-        if config.lora is not None and ref_model is not None:
-            raise ValueError(
-                "trainer.lora: the reference policy is the base model with the adapters off; pass no ref_model"
-            )
-        if loss_config.needs_reference and ref_model is None and config.lora is None:
-            raise ValueError("loss.kl.beta > 0 needs a reference model (Trainer(ref_model=...)), got none")
-        check_critic(advantage_config.name, critic)
-        if critic_body is not None and critic_weights is None and has_meta_parameters(critic_body):
-            raise ValueError(
-                "a critic body on the meta device needs critic_weights, the directory of its shards"
-            )
+        _check_parts(config, loss_config, advantage_config, ref_model, critic, critic_body, critic_weights)
         # A separate critic copies the policy's body first: before LoRA wraps it (the critic trains full
         # weights) and before FSDP2 shards it (a sharded module cannot be copied).
         value_model = None
@@ -643,3 +633,24 @@ def _take(
     index = torch.tensor(rows, dtype=torch.long, device=batch.input_ids.device)
     width = sub.input_ids.shape[1]
     return sub, {name: t[index, :width] for name, t in tensors.items()}
+
+
+def _check_parts(
+    config: TrainerConfig,
+    loss_config: LossConfig,
+    advantage_config: AdvantageConfig,
+    ref_model: nn.Module | None,
+    critic: CriticConfig | None,
+    critic_body: nn.Module | None,
+    critic_weights: Path | None,
+) -> None:
+    """Refuse, by the setting at fault, a trainer whose parts do not go together (``Trainer.__init__``)."""
+    if config.lora is not None and ref_model is not None:
+        raise ValueError(
+            "trainer.lora: the reference policy is the base model with the adapters off; pass no ref_model"
+        )
+    if loss_config.needs_reference and ref_model is None and config.lora is None:
+        raise ValueError("loss.kl.beta > 0 needs a reference model (Trainer(ref_model=...)), got none")
+    check_critic(advantage_config.name, critic)
+    if critic_body is not None and critic_weights is None and has_meta_parameters(critic_body):
+        raise ValueError("a critic body on the meta device needs critic_weights, the directory of its shards")
