@@ -428,11 +428,13 @@ def time_decode(
     }
 
 
-def attention_runner(model: torch.nn.Module, rows: int, max_len: int) -> ModelRunner:
-    """The engine's model runner over ``rows`` slots on the model's device, at the engine's default decode path
-    (``decode_graphs: auto``: captured static shapes on CUDA, the step's own shapes on CPU), its KV pool filled
+def attention_runner(
+    model: torch.nn.Module, rows: int, max_len: int, decode_graphs: str = "auto"
+) -> ModelRunner:
+    """The engine's model runner over ``rows`` slots on the model's device, by default on the engine's default
+    decode path (``auto``: captured static shapes on CUDA, the step's own shapes on CPU), its KV pool filled
     with random keys and values so attention computes over data, not zeros."""
-    runner = ModelRunner(model, num_slots=rows, max_len=max_len, decode_graphs="auto")
+    runner = ModelRunner(model, num_slots=rows, max_len=max_len, decode_graphs=decode_graphs)
     generator = torch.Generator(device=runner.device).manual_seed(0)
     for pool in (*runner.cache.keys, *runner.cache.values):
         pool.normal_(generator=generator)
