@@ -32,9 +32,10 @@ every row attending over the batch's longest context (what it did before per-row
 contexts (``context_mix``): a long tail (one row at 2,000 positions, 63 at ~100), a spread (uniform over
 [100, 2,000]) and a control of equal contexts (~100), where both plans are the same one group. Beside each time,
 the KV positions the step's attention reads (a count from ``decode_plan``, not a time) and the SDPA kernels
-it dispatched to. The model is the generation-bound workload's (``large_model``, ~21 M parameters, 4 KV heads
-of 64): its KV rows are wide enough that at 2,000 positions attention is most of a step, and its weights
-(84 MB) large enough that the short contexts' step is not Python overhead alone (``setup.bytes_per_step``).
+it dispatched to. The model is the generation-bound workload's on CPU (``large_model``, ~21 M parameters, 4 KV
+heads of 64; Qwen2-0.5B's shape in bfloat16 on CUDA): its KV rows are wide enough that at 2,000 positions
+attention is most of a step, and its weights (84 MB) large enough that the short contexts' step is not Python
+overhead alone (the KV and weight bytes per step are in the result's ``table``).
 
     python bench/engine.py --part decode_attention [--quick] [--device cuda] [--repeats 3]
 """
@@ -65,6 +66,7 @@ from asyncrl.engine import make_engine
 from asyncrl.engine.decode_plan import Group, attention_groups, attention_positions, length_bucket
 from asyncrl.engine.llm_engine import cast_to_serving_dtype
 from asyncrl.engine.model_runner import ModelRunner
+from asyncrl.sim.probe import decode_path
 from asyncrl.types import Request, SamplingParams
 from bench import harness
 from bench.workloads import synchronize
@@ -354,9 +356,9 @@ def attention_plan(runner: ModelRunner, rope: list[int], plan: str) -> tuple[int
     """The (batch, attention groups) of one decode step of rows at positions ``rope`` under ``plan``.
 
     ``bucketed``: what the engine does (``attention_groups``; ``StaticDecode.shape_of`` at static shapes).
-    ``longest``: what it did before per-row attention (commit d874368): one group, every row over the batch's
-    longest need, or that need's length bucket at static shapes. No setting reaches it any more, so this is the
-    baseline: the same runner, KV pool and forward, with that one plan in place of the engine's.
+    ``longest``: what it did before per-row attention (before commit d874368): one group, every row over the
+    batch's longest need, or that need's length bucket at static shapes. No setting reaches it any more, so
+    this is the baseline: the same runner, KV pool and forward, with that one plan in place of the engine's.
     """
     if plan not in PLANS:
         raise ValueError(f"attention plan must be one of {', '.join(PLANS)}, got {plan!r}")
@@ -514,7 +516,6 @@ def decode_attention(args: Any) -> None:
         )
         for kind in mixes
     }
-    static = runner.static
     setup = {
         "device": args.device,
         "model": {
@@ -530,16 +531,13 @@ def decode_attention(args: Any) -> None:
         "contexts": mixes,
         "steps_per_run": steps,
         "warmup_steps": warmup,
-        "decode_path": "static shapes, CUDA graphs" if static is not None and static.capture else "dynamic",
+        "decode_path": decode_path(runner.static),
         "sdpa_ops": {
             f"{plan}_{kind}": sdpa_ops(lambda r=rope, p=plan: decode_step(runner, tokens, r, p, eager=True))
             for kind, rope in mixes.items()
             for plan in PLANS
         },
     }
-    if static is not None and static.capture:
-        setup["cuda_graphs"] = {"captured": static.captures, "capture_s": static.capture_s}
-        setup["cuda_graphs"]["error"] = static.capture_error
     resources = {
         "all_arms": f"one process, arms run one at a time, each on its own thread with {threads} torch threads "
         "(the main thread keeps 1)" + (", computing on the GPU" if args.device == "cuda" else "")

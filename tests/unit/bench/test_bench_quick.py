@@ -81,6 +81,7 @@ def test_quick_decode_attention_part_writes_its_own_result(tmp_path: Path, user_
         for ops in result["setup"]["sdpa_ops"].values()
     )
     assert [row[0] for row in result["table"]["rows"]] == list(mixes)
+    assert result["setup"]["decode_path"] == {"path": "dynamic", "captures": 0}  # the engine's CPU default
 
 
 def test_quick_agentic_example_run_writes_its_own_result(tmp_path: Path, user_env: dict[str, str]) -> None:
