@@ -66,7 +66,6 @@ from asyncrl.engine import make_engine
 from asyncrl.engine.decode_plan import Group, attention_groups, attention_positions, length_bucket
 from asyncrl.engine.llm_engine import cast_to_serving_dtype
 from asyncrl.engine.model_runner import ModelRunner
-from asyncrl.sim.probe import decode_path
 from asyncrl.types import Request, SamplingParams
 from bench import harness
 from bench.workloads import synchronize
@@ -488,6 +487,8 @@ def attention_table(runner: ModelRunner, mixes: dict[str, list[int]], model: tor
 
 def decode_attention(args: Any) -> None:
     """The ``decode_attention`` part: every (mix, plan) arm interleaved, a paired ratio per mix, one result."""
+    from asyncrl.sim.probe import decode_path  # here: the throughput part's run (and import trace) needs none
+
     rows, long, short, max_len = (
         (8, 200, 20, 256) if args.quick else (ATTENTION_ROWS, LONG_CONTEXT, SHORT_CONTEXT, ATTENTION_MAX_LEN)
     )
