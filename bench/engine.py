@@ -34,8 +34,8 @@ contexts (``context_mix``): a long tail (one row at 2,000 positions, 63 at ~100)
 the KV positions the step's attention reads (a count from ``decode_plan``, not a time) and the SDPA kernels
 it dispatched to. The model is the generation-bound workload's on CPU (``large_model``, ~21 M parameters, 4 KV
 heads of 64; Qwen2-0.5B's shape in bfloat16 on CUDA): its KV rows are wide enough that at 2,000 positions
-attention is most of a step, and its weights (84 MB) large enough that the short contexts' step is not Python
-overhead alone (the KV and weight bytes per step are in the result's ``table``).
+the KV read is most of a step's bytes (~1.6 GB against 84 MB of weights), and at ~100 about the weights' size,
+so attention is a real share of every mix's step by bytes (the result's ``table`` counts them).
 
     python bench/engine.py --part decode_attention [--quick] [--device cuda] [--repeats 3]
 """
