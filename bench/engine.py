@@ -24,6 +24,20 @@ only measure kernel launches there. Write it to ``bench/results/engine_cuda.json
 ``--vllm`` adds the vLLM backend (``engine.backend=vllm``, a worker in vLLM's own environment: run
 ``asyncrl backends install vllm`` first) as a third arm on the same model and requests; its start-up (worker
 spawn, model load, engine build) is paid once, measured and recorded as ``setup.vllm_startup_s``.
+
+**Decode attention by length level** (``--part decode_attention``, its own result
+``bench/results/engine_attention.json``): one decode step of 64 rows at fixed contexts, in the model runner the
+engine uses, each row attending over its own length bucket (``decode_plan``: what the engine does) against
+every row attending over the batch's longest context (what it did before per-row attention). Three mixes of
+contexts (``context_mix``): a long tail (one row at 2,000 positions, 63 at ~100), a spread (uniform over
+[100, 2,000]) and a control of equal contexts (~100), where both plans are the same one group. Beside each time,
+the KV positions the step's attention reads (a count from ``decode_plan``, not a time) and the SDPA kernels
+it dispatched to. The model is the generation-bound workload's on CPU (``large_model``, ~21 M parameters, 4 KV
+heads of 64; Qwen2-0.5B's shape in bfloat16 on CUDA): its KV rows are wide enough that at 2,000 positions
+the KV read is most of a step's bytes (~1.6 GB against 84 MB of weights), and at ~100 about the weights' size,
+so attention is a real share of every mix's step by bytes (the result's ``table`` counts them).
+
+    python bench/engine.py --part decode_attention [--quick] [--device cuda] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -40,6 +54,7 @@ import functools
 import os
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -48,6 +63,9 @@ import transformers
 
 from asyncrl.config.engine import EngineConfig
 from asyncrl.engine import make_engine
+from asyncrl.engine.decode_plan import Group, attention_groups, attention_positions, length_bucket
+from asyncrl.engine.llm_engine import cast_to_serving_dtype
+from asyncrl.engine.model_runner import ModelRunner
 from asyncrl.types import Request, SamplingParams
 from bench import harness
 from bench.workloads import synchronize
@@ -304,6 +322,239 @@ def thread_counts(asked: list[int], device: str) -> list[int]:
     return [default, 1] if default != 1 and device == "cpu" else [default]
 
 
+ATTENTION_ROWS, LONG_CONTEXT, SHORT_CONTEXT, ATTENTION_MAX_LEN = 64, 2000, 100, 2048
+"""The decode-attention part's batch: 64 rows (the engine arms' batch), the long row at 2,000 positions and the
+short ones at ~100 (an RL rollout's long tail: one trace still reasoning beside many that are short), in a KV
+pool of 2,048 positions per slot."""
+ATTENTION_STEPS, ATTENTION_WARMUP = 20, 2
+"""Decode steps timed per run (their median is the run's step time), after untimed ones (a CUDA capture)."""
+MIXES = ("tail", "spread", "equal")
+PLANS = ("bucketed", "longest")
+
+
+def context_mix(kind: str, rows: int, long: int, short: int, seed: int = 3) -> list[int]:
+    """Each row's context (positions already in its KV; it decodes the token at that position), in slot order
+    as the scheduler keeps it (longer buckets in lower slots):
+
+    - ``tail``: one row at ``long``, the others at ``short`` ± 10 %: the long tail per-row attention is for;
+    - ``spread``: uniform over [``short``, ``long``]: every length level holds rows, the most attention groups;
+    - ``equal``: every row at ``short`` ± 10 %: one level, so both plans are one and the same group (a control).
+    """
+    rng = np.random.default_rng(seed)
+    shorts = rng.integers(short * 9 // 10, short * 11 // 10 + 1, size=rows).tolist()
+    if kind == "tail":
+        return [long, *shorts[1:]]
+    if kind == "spread":
+        return sorted(rng.integers(short, long + 1, size=rows).tolist(), reverse=True)
+    if kind == "equal":
+        return shorts
+    raise ValueError(f"context mix must be one of {', '.join(MIXES)}, got {kind!r}")
+
+
+def attention_plan(runner: ModelRunner, rope: list[int], plan: str) -> tuple[int, tuple[Group, ...]]:
+    """The (batch, attention groups) of one decode step of rows at positions ``rope`` under ``plan``.
+
+    ``bucketed``: what the engine does (``attention_groups``; ``StaticDecode.shape_of`` at static shapes).
+    ``longest``: what it did before per-row attention (before commit d874368): one group, every row over the
+    batch's longest need, or that need's length bucket at static shapes. No setting reaches it any more, so
+    this is the baseline: the same runner, KV pool and forward, with that one plan in place of the engine's.
+    """
+    if plan not in PLANS:
+        raise ValueError(f"attention plan must be one of {', '.join(PLANS)}, got {plan!r}")
+    needs = [position + 1 for position in rope]
+    max_len, static = runner.cache.max_len, runner.static
+    if static is None:
+        if plan == "longest":
+            return len(rope), ((0, len(rope), max(needs)),)
+        return len(rope), attention_groups(needs, max_len)
+    if plan == "bucketed":
+        return static.shape_of(rope)
+    batch = next(b for b in static.buckets if b >= len(rope))
+    return batch, ((0, batch, length_bucket(max(needs), max_len)),)
+
+
+@torch.inference_mode()
+def decode_step(
+    runner: ModelRunner, tokens: list[int], rope: list[int], plan: str, *, eager: bool = False
+) -> torch.Tensor:
+    """One decode step as ``ModelRunner._decode`` runs it (the plan, the inputs' one copy, the forward), every
+    row writing its KV at its own position; on the static path a captured graph replays unless ``eager``
+    (then the same shapes run op by op, so a profiler sees which kernels SDPA picks)."""
+    batch, groups = attention_plan(runner, rope, plan)
+    if runner.static is not None and not eager:
+        return runner.static.run(tokens, rope, rope, (batch, groups))
+    pad = batch - len(rope)
+    scratch = runner.cache.scratch_position
+    rows = [tokens + [0] * pad, rope + [0] * pad, rope + [scratch] * pad]
+    return runner._decode_rows(torch.tensor(rows, device=runner.device), groups)
+
+
+def sdpa_ops(step: Callable[[], object]) -> dict[str, int]:
+    """The SDPA kernels one call of ``step`` dispatched to, as aten op name → calls: which of flash,
+    memory-efficient, cuDNN or math attention really ran (a mask or a layout can rule a kernel out)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as profiled:
+        step()
+    counts: dict[str, int] = {}
+    for event in profiled.events():
+        if event.name.startswith("aten::_scaled_dot_product"):
+            counts[event.name] = counts.get(event.name, 0) + 1
+    return counts
+
+
+def time_decode(
+    runner: ModelRunner, tokens: list[int], rope: list[int], plan: str, steps: int, warmup: int
+) -> dict[str, float]:
+    """One run of an arm: ``warmup`` untimed steps, then ``steps`` timed ones, each synchronised. The step time
+    is their median; CPU time is the process's (every thread's) per step, less sensitive than wall time to a
+    shared machine descheduling the run; the positions and groups are the plan's, counted."""
+    device = runner.device.type
+    for _ in range(warmup):
+        decode_step(runner, tokens, rope, plan)
+    synchronize(device)
+    seconds, cpu_start = [], time.process_time()
+    for _ in range(steps):
+        start = time.perf_counter()
+        decode_step(runner, tokens, rope, plan)
+        synchronize(device)
+        seconds.append(time.perf_counter() - start)
+    cpu = time.process_time() - cpu_start
+    _, groups = attention_plan(runner, rope, plan)
+    return {
+        "step_ms": statistics.median(seconds) * 1e3,
+        "step_cpu_ms": cpu / steps * 1e3,
+        "kv_positions_per_layer": attention_positions(groups),
+        "attention_groups": len(groups),
+    }
+
+
+def attention_runner(
+    model: torch.nn.Module, rows: int, max_len: int, decode_graphs: str = "auto"
+) -> ModelRunner:
+    """The engine's model runner over ``rows`` slots on the model's device, by default on the engine's default
+    decode path (``auto``: captured static shapes on CUDA, the step's own shapes on CPU), its KV pool filled
+    with random keys and values so attention computes over data, not zeros."""
+    runner = ModelRunner(model, num_slots=rows, max_len=max_len, decode_graphs=decode_graphs)
+    generator = torch.Generator(device=runner.device).manual_seed(0)
+    for pool in (*runner.cache.keys, *runner.cache.values):
+        pool.normal_(generator=generator)
+    return runner
+
+
+def attention_table(runner: ModelRunner, mixes: dict[str, list[int]], model: torch.nn.Module) -> dict:
+    """Per mix, what each plan reads (counted from ``decode_plan``, not timed): attention groups, KV positions
+    per layer, and the KV bytes of a whole step beside the weights' bytes."""
+    cache = runner.cache
+    kv_bytes_per_position = 2 * len(cache.keys) * cache.keys[0].shape[1] * cache.keys[0].shape[3]
+    kv_bytes_per_position *= cache.keys[0].element_size()
+    weight_mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 1e6
+    rows = []
+    for kind, rope in mixes.items():
+        plans = {plan: attention_plan(runner, rope, plan)[1] for plan in PLANS}
+        positions = {plan: attention_positions(groups) for plan, groups in plans.items()}
+        rows.append(
+            [
+                kind,
+                len(rope),
+                f"{min(rope)} / {int(statistics.median(rope))} / {max(rope)}",
+                len(plans["bucketed"]),
+                positions["bucketed"],
+                positions["longest"],
+                positions["longest"] / positions["bucketed"],
+                positions["bucketed"] * kv_bytes_per_position / 1e6,
+                positions["longest"] * kv_bytes_per_position / 1e6,
+                weight_mb,
+            ]
+        )
+    return {
+        "title": "What each plan reads per decode step (counted, not timed)",
+        "columns": [
+            "mix",
+            "rows",
+            "context min / median / max",
+            "bucketed groups",
+            "KV positions per layer, bucketed",
+            "longest",
+            "longest / bucketed",
+            "KV MB per step, bucketed",
+            "longest",
+            "weights MB",
+        ],
+        "rows": rows,
+    }
+
+
+def decode_attention(args: Any) -> None:
+    """The ``decode_attention`` part: every (mix, plan) arm interleaved, a paired ratio per mix, one result."""
+    from asyncrl.sim.probe import decode_path  # here: the throughput part's run (and import trace) needs none
+
+    rows, long, short, max_len = (
+        (8, 200, 20, 256) if args.quick else (ATTENTION_ROWS, LONG_CONTEXT, SHORT_CONTEXT, ATTENTION_MAX_LEN)
+    )
+    steps, warmup = (3, 1) if args.quick else (ATTENTION_STEPS, ATTENTION_WARMUP)
+    threads = thread_counts(args.threads, args.device)[0]
+    torch.set_num_threads(1)  # the main thread only orchestrates; the arms compute on threads of their own
+    model = large_model(args.quick, args.device)
+    dtype = cast_to_serving_dtype(model, "auto")  # the engine's default: bfloat16 on CUDA, as built on CPU
+    runner = attention_runner(model, rows, max_len)
+    mixes = {kind: context_mix(kind, rows, long, short) for kind in MIXES}
+    tokens = np.random.default_rng(4).integers(3, model.config.vocab_size, size=rows).tolist()
+    arms = {
+        f"{plan}_{kind}": functools.partial(
+            lambda r, p: on_fresh_thread(lambda: time_decode(runner, tokens, r, p, steps, warmup), threads),
+            rope,
+            plan,
+        )
+        for kind, rope in mixes.items()
+        for plan in PLANS
+    }
+    # warm-up: each mix's first steps pay its shapes' first allocations and kernel choices, whichever arm runs first
+    raw = harness.run_arms(arms, harness.repeats_for(args), harness.print_run, warmup=True)
+    ratios = {
+        f"{kind}_longest_over_bucketed": harness.paired_ratio(
+            raw, f"longest_{kind}", f"bucketed_{kind}", "step_ms"
+        )
+        for kind in mixes
+    }
+    setup = {
+        "device": args.device,
+        "model": {
+            "hidden": model.config.hidden_size,
+            "layers": model.config.num_hidden_layers,
+            "heads": model.config.num_attention_heads,
+            "kv_heads": model.config.num_key_value_heads,
+            "params": sum(p.numel() for p in model.parameters()),
+            "dtype": str(dtype).removeprefix("torch."),
+        },
+        "rows": rows,
+        "kv_pool_positions": max_len,
+        "contexts": mixes,
+        "steps_per_run": steps,
+        "warmup_steps": warmup,
+        "decode_path": decode_path(runner.static),
+        "sdpa_ops": {
+            f"{plan}_{kind}": sdpa_ops(lambda r=rope, p=plan: decode_step(runner, tokens, r, p, eager=True))
+            for kind, rope in mixes.items()
+            for plan in PLANS
+        },
+    }
+    resources = {
+        "all_arms": f"one process, arms run one at a time, each on its own thread with {threads} torch threads "
+        "(the main thread keeps 1)" + (", computing on the GPU" if args.device == "cuda" else "")
+    }
+    torch.set_num_threads(threads)  # the machine record states the arms' thread count
+    harness.write_result(
+        args,
+        "engine_attention",
+        raw,
+        ratios=ratios,
+        resources=resources,
+        setup=setup,
+        extra={"table": attention_table(runner, mixes, model)},
+    )
+
+
 def main() -> None:
     parser = harness.parser(__doc__.splitlines()[0], "engine")
     parser.add_argument(
@@ -311,7 +562,21 @@ def main() -> None:
     )
     parser.add_argument("--vllm", action="store_true", help="add the vLLM backend as a third arm")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where every arm computes")
+    parser.add_argument(
+        "--part",
+        choices=["throughput", "decode_attention"],
+        default="throughput",
+        help="throughput: the engine against HF generate (engine.json); decode_attention: the decode step by "
+        "attention plan (engine_attention.json)",
+    )
     args = parser.parse_args()
+    if args.part == "decode_attention":
+        if args.vllm:
+            parser.error("--vllm is an arm of the throughput part, not of decode_attention")
+        if args.out == f"{harness.RESULTS_DIR}/engine.json":
+            args.out = f"{harness.RESULTS_DIR}/engine_attention.json"  # its own result file
+        decode_attention(args)
+        return
     counts = thread_counts(args.threads, args.device)
     default_threads = counts[0]
     torch.set_num_threads(1)  # the main thread only orchestrates; the arms compute on threads of their own

@@ -90,6 +90,20 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         needs="vLLM in its own environment (asyncrl backends install vllm)",
     ),
     Benchmark(
+        "engine_attention",
+        ("bench/engine.py", "--part", "decode_attention"),
+        # estimated, not yet run: 6 arms x 4 runs (a warm-up, 3 repeats) x 22 steps of at most ~0.5 s on 2 cores
+        4,
+        (
+            Headline(
+                "tail_longest_over_bucketed",
+                "decode step, every row over the longest context / each row over its own bucket: ms",
+                "21 M Qwen2, 64 rows: one at 2,000 positions, 63 at ~100; 2 threads",
+                "decode-attention-by-length-level",
+            ),
+        ),
+    ),
+    Benchmark(
         "trainer",
         ("bench/trainer.py",),
         5,

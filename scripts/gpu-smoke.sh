@@ -82,7 +82,7 @@ else
   not_checked "engine, trainer, loss and packing tests on CUDA" "dry run: the CPU suite runs them on CPU"
 fi
 # 2. Real shapes (random-initialised at the shape table's sizes; nothing is downloaded), most valuable first.
-kit 3 engine-speed "built-in engine at Qwen3 0.6B/1.7B/4B shapes: step vs the static CUDA-graph loop, vs HF generate, exactness" \
+kit 3 engine-speed "built-in engine at Qwen3 0.6B/1.7B/4B shapes: step vs the static CUDA-graph loop (graphs captured, capture s), vs HF generate, exactness, the long-tailed mix bucketed vs longest (SDPA kernel)" \
   scripts/gpu_checks/engine_speed.py
 kit 2 weight-buckets "weight updates: device-side bucketing (cast, pack, unpack, apply) at a Qwen3-1.7B shape" \
   scripts/gpu_checks/weight_buckets.py

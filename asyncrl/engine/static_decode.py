@@ -25,6 +25,7 @@ the dynamic path token for token.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 import torch
@@ -69,6 +70,12 @@ class StaticDecode:
         self._captured_for: tuple[int, ...] | None = None
         self.capture_error: str | None = None
         """Why capturing was turned off (the first failed capture), or None while it works."""
+        self.captures = 0
+        """Graphs captured so far, a recapture (the addresses moved, a wake after sleep) counted again: how
+        many shapes a run paid a capture for, which ``graphs`` (only the live ones) does not say."""
+        self.capture_s = 0.0
+        """Wall seconds those captures took, their warm-up runs included (``torch.cuda.graph`` synchronises
+        the device on entry, so the time is the capture's own, not work queued before it)."""
         self._pool = torch.cuda.graph_pool_handle() if capture else None
 
     def release(self) -> None:
@@ -128,6 +135,7 @@ class StaticDecode:
             self.graphs.clear()
             self._captured_for = fingerprint
         if (batch, groups) not in self.graphs:
+            started = time.perf_counter()
             try:
                 self.graphs[batch, groups] = self._capture(batch, groups)
             except RuntimeError as error:
@@ -141,6 +149,8 @@ class StaticDecode:
                     self.capture_error,
                 )
                 return None
+            self.captures += 1
+            self.capture_s += time.perf_counter() - started
         return self.graphs[batch, groups]
 
     def _capture(self, batch: int, groups: tuple[Group, ...]) -> torch.cuda.CUDAGraph:

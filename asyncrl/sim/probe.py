@@ -562,10 +562,29 @@ def engine_steps(model: torch.nn.Module, plan: ProbePlan) -> list[dict[str, Any]
             _sync(device)
             seconds.append(time.perf_counter() - start)
         timed_steps = seconds[plan.warmup : -1] or seconds  # the last step finishes every request
-        points.append(_point(timed_steps, batch=batch, kv_len=prompt + new // 2))
+        point = _point(timed_steps, batch=batch, kv_len=prompt + new // 2)
+        points.append(point | {"decode_path": decode_path(engine.runner.static)})
         del engine
         _free(device)
     return points
+
+
+def decode_path(static: Any) -> dict[str, Any]:
+    """How an engine's decode steps ran (``ModelRunner.static``, a ``StaticDecode`` or None): at their own shapes,
+    at static shapes eagerly, or replayed from CUDA graphs, then with how many captures, their seconds and the
+    error that turned capturing off, if one did. Recorded beside step times, which mean little without it."""
+    if static is None:
+        return {"path": "dynamic", "captures": 0}
+    if not static.capture:
+        return {"path": "static shapes, eager", "captures": 0}
+    failed = static.capture_error is not None
+    return {
+        "path": "static shapes, eager after a failed capture" if failed else "static shapes, CUDA graphs",
+        "captures": static.captures,
+        "capture_s": round(static.capture_s, 4),
+        "live_graphs": len(static.graphs),
+        "capture_error": static.capture_error,
+    }
 
 
 def prefill(model: torch.nn.Module, plan: ProbePlan) -> list[dict[str, Any]]:

@@ -8,7 +8,15 @@ Usage: ``python scripts/gpu_checks/engine_speed.py --device {cpu,cuda} --out DIR
   (``engine.decode_graphs: on``: captured static shapes, and ``off`` at batch 64 for the eager path),
   the probe's static CUDA-graph loop at the same batches over a KV length of 256 (the engine's bucket for these
   contexts), and tokens per second of the engine against HF ``generate`` at batch 64.
-- ``--device cpu``: the same sections at the probe's tiny shape, a twin that runs in well under a minute.
+  Each engine-step point says how its decode ran (``decode_path``: CUDA graphs, with how many were captured,
+  their capture seconds and any capture error that turned capturing off).
+- The long-tailed mix (``bench/engine.py --part decode_attention``'s ``tail``: 64 rows, one at 2,000 positions
+  and 63 at ~100; for the 0.6B and 1.7B shapes): the decode step at captured static shapes with each row over
+  its own length bucket against every row over the longest, the KV positions each reads, the SDPA kernels one
+  eager step of each dispatched to (aten op names under the profiler: flash, memory-efficient, cuDNN or math),
+  and the graphs captured for it.
+- ``--device cpu``: the same sections at the probe's tiny shape (the mix at 8 rows, 200 and ~20 positions, its
+  static shapes eager), a twin that runs in well under a minute.
 
 Exactness (both devices, fp32): greedy tokens of the engine at static shapes equal HF ``generate`` for the two
 tiny test families (and a 2-layer Qwen3-0.6B-shaped model on CUDA), their log-probs within 1e-3 of a full HF
@@ -23,30 +31,45 @@ hold is written down as not measured.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-import time
-import traceback
 from pathlib import Path
-from typing import Any
 
-import torch
+# `python scripts/gpu_checks/engine_speed.py` puts its own folder first on sys.path: make the checkout the import
+# root (the kit's PYTHONPATH does too), so `bench` imports as it does for the benchmarks
+if __name__ == "__main__" and not __package__:
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
 
-from asyncrl.config.engine import EngineConfig
-from asyncrl.engine.llm_engine import LLMEngine
-from asyncrl.sim.model_shape import NAMED_SHAPES, ModelShape
-from asyncrl.sim.probe import (
+import argparse  # noqa: E402
+import json  # noqa: E402
+import time  # noqa: E402
+import traceback  # noqa: E402
+from typing import Any  # noqa: E402
+
+import torch  # noqa: E402
+
+from asyncrl.config.engine import EngineConfig  # noqa: E402
+from asyncrl.engine.llm_engine import LLMEngine  # noqa: E402
+from asyncrl.sim.model_shape import NAMED_SHAPES, ModelShape  # noqa: E402
+from asyncrl.sim.probe import (  # noqa: E402
     TINY_SHAPE,
     ProbePlan,
     build_model,
+    decode_path,
     decode_static,
     describe_device,
     engine_steps,
     hf_config,
 )
-from asyncrl.testing.models import tiny_llama, tiny_qwen2
-from asyncrl.types import Request, SamplingParams
+from asyncrl.testing.models import tiny_llama, tiny_qwen2  # noqa: E402
+from asyncrl.types import Request, SamplingParams  # noqa: E402
+from bench.engine import (  # noqa: E402
+    PLANS,
+    attention_runner,
+    context_mix,
+    decode_step,
+    sdpa_ops,
+    time_decode,
+)
 
 CUDA_SHAPES = ("qwen3-0.6b", "qwen3-1.7b", "qwen3-4b")
 TARGET_SHAPES = ("qwen3-0.6b", "qwen3-1.7b")
@@ -66,6 +89,7 @@ def settings(device: str) -> dict[str, Any]:
             "hf_batch": 64,
             "repeats": 10,
             "exact_new_tokens": 24,
+            "mix": {"shapes": TARGET_SHAPES, "rows": 64, "long": 2000, "short": 100, "max_len": 2048},
         }
     return {
         "shapes": [TINY_SHAPE],
@@ -77,6 +101,7 @@ def settings(device: str) -> dict[str, Any]:
         "hf_batch": 8,
         "repeats": 4,
         "exact_new_tokens": 12,
+        "mix": {"shapes": (TINY_SHAPE.name,), "rows": 8, "long": 200, "short": 20, "max_len": 256},
     }
 
 
@@ -161,10 +186,37 @@ def measure_shape(shape: ModelShape, s: dict[str, Any], device: torch.device) ->
     engine, static = _medians(record["engine_step"]), _medians(record["static_loop"])
     record["engine_over_static"] = {b: engine[b] / static[b] for b in engine if b in static}
     record["tokens_per_s"] = tokens_per_second(model, s)
+    if shape.name in s["mix"]["shapes"]:
+        try:  # caught here, so a crash in the mix keeps the shape's other figures
+            record["long_tail_mix"] = long_tail_mix(model, s)
+        except Exception:
+            record["long_tail_mix"] = {"error": traceback.format_exc()}
     del model
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return record
+
+
+def long_tail_mix(model: torch.nn.Module, s: dict[str, Any]) -> dict[str, Any]:
+    """The decode step at the long-tailed mix, at static shapes (``decode_graphs: on``: captured on CUDA), each
+    row over its own length bucket (the engine's plan) against every row over the longest (the plan before it):
+    step times (median of ``repeats`` after 2 untimed steps, which capture), KV positions read per layer, the
+    SDPA kernels one eager step of each plan dispatched to, and the graphs captured for the two."""
+    m = s["mix"]
+    runner = attention_runner(model, m["rows"], m["max_len"], decode_graphs="on")
+    rope = context_mix("tail", m["rows"], m["long"], m["short"])
+    tokens = [3 + row for row in range(m["rows"])]
+    record: dict[str, Any] = {
+        "rows": m["rows"],
+        "long": max(rope),
+        "short_median": sorted(rope)[len(rope) // 2],
+    }
+    for plan in PLANS:
+        record[plan] = time_decode(runner, tokens, rope, plan, s["repeats"], 2)
+        record[plan]["sdpa_ops"] = sdpa_ops(lambda p=plan: decode_step(runner, tokens, rope, p, eager=True))
+    record["longest_over_bucketed"] = record["longest"]["step_ms"] / record["bucketed"]["step_ms"]
+    record["decode_path"] = decode_path(runner.static)
+    return record  # the runner's KV pool goes with it, freed with the model by measure_shape
 
 
 def targets(shapes: list[dict[str, Any]]) -> list[tuple[str, bool]]:
@@ -316,6 +368,9 @@ def main(argv: list[str] | None = None) -> int:
         record["seconds"] = time.monotonic() - started
         result["shapes"].append(record)
         _print_shape(record)
+        if "error" in record.get("long_tail_mix", {}):
+            failed = True
+            print(f"FAIL {shape.name} long-tailed mix: crashed\n{record['long_tail_mix']['error']}")
     result["targets"] = [{"target": t, "met": m} for t, m in targets(result["shapes"])]
     for entry in result["targets"]:
         print(f"TARGET {'met' if entry['met'] else 'MISSED'}: {entry['target']}")
@@ -338,11 +393,39 @@ def _print_shape(record: dict[str, Any]) -> None:
         if batch in eager:
             line += f", eager engine step {eager[batch] * 1e3:.2f} ms"
         print(line)
+    for point in record["engine_step"]:
+        print(
+            f"  {record['shape']} batch {point['batch']}: decode {_path_line(point.get('decode_path', {}))}"
+        )
     tps = record["tokens_per_s"]
     print(
         f"  {record['shape']}: engine {tps['engine_tokens_per_s']:.0f} tok/s, "
         f"HF generate {tps['hf_generate_tokens_per_s']:.0f} tok/s"
     )
+    mix = record.get("long_tail_mix")
+    if mix and "error" not in mix:
+        print(
+            f"  {record['shape']} long-tailed mix ({mix['rows']} rows, one at {mix['long']} positions, the median "
+            f"at {mix['short_median']}): decode {_path_line(mix['decode_path'])}"
+        )
+        for plan in PLANS:
+            point = mix[plan]
+            ops = ", ".join(f"{name} x{count}" for name, count in point["sdpa_ops"].items()) or "none seen"
+            print(
+                f"    {plan}: step {point['step_ms']:.2f} ms, {point['kv_positions_per_layer']:.0f} KV positions "
+                f"per layer in {point['attention_groups']:.0f} group(s); SDPA ops: {ops}"
+            )
+        print(f"    longest / bucketed step time: {mix['longest_over_bucketed']:.2f}x")
+
+
+def _path_line(path: dict[str, Any]) -> str:
+    """How a run's decode steps ran, in words: the path, and on CUDA its captures and what they cost."""
+    line = path.get("path", "not recorded")
+    if "capture_s" in path:
+        line += f": {path['captures']} captured in {path['capture_s']:.2f} s"
+    if path.get("capture_error"):
+        line += f" (capturing turned off: {path['capture_error']})"
+    return line
 
 
 def _jsonable(value: Any) -> Any:

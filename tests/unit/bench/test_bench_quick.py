@@ -60,6 +60,30 @@ def test_quick_run_writes_the_schema(name: str, tmp_path: Path, user_env: dict[s
     assert "--quick" in result["command"]
 
 
+def test_quick_decode_attention_part_writes_its_own_result(tmp_path: Path, user_env: dict[str, str]) -> None:
+    """engine.py --part decode_attention: both plans at every mix, a paired ratio per mix, and beside the times
+    the positions each plan reads (more for the longest context wherever contexts differ, the same where not)
+    and the SDPA kernels each step dispatched to."""
+    out = tmp_path / "engine_attention.json"
+    command = [sys.executable, "bench/engine.py", "--quick", "--part", "decode_attention", "--out", str(out)]
+    subprocess.run(command, cwd=ROOT, env=user_env, check=True, capture_output=True, timeout=120)
+    result = json.loads(out.read_text())
+    harness.check_schema(result)
+    mixes, plans = ("tail", "spread", "equal"), ("bucketed", "longest")
+    assert result["benchmark"] == "engine_attention"
+    assert set(result["arms"]) == {f"{plan}_{mix}" for plan in plans for mix in mixes}
+    assert set(result["ratios"]) == {f"{mix}_longest_over_bucketed" for mix in mixes}
+    read = {arm: metrics["kv_positions_per_layer"]["median"] for arm, metrics in result["arms"].items()}
+    assert read["longest_tail"] > read["bucketed_tail"] and read["longest_spread"] > read["bucketed_spread"]
+    assert read["longest_equal"] == read["bucketed_equal"]
+    assert all(
+        ops and all(name.startswith("aten::_scaled_dot_product") for name in ops)
+        for ops in result["setup"]["sdpa_ops"].values()
+    )
+    assert [row[0] for row in result["table"]["rows"]] == list(mixes)
+    assert result["setup"]["decode_path"] == {"path": "dynamic", "captures": 0}  # the engine's CPU default
+
+
 def test_quick_agentic_example_run_writes_its_own_result(tmp_path: Path, user_env: dict[str, str]) -> None:
     """default_run.py --example agentic: the agentic example and its sync twin, under its own name."""
     out = tmp_path / "agentic_run.json"

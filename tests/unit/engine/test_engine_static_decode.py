@@ -4,6 +4,7 @@ dynamic path's tokens, token for token, as batches and contexts cross every buck
 from __future__ import annotations
 
 import copy
+import types
 
 import pytest
 import torch
@@ -138,6 +139,37 @@ def test_a_failed_capture_falls_back_to_eager_static_shapes(monkeypatch):
     assert seen == [(4, ((0, 4, MIN_LENGTH_BUCKET),))]
     static.run([1], [0], [0])
     assert seen[-1] == (1, ((0, 1, MIN_LENGTH_BUCKET),))
+
+
+def test_captures_are_counted_once_per_shape_and_again_after_the_addresses_move(monkeypatch):
+    """``captures`` and ``capture_s`` are what the GPU kit reports: one capture per new (batch, groups) key,
+    none for a replay, one more for a key recaptured because the pool or the weights moved."""
+    addresses = [(1,)]
+    static = StaticDecode(
+        lambda inputs, groups: None,
+        num_slots=4,
+        max_len=100,
+        device=torch.device("cpu"),
+        capture=False,
+        fingerprint=lambda: addresses[0],
+    )
+    static.capture = True  # as on CUDA, with a capture that records instead of capturing
+    captured = []
+
+    def fake_capture(batch, groups):
+        captured.append((batch, groups))
+        static.logits = torch.zeros(4, 5)
+        return types.SimpleNamespace(replay=lambda: None)
+
+    monkeypatch.setattr(static, "_capture", fake_capture)
+    static.run([7], [3], [3])
+    static.run([7], [4], [4])  # the same key: a replay
+    static.run([7, 9, 11], [3, 4, 5], [3, 4, 5])
+    assert static.captures == 2 == len(static.graphs) and static.capture_s > 0
+    addresses[0] = (2,)
+    static.run([7], [5], [5])
+    assert static.captures == 3 and len(static.graphs) == 1
+    assert captured[0] == captured[2] == (1, ((0, 1, MIN_LENGTH_BUCKET),))
 
 
 def test_sleep_drops_the_captured_graphs_and_decode_goes_on_after_wake(qwen2):

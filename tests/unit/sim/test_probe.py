@@ -8,8 +8,17 @@ import json
 import torch
 
 from asyncrl.cli.main import main
+from asyncrl.engine.static_decode import StaticDecode as EngineStaticDecode
 from asyncrl.sim.model_shape import NAMED_SHAPES
-from asyncrl.sim.probe import TINY_SHAPE, StaticDecode, build_model, decode_grid, quick_plan, train_layers
+from asyncrl.sim.probe import (
+    TINY_SHAPE,
+    StaticDecode,
+    build_model,
+    decode_grid,
+    decode_path,
+    quick_plan,
+    train_layers,
+)
 
 
 def test_static_decode_step_gives_the_models_own_next_token_logits():
@@ -57,6 +66,7 @@ def test_quick_calibration_measures_every_section(tmp_path):
     (model,) = record["models"]
     for key in ("decode_engine", "decode_static", "engine_step", "prefill"):
         assert model[key] and all(point["median_s"] > 0 for point in model[key]), key
+    assert all(point["decode_path"] == {"path": "dynamic", "captures": 0} for point in model["engine_step"])
     assert len(model["decode_engine"]) == len(quick_plan().batches) * len(quick_plan().kv_lengths)
     assert model["train"]["layers_measured"] == TINY_SHAPE.num_layers
     assert model["train"]["step"]["tokens_per_s"] > 0
@@ -68,3 +78,22 @@ def test_a_spent_budget_records_every_section_as_not_measured(tmp_path):
     record = json.loads(out.read_text())
     assert record["not_measured"][0].startswith("gemm: skipped")
     assert any("tiny: build" in line for line in record["not_measured"])
+
+
+def test_decode_path_says_how_steps_ran_and_what_their_captures_cost():
+    static = EngineStaticDecode(
+        lambda inputs, groups: None,
+        num_slots=2,
+        max_len=64,
+        device=torch.device("cpu"),
+        capture=False,
+        fingerprint=tuple,
+    )
+    assert decode_path(None) == {"path": "dynamic", "captures": 0}
+    assert decode_path(static) == {"path": "static shapes, eager", "captures": 0}
+    static.capture, static.captures, static.capture_s = True, 3, 0.25  # as a CUDA run leaves it
+    captured = decode_path(static)
+    assert captured["path"] == "static shapes, CUDA graphs"
+    assert (captured["captures"], captured["capture_s"], captured["capture_error"]) == (3, 0.25, None)
+    static.capture_error = "RuntimeError: not permitted"
+    assert decode_path(static)["path"] == "static shapes, eager after a failed capture"
