@@ -4,8 +4,11 @@ Key decision: this file imports nothing from asyncrl (asyncrl pins a newer trans
 so the two live in separate environments). It speaks a small protocol over ``multiprocessing.connection`` on
 127.0.0.1 with an auth key, carrying only builtins (ints, floats, strings, lists, dicts), never pickled objects
 of either side's libraries. Weights do not cross it: a full update arrives bucket by bucket as shared-memory
-files (``asyncrl/engine/vllm/bucket_stream.py``), only their paths and layouts on the socket; an adapter
-update (small) comes as safetensors bytes.
+files (``asyncrl/engine/vllm/bucket_stream.py``), only their paths and layouts on the socket, or over the
+trainer's weight-broadcast group that vLLM's own worker joins (``weight_sync.type: broadcast``): staged whole
+until applied (``_stage`` / ``_apply_staged``), or streamed, each bucket loaded as it arrives through the same
+per-bucket load and manifest check as the shared-memory files (``op_stream`` / ``_stream``); an adapter update
+(small) comes as safetensors bytes.
 
 The engine is vLLM's async engine (``AsyncLLM``) on this process's asyncio loop: vLLM runs its engine core
 (scheduler, continuous batching, the model) in a child process and streams outputs back here. Commands are

@@ -219,3 +219,25 @@ def test_a_refused_first_bucket_loads_nothing_and_the_old_weights_keep_serving(m
     assert applied is None and group.worker.torn is None and group.client.version == 2
     assert group.begun == ["begin", "commit"]  # the refused stream never began vLLM's reload
     assert not group.engine.paused
+
+
+def test_the_engine_actor_hands_the_runs_broadcast_apply_to_its_vllm_client(monkeypatch):
+    """The run's one decision (``RunConfig.broadcast_apply``) reaches vLLM's client as it reaches the built-in
+    engine, and a streamed vLLM engine reports what streamed, so a replacement that missed a stream catches up."""
+    from asyncrl.config.engine import EngineConfig
+    from asyncrl.config.model import ModelConfig
+    from asyncrl.runtime.ray_runtime import EngineActor
+
+    def for_model(model, engine, *, seed=0):
+        return VLLMEngineClient(Process(), None, {})
+
+    monkeypatch.setattr(VLLMEngineClient, "for_model", staticmethod(for_model))
+    monkeypatch.setattr(VLLMEngineClient, "_read_loop", lambda self: None)
+    vllm = EngineConfig(backend="vllm")
+    for apply in ("staged", "streamed"):
+        actor = EngineActor(ModelConfig(device="cpu"), vllm, 1, broadcast_apply=apply)
+        assert actor.engine.broadcast_apply == apply and actor.streamed is None
+    actor.engine.streamed_version, actor.engine.streamed_failed = 3, {4: WeightSyncError("refused")}
+    assert asyncio.run(actor.staged_versions()) == [3, 4]
+    staged = EngineActor(ModelConfig(device="cpu"), vllm, 1, broadcast_apply="staged")
+    assert asyncio.run(staged.staged_versions()) is None  # vLLM's worker keeps its staged versions
