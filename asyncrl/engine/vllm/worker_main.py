@@ -501,14 +501,19 @@ class Worker:
         Returns ``_stream``'s report: the version, ``error`` (a refused update: the group's publish still
         succeeds, and the client fails this version's ``update_weights`` with it) and the received bytes held
         at most (``held_peak``). A failure after a bucket loaded leaves mixed weights: the engine is torn
-        (refuses to serve, so the proxy replaces it). A failed broadcast raises, as the built-in engine's does."""
+        (refuses to serve, so the proxy replaces it), as it is when the stream outlives its deadline (what
+        loaded is then unknown). A failed broadcast raises, as the built-in engine's does."""
         shapes = {name: (None, list(shape)) for name, shape in message["shapes"]}
         resume_after = not self.paused and self.torn is None
         if resume_after:  # no step may run between two buckets, and the new version starts at once
             await self.engine.pause_generation(mode="keep", clear_cache=False)
             self.paused = True
         args = (shapes, self.version, self.torn)
-        (report,) = await _bounded(self.engine.collective_rpc(_stream, args=args), message)
+        try:
+            (report,) = await _bounded(self.engine.collective_rpc(_stream, args=args), message)
+        except BaseException as err:  # past the deadline or vLLM failed: what was loaded is unknown
+            self.tear(f"a streamed update did not finish: {type(err).__name__}: {err}")
+            raise
         failure = report["broadcast_error"] or report["error"]
         if failure is not None and report["touched"]:
             self.tear(f"streamed update v{report['version']} stopped part-way: {failure}")

@@ -241,3 +241,18 @@ def test_the_engine_actor_hands_the_runs_broadcast_apply_to_its_vllm_client(monk
     assert asyncio.run(actor.staged_versions()) == [3, 4]
     staged = EngineActor(ModelConfig(device="cpu"), vllm, 1, broadcast_apply="staged")
     assert asyncio.run(staged.staged_versions()) is None  # vLLM's worker keeps its staged versions
+
+
+def test_a_stream_past_its_deadline_tears_the_engine_since_what_loaded_is_unknown():
+    worker = worker_main.Worker(None, argparse.Namespace())
+    engine = worker.engine = FakeVLLM()
+
+    async def never_answers(function, args=()):
+        await asyncio.Event().wait()
+
+    engine.collective_rpc = never_answers
+    sent: list[dict] = []
+    worker.send = sent.append
+    asyncio.run(worker.run_command({"op": "stream", "call": 0, "timeout_s": 0.05, "shapes": []}))
+    assert "TimeoutError" in sent[-1]["error"]
+    assert worker.torn is not None and "did not finish" in worker.torn and engine.paused
