@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-vllm.sh "$@"
 export PYTHONPATH=$PWD HF_HUB_OFFLINE=1 RAY_AUTH_MODE=disabled
-python -m pytest -m vllm tests/integration/test_vllm_engine.py tests/integration/test_vllm_sleep.py -q
+python -m pytest -m vllm tests/integration/test_vllm_engine.py tests/integration/test_vllm_sleep.py \
+  tests/integration/test_vllm_streamed_broadcast.py -q
 out=${ASYNCRL_VLLM_TEST_OUT:-runs/test-vllm}
 run() {  # backend
   python -m asyncrl.cli.main train controller.num_steps=30 controller.eval_prompts=256 task.num_eval=256 \

@@ -16,8 +16,9 @@ on a laptop before it loads tens of GB on a rented GPU. The terms follow the cod
   whole update in host memory: counted when the plan is of host memory, ``device="cpu"``; a streamed one
   holds one bucket);
 - vLLM engine: the ``gpu_memory_utilization`` share of each of its ``tensor_parallel_size`` GPUs, which must hold
-  its weights shard and one longest request's KV, plus, with the broadcast transport, the whole update its
-  worker stages on the device beside that share (vLLM stays on the staged path).
+  its weights shard and one longest request's KV, plus, with the broadcast transport, what its worker receives
+  on the device beside that share: the whole update when staged, two buckets when streamed (each bucket is
+  loaded as it arrives, and a layer still collecting its weights keeps the previous bucket alive).
 
 A role's peak is what it always holds (``HELD``) plus its heaviest transient phase: forward/backward, the
 optimizer step and a weight sync never overlap, so their terms are not summed together. Roles sharing a device
@@ -410,11 +411,15 @@ def engine_role(
         tp = config.engine.vllm.tensor_parallel_size
         share = config.engine.vllm.gpu_memory_utilization
         terms = [Term("gpu_memory_utilization", int(share * hardware.device_bytes), f"{share} of the GPU")]
-        if _transport(config) == "broadcast":  # vLLM's worker stages every broadcast whole on its device
+        if _transport(config) == "broadcast":  # vLLM's worker receives a broadcast on its device
             whole = shape.num_params * serve
-            terms.append(
-                Term("broadcast staging", whole, "the whole update, staged beside vLLM's share", "sync")
-            )
+            staged = Term("broadcast staging", whole, "the whole update, staged beside vLLM's share", "sync")
+            if config.broadcast_apply() == "streamed":  # a layer still collecting keeps its bucket alive
+                two = min(2 * int(config.weight_sync.bucket_mb * 2**20), whole)
+                staged = replace(
+                    staged, bytes=two, how="two received buckets, loaded as they arrive (streamed)"
+                )
+            terms.append(staged)
         return Role("vLLM engine", engines, tp, tuple(terms))
     slots = config.engine.max_running_requests
     positions = max_kv_positions(config, max_len)

@@ -156,10 +156,8 @@ class RunConfig:
 
     def broadcast_apply(self) -> str:
         """``staged`` or ``streamed``: how a broadcast update reaches this run's engines
-        (``weight_sync.broadcast_apply``, resolved for the mode, the engine and LoRA)."""
-        return self.weight_sync.broadcast_apply_for(
-            self.controller.mode, self.engine.backend, lora=self.trainer.lora is not None
-        )
+        (``weight_sync.broadcast_apply``, resolved for the mode and LoRA, the same for either backend)."""
+        return self.weight_sync.broadcast_apply_for(self.controller.mode, lora=self.trainer.lora is not None)
 
     def _check_broadcast_into_vllm(self) -> None:
         """Refuse the broadcast into a vLLM engine sharded over several GPUs, before anything starts."""

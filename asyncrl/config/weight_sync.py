@@ -52,9 +52,10 @@ class WeightSyncConfig:
     drain each engine after its requests, ``multi_version`` keeps old versions serving). streamed: it loads
     each bucket into its model as the bucket arrives, holding one bucket, for modes that update every
     engine at one moment (``sync``: nothing trainable in flight; ``partial_rollout``: engines paused); the
-    engine stops stepping while it receives. An engine whose stream fails part-way refuses to serve (its
-    update fails and the proxy replaces it) until a whole update reaches it. The built-in engine only:
-    vLLM's worker stages. auto: streamed where the mode and engine allow it, else staged."""
+    engine stops stepping while it receives (vLLM's worker: held at most two buckets on its device). An
+    engine whose stream fails part-way refuses to serve (its update fails and the proxy replaces it; the
+    built-in engine serves again once a later whole update reaches it). Both backends alike. auto:
+    streamed where the mode allows it, else staged."""
     delta_dir: str = ""
     """delta: the shared directory versions are written to; empty: ``<output_dir>/weight-deltas``. Every
     engine must see it at the same path (a shared filesystem when engines run on other nodes)."""
@@ -112,17 +113,17 @@ class WeightSyncConfig:
             )
         return self.type
 
-    def broadcast_apply_for(self, mode: str, engine_backend: str, *, lora: bool = False) -> str:
+    def broadcast_apply_for(self, mode: str, *, lora: bool = False) -> str:
         """``staged`` or ``streamed``: how a broadcast reaches the engines of a run in ``mode`` (the field's
-        docstring); a ``ValueError`` naming the field when ``streamed`` is asked where it cannot be correct."""
+        docstring), for both backends alike: the built-in engine (``runtime.streamed_apply``) and vLLM's
+        worker (``engine/vllm/worker_main.py``: ``op_stream``) stream the same way, so only the mode and LoRA
+        decide; a ``ValueError`` naming the field when ``streamed`` is asked where it cannot be correct."""
         why = None
         if mode not in STREAMED_MODES:
             why = (
                 f"controller.mode={mode!r} updates engines at different moments (only "
                 f"{', '.join(map(repr, STREAMED_MODES))} update all at once)"
             )
-        elif engine_backend != "builtin":
-            why = f"engine.backend={engine_backend!r}: vLLM's worker stages broadcast updates"
         elif lora:
             why = "trainer.lora: an adapter update is merged when applied, not loaded bucket by bucket"
         if why is None:

@@ -174,16 +174,20 @@ class EngineActor:
         self.staged: dict[int, list[Any]] = {}
         """Broadcast updates received but not yet applied, by version."""
         self.engine_joins_group = engine.backend == "vllm"
-        """Whether the engine itself (vLLM's worker) is the broadcast member and stages the updates."""
+        """Whether the engine itself (vLLM's worker) is the broadcast member, staging or streaming the updates
+        (``VLLMEngineClient.broadcast_apply``)."""
         self.streamed: StreamedApply | None = None
-        """Broadcast applied bucket by bucket as it arrives (``weight_sync.broadcast_apply`` streamed; the
-        built-in engine only), else None: staged whole until applied."""
+        """The built-in engine's broadcast applied bucket by bucket as it arrives (``weight_sync.
+        broadcast_apply`` streamed), else None: staged whole until applied (or the engine is vLLM's)."""
         if engine.backend == "vllm":
             from asyncrl.engine.vllm import VLLMEngineClient
 
             self.engine = VLLMEngineClient.for_model(model, engine, seed=seed)
             self.engine.weight_sync_timeout_s = weight_sync_timeout_s
             self.engine.bucket_bytes = bucket_bytes  # an update streams into vLLM in buckets of this size
+            self.engine.broadcast_apply = (
+                broadcast_apply  # the run's one decision, as for the built-in engine
+            )
             return
         served, tokenizer = load_configured_model(model)
         self.engine = make_engine(served, tokenizer, engine)
@@ -293,7 +297,7 @@ class EngineActor:
     async def stage_weights(self) -> int:
         """Receive the next broadcast update into staging (generation goes on meanwhile, except on vLLM,
         whose engine core waits for the receive), or, streamed, into the model as it arrives (the engine
-        paused meanwhile; ``runtime.streamed_apply``); its version."""
+        paused meanwhile; ``runtime.streamed_apply``, vLLM's ``worker_main.op_stream``); its version."""
         if self.engine_joins_group:
             return await self.engine.stage_weights()
         if self.streamed is not None:
@@ -304,8 +308,12 @@ class EngineActor:
         return version
 
     async def staged_versions(self) -> list[int] | None:
-        """Versions received by broadcast and not yet applied; None when vLLM's worker stages them."""
-        return None if self.engine_joins_group else sorted({*self.staged, *self._streamed()})
+        """Versions received by broadcast and not yet applied (or streamed here); None when vLLM's worker
+        stages them."""
+        if self.engine_joins_group:
+            streamed = self.engine.broadcast_apply == "streamed"
+            return sorted(self.engine.streamed_versions()) if streamed else None
+        return sorted({*self.staged, *self._streamed()})
 
     def _streamed(self) -> set[int]:
         """Versions a stream delivered here, applied or failed (``update_weights`` of one confirms it)."""

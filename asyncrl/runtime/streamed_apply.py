@@ -1,5 +1,6 @@
 """A broadcast applied as it arrives (``weight_sync.broadcast_apply: streamed``): the built-in engine loads each
 bucket into its model when the bucket arrives, instead of staging the whole update until the proxy applies it.
+vLLM's twin, under the same decision and failure rules, is its worker's ``op_stream`` (``engine/vllm``).
 
 ::
 

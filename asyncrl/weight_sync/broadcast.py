@@ -15,7 +15,8 @@ Key decisions:
   versions alive). There each engine receives into a staging copy at publish time (``receive``), at the cost
   of one extra copy of the weights per engine. Where every engine is updated at one moment (``sync``,
   ``partial_rollout``) the built-in engine applies each bucket as it arrives (``receive_streamed``, holding one
-  bucket; ``runtime.streamed_apply``). ``HeldBytes`` counts what a receiver holds, so tests check it.
+  bucket; ``runtime.streamed_apply``), and so does vLLM's worker (``engine/vllm/worker_main.py``: ``_stream``,
+  two buckets at most). ``HeldBytes`` counts what a receiver holds, so tests check it.
 - A group of its own (a ``TCPStore`` hosted by trainer rank 0 and a standalone process group), separate from the
   trainer's FSDP2 group, so the engines never join the trainer's collectives.
 - Members are fixed when the group forms: when an engine is replaced the driver forms a new group

@@ -296,11 +296,20 @@ def test_a_broadcast_update_lands_in_the_vllm_worker_like_the_pipe_update_and_a_
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize("transport", ["object_store", "broadcast"])
-def test_vllm_engines_as_ray_actors_train_an_async_run(tmp_path, transport):
+@pytest.mark.parametrize(
+    ("transport", "mode"),
+    [
+        ("object_store", ["controller.mode=async", "buffer.async_ratio=1"]),
+        ("broadcast", ["controller.mode=async", "buffer.async_ratio=1"]),
+        ("broadcast", ["controller.mode=sync"]),
+    ],
+    ids=["object_store-async", "broadcast-async-staged", "broadcast-sync-streamed"],
+)
+def test_vllm_engines_as_ray_actors_train_a_short_run(tmp_path, transport, mode):
     """engine.backend=vllm under the Ray runtime: each vLLM worker is started by its engine actor (so it runs
     in the actor's bundle), weights arrive as object-store buckets or are broadcast by trainer rank 0 straight
-    into vLLM's worker, and a short async run trains every step."""
+    into vLLM's worker (staged under async, streamed bucket by bucket under sync: ``broadcast_apply`` auto),
+    and a short run trains every step."""
     import json
     from pathlib import Path
 
@@ -314,8 +323,7 @@ def test_vllm_engines_as_ray_actors_train_an_async_run(tmp_path, transport):
             "runtime.type=local",
             "runtime.rollout_num_cpus=1",
             "runtime.train_num_cpus=1",
-            "controller.mode=async",
-            "buffer.async_ratio=1",
+            *mode,
             "controller.num_steps=4",
             "controller.eval_prompts=0",
             "rollout.rollout_batch_size=4",
@@ -328,6 +336,7 @@ def test_vllm_engines_as_ray_actors_train_an_async_run(tmp_path, transport):
             f"output_dir={tmp_path}",
         ],
     )
+    assert config.broadcast_apply() == ("streamed" if "controller.mode=sync" in mode else "staged")
     summary = asyncio.run(training.train(config, console=None))
     lines = [json.loads(line) for line in Path(summary.metrics_path).read_text().splitlines()]
     assert [line["train/version"] for line in lines] == [1.0, 2.0, 3.0, 4.0]

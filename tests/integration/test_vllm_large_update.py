@@ -13,7 +13,6 @@ itself, two buckets in ``/dev/shm``); skipped with that reason otherwise.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import zlib
 from collections.abc import Iterator, Mapping
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from vllm_digests import FUSED, served_digest
 
 from asyncrl.config.engine import VLLMConfig
 from asyncrl.engine.vllm import VLLMEngineClient, vllm_python
@@ -44,8 +44,6 @@ SHAPE = {
 }
 """A Qwen2 of 51.4 M parameters per layer and 131 M of embeddings (TinyLlama-1.1B's widths)."""
 BUCKET_BYTES = 256 * 2**20
-FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
-"""vLLM's fused parameters and the checkpoint tensors stacked (along dim 0) into each."""
 
 
 class PatternWeights(Mapping):
@@ -77,17 +75,6 @@ def checkpoint_shapes(num_layers: int) -> dict[str, tuple[int, ...]]:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(Qwen2Config(num_hidden_layers=num_layers, **SHAPE))
     return {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
-
-
-def served_digest(weights: PatternWeights, vllm_name: str) -> str:
-    """sha256 of what vLLM must serve under ``vllm_name`` after the update (fused names stacked)."""
-    for fused, parts in FUSED.items():
-        if f".{fused}." in vllm_name:
-            tensor = torch.cat([weights[vllm_name.replace(fused, part)] for part in parts])
-            break
-    else:
-        tensor = weights[vllm_name]
-    return hashlib.sha256(tensor.reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
 
 
 def largest_module_bytes(shapes: dict[str, tuple[int, ...]]) -> int:

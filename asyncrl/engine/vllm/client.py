@@ -89,6 +89,15 @@ class VLLMEngineClient:
         """Deadline of every weight operation on the worker (``weight_sync.timeout_s``; the runtime sets it)."""
         self.bucket_bytes = DEFAULT_BUCKET_BYTES
         """Largest bucket of a weight update (``weight_sync.bucket_mb``; the runtime sets it)."""
+        self.broadcast_apply = "staged"
+        """How a broadcast reaches this engine (``RunConfig.broadcast_apply``; the runtime sets it): staged whole
+        on vLLM's worker until ``update_weights``, or streamed into the model as it arrives (``stage_weights``)."""
+        self.streamed_version: int | None = None
+        """The last version a whole stream applied (what ``update_weights`` of it confirms)."""
+        self.streamed_failed: dict[int, WeightSyncError] = {}
+        """Streams the worker refused, by version: ``update_weights`` of one raises its failure."""
+        self.last_stream: dict[str, Any] | None = None
+        """The worker's report of the last stream: ``held_peak`` and ``largest_bucket`` bytes, its error."""
         self.num_generated_tokens = 0
         self.request_seeds = False
         """Whether each request samples from its own seed (``engine.vllm.request_seeds``; ``start`` sets it):
@@ -223,7 +232,10 @@ class VLLMEngineClient:
         keep serving). An adapter-only update (kind ``lora``) becomes vLLM's newest LoRA adapter
         (``worker_main.op_update_adapter``)."""
         if isinstance(named_tensors, WeightUpdate) and named_tensors.transport == "broadcast":
-            await self._apply_staged(named_tensors, version)
+            if self.broadcast_apply == "streamed":
+                self._confirm_streamed(named_tensors, version)
+            else:
+                await self._apply_staged(named_tensors, version)
             return
         named = tensors_of(named_tensors, serving_version=self.version, shapes=self._expected_shapes)
         if getattr(named_tensors, "adapter", None) is not None:  # checked by tensors_of
@@ -283,9 +295,50 @@ class VLLMEngineClient:
         )
 
     async def stage_weights(self) -> int:
-        """Receive the next broadcast update into staging on vLLM's worker (applied later by
-        ``update_weights``); its version."""
-        return await self._call("stage", self.weight_sync_timeout_s)
+        """Receive the next broadcast update: into staging on vLLM's worker (applied later by
+        ``update_weights``), or, streamed, into the model bucket by bucket as it arrives (``worker_main.
+        op_stream``, each bucket checked by name against the served model); its version. A refused stream
+        still returns its version (the group's publish succeeds for the other engines) and its
+        ``update_weights`` raises the refusal; a failed broadcast raises here."""
+        if self.broadcast_apply != "streamed":
+            return await self._call("stage", self.weight_sync_timeout_s)
+        shapes = [[name, list(shape)] for name, shape in self._expected_shapes.items()]
+        try:
+            report = await self._call("stream", self.weight_sync_timeout_s, shapes=shapes)
+        except VLLMWorkerError as err:
+            if UPDATE_REFUSED in str(err):
+                raise WeightSyncError(str(err)) from err
+            raise
+        self.last_stream = report
+        version = report["version"]
+        if report["error"] is not None:
+            self.streamed_failed[version] = WeightSyncError(
+                f"vLLM worker: streamed weight update v{version} refused: {report['error']}"
+            )
+            return version
+        self.version = self.streamed_version = version
+        self.streamed_failed = {v: e for v, e in self.streamed_failed.items() if v > version}
+        return version
+
+    def streamed_versions(self) -> set[int]:
+        """Versions a stream delivered here, applied or refused (``update_weights`` of one confirms it)."""
+        landed = {self.streamed_version} if self.streamed_version is not None else set()
+        return landed | set(self.streamed_failed)
+
+    def _confirm_streamed(self, update: WeightUpdate, version: int) -> None:
+        """``update_weights`` of a streamed broadcast: the weights landed as they arrived, so only its
+        refusal (``WeightSyncError``, named) or its absence is left to report."""
+        if update.version != version:
+            raise WeightSyncError(
+                f"update_weights: the update is version {update.version}, the call says {version}"
+            )
+        if version in self.streamed_failed:
+            raise self.streamed_failed.pop(version)
+        if version != self.streamed_version:
+            raise WeightSyncError(
+                f"weight update v{version}: no stream of it reached this engine "
+                f"(the last streamed is v{self.streamed_version})"
+            )
 
     async def _apply_staged(self, update: WeightUpdate, version: int) -> None:
         """Serve a staged broadcast update after checking its version and manifest against the served

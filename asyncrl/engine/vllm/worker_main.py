@@ -4,8 +4,11 @@ Key decision: this file imports nothing from asyncrl (asyncrl pins a newer trans
 so the two live in separate environments). It speaks a small protocol over ``multiprocessing.connection`` on
 127.0.0.1 with an auth key, carrying only builtins (ints, floats, strings, lists, dicts), never pickled objects
 of either side's libraries. Weights do not cross it: a full update arrives bucket by bucket as shared-memory
-files (``asyncrl/engine/vllm/bucket_stream.py``), only their paths and layouts on the socket; an adapter
-update (small) comes as safetensors bytes.
+files (``asyncrl/engine/vllm/bucket_stream.py``), only their paths and layouts on the socket, or over the
+trainer's weight-broadcast group that vLLM's own worker joins (``weight_sync.type: broadcast``): staged whole
+until applied (``_stage`` / ``_apply_staged``), or streamed, each bucket loaded as it arrives through the same
+per-bucket load and manifest check as the shared-memory files (``op_stream`` / ``_stream``); an adapter update
+(small) comes as safetensors bytes.
 
 The engine is vLLM's async engine (``AsyncLLM``) on this process's asyncio loop: vLLM runs its engine core
 (scheduler, continuous batching, the model) in a child process and streams outputs back here. Commands are
@@ -94,6 +97,7 @@ WEIGHT_OPS = frozenset(
         "update_adapter",
         "join_group",
         "stage",
+        "stream",
         "apply_staged",
     }
 )
@@ -403,18 +407,7 @@ class Worker:
         checked against the open update's manifest first."""
         pending = self.open_update()
         try:
-            for name, dtype, shape, _ in message["entries"]:
-                if name not in pending["shapes"] or pending["shapes"][name] != (dtype, list(shape)):
-                    expected = pending["shapes"].get(name)
-                    raise UpdateRefused(
-                        f"update v{pending['version']}: tensor {name!r} ({dtype} {list(shape)}) does not match "
-                        f"the manifest ({'absent' if expected is None else expected})"
-                    )
-                if pending["remaining"][name] == 0:
-                    raise UpdateRefused(
-                        f"update v{pending['version']}: tensor {name!r} arrived more often than its manifest lists it"
-                    )
-                pending["remaining"][name] -= 1
+            count_entries(pending["version"], pending["shapes"], pending["remaining"], message["entries"])
             args = (message["path"], message["nbytes"], message["entries"])
             await _bounded(self.engine.collective_rpc(_load_bucket, args=args), message)
         except BaseException as err:
@@ -427,12 +420,8 @@ class Worker:
         """Close the open update once every manifest entry arrived: vLLM finishes its reload (repacking what
         its kernels keep packed) and later tokens carry the new version."""
         pending = self.open_update()
-        missing = [name for name, count in pending["remaining"].items() if count > 0]
-        if missing:
-            reason = (
-                f"update v{pending['version']} is partial: tensor {missing[0]!r} never arrived "
-                f"({len(missing)} tensor(s) missing)"
-            )
+        reason = partial_reason(pending["version"], pending["remaining"])
+        if reason:
             self.tear(reason)
             raise UpdateRefused(reason)
         await _bounded(self.engine.collective_rpc(_load_commit), message)
@@ -504,6 +493,41 @@ class Worker:
         (version,) = await _bounded(self.engine.collective_rpc(_stage), message)
         return version
 
+    async def op_stream(self, message: dict) -> dict:
+        """Receive the next broadcast and load each bucket into the model as it arrives (``weight_sync.
+        broadcast_apply: streamed``): the engine paused meanwhile, each bucket checked by name against the
+        served model's shapes (``message["shapes"]``) before any of it loads, and every tensor required.
+
+        Returns ``_stream``'s report: the version, ``error`` (a refused update: the group's publish still
+        succeeds, and the client fails this version's ``update_weights`` with it) and the received bytes held
+        at most (``held_peak``). A failure after a bucket loaded leaves mixed weights: the engine is torn
+        (refuses to serve, so the proxy replaces it), as it is when the stream outlives its deadline (what
+        loaded is then unknown). A failed broadcast raises, as the built-in engine's does."""
+        shapes = {name: (None, list(shape)) for name, shape in message["shapes"]}
+        resume_after = not self.paused and self.torn is None
+        if resume_after:  # no step may run between two buckets, and the new version starts at once
+            await self.engine.pause_generation(mode="keep", clear_cache=False)
+            self.paused = True
+        args = (shapes, self.version, self.torn)
+        try:
+            (report,) = await _bounded(self.engine.collective_rpc(_stream, args=args), message)
+        except BaseException as err:  # past the deadline or vLLM failed: what was loaded is unknown
+            self.tear(f"a streamed update did not finish: {type(err).__name__}: {err}")
+            raise
+        failure = report["broadcast_error"] or report["error"]
+        if failure is not None and report["touched"]:
+            self.tear(f"streamed update v{report['version']} stopped part-way: {failure}")
+        elif failure is None:
+            await self.apply_version(report["version"])
+        if resume_after and self.torn is None:
+            await self.engine.resume_generation()
+            self.paused = False
+        if report["broadcast_error"] is not None:
+            raise RuntimeError(report["broadcast_error"])
+        if report["version"] is None:
+            raise UpdateRefused(report["error"] or "a streamed weight update of no buckets")
+        return report
+
     async def op_apply_staged(self, message: dict) -> int:
         """Serve the staged broadcast update ``version`` (checked against the model by the client)."""
         version = self.newer_version(message)
@@ -523,6 +547,33 @@ class Worker:
         await self.engine.reset_prefix_cache()
         await self.engine.update_weight_version(str(version))
         self.version = version
+
+
+def count_entries(version: int, manifest: dict, remaining: dict, entries: list) -> None:
+    """Count one bucket's ``entries`` (``[name, dtype, shape, offset]``) off ``remaining`` (name → times still
+    to arrive), every entry checked first against ``manifest`` (name → (dtype, shape); dtype None: any, the
+    loader casts): ``UpdateRefused`` naming the first tensor that does not fit, before any of the bucket loads.
+    The shared-memory stream and the streamed broadcast both check their buckets here."""
+    for name, dtype, shape, _ in entries:
+        expected = manifest.get(name)
+        if expected is None or list(expected[1]) != list(shape) or expected[0] not in (None, dtype):
+            raise UpdateRefused(
+                f"update v{version}: tensor {name!r} ({dtype} {list(shape)}) does not match "
+                f"the manifest ({'absent' if expected is None else expected})"
+            )
+        if remaining[name] == 0:
+            raise UpdateRefused(
+                f"update v{version}: tensor {name!r} arrived more often than its manifest lists it"
+            )
+        remaining[name] -= 1
+
+
+def partial_reason(version: int, remaining: dict) -> str:
+    """Why update ``version`` is partial (the first tensor still to arrive, and how many), '' when whole."""
+    missing = [name for name, count in remaining.items() if count > 0]
+    if not missing:
+        return ""
+    return f"update v{version} is partial: tensor {missing[0]!r} never arrived ({len(missing)} tensor(s) missing)"
 
 
 def write_peft_adapter(directory: str, safetensors_bytes: bytes, scaling: float) -> str:
@@ -634,7 +685,14 @@ def _being_repacked(*args, **kwargs):
 def _load_bucket(worker, path: str, nbytes: int, entries: list) -> None:
     """Runs on vLLM's worker: hand one bucket's tensors (views of the shared-memory file) to the model's weight
     loader. The mapping lives as long as a view does (a layer still collecting may hold one)."""
-    worker.model_runner.get_model().load_weights(_mapped_views(path, nbytes, entries))
+    _load_views(worker, _mapped_views(path, nbytes, entries))
+
+
+def _load_views(worker, named_views) -> None:
+    """Runs on vLLM's worker: one bucket's (name, tensor) views into the model's weight loader, between
+    ``_load_begin`` and ``_load_commit``: the per-bucket load of both the shared-memory stream and the
+    streamed broadcast."""
+    worker.model_runner.get_model().load_weights(named_views)
 
 
 def _load_commit(worker) -> None:
@@ -758,29 +816,114 @@ def _broadcast_into(member: dict, tensor) -> None:
 def _stage(worker) -> int:
     """Receive every bucket of one update (headers, then raw bytes straight into buffers on the model's
     device) and keep them under their version until applied."""
+    member = worker.asyncrl_weights
+    buckets, version = [], None
+    for fields, buffers in _received_buckets(member, _HeldBytes()):
+        buckets.append((fields["manifest"], buffers))
+        version = fields["version"]
+    member["staged"][version] = buckets
+    return version
+
+
+def _stream(worker, manifest: dict, served_version: int, torn: str | None) -> dict:
+    """Runs on vLLM's worker: receive the next broadcast and load each bucket with the model's weight loader
+    as it arrives (``Worker.op_stream``), dropping it before the next is received; what happened, as builtins.
+
+    Mirrors ``WeightGroup.receive_streamed``: once a bucket is refused (``count_entries``, a stale or mixed
+    version) or fails to load, or when the engine was already torn, the rest of the stream is still received,
+    unapplied, so the group's collectives stay in step for every other member. A failed broadcast ends the
+    stream where it failed. ``held_peak``: the received bytes alive at once, counted by their storage (a
+    layer still collecting keeps its views, so its bucket lives on), for the two-bucket bound's tests."""
+    held = _HeldBytes()
+    remaining = dict.fromkeys(manifest, 1)
+    report = {
+        "version": None,
+        "error": f"this engine's weights are torn ({torn}); it must be replaced" if torn else None,
+        "broadcast_error": None,
+        "touched": False,
+        "largest_bucket": 0,
+    }
+    try:
+        for fields, buffers in _received_buckets(worker.asyncrl_weights, held):
+            report["largest_bucket"] = max(report["largest_bucket"], sum(b.nbytes for b in buffers.values()))
+            if report["error"] is None:
+                try:
+                    _load_streamed(worker, fields, buffers, manifest, remaining, served_version, report)
+                except Exception as err:  # deliberate: any apply failure ends applying, not the stream
+                    report["error"] = f"{type(err).__name__}: {err}"
+            report["version"] = fields["version"] if report["version"] is None else report["version"]
+            del buffers, fields  # before the next bucket is received
+    except Exception as err:  # deliberate: the broadcast itself failed; reported, the worker raises it
+        report["broadcast_error"] = f"weight group: a broadcast failed: {type(err).__name__}: {err}"
+    if report["error"] is None and report["broadcast_error"] is None and report["version"] is not None:
+        try:
+            reason = partial_reason(report["version"], remaining)
+            if reason:
+                raise UpdateRefused(reason)
+            _load_commit(worker)
+        except Exception as err:  # deliberate: reported by name, the worker tears the engine
+            report["error"] = f"{type(err).__name__}: {err}"
+    report["held_peak"] = held.peak
+    return report
+
+
+def _load_streamed(worker, fields, buffers, manifest, remaining, served_version, report) -> None:
+    """One received bucket into the model: its version and entries checked before any of it loads, vLLM's
+    in-place reload begun at the first bucket (``report["touched"]``: the weights may be mixed from then on)."""
+    version = fields["version"]
+    if report["version"] is not None and version != report["version"]:
+        raise UpdateRefused(f"one update carries versions {report['version']} and {version}")
+    if version < served_version:
+        raise UpdateRefused(f"weight update v{version} is older than the served v{served_version}; refused")
+    count_entries(version, manifest, remaining, fields["manifest"])
+    if not report["touched"]:
+        report["touched"] = True
+        _load_begin(worker)
+    _load_views(worker, _views([(fields["manifest"], buffers)]))
+
+
+def _received_buckets(member: dict, held):
+    """Each bucket of the next broadcast as (header fields, {dtype: buffer on the member's device}), until
+    the end marker; each buffer counted in ``held`` while its storage lives."""
     import numpy as np
     import torch
 
-    member = worker.asyncrl_weights
-    buckets, version = [], None
     while True:
         length = torch.zeros(1, dtype=torch.int64, device=member["device"])
         _broadcast_into(member, length)
         if int(length) == 0:
-            break
+            return
         header = torch.empty(int(length), dtype=torch.uint8, device=member["device"])
         _broadcast_into(member, header)
         fields = json.loads(header.cpu().numpy().tobytes())
         buffers = {}
         for dtype, num_elements, carrier in fields["buffers"]:
             num_bytes = num_elements * np.dtype(carrier).itemsize
-            raw = torch.empty(num_bytes, dtype=torch.uint8, device=member["device"])
+            raw = held.track(torch.empty(num_bytes, dtype=torch.uint8, device=member["device"]))
             _broadcast_into(member, raw)
             buffers[dtype] = raw.view(getattr(torch, dtype))
-        buckets.append((fields["manifest"], buffers))
-        version = fields["version"]
-    member["staged"][version] = buckets
-    return version
+        yield fields, buffers
+
+
+class _HeldBytes:
+    """The bytes of received buffers whose storage is still alive, and the most alive at once (the worker's
+    twin of ``asyncrl.weight_sync.broadcast.HeldBytes``, which it cannot import). Tracked by storage, not
+    by tensor: a view handed to vLLM's loader keeps its bucket's storage alive after the tensor is gone."""
+
+    def __init__(self) -> None:
+        self.held = 0
+        self.peak = 0
+
+    def track(self, tensor):
+        import weakref
+
+        self.held += tensor.nbytes
+        self.peak = max(self.peak, self.held)
+        weakref.finalize(tensor.untyped_storage(), self._release, tensor.nbytes)
+        return tensor
+
+    def _release(self, nbytes: int) -> None:
+        self.held -= nbytes
 
 
 def _apply_staged(worker, version: int) -> None:

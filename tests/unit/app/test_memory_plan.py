@@ -152,14 +152,20 @@ def test_a_ray_sync_run_plans_trainer_rank_and_engine_on_one_gpu_as_its_placemen
 
 
 def test_a_broadcast_plans_the_staging_its_apply_path_holds() -> None:
-    """vLLM's worker stages a broadcast whole on its GPU beside its share (the whole update, counted); the
-    built-in engine receives one bucket on the GPU either way and says which path it runs (a staged one keeps
-    the whole update in host memory, a streamed one only the bucket)."""
+    """vLLM's worker receives a broadcast on its GPU beside its share: staged, the whole update; streamed, two
+    buckets (a layer still collecting keeps the previous one). The built-in engine receives one bucket on the
+    GPU either way and says which path it runs (a staged one keeps the whole update in host memory, a
+    streamed one only the bucket)."""
     broadcast = ["runtime.type=local", "weight_sync.type=broadcast"]
-    vllm = load_run_config(None, [*broadcast, "engine.backend=vllm"])
-    terms = {t.name: t for t in mp.engine_role(vllm, QWEN3_1_7B, 512, H100).terms}
-    assert terms["broadcast staging"].bytes == QWEN3_1_7B.num_params * 2  # bf16 on CUDA
-    assert terms["broadcast staging"].phase == "sync"
+    staged = ["controller.mode=async", "buffer.async_ratio=1"]
+    for mode, held in (
+        (staged, QWEN3_1_7B.num_params * 2),  # the whole update, bf16 on CUDA
+        (["controller.mode=sync"], 2 * 256 * 2**20),  # two buckets of weight_sync.bucket_mb
+    ):
+        vllm = load_run_config(None, [*broadcast, *mode, "engine.backend=vllm"])
+        terms = {t.name: t for t in mp.engine_role(vllm, QWEN3_1_7B, 512, H100).terms}
+        assert terms["broadcast staging"].bytes == held
+        assert terms["broadcast staging"].phase == "sync"
     by_object_store = load_run_config(None, ["runtime.type=local", "engine.backend=vllm"])
     assert "broadcast staging" not in {
         t.name for t in mp.engine_role(by_object_store, QWEN3_1_7B, 512, H100).terms

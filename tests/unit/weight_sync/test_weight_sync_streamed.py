@@ -209,25 +209,43 @@ def _send_without_end(group: WeightGroup, bucket: list[tuple[str, torch.Tensor]]
 
 
 @pytest.mark.parametrize(
-    ("mode", "backend", "lora", "chosen"),
+    ("mode", "lora", "chosen"),
     [
-        ("sync", "builtin", False, "streamed"),
-        ("partial_rollout", "builtin", False, "streamed"),
-        ("one_step_off", "builtin", False, "staged"),
-        ("async", "builtin", False, "staged"),
-        ("multi_version", "builtin", False, "staged"),
-        ("sync", "vllm", False, "staged"),
-        ("sync", "builtin", True, "staged"),
+        ("sync", False, "streamed"),
+        ("partial_rollout", False, "streamed"),
+        ("one_step_off", False, "staged"),
+        ("async", False, "staged"),
+        ("multi_version", False, "staged"),
+        ("sync", True, "staged"),
+        ("partial_rollout", True, "staged"),
     ],
 )
-def test_auto_streams_only_where_every_engine_updates_at_one_moment(mode, backend, lora, chosen):
-    assert WeightSyncConfig().broadcast_apply_for(mode, backend, lora=lora) == chosen
-    assert (
-        WeightSyncConfig(broadcast_apply="staged").broadcast_apply_for(mode, backend, lora=lora) == "staged"
-    )
+def test_auto_streams_only_where_every_engine_updates_at_one_moment(mode, lora, chosen):
+    assert WeightSyncConfig().broadcast_apply_for(mode, lora=lora) == chosen
+    assert WeightSyncConfig(broadcast_apply="staged").broadcast_apply_for(mode, lora=lora) == "staged"
     if chosen == "staged":
         with pytest.raises(ValueError, match="weight_sync.broadcast_apply='streamed' cannot run with"):
-            WeightSyncConfig(broadcast_apply="streamed").broadcast_apply_for(mode, backend, lora=lora)
+            WeightSyncConfig(broadcast_apply="streamed").broadcast_apply_for(mode, lora=lora)
+
+
+@pytest.mark.parametrize("backend", ["builtin", "vllm"])
+@pytest.mark.parametrize(
+    ("overrides", "chosen"),
+    [
+        (["controller.mode=sync"], "streamed"),
+        (["controller.mode=partial_rollout"], "streamed"),
+        (["controller.mode=one_step_off", "buffer.async_ratio=1"], "staged"),
+        (["controller.mode=async", "buffer.async_ratio=1"], "staged"),
+        (["controller.mode=sync", "weight_sync.broadcast_apply=staged"], "staged"),
+    ],
+)
+def test_a_run_decides_the_broadcast_apply_in_one_place_for_either_backend(backend, overrides, chosen):
+    """``RunConfig.broadcast_apply`` is what the engine actor of either backend is given: vLLM streams where the
+    built-in engine does (one decision, ``WeightSyncConfig.broadcast_apply_for``)."""
+    config = load_run_config(
+        None, ["runtime.type=local", "weight_sync.type=broadcast", f"engine.backend={backend}", *overrides]
+    )
+    assert config.broadcast_apply() == chosen
 
 
 def test_a_run_config_refuses_streamed_where_engines_update_apart():
