@@ -18,7 +18,9 @@ on a laptop before it loads tens of GB on a rented GPU. The terms follow the cod
 - vLLM engine: the ``gpu_memory_utilization`` share of each of its ``tensor_parallel_size`` GPUs, which must hold
   its weights shard and one longest request's KV, plus, with the broadcast transport, what its worker receives
   on the device beside that share: the whole update when staged, two buckets when streamed (each bucket is
-  loaded as it arrives, and a layer still collecting its weights keeps the previous bucket alive).
+  loaded as it arrives; a layer still collecting its weights keeps its buckets alive, so a layer larger than a
+  bucket counts whole). A bucket is ``weight_sync.bucket_mb``, or the embedding where that is larger (a tensor
+  travels whole).
 
 A role's peak is what it always holds (``HELD``) plus its heaviest transient phase: forward/backward, the
 optimizer step and a weight sync never overlap, so their terms are not summed together. Roles sharing a device
@@ -387,10 +389,28 @@ def _publish_term(config: RunConfig, shape: ModelShape, device: str) -> Term:
         return Term(
             "publish copy", params * serve, f"the whole model in {serve} B at each sync (in process)", "sync"
         )
+    bucket = largest_bucket(config, shape, serve)
+    return Term("staging copy", min(bucket, params * serve), "one gathered bucket (the largest)", "sync")
+
+
+def largest_bucket(config: RunConfig, shape: ModelShape, serve: int) -> int:
+    """The largest bucket an update travels in: ``weight_sync.bucket_mb``, unless one tensor is larger (the
+    embedding or output layer, at every real vocabulary), which travels alone in a bucket of its own size
+    (``weight_sync.buckets``); a LoRA update's tensors are rank × width, far under a bucket."""
     bucket = int(config.weight_sync.bucket_mb * 2**20)
-    return Term(
-        "staging copy", min(bucket, params * serve), "one gathered bucket (weight_sync.bucket_mb)", "sync"
-    )
+    if config.trainer.lora is not None:
+        return bucket
+    return max(bucket, shape.vocab * shape.hidden * serve)
+
+
+def vllm_streamed_held(config: RunConfig, shape: ModelShape, serve: int) -> int:
+    """What vLLM's worker holds while a broadcast streams in: the bucket being received and the one before,
+    except that vLLM's layerwise reload keeps a layer's views alive until its last tensor arrives, so a layer
+    spread over several buckets keeps all of them (at most the layer plus a partial bucket at each end)."""
+    bucket = int(config.weight_sync.bucket_mb * 2**20)
+    layer = (shape.attention_params_per_layer + shape.mlp_params_per_layer) * serve
+    whole = shape.num_params * serve
+    return min(whole, max(2 * largest_bucket(config, shape, serve), layer + 2 * bucket))
 
 
 def max_kv_positions(config: RunConfig, max_len: int) -> int:
@@ -414,10 +434,11 @@ def engine_role(
         if _transport(config) == "broadcast":  # vLLM's worker receives a broadcast on its device
             whole = shape.num_params * serve
             staged = Term("broadcast staging", whole, "the whole update, staged beside vLLM's share", "sync")
-            if config.broadcast_apply() == "streamed":  # a layer still collecting keeps its bucket alive
-                two = min(2 * int(config.weight_sync.bucket_mb * 2**20), whole)
+            if config.broadcast_apply() == "streamed":
                 staged = replace(
-                    staged, bytes=two, how="two received buckets, loaded as they arrive (streamed)"
+                    staged,
+                    bytes=vllm_streamed_held(config, shape, serve),
+                    how="two received buckets, or a layer's, loaded as they arrive (streamed)",
                 )
             terms.append(staged)
         return Role("vLLM engine", engines, tp, tuple(terms))
@@ -441,10 +462,7 @@ def engine_role(
     if config.runtime.type != "inline":
         whole = shape.num_params * serve
         staging = Term(
-            "update staging",
-            min(int(config.weight_sync.bucket_mb * 2**20), whole),
-            "one received bucket",
-            "sync",
+            "update staging", min(largest_bucket(config, shape, serve), whole), "one received bucket", "sync"
         )
         if _transport(config) == "broadcast" and config.broadcast_apply() == "streamed":
             staging = replace(

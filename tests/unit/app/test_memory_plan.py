@@ -155,12 +155,15 @@ def test_a_broadcast_plans_the_staging_its_apply_path_holds() -> None:
     """vLLM's worker receives a broadcast on its GPU beside its share: staged, the whole update; streamed, two
     buckets (a layer still collecting keeps the previous one). The built-in engine receives one bucket on the
     GPU either way and says which path it runs (a staged one keeps the whole update in host memory, a
-    streamed one only the bucket)."""
+    streamed one only the bucket). At Qwen3-1.7B's vocabulary the embedding (151,936 × 2,048 in bf16, 622 MB)
+    is larger than a 256 MiB bucket and travels alone, so it is the largest bucket."""
     broadcast = ["runtime.type=local", "weight_sync.type=broadcast"]
     staged = ["controller.mode=async", "buffer.async_ratio=1"]
+    embedding = 151_936 * 2_048 * 2
     for mode, held in (
         (staged, QWEN3_1_7B.num_params * 2),  # the whole update, bf16 on CUDA
-        (["controller.mode=sync"], 2 * 256 * 2**20),  # two buckets of weight_sync.bucket_mb
+        (["controller.mode=sync"], 2 * embedding),  # the embedding's bucket and the next
+        (["controller.mode=sync", "weight_sync.bucket_mb=16"], 2 * embedding),
     ):
         vllm = load_run_config(None, [*broadcast, *mode, "engine.backend=vllm"])
         terms = {t.name: t for t in mp.engine_role(vllm, QWEN3_1_7B, 512, H100).terms}
@@ -176,11 +179,26 @@ def test_a_broadcast_plans_the_staging_its_apply_path_holds() -> None:
             t for t in mp.engine_role(config, QWEN3_1_7B, 512, H100).terms if t.name == "update staging"
         ]
         assert f"broadcast_apply {path}" in staging.how
-        assert staging.bytes == int(config.weight_sync.bucket_mb * 2**20)
+        assert staging.bytes == embedding
         [on_host] = [
             t
             for t in mp.engine_role(config, QWEN3_1_7B, 512, H100, device="cpu").terms
             if t.name == "update staging"
         ]  # a plan of host memory counts where the staged path keeps the whole update
         whole = QWEN3_1_7B.num_params * 4  # the model's dtype on CPU (float32)
-        assert on_host.bytes == (whole if path == "staged" else int(config.weight_sync.bucket_mb * 2**20))
+        assert on_host.bytes == (whole if path == "staged" else 151_936 * 2_048 * 4)
+
+
+def test_vllm_streaming_holds_a_layer_spread_over_small_buckets() -> None:
+    """vLLM's layerwise reload keeps a layer's tensors until its last one arrives, so with buckets far smaller
+    than a layer its worker holds the whole layer and a partial bucket at each end, not two buckets."""
+    config = load_run_config(
+        None,
+        ["runtime.type=local", "weight_sync.type=broadcast", "controller.mode=sync", "engine.backend=vllm"]
+        + ["weight_sync.bucket_mb=1", "model.dtype=bfloat16"],
+    )
+    shape = NAMED_SHAPES["qwen3-235b-a22b"]
+    layer = (shape.attention_params_per_layer + shape.mlp_params_per_layer) * 2
+    assert layer > 2 * shape.vocab * shape.hidden * 2  # 128 experts a layer outweigh two embedding buckets
+    [staging] = [t for t in mp.engine_role(config, shape, 512, H100).terms if t.name == "broadcast staging"]
+    assert staging.bytes == layer + 2 * 2**20
