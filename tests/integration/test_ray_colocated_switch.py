@@ -126,8 +126,8 @@ def test_on_ray_an_engine_replaced_after_the_release_catches_up_from_a_copy_pack
         if update.version == 1 and not lent:
             ray.kill(self.engines[0].handle, no_restart=True)  # the next rollout finds it dead
 
-    def lent_of(self, update):
-        copy = lend(self, update)
+    def lent_of(self, update, engine):
+        copy = lend(self, update, engine)
         lent.append((update.version, copy.version, copy is not update))
         return copy
 
