@@ -245,7 +245,7 @@ class EngineRecovery:
 
         try:
             await asyncio.wait_for(self._wait_until(newer), within_s)
-        except TimeoutError:
+        except (TimeoutError, asyncio.TimeoutError):  # distinct classes before Python 3.11
             raise CatchUpTimeout(
                 f"a replaced engine waited {within_s} s for an update newer than v{version}, which the runtime "
                 "could no longer lend; none was published"

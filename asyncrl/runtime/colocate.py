@@ -244,7 +244,7 @@ class ColocatedTrainer:
         async def bounded(index: int, engine: Any) -> int | None:
             try:
                 return await asyncio.wait_for(getattr(engine, call)(*args), self.timeout_s)
-            except TimeoutError:
+            except (TimeoutError, asyncio.TimeoutError):  # distinct classes before Python 3.11
                 error: Exception = SwitchTimeout(
                     f"engine {index}: {call} (colocated switch) did not finish within "
                     f"runtime.control_timeout_s={self.timeout_s} s"
