@@ -10,10 +10,11 @@
     again and let go once it applied it: ``catch_up``, ``runtime.republish``; one replaced while the
     trainer trains waits for the step's publication and catches up to that)
 
-An engine that dies (or wedges) while the trainer trains fails its ``sleep``, ``stats`` or ``wake``: the switch
-logs it, counts it (``colocate/engine_failures``) and goes on without it, since the proxy replaces it at its
-next control call (the update's ``update_weights``, or its health probe) and the replacement catches up to
-the update then published (tests/integration/test_colocated_switch.py: the run still ends bit-equal).
+An engine that dies (or wedges) while the trainer trains fails its ``sleep``, ``stats`` or ``wake``
+(``ENGINE_GONE``, or past ``runtime.control_timeout_s``): the switch logs it, counts it
+(``colocate/engine_failures``) and goes on without it, since the proxy replaces it at its next control call
+(the update's ``update_weights``, or its health probe) and the replacement catches up to the update then
+published (tests/integration/test_colocated_switch.py: the run still ends bit-equal).
 
 Key decision: the switch wraps the trainer facade the controller already calls (inline ``LocalTrainer``, or
 on Ray ``TrainerGroupClient``), in the order ``sync`` already runs its phases, so the controller, the proxy
@@ -47,6 +48,8 @@ from typing import Any, Protocol, TypeVar
 import torch
 
 from asyncrl.config.runtime import SwitchConfig
+from asyncrl.engine.async_engine import EngineStoppedError
+from asyncrl.runtime.errors import ActorCallError, ActorCallTimeout
 from asyncrl.runtime.republish import CatchUpDeadlines, Republisher
 from asyncrl.trainer.offload import OffloadChoice, StateOffloader
 from asyncrl.types import Group
@@ -67,6 +70,11 @@ ENGINE_STATS = {
 }
 """Metric (``colocate/<key>``) ← engine stat, read from every engine once it sleeps; the counts are each
 engine's own since it started (a replaced engine's start again)."""
+
+
+ENGINE_GONE = (EngineStoppedError, ActorCallError, ActorCallTimeout)
+"""What an engine call raises when the engine died or stopped answering (inline, on Ray): the switch leaves
+such an engine to the proxy's recovery (module docstring); any other error is raised, as a fault of the run."""
 
 
 class SwitchTimeout(TimeoutError):
@@ -209,9 +217,7 @@ class ColocatedTrainer:
         for index, engine in enumerate(self.engines):
             try:
                 stats.append(engine.stats())
-            except (
-                Exception
-            ) as error:  # deliberate: a dead engine is the proxy's to replace (module docstring)
+            except ENGINE_GONE as error:
                 failed += 1
                 logger.warning("engine %d: stats while the trainer trains failed (%r)", index, error)
         held = {
@@ -249,7 +255,7 @@ class ColocatedTrainer:
                     f"engine {index}: {call} (colocated switch) did not finish within "
                     f"runtime.control_timeout_s={self.timeout_s} s"
                 )
-            except Exception as failure:  # deliberate: a dead engine is the proxy's to replace
+            except ENGINE_GONE as failure:
                 error = failure
             logger.warning("engine %d: %s failed (%r); the proxy replaces it", index, call, error)
             return None
