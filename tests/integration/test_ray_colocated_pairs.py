@@ -7,6 +7,7 @@ same seed's 2 x 2 Ray sync without the switch."""
 from __future__ import annotations
 
 import json
+import threading
 from collections import Counter
 from pathlib import Path
 
@@ -85,8 +86,8 @@ def test_each_engine_sleeps_each_step_and_takes_its_own_ranks_blocks_bit_equal(
 def test_a_replaced_engine_is_packed_for_by_the_rank_in_its_bundle_alone(
     two_gpu_cluster, tiny_path, tmp_path, monkeypatch
 ):
-    """Engine 1's actor is killed once both engines applied v1 and both ranks let go of their copies: its
-    replacement catches up from a copy only rank 1 packs (rank 0 takes part in the gather, FSDP's all-gather
+    """Engine 1's actor is killed once both engines applied v1 and both ranks let go of their copies, and
+    replaced by the proxy (its health probe) before the next step: its replacement catches up from a copy only rank 1 packs (rank 0 takes part in the gather, FSDP's all-gather
     being collective, and keeps nothing), so letting that copy go frees one rank's bytes, not two; the run
     ends bit-equal to the plain 2 x 2 run."""
     plain = tmp_path / "plain"
@@ -99,14 +100,20 @@ def test_a_replaced_engine_is_packed_for_by_the_rank_in_its_bundle_alone(
     packed: list[tuple[int, int, int]] = []
     released: list[int] = []
 
+    caught_up = threading.Event()
+
     def applied_then_killed(self, update):
         applied(self, update)
-        if update.version == 1 and not packed:
-            ray.kill(self.engines[1].handle, no_restart=True)  # the next rollout finds it dead
+        if update.version == 1 and not caught_up.is_set():
+            ray.kill(self.engines[1].handle, no_restart=True)
+            # the probe finds it dead and the proxy replaces it before the controller goes on (the schedule
+            # under test: the rollout might not route a request to engine 1 before the next step)
+            assert caught_up.wait(timeout=300), "engine 1 was not replaced while the trainer held v1"
 
     def packed_for(self, engine):
         update = pack_for(self, engine)
         packed.append((engine, update.handle.rank, update.shipped_bytes))
+        caught_up.set()
         return update
 
     def released_bytes(self):
@@ -118,7 +125,7 @@ def test_a_replaced_engine_is_packed_for_by_the_rank_in_its_bundle_alone(
     monkeypatch.setattr(TrainerGroupClient, "pack_for", packed_for)
     monkeypatch.setattr(TrainerGroupClient, "release_published", released_bytes)
     out = tmp_path / "replaced"
-    train_on_ray(out, two_gpu_cluster, tiny_path, *PAIRS, *SWITCH)
+    train_on_ray(out, two_gpu_cluster, tiny_path, *PAIRS, *SWITCH, "proxy.health_check_interval_s=0.5")
 
     ((engine, rank, nbytes),) = packed  # one catch-up, packed by rank 1 for engine 1
     assert (engine, rank) == (1, 1) and nbytes > 0, packed
