@@ -133,6 +133,7 @@ class LLMProxy(ProxyShell):
                 initial_version=self._initial_version,
                 latest_update=lambda: self._latest_update,
                 on_recovered=self._on_recovered,
+                wait_until=self._wakeup.wait_until,
                 readable=readable,
             )
 

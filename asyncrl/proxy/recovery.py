@@ -19,6 +19,9 @@ and one code path serves every runtime.
 The latest update goes through the runtime's ``readable`` hook (default: as it is): under ``runtime.switch``
 the trainer lets go of its copy once every engine applied it, so the hook lends one packed again, of the same
 version, for the ``update_weights`` call (``runtime.republish``); the proxy checks the version it was lent.
+Once the trainer's weights have moved past that version (its next step began), the hook raises ``Superseded``:
+the replacement then stays in recovery until the proxy publishes a newer update (within the ``within_s`` the
+hook names, else ``CatchUpTimeout``) and catches up to that one instead.
 
 Invariants (tests/unit/proxy/test_proxy_recovery.py):
 1. A replacement serves no request before it holds the latest published weights: its worker stays
@@ -33,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
@@ -58,13 +61,32 @@ class EngineFactory(Protocol):
         ...
 
 
-Readable = Callable[[Any], AbstractAsyncContextManager[Any]]
-"""The runtime's hook around a catch-up: given the latest update's payload, a context that yields what the
-replacement applies (of the same version) and lets go of it on exit."""
+Readable = Callable[[Any, int], AbstractAsyncContextManager[Any]]
+"""The runtime's hook around a catch-up: given the latest update's payload and the replaced engine's index, a
+context that yields what the replacement applies (of the same version) and lets go of it on exit; it raises
+``Superseded`` on entry when that version can no longer be read but a newer one is on its way."""
+
+WaitUntil = Callable[[Callable[[], bool]], Awaitable[None]]
+"""The proxy's wait for a change of its state (``proxy.wakeup.Wakeup.wait_until``): returns once the predicate
+holds, re-checked whenever the proxy publishes an update or closes."""
+
+
+class Superseded(Exception):
+    """The update a catch-up asked the ``Readable`` hook for can no longer be read, and a newer one will be
+    published within ``within_s`` seconds (``runtime.switch``: the trainer let go of its copy and is training
+    its next step): the replacement waits for that one."""
+
+    def __init__(self, message: str, within_s: float) -> None:
+        super().__init__(message)
+        self.within_s = within_s
+
+
+class CatchUpTimeout(TimeoutError):
+    """A replacement told to wait for a newer update (``Superseded``) saw none published within ``within_s``."""
 
 
 @contextlib.asynccontextmanager
-async def as_published(payload: Any) -> AsyncIterator[Any]:
+async def as_published(payload: Any, index: int) -> AsyncIterator[Any]:
     """The default ``Readable``: the stored update as it is."""
     yield payload
 
@@ -74,7 +96,8 @@ class EngineRecovery:
 
     ``latest_update()`` is the last update the proxy published (None before the first); ``on_recovered(worker)``
     runs when a worker leaves recovery, in service or not, so the proxy can re-check its waits; ``readable``
-    gives what a replacement applies in place of the latest update (module docstring).
+    gives what a replacement applies in place of the latest update, and ``wait_until`` waits for the proxy's
+    next one when it raises ``Superseded`` (module docstring).
     """
 
     def __init__(
@@ -85,6 +108,7 @@ class EngineRecovery:
         initial_version: int,
         latest_update: Callable[[], PendingUpdate | None],
         on_recovered: Callable[[EngineWorker], None],
+        wait_until: WaitUntil,
         readable: Readable = as_published,
     ) -> None:
         self.config = engines.config
@@ -94,6 +118,7 @@ class EngineRecovery:
         self._latest_update = latest_update
         self._on_recovered = on_recovered
         self._readable = readable
+        self._wait_until = wait_until
         self.counts = {"num_engine_restarts": 0, "num_failed_restarts": 0, "num_failed_probes": 0}
         engines.on_failure = self.suspect
         if self.config.health_check_interval_s is not None:
@@ -182,7 +207,8 @@ class EngineRecovery:
         logger.warning("engine %d replaced, serving v%d", worker.index, worker.version)
 
     async def _catch_up(self, worker: EngineWorker) -> None:
-        """Send the fresh engine the latest published update, again if a newer one is published meanwhile."""
+        """Send the fresh engine the latest published update, again if a newer one is published meanwhile, or
+        once one is when the runtime can no longer lend the latest (``Superseded``)."""
         update = self._latest_update()
         if update is None and self._initial_version != 0:
             raise RuntimeError(
@@ -191,14 +217,42 @@ class EngineRecovery:
             )
         worker.version = self._initial_version
         while update is not None and update.version > worker.version:
-            async with self._readable(update.named_tensors) as payload:
-                lent = getattr(payload, "version", update.version)
-                if lent != update.version:
-                    raise RuntimeError(
-                        f"engine {worker.index}: catching up to v{update.version}, the runtime lent v{lent}"
-                    )
-                await self._engines.control(worker, "update_weights", payload, update.version)
+            try:
+                async with self._readable(update.named_tensors, worker.index) as payload:
+                    lent = getattr(payload, "version", update.version)
+                    if lent != update.version:
+                        raise RuntimeError(
+                            f"engine {worker.index}: catching up to v{update.version}, the runtime lent v{lent}"
+                        )
+                    await self._engines.control(worker, "update_weights", payload, update.version)
+            except Superseded as gone:
+                logger.warning(
+                    "engine %d waits for the update after v%d: %s", worker.index, update.version, gone
+                )
+                update = await self._newer_than(update.version, gone.within_s)
+                continue
             worker.version = update.version
             update = self._latest_update()
         if worker.pending is not None and worker.pending.version <= worker.version:
             worker.pending = None
+
+    async def _newer_than(self, version: int, within_s: float) -> PendingUpdate:
+        """The proxy's latest update once it is newer than ``version``, within ``within_s``."""
+
+        def newer() -> bool:
+            latest = self._latest_update()
+            return self._engines.closed or (latest is not None and latest.version > version)
+
+        try:
+            await asyncio.wait_for(self._wait_until(newer), within_s)
+        except (TimeoutError, asyncio.TimeoutError):  # distinct classes before Python 3.11
+            raise CatchUpTimeout(
+                f"a replaced engine waited {within_s} s for an update newer than v{version}, which the runtime "
+                "could no longer lend; none was published"
+            ) from None
+        latest = self._latest_update()
+        if latest is None or latest.version <= version:
+            raise RuntimeError(
+                f"the proxy closed while a replaced engine waited for an update after v{version}"
+            )
+        return latest

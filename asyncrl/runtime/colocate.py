@@ -7,7 +7,14 @@
     (then the controller applies the update to the woken engines)
     weights_applied: every engine holds the update ─► the trainer lets go of its packed copy
     (then the next rollout runs without it; an engine replaced meanwhile catches up from a copy packed
-    again and let go once it applied it: ``catch_up``, ``runtime.republish``)
+    again and let go once it applied it: ``catch_up``, ``runtime.republish``; one replaced while the
+    trainer trains waits for the step's publication and catches up to that)
+
+An engine that dies (or wedges) while the trainer trains fails its ``sleep``, ``stats`` or ``wake``
+(``ENGINE_GONE``, or past ``runtime.control_timeout_s``): the switch logs it, counts it
+(``colocate/engine_failures``) and goes on without it, since the proxy replaces it at its next control call
+(the update's ``update_weights``, or its health probe) and the replacement catches up to the update then
+published (tests/integration/test_colocated_switch.py: the run still ends bit-equal).
 
 Key decision: the switch wraps the trainer facade the controller already calls (inline ``LocalTrainer``, or
 on Ray ``TrainerGroupClient``), in the order ``sync`` already runs its phases, so the controller, the proxy
@@ -31,6 +38,7 @@ slept) and how often each has slept and woken; on CUDA the allocators' bytes the
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -40,12 +48,16 @@ from typing import Any, Protocol, TypeVar
 import torch
 
 from asyncrl.config.runtime import SwitchConfig
-from asyncrl.runtime.republish import Republisher
+from asyncrl.engine.async_engine import EngineStoppedError
+from asyncrl.runtime.errors import ActorCallError, ActorCallTimeout
+from asyncrl.runtime.republish import CatchUpDeadlines, Republisher
 from asyncrl.trainer.offload import OffloadChoice, StateOffloader
 from asyncrl.types import Group
 from asyncrl.weight_sync.protocol import WeightUpdate
 
 T = TypeVar("T")
+
+logger = logging.getLogger(__name__)
 
 PHASES = ("sleep", "reload", "sync", "offload", "wake")
 """The switch's phases in the order a step runs them."""
@@ -60,8 +72,14 @@ ENGINE_STATS = {
 engine's own since it started (a replaced engine's start again)."""
 
 
+ENGINE_GONE = (EngineStoppedError, ActorCallError, ActorCallTimeout)
+"""What an engine call raises when the engine died or stopped answering (inline, on Ray): the switch leaves
+such an engine to the proxy's recovery (module docstring); any other error is raised, as a fault of the run."""
+
+
 class SwitchTimeout(TimeoutError):
-    """An engine did not finish sleeping or waking within ``runtime.control_timeout_s``."""
+    """An engine did not finish sleeping or waking within ``runtime.control_timeout_s`` (logged and counted as
+    that engine's failure: the proxy replaces it)."""
 
 
 class TrainerState(Protocol):
@@ -99,7 +117,8 @@ class ColocatedTrainer:
     """A trainer facade (``inner``: ``runtime.inline.LocalTrainer`` or ``runtime.trainer_group.
     TrainerGroupClient``) with the engines in ``engines`` (the run's list, replaced engines included)
     sleeping while it trains and its state (``state``; inline: ``LocalState``) offloaded while they
-    generate. Anything else is ``inner``'s (``ranks``, ``handles``, ``trainer``)."""
+    generate. Anything else is ``inner``'s (``ranks``, ``handles``, ``trainer``). ``deadlines`` bound a
+    replaced engine's catch-up (``runtime.republish``; default: every wait ``timeout_s``)."""
 
     def __init__(
         self,
@@ -108,6 +127,7 @@ class ColocatedTrainer:
         switch: SwitchConfig,
         timeout_s: float,
         state: TrainerState | None = None,
+        deadlines: CatchUpDeadlines | None = None,
     ) -> None:
         self.inner = inner
         self.engines = engines
@@ -115,10 +135,12 @@ class ColocatedTrainer:
         self.timeout_s = timeout_s
         self.state = state if state is not None else LocalState(inner, switch)
         self._asleep = False
-        self.republisher = Republisher(inner, timeout_s)
+        self.republisher = Republisher(inner, deadlines or CatchUpDeadlines.within(timeout_s))
         """What a replaced engine catches up from once the packed copy is released (``runtime.republish``)."""
         self._metrics: dict[str, float] = {}
         """The metrics dict of the last step, completed by ``state_for_sync``."""
+        self._num_failures = 0
+        """Engine calls of this step that failed (``colocate/engine_failures``, module docstring)."""
 
     def __getattr__(self, name: str) -> Any:
         if name == "inner":  # not set yet (unpickling, a failed __init__): no recursion
@@ -137,6 +159,7 @@ class ColocatedTrainer:
         """Sleep the engines, reload the trainer's state, train."""
         phases: dict[str, float] = {}
         self.republisher.begin_step()
+        self._num_failures = 0
         self._timed(phases, "sleep", lambda: self._on_engines("sleep", self.switch.engine_sleep_level))
         self._asleep = True
         phases |= self._engines_while_training()
@@ -157,6 +180,7 @@ class ColocatedTrainer:
             self._timed(phases, "wake", lambda: self._on_engines("wake"))
             self._asleep = False
         self._metrics.update(phases)
+        self._metrics["colocate/engine_failures"] = float(self._num_failures)
         return update
 
     def weights_applied(self, update: WeightUpdate) -> None:
@@ -165,11 +189,11 @@ class ColocatedTrainer:
         engine replaced since gets a copy packed again instead (``catch_up``)."""
         self._metrics["colocate/released_bytes"] = float(self.republisher.release(update))
 
-    def catch_up(self, payload: Any) -> AbstractAsyncContextManager[Any]:
-        """What a replaced engine applies in place of the proxy's latest update ``payload``: it as is while
-        held, else a fresh copy of its version, let go once applied (``runtime.republish``; the proxy's
-        ``readable`` hook, wired by ``app.runtimes.make_proxy``)."""
-        return self.republisher.for_catch_up(payload)
+    def catch_up(self, payload: Any, engine: int) -> AbstractAsyncContextManager[Any]:
+        """What replaced engine ``engine`` applies in place of the proxy's latest update ``payload``: it as is
+        while held, else a fresh copy of its version packed for that engine, let go once applied
+        (``runtime.republish``; the proxy's ``readable`` hook, wired by ``app.runtimes.make_proxy``)."""
+        return self.republisher.for_catch_up(payload, engine)
 
     def save_checkpoint(self, root: str | Path, *, extra: dict[str, Any], keep_last: int | None) -> Path:
         return self.inner.save_checkpoint(root, extra=extra, keep_last=keep_last)
@@ -187,14 +211,22 @@ class ColocatedTrainer:
 
     def _engines_while_training(self) -> dict[str, float]:
         """What the sleeping engines hold and how often they slept and woke, as each reports it (summed):
-        its KV pool's bytes, its counts (``ENGINE_STATS``) and, on CUDA, its process's allocator bytes."""
-        stats = [engine.stats() for engine in self.engines]
+        its KV pool's bytes, its counts (``ENGINE_STATS``) and, on CUDA, its process's allocator bytes. An
+        engine that fails to answer is left out and counted (``colocate/engine_failures``)."""
+        stats, failed = [], 0
+        for index, engine in enumerate(self.engines):
+            try:
+                stats.append(engine.stats())
+            except ENGINE_GONE as error:
+                failed += 1
+                logger.warning("engine %d: stats while the trainer trains failed (%r)", index, error)
         held = {
             f"colocate/{key}": float(sum(s.get(name, 0) for s in stats)) for key, name in ENGINE_STATS.items()
         }
         allocated = [s["device_allocated_bytes"] for s in stats if "device_allocated_bytes" in s]
         if allocated:
             held["colocate/engine_device_allocated_bytes"] = float(sum(allocated))
+        self._num_failures += failed
         return held
 
     def _timed(
@@ -211,22 +243,29 @@ class ColocatedTrainer:
         return result
 
     def _on_engines(self, call: str, *args: Any) -> int:
-        """``engine.<call>(*args)`` on every engine at once, from this (non-loop) thread, within
-        ``timeout_s``; the bytes they report, summed."""
+        """``engine.<call>(*args)`` on every engine at once, from this (non-loop) thread, each within
+        ``timeout_s``: the bytes they report, summed; the ones that fail are logged and counted (the proxy
+        replaces a dead or wedged engine at its next control call, module docstring)."""
 
-        async def every() -> list[int]:
-            return await asyncio.gather(*(getattr(engine, call)(*args) for engine in self.engines))
-
-        async def bounded() -> list[int]:
+        async def bounded(index: int, engine: Any) -> int | None:
             try:
-                return await asyncio.wait_for(every(), self.timeout_s)
-            except TimeoutError:
-                raise SwitchTimeout(
-                    f"engine {call} (colocated switch) did not finish within runtime.control_timeout_s="
-                    f"{self.timeout_s} s"
-                ) from None
+                return await asyncio.wait_for(getattr(engine, call)(*args), self.timeout_s)
+            except (TimeoutError, asyncio.TimeoutError):  # distinct classes before Python 3.11
+                error: Exception = SwitchTimeout(
+                    f"engine {index}: {call} (colocated switch) did not finish within "
+                    f"runtime.control_timeout_s={self.timeout_s} s"
+                )
+            except ENGINE_GONE as failure:
+                error = failure
+            logger.warning("engine %d: %s failed (%r); the proxy replaces it", index, call, error)
+            return None
 
-        return sum(asyncio.run(bounded()))
+        async def every() -> list[int | None]:
+            return await asyncio.gather(*(bounded(i, engine) for i, engine in enumerate(self.engines)))
+
+        moved = asyncio.run(every())
+        self._num_failures += sum(n is None for n in moved)
+        return sum(n for n in moved if n is not None)
 
 
 def offload_choice(switch: SwitchConfig) -> OffloadChoice:

@@ -92,6 +92,11 @@ class LocalTrainer:
         release = getattr(self._sync, "release", None)
         return int(self.on_training_thread(release) or 0) if release is not None else 0
 
+    def pack_for(self, engine: int) -> WeightUpdate:
+        """``runtime.switch``: the current weights packed again for a replaced engine (``runtime.republish``);
+        inline there is one engine, which reads what every publication packs."""
+        return self.state_for_sync()
+
     def _publish(self) -> WeightUpdate:
         trainer = self.trainer
         return self._sync.publish(trainer.version, trainer.sync_tensors(), adapter=trainer.adapter)
@@ -235,8 +240,12 @@ def with_switch(config: RunConfig, local: LocalTrainer, engines: list[Any]) -> A
     if not config.runtime.switch.enabled:
         return local
     from asyncrl.runtime.colocate import ColocatedTrainer
+    from asyncrl.runtime.republish import CatchUpDeadlines
 
-    return ColocatedTrainer(local, engines, config.runtime.switch, config.runtime.control_timeout_s)
+    deadlines = CatchUpDeadlines.of(config)
+    return ColocatedTrainer(
+        local, engines, config.runtime.switch, config.runtime.control_timeout_s, deadlines=deadlines
+    )
 
 
 def make_engines(config: RunConfig, model: Any, tokenizer: Any, num_threads: int | None = None) -> list[Any]:

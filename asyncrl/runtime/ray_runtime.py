@@ -62,6 +62,7 @@ from asyncrl.runtime.colocate import ColocatedTrainer, device_bytes
 from asyncrl.runtime.placement import Placement, pin, plan_placement
 from asyncrl.runtime.placement_check import SHARED_ROLE, PlacementError, RoleBundles, layout_of
 from asyncrl.runtime.ray_placement import ENGINE_ROLE, TRAINER_ROLE, Reservation, reserve, role_bundles
+from asyncrl.runtime.republish import CatchUpDeadlines
 from asyncrl.runtime.streamed_apply import StreamedApply
 from asyncrl.runtime.trainer_group import TrainerGroupClient, TrainerRankActor, start_trainer_group
 from asyncrl.runtime.weight_group import WEIGHTS_GROUP, BroadcastGroup
@@ -700,7 +701,10 @@ def with_switch(config: RunConfig, group: TrainerGroupClient, engines: list[RayE
     if not config.runtime.switch.enabled:
         return group
     runtime = config.runtime
-    return ColocatedTrainer(group, engines, runtime.switch, runtime.control_timeout_s, state=group)
+    deadlines = CatchUpDeadlines.of(config)
+    return ColocatedTrainer(
+        group, engines, runtime.switch, runtime.control_timeout_s, state=group, deadlines=deadlines
+    )
 
 
 def form_weight_group(

@@ -165,20 +165,22 @@ class TrainerRankActor:
         )
 
     def publish_weights(
-        self, bucket_bytes: int, transport: str = "object_store", retain: bool = False
+        self, bucket_bytes: int, transport: str = "object_store", retain: bool = False, packer: int = -1
     ) -> WeightUpdate | None:
         """Every rank gathers; rank 0 packs each bucket as it fills and places it in the object store,
         broadcasts it to the engines, or hands it to its delta publisher, then returns the update (the others
         return None). Colocated: every rank packs the full weights for the engine in its own bundle and
-        returns its update (``ColocatedHandle.rank``; the client pairs them, ``paired_update``).
+        returns its update (``ColocatedHandle.rank``; the client pairs them, ``paired_update``); with
+        ``packer`` >= 0 (a replaced engine's catch-up, ``TrainerGroupClient.pack_for``) only that rank packs,
+        the others take part in the gather (FSDP's all-gather is collective) and keep nothing.
         ``retain`` (broadcast): keep the packed buckets for ``place_last_broadcast``."""
         trainer = self._trainer()
         buckets = gathered_buckets(trainer.sync_tensors(), bucket_bytes)
         adapter = trainer.adapter
-        if transport == "colocated":
+        if transport == "colocated" and packer in (-1, self.rank):
             update = self._sync(transport).publish_buckets(trainer.version, buckets, adapter=adapter)
             return replace(update, handle=replace(update.handle, rank=self.rank))
-        if self.rank != 0:
+        if self.rank != 0 or transport == "colocated":
             for _ in buckets:  # take part in every gather
                 pass
             return None
@@ -333,6 +335,17 @@ class TrainerGroupClient:
         if self.transport == "colocated":  # rank i's blocks for engine i, in its bundle
             return paired_update(updates)
         return updates[0]
+
+    def pack_for(self, engine: int) -> WeightUpdate:
+        """``runtime.switch``: the current weights packed again for replaced engine ``engine`` only
+        (``runtime.republish``): every rank gathers, only rank ``engine`` (in that engine's bundle) packs; its
+        update, which ``for_engine`` hands that engine as is."""
+        bucket_bytes = int(self.weight_sync.bucket_mb * 2**20)
+        refs = [
+            handle.publish_weights.remote(bucket_bytes, "colocated", packer=engine) for handle in self.handles
+        ]
+        updates = get_trainer(refs, f"trainer: pack for engine {engine}", self.weight_sync.timeout_s)
+        return updates[engine]
 
     def save_checkpoint(
         self,

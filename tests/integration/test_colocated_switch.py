@@ -5,13 +5,17 @@ in the metrics and the timeline, and the run ends bit-equal to the same seed's r
 from __future__ import annotations
 
 import json
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from test_determinism import SYNC, assert_same_run, train_in_process
 
 from asyncrl.config.run import load_run_config
+from asyncrl.proxy.recovery import Superseded
 from asyncrl.runtime.colocate import ColocatedTrainer
+from asyncrl.runtime.inline import LocalTrainer
 from asyncrl.runtime.republish import Republisher
 from asyncrl.weight_sync.colocated import SHM_DIR, ColocatedSync
 
@@ -113,8 +117,8 @@ def test_an_engine_replaced_after_the_release_catches_up_from_a_copy_packed_agai
         if update.version == 1 and not lent:
             self.engines[0].shutdown()  # the next rollout finds it dead: the proxy replaces it
 
-    def lent_of(self, update):
-        copy = lend(self, update)
+    def lent_of(self, update, engine):
+        copy = lend(self, update, engine)
         lent.append((update.version, copy.version, copy is not update, self.inner._sync.held_bytes))
         return copy
 
@@ -170,3 +174,80 @@ def test_the_switch_on_ray_takes_one_engine_per_trainer_rank():
         config.runtime.switch.enabled
         and config.weight_sync.transport_for("local", switch=True) == "colocated"
     )
+
+
+def killed_while_training(monkeypatch, version: int, then: Callable[[ColocatedTrainer], None]) -> list[int]:
+    """The engine is shut down once the trainer slept it and began training on ``version``'s batch (after the
+    switch's ``sleep``, inside the trainer's own step); ``then(switch)`` runs before the step trains. Returns
+    the versions whose steps killed it (one)."""
+    switched, local_step = ColocatedTrainer.train_step, LocalTrainer.train_step
+    killed: list[int] = []
+    current: list[ColocatedTrainer] = []
+
+    def switch_step(self, groups, policy_version):
+        current[:] = [self]
+        return switched(self, groups, policy_version)
+
+    def trainer_step(self, groups, policy_version):
+        if policy_version == version and not killed:
+            killed.append(policy_version)
+            current[0].engines[0].shutdown()
+            then(current[0])
+        return local_step(self, groups, policy_version)
+
+    monkeypatch.setattr(ColocatedTrainer, "train_step", switch_step)
+    monkeypatch.setattr(LocalTrainer, "train_step", trainer_step)
+    return killed
+
+
+def test_an_engine_killed_while_the_trainer_trains_is_replaced_at_the_update_and_the_run_ends_bit_equal(
+    tmp_path, monkeypatch, plain
+):
+    """No health probe runs during the step: the switch's ``wake`` finds the engine dead and goes on, the
+    update's ``update_weights`` fails on it, the proxy replaces it and the replacement applies that update
+    (still held: not yet released) before the next rollout."""
+    killed = killed_while_training(monkeypatch, 1, then=lambda switch: None)
+    received = versions_received(monkeypatch)
+    held_while_training = held_at_each_step(monkeypatch)
+    out = tmp_path / "switched"
+    train_in_process(out, STEPS, *SMALL, *SWITCH, "proxy.health_check_interval_s=null")
+
+    assert killed == [1]
+    assert received == [1, 2, 3], received  # the replacement's first update is v2, the one the step published
+    assert all(not any(held) and not present for _, held, present in held_while_training), held_while_training
+    steps = step_metrics(out)
+    assert [line["train/colocate/engine_failures"] for line in steps] == [0, 1, 0], steps  # its wake
+    assert (steps[-1]["recovery/engine_restarts"], steps[-1]["recovery/failed_restarts"]) == (1, 0)
+    assert_same_run(out, plain, STEPS, 8, "switched, engine killed while training, vs plain sync")
+
+
+def test_an_engine_replaced_while_the_trainer_trains_waits_for_the_steps_update_and_the_run_ends_bit_equal(
+    tmp_path, monkeypatch, plain
+):
+    """The health probe finds the engine dead during the step and the proxy replaces it then: v1 was let go
+    and the trainer is training, so the replacement is told to wait (``Superseded``) and applies v2 once it is
+    published; the step trains only once that happened (the schedule under test, not a sleep)."""
+    lend = Republisher.lend
+    superseded = threading.Event()
+
+    def lent_or_superseded(self, update, engine):
+        try:
+            return lend(self, update, engine)
+        except Superseded:
+            superseded.set()
+            raise
+
+    def replaced(switch: ColocatedTrainer) -> None:
+        assert superseded.wait(timeout=120), "the probe never replaced the engine during the step"
+
+    monkeypatch.setattr(Republisher, "lend", lent_or_superseded)
+    killed = killed_while_training(monkeypatch, 1, then=replaced)
+    received = versions_received(monkeypatch)
+    out = tmp_path / "switched"
+    train_in_process(out, STEPS, *SMALL, *SWITCH, "proxy.health_check_interval_s=0.2")
+
+    assert killed == [1] and superseded.is_set()
+    assert received == [1, 2, 3], received  # never v1 again: the replacement's first update is v2
+    last = step_metrics(out)[-1]
+    assert (last["recovery/engine_restarts"], last["recovery/failed_restarts"]) == (1, 0), last
+    assert_same_run(out, plain, STEPS, 8, "switched, engine replaced while training, vs plain sync")

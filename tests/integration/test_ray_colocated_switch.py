@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -18,9 +19,11 @@ from test_kill_resume import RUN
 
 from asyncrl.app import train as training
 from asyncrl.config.run import load_run_config
+from asyncrl.proxy.recovery import Superseded
 from asyncrl.runtime.colocate import PHASES, ColocatedTrainer
 from asyncrl.runtime.ray_runtime import RayEngineClient
 from asyncrl.runtime.republish import Republisher
+from asyncrl.runtime.trainer_group import TrainerGroupClient
 from asyncrl.weight_sync.colocated import SHM_DIR
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]  # three 3-step Ray runs: ~5 min on the loaded 2-core machine
@@ -126,8 +129,8 @@ def test_on_ray_an_engine_replaced_after_the_release_catches_up_from_a_copy_pack
         if update.version == 1 and not lent:
             ray.kill(self.engines[0].handle, no_restart=True)  # the next rollout finds it dead
 
-    def lent_of(self, update):
-        copy = lend(self, update)
+    def lent_of(self, update, engine):
+        copy = lend(self, update, engine)
         lent.append((update.version, copy.version, copy is not update))
         return copy
 
@@ -140,3 +143,77 @@ def test_on_ray_an_engine_replaced_after_the_release_catches_up_from_a_copy_pack
     last = step_metrics(out)[-1]
     assert (last["recovery/engine_restarts"], last["recovery/failed_restarts"]) == (1, 0), last
     assert_same_run(out, plain, STEPS, SAMPLES, "switched with a replaced engine actor vs plain sync on Ray")
+
+
+def test_on_ray_an_engine_killed_while_the_rank_trains_is_replaced_at_the_update_and_the_run_ends_bit_equal(
+    one_gpu_cluster, tiny_path, tmp_path, monkeypatch, plain
+):
+    """The engine actor is killed once it slept and the rank began training on v1's batch: the switch's
+    ``wake`` finds it dead and goes on, the update's ``update_weights`` fails on it, and the replacement (in
+    the same bundle) applies that update, still held, before the next rollout."""
+    switched, group_step = ColocatedTrainer.train_step, TrainerGroupClient.train_step
+    current: list[ColocatedTrainer] = []
+    killed: list[int] = []
+
+    def switch_step(self, groups, policy_version):
+        current[:] = [self]
+        return switched(self, groups, policy_version)
+
+    def rank_step(self, groups, policy_version):
+        if policy_version == 1 and not killed:
+            killed.append(policy_version)
+            ray.kill(current[0].engines[0].handle, no_restart=True)
+        return group_step(self, groups, policy_version)
+
+    monkeypatch.setattr(ColocatedTrainer, "train_step", switch_step)
+    monkeypatch.setattr(TrainerGroupClient, "train_step", rank_step)
+    out = tmp_path / "killed"
+    train_on_ray(out, one_gpu_cluster, tiny_path, *SWITCH, "proxy.health_check_interval_s=null")
+
+    steps = step_metrics(out)
+    assert killed == [1] and [line["train/colocate/engine_failures"] for line in steps] == [0, 1, 0], steps
+    assert (steps[-1]["recovery/engine_restarts"], steps[-1]["recovery/failed_restarts"]) == (1, 0)
+    assert_same_run(
+        out, plain, STEPS, SAMPLES, "switched, engine actor killed while training, vs plain on Ray"
+    )
+
+
+def test_on_ray_an_engine_replaced_while_the_rank_trains_waits_for_the_steps_update_bit_equal(
+    one_gpu_cluster, tiny_path, tmp_path, monkeypatch, plain
+):
+    """The health probe finds the killed engine actor during the rank's step and the proxy replaces it then:
+    v1 was let go and the rank is training, so the replacement is told to wait (``Superseded``) and applies
+    v2 once it is published; the step trains only once that happened (the schedule under test, not a sleep)."""
+    switched, group_step, lend = ColocatedTrainer.train_step, TrainerGroupClient.train_step, Republisher.lend
+    current: list[ColocatedTrainer] = []
+    superseded = threading.Event()
+
+    def switch_step(self, groups, policy_version):
+        current[:] = [self]
+        return switched(self, groups, policy_version)
+
+    def rank_step(self, groups, policy_version):
+        if policy_version == 1 and not superseded.is_set():
+            ray.kill(current[0].engines[0].handle, no_restart=True)
+            assert superseded.wait(timeout=300), "the probe never replaced the engine during the step"
+        return group_step(self, groups, policy_version)
+
+    def lent_or_superseded(self, update, engine):
+        try:
+            return lend(self, update, engine)
+        except Superseded:
+            superseded.set()
+            raise
+
+    monkeypatch.setattr(ColocatedTrainer, "train_step", switch_step)
+    monkeypatch.setattr(TrainerGroupClient, "train_step", rank_step)
+    monkeypatch.setattr(Republisher, "lend", lent_or_superseded)
+    out = tmp_path / "replaced_while_training"
+    train_on_ray(out, one_gpu_cluster, tiny_path, *SWITCH, "proxy.health_check_interval_s=0.5")
+
+    last = step_metrics(out)[-1]
+    assert superseded.is_set()
+    assert (last["recovery/engine_restarts"], last["recovery/failed_restarts"]) == (1, 0), last
+    assert_same_run(
+        out, plain, STEPS, SAMPLES, "switched, engine actor replaced while training, vs plain on Ray"
+    )

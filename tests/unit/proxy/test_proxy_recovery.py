@@ -12,6 +12,7 @@ import pytest
 
 from asyncrl.config.proxy import ProxyConfig
 from asyncrl.proxy import EngineFailure, EnginesLost, LLMProxy, ProxyClosed
+from asyncrl.proxy.recovery import Superseded
 from asyncrl.proxy.worker import EngineClient
 from asyncrl.sim.clock import run_shuffled
 from asyncrl.testing.fake_engine import EngineDied, FakeEngine, expected_tokens, make_request
@@ -311,8 +312,8 @@ def lending(version: int, events: list[Any], fresh: list[FakeEngine]) -> Any:
     """A ``readable`` hook that lends ``{"w": "again"}`` as ``version`` and records what happened around it."""
 
     @contextlib.asynccontextmanager
-    async def readable(payload: Any) -> AsyncIterator[Any]:
-        events.append(("lent", dict(payload)))
+    async def readable(payload: Any, index: int) -> AsyncIterator[Any]:
+        events.append(("lent", dict(payload), index))
         try:
             yield Packed(version, {"w": "again"})
         finally:
@@ -342,7 +343,7 @@ def test_a_replacement_applies_what_the_runtime_lends_and_it_is_given_back_befor
         proxy = await applied_then_dying(factory, lending(1, events, factory.started))
         generation = await proxy.generate(make_request("r0"))
         (fresh,) = factory.started
-        assert events == [("lent", {"w": 1}), ("given back", [(1, {"w": "again"})], 0)]
+        assert events == [("lent", {"w": 1}, 0), ("given back", [(1, {"w": "again"})], 0)]
         assert (fresh.updates, generation.versions) == ([(1, {"w": "again"})], [1] * 4)
 
     for seed in range(20):
@@ -356,10 +357,64 @@ def test_a_lent_copy_of_another_version_is_refused_and_still_given_back(caplog):
         proxy = await applied_then_dying(factory, lending(2, events, factory.started))
         with pytest.raises(Exception, match="r0"):
             await proxy.generate(make_request("r0"))
-        assert events == [("lent", {"w": 1}), ("given back", [], 0)]
+        assert events == [("lent", {"w": 1}, 0), ("given back", [], 0)]
         assert (proxy.healthy_engines(), proxy.stats()["num_failed_restarts"]) == ([], 1)
 
     for seed in range(10):
         caplog.clear()
         run(main, seed)
         assert "catching up to v1, the runtime lent v2" in caplog.text
+
+
+def superseding(asked: list[Any], gone: set[int], within_s: float = 60.0) -> Any:
+    """A ``readable`` hook that can no longer lend the versions in ``gone`` (``runtime.switch``: the trainer let
+    go of that copy and is training its next step) and lends any other as it is; records what it was asked."""
+
+    @contextlib.asynccontextmanager
+    async def readable(payload: Any, index: int) -> AsyncIterator[Any]:
+        asked.append((dict(payload), index))
+        if payload["w"] in gone:
+            raise Superseded(f"v{payload['w']} let go, the trainer trains the next", within_s=within_s)
+        yield payload
+
+    return readable
+
+
+def test_a_replacement_whose_update_was_let_go_waits_for_the_next_and_serves_that():
+    """Replaced while the trainer trains: no copy of v1 can be lent, so the replacement stays in recovery (no
+    request reaches it) until v2 is published, then applies v2, not the base weights, before serving."""
+
+    async def main() -> None:
+        asked: list[Any] = []
+        factory = Factory()
+        proxy = await applied_then_dying(factory, superseding(asked, gone={1}))
+        served = asyncio.ensure_future(proxy.generate(make_request("r0")))
+        while not asked:  # the replacement asked for v1 and was told to wait
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(5)  # virtual time: it still waits, nothing reached it
+        (fresh,) = factory.started
+        assert (fresh.updates, fresh.received, served.done()) == ([], [], False)
+        await proxy.model_update({"w": 2}, 2)
+        await proxy.update_applied(2)
+        generation = await served
+        assert asked == [({"w": 1}, 0), ({"w": 2}, 0)]
+        assert (fresh.updates, generation.versions) == ([(2, {"w": 2})], [2] * 4)
+        assert (proxy.stats()["num_engine_restarts"], proxy.stats()["num_failed_restarts"]) == (1, 0)
+
+    for seed in range(10):
+        run(main, seed)
+
+
+def test_a_replacement_told_to_wait_fails_by_name_when_no_update_comes(caplog):
+    async def main() -> None:
+        factory = Factory()
+        proxy = await applied_then_dying(factory, superseding([], gone={1}, within_s=30))
+        with pytest.raises(Exception, match="r0"):
+            await proxy.generate(make_request("r0"))
+        (fresh,) = factory.started
+        assert (fresh.updates, proxy.healthy_engines(), proxy.stats()["num_failed_restarts"]) == ([], [], 1)
+
+    for seed in range(5):
+        caplog.clear()
+        run(main, seed)
+        assert "waited 30 s for an update newer than v1" in caplog.text
