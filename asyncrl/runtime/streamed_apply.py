@@ -33,7 +33,7 @@ import asyncio
 from typing import Any
 
 from asyncrl.weight_sync.broadcast import WeightGroup
-from asyncrl.weight_sync.flat import FlatWeights, unpack_state
+from asyncrl.weight_sync.flat import DeviceBucket, unpack_state
 from asyncrl.weight_sync.protocol import WeightSyncError
 from asyncrl.weight_sync.receiver import expected_shapes
 
@@ -72,7 +72,7 @@ class StreamedApply:
         seen: set[str] = set()
         state: dict[str, Any] = {"version": None, "touched": False, "error": None}
 
-        def apply(flat: FlatWeights) -> None:
+        def apply(flat: DeviceBucket) -> None:
             try:
                 state["version"] = flat.version
                 if flat.version < self.engine.version:

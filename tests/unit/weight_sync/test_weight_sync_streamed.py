@@ -93,6 +93,22 @@ def _publish(groups, actors, buckets, version: int):
     return sent.get("flats"), outcomes
 
 
+def _record_applied(group: WeightGroup) -> list[tuple[type, torch.device]]:
+    """Each bucket's buffers' (type, device) as ``group.receive_streamed`` hands them to the engine."""
+    applied: list[tuple[type, torch.device]] = []
+    receive = group.receive_streamed
+
+    def receive_streamed(apply):
+        def recorded(flat):
+            applied.extend((type(buffer), buffer.device) for buffer in flat.buffers.values())
+            apply(flat)
+
+        return receive(recorded)
+
+    group.receive_streamed = receive_streamed
+    return applied
+
+
 def _state(actor: EngineActor) -> dict[str, torch.Tensor]:
     return {name: t.clone() for name, t in actor.engine.core.model.state_dict().items()}
 
@@ -109,8 +125,13 @@ def test_streamed_apply_equals_staged_bit_for_bit_and_holds_one_bucket():
         before = _state(streamed)
         buckets = _buckets(_new_weights(streamed, seed=1))
         assert len(buckets) >= 4
+        applied = _record_applied(groups[1])
         flats, outcomes = _publish(groups, [streamed, staged], buckets, version=1)
         assert outcomes == [1, 1]
+        # streamed: applied from the torch buffers the group received into, where it received them
+        assert len(applied) >= len(buckets) and set(applied) == {(torch.Tensor, groups[1].staging_device)}
+        staged_buffers = [b for bucket in staged.staged[1] for b in bucket.buffers.values()]
+        assert all(b.device == torch.device("cpu") and not b.is_pinned() for b in staged_buffers)  # host
         assert streamed.engine.version == 1 and staged.engine.version == 0  # streamed: landed on arrival
         update = update_of_buckets(flats, "broadcast", handle=None)
         for actor in (streamed, staged):
