@@ -298,3 +298,63 @@ def test_an_engine_paused_for_the_update_stays_paused_until_the_proxy_resumes_it
         assert not streamed.engine.core.paused
     finally:
         streamed.engine.shutdown()
+
+
+def test_a_broken_engine_stays_paused_when_a_later_stream_fails_before_copying():
+    """A stream that breaks the engine (mixed weights), then one refused at its first bucket (nothing copied):
+    the engine still holds mixed weights, so it must stay paused, not generate for requests already inside."""
+    groups = _groups(2)
+    streamed, staged = _engines([*groups, None])
+    staged.engine.shutdown()
+    try:
+        core = streamed.engine.core
+        breaking = _buckets(_new_weights(streamed, seed=7))
+        name, tensor = breaking[-1][0]
+        breaking[-1][0] = (name, torch.zeros(tensor.numel() + 1))  # fails after earlier buckets were copied
+        assert _publish(groups, [streamed], breaking, version=1)[1] == [1]
+        assert streamed.streamed.broken is not None and core.paused
+        refused = _buckets(_new_weights(streamed, seed=8))
+        name, tensor = refused[0][0]
+        refused[0][0] = (name, torch.zeros(tensor.numel() + 1))  # fails before anything is copied
+        assert _publish(groups, [streamed], refused, version=2)[1] == [2]
+        assert streamed.streamed.broken is not None
+        assert core.paused  # still holding mixed weights: nothing may run on them
+    finally:
+        streamed.engine.shutdown()
+
+
+def test_overlapping_streams_resume_the_engine_once_the_last_one_ends():
+    """A publish retried over a re-formed group while the old group's stream is still in flight: the engine
+    was running before either, so it runs again once both ended, and stays paused while either is in flight
+    (no bucket of the later stream lands on a running engine)."""
+    old, new = _groups(2), _groups(2)
+    streamed, staged = _engines([None, None, None])  # each stream names its group
+    staged.engine.shutdown()
+    try:
+        core = streamed.engine.core
+
+        async def scenario() -> tuple[int, int, bool]:
+            first = asyncio.create_task(streamed.streamed.receive(old[1]))
+            await _until(lambda: core.paused, "the first stream pausing the engine")
+            second = asyncio.create_task(streamed.streamed.receive(new[1]))
+            await _until(lambda: streamed.streamed._streams == 2, "the second stream starting")
+            await asyncio.to_thread(old[0].send_packed, _buckets(_new_weights(streamed, seed=9)), 1)
+            first_version = await first
+            paused_between = core.paused  # the second stream is still in flight
+            await asyncio.to_thread(new[0].send_packed, _buckets(_new_weights(streamed, seed=9)), 1)
+            return first_version, await second, paused_between
+
+        assert asyncio.run(scenario()) == (1, 1, True)
+        assert streamed.engine.version == 1 and streamed.streamed.broken is None
+        assert not core.paused
+    finally:
+        streamed.engine.shutdown()
+
+
+async def _until(condition, what: str, deadline_s: float = 30.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + deadline_s
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"{what}: not within {deadline_s:g} s")
+        await asyncio.sleep(0.01)
