@@ -27,7 +27,9 @@ Key decisions:
   its weights are whole, so no bucket of either lands on a running engine. A superseded stream's failure is
   not reported (the later stream reports the update), but mixed weights it left mark the engine broken
   unless a later stream already applied a whole update.
-- A failed apply (a mismatch) does not break the collective: ``WeightGroup.receive_streamed`` drains the rest
+- Loading a bucket is bounded by the group's deadline (``weight_sync.timeout_s``): an engine that does not load
+  it in time (its step thread wedged) is a ``WeightSyncTimeout`` and, since the copy may still land, broken.
+- A failed apply (a mismatch, a deadline) does not break the collective: ``WeightGroup.receive_streamed`` drains the rest
   of the stream, so every other member still gets the whole update; a failed broadcast raises as it happens.
 """
 
@@ -38,7 +40,7 @@ from typing import Any
 
 from asyncrl.weight_sync.broadcast import WeightGroup
 from asyncrl.weight_sync.flat import DeviceBucket, unpack_state
-from asyncrl.weight_sync.protocol import WeightSyncError
+from asyncrl.weight_sync.protocol import WeightSyncError, WeightSyncTimeout
 from asyncrl.weight_sync.receiver import expected_shapes
 
 
@@ -87,6 +89,7 @@ class StreamedApply:
     async def _receive(self, group: WeightGroup, mine: int) -> int:
         """``receive`` of stream number ``mine``, the engine paused."""
         loop = asyncio.get_running_loop()
+        deadline_s = group.timeout.total_seconds()
         seen: set[str] = set()
         state: dict[str, Any] = {"version": None, "touched": False, "error": None}
 
@@ -98,10 +101,17 @@ class StreamedApply:
                         f"weight update v{flat.version} is older than the served v{self.engine.version}; refused"
                     )
                 named = unpack_state(flat)
+                copied = asyncio.run_coroutine_threadsafe(self.engine.apply_bucket(named), loop)
                 try:
-                    asyncio.run_coroutine_threadsafe(self.engine.apply_bucket(named), loop).result()
+                    copied.result(deadline_s)
                 except ValueError as error:
                     raise WeightSyncError(f"weight update v{flat.version}: {error}") from None
+                except TimeoutError:
+                    copied.cancel()
+                    state["touched"] = True  # the engine may still copy it: the weights may be mixed
+                    raise WeightSyncTimeout(
+                        f"weight update v{flat.version}: the engine did not load a bucket within {deadline_s:g} s"
+                    ) from None
                 state["touched"] = True
                 seen.update(named)
             except Exception as error:

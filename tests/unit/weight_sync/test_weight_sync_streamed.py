@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from datetime import timedelta
 from types import SimpleNamespace
 
 import pytest
@@ -358,3 +359,27 @@ async def _until(condition, what: str, deadline_s: float = 30.0) -> None:
         if loop.time() > deadline:
             raise AssertionError(f"{what}: not within {deadline_s:g} s")
         await asyncio.sleep(0.01)
+
+
+def test_an_engine_that_does_not_load_a_bucket_in_time_is_a_named_timeout_and_broken():
+    """Loading a bucket is a wait like any other: an engine whose step thread is wedged fails the update within
+    the group's deadline, and is broken (the copy may still land), while the stream is drained to its end."""
+    groups = _groups(2)
+    groups[1].timeout = timedelta(seconds=3)  # the engine's deadline; the sender keeps its own
+    streamed, staged = _engines([*groups, None])
+    staged.engine.shutdown()
+    try:
+
+        async def wedged(named) -> None:
+            await asyncio.Event().wait()
+
+        streamed.engine.apply_bucket = wedged
+        flats, outcomes = _publish(groups, [streamed], _buckets(_new_weights(streamed, seed=10)), version=1)
+        assert outcomes == [1] and flats is not None  # the whole stream was received: the sender finished
+        update = update_of_buckets(flats, "broadcast", handle=None)
+        with pytest.raises(WeightSyncError, match="v1: the engine did not load a bucket within 3 s"):
+            asyncio.run(streamed.update_weights(update, 1))
+        with pytest.raises(WeightSyncError, match="half-applied"):
+            asyncio.run(streamed.generate(SimpleNamespace(request_id="r0")))
+    finally:
+        streamed.engine.shutdown()
