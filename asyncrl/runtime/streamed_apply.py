@@ -27,6 +27,8 @@ Key decisions:
   its weights are whole, so no bucket of either lands on a running engine. A superseded stream's failure is
   not reported (the later stream reports the update), but mixed weights it left mark the engine broken
   unless a later stream already applied a whole update.
+- A stream whose caller gives up (the driver cancels ``stage_weights`` past its deadline) leaves its receiving
+  thread running, which may still copy buckets: the engine is broken from then on, never resumed under it.
 - Loading a bucket is bounded by the group's deadline (``weight_sync.timeout_s``): an engine that does not load
   it in time (its step thread wedged) is a ``WeightSyncTimeout`` and, since the copy may still land, broken.
 - A failed apply (a mismatch, a deadline) does not break the collective: ``WeightGroup.receive_streamed`` drains the rest
@@ -120,6 +122,9 @@ class StreamedApply:
 
         try:
             version = await asyncio.to_thread(group.receive_streamed, apply)
+        except asyncio.CancelledError:  # the receiving thread goes on, and may copy buckets yet
+            self.broken = WeightSyncError("a streamed update was cancelled while its buckets arrived")
+            raise
         except Exception as error:
             if state["touched"] and self._whole < mine:  # mixed weights, whichever stream left them
                 self.broken = _as_sync_error(error)

@@ -383,3 +383,43 @@ def test_an_engine_that_does_not_load_a_bucket_in_time_is_a_named_timeout_and_br
             asyncio.run(streamed.generate(SimpleNamespace(request_id="r0")))
     finally:
         streamed.engine.shutdown()
+
+
+def test_a_stream_cancelled_while_its_buckets_arrive_leaves_the_engine_paused_and_broken():
+    """The driver cancels ``stage_weights`` past its deadline (``get_actor``), but the receiving thread goes
+    on and may still copy buckets: the engine must not run again on those weights until a whole update."""
+    groups = _groups(2)
+    streamed, staged = _engines([*groups, None])
+    staged.engine.shutdown()
+    try:
+        core = streamed.engine.core
+        loading, release = threading.Event(), threading.Event()
+        apply_bucket = streamed.engine.apply_bucket
+
+        async def slow(named) -> None:
+            loading.set()
+            await asyncio.to_thread(release.wait, 30)
+            await apply_bucket(named)
+
+        streamed.engine.apply_bucket = slow
+        sender = threading.Thread(
+            target=groups[0].send_packed, args=(_buckets(_new_weights(streamed, seed=11)), 1)
+        )
+        sender.start()
+
+        async def scenario() -> None:
+            receiving = asyncio.create_task(streamed.stage_weights())
+            await asyncio.to_thread(loading.wait, 30)
+            receiving.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await receiving
+            release.set()
+            await asyncio.to_thread(sender.join, 60)  # the rest of the stream lands after the cancel
+
+        asyncio.run(scenario())
+        assert not sender.is_alive()
+        assert core.paused and streamed.streamed.broken is not None
+        with pytest.raises(WeightSyncError, match="half-applied"):
+            asyncio.run(streamed.resume())
+    finally:
+        streamed.engine.shutdown()
