@@ -21,12 +21,12 @@ Key decisions:
   the group moves bytes (``staging_device``: the GPU under NCCL), as a ``DeviceBucket`` the engine loads from
   views of, so over NCCL a bucket goes GPU → model with no host copy. Staged: in host memory (pinned when the
   member is on CUDA, so the later copy into the model is a DMA), each bucket a device → host copy under NCCL
-  as it arrives and a host → device copy when applied. The trade is deliberate: a staged update is a whole
-  copy of the weights per engine, and on the engine's GPU that copy would sit beside the serving weights and
-  the KV pool (an 8B model in bf16 is 16 GB more per engine GPU), while host memory has room for it; the round
-  trip costs two PCIe copies per update, paid off the serving path (at publish, and at apply while the engine
-  is paused anyway). No setting changes it: where the round trip matters, ``broadcast_apply: streamed`` avoids
-  both the copy and the staging.
+  as it arrives (through one bucket's transient buffer on the GPU) and a host → device copy when applied. The
+  trade is deliberate: a staged update is a whole copy of the weights per engine, and on the engine's GPU that
+  copy would sit beside the serving weights and the KV pool (an 8B model in bf16 is 16 GB more per engine
+  GPU), while host memory has room for it; the round trip costs two PCIe copies per update, paid off the
+  serving path (at publish, and at apply while the engine is paused anyway). No setting changes it: where the
+  round trip matters, ``broadcast_apply: streamed`` avoids both the copy and the staging.
 - A group of its own (a ``TCPStore`` hosted by trainer rank 0 and a standalone process group), separate from the
   trainer's FSDP2 group, so the engines never join the trainer's collectives.
 - Members are fixed when the group forms: when an engine is replaced the driver forms a new group
