@@ -172,6 +172,7 @@ def _timed_packs(cast, bucket_bytes: int, seconds: dict, device):
         seconds["pack"] += time.perf_counter() - tick
         del group
         yield bucket
+        del bucket  # sent: not alive while the next is cast and packed
 
 
 def _timed_cast(cast, seconds: dict, device):
