@@ -20,10 +20,18 @@ Key decisions:
 - A stream that fails after a bucket was copied leaves mixed weights: the engine is then *broken*. It stays
   paused, refuses ``generate``, ``resume`` and ``update_weights`` with the failure (so the proxy marks it failed
   and its recovery replaces it), until a later stream delivers a whole update (the publish's retry, sent to a
-  re-formed group, does). A stream that failed before copying anything leaves the old weights whole: only that
-  update fails. A stream superseded by a later one (the old group of a retried publish failing late) changes
-  nothing: the later stream decides.
-- A failed apply (a mismatch) does not break the collective: ``WeightGroup.receive_streamed`` drains the rest
+  re-formed group, does). A stream that failed before copying anything leaves the weights as they were: only
+  that update fails (a broken engine stays broken and paused).
+- Streams may overlap: a publish retried over a re-formed group while the old group's stream still waits.
+  The engine stays paused until the last one ends, and runs again only if it ran before the first began and
+  its weights are whole, so no bucket of either lands on a running engine. A superseded stream's failure is
+  not reported (the later stream reports the update), but mixed weights it left mark the engine broken
+  unless a later stream already applied a whole update.
+- A stream whose caller gives up (the driver cancels ``stage_weights`` past its deadline) leaves its receiving
+  thread running, which may still copy buckets: the engine is broken from then on, never resumed under it.
+- Loading a bucket is bounded by the group's deadline (``weight_sync.timeout_s``): an engine that does not load
+  it in time (its step thread wedged) is a ``WeightSyncTimeout`` and, since the copy may still land, broken.
+- A failed apply (a mismatch, a deadline) does not break the collective: ``WeightGroup.receive_streamed`` drains the rest
   of the stream, so every other member still gets the whole update; a failed broadcast raises as it happens.
 """
 
@@ -33,8 +41,8 @@ import asyncio
 from typing import Any
 
 from asyncrl.weight_sync.broadcast import WeightGroup
-from asyncrl.weight_sync.flat import FlatWeights, unpack_state
-from asyncrl.weight_sync.protocol import WeightSyncError
+from asyncrl.weight_sync.flat import DeviceBucket, unpack_state
+from asyncrl.weight_sync.protocol import WeightSyncError, WeightSyncTimeout
 from asyncrl.weight_sync.receiver import expected_shapes
 
 
@@ -50,8 +58,14 @@ class StreamedApply:
         self.failed: dict[int, WeightSyncError] = {}
         """Streams that failed, by version: ``update_weights`` of one raises its failure."""
         self._resume_after = False
+        """Whether the engine ran before the streams now in flight (or the one that broke it) paused it."""
         self._streams = 0
-        """Streams begun; a failure of one that a later one superseded changes nothing."""
+        """Streams begun, numbering them; a failure of one that a later one superseded is not reported."""
+        self._in_flight = 0
+        """Streams begun and not ended: they overlap when a publish is retried over a re-formed group while
+        the old group's stream still waits; the engine stays paused until the last one ends."""
+        self._whole = 0
+        """The number of the latest stream that applied a whole update."""
 
     def check_serving(self, what: str) -> None:
         """``WeightSyncError`` when the engine must not serve (``broken``), naming ``what`` was refused."""
@@ -62,17 +76,26 @@ class StreamedApply:
         """Receive the next broadcast and apply it bucket by bucket (the engine paused meanwhile); its version.
         A failed apply is recorded (``failed``) and the version returned, so the group's publish succeeds and
         the proxy's ``update_weights`` reports it; a failed broadcast raises."""
-        core = self.engine.core
+        if self._in_flight == 0 and self.broken is None:
+            self._resume_after = not self.engine.core.paused  # what to return to once no stream is in flight
+        self._in_flight += 1
         self._streams += 1
-        mine = self._streams
-        if self.broken is None:
-            self._resume_after = not core.paused
-        await self.engine.pause()
+        try:
+            await self.engine.pause()
+            return await self._receive(group, self._streams)
+        finally:
+            self._in_flight -= 1
+            if self._in_flight == 0 and self.broken is None and self._resume_after:
+                await self.engine.resume()
+
+    async def _receive(self, group: WeightGroup, mine: int) -> int:
+        """``receive`` of stream number ``mine``, the engine paused."""
         loop = asyncio.get_running_loop()
+        deadline_s = group.timeout.total_seconds()
         seen: set[str] = set()
         state: dict[str, Any] = {"version": None, "touched": False, "error": None}
 
-        def apply(flat: FlatWeights) -> None:
+        def apply(flat: DeviceBucket) -> None:
             try:
                 state["version"] = flat.version
                 if flat.version < self.engine.version:
@@ -80,10 +103,17 @@ class StreamedApply:
                         f"weight update v{flat.version} is older than the served v{self.engine.version}; refused"
                     )
                 named = unpack_state(flat)
+                copied = asyncio.run_coroutine_threadsafe(self.engine.apply_bucket(named), loop)
                 try:
-                    asyncio.run_coroutine_threadsafe(self.engine.apply_bucket(named), loop).result()
+                    copied.result(deadline_s)
                 except ValueError as error:
                     raise WeightSyncError(f"weight update v{flat.version}: {error}") from None
+                except TimeoutError:
+                    copied.cancel()
+                    state["touched"] = True  # the engine may still copy it: the weights may be mixed
+                    raise WeightSyncTimeout(
+                        f"weight update v{flat.version}: the engine did not load a bucket within {deadline_s:g} s"
+                    ) from None
                 state["touched"] = True
                 seen.update(named)
             except Exception as error:
@@ -92,28 +122,27 @@ class StreamedApply:
 
         try:
             version = await asyncio.to_thread(group.receive_streamed, apply)
+        except asyncio.CancelledError:  # the receiving thread goes on, and may copy buckets yet
+            self.broken = WeightSyncError("a streamed update was cancelled while its buckets arrived")
+            raise
         except Exception as error:
-            if mine != self._streams:
-                raise  # a later stream (the publish's retry over a re-formed group) owns the engine's state
-            if state["touched"]:
+            if state["touched"] and self._whole < mine:  # mixed weights, whichever stream left them
                 self.broken = _as_sync_error(error)
-            elif self._resume_after:
-                await self.engine.resume()
+            if mine != self._streams:
+                raise  # superseded: the later stream (the publish's retry) reports this update
             if error is not state["error"] or state["version"] is None:
                 raise  # the broadcast itself failed: the group's publish re-forms it and sends again
             self.failed[state["version"]] = _as_sync_error(error)
             return state["version"]
-        missing = sorted(expected_shapes(core.model).keys() - seen)
+        missing = sorted(expected_shapes(self.engine.core.model).keys() - seen)
         if missing:
             self.broken = self.failed[version] = WeightSyncError(
                 f"weight update v{version}: missing tensor(s) {missing[:5]} ({len(missing)} in all)"
             )
             return version
         await self.engine.finish_stream(version)
-        self.version, self.broken = version, None
+        self.version, self.broken, self._whole = version, None, max(self._whole, mine)
         self.failed = {v: e for v, e in self.failed.items() if v > version}
-        if self._resume_after:
-            await self.engine.resume()
         return version
 
     def confirm(self, version: int) -> None:

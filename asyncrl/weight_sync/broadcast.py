@@ -17,6 +17,16 @@ Key decisions:
   ``partial_rollout``) the built-in engine applies each bucket as it arrives (``receive_streamed``, holding one
   bucket; ``runtime.streamed_apply``), and so does vLLM's worker (``engine/vllm/worker_main.py``: ``_stream``,
   two buckets at most). ``HeldBytes`` counts what a receiver holds, so tests check it.
+- Where a received bucket lives (the built-in engine; vLLM's worker receives in its own code). Streamed: where
+  the group moves bytes (``staging_device``: the GPU under NCCL), as a ``DeviceBucket`` the engine loads from
+  views of, so over NCCL a bucket goes GPU → model with no host copy. Staged: in host memory (pinned when the
+  member is on CUDA, so the later copy into the model is a DMA), each bucket a device → host copy under NCCL
+  as it arrives (through one bucket's transient buffer on the GPU) and a host → device copy when applied. The
+  trade is deliberate: a staged update is a whole copy of the weights per engine, and on the engine's GPU that
+  copy would sit beside the serving weights and the KV pool (an 8B model in bf16 is 16 GB more per engine
+  GPU), while host memory has room for it; the round trip costs two PCIe copies per update, paid off the
+  serving path (at publish, and at apply while the engine is paused anyway). No setting changes it: where the
+  round trip matters, ``broadcast_apply: streamed`` avoids both the copy and the staging.
 - A group of its own (a ``TCPStore`` hosted by trainer rank 0 and a standalone process group), separate from the
   trainer's FSDP2 group, so the engines never join the trainer's collectives.
 - Members are fixed when the group forms: when an engine is replaced the driver forms a new group
@@ -25,7 +35,7 @@ Key decisions:
   mid-broadcast is a ``WeightSyncError`` naming the rank, never a hang.
 - The sender packs each bucket where the group moves bytes (``staging_device``: the GPU under NCCL, host memory
   under gloo), from tensors ``Trainer.sync_tensors`` already cast to the serving dtype, so over NCCL a bucket
-  never crosses host memory on rank 0. A staged receiver still holds whole updates (see the first decision).
+  never crosses host memory on rank 0.
 - Each bucket travels as a small header then its buffers; an empty header ends the update. Buffers cross as
   raw bytes (``weight_sync.flat``), so every dtype travels alike. The header is plain JSON, not a pickle, so
   a member that cannot import asyncrl (the vLLM worker, ``engine/vllm/worker_main.py``) reads it too.
@@ -45,16 +55,15 @@ from __future__ import annotations
 
 import contextlib
 import json
-import weakref
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from datetime import timedelta
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.multiprocessing.reductions import StorageWeakRef
 
-from asyncrl.weight_sync.flat import FlatWeights, TensorEntry, carrier_of, layout_of
+from asyncrl.weight_sync.flat import DeviceBucket, FlatWeights, TensorEntry, carrier_of, layout_of
 from asyncrl.weight_sync.protocol import WeightSyncError, WeightSyncTimeout
 
 GROUP_PREFIX = "asyncrl-weights"
@@ -77,6 +86,8 @@ class WeightGroup:
         self.backend = backend_for(self.device)
         self.staging_device = staging_device(self.backend, self.device)
         """Where this member's bucket buffers live: the GPU under NCCL, host memory under gloo."""
+        self.pin_staged = pin_staged(self.device)
+        """Whether a staged receive lands in pinned host memory (module docstring: where a bucket lives)."""
         self.timeout = timeout
         self.held = HeldBytes()
         """Bytes of received buffers still alive, during and after the last ``receive``/``receive_streamed``."""
@@ -120,19 +131,22 @@ class WeightGroup:
         self.send(packed())
         return sent
 
-    def receive(self) -> list[FlatWeights]:
-        """Ranks 1..E: every bucket of one update, as ``FlatWeights`` this process owns (staged apply)."""
+    def receive(self) -> list[DeviceBucket]:
+        """Ranks 1..E: every bucket of one update, in host memory this process owns (staged apply; pinned
+        where the member is on CUDA)."""
         self.held = HeldBytes()
-        return list(self._buckets())
+        return list(self._buckets(torch.device("cpu"), pin=self.pin_staged))
 
-    def receive_streamed(self, apply: Callable[[FlatWeights], None]) -> int:
+    def receive_streamed(self, apply: Callable[[DeviceBucket], None]) -> int:
         """Ranks 1..E: hand each bucket to ``apply`` as it arrives and drop it before the next is received,
-        so at most one bucket is held (``held.peak``); the update's version. The first error ``apply`` raises
-        is raised once the stream has ended: the rest is received unapplied, so the group's collectives stay
-        in step for every other member. A failed broadcast raises as it happens (``_named_failure``)."""
+        so at most one bucket is held (``held.peak``); the update's version. Each bucket stays where the
+        group received it (``staging_device``: on the GPU under NCCL, never copied to host). The first error
+        ``apply`` raises is raised once the stream has ended: the rest is received unapplied, so the group's
+        collectives stay in step for every other member. A failed broadcast raises as it happens
+        (``_named_failure``)."""
         self.held = HeldBytes()
         version, failure = None, None
-        for flat in self._buckets():
+        for flat in self._buckets(self.staging_device, pin=False):
             if version is not None and flat.version != version:
                 failure = failure or WeightSyncError(
                     f"weight group rank {self.rank}: one update carries versions {version} and {flat.version}"
@@ -150,23 +164,25 @@ class WeightGroup:
             raise WeightSyncError(f"weight group rank {self.rank}: an update of no buckets")
         return version
 
-    def _buckets(self) -> Iterator[FlatWeights]:
+    def _buckets(self, device: torch.device, *, pin: bool) -> Iterator[DeviceBucket]:
         while header := self._receive_header():
-            yield self._receive_bucket(header)
+            yield self._receive_bucket(header, device, pin=pin)
 
-    def _receive_bucket(self, header: bytes) -> FlatWeights:
-        """One bucket's buffers after its header, each counted in ``held`` while it lives."""
+    def _receive_bucket(self, header: bytes, device: torch.device, *, pin: bool) -> DeviceBucket:
+        """One bucket's buffers after its header, received into fresh ``uint8`` tensors on ``device`` (pinned
+        host memory with ``pin``), each counted in ``held`` while any view of it lives."""
         fields = json.loads(header)
         buffers = {}
         for dtype, size, carrier in fields["buffers"]:
-            buffer = self.held.track(np.empty(size, np.dtype(carrier)))
-            self._broadcast(torch.from_numpy(buffer.view(np.uint8)), into=True)
+            nbytes = size * np.dtype(carrier).itemsize
+            buffer = self.held.track(torch.empty(nbytes, dtype=torch.uint8, device=device, pin_memory=pin))
+            self._broadcast(buffer, into=True)
             buffers[dtype] = buffer
         manifest = tuple(
             TensorEntry(name=name, dtype=dtype, shape=tuple(shape), offset=offset)
             for name, dtype, shape, offset in fields["manifest"]
         )
-        return FlatWeights(version=fields["version"], manifest=manifest, buffers=buffers)
+        return DeviceBucket(version=fields["version"], manifest=manifest, buffers=buffers)
 
     def _send_header(self, header: bytes) -> None:
         self._broadcast(torch.tensor([len(header)], dtype=torch.int64))
@@ -183,8 +199,8 @@ class WeightGroup:
         return header.numpy().tobytes()
 
     def _broadcast(self, tensor: torch.Tensor, *, into: bool = False) -> None:
-        """Broadcast ``tensor`` from rank 0; with ``into`` the received bytes are copied back into it (NCCL
-        works on device copies, gloo on the CPU tensor itself)."""
+        """Broadcast ``tensor`` from rank 0; with ``into`` the received bytes land in it: directly when it is on
+        the group's device, else through a device copy (NCCL only moves device memory) copied straight in."""
         if tensor.device == self.staging_device:
             on_device = tensor
         elif into:  # its bytes are about to be overwritten: allocate there, copy nothing up
@@ -196,7 +212,7 @@ class WeightGroup:
         with self._named_failure("a broadcast"):
             self._group.broadcast([on_device], options).wait(self.timeout)
         if into and on_device is not tensor:
-            tensor.copy_(on_device.cpu())
+            tensor.copy_(on_device)
 
     @contextlib.contextmanager
     def _named_failure(self, what: str) -> Iterator[None]:
@@ -212,21 +228,27 @@ class WeightGroup:
 
 
 class HeldBytes:
-    """The bytes of the arrays ``track`` was given that are still alive (a weak reference each), and the most
-    alive at once: what a receiver holds, counted, not inferred from its code."""
+    """The bytes of the tensors ``track`` was given whose memory is still alive, and the most alive at once:
+    what a receiver holds, counted, not inferred from its code, on any device.
+
+    A tensor counts while its storage lives (a weak reference to the storage, not to the tensor object: the
+    views an engine loads from keep the storage alive after the tensor object is gone). Liveness is read at
+    each ``track``, the only moment the count can rise, so ``peak`` is exact, and at each read of ``held``."""
 
     def __init__(self) -> None:
-        self.held = 0
         self.peak = 0
+        self._tracked: list[tuple[StorageWeakRef, int]] = []
 
-    def track(self, array: np.ndarray) -> np.ndarray:
-        self.held += array.nbytes
+    @property
+    def held(self) -> int:
+        self._tracked = [(ref, nbytes) for ref, nbytes in self._tracked if not ref.expired()]
+        return sum(nbytes for _, nbytes in self._tracked)
+
+    def track(self, tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        self._tracked.append((StorageWeakRef(storage), storage.nbytes()))
         self.peak = max(self.peak, self.held)
-        weakref.finalize(array, self._release, array.nbytes)
-        return array
-
-    def _release(self, nbytes: int) -> None:
-        self.held -= nbytes
+        return tensor
 
 
 def header_of(flat: FlatWeights | DeviceBucket) -> bytes:
@@ -247,28 +269,6 @@ def header_of(flat: FlatWeights | DeviceBucket) -> bytes:
     ).encode()
 
 
-@dataclass(frozen=True, kw_only=True, eq=False)
-class DeviceBucket:
-    """One bucket packed where its tensors already are: ``buffers[dtype]`` is a flat ``uint8`` tensor on the
-    group's device holding every entry of that dtype, laid out as ``FlatWeights`` lays them out."""
-
-    version: int
-    manifest: tuple[TensorEntry, ...]
-    buffers: dict[str, torch.Tensor]
-
-    def to_host(self) -> FlatWeights:
-        """A host copy (for the catch-up that trainer rank 0 keeps with engine recovery); a device → host copy
-        per buffer, so only ``publish_weights(retain=True)`` pays it."""
-        buffers = {
-            dtype: buffer.cpu().numpy().view(carrier_of(dtype)) for dtype, buffer in self.buffers.items()
-        }
-        return FlatWeights(version=self.version, manifest=self.manifest, buffers=buffers)
-
-    def without_buffers(self) -> FlatWeights:
-        """The version and manifest only: what the publisher reports once the bucket is sent."""
-        return FlatWeights(version=self.version, manifest=self.manifest, buffers={})
-
-
 def pack_on_device(
     named_tensors: list[tuple[str, torch.Tensor]], version: int, device: torch.device
 ) -> DeviceBucket:
@@ -285,6 +285,13 @@ def pack_on_device(
             if owner:
                 typed[entry.dtype][entry.offset : entry.end].copy_(tensor.detach().reshape(-1))
     return DeviceBucket(version=version, manifest=tuple(entries), buffers=buffers)
+
+
+def pin_staged(device: torch.device) -> bool:
+    """Whether a member on ``device`` stages updates in pinned host memory: where its model is on a GPU (the
+    copy into it is then a DMA, and pinned memory exists only with CUDA); pageable elsewhere (pinning a CPU
+    engine's staging would only lock memory)."""
+    return device.type == "cuda" and torch.cuda.is_available()
 
 
 def staging_device(backend: str, device: torch.device | str) -> torch.device:

@@ -1,6 +1,10 @@
-"""Flat weights: a state dict as one contiguous numpy buffer per dtype plus a manifest, carrying its version.
+"""Flat weights: a state dict as one contiguous buffer per dtype plus a manifest, carrying its version.
 
-Key decision: buffers are plain numpy arrays of unsigned integers of the dtype's width (bfloat16 has no numpy
+Two holders of one layout: ``FlatWeights`` (host numpy buffers: what the object store carries) and
+``DeviceBucket`` (flat ``uint8`` torch tensors on one device: what the broadcast transport packs and
+receives, on the GPU under NCCL). ``unpack_state`` views either, so an engine applies both through one path.
+
+Key decision: ``FlatWeights``' buffers are plain numpy arrays of unsigned integers of the dtype's width (bfloat16 has no numpy
 dtype, so every dtype travels as raw ``uint8/16/32/64`` words). Ray's object store hands numpy buffers to a
 reader zero-copy (a 10 MiB get ≈ 0.2 ms, against 6-46 ms for a dict of torch tensors, MACHINE-NOTES), and
 ``unpack_state`` turns them back into tensors that are views, not copies. Memory shared by two names (tied
@@ -91,8 +95,31 @@ def pack_state(named_tensors: NamedTensors, version: int) -> FlatWeights:
     return FlatWeights(version=version, manifest=tuple(entries), buffers=buffers)
 
 
-def unpack_state(flat: FlatWeights) -> dict[str, torch.Tensor]:
-    """Tensors by name that view ``flat``'s buffers (no copy), after ``check_flat``.
+@dataclass(frozen=True, kw_only=True, eq=False)
+class DeviceBucket:
+    """``FlatWeights``' layout with torch buffers: ``buffers[dtype]`` is a flat ``uint8`` tensor (on any one
+    device: the GPU under NCCL, host memory under gloo or for a staged receive) holding every entry of that
+    dtype, so a bucket can travel and be applied where it is, never through numpy."""
+
+    version: int
+    manifest: tuple[TensorEntry, ...]
+    buffers: dict[str, torch.Tensor]
+
+    def to_host(self) -> FlatWeights:
+        """A host copy as ``FlatWeights`` (for the catch-up that trainer rank 0 keeps with engine recovery): a
+        device → host copy per buffer, so only ``publish_weights(retain=True)`` pays it."""
+        buffers = {
+            dtype: buffer.cpu().numpy().view(carrier_of(dtype)) for dtype, buffer in self.buffers.items()
+        }
+        return FlatWeights(version=self.version, manifest=self.manifest, buffers=buffers)
+
+    def without_buffers(self) -> FlatWeights:
+        """The version and manifest only: what the publisher reports once the bucket is sent."""
+        return FlatWeights(version=self.version, manifest=self.manifest, buffers={})
+
+
+def unpack_state(flat: FlatWeights | DeviceBucket) -> dict[str, torch.Tensor]:
+    """Tensors by name that view ``flat``'s buffers (no copy, on the buffers' device), after ``check_flat``.
 
     The views share memory with the buffers, which the object store hands out read-only: copy from them
     (as an engine's weight update does), never write into them.
@@ -102,7 +129,7 @@ def unpack_state(flat: FlatWeights) -> dict[str, torch.Tensor]:
     return {e.name: typed[e.dtype][e.offset : e.end].view(e.shape) for e in flat.manifest}
 
 
-def check_flat(flat: FlatWeights) -> None:
+def check_flat(flat: FlatWeights | DeviceBucket) -> None:
     """``ValueError`` naming the first broken part of the manifest contract (module docstring)."""
     if not isinstance(flat.version, int):
         raise ValueError(f"flat weights: version must be an int, got {flat.version!r}")
@@ -115,7 +142,7 @@ def check_flat(flat: FlatWeights) -> None:
     for entry in flat.manifest:
         _check_entry(entry, flat.buffers)
     for dtype, buffer in flat.buffers.items():
-        _check_tiling(dtype, len(buffer), [e for e in flat.manifest if e.dtype == dtype])
+        _check_tiling(dtype, _elements(buffer, dtype), [e for e in flat.manifest if e.dtype == dtype])
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -159,15 +186,34 @@ def _carrier(dtype: str, name: str | None = None) -> np.dtype:
     return _CARRIERS[width]
 
 
-def _typed(buffer: np.ndarray, dtype: str) -> torch.Tensor:
-    """The buffer's words reinterpreted as ``dtype`` elements, sharing memory."""
+def _typed(buffer: np.ndarray | torch.Tensor, dtype: str) -> torch.Tensor:
+    """The buffer's words (or bytes, a ``DeviceBucket``'s) reinterpreted as ``dtype`` elements, sharing memory."""
+    if isinstance(buffer, torch.Tensor):
+        return buffer.view(getattr(torch, dtype))
     with warnings.catch_warnings():  # object-store buffers are read-only; the views are only ever read
         warnings.simplefilter("ignore", UserWarning)
         return torch.from_numpy(buffer).view(getattr(torch, dtype))
 
 
+def _elements(buffer: np.ndarray | torch.Tensor, dtype: str) -> int:
+    """How many ``dtype`` elements the buffer holds."""
+    if isinstance(buffer, torch.Tensor):
+        return buffer.numel() // getattr(torch, dtype).itemsize
+    return len(buffer)
+
+
 def _check_buffer(dtype: str, buffer: object) -> None:
     carrier = _carrier(dtype)
+    if isinstance(buffer, torch.Tensor):
+        width = getattr(torch, dtype).itemsize
+        if buffer.dtype != torch.uint8 or buffer.dim() != 1 or buffer.numel() % width:
+            raise ValueError(
+                f"flat weights: the {dtype} buffer must be a 1-D uint8 tensor of whole {width}-byte "
+                f"elements, got {buffer.dtype} with shape {tuple(buffer.shape)}"
+            )
+        if not buffer.is_contiguous():
+            raise ValueError(f"flat weights: the {dtype} buffer is not contiguous")
+        return
     if not isinstance(buffer, np.ndarray) or buffer.ndim != 1 or buffer.dtype != carrier:
         got = f"{buffer.dtype} with shape {buffer.shape}" if isinstance(buffer, np.ndarray) else type(buffer)
         raise ValueError(f"flat weights: the {dtype} buffer must be a 1-D {carrier} array, got {got}")
@@ -175,7 +221,7 @@ def _check_buffer(dtype: str, buffer: object) -> None:
         raise ValueError(f"flat weights: the {dtype} buffer is not contiguous")
 
 
-def _check_entry(entry: TensorEntry, buffers: Mapping[str, np.ndarray]) -> None:
+def _check_entry(entry: TensorEntry, buffers: Mapping[str, np.ndarray | torch.Tensor]) -> None:
     if entry.dtype not in buffers:
         raise ValueError(
             f"flat weights: tensor {entry.name!r} has dtype {entry.dtype} but there is no such buffer"
@@ -184,7 +230,7 @@ def _check_entry(entry: TensorEntry, buffers: Mapping[str, np.ndarray]) -> None:
         raise ValueError(
             f"flat weights: tensor {entry.name!r} has bad shape {entry.shape} or offset {entry.offset}"
         )
-    size = len(buffers[entry.dtype])
+    size = _elements(buffers[entry.dtype], entry.dtype)
     if entry.end > size:
         raise ValueError(
             f"flat weights: tensor {entry.name!r} spans [{entry.offset}, {entry.end}) beyond the "

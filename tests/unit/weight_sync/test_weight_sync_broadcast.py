@@ -11,7 +11,7 @@ import torch
 from asyncrl.config.run import load_run_config
 from asyncrl.config.weight_sync import WeightSyncConfig
 from asyncrl.trainer.distributed.process_group import free_port
-from asyncrl.weight_sync.broadcast import header_of, pack_on_device, staging_device
+from asyncrl.weight_sync.broadcast import header_of, pack_on_device, pin_staged, staging_device
 from asyncrl.weight_sync.flat import pack_state, unpack_state
 
 BUCKETS = [
@@ -88,6 +88,14 @@ def test_nccl_stages_on_the_gpu_and_gloo_in_host_memory():
         staging_device("mpi", "cpu")
 
 
+def test_a_staged_update_lands_in_pinned_host_memory_only_for_an_engine_on_cuda(monkeypatch):
+    """Pinned memory speeds the host → GPU copy at apply; for a CPU engine it would only lock memory."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert pin_staged(torch.device("cuda", 0)) and not pin_staged(torch.device("cpu"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert not pin_staged(torch.device("cuda", 0))
+
+
 def test_the_sender_holds_at_most_two_packed_buckets_at_once():
     """Rank 0 packs lazily: while bucket k+1 is packed only bucket k may still be alive (no whole-model copy)."""
     import weakref
@@ -113,3 +121,66 @@ def test_the_sender_holds_at_most_two_packed_buckets_at_once():
     group.send(packed())
     assert sent.count(256 * 4) == 6  # every bucket's bytes went out
     assert max(peak) <= 2
+
+
+class _Replay:
+    """A receiver's process group that replays what a sender broadcast (recorded in order): a host tensor is
+    filled with the recorded bytes, a ``meta`` tensor (a stand-in for a GPU: no host copy of it can exist) only
+    checked for size, as a collective writes in place on whatever device the tensor is."""
+
+    def __init__(self, sent: list[torch.Tensor]) -> None:
+        self.sent = sent
+        self.filled: list[torch.Tensor] = []
+
+    def broadcast(self, tensors, options):
+        (tensor,), recorded = tensors, self.sent.pop(0)
+        assert tensor.dtype == recorded.dtype and tensor.shape == recorded.shape
+        if tensor.device.type != "meta":
+            tensor.copy_(recorded)
+        self.filled.append(tensor)
+        return type("Done", (), {"wait": lambda self, timeout: True})()
+
+
+def _loopback(buckets, version: int, staging: torch.device):
+    """A sender and a receiver ``WeightGroup`` without a process group: the headers the sender sends are handed
+    over as they are, the buffers it broadcasts are replayed into the receiver's own ``_broadcast``, whose
+    buckets are staged on ``staging``."""
+    from asyncrl.weight_sync.broadcast import HeldBytes, WeightGroup
+
+    sender = WeightGroup.__new__(WeightGroup)
+    sender.rank, sender.staging_device, headers, sent = 0, torch.device("cpu"), [], []
+    sender._send_header = headers.append
+    sender._broadcast = lambda tensor, into=False: sent.append(tensor.clone())
+    sender.send_packed(buckets, version)
+    receiver = WeightGroup.__new__(WeightGroup)
+    receiver.rank, receiver.world_size, receiver.timeout = 1, 2, 60
+    receiver.device = receiver.staging_device = staging
+    receiver.pin_staged, receiver.held, receiver._group = False, HeldBytes(), _Replay(sent)
+    receiver._receive_header = lambda: headers.pop(0)
+    return receiver
+
+
+def test_a_streamed_bucket_stays_on_the_staging_device_and_is_applied_from_views_of_it(monkeypatch):
+    """Staging that is not host memory (``meta`` standing in for NCCL's GPU): each bucket reaches ``apply`` as
+    the very tensors the collective filled, on that device, and nothing is copied to host on the way."""
+    receiver = _loopback([list(bucket.items()) for bucket in BUCKETS], 3, torch.device("meta"))
+
+    def host_copy(tensor, *args, **kwargs):
+        raise AssertionError(f"a host copy of a {tensor.device} tensor on the streamed path")
+
+    monkeypatch.setattr(torch.Tensor, "cpu", host_copy)
+    applied = []
+
+    def apply(flat) -> None:
+        assert all(isinstance(b, torch.Tensor) and b.device.type == "meta" for b in flat.buffers.values())
+        # the collective filled the bucket's own buffers: no staging copy in between
+        assert all(any(b is t for t in receiver._group.filled) for b in flat.buffers.values())
+        receiver._group.filled.clear()  # hold nothing past this bucket, as an engine does
+        views = unpack_state(flat)
+        applied.append({name: (v.device.type, v.dtype, tuple(v.shape)) for name, v in views.items()})
+
+    assert receiver.receive_streamed(apply) == 3
+    assert applied == [
+        {name: ("meta", t.dtype, tuple(t.shape)) for name, t in bucket.items()} for bucket in BUCKETS
+    ]
+    assert receiver.held.peak == max(sum(t.nbytes for t in b.values()) for b in BUCKETS)  # one bucket at once

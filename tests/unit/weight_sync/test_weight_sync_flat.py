@@ -12,6 +12,7 @@ from tied_model import tiny_tied_qwen2
 
 from asyncrl.models.loading import state_dict_for_sync
 from asyncrl.weight_sync import (
+    DeviceBucket,
     FlatWeights,
     TensorEntry,
     pack_state,
@@ -167,3 +168,37 @@ def test_tensor_entry_arithmetic():
     entry = TensorEntry(name="w", dtype="float32", shape=(2, 3), offset=5)
     assert (entry.numel, entry.end) == (6, 11)
     assert TensorEntry(name="s", dtype="float32", shape=(), offset=0).numel == 1
+
+
+def _as_device_bucket(flat: FlatWeights) -> DeviceBucket:
+    """``flat`` with each buffer as the flat ``uint8`` tensor a broadcast receiver holds."""
+    buffers = {dtype: torch.from_numpy(buffer.view(np.uint8)) for dtype, buffer in flat.buffers.items()}
+    return DeviceBucket(version=flat.version, manifest=flat.manifest, buffers=buffers)
+
+
+def test_a_device_bucket_unpacks_to_views_of_its_tensors_exactly_as_flat_weights_do():
+    state = mixed_state()
+    bucket = _as_device_bucket(pack_state(state, version=4))
+    out = unpack_state(bucket)
+    assert all(torch.equal(out[name], tensor) for name, tensor in state.items())
+    storages = {b.untyped_storage().data_ptr() for b in bucket.buffers.values()}
+    assert all(t.untyped_storage().data_ptr() in storages for t in out.values() if t.numel())  # views
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda b: b[:-4], r"'c.bias' spans \[12, 16\) beyond the float32 buffer of 15"),
+        (lambda b: b[:-1], "must be a 1-D uint8 tensor of whole 4-byte elements"),
+        (lambda b: b.view(torch.float32), "must be a 1-D uint8 tensor"),
+        (lambda b: b.view(2, -1), "must be a 1-D uint8 tensor"),
+        (lambda b: torch.cat([b, b])[::2], "the float32 buffer is not contiguous"),
+    ],
+)
+def test_a_device_bucket_with_a_broken_buffer_is_refused_naming_it(mutate, message):
+    bucket = _as_device_bucket(pack_state(mixed_state(), version=0))
+    broken = dataclasses.replace(
+        bucket, buffers={**bucket.buffers, "float32": mutate(bucket.buffers["float32"])}
+    )
+    with pytest.raises(ValueError, match=message):
+        unpack_state(broken)

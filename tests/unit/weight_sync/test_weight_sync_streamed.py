@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from datetime import timedelta
 from types import SimpleNamespace
 
 import pytest
@@ -93,6 +94,22 @@ def _publish(groups, actors, buckets, version: int):
     return sent.get("flats"), outcomes
 
 
+def _record_applied(group: WeightGroup) -> list[tuple[type, torch.device]]:
+    """Each bucket's buffers' (type, device) as ``group.receive_streamed`` hands them to the engine."""
+    applied: list[tuple[type, torch.device]] = []
+    receive = group.receive_streamed
+
+    def receive_streamed(apply):
+        def recorded(flat):
+            applied.extend((type(buffer), buffer.device) for buffer in flat.buffers.values())
+            apply(flat)
+
+        return receive(recorded)
+
+    group.receive_streamed = receive_streamed
+    return applied
+
+
 def _state(actor: EngineActor) -> dict[str, torch.Tensor]:
     return {name: t.clone() for name, t in actor.engine.core.model.state_dict().items()}
 
@@ -109,8 +126,13 @@ def test_streamed_apply_equals_staged_bit_for_bit_and_holds_one_bucket():
         before = _state(streamed)
         buckets = _buckets(_new_weights(streamed, seed=1))
         assert len(buckets) >= 4
+        applied = _record_applied(groups[1])
         flats, outcomes = _publish(groups, [streamed, staged], buckets, version=1)
         assert outcomes == [1, 1]
+        # streamed: applied from the torch buffers the group received into, where it received them
+        assert len(applied) >= len(buckets) and set(applied) == {(torch.Tensor, groups[1].staging_device)}
+        staged_buffers = [b for bucket in staged.staged[1] for b in bucket.buffers.values()]
+        assert all(b.device == torch.device("cpu") and not b.is_pinned() for b in staged_buffers)  # host
         assert streamed.engine.version == 1 and staged.engine.version == 0  # streamed: landed on arrival
         update = update_of_buckets(flats, "broadcast", handle=None)
         for actor in (streamed, staged):
@@ -275,5 +297,129 @@ def test_an_engine_paused_for_the_update_stays_paused_until_the_proxy_resumes_it
         asyncio.run(streamed.update_weights(update_of_buckets(flats, "broadcast", handle=None), 1))
         asyncio.run(streamed.resume())
         assert not streamed.engine.core.paused
+    finally:
+        streamed.engine.shutdown()
+
+
+def test_a_broken_engine_stays_paused_when_a_later_stream_fails_before_copying():
+    """A stream that breaks the engine (mixed weights), then one refused at its first bucket (nothing copied):
+    the engine still holds mixed weights, so it must stay paused, not generate for requests already inside."""
+    groups = _groups(2)
+    streamed, staged = _engines([*groups, None])
+    staged.engine.shutdown()
+    try:
+        core = streamed.engine.core
+        breaking = _buckets(_new_weights(streamed, seed=7))
+        name, tensor = breaking[-1][0]
+        breaking[-1][0] = (name, torch.zeros(tensor.numel() + 1))  # fails after earlier buckets were copied
+        assert _publish(groups, [streamed], breaking, version=1)[1] == [1]
+        assert streamed.streamed.broken is not None and core.paused
+        refused = _buckets(_new_weights(streamed, seed=8))
+        name, tensor = refused[0][0]
+        refused[0][0] = (name, torch.zeros(tensor.numel() + 1))  # fails before anything is copied
+        assert _publish(groups, [streamed], refused, version=2)[1] == [2]
+        assert streamed.streamed.broken is not None
+        assert core.paused  # still holding mixed weights: nothing may run on them
+    finally:
+        streamed.engine.shutdown()
+
+
+def test_overlapping_streams_resume_the_engine_once_the_last_one_ends():
+    """A publish retried over a re-formed group while the old group's stream is still in flight: the engine
+    was running before either, so it runs again once both ended, and stays paused while either is in flight
+    (no bucket of the later stream lands on a running engine)."""
+    old, new = _groups(2), _groups(2)
+    streamed, staged = _engines([None, None, None])  # each stream names its group
+    staged.engine.shutdown()
+    try:
+        core = streamed.engine.core
+
+        async def scenario() -> tuple[int, int, bool]:
+            first = asyncio.create_task(streamed.streamed.receive(old[1]))
+            await _until(lambda: core.paused, "the first stream pausing the engine")
+            second = asyncio.create_task(streamed.streamed.receive(new[1]))
+            await _until(lambda: streamed.streamed._streams == 2, "the second stream starting")
+            await asyncio.to_thread(old[0].send_packed, _buckets(_new_weights(streamed, seed=9)), 1)
+            first_version = await first
+            paused_between = core.paused  # the second stream is still in flight
+            await asyncio.to_thread(new[0].send_packed, _buckets(_new_weights(streamed, seed=9)), 1)
+            return first_version, await second, paused_between
+
+        assert asyncio.run(scenario()) == (1, 1, True)
+        assert streamed.engine.version == 1 and streamed.streamed.broken is None
+        assert not core.paused
+    finally:
+        streamed.engine.shutdown()
+
+
+async def _until(condition, what: str, deadline_s: float = 30.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + deadline_s
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"{what}: not within {deadline_s:g} s")
+        await asyncio.sleep(0.01)
+
+
+def test_an_engine_that_does_not_load_a_bucket_in_time_is_a_named_timeout_and_broken():
+    """Loading a bucket is a wait like any other: an engine whose step thread is wedged fails the update within
+    the group's deadline, and is broken (the copy may still land), while the stream is drained to its end."""
+    groups = _groups(2)
+    groups[1].timeout = timedelta(seconds=3)  # the engine's deadline; the sender keeps its own
+    streamed, staged = _engines([*groups, None])
+    staged.engine.shutdown()
+    try:
+
+        async def wedged(named) -> None:
+            await asyncio.Event().wait()
+
+        streamed.engine.apply_bucket = wedged
+        flats, outcomes = _publish(groups, [streamed], _buckets(_new_weights(streamed, seed=10)), version=1)
+        assert outcomes == [1] and flats is not None  # the whole stream was received: the sender finished
+        update = update_of_buckets(flats, "broadcast", handle=None)
+        with pytest.raises(WeightSyncError, match="v1: the engine did not load a bucket within 3 s"):
+            asyncio.run(streamed.update_weights(update, 1))
+        with pytest.raises(WeightSyncError, match="half-applied"):
+            asyncio.run(streamed.generate(SimpleNamespace(request_id="r0")))
+    finally:
+        streamed.engine.shutdown()
+
+
+def test_a_stream_cancelled_while_its_buckets_arrive_leaves_the_engine_paused_and_broken():
+    """The driver cancels ``stage_weights`` past its deadline (``get_actor``), but the receiving thread goes
+    on and may still copy buckets: the engine must not run again on those weights until a whole update."""
+    groups = _groups(2)
+    streamed, staged = _engines([*groups, None])
+    staged.engine.shutdown()
+    try:
+        core = streamed.engine.core
+        loading, release = threading.Event(), threading.Event()
+        apply_bucket = streamed.engine.apply_bucket
+
+        async def slow(named) -> None:
+            loading.set()
+            await asyncio.to_thread(release.wait, 30)
+            await apply_bucket(named)
+
+        streamed.engine.apply_bucket = slow
+        sender = threading.Thread(
+            target=groups[0].send_packed, args=(_buckets(_new_weights(streamed, seed=11)), 1)
+        )
+        sender.start()
+
+        async def scenario() -> None:
+            receiving = asyncio.create_task(streamed.stage_weights())
+            await asyncio.to_thread(loading.wait, 30)
+            receiving.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await receiving
+            release.set()
+            await asyncio.to_thread(sender.join, 60)  # the rest of the stream lands after the cancel
+
+        asyncio.run(scenario())
+        assert not sender.is_alive()
+        assert core.paused and streamed.streamed.broken is not None
+        with pytest.raises(WeightSyncError, match="half-applied"):
+            asyncio.run(streamed.resume())
     finally:
         streamed.engine.shutdown()
