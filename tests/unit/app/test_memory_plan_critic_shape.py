@@ -11,6 +11,8 @@ import pytest
 
 from asyncrl.app import memory_plan as mp
 from asyncrl.app.plan_memory import Layout, MemoryCheck
+from asyncrl.app.planner import Planner
+from asyncrl.cli.main import main
 from asyncrl.config.run import load_run_config
 from asyncrl.models.tiny import build_tiny_model
 from asyncrl.sim.derive import load_sim_config
@@ -114,3 +116,22 @@ def test_asyncrl_plan_drops_by_the_critics_own_shape(shapes, tmp_path) -> None:
     planned = mp.plan(config, check.shape, check.longest, check.hardware)
     trainer = {t.name: t for t in planned.roles[0].terms}
     assert trainer["critic"].bytes == 4 * SMALL_BODY * 4  # the config's model.dtype: float32
+
+
+def test_asyncrl_plan_prints_which_shape_the_critic_is_costed_at(
+    shapes, tmp_path, monkeypatch, capsys
+) -> None:
+    _, large = shapes
+    run = tmp_path / "run.yaml"
+    run.write_text(f"advantage: {{name: gae}}\ncritic: {{type: separate, model_path: {tmp_path / 'gone'}}}\n")
+
+    def stop(*args, **kwargs):  # what is printed before the simulations is all this test reads
+        raise ValueError("stopped before simulating")
+
+    monkeypatch.setattr(Planner, "search", stop)
+    assert main(["plan", f"model={large}", "hardware=h100", f"memory.train_config={run}", "--gpus", "8"]) == 2
+    out = capsys.readouterr().out
+    assert (
+        f"separate critic costed at the policy's shape, since critic.model_path {str(tmp_path / 'gone')!r}"
+        in out
+    )
