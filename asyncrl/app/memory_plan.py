@@ -9,7 +9,9 @@ on a laptop before it loads tens of GB on a rented GPU. The terms follow the cod
   gradients (sharded, or whole fp32 while an unsharded accumulation holds them), AdamW's two moments and one
   foreach scratch of the optimizer step, a frozen reference copy when the loss needs one, the compute-dtype
   weight copies (autocast's cache, or FSDP's unsharded layers), activations of one micro-batch with or without
-  checkpointing, one logits chunk (checkpointed: the larger of it and one layer's recompute), the critic or value head, and the copy a weight sync publishes;
+  checkpointing, one logits chunk (checkpointed: the larger of it and one layer's recompute), the critic (at
+  ``critic.model_path``'s own shape where its ``config.json`` is here, ``sim.critic_shape``) or value head, and
+  the copy a weight sync publishes;
 - built-in engine: weights in the serving dtype (``engine.dtype``) plus its preallocated KV pool
   (``engine.max_running_requests`` slots of ``min(max_model_len, max_kv_tokens) + 1`` positions, as
   ``engine.kv_cache.pool_bytes``), and one update bucket being received (a staged broadcast keeps the
@@ -41,6 +43,7 @@ from asyncrl.config.engine import serving_dtype, vllm_serving_dtype
 from asyncrl.config.run import RunConfig
 from asyncrl.config.runtime import SwitchConfig
 from asyncrl.runtime.placement import is_colocated
+from asyncrl.sim.critic_shape import CriticShape, resolve_critic_shape
 from asyncrl.sim.model_shape import NAMED_SHAPES, ModelShape
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -343,24 +346,38 @@ def _compute_bytes(config: RunConfig, master: int) -> int:
 def _critic_terms(
     config: RunConfig, shape: ModelShape, master: int, ranks: int, tokens: int, compute: int, residual: int
 ) -> list[Term]:
+    """The value head on the policy's trunk, or a separate critic at its own shape: ``critic.model_path``'s
+    ``config.json`` where it can be read, else the policy's, the reason stated (``sim.critic_shape``)."""
     critic = config.critic
     if critic is None:
         return []
     if critic.type == "shared_trunk":
         head = shape.hidden + 1
         return [Term("value head", 4 * head * master, "weights, gradients and 2 moments of hidden + 1")]
-    body = shape.body_params  # no lm_head
-    ckpt = config.trainer.activation_checkpointing
+    body = resolve_critic_shape(critic.model_path, config.model.revision, shape)
+    return separate_critic_terms(
+        body, master, ranks, tokens, compute, residual, config.trainer.activation_checkpointing
+    )
+
+
+def separate_critic_terms(
+    critic: CriticShape, master: int, ranks: int, tokens: int, compute: int, residual: int, ckpt: bool
+) -> list[Term]:
+    """A separate critic's body (no output layer) trained in full beside the policy: its weights, gradients and
+    AdamW's two moments (sharded like the policy's), and one micro-batch's activations through its layers."""
+    params = critic.shape.body_params
+    shard = f" / {ranks} ranks" if ranks > 1 else ""
+    saved = "each layer's input (checkpointing)" if ckpt else "every layer's (no checkpointing)"
     return [
         Term(
             "critic",
-            ceil_div(4 * body * master, ranks),
-            f"weights, gradients, 2 moments of {body:,} × {master} B",
+            ceil_div(4 * params * master, ranks),
+            f"weights, gradients, 2 moments of {params:,} × {master} B{shard}, at {critic.source}",
         ),
         Term(
             "critic activations",
-            activation_bytes(shape, tokens, compute, residual, ckpt),
-            "as the policy's",
+            activation_bytes(critic.shape, tokens, compute, residual, ckpt),
+            f"{tokens:,} tokens/micro-batch, {saved}, at the critic's shape",
             "train",
         ),
     ]

@@ -45,6 +45,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from asyncrl.app.planner import Planner, why_lost, workload_from_run
+    from asyncrl.sim.trained import trained_parts
 
     path, overrides = split_config_args(args.config_args)
     if args.from_run:
@@ -54,6 +55,9 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"planning {planner.base.model} on {args.gpus} x {planner.base.hardware}: about a dozen simulations"
     )
+    critic = trained_parts(planner.base).critic_shape
+    if critic is not None:  # memory.train_config's critic.model_path: say which shape its costs are at
+        print(f"separate critic costed at {critic.source}")
     result = planner.search(alphas, args.tolerance)
     gpus = args.gpus
     print(f"{'candidate':<40} {'step_s':>9} {'samples/s':>10} {'speedup':>8} {'staleness':>9} {'engines':>8}")

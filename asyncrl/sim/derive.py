@@ -235,7 +235,9 @@ def trainer_keys(config: SimConfig, shape: ModelShape, profile: HardwareProfile)
     eff = profile.efficiency
     parts = trained_parts(config)
     context = mean_attention_context(config)
-    critic_train, critic_no_grad = trained.critic_flops(shape, context, parts.critic)
+    critic_train, critic_no_grad = trained.critic_flops(
+        shape, context, parts.critic, parts.critic_body(shape)
+    )
     train = trained.policy_train_flops(shape, context, parts.lora_rank) + critic_train
     passes = trained.no_grad_passes(config.cost.logprob_passes, parts.critic)
     no_grad = passes * trained.no_grad_pass_flops(shape, context, parts.lora_rank) + critic_no_grad

@@ -20,7 +20,11 @@ F = one forward, 2A + attention's QKᵀ and AV; L = the adapter weights a token 
   which then runs even when the loss trusts the engine's log-probs (``cost.logprob_passes: 0``).
 - Where the settings come from: the same ones ``asyncrl plan`` plans memory with (``memory.train_config``'s
   critic and ``trainer.lora``, else ``memory.critic`` and ``memory.lora_rank``), so a candidate's time and
-  memory describe one run. A ``critic.model_path`` body is costed at the policy's shape, as the memory plan does.
+  memory describe one run.
+- A separate critic's shape: ``critic.model_path``'s own (its ``config.json``, in a folder or the offline hub
+  cache) when the training config names one, else the policy's; one that cannot be read falls back to the
+  policy's with the reason kept (``sim.critic_shape``, which the memory plan uses too). ``memory``'s keys alone
+  describe a copy of the policy.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ from dataclasses import dataclass
 
 from asyncrl.config.run import load_run_config
 from asyncrl.config.sim import SimConfig
-from asyncrl.sim.model_shape import ModelShape
+from asyncrl.sim.critic_shape import CriticShape, resolve_critic_shape
+from asyncrl.sim.model_shape import ModelShape, resolve_shape
 
 ADAMW_BYTES_PER_PARAM = 32
 """AdamW's step reads and writes float32 master weights, gradients and two moments: ~16 B read and 16 B written
@@ -42,6 +47,13 @@ class TrainedParts:
 
     critic: str = "none"
     lora_rank: int = 0
+    critic_shape: CriticShape | None = None
+    """A separate critic's body as ``critic.model_path`` names it (``sim.critic_shape``); None: a copy of the
+    policy."""
+
+    def critic_body(self, policy: ModelShape) -> ModelShape:
+        """The shape a separate critic's body is costed at."""
+        return self.critic_shape.shape if self.critic_shape is not None else policy
 
 
 def trained_parts(config: SimConfig) -> TrainedParts:
@@ -52,8 +64,11 @@ def trained_parts(config: SimConfig) -> TrainedParts:
         return TrainedParts(memory.critic, memory.lora_rank)
     run = load_run_config(memory.train_config)
     lora = run.trainer.lora
+    critic, body = run.critic, None
+    if critic is not None and critic.model_path is not None:
+        body = resolve_critic_shape(critic.model_path, run.model.revision, resolve_shape(config.model))
     return TrainedParts(
-        run.critic.type if run.critic is not None else "none", lora.rank if lora is not None else 0
+        critic.type if critic is not None else "none", lora.rank if lora is not None else 0, body
     )
 
 
@@ -72,12 +87,16 @@ def no_grad_pass_flops(shape: ModelShape, context: float, lora_rank: int) -> flo
     return shape.forward_flops_per_token(context) + 2 * shape.active_lora_params(lora_rank)
 
 
-def critic_flops(shape: ModelShape, context: float, critic: str) -> tuple[float, float]:
-    """(training FLOPs, no-grad FLOPs) per trained token that ``critic`` adds to the policy's."""
-    head = 2 * (shape.hidden + 1)  # one forward of the value head
+def critic_flops(
+    shape: ModelShape, context: float, critic: str, body: ModelShape | None = None
+) -> tuple[float, float]:
+    """(training FLOPs, no-grad FLOPs) per trained token that ``critic`` adds to the policy's (``shape``); a
+    separate critic's at its ``body`` shape (default: a copy of the policy's), over the same context."""
     if critic == "separate":
-        body = shape.forward_flops_per_token(context) - 2 * shape.vocab * shape.hidden + head
-        return 3 * body, body
+        own = body or shape
+        forward = own.forward_flops_per_token(context) - 2 * own.vocab * own.hidden + 2 * (own.hidden + 1)
+        return 3 * forward, forward
+    head = 2 * (shape.hidden + 1)  # one forward of the value head on the policy's trunk
     if critic == "shared_trunk":
         return 3 * head, head
     if critic != "none":
@@ -94,8 +113,9 @@ def no_grad_passes(logprob_passes: int, critic: str) -> int:
 def trained_params(shape: ModelShape, parts: TrainedParts) -> tuple[int, int]:
     """(the policy's trained parameters: every weight or its adapters, the critic's: body and head or head)."""
     policy = shape.lora_params(parts.lora_rank) if parts.lora_rank else shape.num_params
-    head = shape.hidden + 1
-    critic = {"none": 0, "separate": shape.body_params + head, "shared_trunk": head}[parts.critic]
+    body = parts.critic_body(shape)
+    separate = body.body_params + body.hidden + 1
+    critic = {"none": 0, "separate": separate, "shared_trunk": shape.hidden + 1}[parts.critic]
     return policy, critic
 
 

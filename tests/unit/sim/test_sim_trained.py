@@ -11,6 +11,7 @@ from test_sim_derive import CARD, _config, card  # noqa: F401  (the fixture)
 from asyncrl.sim.derive import colocated_switch_parts, load_sim_config
 from asyncrl.sim.model_shape import NAMED_SHAPES
 from asyncrl.sim.trained import TrainedParts, critic_flops, trained_parts
+from tests.unit.app.test_memory_plan_critic_shape import SMALL, SMALL_BODY, tiny_config_dir
 
 PARAMS = 8_190_427_136  # Qwen3-8B, untied
 OUTPUT = 151_936 * 4096  # its output layer (and its input embedding)
@@ -109,3 +110,28 @@ def test_the_parts_come_from_the_training_config_when_one_is_named(tmp_path):
     assert trained_parts(load_sim_config(None, ["memory.lora_rank=4"])) == TrainedParts("none", 4)
     with pytest.raises(ValueError, match="critic must be"):
         critic_flops(NAMED_SHAPES["qwen3-8b"], 100, "value")
+
+
+def _critic_run(tmp_path, model_path) -> str:
+    """A training config whose separate critic starts from ``model_path``, as ``memory.train_config``."""
+    run = {"advantage": {"name": "gae"}, "critic": {"type": "separate", "model_path": str(model_path)}}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(run))
+    return f"memory.train_config={tmp_path / 'run.yaml'}"
+
+
+def test_a_critic_of_its_own_shape_is_costed_at_it(card, tmp_path):  # noqa: F811
+    critic = tiny_config_dir(tmp_path, "small", False, **SMALL)  # a 111k-parameter critic beside Qwen3-8B
+    config = _config("qwen3-8b", _critic_run(tmp_path, critic))
+    layers = 3 * (64 * (64 + 2 * 32) + 64 * 64 + 3 * 64 * 96)  # its q,k,v,o and MLP weights: no output layer
+    body = 2 * layers + 4 * 3 * 4 * 16 * 2000 + 2 * (64 + 1)  # its forward at 2000 positions, and its head
+    assert config.trainer.gpu_s_per_token == pytest.approx((3 * F + 3 * body) / TRAIN + (F + body) / LOGPROB)
+    assert config.trainer.step_overhead_s == pytest.approx(32 * (PARAMS + SMALL_BODY + 65) / ADAMW)
+    assert "the shape in the config.json of critic.model_path" in trained_parts(config).critic_shape.source
+
+
+def test_an_unreadable_critic_is_costed_at_the_policys_shape_with_the_reason(card, tmp_path):  # noqa: F811
+    config = _config("qwen3-8b", _critic_run(tmp_path, tmp_path / "nowhere"))
+    body = F - 2 * OUTPUT + 2 * HEAD
+    assert config.trainer.gpu_s_per_token == pytest.approx((3 * F + 3 * body) / TRAIN + (F + body) / LOGPROB)
+    source = trained_parts(config).critic_shape.source
+    assert source.startswith("the policy's shape, since critic.model_path") and "could not be read" in source
