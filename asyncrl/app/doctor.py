@@ -320,15 +320,20 @@ def check_plan(
                 "lower rollout.num_engines or trainer.num_workers, or plan for more GPUs (--gpus)",
             )
         )
-    for role in plan.roles:
+    for (
+        role
+    ) in plan.roles:  # a role that does not fit a GPU alone fails on its own line, not only its device's
         terms = " + ".join(t.line() for t in role.terms)
         span = f", {role.gpus_each} GPUs each" if role.gpus_each > 1 else ""
         findings.append(
-            Finding(
-                Status.OK,
+            _fits(
                 "gpu memory",
                 f"{role.name} ×{role.count}{span}: {_gb(role.total)} per GPU at its peak (held + "
                 f"{role.peak_phase}) = {terms}",
+                role.total,
+                hardware.usable_bytes,
+                f"largest term: {role.name}'s {role.largest.name} {_gb(role.largest.bytes)}; {_memory_fix(config)}",
+                unit=_gb,
             )
         )
     for device in plan.devices:

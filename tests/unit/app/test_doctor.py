@@ -80,9 +80,15 @@ def test_an_8b_model_fits_on_separate_h100s_but_not_on_one_inline(tmp_path: Path
     assert short["gpus"] is Status.FAIL  # 2 ranks + 2 engines reserve 4 GPUs
     greedy = load_run_config(None, [*common, "engine.max_running_requests=512", "engine.max_model_len=32768"])
     findings = diagnose(greedy, h100s(1))
-    memory = next(f for f in findings if f.topic == "gpu memory" and f.status is Status.FAIL)
+    failed = {
+        f.detail.split(":")[0]: f for f in findings if f.topic == "gpu memory" and f.status is Status.FAIL
+    }
+    memory = failed["the one GPU (trainer + engines, inline)"]
     assert "does not fit" in memory.detail and "max_running_requests" in memory.fix
     assert "largest term: engine's KV pool" in memory.fix
+    # each role too large for a GPU on its own fails on its own line, naming its own largest term
+    assert "largest term: engine's KV pool" in failed["engine ×1"].fix
+    assert "largest term: trainer rank's activations" in failed["trainer rank ×1"].fix
 
 
 def test_cuda_asked_for_without_a_gpu_and_a_model_missing_offline_are_failures(tmp_path, monkeypatch) -> None:
