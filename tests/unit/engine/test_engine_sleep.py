@@ -108,3 +108,37 @@ def test_an_engine_started_asleep_never_allocates_its_kv_pool_and_wakes_to_serve
 def test_an_engine_refuses_a_bad_start_level_by_name(qwen2) -> None:
     with pytest.raises(ValueError, match=r"sleep level must be 0 \(awake\), 1 .* got 3"):
         engine(qwen2, asleep=3)
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_an_engine_started_asleep_takes_a_weight_update_before_it_wakes(qwen2, level) -> None:
+    """A replacement started asleep may catch up while it sleeps (the update it is lent then): woken, it serves
+    the updated weights exactly as an awake engine given the same update."""
+    generator = torch.Generator().manual_seed(3)
+    update = [
+        (name, (p.detach().cpu() + 0.01 * torch.randn(p.shape, generator=generator)).to(p.dtype))
+        for name, p in qwen2.named_parameters()
+    ]
+    prompts = {f"r{i}": [3 + i, 7, 11] for i in range(2)}
+
+    def served(core) -> dict[str, list[int]]:
+        for rid, prompt in prompts.items():
+            core.add_request(request(rid, prompt, max_new_tokens=6, temperature=0.0, ignore_eos=True))
+        return {rid: g.token_ids for rid, g in drain(core).items()}
+
+    original = {name: p.detach().clone() for name, p in qwen2.named_parameters()}
+    try:
+        awake = engine(qwen2)
+        awake.update_weights(update, 1)
+        want = served(awake)
+        with torch.no_grad():
+            for name, p in qwen2.named_parameters():
+                p.copy_(original[name])
+        asleep = engine(qwen2, asleep=level)
+        asleep.update_weights(update, 1)
+        asleep.wake()
+        assert asleep.version == 1 and served(asleep) == want
+    finally:
+        with torch.no_grad():
+            for name, p in qwen2.named_parameters():
+                p.data = original[name].to(p.device)
