@@ -79,10 +79,8 @@ class LLMEngine:
         self.num_generated_tokens = 0
         self.busy_seconds = 0.0
         self._sequences: dict[str, Sequence] = {}
-        if asleep:
-            self.sleep(
-                asleep
-            )  # counted as a sleep, so that sleeps and wakes pair up; frees nothing at level 1
+        if asleep:  # counted as a sleep, so that sleeps and wakes pair up; frees nothing at level 1
+            self.sleep(asleep)
 
     def add_request(self, request: Request) -> None:
         """Queue a request; ``ValueError`` naming it if it is malformed or its id is already in flight."""

@@ -71,7 +71,8 @@ ENGINE_STATS = {
     "engine_num_wakes": "num_wakes",
 }
 """Metric (``colocate/<key>``) ← engine stat, read from every engine once it sleeps; the counts are each
-engine's own since it started (a replaced engine's start again)."""
+engine's own since it started (a replaced engine's start again; one started asleep counts that as a
+sleep)."""
 
 
 ENGINE_GONE = (EngineStoppedError, ActorCallError, ActorCallTimeout)
@@ -247,9 +248,10 @@ class ColocatedTrainer:
         return result
 
     def _on_engines(self, engines: list[Any], call: str, *args: Any) -> int:
-        """``engine.<call>(*args)`` on every engine of ``engines`` at once, from this (non-loop) thread, each within
-        ``timeout_s``: the bytes they report, summed; the ones that fail are logged and counted (the proxy
-        replaces a dead or wedged engine at its next control call, module docstring)."""
+        """``engine.<call>(*args)`` on every engine of ``engines`` (those the phase change listed) at once, from
+        this (non-loop) thread, each within ``timeout_s``: the bytes they report, summed; the ones that fail
+        are logged and counted (the proxy replaces a dead or wedged engine at its next control call, module
+        docstring)."""
 
         async def bounded(index: int, engine: Any) -> int | None:
             try:

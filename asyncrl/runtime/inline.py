@@ -163,8 +163,9 @@ class InlineEngineFactory:
 
     async def replace(self, index: int, failed: Any) -> Any:
         await asyncio.to_thread(_stop_engine, index, failed)
-        level = self.phase.start_level() if self.phase is not None else 0
         model, tokenizer = await asyncio.to_thread(load_configured_model, self.config.model)
+        # the phase read as late as possible: just before the pool would be allocated
+        level = self.phase.start_level() if self.phase is not None else 0
         engine = make_engine(model, tokenizer, self.config.engine, self.num_threads, asleep=level)
         if self.phase is None:
             self.engines[index] = engine
