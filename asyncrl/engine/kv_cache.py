@@ -26,13 +26,16 @@ class KVCache:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device,
+        allocate: bool = True,
     ) -> None:
+        """``allocate``: False leaves the pool released until ``restore`` (an engine started asleep)."""
         self._shape = (num_slots, num_kv_heads, max_len + 1, head_dim)
         self._layout = (num_layers, dtype, device)
         self.max_len = max_len
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
-        self.restore()
+        if allocate:
+            self.restore()
 
     @property
     def released(self) -> bool:

@@ -31,8 +31,18 @@ class LLMEngine:
     """Continuous batching over one model replica (Qwen2 or Llama architecture, on the model's device)."""
 
     def __init__(
-        self, model: torch.nn.Module, tokenizer: Any = None, config: EngineConfig | None = None
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any = None,
+        config: EngineConfig | None = None,
+        *,
+        asleep: int = 0,
     ) -> None:
+        """``asleep``: start asleep at that level (``sleep``), the KV pool never allocated until ``wake``: a
+        replacement started while a colocated trainer trains (``runtime.switch``) must not take the pool's
+        memory mid-step. Its pool is not checked against the device's free memory then (the trainer holds
+        that memory now; the run's first engines passed the check with the same settings)."""
+        _check_level(asleep, allowed=(0, 1, 2))
         self.config = config or EngineConfig()
         self.model = model
         self.tokenizer = tokenizer
@@ -45,12 +55,14 @@ class LLMEngine:
             max_model_len=self.max_model_len,
         )
         self.dtype = cast_to_serving_dtype(model, self.config.dtype)
-        check_kv_pool_fits(model, self.config, self.max_model_len)
+        if not asleep:
+            check_kv_pool_fits(model, self.config, self.max_model_len)
         self.runner = ModelRunner(
             model,
             num_slots=self.config.max_running_requests,
             max_len=self.max_model_len,
             decode_graphs=self.config.decode_graphs,
+            allocate_kv=not asleep,
         )
         self.eos_token_ids = eos_token_ids(model, tokenizer)
         self.adapters = MergedAdapters(model)
@@ -67,6 +79,8 @@ class LLMEngine:
         self.num_generated_tokens = 0
         self.busy_seconds = 0.0
         self._sequences: dict[str, Sequence] = {}
+        if asleep:  # counted as a sleep, so that sleeps and wakes pair up; frees nothing at level 1
+            self.sleep(asleep)
 
     def add_request(self, request: Request) -> None:
         """Queue a request; ``ValueError`` naming it if it is malformed or its id is already in flight."""
@@ -125,10 +139,7 @@ class LLMEngine:
         """Give the device back while a colocated trainer trains (``runtime.switch``); the bytes freed.
         Level 1 frees the KV pool; level 2 also moves the weights to host memory (pinned from CUDA). Requests
         in flight stay queued and are prefilled again after ``wake`` (their KV is gone). No step runs asleep."""
-        if level not in (1, 2):
-            raise ValueError(
-                f"engine sleep level must be 1 (KV pool) or 2 (KV pool and weights), got {level}"
-            )
+        _check_level(level, allowed=(1, 2))
         if self.asleep:
             raise RuntimeError(f"engine is already asleep (level {self.asleep}); wake it first")
         self.scheduler.reset_kv()
@@ -291,6 +302,14 @@ def cast_to_serving_dtype(model: torch.nn.Module, engine_dtype: str) -> torch.dt
     if target != current:
         model.to(target)
     return target
+
+
+def _check_level(level: int, allowed: tuple[int, ...]) -> None:
+    if level not in allowed:
+        start = "0 (awake), " if 0 in allowed else ""
+        raise ValueError(
+            f"engine sleep level must be {start}1 (KV pool) or 2 (KV pool and weights), got {level}"
+        )
 
 
 KV_POOL_MEMORY_SHARE = 0.9

@@ -34,8 +34,16 @@ class ModelRunner:
     """
 
     def __init__(
-        self, model: torch.nn.Module, *, num_slots: int, max_len: int, decode_graphs: str = "off"
+        self,
+        model: torch.nn.Module,
+        *,
+        num_slots: int,
+        max_len: int,
+        decode_graphs: str = "off",
+        allocate_kv: bool = True,
     ) -> None:
+        """``allocate_kv``: False leaves the KV pool unallocated until ``cache.restore`` (an engine started
+        asleep)."""
         self.architecture = architecture_of(model, max_len)
         self.rotary = self.architecture.rotary
         self.model = model
@@ -43,7 +51,9 @@ class ModelRunner:
         dims = kv_dimensions(model)
         self.head_dim = dims["head_dim"]
         self.device = next(model.parameters()).device
-        self.cache = KVCache(num_slots=num_slots, max_len=max_len, device=self.device, **dims)
+        self.cache = KVCache(
+            num_slots=num_slots, max_len=max_len, device=self.device, allocate=allocate_kv, **dims
+        )
         self.cos_sin = RotaryTable(
             model.model.rotary_emb, max_len=max_len, dtype=dims["dtype"], device=self.device
         )

@@ -8,7 +8,8 @@
     weights_applied: every engine holds the update ─► the trainer lets go of its packed copy
     (then the next rollout runs without it; an engine replaced meanwhile catches up from a copy packed
     again and let go once it applied it: ``catch_up``, ``runtime.republish``; one replaced while the
-    trainer trains waits for the step's publication and catches up to that)
+    trainer trains starts asleep, is woken with its peers and catches up to the step's publication:
+    ``runtime.switch_phase``)
 
 An engine that dies (or wedges) while the trainer trains fails its ``sleep``, ``stats`` or ``wake``
 (``ENGINE_GONE``, or past ``runtime.control_timeout_s``): the switch logs it, counts it
@@ -51,6 +52,7 @@ from asyncrl.config.runtime import SwitchConfig
 from asyncrl.engine.async_engine import EngineStoppedError
 from asyncrl.runtime.errors import ActorCallError, ActorCallTimeout
 from asyncrl.runtime.republish import CatchUpDeadlines, Republisher
+from asyncrl.runtime.switch_phase import SwitchPhase
 from asyncrl.trainer.offload import OffloadChoice, StateOffloader
 from asyncrl.types import Group
 from asyncrl.weight_sync.protocol import WeightUpdate
@@ -69,7 +71,8 @@ ENGINE_STATS = {
     "engine_num_wakes": "num_wakes",
 }
 """Metric (``colocate/<key>``) ← engine stat, read from every engine once it sleeps; the counts are each
-engine's own since it started (a replaced engine's start again)."""
+engine's own since it started (a replaced engine's start again; one started asleep counts that as a
+sleep)."""
 
 
 ENGINE_GONE = (EngineStoppedError, ActorCallError, ActorCallTimeout)
@@ -134,7 +137,8 @@ class ColocatedTrainer:
         self.switch = switch
         self.timeout_s = timeout_s
         self.state = state if state is not None else LocalState(inner, switch)
-        self._asleep = False
+        self.phase = SwitchPhase(engines, switch.engine_sleep_level, timeout_s)
+        """Whether the engines sleep now: a replacement starts in that phase (the engine factory reads it)."""
         self.republisher = Republisher(inner, deadlines or CatchUpDeadlines.within(timeout_s))
         """What a replaced engine catches up from once the packed copy is released (``runtime.republish``)."""
         self._metrics: dict[str, float] = {}
@@ -160,8 +164,9 @@ class ColocatedTrainer:
         phases: dict[str, float] = {}
         self.republisher.begin_step()
         self._num_failures = 0
-        self._timed(phases, "sleep", lambda: self._on_engines("sleep", self.switch.engine_sleep_level))
-        self._asleep = True
+        engines = self.phase.enter(asleep=True)
+        level = self.switch.engine_sleep_level
+        self._timed(phases, "sleep", lambda: self._on_engines(engines, "sleep", level))
         phases |= self._engines_while_training()
         self._timed(phases, "reload", self.state.reload_state)
         phases |= self.state.device_bytes()
@@ -176,9 +181,9 @@ class ColocatedTrainer:
         update = self._timed(phases, "sync", self.inner.state_for_sync, nbytes=_shipped)
         self.republisher.published()
         self._timed(phases, "offload", self.state.offload_state)
-        if self._asleep:  # not on a resume's first publish: the engines never slept
-            self._timed(phases, "wake", lambda: self._on_engines("wake"))
-            self._asleep = False
+        if self.phase.asleep:  # not on a resume's first publish: the engines never slept
+            engines = self.phase.enter(asleep=False)
+            self._timed(phases, "wake", lambda: self._on_engines(engines, "wake"))
         self._metrics.update(phases)
         self._metrics["colocate/engine_failures"] = float(self._num_failures)
         return update
@@ -242,10 +247,11 @@ class ColocatedTrainer:
         phases[f"colocate/{name}_bytes"] = float(nbytes(result))
         return result
 
-    def _on_engines(self, call: str, *args: Any) -> int:
-        """``engine.<call>(*args)`` on every engine at once, from this (non-loop) thread, each within
-        ``timeout_s``: the bytes they report, summed; the ones that fail are logged and counted (the proxy
-        replaces a dead or wedged engine at its next control call, module docstring)."""
+    def _on_engines(self, engines: list[Any], call: str, *args: Any) -> int:
+        """``engine.<call>(*args)`` on every engine of ``engines`` (those the phase change listed) at once, from
+        this (non-loop) thread, each within ``timeout_s``: the bytes they report, summed; the ones that fail
+        are logged and counted (the proxy replaces a dead or wedged engine at its next control call, module
+        docstring)."""
 
         async def bounded(index: int, engine: Any) -> int | None:
             try:
@@ -261,7 +267,7 @@ class ColocatedTrainer:
             return None
 
         async def every() -> list[int | None]:
-            return await asyncio.gather(*(bounded(i, engine) for i, engine in enumerate(self.engines)))
+            return await asyncio.gather(*(bounded(i, engine) for i, engine in enumerate(engines)))
 
         moved = asyncio.run(every())
         self._num_failures += sum(n is None for n in moved)

@@ -26,6 +26,7 @@ from asyncrl.engine import make_engine
 from asyncrl.models.loading import load_configured_model
 from asyncrl.rewards.service import RewardService
 from asyncrl.runtime.placement import Placement, plan_placement
+from asyncrl.runtime.switch_phase import SwitchPhase
 from asyncrl.torch_threads import claim_torch_threads
 from asyncrl.trainer.checkpoint import load_checkpoint, save_checkpoint
 from asyncrl.trainer.factory import build_trainer
@@ -147,18 +148,33 @@ class InlineEngineFactory:
 
     A thread cannot be killed: a wedged engine's thread that does not stop within ``ENGINE_STOP_TIMEOUT_S``
     is left running, no longer reachable (a Ray actor, by contrast, is killed).
+
+    Under ``runtime.switch`` (``phase``, the switch's ``SwitchPhase``) the new engine starts in its peers'
+    phase: asleep while the trainer trains, its KV pool not allocated beside the trainer's step.
     """
 
-    def __init__(self, config: RunConfig, engines: list[Any], num_threads: int) -> None:
+    def __init__(
+        self, config: RunConfig, engines: list[Any], num_threads: int, phase: SwitchPhase | None = None
+    ) -> None:
         self.config = config
         self.engines = engines
         self.num_threads = num_threads
+        self.phase = phase
 
     async def replace(self, index: int, failed: Any) -> Any:
         await asyncio.to_thread(_stop_engine, index, failed)
         model, tokenizer = await asyncio.to_thread(load_configured_model, self.config.model)
-        engine = make_engine(model, tokenizer, self.config.engine, self.num_threads)
-        self.engines[index] = engine
+        # the phase read as late as possible: just before the pool would be allocated
+        level = self.phase.start_level() if self.phase is not None else 0
+        engine = make_engine(model, tokenizer, self.config.engine, self.num_threads, asleep=level)
+        if self.phase is None:
+            self.engines[index] = engine
+            return engine
+        try:
+            await self.phase.install(index, engine, level)
+        except BaseException:
+            engine.shutdown(timeout=ENGINE_STOP_TIMEOUT_S)
+            raise
         return engine
 
 
@@ -215,14 +231,17 @@ def build_parts(config: RunConfig) -> InlineParts:
     trainer = build_trainer(config, model, tokenizer)
     builtin = config.engine.backend == "builtin"
     local = LocalTrainer(trainer, placement.trainer_threads, make_inline_weight_sync(config, trainer.device))
+    switched = with_switch(config, local, engines)
+    phase = getattr(switched, "phase", None)  # runtime.switch: a replacement starts in its peers' phase
+    factory = InlineEngineFactory(config, engines, placement.engine_threads, phase) if builtin else None
     return InlineParts(
         config=config,
         task=make_task(config.task),
         tokenizer=tokenizer,
-        trainer=with_switch(config, local, engines),
+        trainer=switched,
         engines=engines,
         rewards=RewardService.from_config(config.reward),
-        engine_factory=InlineEngineFactory(config, engines, placement.engine_threads) if builtin else None,
+        engine_factory=factory,
         placement=placement,
     )
 

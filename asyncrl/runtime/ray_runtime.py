@@ -64,6 +64,7 @@ from asyncrl.runtime.placement_check import SHARED_ROLE, PlacementError, RoleBun
 from asyncrl.runtime.ray_placement import ENGINE_ROLE, TRAINER_ROLE, Reservation, reserve, role_bundles
 from asyncrl.runtime.republish import CatchUpDeadlines
 from asyncrl.runtime.streamed_apply import StreamedApply
+from asyncrl.runtime.switch_phase import SwitchPhase
 from asyncrl.runtime.trainer_group import TrainerGroupClient, TrainerRankActor, start_trainer_group
 from asyncrl.runtime.weight_group import WEIGHTS_GROUP, BroadcastGroup
 from asyncrl.types import Generation, Request
@@ -153,7 +154,9 @@ def _environment_defaults(values: dict[str, str]) -> Iterator[None]:
 class EngineActor:
     """Body of an engine actor: the built-in ``AsyncEngine`` on the model at ``model.path`` (torch on
     ``num_threads``), or a vLLM worker process started from this actor, so it runs where the actor's bundle
-    is (on CUDA, on the GPUs Ray gave the bundle)."""
+    is (on CUDA, on the GPUs Ray gave the bundle). ``asleep``: the built-in engine starts asleep at that
+    level, its KV pool not allocated (a replacement started while the trainer in its bundle trains,
+    ``runtime.switch``)."""
 
     def __init__(
         self,
@@ -165,6 +168,7 @@ class EngineActor:
         weight_sync_timeout_s: float = 300.0,
         bucket_bytes: int = 256 * 2**20,
         broadcast_apply: str = "staged",
+        asleep: int = 0,
     ) -> None:
         pin(cores)
         torch.set_num_threads(num_threads)
@@ -191,7 +195,7 @@ class EngineActor:
             )
             return
         served, tokenizer = load_configured_model(model)
-        self.engine = make_engine(served, tokenizer, engine)
+        self.engine = make_engine(served, tokenizer, engine, asleep=asleep)
         if broadcast_apply == "streamed":
             self.streamed = StreamedApply(self.engine)
 
@@ -491,15 +495,17 @@ def spawn_engine(
     bucket_bytes: int = 256 * 2**20,
     broadcast_apply: str = "staged",
     update_timeout_s: Callable[[int], float] | None = None,
+    asleep: int = 0,
 ) -> RayEngineClient:
     """Start engine ``index`` as an actor with Ray ``options`` (its bundle; see ``ray_placement``); its model
     loads in the background, so ``wait_ready`` before relying on it. ``update_timeout_s``: a weight update's deadline by
-    its bytes (``RayEngineClient.update_timeout_s``); ``broadcast_apply``: ``RunConfig.broadcast_apply``."""
+    its bytes (``RayEngineClient.update_timeout_s``); ``broadcast_apply``: ``RunConfig.broadcast_apply``;
+    ``asleep``: the sleep level it starts at (``EngineActor``)."""
     actor = ray.remote(EngineActor).options(
         max_restarts=0, max_task_retries=0, max_concurrency=ENGINE_MAX_CONCURRENCY, **options
     )
     handle = actor.remote(
-        model, engine, num_threads, cores, seed, weight_sync_timeout_s, bucket_bytes, broadcast_apply
+        model, engine, num_threads, cores, seed, weight_sync_timeout_s, bucket_bytes, broadcast_apply, asleep
     )
     client = RayEngineClient(handle, name, config, exports_kv=engine.backend == "builtin", index=index)
     client.update_timeout_s = update_timeout_s
@@ -507,10 +513,16 @@ def spawn_engine(
 
 
 def spawn_run_engine(
-    config: RunConfig, placement: Placement, reservation: Reservation, index: int, name: str
+    config: RunConfig,
+    placement: Placement,
+    reservation: Reservation,
+    index: int,
+    name: str,
+    asleep: int = 0,
 ) -> RayEngineClient:
     """Engine ``index`` of a run, in its reserved bundle, with the run's engine settings: what the first start
-    (``build_ray_parts``) and a replacement (``RayEngineFactory.replace``) both spawn."""
+    (``build_ray_parts``) and a replacement (``RayEngineFactory.replace``, ``asleep`` at the switch's level
+    while the trainer trains) both spawn."""
     runtime = config.runtime
     return spawn_engine(
         config.model,
@@ -526,6 +538,7 @@ def spawn_run_engine(
         bucket_bytes=int(config.weight_sync.bucket_mb * 2**20),
         broadcast_apply=config.broadcast_apply(),
         update_timeout_s=config.proxy.update_timeout_s,
+        asleep=asleep,
     )
 
 
@@ -533,7 +546,10 @@ class RayEngineFactory:
     """Replaces engine actors for the proxy's recovery (``asyncrl.proxy.recovery.EngineFactory``): the failed
     actor is killed and a new one spawned through ``spawn_engine`` with the same model, engine settings and
     bundle (its resources return to the placement group when the old actor dies); ``engines`` (the run's
-    list, which ``RayParts.close`` ends) is kept current."""
+    list, which ``RayParts.close`` ends) is kept current. Under ``runtime.switch`` (``phase``, the switch's
+    ``SwitchPhase``) the new actor starts in its peers' phase: asleep while the trainer in its bundle trains,
+    its KV pool not allocated beside the trainer's step; it joins the list once ready, so the switch never
+    calls an actor still loading its model."""
 
     def __init__(
         self,
@@ -541,11 +557,13 @@ class RayEngineFactory:
         placement: Placement,
         reservation: Reservation,
         engines: list[RayEngineClient],
+        phase: SwitchPhase | None = None,
     ) -> None:
         self.config = config
         self.placement = placement
         self.reservation = reservation
         self.engines = engines
+        self.phase = phase
         self.num_started = 0
         self.weight_group: BroadcastGroup | None = None
         """Broadcast transport: told of every replacement, so the next publish forms the group with it."""
@@ -556,13 +574,21 @@ class RayEngineFactory:
         failed.shutdown()  # ray.kill: a wedged actor stops too, and frees its bundle for the new one
         self.num_started += 1
         runtime = self.config.runtime
-        client = spawn_run_engine(
-            self.config, self.placement, self.reservation, index, f"engine-{index}-restart-{self.num_started}"
-        )
-        self.engines[index] = client
-        await await_actor(
-            client.handle.ready.remote(), f"engine {client.name}: start", runtime.startup_timeout_s
-        )
+        level = self.phase.start_level() if self.phase is not None else 0
+        name = f"engine-{index}-restart-{self.num_started}"
+        client = spawn_run_engine(self.config, self.placement, self.reservation, index, name, asleep=level)
+        if self.phase is None:
+            self.engines[index] = client
+        try:
+            await await_actor(
+                client.handle.ready.remote(), f"engine {client.name}: start", runtime.startup_timeout_s
+            )
+            if self.phase is not None:
+                await self.phase.install(index, client, level)
+        except BaseException:
+            if self.phase is not None:  # not in the run's list yet (or its move failed): end it here
+                client.shutdown()
+            raise
         if self.weight_group is not None:
             client.catch_up = self.weight_group.catch_up
             self.weight_group.replaced(index, client)
@@ -657,7 +683,7 @@ def build_ray_parts(config: RunConfig, runtime: RuntimeConfig) -> RayParts:
         group = start_trainer_group(handles[: config.trainer.num_workers], runtime, config.weight_sync)
         trainer = with_switch(config, group, engines)
         engine_locations = wait_ready(engines, runtime)
-        factory = RayEngineFactory(config, placement, reservation, engines)
+        factory = RayEngineFactory(config, placement, reservation, engines, getattr(trainer, "phase", None))
         if config.weight_sync.transport_for(runtime.type) == "broadcast":
             factory.weight_group = form_weight_group(trainer, engines, config)
     except BaseException:

@@ -26,7 +26,9 @@ Key decisions:
   The engine stays paused until the last one ends, and runs again only if it ran before the first began and
   its weights are whole, so no bucket of either lands on a running engine. A superseded stream's failure is
   not reported (the later stream reports the update), but mixed weights it left mark the engine broken
-  unless a later stream already applied a whole update.
+  unless a later stream already applied a whole update. A break is mended only by a whole update from a
+  stream begun after the one that broke it: a superseded stream landing whole after a newer one broke the
+  engine leaves their buckets interleaved, so the engine stays broken (or is replaced).
 - A stream whose caller gives up (the driver cancels ``stage_weights`` past its deadline) leaves its receiving
   thread running, which may still copy buckets: the engine is broken from then on, never resumed under it.
 - Loading a bucket is bounded by the group's deadline (``weight_sync.timeout_s``): an engine that does not load
@@ -66,6 +68,9 @@ class StreamedApply:
         the old group's stream still waits; the engine stays paused until the last one ends."""
         self._whole = 0
         """The number of the latest stream that applied a whole update."""
+        self._broken_by = 0
+        """The number of the latest stream that broke the engine: only a whole update from a later one mends it
+        (a superseded stream landing whole after it is interleaved with its buckets)."""
 
     def check_serving(self, what: str) -> None:
         """``WeightSyncError`` when the engine must not serve (``broken``), naming ``what`` was refused."""
@@ -123,11 +128,11 @@ class StreamedApply:
         try:
             version = await asyncio.to_thread(group.receive_streamed, apply)
         except asyncio.CancelledError:  # the receiving thread goes on, and may copy buckets yet
-            self.broken = WeightSyncError("a streamed update was cancelled while its buckets arrived")
+            self._break(mine, WeightSyncError("a streamed update was cancelled while its buckets arrived"))
             raise
         except Exception as error:
             if state["touched"] and self._whole < mine:  # mixed weights, whichever stream left them
-                self.broken = _as_sync_error(error)
+                self._break(mine, _as_sync_error(error))
             if mine != self._streams:
                 raise  # superseded: the later stream (the publish's retry) reports this update
             if error is not state["error"] or state["version"] is None:
@@ -136,14 +141,21 @@ class StreamedApply:
             return state["version"]
         missing = sorted(expected_shapes(self.engine.core.model).keys() - seen)
         if missing:
-            self.broken = self.failed[version] = WeightSyncError(
+            self.failed[version] = WeightSyncError(
                 f"weight update v{version}: missing tensor(s) {missing[:5]} ({len(missing)} in all)"
             )
+            self._break(mine, self.failed[version])
             return version
         await self.engine.finish_stream(version)
-        self.version, self.broken, self._whole = version, None, max(self._whole, mine)
-        self.failed = {v: e for v, e in self.failed.items() if v > version}
+        self.version, self._whole = version, max(self._whole, mine)
+        if mine > self._broken_by:  # else a newer stream broke the engine after this one began: still mixed
+            self.broken = None
+            self.failed = {v: e for v, e in self.failed.items() if v > version}
         return version
+
+    def _break(self, mine: int, error: WeightSyncError) -> None:
+        """Stream ``mine`` left mixed weights: the engine is broken until a later stream lands whole."""
+        self.broken, self._broken_by = error, max(self._broken_by, mine)
 
     def confirm(self, version: int) -> None:
         """``update_weights(version)`` of a streamed version: its failure if its stream failed, else nothing

@@ -226,7 +226,9 @@ def test_an_engine_replaced_while_the_trainer_trains_waits_for_the_steps_update_
 ):
     """The health probe finds the engine dead during the step and the proxy replaces it then: v1 was let go
     and the trainer is training, so the replacement is told to wait (``Superseded``) and applies v2 once it is
-    published; the step trains only once that happened (the schedule under test, not a sleep)."""
+    published; the step trains only once that happened (the schedule under test, not a sleep). Started while
+    the trainer trains, the replacement starts asleep (no KV pool beside the trainer's step) and the switch
+    wakes it with its peers for the next rollout."""
     lend = Republisher.lend
     superseded = threading.Event()
 
@@ -237,16 +239,25 @@ def test_an_engine_replaced_while_the_trainer_trains_waits_for_the_steps_update_
             superseded.set()
             raise
 
+    replacement: list[dict] = []
+
     def replaced(switch: ColocatedTrainer) -> None:
         assert superseded.wait(timeout=120), "the probe never replaced the engine during the step"
+        replacement.append(switch.engines[0].stats())  # installed before its catch-up was told to wait
+        engines.append(switch.engines[0])
 
     monkeypatch.setattr(Republisher, "lend", lent_or_superseded)
+    engines: list = []
     killed = killed_while_training(monkeypatch, 1, then=replaced)
     received = versions_received(monkeypatch)
     out = tmp_path / "switched"
     train_in_process(out, STEPS, *SMALL, *SWITCH, "proxy.health_check_interval_s=0.2")
 
     assert killed == [1] and superseded.is_set()
+    (started,) = replacement
+    assert started["kv_pool_bytes"] == 0 and started["asleep"] == 1, started  # no KV pool mid-step
+    (engine,) = engines
+    assert (engine.core.num_sleeps, engine.core.num_wakes) == (2, 2), "woken at each rollout after its start"
     assert received == [1, 2, 3], received  # never v1 again: the replacement's first update is v2
     last = step_metrics(out)[-1]
     assert (last["recovery/engine_restarts"], last["recovery/failed_restarts"]) == (1, 0), last

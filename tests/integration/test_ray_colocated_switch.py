@@ -183,10 +183,13 @@ def test_on_ray_an_engine_replaced_while_the_rank_trains_waits_for_the_steps_upd
 ):
     """The health probe finds the killed engine actor during the rank's step and the proxy replaces it then:
     v1 was let go and the rank is training, so the replacement is told to wait (``Superseded``) and applies
-    v2 once it is published; the step trains only once that happened (the schedule under test, not a sleep)."""
+    v2 once it is published; the step trains only once that happened (the schedule under test, not a sleep).
+    Started while the rank trains, the replacement actor starts asleep (no KV pool beside the rank's step in
+    their bundle) and the switch wakes it with its peers for the next rollout."""
     switched, group_step, lend = ColocatedTrainer.train_step, TrainerGroupClient.train_step, Republisher.lend
     current: list[ColocatedTrainer] = []
     superseded = threading.Event()
+    replacement: list[dict] = []
 
     def switch_step(self, groups, policy_version):
         current[:] = [self]
@@ -196,6 +199,8 @@ def test_on_ray_an_engine_replaced_while_the_rank_trains_waits_for_the_steps_upd
         if policy_version == 1 and not superseded.is_set():
             ray.kill(current[0].engines[0].handle, no_restart=True)
             assert superseded.wait(timeout=300), "the probe never replaced the engine during the step"
+            # installed before its catch-up was told to wait
+            replacement.append(current[0].engines[0].stats())
         return group_step(self, groups, policy_version)
 
     def lent_or_superseded(self, update, engine):
@@ -213,6 +218,11 @@ def test_on_ray_an_engine_replaced_while_the_rank_trains_waits_for_the_steps_upd
 
     last = step_metrics(out)[-1]
     assert superseded.is_set()
+    (started,) = replacement
+    assert started["kv_pool_bytes"] == 0 and started["asleep"] == 1, started  # no KV pool mid-step
+    # read as it slept for the last step: it started asleep, was woken for a rollout, slept again
+    assert (last["train/colocate/engine_num_sleeps"], last["train/colocate/engine_num_wakes"]) == (2, 1), last
+    assert last["train/colocate/kv_pool_bytes_while_training"] == 0, last
     assert (last["recovery/engine_restarts"], last["recovery/failed_restarts"]) == (1, 0), last
     assert_same_run(
         out, plain, STEPS, SAMPLES, "switched, engine actor replaced while training, vs plain on Ray"

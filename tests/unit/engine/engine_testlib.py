@@ -21,7 +21,7 @@ def request(rid: str, prompt: list[int], **sampling) -> Request:
     return Request(request_id=rid, prompt_token_ids=prompt, sampling=SamplingParams(**sampling))
 
 
-def engine(model, tokenizer=None, **config) -> LLMEngine:
+def engine(model, tokenizer=None, *, asleep: int = 0, **config) -> LLMEngine:
     """An engine over ``model``, moved (in place) to the device under test so the HF references follow it;
     it serves in the model's own dtype unless ``dtype`` is given, so the references compare like with like
     on CUDA too (where ``engine.dtype: auto`` would serve bfloat16)."""
@@ -32,7 +32,8 @@ def engine(model, tokenizer=None, **config) -> LLMEngine:
         "max_prefill_tokens_per_step": 16,
         "dtype": model_dtype,
     }
-    return LLMEngine(model.to(device_under_test()), tokenizer, EngineConfig(**{**defaults, **config}))
+    config = EngineConfig(**{**defaults, **config})
+    return LLMEngine(model.to(device_under_test()), tokenizer, config, asleep=asleep)
 
 
 def drain(core: LLMEngine, max_steps: int = 10_000) -> dict[str, Generation]:

@@ -10,6 +10,8 @@ import pytest
 import torch
 from engine_testlib import drain, engine, request
 
+from asyncrl.engine.kv_cache import KVCache
+
 
 def test_sleep_frees_the_kv_pool_and_wake_restores_it(qwen2) -> None:
     core = engine(qwen2)
@@ -71,3 +73,72 @@ def test_bad_levels_and_double_sleep_are_refused_by_name(qwen2) -> None:
         core.sleep(1)
     assert core.wake() > 0 and core.wake() == 0
     assert (core.stats()["num_sleeps"], core.stats()["num_wakes"]) == (1, 1)  # a refused call counts nothing
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_an_engine_started_asleep_never_allocates_its_kv_pool_and_wakes_to_serve_as_one_built_awake(
+    qwen2, monkeypatch, level
+) -> None:
+    """A replacement started while a colocated trainer trains (``runtime.switch``) must not take the KV pool
+    mid-step: built asleep, it allocates no pool until woken (level 2: its weights in host memory too), then
+    serves exactly as an engine built awake."""
+    prompts = {f"r{i}": [3 + i, 7, 11, 2 * i + 1] for i in range(3)}
+    never = engine(qwen2)
+    pool = never.runner.cache.resident_bytes()
+    for rid, prompt in prompts.items():
+        never.add_request(request(rid, prompt, max_new_tokens=8, temperature=0.0, ignore_eos=True))
+    want = {rid: g.token_ids for rid, g in drain(never).items()}
+    weights = sum(p.nbytes for p in qwen2.parameters())
+
+    allocated = []
+    restore = KVCache.restore
+    monkeypatch.setattr(KVCache, "restore", lambda cache: allocated.append(cache) or restore(cache))
+    core = engine(qwen2, asleep=level)
+    assert allocated == [], "the KV pool was allocated by an engine built asleep"
+    assert core.stats()["kv_pool_bytes"] == 0 and core.stats()["asleep"] == level
+    for rid, prompt in prompts.items():
+        core.add_request(request(rid, prompt, max_new_tokens=8, temperature=0.0, ignore_eos=True))
+    assert core.step() == [] and core.scheduler.kv_tokens_cached == 0  # asleep: nothing runs
+    assert core.wake() == pool + (weights if level == 2 else 0)  # level 2: the weights came from the host
+    assert len(allocated) == 1 and core.stats()["kv_pool_bytes"] == pool
+    assert (core.stats()["num_sleeps"], core.stats()["num_wakes"]) == (1, 1)  # sleeps and wakes pair up
+    assert {rid: g.token_ids for rid, g in drain(core).items()} == want
+
+
+def test_an_engine_refuses_a_bad_start_level_by_name(qwen2) -> None:
+    with pytest.raises(ValueError, match=r"sleep level must be 0 \(awake\), 1 .* got 3"):
+        engine(qwen2, asleep=3)
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_an_engine_started_asleep_takes_a_weight_update_before_it_wakes(qwen2, level) -> None:
+    """A replacement started asleep may catch up while it sleeps (the update it is lent then): woken, it serves
+    the updated weights exactly as an awake engine given the same update."""
+    generator = torch.Generator().manual_seed(3)
+    update = [
+        (name, (p.detach().cpu() + 0.01 * torch.randn(p.shape, generator=generator)).to(p.dtype))
+        for name, p in qwen2.named_parameters()
+    ]
+    prompts = {f"r{i}": [3 + i, 7, 11] for i in range(2)}
+
+    def served(core) -> dict[str, list[int]]:
+        for rid, prompt in prompts.items():
+            core.add_request(request(rid, prompt, max_new_tokens=6, temperature=0.0, ignore_eos=True))
+        return {rid: g.token_ids for rid, g in drain(core).items()}
+
+    original = {name: p.detach().clone() for name, p in qwen2.named_parameters()}
+    try:
+        awake = engine(qwen2)
+        awake.update_weights(update, 1)
+        want = served(awake)
+        with torch.no_grad():
+            for name, p in qwen2.named_parameters():
+                p.copy_(original[name])
+        asleep = engine(qwen2, asleep=level)
+        asleep.update_weights(update, 1)
+        asleep.wake()
+        assert asleep.version == 1 and served(asleep) == want
+    finally:
+        with torch.no_grad():
+            for name, p in qwen2.named_parameters():
+                p.data = original[name].to(p.device)

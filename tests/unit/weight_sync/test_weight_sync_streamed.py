@@ -423,3 +423,59 @@ def test_a_stream_cancelled_while_its_buckets_arrive_leaves_the_engine_paused_an
             asyncio.run(streamed.resume())
     finally:
         streamed.engine.shutdown()
+
+
+def test_a_superseded_stream_that_succeeds_after_a_newer_one_broke_the_engine_leaves_it_broken():
+    """The old group's stream is held at its first bucket while the retry's stream (a newer one) breaks the
+    engine part-way; the old stream then lands whole. Its buckets and the retry's are interleaved in the model,
+    so the break must stay (engine paused, serving refused) until a whole newer update lands. The order is
+    driven by events: no sleeps."""
+    old, new = _groups(2), _groups(2)
+    streamed, staged = _engines([None, None, None])  # each stream names its group
+    staged.engine.shutdown()
+    try:
+        core = streamed.engine.core
+        apply_bucket = streamed.engine.apply_bucket
+        holding, release = threading.Event(), threading.Event()
+        calls = []
+
+        async def first_held(named) -> None:
+            calls.append(len(calls))
+            if len(calls) == 1:  # the old stream's first bucket: the retry's stream runs meanwhile
+                holding.set()
+                await asyncio.to_thread(release.wait, 60)
+            await apply_bucket(named)
+
+        streamed.engine.apply_bucket = first_held
+        breaking = _buckets(_new_weights(streamed, seed=13))
+        name, tensor = breaking[-1][0]
+        breaking[-1][0] = (name, torch.zeros(tensor.numel() + 1))  # fails after earlier buckets were copied
+        senders = [
+            threading.Thread(target=old[0].send_packed, args=(_buckets(_new_weights(streamed, seed=12)), 1)),
+            threading.Thread(target=new[0].send_packed, args=(breaking, 1)),
+        ]
+
+        async def scenario() -> tuple[int, int, bool]:
+            senders[0].start()
+            first = asyncio.create_task(streamed.streamed.receive(old[1]))
+            await asyncio.to_thread(holding.wait, 60)
+            senders[1].start()
+            second_version = await streamed.streamed.receive(new[1])  # the retry breaks the engine
+            broken_between = streamed.streamed.broken is not None
+            release.set()
+            return await first, second_version, broken_between
+
+        assert asyncio.run(scenario()) == (1, 1, True)
+        for sender in senders:
+            sender.join(60)
+        assert streamed.streamed.broken is not None  # the older stream's success does not clear it
+        assert core.paused
+        with pytest.raises(WeightSyncError, match="half-applied"):
+            asyncio.run(streamed.generate(SimpleNamespace(request_id="r0")))
+        streamed.weight_group = new[1]
+        assert _publish(new, [streamed], _buckets(_new_weights(streamed, seed=14)), version=2)[1] == [2]
+        assert (
+            streamed.streamed.broken is None and not core.paused
+        )  # a whole newer update lands: serving again
+    finally:
+        streamed.engine.shutdown()
