@@ -4,10 +4,10 @@ is left to the proxy's recovery and counted; any other engine error still fails 
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from switch_fakes import IdleTrainer
 
 from asyncrl.config.runtime import SwitchConfig
 from asyncrl.engine.async_engine import EngineStoppedError
@@ -36,29 +36,8 @@ class Engine:
         return value
 
 
-class Trainer:
-    """The facade and its state, doing nothing: the switch's engine calls are under test."""
-
-    version = 1
-
-    def train_step(self, groups: Any, policy_version: int) -> dict[str, float]:
-        return {}
-
-    def state_for_sync(self) -> Any:
-        return SimpleNamespace(version=self.version, shipped_bytes=4)
-
-    def offload_state(self) -> int:
-        return 0
-
-    def reload_state(self) -> int:
-        return 0
-
-    def device_bytes(self) -> dict[str, float]:
-        return {}
-
-
 def switched(engines: list[Engine]) -> ColocatedTrainer:
-    trainer = Trainer()
+    trainer = IdleTrainer()
     return ColocatedTrainer(trainer, engines, SwitchConfig(enabled=True), timeout_s=5, state=trainer)
 
 
@@ -92,7 +71,7 @@ class Wedged(Engine):
 
 
 def test_an_engine_that_does_not_answer_within_the_deadline_is_counted_and_the_step_goes_on(caplog):
-    trainer = Trainer()
+    trainer = IdleTrainer()
     switch = ColocatedTrainer(trainer, [Wedged()], SwitchConfig(enabled=True), timeout_s=0.05, state=trainer)
     switch.train_step([], 1)
     switch.state_for_sync()

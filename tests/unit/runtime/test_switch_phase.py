@@ -9,10 +9,10 @@ import asyncio
 import random
 import threading
 import time
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from switch_fakes import IdleTrainer
 
 from asyncrl.config.runtime import SwitchConfig
 from asyncrl.runtime.colocate import ColocatedTrainer
@@ -61,10 +61,8 @@ class Engine:
             await yield_to_other_threads()
 
 
-class Trainer:
+class Trainer(IdleTrainer):
     """The facade and its state: ``during_step`` runs inside the trainer's own step."""
-
-    version = 1
 
     def __init__(self) -> None:
         self.during_step = lambda: None
@@ -76,18 +74,6 @@ class Trainer:
             self.during_step()
         finally:
             self.training = False
-        return {}
-
-    def state_for_sync(self) -> Any:
-        return SimpleNamespace(version=self.version, shipped_bytes=4)
-
-    def offload_state(self) -> int:
-        return 0
-
-    def reload_state(self) -> int:
-        return 0
-
-    def device_bytes(self) -> dict[str, float]:
         return {}
 
 
