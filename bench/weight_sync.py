@@ -44,6 +44,9 @@ new bottleneck such as paging or a network link); this machine does not have tha
 slopes, not measurements.
 
 Full mode needs a quiet machine with ~20 GB free (float32 at 1.1 B holds four copies); ``--sizes`` picks.
+Each size's transports run in a process of their own (with their own Ray and receivers), so that memory one
+size's arms leave behind in the allocator cannot push the next size over the machine's memory: in one
+process, Ray's memory monitor killed the object store's receiver at 0.5B after the smaller sizes had run.
 
     python bench/weight_sync.py [--quick] [--repeats 3] [--sizes 21M,100M,0.5B,1.1B] [--out bench/results/weight_sync.json]
 """
@@ -57,11 +60,13 @@ from pathlib import Path
 if __name__ == "__main__" and not __package__:
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
+import argparse
 import asyncio
 import gc
 import json
 import multiprocessing
 import shutil
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -590,6 +595,8 @@ def main() -> None:
     parser.add_argument(
         "--sizes", default=",".join(SIZES), help="comma-separated sizes of " + ", ".join(SIZES)
     )
+    parser.add_argument("--one-size", help=argparse.SUPPRESS)  # a size's own process (``transport_runs``)
+    parser.add_argument("--raw-out", help=argparse.SUPPRESS)  # where that process writes its raw repeats
     parser.add_argument(
         "--parts",
         default=",".join(DEFAULT_PARTS),
@@ -605,11 +612,16 @@ def main() -> None:
             f"--parts must be a comma-separated subset of {', '.join(PARTS)}, got {args.parts!r}"
         )
     repeats = harness.repeats_for(args)
-    sizes = QUICK_SIZES if args.quick else {name: SIZES[name] for name in args.sizes.split(",")}
     buckets_mb = QUICK_BUCKETS_MB if args.quick else SWEPT_BUCKETS_MB
+    if args.one_size:
+        shape = (SIZES | QUICK_SIZES)[args.one_size]
+        raw = one_size_transport_runs(args.one_size, shape, buckets_mb, repeats)
+        Path(args.raw_out).write_text(json.dumps(raw))
+        return
+    sizes = QUICK_SIZES if args.quick else {name: SIZES[name] for name in args.sizes.split(",")}
     raw: dict[str, list[dict[str, float]]] = {}
     if "transports" in parts:
-        raw |= transport_runs(sizes, buckets_mb, repeats)
+        raw |= transport_runs(sizes, args.quick, repeats)
     if "long_tail_step" in parts:
         raw |= harness.run_arms(
             {"train_step/long_tail": train_step_arm(args.quick)}, repeats, harness.print_run
@@ -655,15 +667,32 @@ def main() -> None:
 
 
 def transport_runs(
-    sizes: dict[str, ModelShape], buckets_mb: tuple[int, ...], repeats: int
+    sizes: dict[str, ModelShape], quick: bool, repeats: int
 ) -> dict[str, list[dict[str, float]]]:
-    """Every transport's arms, size by size and dtype by dtype (each group interleaved, then freed)."""
+    """Every transport's arms, each size in a process of its own (``--one-size``), one after the other: a size
+    starts on a machine the previous one has given all of its memory back."""
+    raw: dict[str, list[dict[str, float]]] = {}
+    for size in sizes:
+        with tempfile.TemporaryDirectory(prefix="asyncrl-bench-size-") as directory:
+            out = Path(directory) / "raw.json"
+            command = [sys.executable, __file__, "--one-size", size, "--raw-out", str(out)]
+            command += ["--quick"] if quick else ["--repeats", str(repeats)]
+            done = subprocess.run(command, check=False)
+            if done.returncode != 0:
+                raise SystemExit(f"the transports at size {size} failed (exit {done.returncode}): see above")
+            raw |= json.loads(out.read_text())
+    return raw
+
+
+def one_size_transport_runs(
+    size: str, shape: ModelShape, buckets_mb: tuple[int, ...], repeats: int
+) -> dict[str, list[dict[str, float]]]:
+    """Every transport's arms at one size, dtype by dtype (each group interleaved, then freed)."""
     import os
 
     import ray
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local Ray of our own (MACHINE-NOTES)
-    largest = max(num_params(s) for s in sizes.values()) * 4
     root = str(
         Path(__file__).resolve().parents[1]
     )  # the receiver actor imports bench/ and asyncrl/ from here
@@ -671,21 +700,20 @@ def transport_runs(
         num_cpus=2,
         include_dashboard=False,
         log_to_driver=False,
-        object_store_memory=max(2 * largest, 2**28),
+        object_store_memory=max(2 * num_params(shape) * 4, 2**28),
         runtime_env={"env_vars": {"PYTHONPATH": root, "RAY_AUTH_MODE": "disabled"}},
     )
     receiver = Receiver()
     store_receiver = ray.remote(num_cpus=0)(ObjectStoreReceiver).remote()
     raw: dict[str, list[dict[str, float]]] = {}
     try:
-        for size, shape in sizes.items():
-            for dtype in DTYPES:
-                arms = SizeArms(shape, dtype, receiver, store_receiver)
-                named = {arm_name(key, size, dtype): run for key, run in arms.arms(buckets_mb).items()}
-                raw |= harness.run_arms(named, repeats, harness.print_run, warmup=True)
-                arms.close()
-                del arms
-                gc.collect()
+        for dtype in DTYPES:
+            arms = SizeArms(shape, dtype, receiver, store_receiver)
+            named = {arm_name(key, size, dtype): run for key, run in arms.arms(buckets_mb).items()}
+            raw |= harness.run_arms(named, repeats, harness.print_run, warmup=True)
+            arms.close()
+            del arms
+            gc.collect()
     finally:
         receiver.stop()
         ray.shutdown()
