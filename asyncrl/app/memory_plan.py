@@ -10,8 +10,9 @@ on a laptop before it loads tens of GB on a rented GPU. The terms follow the cod
   foreach scratch of the optimizer step, a frozen reference copy when the loss needs one, the compute-dtype
   weight copies (autocast's cache, or FSDP's unsharded layers), activations of one micro-batch with or without
   checkpointing, one logits chunk (checkpointed: the larger of it and one layer's recompute), the critic (at
-  ``critic.model_path``'s own shape where its ``config.json`` is here, ``sim.critic_shape``) or value head, and
-  the copy a weight sync publishes;
+  ``critic.model_path``'s own shape where its ``config.json`` is here, ``sim.critic_shape``, or at the shape
+  the caller resolved: ``asyncrl plan``'s ``memory.critic_model``) or value head, and the copy a weight sync
+  publishes;
 - built-in engine: weights in the serving dtype (``engine.dtype``) plus its preallocated KV pool
   (``engine.max_running_requests`` slots of ``min(max_model_len, max_kv_tokens) + 1`` positions, as
   ``engine.kv_cache.pool_bytes``), and one update bucket being received (a staged broadcast keeps the
@@ -235,8 +236,11 @@ def _gb(n: int) -> str:
     return f"{n / GB:.2f} GB"
 
 
-def trainer_role(config: RunConfig, shape: ModelShape, device: str = "cuda") -> Role:
-    """One trainer rank's terms per GPU (``trainer.num_workers`` ranks, FSDP2-sharded when more than one)."""
+def trainer_role(
+    config: RunConfig, shape: ModelShape, device: str = "cuda", critic: CriticShape | None = None
+) -> Role:
+    """One trainer rank's terms per GPU (``trainer.num_workers`` ranks, FSDP2-sharded when more than one);
+    a separate critic at ``critic`` where given, else at ``critic.model_path``'s shape (``_critic_terms``)."""
     ranks = config.trainer.num_workers
     master = DTYPE_BYTES[config.model.dtype]
     compute = _compute_bytes(config, master)
@@ -246,7 +250,7 @@ def trainer_role(config: RunConfig, shape: ModelShape, device: str = "cuda") -> 
         *_state_terms(config, shape, master),
         *_weight_copy_terms(shape, ranks, master, compute),
         *_activation_terms(config, shape, tokens, compute, residual),
-        *_critic_terms(config, shape, master, ranks, tokens, compute, residual),
+        *_critic_terms(config, shape, critic, master, ranks, tokens, compute, residual),
         _publish_term(config, shape, device),
     ]
     return Role("trainer rank", ranks, 1, tuple(terms))
@@ -344,17 +348,27 @@ def _compute_bytes(config: RunConfig, master: int) -> int:
 
 
 def _critic_terms(
-    config: RunConfig, shape: ModelShape, master: int, ranks: int, tokens: int, compute: int, residual: int
+    config: RunConfig,
+    shape: ModelShape,
+    body: CriticShape | None,
+    master: int,
+    ranks: int,
+    tokens: int,
+    compute: int,
+    residual: int,
 ) -> list[Term]:
-    """The value head on the policy's trunk, or a separate critic at its own shape: ``critic.model_path``'s
-    ``config.json`` where it can be read, else the policy's, the reason stated (``sim.critic_shape``)."""
+    """The value head on the policy's trunk, or a separate critic at its own shape: ``body`` where the caller
+    resolved one (``asyncrl plan``'s, from ``sim.trained``: one shape for memory and time), else
+    ``critic.model_path``'s ``config.json`` where it can be read, else the policy's, the reason stated
+    (``sim.critic_shape``)."""
     critic = config.critic
     if critic is None:
         return []
     if critic.type == "shared_trunk":
         head = shape.hidden + 1
         return [Term("value head", 4 * head * master, "weights, gradients and 2 moments of hidden + 1")]
-    body = resolve_critic_shape(critic.model_path, config.model.revision, shape)
+    if body is None:
+        body = resolve_critic_shape(critic.model_path, config.model.revision, shape)
     return separate_critic_terms(
         body, master, ranks, tokens, compute, residual, config.trainer.activation_checkpointing
     )
@@ -510,10 +524,16 @@ def vllm_needs(config: RunConfig, shape: ModelShape, max_len: int) -> int:
 
 
 def plan(
-    config: RunConfig, shape: ModelShape, max_len: int, hardware: Hardware, device: str = "cuda"
+    config: RunConfig,
+    shape: ModelShape,
+    max_len: int,
+    hardware: Hardware,
+    device: str = "cuda",
+    critic: CriticShape | None = None,
 ) -> Plan:
-    """Every role's terms and every device's colocated sum for ``config`` on ``hardware``."""
-    trainer = trainer_role(config, shape, device)
+    """Every role's terms and every device's colocated sum for ``config`` on ``hardware``; a separate critic
+    at ``critic`` where given (``trainer_role``)."""
+    trainer = trainer_role(config, shape, device, critic)
     engine = engine_role(config, shape, max_len, hardware, device)
     if config.runtime.type == "inline":
         devices = (Device("the one GPU (trainer + engines, inline)", ((trainer, 1), (engine, engine.count))),)

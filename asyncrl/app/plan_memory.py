@@ -7,6 +7,8 @@ Key decisions:
   simulation's ``cost`` keys describe (``kv: paged``: vLLM at ``memory_utilization``; ``reserved``: the built-in
   engine with the workload's slots). The candidate sets the layout: trainer ranks (FSDP2 shards), engines and
   their tensor parallelism. The longest context is the workload's, ``prompt_tokens + rollout.max_new_tokens``.
+- A separate critic is planned at the shape the simulator costs its time at (``sim.trained.trained_parts``:
+  the training config's ``critic.model_path``, else ``memory.critic_model``, else the policy's), resolved once.
 - A split candidate's GPUs are the doctor's: each trainer GPU, each engine GPU. A colocated one shares each GPU
   between a trainer rank and an engine taking turns (``memory_plan.switch_devices``), with the switch the
   simulator costs: the training config's ``runtime.switch``, else ``cost.switch_offload_bytes_per_param`` (8:
@@ -25,8 +27,10 @@ from asyncrl.app import memory_plan
 from asyncrl.app.memory_plan import GB, Device, Hardware
 from asyncrl.config.run import RunConfig, load_run_config
 from asyncrl.config.sim import SimConfig
+from asyncrl.sim.critic_shape import CriticShape
 from asyncrl.sim.hardware import resolve_profile
 from asyncrl.sim.model_shape import ModelShape, resolve_shape
+from asyncrl.sim.trained import trained_parts
 
 SWITCH_OFFLOAD_BYTES = {"optimizer state": 8, "master weights": 12, "gradients": 16}
 """``cost.switch_offload_bytes_per_param`` from which each held trainer term is offloaded (the key's docstring:
@@ -73,6 +77,8 @@ class MemoryCheck:
         self.longest = sim.prompt_tokens + sim.rollout.max_new_tokens
         self.train_config = load_run_config(sim.memory.train_config) if sim.memory.train_config else None
         """The training config planned, as written (its layout replaced per candidate by ``run_config``)."""
+        self.critic: CriticShape | None = trained_parts(sim).critic_shape
+        """A separate critic's body (None: a copy of the policy), as the simulated trainer costs it."""
         self._cache: dict[Layout, Drop | None] = {}
 
     def run_config(self, layout: Layout) -> RunConfig:
@@ -129,7 +135,7 @@ class MemoryCheck:
     def _drop(self, layout: Layout) -> Drop | None:
         config = self.run_config(layout)
         shape, hardware = self.shape, self.hardware
-        plan = memory_plan.plan(config, shape, self.longest, hardware)
+        plan = memory_plan.plan(config, shape, self.longest, hardware, critic=self.critic)
         devices = self.shared_devices(config, plan) if layout.colocated else plan.devices
         drops = [_overflow(device, hardware.usable_bytes) for device in devices]
         if config.engine.backend == "vllm":

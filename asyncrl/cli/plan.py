@@ -55,9 +55,10 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"planning {planner.base.model} on {args.gpus} x {planner.base.hardware}: about a dozen simulations"
     )
-    critic = trained_parts(planner.base).critic_shape
-    if critic is not None:  # memory.train_config's critic.model_path: say which shape its costs are at
-        print(f"separate critic costed at {critic.source}")
+    parts = trained_parts(planner.base)
+    if parts.critic == "separate":  # say which shape its memory and time are costed at
+        copy = "the policy's shape (a copy of the policy: no critic.model_path or memory.critic_model)"
+        print(f"separate critic costed at {parts.critic_shape.source if parts.critic_shape else copy}")
     result = planner.search(alphas, args.tolerance)
     gpus = args.gpus
     print(f"{'candidate':<40} {'step_s':>9} {'samples/s':>10} {'speedup':>8} {'staleness':>9} {'engines':>8}")

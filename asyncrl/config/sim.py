@@ -363,9 +363,10 @@ class SimMemoryConfig:
     train_config: str = ""
     """A training config (``asyncrl train``'s YAML): its model dtype, trainer (micro-batch, checkpointing,
     mixed precision, gradient accumulation, LoRA), loss (a KL reference), critic, engine (backend, dtype,
-    ``max_model_len``, vLLM's share) and ``runtime.switch`` are planned, and the keys below are ignored. Empty:
-    the keys below, with the engine read from ``cost`` (``kv: paged`` is vLLM at ``memory_utilization``,
-    ``reserved`` the built-in engine; ``bytes_per_param`` its dtype)."""
+    ``max_model_len``, vLLM's share) and ``runtime.switch`` are planned, and the keys below are ignored
+    (``critic_model``, which would be, is refused). Empty: the keys below, with the engine read from ``cost``
+    (``kv: paged`` is vLLM at ``memory_utilization``, ``reserved`` the built-in engine; ``bytes_per_param`` its
+    dtype)."""
     master_dtype: Literal["float32", "bfloat16"] = "float32"
     """The trainer's weights, gradients and AdamW moments (``model.dtype``)."""
     mixed_precision: bool = True
@@ -383,6 +384,12 @@ class SimMemoryConfig:
     critic: Literal["none", "separate", "shared_trunk"] = "none"
     """The value model PPO's GAE reads (``critic.type``): a separate decoder body with its own optimizer, or a
     value head on the policy's trunk. Also costed in time: a separate body's own passes and optimizer step."""
+    critic_model: str | None = None
+    """The body a separate critic is costed at, in memory and time (``critic.model_path`` plays this part in a
+    training config): a named shape (``qwen3-1.7b``), a ``config.json`` or its folder, as ``model`` is named, or
+    a hub id in the offline cache; one that reads as none of these is an error. Null: a copy of the policy's
+    shape. Only with ``critic: separate``, and refused beside ``train_config``, whose ``critic.model_path``
+    names the body instead (``asyncrl plan`` prints which shape the critic is costed at)."""
 
     def __post_init__(self) -> None:
         if self.master_dtype not in ("float32", "bfloat16"):
@@ -398,6 +405,25 @@ class SimMemoryConfig:
         if self.critic not in CRITIC_CHOICES:
             raise ValueError(
                 f"memory.critic must be one of {', '.join(map(repr, CRITIC_CHOICES))}, got {self.critic!r}"
+            )
+        if self.critic_model is not None:
+            self._check_critic_model()
+
+    def _check_critic_model(self) -> None:
+        """``critic_model`` names a separate critic's body for ``memory``'s own trainer settings: refused where
+        it would be ignored. Whether it names a shape is checked where it is read (``sim.critic_shape``: the
+        config imports nothing that reads models)."""
+        if not self.critic_model.strip():
+            raise ValueError("memory.critic_model must name a shape, a config.json or a hub id, or be null")
+        if self.train_config:
+            raise ValueError(
+                f"memory.critic_model ({self.critic_model!r}) is set beside memory.train_config "
+                f"({self.train_config!r}), whose critic.model_path names the critic's body: drop one"
+            )
+        if self.critic != "separate":
+            raise ValueError(
+                f"memory.critic_model ({self.critic_model!r}) names a separate critic's body, but memory.critic "
+                f"is {self.critic!r}: set memory.critic=separate, or leave memory.critic_model null"
             )
 
 

@@ -1,6 +1,6 @@
 """The shape a separate critic is costed at, by the memory plan (``app.memory_plan``) and the simulator
 (``sim.trained``) alike: the body of ``critic.model_path`` where its ``config.json`` can be read, else the
-policy's.
+policy's; or, with no training config, the shape ``memory.critic_model`` names.
 
 Key decisions:
 - The path is resolved as the trainer resolves it (``models.loading.resolve_model_path``, which
@@ -9,14 +9,19 @@ Key decisions:
   often pair them) is costed at its own layers, widths and vocabulary.
 - A path that cannot be read falls back to the policy's shape, and the reason travels with the shape
   (``CriticShape.source``) into the plan's term and the planner's output: never silently.
+- ``memory.critic_model`` is read as the policy's ``model`` is (``resolve_shape``: a named shape, a
+  ``config.json`` or its folder), else as ``critic.model_path`` is (a hub id in the offline cache), and one that
+  reads as neither is an error naming the key, never the policy's shape: the key exists only to plan with, so a
+  name that does not read is a typo, not a path that lives on another machine.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
-from asyncrl.sim.model_shape import ModelShape, shape_from_hf_config
+from asyncrl.sim.model_shape import NAMED_SHAPES, ModelShape, resolve_shape, shape_from_hf_config
 
 
 @dataclass(frozen=True)
@@ -35,15 +40,41 @@ def resolve_critic_shape(model_path: str | None, revision: str, policy: ModelSha
     loads it; ``policy``'s shape, with the reason, where that cannot be read."""
     if model_path is None:
         return CriticShape(policy, "the policy's shape (no critic.model_path: a copy of the policy)")
-    from asyncrl.models.loading import resolve_model_path  # torch: only when a critic names its own body
-
     try:
-        directory = resolve_model_path(model_path, revision, local_files_only=True)
-        config = json.loads((directory / "config.json").read_text())
-        shape = shape_from_hf_config(config, name=model_path)
+        shape = _offline_body_shape(model_path, revision)
     except (OSError, ValueError) as err:  # not here, not cached, not a decoder config.json, unreadable JSON
         reason = f"{type(err).__name__}: {err}"
         return CriticShape(
             policy, f"the policy's shape, since critic.model_path {model_path!r} could not be read ({reason})"
         )
     return CriticShape(shape, f"the shape in the config.json of critic.model_path {model_path!r}")
+
+
+def critic_model_shape(spec: str) -> CriticShape:
+    """The shape ``memory.critic_model`` names: a named shape, a ``config.json`` or its folder (as the policy's
+    ``model``), or a hub id in the offline cache at its default revision (as ``critic.model_path``); a
+    ``ValueError`` naming the key where it reads as none of them."""
+    source = f"the shape memory.critic_model names, {spec!r}"
+    if spec.lower() in NAMED_SHAPES or Path(spec).exists():
+        try:
+            return CriticShape(resolve_shape(spec), source)
+        except ValueError as err:  # a folder without a config.json, or one that is not a decoder's
+            raise ValueError(f"memory.critic_model: {err}") from err
+    try:
+        return CriticShape(_offline_body_shape(spec, ""), source)
+    except (OSError, ValueError) as err:  # not a shipped checkpoint, not a hub id, or not cached
+        raise ValueError(
+            f"memory.critic_model {spec!r} is neither a named shape ({', '.join(sorted(NAMED_SHAPES))}), a "
+            f"config.json or a folder holding one, nor a hub id in the offline cache "
+            f"({type(err).__name__}: {err})"
+        ) from err
+
+
+def _offline_body_shape(model_path: str, revision: str) -> ModelShape:
+    """The shape in the ``config.json`` of the folder, shipped checkpoint or cached hub id ``model_path`` names,
+    resolved as the trainer resolves it but never downloaded; raises where it cannot be read."""
+    from asyncrl.models.loading import resolve_model_path  # torch: only when a critic names its own body
+
+    directory = resolve_model_path(model_path, revision, local_files_only=True)
+    config = json.loads((directory / "config.json").read_text())
+    return shape_from_hf_config(config, name=model_path)

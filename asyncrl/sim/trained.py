@@ -23,8 +23,9 @@ F = one forward, 2A + attention's QKᵀ and AV; L = the adapter weights a token 
   memory describe one run.
 - A separate critic's shape: ``critic.model_path``'s own (its ``config.json``, in a folder or the offline hub
   cache) when the training config names one, else the policy's; one that cannot be read falls back to the
-  policy's with the reason kept (``sim.critic_shape``, which the memory plan uses too). ``memory``'s keys alone
-  describe a copy of the policy.
+  policy's with the reason kept (``sim.critic_shape``, which the memory plan uses too). Without a training
+  config, ``memory.critic_model``'s shape (a named shape, a ``config.json`` or a cached hub id; one that does
+  not read is an error), else a copy of the policy.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 
 from asyncrl.config.run import load_run_config
 from asyncrl.config.sim import SimConfig
-from asyncrl.sim.critic_shape import CriticShape, resolve_critic_shape
+from asyncrl.sim.critic_shape import CriticShape, critic_model_shape, resolve_critic_shape
 from asyncrl.sim.model_shape import ModelShape, resolve_shape
 
 ADAMW_BYTES_PER_PARAM = 32
@@ -48,8 +49,8 @@ class TrainedParts:
     critic: str = "none"
     lora_rank: int = 0
     critic_shape: CriticShape | None = None
-    """A separate critic's body as ``critic.model_path`` names it (``sim.critic_shape``); None: a copy of the
-    policy."""
+    """A separate critic's body as ``critic.model_path`` or ``memory.critic_model`` names it
+    (``sim.critic_shape``); None: a copy of the policy."""
 
     def critic_body(self, policy: ModelShape) -> ModelShape:
         """The shape a separate critic's body is costed at."""
@@ -60,8 +61,9 @@ def trained_parts(config: SimConfig) -> TrainedParts:
     """``config``'s critic and LoRA: from the training config ``memory.train_config`` names, else ``memory``'s
     keys (the module docstring)."""
     memory = config.memory
-    if not memory.train_config:
-        return TrainedParts(memory.critic, memory.lora_rank)
+    if not memory.train_config:  # the config allows critic_model with a separate critic only
+        body = critic_model_shape(memory.critic_model) if memory.critic_model is not None else None
+        return TrainedParts(memory.critic, memory.lora_rank, body)
     run = load_run_config(memory.train_config)
     lora = run.trainer.lora
     critic, body = run.critic, None

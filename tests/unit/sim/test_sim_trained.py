@@ -135,3 +135,29 @@ def test_an_unreadable_critic_is_costed_at_the_policys_shape_with_the_reason(car
     assert config.trainer.gpu_s_per_token == pytest.approx((3 * F + 3 * body) / TRAIN + (F + body) / LOGPROB)
     source = trained_parts(config).critic_shape.source
     assert source.startswith("the policy's shape, since critic.model_path") and "could not be read" in source
+
+
+QWEN3_1_7B_LAYER = 2048 * (2048 + 2 * 1024) + 2048 * 2048 + 3 * 2048 * 6144  # q,k,v,o and its MLP
+QWEN3_1_7B_BODY = 28 * QWEN3_1_7B_LAYER + 151_936 * 2048  # tied: the body keeps the one embedding
+
+
+def test_memory_critic_model_costs_the_critic_at_its_shape_without_a_training_config(card, tmp_path):  # noqa: F811
+    small = tiny_config_dir(tmp_path, "small", False, **SMALL)  # a folder's config.json
+    config = _config("qwen3-8b", "memory.critic=separate", f"memory.critic_model={small}")
+    layers = 3 * (64 * (64 + 2 * 32) + 64 * 64 + 3 * 64 * 96)
+    body = 2 * layers + 4 * 3 * 4 * 16 * 2000 + 2 * (64 + 1)
+    assert config.trainer.gpu_s_per_token == pytest.approx((3 * F + 3 * body) / TRAIN + (F + body) / LOGPROB)
+    assert config.trainer.step_overhead_s == pytest.approx(32 * (PARAMS + SMALL_BODY + 65) / ADAMW)
+    # a named shape: Qwen3-1.7B's body beside the 8B policy, its 28 layers of 16 heads at 2000 positions
+    named = _config("qwen3-8b", "memory.critic=separate", "memory.critic_model=qwen3-1.7b")
+    body = 2 * 28 * QWEN3_1_7B_LAYER + 4 * 28 * 16 * 128 * 2000 + 2 * (2048 + 1)
+    assert named.trainer.gpu_s_per_token == pytest.approx((3 * F + 3 * body) / TRAIN + (F + body) / LOGPROB)
+    critic = QWEN3_1_7B_BODY + 2048 + 1
+    assert named.trainer.step_overhead_s == pytest.approx(32 * (PARAMS + critic) / ADAMW)
+    assert trained_parts(named).critic_shape.source == "the shape memory.critic_model names, 'qwen3-1.7b'"
+    colocated = _config(
+        "qwen3-8b", "memory.critic=separate", "memory.critic_model=qwen3-1.7b", "trainer.colocated=true"
+    )
+    offload = colocated_switch_parts(colocated, NAMED_SHAPES["qwen3-8b"], CARD)["offload"]
+    state = 8 * (PARAMS + critic)  # AdamW's moments of the policy and the 1.7B critic
+    assert offload == pytest.approx(2 * state / colocated.num_train_gpus / CARD.host_link_bandwidth)
