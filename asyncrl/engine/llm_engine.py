@@ -22,7 +22,7 @@ from asyncrl.engine.sampler import sample
 from asyncrl.engine.scheduler import Scheduler
 from asyncrl.engine.sequence import Sequence
 from asyncrl.engine.weights import NamedTensors, copy_into, resolve_update
-from asyncrl.models.loading import host_copy
+from asyncrl.models.loading import host_copy, host_copy_for
 from asyncrl.types import FinishReason, Generation, Request, checked_request
 from asyncrl.weight_sync.receiver import InPlaceReceiver, expected_shapes, tensors_of
 
@@ -37,12 +37,26 @@ class LLMEngine:
         config: EngineConfig | None = None,
         *,
         asleep: int = 0,
+        device: torch.device | str | None = None,
     ) -> None:
         """``asleep``: start asleep at that level (``sleep``), the KV pool never allocated until ``wake``: a
-        replacement started while a colocated trainer trains (``runtime.switch``) must not take the pool's
-        memory mid-step. Its pool is not checked against the device's free memory then (the trainer holds
-        that memory now; the run's first engines passed the check with the same settings)."""
+        replacement under a colocated switch (``runtime.switch``) must not take the pool's memory beside the
+        trainer's step. Its pool is not checked against the device's free memory then (the trainer may hold
+        that memory now; the run's first engines passed the check with the same settings).
+
+        ``device``: where the model serves (default: where its parameters are). A model whose parameters are
+        still in host memory (``models.loading.load_configured_model(on_host=True)``) serves on another
+        device only when it starts asleep at level 2: its weights stay where they were loaded, as ``sleep(2)``
+        would have put them (pinned for CUDA), and reach ``device`` at the first ``wake``, so a replacement
+        never holds the whole model on the device beside a colocated trainer's step."""
         _check_level(asleep, allowed=(0, 1, 2))
+        loaded_on = next(model.parameters()).device
+        device = loaded_on if device is None else indexed(torch.device(device))
+        if device != loaded_on and asleep != 2:
+            raise ValueError(
+                f"a model loaded on {loaded_on} serves on {device} only when its engine starts asleep at "
+                f"level 2 (its weights moved there at wake), got asleep={asleep}"
+            )
         self.config = config or EngineConfig()
         self.model = model
         self.tokenizer = tokenizer
@@ -54,7 +68,9 @@ class LLMEngine:
             max_prefill_tokens_per_step=self.config.max_prefill_tokens_per_step,
             max_model_len=self.max_model_len,
         )
-        self.dtype = cast_to_serving_dtype(model, self.config.dtype)
+        self.dtype = cast_to_serving_dtype(model, self.config.dtype, device)
+        if device != loaded_on:  # the small buffers (rotary frequencies) serve from the device at once
+            move_buffers(model, device)
         if not asleep:
             check_kv_pool_fits(model, self.config, self.max_model_len)
         self.runner = ModelRunner(
@@ -63,6 +79,7 @@ class LLMEngine:
             max_len=self.max_model_len,
             decode_graphs=self.config.decode_graphs,
             allocate_kv=not asleep,
+            device=device,
         )
         self.eos_token_ids = eos_token_ids(model, tokenizer)
         self.adapters = MergedAdapters(model)
@@ -147,10 +164,14 @@ class LLMEngine:
         if self.runner.static is not None:
             self.runner.static.release()  # the graphs' pool would outlive the KV pool it points into
         if level == 2:
+            device = self.runner.device
             for param in self.model.parameters():
-                self._host_weights.append((param, param.device))
-                freed += param.nbytes
-                param.data = host_copy(param.data)
+                self._host_weights.append((param, device))
+                if param.device == device:
+                    freed += param.nbytes
+                    param.data = host_copy(param.data)
+                else:  # loaded in host memory, never on the device (started asleep: ``__init__``'s device)
+                    param.data = host_copy_for(param.data, device)
         if self.runner.device.type == "cuda":
             torch.cuda.empty_cache()  # return the blocks to the device, for a trainer in another process too
         self.asleep = level
@@ -289,19 +310,38 @@ class LLMEngine:
         return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
 
-def cast_to_serving_dtype(model: torch.nn.Module, engine_dtype: str) -> torch.dtype:
-    """Cast ``model`` in place to the dtype it is served in (``engine.dtype``, see ``serving_dtype``) and
-    return that dtype; the KV pool, built from the model's parameters, follows it.
+def cast_to_serving_dtype(
+    model: torch.nn.Module, engine_dtype: str, device: torch.device | None = None
+) -> torch.dtype:
+    """Cast ``model`` in place to the dtype it is served in on ``device`` (``engine.dtype``, see
+    ``serving_dtype``; default: the device its parameters are on) and return that dtype; the KV pool, built
+    from the model's parameters, follows it. A model still in host memory is cast there.
 
     In place because the engine owns the replica it serves (the runtimes hand it its own copy), and a second
     copy of the weights in the serving dtype would cost more memory than the cast saves. Weight updates are
     copied into these parameters, so they arrive cast too."""
     current = next(model.parameters()).dtype
-    device = next(model.parameters()).device
+    device = device or next(model.parameters()).device
     target = getattr(torch, serving_dtype(engine_dtype, str(current).removeprefix("torch."), device.type))
     if target != current:
         model.to(target)
     return target
+
+
+def indexed(device: torch.device) -> torch.device:
+    """``device`` as the tensors placed there report it (``cuda`` is ``cuda:<current device>``), so that it
+    compares equal to their ``.device``."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def move_buffers(model: torch.nn.Module, device: torch.device) -> None:
+    """Move ``model``'s buffers (not its parameters) to ``device``, in place: what a level-2 sleep leaves on the
+    device, for a model whose parameters are still in host memory."""
+    for module in model.modules():
+        for name, buffer in module.named_buffers(recurse=False):
+            setattr(module, name, buffer.to(device))
 
 
 def _check_level(level: int, allowed: tuple[int, ...]) -> None:

@@ -41,16 +41,18 @@ class ModelRunner:
         max_len: int,
         decode_graphs: str = "off",
         allocate_kv: bool = True,
+        device: torch.device | None = None,
     ) -> None:
         """``allocate_kv``: False leaves the KV pool unallocated until ``cache.restore`` (an engine started
-        asleep)."""
+        asleep). ``device``: where the model runs (default: where its parameters are; an engine started
+        asleep at level 2 may hold them in host memory until its wake)."""
         self.architecture = architecture_of(model, max_len)
         self.rotary = self.architecture.rotary
         self.model = model
         self.scale = model.model.layers[0].self_attn.scaling
         dims = kv_dimensions(model)
         self.head_dim = dims["head_dim"]
-        self.device = next(model.parameters()).device
+        self.device = device or next(model.parameters()).device
         self.cache = KVCache(
             num_slots=num_slots, max_len=max_len, device=self.device, allocate=allocate_kv, **dims
         )

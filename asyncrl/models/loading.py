@@ -78,6 +78,14 @@ def host_copy(tensor: torch.Tensor) -> torch.Tensor:
     return host.copy_(tensor.detach())
 
 
+def host_copy_for(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``tensor``, already in host memory, as it waits there to move to ``device``: pinned (a copy) when that is
+    CUDA, as ``host_copy`` keeps what comes from it, else as it is."""
+    if device.type != "cuda" or tensor.is_pinned():
+        return tensor
+    return tensor.pin_memory()
+
+
 def save_tiny(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path) -> Path:
     """Write model (safetensors), generation config and tokenizer into ``out_dir`` with ``save_pretrained``."""
     out = Path(out_dir)
@@ -98,27 +106,33 @@ def load_tokenizer(
 def load_model_and_tokenizer(
     path: str,
     dtype: str = "float32",
-    device: str = "auto",
+    device: str | None = "auto",
     *,
     revision: str = "",
     local_files_only: bool = False,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer ("" = the embedded default; a directory, warm start or hub id, see
-    ``resolve_model_path``), in eval mode."""
+    ``resolve_model_path``), in eval mode; ``device`` None: left in host memory, where it is read into."""
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(map(repr, _DTYPES))}, got {dtype!r}")
     directory = resolve_model_path(path, revision, local_files_only=local_files_only)
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=_DTYPES[dtype], local_files_only=True)
     tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
-    return model.to(resolve_device(device)).eval(), tokenizer
+    if device is not None:
+        model = model.to(resolve_device(device))
+    return model.eval(), tokenizer
 
 
-def load_configured_model(config: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The model and tokenizer a run's ``model`` section names, in its dtype on its device."""
+def load_configured_model(
+    config: ModelConfig, *, on_host: bool = False
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The model and tokenizer a run's ``model`` section names, in its dtype on its device; ``on_host``: left
+    in host memory instead, for an engine that starts asleep at level 2 and moves its weights to that device
+    only when woken (``LLMEngine(device=)``)."""
     return load_model_and_tokenizer(
         config.path,
         config.dtype,
-        config.device,
+        None if on_host else config.device,
         revision=config.revision,
         local_files_only=config.local_files_only,
     )

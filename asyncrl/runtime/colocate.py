@@ -7,9 +7,9 @@
     (then the controller applies the update to the woken engines)
     weights_applied: every engine holds the update ─► the trainer lets go of its packed copy
     (then the next rollout runs without it; an engine replaced meanwhile catches up from a copy packed
-    again and let go once it applied it: ``catch_up``, ``runtime.republish``; one replaced while the
-    trainer trains starts asleep, is woken with its peers and catches up to the step's publication:
-    ``runtime.switch_phase``)
+    again and let go once it applied it: ``catch_up``, ``runtime.republish``; every replacement starts
+    asleep and joins its peers' phase, woken as it joins or with them; one replaced while the trainer
+    trains catches up to the step's publication: ``runtime.switch_phase``)
 
 An engine that dies (or wedges) while the trainer trains fails its ``sleep``, ``stats`` or ``wake``
 (``ENGINE_GONE``, or past ``runtime.control_timeout_s``): the switch logs it, counts it
@@ -138,7 +138,7 @@ class ColocatedTrainer:
         self.timeout_s = timeout_s
         self.state = state if state is not None else LocalState(inner, switch)
         self.phase = SwitchPhase(engines, switch.engine_sleep_level, timeout_s)
-        """Whether the engines sleep now: a replacement starts in that phase (the engine factory reads it)."""
+        """Whether the engines sleep now, and the level a replacement starts at (the engine factory reads it)."""
         self.republisher = Republisher(inner, deadlines or CatchUpDeadlines.within(timeout_s))
         """What a replaced engine catches up from once the packed copy is released (``runtime.republish``)."""
         self._metrics: dict[str, float] = {}

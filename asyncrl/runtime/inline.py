@@ -22,7 +22,7 @@ import torch
 from asyncrl.config.run import RunConfig
 from asyncrl.data.base import Task
 from asyncrl.data.registry import make_task
-from asyncrl.engine import make_engine
+from asyncrl.engine import load_engine_model, make_engine
 from asyncrl.models.loading import load_configured_model
 from asyncrl.rewards.service import RewardService
 from asyncrl.runtime.placement import Placement, plan_placement
@@ -149,8 +149,9 @@ class InlineEngineFactory:
     A thread cannot be killed: a wedged engine's thread that does not stop within ``ENGINE_STOP_TIMEOUT_S``
     is left running, no longer reachable (a Ray actor, by contrast, is killed).
 
-    Under ``runtime.switch`` (``phase``, the switch's ``SwitchPhase``) the new engine starts in its peers'
-    phase: asleep while the trainer trains, its KV pool not allocated beside the trainer's step.
+    Under ``runtime.switch`` (``phase``, the switch's ``SwitchPhase``) the new engine starts asleep at the
+    switch's level whatever the phase (its KV pool not allocated beside the trainer's step; at level 2 its
+    weights loaded into host memory, never onto the device) and ``install`` wakes it if its peers are awake.
     """
 
     def __init__(
@@ -163,15 +164,16 @@ class InlineEngineFactory:
 
     async def replace(self, index: int, failed: Any) -> Any:
         await asyncio.to_thread(_stop_engine, index, failed)
-        model, tokenizer = await asyncio.to_thread(load_configured_model, self.config.model)
-        # the phase read as late as possible: just before the pool would be allocated
         level = self.phase.start_level() if self.phase is not None else 0
-        engine = make_engine(model, tokenizer, self.config.engine, self.num_threads, asleep=level)
+        model, tokenizer, device = await asyncio.to_thread(load_engine_model, self.config.model, level)
+        engine = make_engine(
+            model, tokenizer, self.config.engine, self.num_threads, asleep=level, device=device
+        )
         if self.phase is None:
             self.engines[index] = engine
             return engine
         try:
-            await self.phase.install(index, engine, level)
+            await self.phase.install(index, engine)
         except BaseException:
             engine.shutdown(timeout=ENGINE_STOP_TIMEOUT_S)
             raise

@@ -52,10 +52,10 @@ from asyncrl.config.run import RunConfig
 from asyncrl.config.runtime import RuntimeConfig
 from asyncrl.data.base import Task
 from asyncrl.data.registry import make_task
-from asyncrl.engine import make_engine
+from asyncrl.engine import load_engine_model, make_engine
 from asyncrl.engine.migration import RequestState
 from asyncrl.metrics.progress import LIBRARY_BARS
-from asyncrl.models.loading import load_configured_model, load_configured_tokenizer, resolve_device
+from asyncrl.models.loading import load_configured_tokenizer, resolve_device
 from asyncrl.rewards.service import RewardService
 from asyncrl.runtime.actor_calls import await_actor, get_actor
 from asyncrl.runtime.colocate import ColocatedTrainer, device_bytes
@@ -155,8 +155,8 @@ class EngineActor:
     """Body of an engine actor: the built-in ``AsyncEngine`` on the model at ``model.path`` (torch on
     ``num_threads``), or a vLLM worker process started from this actor, so it runs where the actor's bundle
     is (on CUDA, on the GPUs Ray gave the bundle). ``asleep``: the built-in engine starts asleep at that
-    level, its KV pool not allocated (a replacement started while the trainer in its bundle trains,
-    ``runtime.switch``)."""
+    level, its KV pool not allocated and at level 2 its weights loaded into host memory, not onto the device
+    (a replacement under ``runtime.switch``, beside the trainer rank in its bundle: ``load_engine_model``)."""
 
     def __init__(
         self,
@@ -194,8 +194,8 @@ class EngineActor:
                 broadcast_apply  # the run's one decision, as for the built-in engine
             )
             return
-        served, tokenizer = load_configured_model(model)
-        self.engine = make_engine(served, tokenizer, engine, asleep=asleep)
+        served, tokenizer, device = load_engine_model(model, asleep)
+        self.engine = make_engine(served, tokenizer, engine, asleep=asleep, device=device)
         if broadcast_apply == "streamed":
             self.streamed = StreamedApply(self.engine)
 
@@ -522,7 +522,7 @@ def spawn_run_engine(
 ) -> RayEngineClient:
     """Engine ``index`` of a run, in its reserved bundle, with the run's engine settings: what the first start
     (``build_ray_parts``) and a replacement (``RayEngineFactory.replace``, ``asleep`` at the switch's level
-    while the trainer trains) both spawn."""
+    under ``runtime.switch``) both spawn."""
     runtime = config.runtime
     return spawn_engine(
         config.model,
@@ -547,9 +547,10 @@ class RayEngineFactory:
     actor is killed and a new one spawned through ``spawn_engine`` with the same model, engine settings and
     bundle (its resources return to the placement group when the old actor dies); ``engines`` (the run's
     list, which ``RayParts.close`` ends) is kept current. Under ``runtime.switch`` (``phase``, the switch's
-    ``SwitchPhase``) the new actor starts in its peers' phase: asleep while the trainer in its bundle trains,
-    its KV pool not allocated beside the trainer's step; it joins the list once ready, so the switch never
-    calls an actor still loading its model."""
+    ``SwitchPhase``) the new actor starts asleep at the switch's level whatever the phase (its KV pool not
+    allocated beside the trainer rank's step in its bundle; at level 2 its weights loaded into host memory)
+    and joins the list once ready, so the switch never calls an actor still loading its model; ``install``
+    wakes it then if its peers are awake."""
 
     def __init__(
         self,
@@ -584,7 +585,7 @@ class RayEngineFactory:
                 client.handle.ready.remote(), f"engine {client.name}: start", runtime.startup_timeout_s
             )
             if self.phase is not None:
-                await self.phase.install(index, client, level)
+                await self.phase.install(index, client)
         except BaseException:
             if self.phase is not None:  # not in the run's list yet (or its move failed): end it here
                 client.shutdown()

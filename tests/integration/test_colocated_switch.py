@@ -221,14 +221,15 @@ def test_an_engine_killed_while_the_trainer_trains_is_replaced_at_the_update_and
     assert_same_run(out, plain, STEPS, 8, "switched, engine killed while training, vs plain sync")
 
 
+@pytest.mark.parametrize("level", [1, 2])
 def test_an_engine_replaced_while_the_trainer_trains_waits_for_the_steps_update_and_the_run_ends_bit_equal(
-    tmp_path, monkeypatch, plain
+    tmp_path, monkeypatch, plain, level
 ):
     """The health probe finds the engine dead during the step and the proxy replaces it then: v1 was let go
     and the trainer is training, so the replacement is told to wait (``Superseded``) and applies v2 once it is
-    published; the step trains only once that happened (the schedule under test, not a sleep). Started while
-    the trainer trains, the replacement starts asleep (no KV pool beside the trainer's step) and the switch
-    wakes it with its peers for the next rollout."""
+    published; the step trains only once that happened (the schedule under test, not a sleep). The
+    replacement starts asleep at the switch's level (no KV pool beside the trainer's step; at level 2 its
+    weights loaded into host memory) and the switch wakes it with its peers for the next rollout."""
     lend = Republisher.lend
     superseded = threading.Event()
 
@@ -251,11 +252,12 @@ def test_an_engine_replaced_while_the_trainer_trains_waits_for_the_steps_update_
     killed = killed_while_training(monkeypatch, 1, then=replaced)
     received = versions_received(monkeypatch)
     out = tmp_path / "switched"
-    train_in_process(out, STEPS, *SMALL, *SWITCH, "proxy.health_check_interval_s=0.2")
+    level_is = f"runtime.switch.engine_sleep_level={level}"
+    train_in_process(out, STEPS, *SMALL, *SWITCH, level_is, "proxy.health_check_interval_s=0.2")
 
     assert killed == [1] and superseded.is_set()
     (started,) = replacement
-    assert started["kv_pool_bytes"] == 0 and started["asleep"] == 1, started  # no KV pool mid-step
+    assert started["kv_pool_bytes"] == 0 and started["asleep"] == level, started  # no KV pool mid-step
     (engine,) = engines
     assert (engine.core.num_sleeps, engine.core.num_wakes) == (2, 2), "woken at each rollout after its start"
     assert received == [1, 2, 3], received  # never v1 again: the replacement's first update is v2

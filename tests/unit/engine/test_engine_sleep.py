@@ -3,6 +3,7 @@ memory, and wakes to serve exactly as before: a fresh pool, the same weights, re
 
 from __future__ import annotations
 
+import copy
 import gc
 import weakref
 
@@ -10,7 +11,9 @@ import pytest
 import torch
 from engine_testlib import drain, engine, request
 
+from asyncrl.config.engine import EngineConfig
 from asyncrl.engine.kv_cache import KVCache
+from asyncrl.engine.llm_engine import LLMEngine
 
 
 def test_sleep_frees_the_kv_pool_and_wake_restores_it(qwen2) -> None:
@@ -142,3 +145,37 @@ def test_an_engine_started_asleep_takes_a_weight_update_before_it_wakes(qwen2, l
         with torch.no_grad():
             for name, p in qwen2.named_parameters():
                 p.data = original[name].to(p.device)
+
+
+DEVICE = torch.device("meta")
+"""The accelerator's twin on a CPU-only machine: a device that is not host memory (and holds no bytes, so an
+engine placed there is built and inspected, never woken: ``param.data`` cannot be set across to it)."""
+
+
+def test_a_model_in_host_memory_starts_asleep_at_level_two_with_its_weights_left_there(qwen2) -> None:
+    """A replacement started at level 2 under ``runtime.switch`` is loaded into host memory, not onto its device
+    (``engine.load_engine_model``): built asleep, its weights stay where they were loaded, each recorded for the
+    device its wake moves it to, as a level-2 sleep would have left them; its buffers (rotary frequencies),
+    its runner and its KV pool's device are the device's, the pool unallocated."""
+    model = copy.deepcopy(qwen2).cpu()
+    loaded = {name: p.detach().clone() for name, p in model.named_parameters()}
+    core = LLMEngine(
+        model, None, EngineConfig(max_running_requests=2, max_kv_tokens=64), asleep=2, device=DEVICE
+    )
+    assert {p.device.type for p in core.model.parameters()} == {"cpu"}, (
+        "weights on the device before the wake"
+    )
+    assert all(torch.equal(p, loaded[name]) for name, p in core.model.named_parameters())
+    assert [(id(p), d) for p, d in core._host_weights] == [(id(p), DEVICE) for p in core.model.parameters()]
+    assert {b.device for b in core.model.buffers()} == {DEVICE} and core.runner.device == DEVICE
+    assert core.stats()["asleep"] == 2 and core.stats()["kv_pool_bytes"] == 0
+    assert core.stats()["num_sleeps"] == 1  # paired with its first wake, as a start asleep on the device
+
+
+@pytest.mark.parametrize("level", [0, 1])
+def test_a_model_in_host_memory_serves_elsewhere_only_from_a_level_two_start(qwen2, level) -> None:
+    """Awake or at level 1 the engine serves where its weights are: a model elsewhere is refused by name."""
+    with pytest.raises(
+        ValueError, match=f"serves on meta only when its engine starts asleep at level 2.*{level}"
+    ):
+        LLMEngine(copy.deepcopy(qwen2).cpu(), None, EngineConfig(), asleep=level, device=DEVICE)

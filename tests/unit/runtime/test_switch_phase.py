@@ -1,7 +1,8 @@
-"""``runtime.colocate.SwitchPhase``: an engine replaced under ``runtime.switch`` starts in its peers' phase.
-One started while the trainer trains starts asleep (its KV pool never allocated mid-step) and is woken with its
-peers; one whose start straddles a phase change is brought to the phase its peers are in as it joins them. The
-orders are driven step by step, then by random schedules of a switch thread racing replacements."""
+"""``runtime.switch_phase.SwitchPhase``: an engine replaced under ``runtime.switch`` joins its peers' phase
+without ever allocating its KV pool while the trainer trains. Every replacement starts asleep (its start may
+straddle the trainer's step start) and is woken as it joins awake peers, else with them after the step. The
+orders are driven step by step, then by random schedules of a switch thread racing replacements whose starts
+straddle its phase changes."""
 
 from __future__ import annotations
 
@@ -28,14 +29,17 @@ async def yield_to_other_threads() -> None:
 
 class Engine:
     """Tracks its sleep level as the built-in engine does (a second sleep is refused); ``allocations`` counts
-    the KV pools it allocated (at start when awake, at each wake); yields ``yields`` times in each call."""
+    the KV pools it allocated (at its start when awake, at each wake) and ``allocated_while_training`` whether
+    any was while ``trainer`` trained; yields ``yields`` times in each call."""
 
     def __init__(self, asleep: int = 0, trainer: Trainer | None = None, yields: int = 0) -> None:
         self.asleep = asleep
-        self.allocations = 0 if asleep else 1
         self.trainer = trainer
         self.yields = yields
-        self.woken_while_training = False
+        self.allocations = 0
+        self.allocated_while_training = False
+        if not asleep:
+            self._allocate()
 
     async def sleep(self, level: int = 1) -> int:
         await self._yield()
@@ -48,13 +52,17 @@ class Engine:
         await self._yield()
         if not self.asleep:
             return 0
-        if self.trainer is not None and self.trainer.training:
-            self.woken_while_training = True
-        self.asleep, self.allocations = 0, self.allocations + 1
+        self.asleep = 0
+        self._allocate()
         return 8
 
     def stats(self) -> dict[str, Any]:
         return {"kv_pool_bytes": 0 if self.asleep else 8}
+
+    def _allocate(self) -> None:
+        self.allocations += 1
+        if self.trainer is not None and self.trainer.training:
+            self.allocated_while_training = True
 
     async def _yield(self) -> None:
         for _ in range(self.yields):
@@ -62,23 +70,27 @@ class Engine:
 
 
 class Trainer(IdleTrainer):
-    """The facade and its state: ``during_step`` runs inside the trainer's own step."""
+    """The facade and its state: ``during_step`` runs inside the trainer's own step, which yields to other
+    threads ``work`` times (a step long enough for a replacement's start to straddle its beginning)."""
 
-    def __init__(self) -> None:
+    def __init__(self, work: int = 0) -> None:
         self.during_step = lambda: None
         self.training = False
+        self.work = work
 
     def train_step(self, groups: Any, policy_version: int) -> dict[str, float]:
         self.training = True
         try:
+            for _ in range(self.work):
+                time.sleep(0)
             self.during_step()
         finally:
             self.training = False
         return {}
 
 
-def switched(engines: list[Engine]) -> tuple[ColocatedTrainer, Trainer]:
-    trainer = Trainer()
+def switched(engines: list[Engine], work: int = 0) -> tuple[ColocatedTrainer, Trainer]:
+    trainer = Trainer(work)
     config = SwitchConfig(enabled=True, engine_sleep_level=LEVEL)
     return ColocatedTrainer(trainer, engines, config, timeout_s=5, state=trainer), trainer
 
@@ -88,9 +100,8 @@ def test_a_replacement_started_while_the_trainer_trains_starts_asleep_and_wakes_
     started: list[Engine] = []
 
     def replace_engine_1() -> None:
-        level = switch.phase.start_level()
-        started.append(Engine(asleep=level))
-        asyncio.run(switch.phase.install(1, started[0], level))
+        started.append(Engine(asleep=switch.phase.start_level(), trainer=trainer))
+        asyncio.run(switch.phase.install(1, started[0]))
 
     trainer.during_step = replace_engine_1
     switch.train_step([], 1)
@@ -102,40 +113,50 @@ def test_a_replacement_started_while_the_trainer_trains_starts_asleep_and_wakes_
     assert all(engine.asleep == 0 for engine in switch.engines)
 
 
-def test_a_replacement_started_asleep_that_joins_after_its_peers_woke_is_woken_as_it_joins():
-    switch, trainer = switched([Engine()])
-    switch.train_step([], 1)
-    level = switch.phase.start_level()  # read while the trainer trains ...
-    replacement = Engine(asleep=level)
-    switch.state_for_sync()  # ... its peers woken before it joins
-    asyncio.run(switch.phase.install(0, replacement, level))
-    assert level == LEVEL and replacement.asleep == 0 and replacement.allocations == 1
-
-
-def test_a_replacement_started_awake_that_joins_after_its_peers_slept_is_put_to_sleep_as_it_joins():
+def test_a_replacement_whose_start_straddles_the_trainers_step_start_never_allocates_its_pool_mid_step():
+    """Its level read while the engines generate, the replacement is built once the trainer trains (its model
+    load spanned the switch's phase change): it is built asleep all the same, joins asleep, and is woken with
+    its peers after the step."""
     switch, trainer = switched([Engine()])
     level = switch.phase.start_level()  # read while the engines generate ...
-    replacement = Engine(asleep=level)
-    joined: list[int] = []
+    started: list[Engine] = []
 
-    def join() -> None:  # ... joining once the trainer trains
-        asyncio.run(switch.phase.install(0, replacement, level))
-        joined.append(replacement.asleep)
+    def built_and_joined_mid_step() -> None:  # ... built and joining once the trainer trains
+        started.append(Engine(asleep=level, trainer=trainer))
+        asyncio.run(switch.phase.install(0, started[0]))
 
-    trainer.during_step = join
+    trainer.during_step = built_and_joined_mid_step
     switch.train_step([], 1)
-    assert level == 0 and joined == [LEVEL]
-    switch.state_for_sync()  # and woken with the others: never slept twice
-    assert replacement.asleep == 0
+    (replacement,) = started
+    assert not replacement.allocated_while_training and replacement.allocations == 0
+    assert replacement.asleep == LEVEL
+    switch.state_for_sync()  # woken with the others: never slept twice
+    assert replacement.asleep == 0 and replacement.allocations == 1
+
+
+def test_a_replacement_that_joins_awake_peers_is_woken_as_it_joins():
+    switch, trainer = switched([Engine()])
+    switch.train_step([], 1)
+    replacement = Engine(asleep=switch.phase.start_level(), trainer=trainer)  # started while training ...
+    switch.state_for_sync()  # ... its peers woken before it joins
+    asyncio.run(switch.phase.install(0, replacement))
+    assert replacement.asleep == 0 and replacement.allocations == 1
+    before_any_step = Engine(asleep=switch.phase.start_level(), trainer=trainer)  # started and joining awake
+    assert before_any_step.asleep == LEVEL and before_any_step.allocations == 0  # its pool deferred ...
+    asyncio.run(switch.phase.install(0, before_any_step))
+    assert before_any_step.asleep == 0 and before_any_step.allocations == 1  # ... to its install
 
 
 @pytest.mark.parametrize("seed", range(20))
-def test_replacements_racing_the_switch_always_end_in_their_peers_phase(seed):
-    """A switch thread runs steps while a replacer thread replaces random engines, each call yielding a random
-    number of times: no engine is slept twice (that would fail the step), none started asleep is woken while
-    the trainer trains, and once both are done every engine is awake (the phase the run generates in)."""
+def test_replacements_racing_the_switch_never_allocate_a_pool_mid_step_and_end_in_their_peers_phase(seed):
+    """A switch thread runs steps (each yielding to other threads while the trainer trains) while a replacer
+    thread replaces random engines: each reads its start level, then loads for a random number of yields (so
+    that its start straddles phase changes) before it is built and installed, each call yielding a random
+    number of times. No replacement's KV pool is allocated while the trainer trains (at its build or a wake),
+    no engine is slept twice (that would fail the step), and once both are done every engine is awake (the
+    phase the run generates in)."""
     rng = random.Random(seed)
-    switch, trainer = switched([])
+    switch, trainer = switched([], work=rng.randrange(1, 200))
     switch.engines.extend(Engine(trainer=trainer, yields=rng.randrange(20)) for _ in range(2))
     replacements: list[Engine] = []
     failures: list[BaseException] = []
@@ -144,11 +165,13 @@ def test_replacements_racing_the_switch_always_end_in_their_peers_phase(seed):
         for _ in range(6):
             index = rng.randrange(len(switch.engines))
             level = switch.phase.start_level()
+            for _ in range(rng.randrange(200)):  # its model loads: minutes in a real run
+                await yield_to_other_threads()
             replacement = Engine(asleep=level, trainer=trainer, yields=rng.randrange(20))
             replacements.append(replacement)
-            for _ in range(rng.randrange(200)):
+            for _ in range(rng.randrange(50)):
                 await yield_to_other_threads()
-            await switch.phase.install(index, replacement, level)
+            await switch.phase.install(index, replacement)
 
     def replacer() -> None:
         try:
@@ -163,6 +186,6 @@ def test_replacements_racing_the_switch_always_end_in_their_peers_phase(seed):
         switch.state_for_sync()
     thread.join(60)
     assert not thread.is_alive() and not failures, failures
-    assert switch.phase.start_level() == 0  # the engines generate: a replacement now starts awake
+    mid_step = [i for i, engine in enumerate(replacements) if engine.allocated_while_training]
+    assert not mid_step, f"replacements {mid_step} allocated their KV pool while the trainer trained"
     assert all(engine.asleep == 0 for engine in switch.engines), [e.asleep for e in switch.engines]
-    assert not any(engine.woken_while_training for engine in replacements)
