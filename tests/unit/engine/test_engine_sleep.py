@@ -179,3 +179,31 @@ def test_a_model_in_host_memory_serves_elsewhere_only_from_a_level_two_start(qwe
         ValueError, match=f"serves on meta only when its engine starts asleep at level 2.*{level}"
     ):
         LLMEngine(copy.deepcopy(qwen2).cpu(), None, EngineConfig(), asleep=level, device=DEVICE)
+
+
+def test_a_level_two_host_start_wakes_onto_the_device_under_test_and_serves_as_an_engine_built_there(
+    qwen2,
+) -> None:
+    """The real wake of a replacement loaded into host memory: pinned there on CUDA, moved to the device under
+    test by its first wake, then serving the tokens an engine built on that device serves. On CPU host and
+    device coincide; the GPU kit's unit section runs it with ``ASYNCRL_TEST_DEVICE=cuda``."""
+    prompts = {f"r{i}": [5 + i, 9, 13] for i in range(3)}
+
+    def served(core: LLMEngine) -> dict[str, list[int]]:
+        for rid, prompt in prompts.items():
+            core.add_request(request(rid, prompt, max_new_tokens=8, temperature=0.0, ignore_eos=True))
+        return {rid: g.token_ids for rid, g in drain(core).items()}
+
+    built_there = engine(copy.deepcopy(qwen2))
+    want, device = served(built_there), next(built_there.model.parameters()).device  # cuda:0, not cuda
+    model = copy.deepcopy(qwen2).cpu()
+    config = EngineConfig(
+        max_running_requests=4, max_kv_tokens=1024, max_prefill_tokens_per_step=16, dtype="float32"
+    )
+    core = LLMEngine(model, None, config, asleep=2, device=device)
+    assert {p.device.type for p in core.model.parameters()} == {"cpu"}
+    if device.type == "cuda":
+        assert all(p.is_pinned() for p in core.model.parameters()), "host weights not pinned for their wake"
+    core.wake()
+    assert {p.device for p in core.model.parameters()} == {device}
+    assert served(core) == want
