@@ -100,7 +100,8 @@ def diagnose(
     if model is not None:
         max_len, task_findings = check_task(config, model)
         findings += [*task_findings, *check_memory(config, machine, model.shape, max_len)]
-        findings.append(check_disk(config, model.shape))
+        device = "cuda" if _wants_cuda(config, machine) else "cpu"
+        findings.append(check_disk(config, model.shape, device))
     findings += [f for f in (check_output_dir(config, machine_hardware(machine)),) if f is not None]
     findings += [check_ray(config), check_vllm(config), check_sandbox(config)]
     return findings
@@ -432,17 +433,19 @@ def _fits(
     return Finding(Status.OK, topic, where)
 
 
-def check_disk(config: RunConfig, shape: ModelShape) -> Finding:
+def check_disk(config: RunConfig, shape: ModelShape, device: str = "cuda") -> Finding:
+    """Room under ``output_dir`` for the checkpoints that coexist, each with every part it writes (the sharded
+    trainer's ``model/`` export included), the trainer on ``device``."""
     out = Path(config.output_dir).resolve()
     existing = next(p for p in (out, *out.parents) if p.exists())
     free = shutil.disk_usage(existing).free
-    each, count = memory_plan.checkpoint_bytes(config, shape)
-    need = each * count
-    detail = f"{count} checkpoint(s) of {_gib(each)} (weights + optimizer) under {out}"
+    size = memory_plan.checkpoint_bytes(config, shape, device)
+    parts = " + ".join(f"{t.name} {_gib(t.bytes)} ({t.how})" for t in size.parts)
+    detail = f"{size.count} checkpoint(s) of {_gib(size.each)} under {out}, each {parts}"
     return _fits(
         "disk",
         detail,
-        need,
+        size.total,
         free,
         "free space, set output_dir elsewhere, or lower trainer.keep_last_checkpoints",
         margin=TIGHT,
