@@ -38,12 +38,10 @@ def on_each_node(
             if n["Alive"] and (not accelerator or n["Resources"].get(accelerator, 0) > 0)
         ]
         task = ray.remote(num_cpus=0)(fn)
-        pending = {
-            task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(
-                *args
-            ): n
-            for n in nodes
-        }
+        pending = {}
+        for node in nodes:
+            pinned = NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
+            pending[task.options(scheduling_strategy=pinned).remote(*args)] = node
         ready = ray.wait(list(pending), num_returns=len(pending), timeout=deadline_s)[0] if pending else []
         report = []
         for ref, node in pending.items():
@@ -53,9 +51,7 @@ def on_each_node(
                 continue
             try:
                 report.append({"node": name, "answer": ray.get(ref)})
-            except (
-                Exception
-            ) as err:  # e.g. asyncrl not importable there: that node's answer, not the probe's end
+            except Exception as err:  # e.g. asyncrl not importable there: that node's answer, not the probe's
                 report.append({"node": name, "error": f"{type(err).__name__}: {err}"})
     finally:
         ray.shutdown()
