@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from asyncrl.app import memory_plan
+from asyncrl.app import cluster_probe, memory_plan
 from asyncrl.app.memory_plan import DTYPE_BYTES, Hardware, kv_slots_that_fit
 from asyncrl.config.run import RunConfig
 from asyncrl.sim.model_shape import ModelShape, shape_from_hf_config
@@ -100,9 +100,10 @@ def diagnose(
     if model is not None:
         max_len, task_findings = check_task(config, model)
         findings += [*task_findings, *check_memory(config, machine, model.shape, max_len)]
-        findings.append(check_disk(config, model.shape))
+        device = "cuda" if _wants_cuda(config, machine) else "cpu"
+        findings.append(check_disk(config, model.shape, device))
     findings += [f for f in (check_output_dir(config, machine_hardware(machine)),) if f is not None]
-    findings += [check_ray(config), check_vllm(config), check_sandbox(config)]
+    findings += [*check_ray(config), check_vllm(config), check_sandbox(config)]
     return findings
 
 
@@ -432,17 +433,19 @@ def _fits(
     return Finding(Status.OK, topic, where)
 
 
-def check_disk(config: RunConfig, shape: ModelShape) -> Finding:
+def check_disk(config: RunConfig, shape: ModelShape, device: str = "cuda") -> Finding:
+    """Room under ``output_dir`` for the checkpoints that coexist, each with every part it writes (the sharded
+    trainer's ``model/`` export included), the trainer on ``device``."""
     out = Path(config.output_dir).resolve()
     existing = next(p for p in (out, *out.parents) if p.exists())
     free = shutil.disk_usage(existing).free
-    each, count = memory_plan.checkpoint_bytes(config, shape)
-    need = each * count
-    detail = f"{count} checkpoint(s) of {_gib(each)} (weights + optimizer) under {out}"
+    size = memory_plan.checkpoint_bytes(config, shape, device)
+    parts = " + ".join(f"{t.name} {_gib(t.bytes)} ({t.how})" for t in size.parts)
+    detail = f"{size.count} checkpoint(s) of {_gib(size.each)} under {out}, each {parts}"
     return _fits(
         "disk",
         detail,
-        need,
+        size.total,
         free,
         "free space, set output_dir elsewhere, or lower trainer.keep_last_checkpoints",
         margin=TIGHT,
@@ -458,53 +461,105 @@ def _run(command: list[str], timeout_s: float) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
 
 
-def check_ray(config: RunConfig, run: Runner = _run) -> Finding:
+def check_ray(config: RunConfig, run: Runner = _run) -> list[Finding]:
+    """Ray's version against the pin; on a cluster also its resources and, node by node, the model files."""
     try:
         import ray
     except ImportError:
         status = Status.OK if config.runtime.type == "inline" else Status.FAIL
-        return Finding(
-            status, "ray", "not installed", f"pip install ray=={PINNED_RAY} (with the rest, one install)"
-        )
+        fix = f"pip install ray=={PINNED_RAY} (with the rest, one install)"
+        return [Finding(status, "ray", "not installed", fix)]
     version = ray.__version__
     pin = "" if version == PINNED_RAY else f" (asyncrl pins {PINNED_RAY})"
     if config.runtime.type != "cluster":
         status = Status.WARN if pin else Status.OK
-        return Finding(status, "ray", f"{version}{pin}; runtime.type={config.runtime.type}")
+        return [Finding(status, "ray", f"{version}{pin}; runtime.type={config.runtime.type}")]
     return _check_cluster(config, version + pin, run)
 
 
-CLUSTER_PROBE = (
-    "import json, ray; ray.init(address={address!r}, logging_level='ERROR', log_to_driver=False); "
-    "print(json.dumps(ray.cluster_resources())); ray.shutdown()"
-)
+CLUSTER_PROBE = "from asyncrl.app.cluster_probe import main; main()"
+CLUSTER_PROBE_DEADLINE_S = cluster_probe.NODE_DEADLINE_S + 60.0
+"""Joining the cluster and leaving it, beside the nodes' own deadline."""
 
 
-def _check_cluster(config: RunConfig, version: str, run: Runner) -> Finding:
+def _check_cluster(config: RunConfig, version: str, run: Runner) -> list[Finding]:
+    """One probe process joins the cluster (``app.cluster_probe``): the resources against what the run reserves,
+    and whether every node the run can be placed on loads its model files offline."""
     import sys
 
     address = config.runtime.address
+    need = gpus_needed(config) if config.model.device != "cpu" else 0
+    accelerator = config.runtime.accelerator_resource if need else ""
+    probe = cluster_probe.probe_args(config, accelerator)
     try:
-        done = run([sys.executable, "-c", CLUSTER_PROBE.format(address=address)], 90.0)
+        done = run([sys.executable, "-c", CLUSTER_PROBE, probe], CLUSTER_PROBE_DEADLINE_S)
     except subprocess.TimeoutExpired:
         done = None
     if done is None or done.returncode != 0:
-        why = "no answer in 90 s" if done is None else done.stderr.strip().splitlines()[-1:]
-        return Finding(
-            Status.FAIL,
-            "ray",
-            f"{version}; cannot join the cluster at {address}: {why}",
-            "start the head (ray start --head) or fix runtime.address; on the head node 'auto' finds it",
+        why = (
+            f"no answer in {CLUSTER_PROBE_DEADLINE_S:.0f} s"
+            if done is None
+            else (done.stderr.strip().splitlines() or ["(no output)"])[-1]
         )
-    resources = json.loads(done.stdout.strip().splitlines()[-1])
+        return [
+            Finding(
+                Status.FAIL,
+                "ray",
+                f"{version}; cannot join the cluster at {address}: {why}",
+                "start the head (ray start --head) or fix runtime.address; on the head node 'auto' finds it",
+            )
+        ]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    resources = report["resources"]
     have = resources.get(config.runtime.accelerator_resource, 0)
-    need = gpus_needed(config) if config.model.device != "cpu" else 0
     detail = f"{version}; cluster at {address}: {resources.get('CPU', 0):.0f} CPUs, {have:.0f} {config.runtime.accelerator_resource}"
     if need > have:
-        return Finding(
+        reserve = Finding(
             Status.FAIL, "ray", f"{detail}, the run reserves {need}", "add nodes, or fewer engines/ranks"
         )
-    return Finding(Status.OK, "ray", detail)
+    else:
+        reserve = Finding(Status.OK, "ray", detail)
+    return [reserve, *node_files(report["nodes"])]
+
+
+NODE_FILES_FIX = (
+    "on that node, fetch it into the Hugging Face cache its Ray workers read (hf download ID --revision REV, "
+    "with that node's HF_HOME), or point HF_HOME at a cache every node mounts; a model folder must exist at "
+    "the same path on every node"
+)
+
+
+def node_files(nodes: list[dict]) -> list[Finding]:
+    """Each node's answer (``cluster_probe.resolve_here``, run there by ``cluster_probe.main``): a FAIL for each
+    node and path that does not load offline there, naming both; else one OK for them all."""
+    failures = []
+    for node in nodes:
+        if "error" in node:
+            detail = f"node {node['node']}: the check did not run there: {node['error']}"
+            fix = "asyncrl and its environment must be installed on every node"
+            failures.append(Finding(Status.FAIL, "model files", detail, fix))
+            continue
+        for item in node["answer"]:
+            if item["ok"]:
+                continue
+            at = f" at revision {item['revision']!r}" if item["revision"] else ""
+            what = f"{item['what']} {_named(item['path'])}{at}"
+            detail = f"node {node['node']}: {what} does not load offline there: {item['error']}"
+            failures.append(Finding(Status.FAIL, "model files", detail, NODE_FILES_FIX))
+    if failures or not nodes:
+        return failures
+    names = ", ".join(f"{i['what']} {_named(i['path'])}" for i in nodes[0]["answer"])
+    return [
+        Finding(
+            Status.OK,
+            "model files",
+            f"{names} load offline on each of the {len(nodes)} node(s) the run can be placed on",
+        )
+    ]
+
+
+def _named(path: str) -> str:
+    return repr(path) if path else "(the embedded default)"
 
 
 def check_vllm(config: RunConfig, run: Runner = _run) -> Finding:

@@ -616,16 +616,89 @@ def switch_devices(
     )
 
 
-def checkpoint_bytes(config: RunConfig, shape: ModelShape) -> tuple[int, int]:
-    """One checkpoint's bytes on disk (weights plus AdamW's moments, ``trainer_state.pt``) and how many
-    coexist (the kept ones plus the one being written)."""
+@dataclass(frozen=True)
+class CheckpointSize:
+    """What one checkpoint writes (its parts, each a ``Term`` saying what it counts) and how many coexist."""
+
+    parts: tuple[Term, ...]
+    count: int
+    """The kept ones plus the one being written (``trainer.keep_last_checkpoints`` + 1), or every one saved."""
+
+    @property
+    def each(self) -> int:
+        return sum(t.bytes for t in self.parts)
+
+    @property
+    def total(self) -> int:
+        return self.each * self.count
+
+
+def writes_sharded_checkpoints(config: RunConfig) -> bool:
+    """Whether the trainer writes DCP checkpoints (several ranks on Ray, ``runtime.trainer_group``) rather than
+    one process's ``save_pretrained`` + ``trainer_state.pt``."""
+    return config.runtime.type != "inline" and config.trainer.num_workers > 1
+
+
+def checkpoint_bytes(config: RunConfig, shape: ModelShape, device: str = "cuda") -> CheckpointSize:
+    """One checkpoint's bytes on disk, part by part, as ``trainer.checkpoint`` (one process) or
+    ``trainer.distributed.checkpoint`` (sharded, on ``device``) writes it; config, tokenizer and index files
+    (kilobytes) are left out.
+
+    - One process: ``model/`` (``save_pretrained``, the master dtype; a tied output layer once) or, with LoRA,
+      ``adapter/``; AdamW's two moments of the trainable weights in ``trainer_state.pt``.
+    - Sharded: ``sharded/`` holds the master weights (DCP saves a tied output layer under both its names, so
+      twice) or, with LoRA, the adapters, and the two moments; beside it ``model/``, the Hugging Face export in
+      the serving dtype (``serving_dtype`` on the trainer's device, as ``runtime.trainer_group`` asks for), or
+      the gathered ``adapter/`` with LoRA.
+    - A critic adds its weights and two moments (a separate one at its own shape, as the memory plan costs it).
+
+    Every part lives in the step directory that ``trainer.checkpoint.prune_checkpoints`` deletes whole, so each
+    kept checkpoint holds all of them."""
     master = DTYPE_BYTES[config.model.dtype]
-    weights = shape.num_params * master
+    params = shape.num_params
     lora = config.trainer.lora
-    trainable = shape.lora_params(lora.rank) * master if lora is not None else weights
+    trainable = shape.lora_params(lora.rank) if lora is not None else params
+    moments = Term("AdamW moments", 2 * trainable * master, f"2 × {trainable:,} × {master} B")
+    adapter = (
+        Term("adapter/", trainable * master, f"{trainable:,} LoRA weights × {master} B")
+        if lora is not None
+        else None
+    )
+    if not writes_sharded_checkpoints(config):
+        weights = adapter or Term("model/", params * master, f"{params:,} × {master} B, save_pretrained")
+        parts = [weights, moments]
+    else:
+        tied = shape.vocab * shape.hidden if shape.tied_embeddings and lora is None else 0
+        saved = trainable + tied
+        why = ", a tied output layer twice" if tied else ""
+        serve_name = serving_dtype(config.engine.dtype, config.model.dtype, device)
+        serve = DTYPE_BYTES[serve_name]
+        export = adapter or Term(
+            "model/", params * serve, f"{params:,} × {serve} B, the Hugging Face export in {serve_name}"
+        )
+        parts = [
+            Term("sharded/ weights", saved * master, f"{saved:,} × {master} B in DCP{why}"),
+            moments,
+            export,
+        ]
+    parts += _critic_checkpoint_terms(config, shape, master)
     keep, every = config.trainer.keep_last_checkpoints, config.trainer.checkpoint_every
     num_saved = (config.controller.num_steps // every if every else 0) + 1  # the periodic ones and the final
-    return weights + 2 * trainable, min(keep + 1, num_saved) if keep is not None else num_saved
+    count = min(keep + 1, num_saved) if keep is not None else num_saved
+    return CheckpointSize(tuple(parts), count)
+
+
+def _critic_checkpoint_terms(config: RunConfig, shape: ModelShape, master: int) -> list[Term]:
+    """A critic's weights and AdamW's two moments: the value head's, or a separate critic's body at its shape."""
+    critic = config.critic
+    if critic is None:
+        return []
+    if critic.type == "shared_trunk":
+        params, name = shape.hidden + 1, "value head"
+    else:
+        body = resolve_critic_shape(critic.model_path, config.model.revision, shape).shape
+        params, name = body.body_params + body.hidden + 1, "critic"
+    return [Term(name, 3 * params * master, f"weights + 2 moments of {params:,} × {master} B")]
 
 
 def kv_slots_that_fit(free_bytes: int, engine_weights: int, kv_per_slot: int) -> int:

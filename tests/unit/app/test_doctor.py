@@ -155,21 +155,20 @@ def test_a_cluster_is_asked_for_its_resources(tmp_path: Path) -> None:
 
     def cluster(gpus: int):
         def run(command, timeout_s):
-            assert "ray://head:10001" in command[-1]
-            return subprocess.CompletedProcess(
-                command, 0, stdout=json.dumps({"CPU": 64, "GPU": gpus}), stderr=""
-            )
+            assert json.loads(command[-1])["address"] == "ray://head:10001"
+            report = {"resources": {"CPU": 64, "GPU": gpus}, "nodes": []}
+            return subprocess.CompletedProcess(command, 0, stdout=json.dumps(report), stderr="")
 
         return run
 
-    assert check_ray(config, run=cluster(8)).status is Status.OK  # 1 trainer + 6 engines
-    short = check_ray(config, run=cluster(4))
+    assert [f.status for f in check_ray(config, run=cluster(8))] == [Status.OK]  # 1 trainer + 6 engines
+    [short] = check_ray(config, run=cluster(4))
     assert short.status is Status.FAIL and "reserves 7" in short.detail
 
     def unreachable(command, timeout_s):
         raise subprocess.TimeoutExpired(command, timeout_s)
 
-    assert check_ray(config, run=unreachable).status is Status.FAIL
+    assert [f.status for f in check_ray(config, run=unreachable)] == [Status.FAIL]
 
 
 @pytest.mark.parametrize("overrides", [("task.type=code",), ()])

@@ -202,3 +202,46 @@ def test_vllm_streaming_holds_a_layer_spread_over_small_buckets() -> None:
     assert layer > 2 * shape.vocab * shape.hidden * 2  # 128 experts a layer outweigh two embedding buckets
     [staging] = [t for t in mp.engine_role(config, shape, 512, H100).terms if t.name == "broadcast staging"]
     assert staging.bytes == layer + 2 * 2**20
+
+
+def _checkpoint(overrides: list[str], shape=QWEN3_1_7B, device: str = "cuda") -> dict[str, int]:
+    size = mp.checkpoint_bytes(load_run_config(None, overrides), shape, device)
+    return {t.name: t.bytes for t in size.parts} | {"each": size.each, "count": size.count}
+
+
+def test_a_checkpoint_counts_every_part_it_writes_the_sharded_model_export_included() -> None:
+    """A sharded trainer's step directory holds DCP's weights (a tied output layer under both names) and
+    moments, and a Hugging Face ``model/`` in the serving dtype beside them; one process writes its master
+    weights once. Every part is kept for each retained checkpoint (the step directory is pruned whole)."""
+    shape, p = QWEN3_1_7B, QWEN3_1_7B.num_params
+    tied = shape.vocab * shape.hidden
+    sharded = ["runtime.type=local", "trainer.num_workers=4", "rollout.num_engines=4", "model.dtype=float32"]
+    retained = ["controller.num_steps=300", "trainer.checkpoint_every=20", "trainer.keep_last_checkpoints=3"]
+    on_gpus = _checkpoint([*sharded, *retained])
+    assert on_gpus == {
+        "sharded/ weights": 4 * (p + tied),
+        "AdamW moments": 8 * p,
+        "model/": 2 * p,  # bfloat16: what the engines serve on CUDA
+        "each": 4 * (p + tied) + 8 * p + 2 * p,
+        "count": 4,  # 3 kept and the one being written
+    }
+    assert _checkpoint([*sharded, *retained], device="cpu")["model/"] == 4 * p  # served as trained on CPU
+    assert _checkpoint([*sharded, *retained, "engine.dtype=float16"])["model/"] == 2 * p
+    one_process = _checkpoint(["trainer.num_workers=4", *retained])  # inline: one trainer process
+    assert one_process == {"model/": 4 * p, "AdamW moments": 8 * p, "each": 12 * p, "count": 4}
+    lora = _checkpoint([*sharded, "trainer.lora.rank=8"])
+    adapters = shape.lora_params(8)
+    assert lora == {
+        "sharded/ weights": 4 * adapters,
+        "AdamW moments": 8 * adapters,
+        "adapter/": 4 * adapters,
+        "each": 16 * adapters,
+        "count": 1,  # no periodic checkpoints: the final one
+    }
+    assert _checkpoint([*sharded, "trainer.checkpoint_every=10", "controller.num_steps=25"])["count"] == 3
+    keep_all = _checkpoint([*sharded, *retained, "trainer.keep_last_checkpoints=null"])
+    assert keep_all["count"] == 300 // 20 + 1
+    gae = [*sharded, "advantage.name=gae"]
+    critic = _checkpoint([*gae, "critic.type=separate"])["critic"]
+    assert critic == 3 * 4 * (shape.body_params + shape.hidden + 1)  # a copy of the policy's body + its head
+    assert _checkpoint([*gae, "critic.type=shared_trunk"])["value head"] == 3 * 4 * (shape.hidden + 1)
