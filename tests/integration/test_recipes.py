@@ -153,14 +153,47 @@ def test_the_agentic_endpoint_recipe_trains_two_steps_on_a_harness(tmp_path: Pat
     assert json.loads((out / "config.json").read_text())["producer"] == "external"
 
 
-def test_every_recipe_has_its_step_time_generated_into_the_docs() -> None:
-    """docs/recipes.md's table is what ``scripts/recipe_plans.py`` renders from docs/recipe_plans.json."""
+def _recipe_plans():
     spec = importlib.util.spec_from_file_location("recipe_plans", ROOT / "scripts" / "recipe_plans.py")
     plans = importlib.util.module_from_spec(spec)
     sys.modules["recipe_plans"] = plans  # its dataclasses look their module up there
     spec.loader.exec_module(plans)
+    return plans
+
+
+def test_every_recipe_has_its_step_time_generated_into_the_docs() -> None:
+    """docs/recipes.md's table is what ``scripts/recipe_plans.py`` renders from docs/recipe_plans.json."""
+    plans = _recipe_plans()
     assert set(plans.PLANS) == set(NAMES)
     results = json.loads(plans.RESULT.read_text())
     assert set(results["recipes"]) == set(NAMES)
     doc = plans.DOC.read_text()
     assert plans.render(doc, results) == doc
+
+
+def test_each_published_step_time_simulates_the_engine_its_recipe_admits() -> None:
+    """The simulated engine takes the recipe's own admission limits, over the ones the simulator would derive,
+    and the published JSON was simulated with the recipe's current ones: ``gsm8k_1gpu`` was once published
+    with 128 simulated slots where its ``max_kv_tokens`` admitted 44."""
+    from asyncrl.sim.derive import load_sim_config
+
+    plans = _recipe_plans()
+    published = json.loads(plans.RESULT.read_text())["recipes"]
+    for name, plan in plans.PLANS.items():
+        if isinstance(plan, str):
+            continue
+        keys = plans.engine_keys(name)
+        assert published[name]["engine"] == list(keys), (
+            f"{name}'s engine changed: run scripts/recipe_plans.py"
+        )
+        sim = load_sim_config(None, [*plan.workload, *keys])
+        engine = load_run_config(RECIPES / name).engine
+        assert sim.engine.max_model_len == engine.max_model_len, name
+        if engine.backend == "builtin":
+            assert sim.engine.kv_allocation == "reserved", name
+            assert sim.engine.max_running_requests == engine.max_running_requests, name
+            assert sim.engine.max_kv_tokens == engine.max_kv_tokens, name
+        else:
+            assert sim.engine.kv_allocation == "paged", name
+            assert sim.cost.max_num_seqs == engine.vllm.max_num_seqs, name
+            assert sim.cost.memory_utilization == engine.vllm.gpu_memory_utilization, name
