@@ -6,9 +6,9 @@ so the two live in separate environments). It speaks a small protocol over ``mul
 of either side's libraries. Weights do not cross it: a full update arrives bucket by bucket as shared-memory
 files (``asyncrl/engine/vllm/bucket_stream.py``), only their paths and layouts on the socket, or over the
 trainer's weight-broadcast group that vLLM's own worker joins (``weight_sync.type: broadcast``): staged whole
-until applied (``_stage`` / ``_apply_staged``), or streamed, each bucket loaded as it arrives through the same
-per-bucket load and manifest check as the shared-memory files (``op_stream`` / ``_stream``); an adapter update
-(small) comes as safetensors bytes.
+in host memory until applied (``_stage`` / ``_apply_staged``; one buffer at a time on the GPU), or streamed,
+each bucket loaded as it arrives through the same per-bucket load and manifest check as the shared-memory
+files (``op_stream`` / ``_stream``); an adapter update (small) comes as safetensors bytes.
 
 The engine is vLLM's async engine (``AsyncLLM``) on this process's asyncio loop: vLLM runs its engine core
 (scheduler, continuous batching, the model) in a child process and streams outputs back here. Commands are
@@ -486,7 +486,7 @@ class Worker:
                 f"weight_sync.type=broadcast into vLLM needs tensor_parallel_size 1, got {num_shards}; "
                 "use weight_sync.type: object_store"
             )
-        fields = ("host", "port", "rank", "world_size", "device", "group_timeout_s", "prefix")
+        fields = ("host", "port", "rank", "world_size", "device", "group_timeout_s", "prefix", "pin_staged")
         await _bounded(
             self.engine.collective_rpc(_join_group, args=tuple(message[f] for f in fields)), message
         )
@@ -788,8 +788,10 @@ def _repack_lm_head(model) -> None:
 # ---- the broadcast member, on vLLM's worker (wire contract: asyncrl/weight_sync/broadcast.py) ------------
 
 
-def _join_group(worker, host, port, rank, world_size, device, group_timeout_s, prefix) -> None:
-    """Join as ``rank`` a standalone group over the trainer's ``TCPStore``: gloo on CPU, NCCL on CUDA."""
+def _join_group(worker, host, port, rank, world_size, device, group_timeout_s, prefix, pin_staged) -> None:
+    """Join as ``rank`` a standalone group over the trainer's ``TCPStore``: gloo on CPU, NCCL on CUDA.
+    ``pin_staged``: whether a staged update lands in pinned host memory (the client decides it with
+    ``asyncrl.weight_sync.broadcast.pin_staged``, the built-in engine's rule, which this file cannot import)."""
     from datetime import timedelta
 
     import torch
@@ -805,7 +807,13 @@ def _join_group(worker, host, port, rank, world_size, device, group_timeout_s, p
         device = worker.device  # the GPU this vLLM worker serves from
     else:
         group = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
-    worker.asyncrl_weights = {"store": store, "group": group, "device": torch.device(device), "staged": {}}
+    worker.asyncrl_weights = {
+        "store": store,
+        "group": group,
+        "device": torch.device(device),
+        "pin_staged": pin_staged,
+        "staged": {},
+    }
 
 
 def _broadcast_into(member: dict, tensor) -> None:
@@ -818,11 +826,15 @@ def _broadcast_into(member: dict, tensor) -> None:
 
 
 def _stage(worker) -> int:
-    """Receive every bucket of one update (headers, then raw bytes straight into buffers on the model's
-    device) and keep them under their version until applied."""
+    """Receive every bucket of one update and keep it in host memory under its version until applied, as the
+    built-in engine stages (``WeightGroup.receive``): each buffer arrives on the member's device (NCCL moves
+    device memory only) and is copied to host as soon as its collective completes, so the GPU holds one
+    buffer at a time beside vLLM's ``gpu_memory_utilization`` share, never the whole update (an 8B update in
+    bf16 is 16 GB, which does not fit beside 85 % of an 80 GB GPU). Host memory is pinned on CUDA
+    (``pin_staged``), so the apply's copy into the model is a DMA."""
     member = worker.asyncrl_weights
     buckets, version = [], None
-    for fields, buffers in _received_buckets(member, _HeldBytes()):
+    for fields, buffers in _received_buckets(member, _HeldBytes(), to_host=True):
         buckets.append((fields["manifest"], buffers))
         version = fields["version"]
     member["staged"][version] = buckets
@@ -886,9 +898,10 @@ def _load_streamed(worker, fields, buffers, manifest, remaining, served_version,
     _load_views(worker, _views([(fields["manifest"], buffers)]))
 
 
-def _received_buckets(member: dict, held):
-    """Each bucket of the next broadcast as (header fields, {dtype: buffer on the member's device}), until
-    the end marker; each buffer counted in ``held`` while its storage lives."""
+def _received_buckets(member: dict, held, *, to_host: bool = False):
+    """Each bucket of the next broadcast as (header fields, {dtype: buffer}), until the end marker. A buffer
+    is received on the member's device, counted in ``held`` while its storage lives; with ``to_host`` it is
+    then copied into host memory (``_to_host``) and the device copy dropped before the next is received."""
     import numpy as np
     import torch
 
@@ -905,8 +918,21 @@ def _received_buckets(member: dict, held):
             num_bytes = num_elements * np.dtype(carrier).itemsize
             raw = held.track(torch.empty(num_bytes, dtype=torch.uint8, device=member["device"]))
             _broadcast_into(member, raw)
+            if to_host:
+                raw = _to_host(raw, pin=member["pin_staged"])
             buffers[dtype] = raw.view(getattr(torch, dtype))
         yield fields, buffers
+
+
+def _to_host(received, *, pin: bool):
+    """A copy of ``received`` in fresh host memory (pinned with ``pin``). Made on CPU too, where the member's
+    device is host memory already: the gloo twin, the only receive that runs here, then takes the CUDA
+    path's copy (one buffer's transient bytes)."""
+    import torch
+
+    host = torch.empty(received.numel(), dtype=torch.uint8, pin_memory=pin)
+    host.copy_(received)
+    return host
 
 
 class _HeldBytes:
