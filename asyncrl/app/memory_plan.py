@@ -19,9 +19,9 @@ on a laptop before it loads tens of GB on a rented GPU. The terms follow the cod
   holds one bucket);
 - vLLM engine: the ``gpu_memory_utilization`` share of each of its ``tensor_parallel_size`` GPUs, which must hold
   its weights shard and one longest request's KV, plus, with the broadcast transport, what its worker receives
-  on the device beside that share: two buffers when staged (the one in flight and the previous one until the
-  process group lets go of it; each is copied to host memory as it arrives, where the whole update waits:
-  counted when the plan is of host memory), two buckets when streamed (each bucket is loaded as it arrives; a
+  on the device beside that share: two buffers when staged (the one in flight, and room for the previous one
+  while the allocator or the process group still holds it; each is copied to host memory as it arrives, where
+  the whole update waits: counted when the plan is of host memory), two buckets when streamed (each bucket is loaded as it arrives; a
   layer still collecting its weights keeps its buckets alive, so a layer larger than a bucket counts whole). A
   bucket is ``weight_sync.bucket_mb``, or the embedding where that is larger (a tensor travels whole).
 
@@ -433,9 +433,9 @@ def vllm_streamed_held(config: RunConfig, shape: ModelShape, serve: int) -> int:
 
 def vllm_broadcast_term(config: RunConfig, shape: ModelShape, serve: int, device: str) -> Term:
     """What vLLM's worker holds receiving a broadcast, beside its share. Streamed: ``vllm_streamed_held``.
-    Staged (``worker_main._stage``): on the GPU, two received buffers at most (the one in flight and the
-    previous one, which the process group may hold a moment after its collective), each copied to host memory
-    as it arrives; in a plan of host memory, the whole update waiting there plus those two."""
+    Staged (``worker_main._stage``): on the GPU, two received buffers (the one in flight, and room for the
+    previous one while the allocator or the process group still holds it), each copied to host memory as it
+    arrives; in a plan of host memory, the whole update waiting there plus those two."""
     whole = shape.num_params * serve
     in_flight = min(2 * largest_bucket(config, shape, serve), whole)
     if config.broadcast_apply() == "streamed":
