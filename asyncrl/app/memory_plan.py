@@ -20,10 +20,11 @@ on a laptop before it loads tens of GB on a rented GPU. The terms follow the cod
   holds one bucket);
 - vLLM engine: the ``gpu_memory_utilization`` share of each of its ``tensor_parallel_size`` GPUs, which must hold
   its weights shard and one longest request's KV, plus, with the broadcast transport, what its worker receives
-  on the device beside that share: the whole update when staged, two buckets when streamed (each bucket is
-  loaded as it arrives; a layer still collecting its weights keeps its buckets alive, so a layer larger than a
-  bucket counts whole). A bucket is ``weight_sync.bucket_mb``, or the embedding where that is larger (a tensor
-  travels whole).
+  on the device beside that share: two buffers when staged (the one in flight, and room for the previous one
+  while the allocator or the process group still holds it; each is copied to host memory as it arrives, where
+  the whole update waits: counted when the plan is of host memory), two buckets when streamed (each bucket is loaded as it arrives; a
+  layer still collecting its weights keeps its buckets alive, so a layer larger than a bucket counts whole). A
+  bucket is ``weight_sync.bucket_mb``, or the embedding where that is larger (a tensor travels whole).
 
 A role's peak is what it always holds (``HELD``) plus its heaviest transient phase: forward/backward, the
 optimizer step and a weight sync never overlap, so their terms are not summed together. Roles sharing a device
@@ -444,6 +445,23 @@ def vllm_streamed_held(config: RunConfig, shape: ModelShape, serve: int) -> int:
     return min(whole, max(2 * largest_bucket(config, shape, serve), layer + 2 * bucket))
 
 
+def vllm_broadcast_term(config: RunConfig, shape: ModelShape, serve: int, device: str) -> Term:
+    """What vLLM's worker holds receiving a broadcast, beside its share. Streamed: ``vllm_streamed_held``.
+    Staged (``worker_main._stage``): on the GPU, two received buffers (the one in flight, and room for the
+    previous one while the allocator or the process group still holds it), each copied to host memory as it
+    arrives; in a plan of host memory, the whole update waiting there plus those two."""
+    whole = shape.num_params * serve
+    in_flight = min(2 * largest_bucket(config, shape, serve), whole)
+    if config.broadcast_apply() == "streamed":
+        how = "two received buckets, or a layer's, loaded as they arrive (streamed)"
+        return Term("broadcast staging", vllm_streamed_held(config, shape, serve), how, "sync")
+    if device == "cpu":
+        how = "the whole update staged in host memory until applied, and two buffers being received (staged)"
+        return Term("broadcast staging", whole + in_flight, how, "sync")
+    how = "two received buffers in flight; the whole update staged in host memory (staged)"
+    return Term("broadcast staging", in_flight, how, "sync")
+
+
 def max_kv_positions(config: RunConfig, max_len: int) -> int:
     """Positions per built-in slot, as the engine sizes them: ``engine.max_model_len`` when set (else the run's
     longest context, which ``asyncrl train`` sets it to), capped by ``engine.max_kv_tokens``."""
@@ -463,15 +481,7 @@ def engine_role(
         share = config.engine.vllm.gpu_memory_utilization
         terms = [Term("gpu_memory_utilization", int(share * hardware.device_bytes), f"{share} of the GPU")]
         if _transport(config) == "broadcast":  # vLLM's worker receives a broadcast on its device
-            whole = shape.num_params * serve
-            staged = Term("broadcast staging", whole, "the whole update, staged beside vLLM's share", "sync")
-            if config.broadcast_apply() == "streamed":
-                staged = replace(
-                    staged,
-                    bytes=vllm_streamed_held(config, shape, serve),
-                    how="two received buckets, or a layer's, loaded as they arrive (streamed)",
-                )
-            terms.append(staged)
+            terms.append(vllm_broadcast_term(config, shape, serve, device))
         return Role("vLLM engine", engines, tp, tuple(terms))
     slots = config.engine.max_running_requests
     positions = max_kv_positions(config, max_len)

@@ -112,7 +112,6 @@ class MemoryCheck:
             f"trainer.max_tokens_per_microbatch={tokens}",
             f"engine.backend={'vllm' if sim.cost.kv == 'paged' else 'builtin'}",
             f"engine.dtype={served}",
-            f"engine.vllm.dtype={served}",
             f"engine.vllm.gpu_memory_utilization={sim.cost.memory_utilization}",
             f"engine.max_running_requests={sim.engine.max_running_requests}",
             f"engine.max_model_len={sim.engine.max_model_len or self.longest}",

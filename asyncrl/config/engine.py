@@ -20,9 +20,10 @@ def serving_dtype(engine_dtype: str, model_dtype: str, device: str) -> str:
 
 
 def vllm_serving_dtype(engine: EngineConfig, model_dtype: str, device: str) -> str:
-    """vLLM's dtype: ``engine.vllm.dtype`` when set, else ``engine.dtype`` resolved as the trainer resolves it
-    for the cast at publish, so that vLLM serves exactly what arrives (no bf16 update held in fp32)."""
-    return engine.vllm.dtype or serving_dtype(engine.dtype, model_dtype, device)
+    """vLLM's dtype: ``engine.dtype`` resolved as the trainer resolves it for the cast at publish, so that vLLM
+    serves exactly what arrives (no update converted on load). ``engine.vllm.dtype`` cannot say otherwise:
+    ``EngineConfig`` refuses one that differs, and ``engine.vllm.engine_args`` cannot carry a ``dtype``."""
+    return serving_dtype(engine.dtype, model_dtype, device)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,9 +34,11 @@ class VLLMConfig:
     """Interpreter of the vLLM environment; empty: ``$ASYNCRL_VLLM_PYTHON``, else the one
     ``asyncrl backends install vllm`` made (``~/.cache/asyncrl/vllm-venv/bin/python``)."""
     dtype: str = ""
-    """vLLM's dtype for the served weights (``float32``, ``bfloat16``, ``float16``, ``auto``); empty: the
-    serving dtype ``engine.dtype`` resolves to (bfloat16 on CUDA, ``model.dtype`` on CPU), the dtype the trainer
-    casts its updates to."""
+    """The dtype the worker starts vLLM in. In a run config, leave it empty: vLLM then serves what
+    ``engine.dtype`` resolves to (bfloat16 on CUDA, ``model.dtype`` on CPU), the dtype the trainer casts its
+    updates to; a value that differs from ``engine.dtype`` is refused, since vLLM would convert every update on
+    load (and the trainer would ship fp32 bytes to a bf16 engine). Set directly (``VLLMEngineClient.start``),
+    it is the dtype of a worker started without a run."""
     kv_cache_gib: float = 1.0
     """KV cache size on CPU (``VLLM_CPU_KVCACHE_SPACE``)."""
     gpu_memory_utilization: float = 0.2
@@ -54,7 +57,8 @@ class VLLMConfig:
     """Further ``vllm.EngineArgs`` fields, passed through; each overrides the worker's default for it
     (``enforce_eager`` and ``enable_prefix_caching``: False and True on CUDA, True and False on CPU;
     ``enable_chunked_prefill``: False on CPU; ``seed``, ``skip_tokenizer_init``, ``logprobs_mode`` ...: see
-    ``worker_main.engine_kwargs``). The worker refuses an unknown name, naming the closest valid one."""
+    ``worker_main.engine_kwargs``). The worker refuses an unknown name, naming the closest valid one. Not
+    ``model`` (``model.path``) nor ``dtype`` (``engine.dtype``, the dtype the trainer casts updates to)."""
     request_seeds: bool | None = None
     """Send each rollout request's own seed to vLLM, so its samples do not depend on its batch mates; vLLM
     then samples it through a per-request generator, which is slower. None: on exactly when the run is
@@ -73,6 +77,11 @@ class VLLMConfig:
             raise ValueError("engine.vllm.max_num_seqs must be >= 1 and startup_timeout_s > 0")
         if "model" in self.engine_args:
             raise ValueError("engine.vllm.engine_args.model cannot be set: vLLM serves model.path")
+        if "dtype" in self.engine_args:
+            raise ValueError(
+                "engine.vllm.engine_args.dtype cannot be set: vLLM serves engine.dtype, the dtype the trainer "
+                "casts its updates to; set engine.dtype instead"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,7 +109,8 @@ class EngineConfig:
     """On a weight update, keep in-flight KV (computed by old weights) or recompute it under the new ones."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Dtype the engine serves in (weights and KV cache), apart from ``model.dtype`` (the trainer's master
-    dtype): weight updates are cast to it once at publish. auto: bfloat16 on CUDA, ``model.dtype`` on CPU."""
+    dtype): weight updates are cast to it once at publish. auto: bfloat16 on CUDA, ``model.dtype`` on CPU.
+    The one serving dtype of both backends: vLLM serves it too (``engine.vllm.dtype`` may only repeat it)."""
     decode_graphs: Literal["auto", "on", "off"] = "auto"
     """How the built-in engine runs a decode step. on: at bucketed static shapes (batch 1, 2, 4, … up to
     max_running_requests; each row's KV length in powers of two, rows grouped by it), each bucket captured once as a CUDA graph on CUDA and
@@ -135,4 +145,10 @@ class EngineConfig:
         if self.kv_on_update not in ("keep", "recompute"):
             raise ValueError(
                 f"engine.kv_on_update must be one of 'keep', 'recompute', got {self.kv_on_update!r}"
+            )
+        if self.vllm.dtype and self.vllm.dtype != self.dtype:
+            raise ValueError(
+                f"engine.vllm.dtype={self.vllm.dtype!r} differs from engine.dtype={self.dtype!r}: the trainer "
+                "casts every update to engine.dtype, so vLLM must serve that dtype, or it converts each "
+                f"update on load; set engine.dtype={self.vllm.dtype} and leave engine.vllm.dtype empty"
             )

