@@ -18,6 +18,8 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from asyncrl.config.critic import CRITIC_KEYS
+from asyncrl.config.model import MODEL_KEYS, ModelKeys
 from asyncrl.config.run import RunConfig
 
 NODE_DEADLINE_S = 120.0
@@ -33,11 +35,20 @@ class Needed:
     """``model.path``, ``tokenizer`` (``model.path``'s) or ``critic.model_path``."""
     path: str
     revision: str
+    """``model.revision`` for the policy and its tokenizer, ``critic.revision`` for the critic's body."""
+
+
+KEYS: dict[str, ModelKeys] = {
+    "model.path": MODEL_KEYS,
+    "tokenizer": MODEL_KEYS,
+    "critic.model_path": CRITIC_KEYS,
+}
+"""The config keys a failure to resolve each ``Needed.what`` names (a critic's is not the policy's)."""
 
 
 def needed(config: RunConfig) -> list[Needed]:
     """What the actors load: the policy (the reference copy is its frozen twin, from the same files), its
-    tokenizer, and a separate critic's body when ``critic.model_path`` names one (at ``model.revision``, as
+    tokenizer, and a separate critic's body when ``critic.model_path`` names one (at ``critic.revision``, as
     ``trainer.factory`` loads it)."""
     model = config.model
     items = [
@@ -46,7 +57,7 @@ def needed(config: RunConfig) -> list[Needed]:
     ]
     critic = config.critic
     if critic is not None and critic.model_path is not None:
-        items.append(Needed("critic.model_path", critic.model_path, model.revision))
+        items.append(Needed("critic.model_path", critic.model_path, critic.revision))
     return items
 
 
@@ -61,7 +72,7 @@ def resolve_here(items: list[dict[str, str]]) -> list[dict[str, Any]]:
         try:
             if item["what"] == "tokenizer":
                 load_tokenizer(path, revision, local_files_only=True)
-            where = resolve_model_path(path, revision, local_files_only=True)
+            where = resolve_model_path(path, revision, local_files_only=True, keys=KEYS[item["what"]])
         except Exception as err:  # a diagnosis: whatever stops the load on this node is the answer
             results.append({**item, "ok": False, "error": f"{type(err).__name__}: {err}"})
         else:

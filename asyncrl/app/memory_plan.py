@@ -369,7 +369,7 @@ def _critic_terms(
         head = shape.hidden + 1
         return [Term("value head", 4 * head * master, "weights, gradients and 2 moments of hidden + 1")]
     if body is None:
-        body = resolve_critic_shape(critic.model_path, config.model.revision, shape)
+        body = resolve_critic_shape(critic, shape)
     return separate_critic_terms(
         body, master, ranks, tokens, compute, residual, config.trainer.activation_checkpointing
     )
@@ -706,7 +706,7 @@ def _critic_checkpoint_terms(config: RunConfig, shape: ModelShape, master: int) 
     if critic.type == "shared_trunk":
         params, name = shape.hidden + 1, "value head"
     else:
-        body = resolve_critic_shape(critic.model_path, config.model.revision, shape).shape
+        body = resolve_critic_shape(critic, shape).shape
         params, name = body.body_params + body.hidden + 1, "critic"
     return [Term(name, 3 * params * master, f"weights + 2 moments of {params:,} × {master} B")]
 

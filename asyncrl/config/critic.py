@@ -10,8 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from asyncrl.config.model import ModelKeys
+
 CriticType = Literal["separate", "shared_trunk"]
 CRITIC_TYPES: tuple[str, ...] = get_args(CriticType)
+CRITIC_KEYS: ModelKeys = ("critic.model_path", "critic.revision")
+"""The keys that name a separate critic's body and its revision (``models.loading.resolve_model_path``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -25,6 +29,11 @@ class CriticConfig:
     model_path: str | None = None
     """'separate' only: the directory or hub id its body starts from (a causal LM or a base model); null starts
     from a copy of the policy's own weights."""
+    revision: str = ""
+    """Hub ids in ``critic.model_path``: the branch, tag or commit of the critic's own repository to load (pin a
+    commit for a reproducible run); empty: ``main``, never ``model.revision`` (the policy's repository's
+    commits are not the critic's). An error with a local directory, as ``model.revision`` is; downloads follow
+    ``model.local_files_only``."""
     lr: float | None = None
     """Peak learning rate of the critic's AdamW (the value head's, for 'shared_trunk'); null uses trainer.lr.
     It follows the trainer's warm-up and schedule."""
@@ -47,6 +56,11 @@ class CriticConfig:
             )
         if self.model_path is not None and self.type != "separate":
             raise ValueError("critic.model_path applies only to critic.type='separate'")
+        if self.revision and self.model_path is None:
+            raise ValueError(
+                f"critic.revision ({self.revision!r}) applies only with critic.model_path: a critic copied from "
+                "the policy loads at model.revision"
+            )
         if self.lr is not None and not self.lr > 0:
             raise ValueError(f"critic.lr must be > 0 or null, got {self.lr}")
         if self.max_grad_norm is not None and not self.max_grad_norm > 0:

@@ -8,6 +8,10 @@ from typing import Literal
 DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 
+ModelKeys = tuple[str, str]
+"""The config keys that name a model's path and its revision: what a failure to resolve them names."""
+MODEL_KEYS: ModelKeys = ("model.path", "model.revision")
+
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:

@@ -22,7 +22,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from asyncrl.config.model import ModelConfig
+from asyncrl.config.critic import CRITIC_KEYS, CriticConfig
+from asyncrl.config.model import MODEL_KEYS, ModelConfig, ModelKeys
 from asyncrl.hub import MODEL_FILE_PATTERNS, MODEL_IGNORE_PATTERNS, is_hub_id, snapshot
 
 ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
@@ -33,16 +34,20 @@ DEFAULT_MODEL_DIR = ASSETS_DIR / "tiny-copy"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def resolve_model_path(path: str, revision: str = "", *, local_files_only: bool = False) -> Path:
+def resolve_model_path(
+    path: str, revision: str = "", *, local_files_only: bool = False, keys: ModelKeys = MODEL_KEYS
+) -> Path:
     """The model directory ``path`` names: a directory, a shipped checkpoint's name (``tiny-count``), empty for
     the embedded default, or a hub id (``Qwen/Qwen3-1.7B``) at ``revision``, resolved into the hub cache
-    (downloaded unless ``local_files_only`` or ``HF_HUB_OFFLINE=1``). Errors name what was looked for."""
+    (downloaded unless ``local_files_only`` or ``HF_HUB_OFFLINE=1``). Errors name what was looked for and the
+    config ``keys`` (path, revision) that set it, so a critic's failure is not reported as the policy's."""
+    path_key, revision_key = keys
     resolved = Path(path) if path else DEFAULT_MODEL_DIR
     if path and not (resolved / "config.json").is_file() and (ASSETS_DIR / path / "config.json").is_file():
         resolved = ASSETS_DIR / path
     local = (resolved / "config.json").is_file()
     if revision and local:
-        raise ValueError(f"model.revision ({revision!r}) applies to hub ids; {path!r} is a local directory")
+        raise ValueError(f"{revision_key} ({revision!r}) applies to hub ids; {path!r} is a local directory")
     if local:
         return resolved
     if path and not resolved.exists() and is_hub_id(path):
@@ -52,8 +57,9 @@ def resolve_model_path(path: str, revision: str = "", *, local_files_only: bool 
             local_files_only=local_files_only,
             allow_patterns=MODEL_FILE_PATTERNS,
             ignore_patterns=MODEL_IGNORE_PATTERNS,
+            what=path_key,
         )
-    what = "the embedded default model" if not path else "model.path"
+    what = "the embedded default model" if not path else path_key
     raise FileNotFoundError(f"{what}: no model directory (config.json) at {resolved}, and not a hub id")
 
 
@@ -166,21 +172,29 @@ def _skeleton(auto_class: Any, directory: Path, dtype: str) -> PreTrainedModel:
     return model.eval()
 
 
-def load_decoder_body(path: str, config: ModelConfig) -> PreTrainedModel:
-    """The decoder body (``AutoModel``: no vocabulary projection or task head) of the checkpoint at ``path`` — a
-    causal LM or a reward model — in ``config``'s dtype, on its device, revision rules and offline setting; e.g.
-    a separate critic's starting point."""
-    directory = resolve_model_path(path, config.revision, local_files_only=config.local_files_only)
+def critic_model_dir(critic: CriticConfig, *, local_files_only: bool = False) -> Path:
+    """The directory of the body ``critic.model_path`` names, at ``critic.revision`` (the critic's own
+    repository's, never the policy's ``model.revision``); errors name the critic's keys."""
+    if critic.model_path is None:
+        raise ValueError("critic.model_path is null: the critic is a copy of the policy, it has no files")
+    return resolve_model_path(
+        critic.model_path, critic.revision, local_files_only=local_files_only, keys=CRITIC_KEYS
+    )
+
+
+def load_decoder_body(directory: Path, config: ModelConfig) -> PreTrainedModel:
+    """The decoder body (``AutoModel``: no vocabulary projection or task head) of the checkpoint in
+    ``directory`` — a causal LM or a reward model — in ``config``'s dtype, on its device; e.g. a separate
+    critic's starting point (``critic_model_dir``). It takes a resolved directory, not a path, because the body's
+    revision is its own repository's, not ``config.revision``."""
     body = AutoModel.from_pretrained(directory, dtype=_DTYPES[config.dtype], local_files_only=True)
     return body.to(resolve_device(config.device)).eval()
 
 
-def load_decoder_skeleton(path: str, config: ModelConfig) -> tuple[PreTrainedModel, Path]:
-    """``load_decoder_body``'s body with its parameters on the meta device, and the directory its weights are
-    in: for a sharded trainer, whose ranks each read only their shards of it from there (as the policy's,
-    ``load_configured_skeleton``)."""
-    directory = resolve_model_path(path, config.revision, local_files_only=config.local_files_only)
-    return _skeleton(AutoModel, directory, config.dtype), directory
+def load_decoder_skeleton(directory: Path, config: ModelConfig) -> PreTrainedModel:
+    """``load_decoder_body``'s body with its parameters on the meta device: for a sharded trainer, whose ranks
+    each read only their shards of it from ``directory`` (as the policy's, ``load_configured_skeleton``)."""
+    return _skeleton(AutoModel, directory, config.dtype)
 
 
 def load_configured_tokenizer(config: ModelConfig) -> PreTrainedTokenizerBase:

@@ -68,7 +68,7 @@ def trained_parts(config: SimConfig) -> TrainedParts:
     lora = run.trainer.lora
     critic, body = run.critic, None
     if critic is not None and critic.model_path is not None:
-        body = resolve_critic_shape(critic.model_path, run.model.revision, resolve_shape(config.model))
+        body = resolve_critic_shape(critic, resolve_shape(config.model))
     return TrainedParts(
         critic.type if critic is not None else "none", lora.rank if lora is not None else 0, body
     )

@@ -117,6 +117,37 @@ def test_a_model_folder_missing_on_a_node_and_a_node_that_did_not_answer_fail(tm
     assert "node 10.0.0.2 (node bbbb): the check did not run there: no answer in 120 s" in silent.detail
 
 
+def test_a_hub_critic_is_probed_at_its_own_revision(caches, monkeypatch, tmp_path) -> None:
+    """The policy is pinned to a commit the critic's repository does not have; the critic resolves at
+    ``critic.revision`` on each node, and a node lacking that commit fails naming the critic's keys."""
+    nodes, pinned = caches
+    critic = "someone/critic"
+    own = write_hub_model(nodes["10.0.0.1 (node aaaa)"], critic, DEFAULT_MODEL_DIR, commit="c" * 40)
+    write_hub_model(nodes["10.0.0.2 (node bbbb)"], critic, DEFAULT_MODEL_DIR, commit="d" * 40)
+    extra = ("advantage.name=gae", "critic.type=separate", f"critic.model_path={critic}")
+    node_a = {"10.0.0.1 (node aaaa)": nodes["10.0.0.1 (node aaaa)"]}
+    calls: list[dict] = []
+    config = cluster_config(pinned, *extra, f"critic.revision={own}")
+    ray, files = check_ray(config, run=nodes_with_caches(node_a, monkeypatch, calls))
+    assert files.status is Status.OK and f"critic.model_path {critic!r}" in files.detail
+    assert calls[0]["items"][2] == {"what": "critic.model_path", "path": critic, "revision": own}
+    ray, *failures = check_ray(config, run=nodes_with_caches(nodes, monkeypatch, []))
+    assert len(failures) == 3
+    # node B lacks the pinned policy (model and tokenizer) and the critic's commit: the critic's FAIL names its keys
+    [missing] = [f for f in failures if "critic.model_path" in f.detail]
+    assert missing.detail.startswith("node 10.0.0.2 (node bbbb): critic.model_path ")
+    offline = (
+        f"{critic!r} at revision {own!r} does not load offline there: HubNotCachedError: critic.model_path:"
+    )
+    assert offline in missing.detail
+    [folder] = cluster_probe.resolve_here(
+        [{"what": "critic.model_path", "path": str(DEFAULT_MODEL_DIR), "revision": own}]
+    )
+    assert not folder["ok"] and folder["error"].startswith(
+        f"ValueError: critic.revision ({own!r}) applies to"
+    )
+
+
 @pytest.mark.parametrize("runtime", ["inline", "local"])
 def test_a_run_on_one_machine_probes_no_cluster(runtime) -> None:
     def no_probe(command, timeout_s):

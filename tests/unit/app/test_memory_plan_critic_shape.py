@@ -47,7 +47,7 @@ def tiny_config_dir(root: Path, name: str, tied: bool, **shape: int) -> Path:
     return root / name
 
 
-def critic_terms(model_path: str, policy_dir: Path) -> dict[str, mp.Term]:
+def critic_terms(model_path: str, policy_dir: Path, *extra: str) -> dict[str, mp.Term]:
     config = load_run_config(
         None,
         [
@@ -57,6 +57,7 @@ def critic_terms(model_path: str, policy_dir: Path) -> dict[str, mp.Term]:
             "advantage.name=gae",
             "critic.type=separate",
             f"critic.model_path={model_path}",
+            *extra,
         ],
     )
     return {t.name: t for t in mp.trainer_role(config, resolve_shape(str(policy_dir))).terms}
@@ -86,6 +87,19 @@ def test_a_hub_id_in_the_offline_cache_is_read_from_its_config(shapes, tmp_path,
     cache = use_offline_cache(monkeypatch, tmp_path / "home")
     write_hub_repo(cache, "org/small-critic", {"config.json": (small / "config.json").read_bytes()})
     assert critic_terms("org/small-critic", large)["critic"].bytes == 4 * SMALL_BODY * 4
+
+
+def test_a_hub_critic_is_read_at_its_own_revision_not_the_policys(shapes, tmp_path, monkeypatch) -> None:
+    small, large = shapes
+    cache = use_offline_cache(monkeypatch, tmp_path / "home")
+    first = write_hub_repo(cache, "org/critic", {"config.json": (large / "config.json").read_bytes()})
+    write_hub_repo(cache, "org/critic", {"config.json": (small / "config.json").read_bytes()})  # main: small
+    policy = write_hub_repo(cache, "org/policy", {"config.json": (large / "config.json").read_bytes()})
+    pinned = ("model.path=org/policy", f"model.revision={policy}")  # a commit org/critic does not have
+    assert critic_terms("org/critic", large, *pinned)["critic"].bytes == 4 * SMALL_BODY * 4  # its main
+    own = critic_terms("org/critic", small, *pinned, f"critic.revision={first}")  # now the larger one
+    assert own["critic"].bytes == 4 * LARGE_BODY * 4
+    assert "at the shape in the config.json of critic.model_path 'org/critic'" in own["critic"].how
 
 
 def test_an_unreadable_critic_falls_back_to_the_policy_and_says_why(shapes, tmp_path, monkeypatch) -> None:

@@ -32,6 +32,10 @@ def test_gae_fills_its_defaults_and_a_critic_section():
             ["advantage.name=gae", "critic.type=shared_trunk", "critic.model_path=x"],
             "critic.model_path applies only to critic.type='separate'",
         ),
+        (
+            ["advantage.name=gae", "critic.type=separate", "critic.revision=v1"],
+            r"critic.revision \('v1'\) applies only with critic.model_path",
+        ),
         (["advantage.name=gae", "critic.warmup_steps=-1"], "critic.warmup_steps must be >= 0"),
         (["advantage.name=gae", "critic.value_clip=0"], "critic.value_clip must be > 0 or null"),
     ],

@@ -11,6 +11,7 @@ from test_sim_derive import CARD, _config, card  # noqa: F401  (the fixture)
 from asyncrl.sim.derive import colocated_switch_parts, load_sim_config
 from asyncrl.sim.model_shape import NAMED_SHAPES
 from asyncrl.sim.trained import TrainedParts, critic_flops, trained_parts
+from asyncrl.testing.hub_cache import use_offline_cache, write_hub_repo
 from tests.unit.app.test_memory_plan_critic_shape import SMALL, SMALL_BODY, tiny_config_dir
 
 PARAMS = 8_190_427_136  # Qwen3-8B, untied
@@ -112,9 +113,11 @@ def test_the_parts_come_from_the_training_config_when_one_is_named(tmp_path):
         critic_flops(NAMED_SHAPES["qwen3-8b"], 100, "value")
 
 
-def _critic_run(tmp_path, model_path) -> str:
-    """A training config whose separate critic starts from ``model_path``, as ``memory.train_config``."""
-    run = {"advantage": {"name": "gae"}, "critic": {"type": "separate", "model_path": str(model_path)}}
+def _critic_run(tmp_path, model_path, **run_keys) -> str:
+    """A training config whose separate critic starts from ``model_path``, as ``memory.train_config``;
+    ``run_keys``: more sections, or the critic's other keys under ``critic``."""
+    critic = {"type": "separate", "model_path": str(model_path), **run_keys.pop("critic", {})}
+    run = {"advantage": {"name": "gae"}, "critic": critic, **run_keys}
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(run))
     return f"memory.train_config={tmp_path / 'run.yaml'}"
 
@@ -125,6 +128,22 @@ def test_a_critic_of_its_own_shape_is_costed_at_it(card, tmp_path):  # noqa: F81
     layers = 3 * (64 * (64 + 2 * 32) + 64 * 64 + 3 * 64 * 96)  # its q,k,v,o and MLP weights: no output layer
     body = 2 * layers + 4 * 3 * 4 * 16 * 2000 + 2 * (64 + 1)  # its forward at 2000 positions, and its head
     assert config.trainer.gpu_s_per_token == pytest.approx((3 * F + 3 * body) / TRAIN + (F + body) / LOGPROB)
+    assert config.trainer.step_overhead_s == pytest.approx(32 * (PARAMS + SMALL_BODY + 65) / ADAMW)
+    assert "the shape in the config.json of critic.model_path" in trained_parts(config).critic_shape.source
+
+
+def test_a_hub_critic_is_costed_at_its_own_revision_beside_a_pinned_policy(card, tmp_path, monkeypatch):  # noqa: F811
+    small = tiny_config_dir(tmp_path, "small", False, **SMALL)
+    cache = use_offline_cache(monkeypatch, tmp_path / "home")
+    commit = write_hub_repo(cache, "org/critic", {"config.json": (small / "config.json").read_bytes()})
+    write_hub_repo(cache, "org/critic", {"config.json": b"{}"})  # main moved on to an unreadable commit
+    run = _critic_run(
+        tmp_path,
+        "org/critic",
+        critic={"revision": commit},
+        model={"path": "org/policy", "revision": "c" * 40},
+    )
+    config = _config("qwen3-8b", run)
     assert config.trainer.step_overhead_s == pytest.approx(32 * (PARAMS + SMALL_BODY + 65) / ADAMW)
     assert "the shape in the config.json of critic.model_path" in trained_parts(config).critic_shape.source
 
