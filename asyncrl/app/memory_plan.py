@@ -50,6 +50,10 @@ from asyncrl.sim.model_shape import NAMED_SHAPES, ModelShape
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 GB = 1e9
+LORA_BYTES = 4
+"""Bytes per LoRA adapter element whatever ``model.dtype`` is: ``peft.get_peft_model``'s default
+``autocast_adapter_dtype=True`` (which ``trainer.lora.attach_lora`` keeps) casts bf16/fp16 adapters to float32,
+so their gradients and AdamW moments are float32 too (measured: ``test_memory_plan``'s LoRA test)."""
 DEVICE_RESERVE = int(1.5 * 2**30)
 """CUDA context, cuBLAS workspaces and NCCL buffers: not in any term, taken off every device before fitting."""
 MARGIN = 0.9
@@ -265,20 +269,20 @@ def _state_terms(config: RunConfig, shape: ModelShape, master: int) -> list[Term
     params = shape.num_params
     lora = trainer.lora
     trainable = shape.lora_params(lora.rank) if lora is not None else params
+    element = LORA_BYTES if lora is not None else master  # what the trained weights, grads and moments are in
     shard = f" / {ranks} ranks" if ranks > 1 else ""
     terms = [Term("master weights", ceil_div(params * master, ranks), f"{params:,} × {master} B{shard}")]
     if lora is not None:
-        terms.append(
-            Term("LoRA adapters", ceil_div(trainable * master, ranks), f"rank {lora.rank} on every linear")
-        )
+        how = f"rank {lora.rank} on every linear, {trainable:,} × {element} B (peft's float32){shard}"
+        terms.append(Term("LoRA adapters", ceil_div(trainable * element, ranks), how))
     if ranks > 1 and trainer.fsdp_grad_accumulation != "sharded":
         grads = Term("gradients", trainable * 4, f"{trainable:,} × 4 B whole (unsharded fp32 accumulation)")
     else:
-        grads = Term("gradients", ceil_div(trainable * master, ranks), f"{trainable:,} × {master} B{shard}")
-    moments = ceil_div(2 * trainable * master, ranks)
+        grads = Term("gradients", ceil_div(trainable * element, ranks), f"{trainable:,} × {element} B{shard}")
+    moments = ceil_div(2 * trainable * element, ranks)
     terms += [
         grads,
-        Term("optimizer state", moments, f"AdamW's 2 moments × {trainable:,} × {master} B{shard}"),
+        Term("optimizer state", moments, f"AdamW's 2 moments × {trainable:,} × {element} B{shard}"),
         Term("optimizer scratch", moments // 2, "one foreach temporary, the size of a moment", "step"),
     ]
     if config.loss.needs_reference and lora is None:
@@ -668,9 +672,10 @@ def checkpoint_bytes(config: RunConfig, shape: ModelShape, device: str = "cuda")
     params = shape.num_params
     lora = config.trainer.lora
     trainable = shape.lora_params(lora.rank) if lora is not None else params
-    moments = Term("AdamW moments", 2 * trainable * master, f"2 × {trainable:,} × {master} B")
+    element = LORA_BYTES if lora is not None else master  # peft keeps adapters in float32
+    moments = Term("AdamW moments", 2 * trainable * element, f"2 × {trainable:,} × {element} B")
     adapter = (
-        Term("adapter/", trainable * master, f"{trainable:,} LoRA weights × {master} B")
+        Term("adapter/", trainable * element, f"{trainable:,} LoRA weights × {element} B (peft's float32)")
         if lora is not None
         else None
     )
@@ -687,7 +692,7 @@ def checkpoint_bytes(config: RunConfig, shape: ModelShape, device: str = "cuda")
             "model/", params * serve, f"{params:,} × {serve} B, the Hugging Face export in {serve_name}"
         )
         parts = [
-            Term("sharded/ weights", saved * master, f"{saved:,} × {master} B in DCP{why}"),
+            Term("sharded/ weights", saved * element, f"{saved:,} × {element} B in DCP{why}"),
             moments,
             export,
         ]

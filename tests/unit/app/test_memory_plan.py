@@ -269,3 +269,47 @@ def test_the_8gpu_recipe_fits_vllms_gpus_with_a_staged_broadcast_waiting_in_host
     embedding = shape.vocab * shape.hidden * 2
     assert engine_gpu.total == int(0.85 * hardware.device_bytes) + 2 * embedding
     assert engine_gpu.total <= hardware.usable_bytes
+
+
+def test_lora_adapters_are_planned_in_float32_as_peft_keeps_them_beside_a_bf16_master() -> None:
+    """peft's ``autocast_adapter_dtype`` (on by default, kept by ``attach_lora``) casts bf16 adapters to
+    float32, so their gradients and AdamW moments are float32 too. Measured on the trainer's own path: a tiny
+    bf16 Qwen2 with LoRA; the plan's adapter, gradient and moment terms and the checkpoint's ``adapter/`` and
+    moments are the bytes it holds (planned in the master dtype, they were half)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from asyncrl.sim.model_shape import shape_from_hf_config
+    from asyncrl.trainer.trainer import Trainer
+
+    hf = Qwen2Config(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=96,
+        tie_word_embeddings=True,
+    )
+    config = load_run_config(None, ["model.dtype=bfloat16", "trainer.lora.rank=4"])
+    torch.manual_seed(0)
+    trainer = Trainer(Qwen2ForCausalLM(hf).to(torch.bfloat16), config.trainer, config.loss, config.advantage)
+    adapters = [p for p in trainer.model.parameters() if p.requires_grad]
+    assert {p.dtype for p in adapters} == {torch.float32}
+    held = sum(p.numel() * p.element_size() for p in adapters)
+    for p in adapters:
+        p.grad = torch.zeros_like(p)
+    grads = sum(p.grad.numel() * p.grad.element_size() for p in adapters)
+    trainer.optimizer.step()  # AdamW creates its moments beside the parameters
+    moments = sum(
+        t.numel() * t.element_size()
+        for state in trainer.optimizer.state.values()
+        for key, t in state.items()
+        if key in ("exp_avg", "exp_avg_sq")
+    )
+    shape = shape_from_hf_config(hf.to_dict())
+    terms = {t.name: t.bytes for t in mp.trainer_role(config, shape).terms}
+    assert (terms["LoRA adapters"], terms["gradients"], terms["optimizer state"]) == (held, grads, moments)
+    assert terms["master weights"] == 2 * shape.num_params  # the frozen base stays in bf16
+    checkpoint = {t.name: t.bytes for t in mp.checkpoint_bytes(config, shape).parts}
+    assert checkpoint == {"adapter/": held, "AdamW moments": moments}
