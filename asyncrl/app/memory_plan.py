@@ -660,7 +660,8 @@ def switch_devices(
 HOST_NOT_COUNTED = (
     "the processes themselves (Python, torch and CUDA libraries, Ray's workers), data loading, rollout and "
     "replay buffers, the page cache, a trainer rank's transient load of the model at start, a critic's "
-    "offloaded optimizer state, and a second update version still being read from the object store"
+    "offloaded optimizer state, a second update version still being read from the object store, and the "
+    "pinned allocator's rounding of each buffer (up to a power of two) and its cached blocks"
 )
 """What ``host_plan`` leaves out (doctor prints it): none is small on a full node, so its verdict keeps the
 plan's margin and says so."""

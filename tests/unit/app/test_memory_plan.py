@@ -1,6 +1,7 @@
 """The memory plan per role on hardware that is not here: its terms' arithmetic with exact values, every shipped
-recipe fitting the hardware its header's ``asyncrl doctor ... --hardware`` line declares (with the plan's
-margin), and the FAILs a user must see: the role and its largest term, a relative multi-node ``output_dir``."""
+recipe fitting the hardware its header's ``asyncrl doctor ... --hardware`` line declares (GPUs and one node's
+host RAM, with the plan's margin), and the FAILs a user must see: the role and its largest term (on a GPU or in
+host RAM), a relative multi-node ``output_dir``."""
 
 from __future__ import annotations
 
@@ -35,9 +36,12 @@ def test_every_recipe_fits_its_declared_hardware_with_a_margin(recipe, tmp_path,
     assert cli.main(declared_plan(recipe)) == 0
     lines = capsys.readouterr().out.splitlines()
     verdicts = [line for line in lines if line.startswith(("OK", "WARN", "FAIL"))]
-    memory = [line for line in verdicts if " gpu memory: " in line or " gpus: " in line]
+    memory = [
+        line for line in verdicts if any(k in line for k in (" gpu memory: ", " gpus: ", " host memory: "))
+    ]
     assert memory and all(line.startswith("OK") for line in memory), "\n".join(memory)
     assert any("per GPU at its peak" in line for line in memory), "\n".join(lines)  # roles, with their terms
+    assert any(" host memory: each node's host RAM" in line for line in memory), "\n".join(lines)
 
 
 def test_the_terms_are_the_arithmetic_they_state() -> None:
