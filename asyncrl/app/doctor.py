@@ -116,8 +116,8 @@ def plan_for(config: RunConfig, hardware: Hardware, shape: ModelShape | None = N
             Status.OK,
             "devices",
             f"planning for {hardware.num_gpus} × {hardware.name} ({_gb(hardware.device_bytes)} each, "
-            f"{hardware.gpus_per_node} per node), not this machine; {_gib(hardware.reserve)} per GPU "
-            "reserved for the CUDA context and NCCL",
+            f"{hardware.gpus_per_node} per node, {_gb(hardware.host_bytes)} of host RAM per node), not this "
+            f"machine; {_gib(hardware.reserve)} per GPU reserved for the CUDA context and NCCL",
         )
     ]
     model, model_findings = check_model(config, shape)
@@ -133,6 +133,7 @@ def plan_for(config: RunConfig, hardware: Hardware, shape: ModelShape | None = N
         max_len, task_findings = check_task(config, model)
         plan = memory_plan.plan(config, model.shape, max_len, hardware)
         findings += [*task_findings, *check_plan(config, plan, hardware, model.shape, max_len)]
+        findings.append(check_host_plan(config, plan, model.shape, hardware))
     findings += [f for f in (check_output_dir(config, hardware),) if f is not None]
     return findings
 
@@ -364,6 +365,35 @@ def check_plan(
             )
         )
     return findings
+
+
+def check_host_plan(
+    config: RunConfig, plan: memory_plan.Plan, shape: ModelShape, hardware: Hardware
+) -> Finding:
+    """One node's host RAM for a GPU run (``memory_plan.host_plan``): its roles' host terms summed, against the
+    node's RAM; a FAIL names the largest term. What is not counted is said on the line."""
+    node = memory_plan.host_plan(config, plan, shape, hardware)
+    parts = [
+        f"{role.name} ×{n}: {_gb(role.total)} each = " + " + ".join(t.line() for t in role.terms)
+        for role, n in node.roles
+    ]
+    counted = "; ".join(parts) if parts else "no pinned updates, offloaded state or object store"
+    fix = ""
+    if node.roles:
+        role, term = node.largest()
+        fix = (
+            f"largest term: {role.name}'s {term.name} {_gb(term.bytes)}; stream broadcasts "
+            "(weight_sync.broadcast_apply: streamed), place fewer engines per node, offload less "
+            "(runtime.switch), or plan for a node with more RAM (--host-gb)"
+        )
+    return _fits(
+        "host memory",
+        f"{node.name}: {_gb(node.total)} = {counted}; not counted: {memory_plan.HOST_NOT_COUNTED}",
+        node.total,
+        hardware.host_bytes,
+        fix,
+        unit=_gb,
+    )
 
 
 def check_output_dir(config: RunConfig, hardware: Hardware | None) -> Finding | None:

@@ -32,6 +32,11 @@ optimizer step and a weight sync never overlap, so their terms are not summed to
 
 Left out, and why the verdict keeps a margin: the CUDA context and NCCL buffers (``DEVICE_RESERVE``), the
 allocator's fragmentation, and the engine's per-step scratch beyond one prefill chunk.
+
+LoRA adapters, their gradients and AdamW's moments are float32 whatever the master dtype (``LORA_BYTES``: peft
+casts them). A GPU run's host RAM is planned per node (``host_plan``): the terms its roles keep there (a staged
+broadcast's whole update, a switched trainer's offloaded state, a sleeping engine's weights, vLLM's bucket files,
+Ray's object store), built from the GPU roles' own terms, with what it leaves out stated (``HOST_NOT_COUNTED``).
 """
 
 from __future__ import annotations
@@ -50,6 +55,12 @@ from asyncrl.sim.model_shape import NAMED_SHAPES, ModelShape
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 GB = 1e9
+HOST_BYTES = int(2e12)
+"""One node's host RAM where a profile names none: a DGX node's 2 TB (``HardwareProfile.host_memory_bytes``)."""
+LORA_BYTES = 4
+"""Bytes per LoRA adapter element whatever ``model.dtype`` is: ``peft.get_peft_model``'s default
+``autocast_adapter_dtype=True`` (which ``trainer.lora.attach_lora`` keeps) casts bf16/fp16 adapters to float32,
+so their gradients and AdamW moments are float32 too (measured: ``test_memory_plan``'s LoRA test)."""
 DEVICE_RESERVE = int(1.5 * 2**30)
 """CUDA context, cuBLAS workspaces and NCCL buffers: not in any term, taken off every device before fitting."""
 MARGIN = 0.9
@@ -138,6 +149,8 @@ class Hardware:
     gpus_per_node: int = 8
     reserve: int = DEVICE_RESERVE
     """Bytes no term may use: ``DEVICE_RESERVE`` on a profile, what is already taken on a live GPU."""
+    host_bytes: int = HOST_BYTES
+    """One node's host RAM (``host_plan``'s verdict)."""
 
     @property
     def usable_bytes(self) -> int:
@@ -155,9 +168,11 @@ class Plan:
 # ---- hardware and shapes -----------------------------------------------------------------------------------
 
 
-def hardware_named(spec: str, num_gpus: int | None = None) -> Hardware:
+def hardware_named(spec: str, num_gpus: int | None = None, host_gb: float | None = None) -> Hardware:
     """``h100``, ``h200`` (any ``asyncrl.sim`` profile name), a JSON object, or a JSON file: ``{"name": ...,
-    "memory_gb": 80, "gpus_per_node": 8}`` (``hbm_bytes`` in place of ``memory_gb`` also reads)."""
+    "memory_gb": 80, "gpus_per_node": 8, "host_memory_gb": 2000}`` (``hbm_bytes`` in place of ``memory_gb``
+    and ``host_memory_bytes`` in place of ``host_memory_gb`` also read); ``host_gb`` (``--host-gb``) overrides
+    the node's host RAM as ``num_gpus`` (``--gpus``) does the GPU count."""
     text = spec.strip()
     if text.startswith("{") or text.endswith(".json"):
         data = json.loads(text if text.startswith("{") else Path(text).read_text())
@@ -171,17 +186,26 @@ def hardware_named(spec: str, num_gpus: int | None = None) -> Hardware:
             raise ValueError(f"--hardware {spec!r}: give memory_gb (or hbm_bytes)")
         per_node = int(data.get("gpus_per_node", 8))
         name = str(data.get("name", "custom"))
+        if "host_memory_gb" in data:
+            host = int(float(data["host_memory_gb"]) * GB)
+        else:
+            host = int(float(data.get("host_memory_bytes", HOST_BYTES)))
     else:
         from asyncrl.sim.hardware import resolve_profile
 
         profile = resolve_profile(text)
         device_bytes, per_node, name = int(profile.hbm_bytes), profile.gpus_per_node, profile.name
+        host = int(profile.host_memory_bytes)
     if device_bytes <= DEVICE_RESERVE:
         raise ValueError(f"--hardware {spec!r}: {device_bytes} bytes per GPU leaves nothing to plan in")
     gpus = per_node if num_gpus is None else num_gpus
     if gpus < 1:
         raise ValueError(f"--gpus must be >= 1, got {gpus}")
-    return Hardware(name, device_bytes, gpus, per_node)
+    if host_gb is not None:
+        host = int(host_gb * GB)
+    if host <= 0:
+        raise ValueError(f"--host-gb (host_memory_gb) must be > 0, got {host / GB:g} GB")
+    return Hardware(name, device_bytes, gpus, per_node, host_bytes=host)
 
 
 def shape_named_like(model_path: str) -> ModelShape | None:
@@ -265,20 +289,20 @@ def _state_terms(config: RunConfig, shape: ModelShape, master: int) -> list[Term
     params = shape.num_params
     lora = trainer.lora
     trainable = shape.lora_params(lora.rank) if lora is not None else params
+    element = LORA_BYTES if lora is not None else master  # what the trained weights, grads and moments are in
     shard = f" / {ranks} ranks" if ranks > 1 else ""
     terms = [Term("master weights", ceil_div(params * master, ranks), f"{params:,} × {master} B{shard}")]
     if lora is not None:
-        terms.append(
-            Term("LoRA adapters", ceil_div(trainable * master, ranks), f"rank {lora.rank} on every linear")
-        )
+        how = f"rank {lora.rank} on every linear, {trainable:,} × {element} B (peft's float32){shard}"
+        terms.append(Term("LoRA adapters", ceil_div(trainable * element, ranks), how))
     if ranks > 1 and trainer.fsdp_grad_accumulation != "sharded":
         grads = Term("gradients", trainable * 4, f"{trainable:,} × 4 B whole (unsharded fp32 accumulation)")
     else:
-        grads = Term("gradients", ceil_div(trainable * master, ranks), f"{trainable:,} × {master} B{shard}")
-    moments = ceil_div(2 * trainable * master, ranks)
+        grads = Term("gradients", ceil_div(trainable * element, ranks), f"{trainable:,} × {element} B{shard}")
+    moments = ceil_div(2 * trainable * element, ranks)
     terms += [
         grads,
-        Term("optimizer state", moments, f"AdamW's 2 moments × {trainable:,} × {master} B{shard}"),
+        Term("optimizer state", moments, f"AdamW's 2 moments × {trainable:,} × {element} B{shard}"),
         Term("optimizer scratch", moments // 2, "one foreach temporary, the size of a moment", "step"),
     ]
     if config.loss.needs_reference and lora is None:
@@ -577,13 +601,18 @@ def shared_gpu_devices(
 
 def asleep_weights(config: RunConfig, shape: ModelShape) -> Term:
     """What a sleeping engine keeps at sleep level 1: its weights (its tensor-parallel shard)."""
-    if config.engine.backend == "vllm":
-        dtype = vllm_serving_dtype(config.engine, config.model.dtype, "cuda")
-    else:
-        dtype = serving_dtype(config.engine.dtype, config.model.dtype, "cuda")
-    serve = DTYPE_BYTES.get(dtype, 2)
+    serve = engine_serve_bytes(config, "cuda")
     tp = config.engine.vllm.tensor_parallel_size if config.engine.backend == "vllm" else 1
     return Term("weights", ceil_div(shape.num_params * serve, tp), f"kept asleep (sleep level 1), {serve} B")
+
+
+def engine_serve_bytes(config: RunConfig, device: str) -> int:
+    """Bytes per element the engines on ``device`` serve in (vLLM's dtype rules or the built-in engine's)."""
+    if config.engine.backend == "vllm":
+        dtype = vllm_serving_dtype(config.engine, config.model.dtype, device)
+    else:
+        dtype = serving_dtype(config.engine.dtype, config.model.dtype, device)
+    return DTYPE_BYTES.get(dtype, 2)
 
 
 OFFLOADABLE = {
@@ -624,6 +653,113 @@ def switch_devices(
         Device(f"{name} while the engine generates", generating),
         Device(f"{name} while the trainer trains", training),
     )
+
+
+# ---- host memory of a GPU run ------------------------------------------------------------------------------
+
+HOST_NOT_COUNTED = (
+    "the processes themselves (Python, torch and CUDA libraries, Ray's workers), data loading, rollout and "
+    "replay buffers, the page cache, a trainer rank's transient load of the model at start, a critic's "
+    "offloaded optimizer state, a second update version still being read from the object store, and the "
+    "pinned allocator's rounding of each buffer (up to a power of two) and its cached blocks"
+)
+"""What ``host_plan`` leaves out (doctor prints it): none is small on a full node, so its verdict keeps the
+plan's margin and says so."""
+VLLM_BUCKET_FILES = 2
+"""Bucket files in ``/dev/shm`` per vLLM engine at once (``engine.vllm.bucket_stream.IN_FLIGHT``)."""
+
+
+def whole_update_bytes(config: RunConfig, shape: ModelShape, device: str) -> int:
+    """One whole publication (the adapters under LoRA) in the serving dtype of engines on ``device``: what a
+    staged broadcast holds until applied, and what rank 0 puts into Ray's object store."""
+    return _published_params(config, shape) * engine_serve_bytes(config, device)
+
+
+def trainer_host_role(config: RunConfig, trainer: Role) -> Role:
+    """What one trainer rank of a GPU run (``trainer``: its GPU role) keeps in pinned host memory: under
+    ``runtime.switch`` the held terms its settings offload (``OFFLOADABLE``) while the engine generates. They
+    are still there when the engines fall asleep (the trainer reloads after), so they are held."""
+    switch = config.runtime.switch
+    if not switch.enabled:
+        return replace(trainer, terms=())
+    offloaded = {name for name, key in OFFLOADABLE.items() if getattr(switch, key)}
+    terms = tuple(
+        replace(t, name=f"offloaded {t.name}", how=f"{t.how}, pinned while the engine generates")
+        for t in trainer.terms
+        if t.phase == HELD and t.name in offloaded
+    )
+    return replace(trainer, terms=terms)
+
+
+def engine_host_role(config: RunConfig, shape: ModelShape, engine: Role) -> Role:
+    """What one engine of a GPU run (``engine``: its GPU role) keeps in host memory: a staged broadcast's whole
+    update (pinned, until applied: the GPU role holds only the buffers in flight), vLLM's bucket files in
+    ``/dev/shm`` for an update it is handed (object store), and a built-in engine's weights asleep at
+    ``runtime.switch.engine_sleep_level`` 2 (level 1 keeps them on the GPU, ``asleep_weights``)."""
+    terms = []
+    whole = whole_update_bytes(config, shape, "cuda")
+    transport = _transport(config)
+    broadcast = transport == "broadcast" and config.runtime.type != "inline"
+    if broadcast and config.broadcast_apply() == "staged":
+        how = "the whole update in the serving dtype, pinned until applied (broadcast_apply staged)"
+        terms.append(Term("staged update", whole, how, "sync"))
+    elif config.engine.backend == "vllm" and not broadcast and config.trainer.lora is None:
+        serve = engine_serve_bytes(config, "cuda")
+        files = min(VLLM_BUCKET_FILES * largest_bucket(config, shape, serve), whole)
+        how = f"{VLLM_BUCKET_FILES} bucket files in /dev/shm streamed to the worker"
+        terms.append(Term("bucket files", files, how, "sync"))
+    switch = config.runtime.switch
+    if switch.enabled and switch.engine_sleep_level == 2:
+        weights = asleep_weights(config, shape)
+        how = weights.how.replace("kept asleep (sleep level 1)", "on the host asleep (sleep level 2)")
+        terms.append(replace(weights, name="weights asleep", how=how))
+    return replace(engine, terms=tuple(terms))
+
+
+def object_store_role(config: RunConfig, shape: ModelShape) -> Role:
+    """Ray's object store on trainer rank 0's node under the ``object_store`` transport: the whole update rank
+    0 puts there for the engines to read (zero-copy on its node). Its capacity is Ray's default share of the
+    node's RAM (``runtime`` passes no ``object_store_memory``); beyond it Ray spills to disk."""
+    if config.runtime.type == "inline" or _transport(config) != "object_store":
+        return Role("Ray object store", 1, 0, ())
+    how = "the whole update rank 0 puts for the engines in the serving dtype, one version"
+    return Role(
+        "Ray object store", 1, 0, (Term("object store", whole_update_bytes(config, shape, "cuda"), how),)
+    )
+
+
+def host_plan(config: RunConfig, plan: Plan, shape: ModelShape, hardware: Hardware) -> Device:
+    """One node's host RAM for a GPU run planned as ``plan``: the host terms of the roles on the node that holds
+    the most. Inline: one process with every engine. Ray, colocated: one trainer rank and one engine per GPU.
+    Ray, split: Ray may place any mix of ranks and engines on a node, so the mix of at most
+    ``gpus_per_node`` GPUs (or ``num_gpus``, fewer) with the most host bytes (rank 0's object store with the
+    ranks)."""
+    trainer, engine = plan.roles
+    ranks = trainer_host_role(config, trainer)
+    engines = engine_host_role(config, shape, engine)
+    store = object_store_role(config, shape)
+    per_node = min(hardware.gpus_per_node, hardware.num_gpus)
+    if config.runtime.type == "inline":
+        mixes = [(1, engine.count)]
+    elif shares_gpus(config):
+        mixes = [(min(trainer.count, per_node), min(engine.count, per_node))]
+    else:
+        mixes = [
+            (t, min(engine.count, (per_node - t) // engine.gpus_each))
+            for t in range(min(trainer.count, per_node) + 1)
+        ]
+
+    def roles(mix: tuple[int, int]) -> tuple[tuple[Role, int], ...]:
+        t, e = mix
+        placed = ((ranks, t), (engines, e), (store, 1 if t else 0))
+        return tuple((role, n) for role, n in placed if n and role.terms)
+
+    def total(mix: tuple[int, int]) -> int:
+        return sum(role.total * n for role, n in roles(mix))
+
+    t, e = max(mixes, key=lambda mix: (total(mix), mix))
+    name = f"each node's host RAM ({t} trainer rank(s) and {e} engine(s) on {per_node} GPU(s))"
+    return Device(name, roles((t, e)))
 
 
 @dataclass(frozen=True)
@@ -668,9 +804,10 @@ def checkpoint_bytes(config: RunConfig, shape: ModelShape, device: str = "cuda")
     params = shape.num_params
     lora = config.trainer.lora
     trainable = shape.lora_params(lora.rank) if lora is not None else params
-    moments = Term("AdamW moments", 2 * trainable * master, f"2 × {trainable:,} × {master} B")
+    element = LORA_BYTES if lora is not None else master  # peft keeps adapters in float32
+    moments = Term("AdamW moments", 2 * trainable * element, f"2 × {trainable:,} × {element} B")
     adapter = (
-        Term("adapter/", trainable * master, f"{trainable:,} LoRA weights × {master} B")
+        Term("adapter/", trainable * element, f"{trainable:,} LoRA weights × {element} B (peft's float32)")
         if lora is not None
         else None
     )
@@ -687,7 +824,7 @@ def checkpoint_bytes(config: RunConfig, shape: ModelShape, device: str = "cuda")
             "model/", params * serve, f"{params:,} × {serve} B, the Hugging Face export in {serve_name}"
         )
         parts = [
-            Term("sharded/ weights", saved * master, f"{saved:,} × {master} B in DCP{why}"),
+            Term("sharded/ weights", saved * element, f"{saved:,} × {element} B in DCP{why}"),
             moments,
             export,
         ]

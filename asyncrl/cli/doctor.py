@@ -21,9 +21,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--hardware",
         help="plan for this hardware instead of checking this machine: h100, h200 (any asyncrl.sim profile), "
         'a JSON object such as \'{"name": "l40s", "memory_gb": 48}\', or a JSON file; prints GB per GPU '
-        "for every role and every device the roles share",
+        "for every role and every device the roles share, and each node's host RAM",
     )
     parser.add_argument("--gpus", type=int, help="GPUs to plan for with --hardware (default: one node's)")
+    parser.add_argument(
+        "--host-gb",
+        type=float,
+        help="host RAM per node to plan for with --hardware, in GB (default: the profile's; 2000 for the named "
+        "ones, a DGX node's)",
+    )
     parser.add_argument(
         "--shape",
         help="size the model by this shape instead of its config.json: a name of the simulator's shape table "
@@ -41,9 +47,9 @@ def run(args: argparse.Namespace) -> int:
     if args.hardware:
         from asyncrl.app.memory_plan import hardware_named
 
-        hardware = hardware_named(args.hardware, args.gpus)
-    elif args.gpus is not None:
-        raise ValueError("--gpus plans with --hardware: name the hardware too")
+        hardware = hardware_named(args.hardware, args.gpus, args.host_gb)
+    elif args.gpus is not None or args.host_gb is not None:
+        raise ValueError("--gpus and --host-gb plan with --hardware: name the hardware too")
     if args.shape:
         from asyncrl.sim.model_shape import resolve_shape
 

@@ -77,6 +77,10 @@ class HardwareProfile:
     inter_node_latency_s: float = 2e-5
     host_link_bandwidth: float = 25 * GB
     """Pinned host <-> device copies, bytes/s (offloading a colocated trainer)."""
+    host_memory_bytes: float = 2 * TB
+    """One node's host RAM, bytes: where staged weight updates, a colocated trainer's offloaded state and Ray's
+    object store live (``asyncrl doctor --hardware``'s host line). 2 TB is a DGX node's (H100, H200, A100
+    640 GB); a node with less is planned with ``--host-gb`` or this key in a profile file."""
     efficiency: Efficiency = Efficiency()
 
     def __post_init__(self) -> None:
@@ -86,6 +90,7 @@ class HardwareProfile:
             "hbm_bytes",
             "intra_node_bandwidth",
             "inter_node_bandwidth",
+            "host_memory_bytes",
         ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"hardware {self.name!r}: {name} must be > 0, got {getattr(self, name)}")
@@ -95,7 +100,7 @@ class HardwareProfile:
 
 
 def _spec(
-    name: str, tflops: float, tb_s: float, gb: float, nvlink_gb_s: float, net_gb_s: float
+    name: str, tflops: float, tb_s: float, gb: float, nvlink_gb_s: float, net_gb_s: float, host_tb: float
 ) -> HardwareProfile:
     return HardwareProfile(
         name=name,
@@ -104,18 +109,20 @@ def _spec(
         hbm_bytes=gb * GB,
         intra_node_bandwidth=nvlink_gb_s * GB,
         inter_node_bandwidth=net_gb_s * GB,
+        host_memory_bytes=host_tb * TB,
     )
 
 
 SPEC_SHEETS: dict[str, HardwareProfile] = {
     profile.name: profile
     for profile in (
-        # name, dense bf16 TFLOP/s, HBM TB/s, HBM GB, NVLink GB/s one direction, network GB/s per GPU
-        _spec("h100", 989, 3.35, 80, 450, 50),  # SXM5; 400 Gb/s NDR per GPU
-        _spec("h200", 989, 4.8, 141, 450, 50),
-        _spec("h800", 989, 3.35, 80, 200, 50),  # NVLink cut to 400 GB/s both ways; 8 x 400 Gb/s per node
-        _spec("h20", 148, 4.0, 96, 450, 50),
-        _spec("a100", 312, 2.039, 80, 300, 25),  # SXM4 80 GB; 200 Gb/s HDR per GPU
+        # name, dense bf16 TFLOP/s, HBM TB/s, HBM GB, NVLink GB/s one direction, network GB/s per GPU,
+        # host RAM TB per 8-GPU node (DGX H100 / H200 / A100 640 GB: 2 TB; HGX H800 and H20 vary by vendor)
+        _spec("h100", 989, 3.35, 80, 450, 50, 2),  # SXM5; 400 Gb/s NDR per GPU
+        _spec("h200", 989, 4.8, 141, 450, 50, 2),
+        _spec("h800", 989, 3.35, 80, 200, 50, 2),  # NVLink cut to 400 GB/s both ways; 8 x 400 Gb/s per node
+        _spec("h20", 148, 4.0, 96, 450, 50, 2),
+        _spec("a100", 312, 2.039, 80, 300, 25, 2),  # SXM4 80 GB; 200 Gb/s HDR per GPU
     )
 }
 """Public datasheet ceilings (SXM parts), before any efficiency is applied."""

@@ -1,6 +1,7 @@
 """The memory plan per role on hardware that is not here: its terms' arithmetic with exact values, every shipped
-recipe fitting the hardware its header's ``asyncrl doctor ... --hardware`` line declares (with the plan's
-margin), and the FAILs a user must see: the role and its largest term, a relative multi-node ``output_dir``."""
+recipe fitting the hardware its header's ``asyncrl doctor ... --hardware`` line declares (GPUs and one node's
+host RAM, with the plan's margin), and the FAILs a user must see: the role and its largest term (on a GPU or in
+host RAM), a relative multi-node ``output_dir``."""
 
 from __future__ import annotations
 
@@ -35,9 +36,12 @@ def test_every_recipe_fits_its_declared_hardware_with_a_margin(recipe, tmp_path,
     assert cli.main(declared_plan(recipe)) == 0
     lines = capsys.readouterr().out.splitlines()
     verdicts = [line for line in lines if line.startswith(("OK", "WARN", "FAIL"))]
-    memory = [line for line in verdicts if " gpu memory: " in line or " gpus: " in line]
+    memory = [
+        line for line in verdicts if any(k in line for k in (" gpu memory: ", " gpus: ", " host memory: "))
+    ]
     assert memory and all(line.startswith("OK") for line in memory), "\n".join(memory)
     assert any("per GPU at its peak" in line for line in memory), "\n".join(lines)  # roles, with their terms
+    assert any(" host memory: each node's host RAM" in line for line in memory), "\n".join(lines)
 
 
 def test_the_terms_are_the_arithmetic_they_state() -> None:
@@ -117,6 +121,11 @@ def test_hardware_from_json_and_bad_input_name_the_field(tmp_path) -> None:
         mp.hardware_named('{"name": "x"}')
     with pytest.raises(ValueError, match="--gpus"):
         mp.hardware_named("h100", 0)
+    assert mp.hardware_named("h100").host_bytes == 2_000_000_000_000  # a DGX node's RAM, the profile's
+    assert mp.hardware_named('{"memory_gb": 48, "host_memory_gb": 512}').host_bytes == 512_000_000_000
+    assert mp.hardware_named("h100", host_gb=256).host_bytes == 256_000_000_000
+    with pytest.raises(ValueError, match="--host-gb"):
+        mp.hardware_named("h100", host_gb=0)
     assert mp.shape_named_like("Qwen/Qwen3-8B-Base") is NAMED_SHAPES["qwen3-8b"]
     assert mp.shape_named_like("someone/else") is None
 
@@ -269,3 +278,135 @@ def test_the_8gpu_recipe_fits_vllms_gpus_with_a_staged_broadcast_waiting_in_host
     embedding = shape.vocab * shape.hidden * 2
     assert engine_gpu.total == int(0.85 * hardware.device_bytes) + 2 * embedding
     assert engine_gpu.total <= hardware.usable_bytes
+
+
+QWEN3_8B = NAMED_SHAPES["qwen3-8b"]
+STAGED_BROADCAST = [
+    "runtime.type=local",
+    "weight_sync.type=broadcast",
+    "controller.mode=async",
+    "buffer.async_ratio=1",
+    "engine.dtype=bfloat16",
+    "trainer.num_workers=8",
+    "rollout.num_engines=8",
+]
+
+
+def _host(overrides: list[str], shape, hardware: mp.Hardware) -> mp.Device:
+    config = load_run_config(None, overrides)
+    return mp.host_plan(config, mp.plan(config, shape, 512, hardware), shape, hardware)
+
+
+def test_a_staged_broadcast_waits_whole_in_each_engines_host_memory_eight_engines_to_a_node() -> None:
+    """Staged, every engine (vLLM or built-in) keeps the whole bf16 update in pinned host memory until it
+    applies it: Qwen3-8B's 16.4 GB each, 131 GB for the eight engines of a node (the node Ray may fill with
+    engines alone: the trainer ranks hold nothing on the host under a broadcast). Streamed, nothing waits."""
+    whole = QWEN3_8B.num_params * 2
+    assert round(whole / mp.GB, 1) == 16.4
+    two_nodes = mp.hardware_named("h100", 16)
+    for backend, role in (("vllm", "vLLM engine"), ("builtin", "engine")):
+        node = _host([*STAGED_BROADCAST, f"engine.backend={backend}"], QWEN3_8B, two_nodes)
+        [(engines, count)] = node.roles
+        assert (engines.name, count) == (role, 8)
+        assert [(t.name, t.bytes, t.phase) for t in engines.terms] == [("staged update", whole, "sync")]
+        assert node.total == 8 * whole and round(node.total / mp.GB) == 131
+    sync = [k for k in STAGED_BROADCAST if not k.startswith(("controller", "buffer"))]
+    streamed = _host([*sync, "controller.mode=sync", "engine.backend=builtin"], QWEN3_8B, two_nodes)
+    assert streamed.roles == () and streamed.total == 0
+    one_gpu = mp.hardware_named("h100", 2)  # a node of 2 planned GPUs holds what fits on them
+    assert _host([*STAGED_BROADCAST, "engine.backend=vllm"], QWEN3_8B, one_gpu).total == 2 * whole
+
+
+def test_a_colocated_switch_plans_the_offloaded_state_and_the_sleeping_engines_weights_on_the_host() -> None:
+    """Under ``runtime.switch`` each rank moves what its settings offload to pinned host memory while its
+    engine generates; at sleep level 2 each built-in engine keeps its bf16 weights there while the trainer
+    trains, and the two coexist between the engines falling asleep and the trainer reloading."""
+    p = QWEN3_1_7B.num_params
+    keys = [
+        "runtime.type=local",
+        "controller.mode=sync",
+        "trainer.num_workers=2",
+        "rollout.num_engines=2",
+        "model.dtype=float32",
+        "engine.dtype=bfloat16",
+        "runtime.switch.enabled=true",
+    ]
+    h100 = mp.hardware_named("h100", 8)
+    node = _host(keys, QWEN3_1_7B, h100)  # defaults: the optimizer offloaded, sleep level 1
+    [(ranks, count)] = node.roles
+    assert count == 2 and [t.name for t in ranks.terms] == ["offloaded optimizer state"]
+    assert node.total == 2 * mp.ceil_div(2 * p * 4, 2)  # each rank's shard of AdamW's two fp32 moments
+    more = ["runtime.switch.offload_master_weights=true", "runtime.switch.engine_sleep_level=2"]
+    node = _host([*keys, *more], QWEN3_1_7B, h100)
+    by_role = {role.name: ({t.name: t.bytes for t in role.terms}, n) for role, n in node.roles}
+    assert by_role == {
+        "trainer rank": (
+            {"offloaded master weights": mp.ceil_div(4 * p, 2), "offloaded optimizer state": 4 * p},
+            2,
+        ),
+        "engine": ({"weights asleep": 2 * p}, 2),
+    }
+    assert node.total == 2 * (2 * p + 4 * p) + 2 * 2 * p
+
+
+def test_a_node_with_too_little_ram_fails_naming_the_largest_host_term(capsys) -> None:
+    """``--host-gb`` sets the node's RAM as ``--gpus`` sets the GPU count: eight staged Qwen3-8B updates
+    (131 GB) do not fit 100 GB, and the FAIL names the term; the same plan fits a 2 TB DGX node."""
+    config = load_run_config(None, [*STAGED_BROADCAST, "engine.backend=vllm", "output_dir=/shared/x"])
+    small = mp.hardware_named("h100", 16, host_gb=100)
+    [host] = [f for f in diagnose(config, hardware=small, shape=QWEN3_8B) if f.topic == "host memory"]
+    assert host.status is Status.FAIL and "131.0 GB" in host.detail and "not counted: " in host.detail
+    assert "largest term: vLLM engine's staged update 16.4 GB" in host.fix
+    dgx = mp.hardware_named("h100", 16)
+    [host] = [f for f in diagnose(config, hardware=dgx, shape=QWEN3_8B) if f.topic == "host memory"]
+    assert host.status is Status.OK and "2000.0 GB free" in host.detail
+    args = ["doctor", "--hardware", "h100", "--gpus", "16", "--host-gb", "100", "--shape", "qwen3-8b"]
+    assert cli.main([*args, *STAGED_BROADCAST, "engine.backend=vllm", "output_dir=/shared/x"]) == 1
+    assert (
+        "FAIL  host memory: each node's host RAM (0 trainer rank(s) and 8 engine(s)"
+        in capsys.readouterr().out
+    )
+
+
+def test_lora_adapters_are_planned_in_float32_as_peft_keeps_them_beside_a_bf16_master() -> None:
+    """peft's ``autocast_adapter_dtype`` (on by default, kept by ``attach_lora``) casts bf16 adapters to
+    float32, so their gradients and AdamW moments are float32 too. Measured on the trainer's own path: a tiny
+    bf16 Qwen2 with LoRA; the plan's adapter, gradient and moment terms and the checkpoint's ``adapter/`` and
+    moments are the bytes it holds (planned in the master dtype, they were half)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from asyncrl.sim.model_shape import shape_from_hf_config
+    from asyncrl.trainer.trainer import Trainer
+
+    hf = Qwen2Config(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=96,
+        tie_word_embeddings=True,
+    )
+    config = load_run_config(None, ["model.dtype=bfloat16", "trainer.lora.rank=4"])
+    torch.manual_seed(0)
+    trainer = Trainer(Qwen2ForCausalLM(hf).to(torch.bfloat16), config.trainer, config.loss, config.advantage)
+    adapters = [p for p in trainer.model.parameters() if p.requires_grad]
+    assert {p.dtype for p in adapters} == {torch.float32}
+    held = sum(p.numel() * p.element_size() for p in adapters)
+    for p in adapters:
+        p.grad = torch.zeros_like(p)
+    grads = sum(p.grad.numel() * p.grad.element_size() for p in adapters)
+    trainer.optimizer.step()  # AdamW creates its moments beside the parameters
+    moments = sum(
+        t.numel() * t.element_size()
+        for state in trainer.optimizer.state.values()
+        for key, t in state.items()
+        if key in ("exp_avg", "exp_avg_sq")
+    )
+    shape = shape_from_hf_config(hf.to_dict())
+    terms = {t.name: t.bytes for t in mp.trainer_role(config, shape).terms}
+    assert (terms["LoRA adapters"], terms["gradients"], terms["optimizer state"]) == (held, grads, moments)
+    assert terms["master weights"] == 2 * shape.num_params  # the frozen base stays in bf16
+    checkpoint = {t.name: t.bytes for t in mp.checkpoint_bytes(config, shape).parts}
+    assert checkpoint == {"adapter/": held, "AdamW moments": moments}
