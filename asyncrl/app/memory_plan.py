@@ -46,7 +46,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from asyncrl.config.engine import serving_dtype, vllm_serving_dtype
+from asyncrl.config.engine import serving_dtype
 from asyncrl.config.run import RunConfig
 from asyncrl.config.runtime import SwitchConfig
 from asyncrl.runtime.placement import is_colocated
@@ -432,14 +432,14 @@ def packed_copy(config: RunConfig, shape: ModelShape, device: str = "cuda") -> T
     """What a switched trainer rank (``runtime.switch``, the colocated transport) packs for the engine in its
     bundle: the whole publication in the serving dtype, alive from publication until that engine applied it
     (``runtime.colocate.ColocatedTrainer.weights_applied``)."""
-    serve = DTYPE_BYTES[serving_dtype(config.engine.dtype, config.model.dtype, device)]
+    serve = engine_serve_bytes(config, device)
     params = _published_params(config, shape)
     how = f"{params:,} × {serve} B packed for the engine, from publication until it applied them"
     return Term("packed copy", params * serve, how, "sync")
 
 
 def _publish_term(config: RunConfig, shape: ModelShape, device: str) -> Term:
-    serve = DTYPE_BYTES[serving_dtype(config.engine.dtype, config.model.dtype, device)]
+    serve = engine_serve_bytes(config, device)
     params = _published_params(config, shape)
     if config.runtime.type == "inline":
         return Term(
@@ -552,7 +552,7 @@ def _transport(config: RunConfig) -> str:
 
 def vllm_needs(config: RunConfig, shape: ModelShape, max_len: int) -> int:
     """What vLLM's share must hold per GPU: its weights shard and one longest request's KV."""
-    serve = DTYPE_BYTES.get(vllm_serving_dtype(config.engine, config.model.dtype, "cuda"), 2)
+    serve = engine_serve_bytes(config, "cuda")
     tp = config.engine.vllm.tensor_parallel_size
     return ceil_div(shape.num_params * serve + max_len * shape.kv_bytes_per_token(serve), tp)
 
@@ -607,12 +607,9 @@ def asleep_weights(config: RunConfig, shape: ModelShape) -> Term:
 
 
 def engine_serve_bytes(config: RunConfig, device: str) -> int:
-    """Bytes per element the engines on ``device`` serve in (vLLM's dtype rules or the built-in engine's)."""
-    if config.engine.backend == "vllm":
-        dtype = vllm_serving_dtype(config.engine, config.model.dtype, device)
-    else:
-        dtype = serving_dtype(config.engine.dtype, config.model.dtype, device)
-    return DTYPE_BYTES.get(dtype, 2)
+    """Bytes per element the engines on ``device`` serve in (``engine.dtype`` resolved: both backends' one
+    serving dtype, the dtype the trainer casts its updates to)."""
+    return DTYPE_BYTES[serving_dtype(config.engine.dtype, config.model.dtype, device)]
 
 
 OFFLOADABLE = {

@@ -19,13 +19,6 @@ def serving_dtype(engine_dtype: str, model_dtype: str, device: str) -> str:
     return "bfloat16" if device == "cuda" else model_dtype
 
 
-def vllm_serving_dtype(engine: EngineConfig, model_dtype: str, device: str) -> str:
-    """vLLM's dtype: ``engine.dtype`` resolved as the trainer resolves it for the cast at publish, so that vLLM
-    serves exactly what arrives (no update converted on load). ``engine.vllm.dtype`` cannot say otherwise:
-    ``EngineConfig`` refuses one that differs, and ``engine.vllm.engine_args`` cannot carry a ``dtype``."""
-    return serving_dtype(engine.dtype, model_dtype, device)
-
-
 @dataclass(frozen=True, kw_only=True)
 class VLLMConfig:
     """The vLLM backend: a worker process in vLLM's own Python environment (see docs/backends.md)."""

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from asyncrl.config.engine import EngineConfig, VLLMConfig, vllm_serving_dtype
+from asyncrl.config.engine import EngineConfig, VLLMConfig, serving_dtype
 from asyncrl.config.model import ModelConfig
 from asyncrl.engine.async_engine import resolve_threadsafe
 from asyncrl.engine.vllm.bucket_stream import DEFAULT_BUCKET_BYTES, stream_update
@@ -158,7 +158,9 @@ class VLLMEngineClient:
     def for_model(cls, model: ModelConfig, engine: EngineConfig, *, seed: int = 0) -> VLLMEngineClient:
         """A worker for the model ``model.path`` names (a directory, or a hub id resolved into the hub cache
         here, so the worker reads a directory), its context length ``engine.max_model_len`` or else the
-        model's own ``max_position_embeddings``; it serves in ``vllm_serving_dtype``."""
+        model's own ``max_position_embeddings``; it serves in ``engine.dtype`` resolved as the trainer resolves it
+        for the cast at publish, so vLLM serves exactly what arrives (``EngineConfig`` refuses an
+        ``engine.vllm.dtype`` that differs)."""
         import dataclasses
 
         from transformers import AutoConfig
@@ -168,7 +170,7 @@ class VLLMEngineClient:
             engine.max_model_len
             or AutoConfig.from_pretrained(directory, local_files_only=True).max_position_embeddings
         )
-        dtype = vllm_serving_dtype(engine, model.dtype, resolve_device(model.device).type)
+        dtype = serving_dtype(engine.dtype, model.dtype, resolve_device(model.device).type)
         vllm = dataclasses.replace(engine.vllm, dtype=dtype)
         return cls.start(directory, vllm, max_model_len=max_model_len, seed=seed)
 
