@@ -51,12 +51,7 @@ class LLMEngine:
         never holds the whole model on the device beside a colocated trainer's step."""
         _check_level(asleep, allowed=(0, 1, 2))
         loaded_on = next(model.parameters()).device
-        device = loaded_on if device is None else indexed(torch.device(device))
-        if device != loaded_on and asleep != 2:
-            raise ValueError(
-                f"a model loaded on {loaded_on} serves on {device} only when its engine starts asleep at "
-                f"level 2 (its weights moved there at wake), got asleep={asleep}"
-            )
+        device = _serving_device(loaded_on, device, asleep)
         self.config = config or EngineConfig()
         self.model = model
         self.tokenizer = tokenizer
@@ -326,6 +321,18 @@ def cast_to_serving_dtype(
     if target != current:
         model.to(target)
     return target
+
+
+def _serving_device(loaded_on: torch.device, device: torch.device | str | None, asleep: int) -> torch.device:
+    """Where an engine whose model was loaded on ``loaded_on`` serves: ``device`` (default: there), which may
+    differ only for an engine that starts asleep at level 2 (its weights move there at its first wake)."""
+    serving = loaded_on if device is None else indexed(torch.device(device))
+    if serving != loaded_on and asleep != 2:
+        raise ValueError(
+            f"a model loaded on {loaded_on} serves on {serving} only when its engine starts asleep at "
+            f"level 2 (its weights moved there at wake), got asleep={asleep}"
+        )
+    return serving
 
 
 def indexed(device: torch.device) -> torch.device:
