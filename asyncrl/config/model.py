@@ -57,7 +57,7 @@ class ModelConfig:
     per layer. ``flex_attention`` (CUDA): a compiled kernel with a block-sparse document mask built from the
     packed position ids. ``flash_attention_2/3/4`` (CUDA, the flash-attn package; half precision: bfloat16/
     float16 weights, ``trainer.compute_dtype`` or ``trainer.mixed_precision``): variable-length kernels, all
-    packed samples in one row. See docs/scaling.md, "Attention implementations"."""
+    packed samples in one row. See docs/scaling.md, "Attention implementations and packed rows"."""
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
