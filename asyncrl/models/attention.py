@@ -40,13 +40,15 @@ _FLASH = {
 package's hub fallback, which it then fetches and caches) and what to install."""
 
 
-def check_attention(attn_implementation: str, device: torch.device) -> None:
+def check_attention(attn_implementation: str, device: torch.device, *, cuda: bool | None = None) -> None:
     """Raise ``AttentionUnavailable`` (naming ``model.attn_implementation`` and what to do instead) when
-    ``attn_implementation`` cannot train on ``device`` here; return quietly otherwise."""
+    ``attn_implementation`` cannot train on ``device`` here; return quietly otherwise. ``cuda``: whether this
+    machine has a CUDA device (None: ask torch; ``asyncrl doctor`` passes what it probed)."""
     if attn_implementation not in CUDA_ONLY_ATTENTION:
         return
     key = f"model.attn_implementation={attn_implementation!r}"
-    if device.type != "cuda" or not torch.cuda.is_available():
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    if device.type != "cuda" or not cuda:
         raise AttentionUnavailable(
             f"{key} needs CUDA, but the model would run on {device.type} "
             f"({cpu_refusal(attn_implementation)}); use model.attn_implementation: sdpa (or eager) here"
