@@ -21,8 +21,9 @@ from transformers.utils import (
 from asyncrl.config.model import CUDA_ONLY_ATTENTION, cpu_refusal
 
 
-class AttentionUnavailable(RuntimeError):
-    """``model.attn_implementation`` names an implementation this machine cannot run."""
+class AttentionUnavailable(ValueError):
+    """``model.attn_implementation`` names an implementation this machine cannot run: bad input for this
+    machine (a ValueError, so the CLI reports it in one line, as it does a config error)."""
 
 
 _FLASH = {

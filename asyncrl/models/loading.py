@@ -137,19 +137,21 @@ def load_model_and_tokenizer(
 
 
 def load_configured_model(
-    config: ModelConfig, *, on_host: bool = False
+    config: ModelConfig, *, on_host: bool = False, for_trainer: bool = False
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The model and tokenizer a run's ``model`` section names, in its dtype on its device, with its attention
-    implementation; ``on_host``: left in host memory instead, for an engine that starts asleep at level 2 and
-    moves its weights to that device only when woken (``LLMEngine(device=)``; the engine attends with its own
-    kernels, so its HF attention setting is never run)."""
+    """The model and tokenizer a run's ``model`` section names, in its dtype on its device; ``on_host``: left
+    in host memory instead, for an engine that starts asleep at level 2 and moves its weights to that device
+    only when woken (``LLMEngine(device=)``). ``for_trainer``: the trainer runs this model's Hugging Face
+    forward, so it gets ``model.attn_implementation`` (checked against this machine first); otherwise the
+    default sdpa, unchecked: an engine attends with its own kernels (an engine actor may well be on a CPU
+    where a trainer's flash or flex attention could not run), and exporting runs no forward."""
     return load_model_and_tokenizer(
         config.path,
         config.dtype,
         None if on_host else config.device,
         revision=config.revision,
         local_files_only=config.local_files_only,
-        attn_implementation=config.attn_implementation,
+        attn_implementation=config.attn_implementation if for_trainer else "sdpa",
     )
 
 

@@ -86,7 +86,7 @@ def test_cuda_only_implementations_are_refused_before_loading_without_cuda(name,
     # model.device auto resolves to cpu here: refused before a weight is read (the directory does not exist)
     config = ModelConfig(path=str(tmp_path / "absent"), dtype="bfloat16", attn_implementation=name)
     with pytest.raises(AttentionUnavailable, match=r"model\.attn_implementation"):
-        load_configured_model(config)
+        load_configured_model(config, for_trainer=True)
     with pytest.raises(AttentionUnavailable, match=r"model\.attn_implementation"):
         load_configured_skeleton(config)
 
@@ -102,11 +102,19 @@ def tiny_dir(tmp_path_factory) -> Path:
 def test_every_trainer_load_path_uses_the_configured_implementation(tiny_dir):
     config = ModelConfig(path=str(tiny_dir), device="cpu", attn_implementation="eager")
     models = [
-        load_configured_model(config)[0],
+        load_configured_model(config, for_trainer=True)[0],
         load_configured_skeleton(config)[0],  # the sharded trainer's meta-device skeleton
         load_decoder_body(tiny_dir, config),  # a separate critic's body
         load_decoder_skeleton(tiny_dir, config),
     ]
     assert [model.config._attn_implementation for model in models] == ["eager"] * 4
     default = ModelConfig(path=str(tiny_dir), device="cpu")
-    assert load_configured_model(default)[0].config._attn_implementation == "sdpa"
+    assert load_configured_model(default, for_trainer=True)[0].config._attn_implementation == "sdpa"
+
+
+def test_an_engine_load_ignores_the_trainers_attention(tiny_dir):
+    """An engine attends with its own kernels: its load neither uses nor checks a CUDA-only implementation
+    (an engine actor on a CPU beside a GPU trainer is not refused)."""
+    config = ModelConfig(path=str(tiny_dir), dtype="bfloat16", attn_implementation="flex_attention")
+    model, _ = load_configured_model(config, on_host=True)
+    assert model.config._attn_implementation == "sdpa"
