@@ -320,10 +320,7 @@ def _state_terms(config: RunConfig, shape: ModelShape, master: int) -> list[Term
     if lora is not None:
         how = f"rank {lora.rank} on every linear, {trainable:,} × {element} B (peft's float32){shard}"
         terms.append(Term("LoRA adapters", ceil_div(trainable * element, ranks), how))
-    if ranks > 1 and trainer.fsdp_grad_accumulation != "sharded":
-        grads = Term("gradients", trainable * 4, f"{trainable:,} × 4 B whole (unsharded fp32 accumulation)")
-    else:
-        grads = Term("gradients", ceil_div(trainable * element, ranks), f"{trainable:,} × {element} B{shard}")
+    grads = _gradient_term("gradients", trainable, element, ranks, trainer.fsdp_grad_accumulation)
     moments = ceil_div(2 * trainable * element, ranks)
     terms += [
         grads,
@@ -335,6 +332,15 @@ def _state_terms(config: RunConfig, shape: ModelShape, master: int) -> list[Term
             Term("reference copy", ceil_div(params * master, ranks), "frozen policy for the KL term")
         )
     return terms
+
+
+def _gradient_term(name: str, params: int, element: int, ranks: int, accumulation: str) -> Term:
+    """Gradients sharded like the weights, or whole fp32 on every rank when FSDP2 accumulates them unsharded
+    (``trainer.fsdp_grad_accumulation``: no reduce-scatter until the mini-batch's last pass)."""
+    if ranks > 1 and accumulation != "sharded":
+        return Term(name, params * 4, f"{params:,} × 4 B whole (unsharded fp32 accumulation)")
+    shard = f" / {ranks} ranks" if ranks > 1 else ""
+    return Term(name, ceil_div(params * element, ranks), f"{params:,} × {element} B{shard}")
 
 
 def _weight_copy_terms(shape: ModelShape, ranks: int, master: int, compute: int) -> list[Term]:
@@ -419,16 +425,32 @@ def _critic_terms(
         return [Term("value head", 4 * head * master, "weights, gradients and 2 moments of hidden + 1")]
     if body is None:
         body = resolve_critic_shape(critic, shape)
+    trainer = config.trainer
     return separate_critic_terms(
-        body, master, ranks, tokens, compute, residual, config.trainer.activation_checkpointing
+        body,
+        master,
+        ranks,
+        tokens,
+        compute,
+        residual,
+        trainer.activation_checkpointing,
+        trainer.fsdp_grad_accumulation,
     )
 
 
 def separate_critic_terms(
-    critic: CriticShape, master: int, ranks: int, tokens: int, compute: int, residual: int, ckpt: bool
+    critic: CriticShape,
+    master: int,
+    ranks: int,
+    tokens: int,
+    compute: int,
+    residual: int,
+    ckpt: bool,
+    accumulation: str,
 ) -> list[Term]:
     """A separate critic's body (no output layer) trained in full beside the policy: its weights, gradients and
-    AdamW's two moments (sharded like the policy's), and one micro-batch's activations through its layers. The
+    AdamW's two moments (sharded like the policy's; its gradients accumulate like the policy's, the trainer
+    syncing both modules the same way), and one micro-batch's activations through its layers. The
     three held terms are apart because ``runtime.switch`` offloads each with the policy's own
     (``trainer.offload.StateOffloader`` moves the critic's module and optimizer too: ``OFFLOADABLE``)."""
     params = critic.shape.body_params
@@ -437,7 +459,7 @@ def separate_critic_terms(
     each = ceil_div(params * master, ranks)
     return [
         Term("critic weights", each, f"{params:,} × {master} B{shard}, at {critic.source}"),
-        Term("critic gradients", each, f"{params:,} × {master} B{shard}"),
+        _gradient_term("critic gradients", params, master, ranks, accumulation),
         Term(
             "critic optimizer state",
             ceil_div(2 * params * master, ranks),

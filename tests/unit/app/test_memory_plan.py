@@ -80,6 +80,14 @@ def test_the_terms_are_the_arithmetic_they_state() -> None:
     assert {t.name: t.bytes for t in sharded.terms}["gradients"] == -(-4 * p // 4)
     unsharded = load_run_config(None, ["trainer.num_workers=4", "trainer.fsdp_grad_accumulation=unsharded"])
     assert {t.name: t.bytes for t in mp.trainer_role(unsharded, shape).terms}["gradients"] == 4 * p
+    critic = ["advantage.name=gae", "critic.type=separate"]  # the trainer syncs the critic as the policy
+    for accumulation, grads in (
+        ("sharded", -(-4 * shape.body_params // 4)),
+        ("unsharded", 4 * shape.body_params),
+    ):
+        keys = ["trainer.num_workers=4", f"trainer.fsdp_grad_accumulation={accumulation}", *critic]
+        terms = {t.name: t.bytes for t in mp.trainer_role(load_run_config(None, keys), shape).terms}
+        assert terms["critic gradients"] == grads
     assert shape.lora_params(8) == 28 * 8 * ((2048 + 2048) + 2 * (2048 + 1024) + (2048 + 2048) + 3 * 8192)
 
 
