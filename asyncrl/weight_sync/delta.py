@@ -13,7 +13,7 @@ the model; in float32 nearly every weight changes in its low mantissa bits, whic
     engine (serving u, asked for v)
       fetch (before it pauses): plan = delta-(u+1) … delta-v, or, when that chain is broken, the newest
              full-s ≤ v then delta-(s+1) … delta-v; read the deltas into memory (snapshots stay mapped)
-      apply (paused): patch each tensor in place, one at a time, and check its CRC-32 against the trainer's;
+      apply (paused): patch each tensor in place, chunk by chunk, and check its CRC-32 against the trainer's;
              a bad checksum or a file gone since the fetch falls back to the snapshot plan once
 
 Per tensor (a *segment*: one span of the packed buffers; tied names share one) the delta is the cheapest of
@@ -23,8 +23,10 @@ the CRC-32 of its *new* words, so an engine never serves bytes the trainer did n
 
 Key decisions:
 - The engine patches its own weights in place (``apply_into``): no second copy of the model on the engine
-  side; the trainer side keeps one packed copy of the previous version to diff against, and a publish
-  holds beside it only the new packed copy and one tensor's compressed payload (``encode_delta``).
+  side, nor of a tensor (each payload is inflated and applied a chunk at a time, ``_decode_into``); beside
+  its weights it holds the fetched deltas and a few chunks. The trainer side keeps one packed copy of the
+  previous version to diff against, and a publish holds beside it only the new packed copy and one tensor's
+  compressed payload (``encode_delta``).
 - A version directory is written under a temporary name and renamed, so readers never see half of one.
 - The first version a writer publishes (a new run, or one resumed from a checkpoint) is a full snapshot, and
   every version above it is deleted first: those came from a run that died past its last checkpoint.
@@ -403,10 +405,11 @@ def _decode_into(encoding: str, payload: Payload, words: _Words) -> None:
     """Apply one segment's payload to ``words`` (the engine's tensor as unsigned words) in place.
 
     Why chunk by chunk (``CHUNK_WORDS``): decoding a whole tensor's payload first held its decompressed
-    stream and an un-shuffled copy (XOR) or its positions as int64 (sparse) beside the tensor, 2-3x the
-    largest tensor (6-7 GB at an 8B model's float32 embedding). Each chunk is inflated and applied in place
-    instead, so a corrupt or cut payload is found part-way through an XOR delta, after earlier chunks
-    landed: the tensor is then wrong, like one failing its checksum, and the caller falls back the same way.
+    stream and an un-shuffled copy (XOR) or its positions as int64 (sparse) beside the tensor, 3x or 2x
+    the largest tensor (7.5 or 5 GB at an 8B model's 2.5 GB float32 embedding). Each chunk is inflated and
+    applied in place instead, so a corrupt or cut payload is found part-way through an XOR delta, after
+    earlier chunks landed: the tensor is then wrong, like one failing its checksum, and the caller falls
+    back the same way.
     """
     if encoding == "same":
         return
@@ -465,10 +468,10 @@ def _apply_sparse(payload: Payload, words: _Words) -> None:
 
 
 class _Inflater:
-    """One segment's zlib stream, inflated in pieces of at most a chunk: neither its output nor its input is
-    ever held whole (the input is fed in ``CHUNK_WORDS``-sized views, so zlib's ``unconsumed_tail``, a copy
-    of what a call did not consume, stays that small). A stream that ends early, does not end, runs past
-    what its tensor needs or is corrupt raises ``DeltaPayloadError``."""
+    """One segment's zlib stream, inflated in pieces of at most ``4 * CHUNK_WORDS`` bytes: neither its output
+    nor its input is ever held whole (the input is fed in views of that size, so zlib's ``unconsumed_tail``,
+    a copy of what a call did not consume, stays that small). A stream that ends early, does not end, runs
+    past what its tensor needs or is corrupt raises ``DeltaPayloadError``."""
 
     def __init__(self, payload: Payload) -> None:
         self._payload = memoryview(payload).cast("B")

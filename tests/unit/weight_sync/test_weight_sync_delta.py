@@ -240,8 +240,9 @@ def test_an_encoding_made_chunk_by_chunk_decodes_to_the_new_words(monkeypatch, s
 
 def _engine_at_v0_and_chain(tmp_path: Path, share: float, snapshot: bool):
     """An engine at v0 of ``_moved_state`` and the fetched chain to v1 (``share`` of the weights moved):
-    the v1 snapshot when ``snapshot``, else the v1 delta. Fetched before any counting: a chain's payload is
-    read into memory by design (fetched before the engine pauses); what the apply holds beyond it is counted."""
+    the v1 snapshot when ``snapshot``, else the v1 delta. Fetched before any counting: a chain's payload
+    is read into memory by design (fetched before the engine pauses); what the apply holds beyond it is
+    counted."""
     state = _moved_state(0)
     engine = {name: tensor.clone() for name, tensor in state.items()}
     sync = DeltaSync(tmp_path, full_every=1 if snapshot else 10**9)
@@ -264,10 +265,10 @@ def test_an_apply_holds_a_few_chunks_beyond_the_engines_weights_not_copies_of_a_
     """The engine patches its tensors in place and holds beside them a few chunks, whatever the tensor's
     size: on main the payload sliced out of the fetched bytes, the whole decompressed stream and its
     un-shuffled copy (XOR), or the stream and its positions as int64 (sparse), held 3x or 2x the tensor
-    (7.5 or 5 GB at an 8B model's 2.5 GB float32 embedding). Now: zlib's output blocks and the input it has not
-    consumed, and a chunk's gaps, positions and words for sparse, about ten chunks at most. Held bytes are
-    counted by tracemalloc (every numpy buffer, bytes object and zlib state; the engine's tensors exist
-    before counting starts)."""
+    (7.5 or 5 GB at an 8B model's 2.5 GB float32 embedding). Now: zlib's output blocks and the input it
+    has not consumed, and a chunk's gaps, positions and words for sparse, about ten chunks at most. Held
+    bytes are counted by tracemalloc (every numpy buffer, bytes object and zlib state; the engine's tensors
+    exist before counting starts)."""
     monkeypatch.setattr(delta, "CHUNK_WORDS", 1 << 14)  # 64 KiB of float32 words; the tensor is 4 MiB
     engine, trainer, chain = _engine_at_v0_and_chain(tmp_path, share, snapshot)
     assert chain.steps[-1].segments[0].encoding == encoding
