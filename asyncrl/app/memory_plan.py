@@ -783,7 +783,7 @@ def object_store_role(config: RunConfig, shape: ModelShape, switch: SwitchConfig
         return Role("Ray object store", 1, 0, ())
     how = "the whole update rank 0 puts for the engines in the serving dtype, one version"
     return Role(
-        "Ray object store", 1, 0, (Term("object store", whole_update_bytes(config, shape, "cuda"), how),)
+        "Ray object store", 1, 0, (Term("published update", whole_update_bytes(config, shape, "cuda"), how),)
     )
 
 

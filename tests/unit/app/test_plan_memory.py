@@ -82,11 +82,11 @@ def test_a_layout_that_fits_its_gpus_but_not_a_nodes_host_ram_is_dropped_naming_
     small_node = verdicts(SMALL, 8, host_gb=3)
     assert small_node["partial_rollout a=2 1T/7I"] == (
         "each node's host RAM (1 trainer rank(s) and 7 engine(s) on 8 GPU(s)) needs 5.5 GB, 3.0 GB usable on "
-        "h100; largest term: Ray object store's object store 1.2 GB"
+        "h100; largest term: Ray object store's published update 1.2 GB"
     )
     for train in range(2, 6):
         assert (
-            "largest term: Ray object store's object store"
+            "largest term: Ray object store's published update"
             in small_node[f"partial_rollout a=2 {train}T/{8 - train}I"]
         )
     assert small_node["sync colocated on 8"].startswith(
