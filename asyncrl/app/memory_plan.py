@@ -46,6 +46,7 @@ import json
 from collections.abc import Collection
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from asyncrl.config.engine import serving_dtype
 from asyncrl.config.run import RunConfig
@@ -53,6 +54,9 @@ from asyncrl.config.runtime import SwitchConfig
 from asyncrl.runtime.placement import is_colocated
 from asyncrl.sim.critic_shape import CriticShape, resolve_critic_shape
 from asyncrl.sim.model_shape import NAMED_SHAPES, ModelShape
+
+if TYPE_CHECKING:  # resolved where a profile is named (``hardware_named``), as before
+    from asyncrl.sim.hardware import HardwareProfile
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 GB = 1e9
@@ -194,9 +198,30 @@ def hardware_named(spec: str, num_gpus: int | None = None, host_gb: float | None
     else:
         from asyncrl.sim.hardware import resolve_profile
 
-        profile = resolve_profile(text)
-        device_bytes, per_node, name = int(profile.hbm_bytes), profile.gpus_per_node, profile.name
-        host = int(profile.host_memory_bytes)
+        return profile_hardware(resolve_profile(text), spec, num_gpus, host_gb)
+    return _hardware(spec, name, device_bytes, per_node, host, num_gpus, host_gb)
+
+
+def profile_hardware(
+    profile: HardwareProfile, spec: str, num_gpus: int | None = None, host_gb: float | None = None
+) -> Hardware:
+    """The GPUs and host RAM of a simulator profile (``spec``: how it was named, for errors): what
+    ``hardware_named`` makes of a profile name, and what ``asyncrl plan`` plans its candidates on."""
+    device_bytes, host = int(profile.hbm_bytes), int(profile.host_memory_bytes)
+    return _hardware(spec, profile.name, device_bytes, profile.gpus_per_node, host, num_gpus, host_gb)
+
+
+def _hardware(
+    spec: str,
+    name: str,
+    device_bytes: int,
+    per_node: int,
+    host: int,
+    num_gpus: int | None,
+    host_gb: float | None,
+) -> Hardware:
+    """``Hardware`` with ``--gpus`` (``num_gpus``; default one node's) and ``--host-gb`` applied, refusing a
+    device too small to plan in, no GPUs, or no host RAM."""
     if device_bytes <= DEVICE_RESERVE:
         raise ValueError(f"--hardware {spec!r}: {device_bytes} bytes per GPU leaves nothing to plan in")
     gpus = per_node if num_gpus is None else num_gpus
@@ -339,10 +364,7 @@ def _state_terms(config: RunConfig, shape: ModelShape, master: int) -> list[Term
     if lora is not None:
         how = f"rank {lora.rank} on every linear, {trainable:,} × {element} B (peft's float32){shard}"
         terms.append(Term("LoRA adapters", ceil_div(trainable * element, ranks), how))
-    if ranks > 1 and trainer.fsdp_grad_accumulation != "sharded":
-        grads = Term("gradients", trainable * 4, f"{trainable:,} × 4 B whole (unsharded fp32 accumulation)")
-    else:
-        grads = Term("gradients", ceil_div(trainable * element, ranks), f"{trainable:,} × {element} B{shard}")
+    grads = _gradient_term("gradients", trainable, element, ranks, trainer.fsdp_grad_accumulation)
     moments = ceil_div(2 * trainable * element, ranks)
     terms += [
         grads,
@@ -354,6 +376,15 @@ def _state_terms(config: RunConfig, shape: ModelShape, master: int) -> list[Term
             Term("reference copy", ceil_div(params * master, ranks), "frozen policy for the KL term")
         )
     return terms
+
+
+def _gradient_term(name: str, params: int, element: int, ranks: int, accumulation: str) -> Term:
+    """Gradients sharded like the weights, or whole fp32 on every rank when FSDP2 accumulates them unsharded
+    (``trainer.fsdp_grad_accumulation``: no reduce-scatter until the mini-batch's last pass)."""
+    if ranks > 1 and accumulation != "sharded":
+        return Term(name, params * 4, f"{params:,} × 4 B whole (unsharded fp32 accumulation)")
+    shard = f" / {ranks} ranks" if ranks > 1 else ""
+    return Term(name, ceil_div(params * element, ranks), f"{params:,} × {element} B{shard}")
 
 
 def _weight_copy_terms(shape: ModelShape, ranks: int, master: int, compute: int) -> list[Term]:
@@ -468,26 +499,42 @@ def _critic_terms(
         return [Term("value head", 4 * head * master, "weights, gradients and 2 moments of hidden + 1")]
     if body is None:
         body = resolve_critic_shape(critic, shape)
-    ckpt = config.trainer.activation_checkpointing
-    terms = separate_critic_terms(body, master, ranks, tokens, compute, residual, ckpt)
+    trainer = config.trainer
+    ckpt = trainer.activation_checkpointing
+    terms = separate_critic_terms(
+        body, master, ranks, tokens, compute, residual, ckpt, trainer.fsdp_grad_accumulation
+    )
     mask, per_layer = attention_square_bytes(config, body.shape, tokens, max_len, compute, residual)
     masks = _mask_terms(config, body.shape, tokens, max_len, mask, per_layer, layers=1 if ckpt else None)
     return terms + [replace(term, name=f"critic {term.name}") for term in masks]
 
 
 def separate_critic_terms(
-    critic: CriticShape, master: int, ranks: int, tokens: int, compute: int, residual: int, ckpt: bool
+    critic: CriticShape,
+    master: int,
+    ranks: int,
+    tokens: int,
+    compute: int,
+    residual: int,
+    ckpt: bool,
+    accumulation: str,
 ) -> list[Term]:
     """A separate critic's body (no output layer) trained in full beside the policy: its weights, gradients and
-    AdamW's two moments (sharded like the policy's), and one micro-batch's activations through its layers."""
+    AdamW's two moments (sharded like the policy's; its gradients accumulate like the policy's, the trainer
+    syncing both modules the same way), and one micro-batch's activations through its layers. The
+    three held terms are apart because ``runtime.switch`` offloads each with the policy's own
+    (``trainer.offload.StateOffloader`` moves the critic's module and optimizer too: ``OFFLOADABLE``)."""
     params = critic.shape.body_params
     shard = f" / {ranks} ranks" if ranks > 1 else ""
     saved = "each layer's input (checkpointing)" if ckpt else "every layer's (no checkpointing)"
+    each = ceil_div(params * master, ranks)
     return [
+        Term("critic weights", each, f"{params:,} × {master} B{shard}, at {critic.source}"),
+        _gradient_term("critic gradients", params, master, ranks, accumulation),
         Term(
-            "critic",
-            ceil_div(4 * params * master, ranks),
-            f"weights, gradients, 2 moments of {params:,} × {master} B{shard}, at {critic.source}",
+            "critic optimizer state",
+            ceil_div(2 * params * master, ranks),
+            f"AdamW's 2 moments × {params:,} × {master} B{shard}",
         ),
         Term(
             "critic activations",
@@ -622,8 +669,10 @@ def engine_role(
     return Role("engine", engines, 1, tuple(terms))
 
 
-def _transport(config: RunConfig) -> str:
-    return config.weight_sync.transport_for(config.runtime.type, switch=config.runtime.switch.enabled)
+def _transport(config: RunConfig, switch: SwitchConfig | None = None) -> str:
+    """The run's transport: under ``switch`` (default ``runtime.switch``) ``auto`` is ``colocated``."""
+    switch = config.runtime.switch if switch is None else switch
+    return config.weight_sync.transport_for(config.runtime.type, switch=switch.enabled)
 
 
 def vllm_needs(config: RunConfig, shape: ModelShape, max_len: int) -> int:
@@ -670,7 +719,7 @@ def shared_gpu_devices(
         return (
             Device("each shared GPU (trainer rank + engine, no runtime.switch)", ((trainer, 1), (engine, 1))),
         )
-    offloaded = {name for name, key in OFFLOADABLE.items() if getattr(switch, key)}
+    offloaded = offloaded_terms(switch)
     asleep = asleep_weights(config, shape) if switch.engine_sleep_level == 1 else None
     return switch_devices(trainer, engine, offloaded, asleep, packed_copy(config, shape))
 
@@ -692,9 +741,18 @@ OFFLOADABLE = {
     "optimizer state": "offload_optimizer",
     "master weights": "offload_master_weights",
     "gradients": "offload_grads",
+    "critic optimizer state": "offload_optimizer",
+    "critic weights": "offload_master_weights",
+    "critic gradients": "offload_grads",
 }
 """The trainer's held terms ``runtime.switch`` can move to host memory while the engines generate, each with
-its switch key."""
+its switch key: the policy's and a separate critic's alike (``StateOffloader.for_trainer`` moves both). A value
+head's (``shared_trunk``: tens of KB) stays one term, counted on the device."""
+
+
+def offloaded_terms(switch: SwitchConfig) -> set[str]:
+    """The names of the held trainer terms ``switch`` moves to host memory (``OFFLOADABLE``)."""
+    return {name for name, key in OFFLOADABLE.items() if getattr(switch, key)}
 
 
 def switch_devices(
@@ -732,9 +790,9 @@ def switch_devices(
 
 HOST_NOT_COUNTED = (
     "the processes themselves (Python, torch and CUDA libraries, Ray's workers), data loading, rollout and "
-    "replay buffers, the page cache, a trainer rank's transient load of the model at start, a critic's "
-    "offloaded optimizer state, a second update version still being read from the object store, and the "
-    "pinned allocator's rounding of each buffer (up to a power of two) and its cached blocks"
+    "replay buffers, the page cache, a trainer rank's transient load of the model at start, a second update "
+    "version still being read from the object store, and the pinned allocator's rounding of each buffer (up to "
+    "a power of two) and its cached blocks"
 )
 """What ``host_plan`` leaves out (doctor prints it): none is small on a full node, so its verdict keeps the
 plan's margin and says so."""
@@ -748,14 +806,14 @@ def whole_update_bytes(config: RunConfig, shape: ModelShape, device: str) -> int
     return _published_params(config, shape) * engine_serve_bytes(config, device)
 
 
-def trainer_host_role(config: RunConfig, trainer: Role) -> Role:
+def trainer_host_role(trainer: Role, switch: SwitchConfig) -> Role:
     """What one trainer rank of a GPU run (``trainer``: its GPU role) keeps in pinned host memory: under
-    ``runtime.switch`` the held terms its settings offload (``OFFLOADABLE``) while the engine generates. They
-    are still there when the engines fall asleep (the trainer reloads after), so they are held."""
-    switch = config.runtime.switch
+    ``switch`` (``runtime.switch``) the held terms its settings offload (``OFFLOADABLE``: a separate critic's
+    with the policy's) while the engine generates. They are still there when the engines fall asleep (the
+    trainer reloads after), so they are held."""
     if not switch.enabled:
         return replace(trainer, terms=())
-    offloaded = {name for name, key in OFFLOADABLE.items() if getattr(switch, key)}
+    offloaded = offloaded_terms(switch)
     terms = tuple(
         replace(t, name=f"offloaded {t.name}", how=f"{t.how}, pinned while the engine generates")
         for t in trainer.terms
@@ -764,14 +822,14 @@ def trainer_host_role(config: RunConfig, trainer: Role) -> Role:
     return replace(trainer, terms=terms)
 
 
-def engine_host_role(config: RunConfig, shape: ModelShape, engine: Role) -> Role:
+def engine_host_role(config: RunConfig, shape: ModelShape, engine: Role, switch: SwitchConfig) -> Role:
     """What one engine of a GPU run (``engine``: its GPU role) keeps in host memory: a staged broadcast's whole
     update (pinned, until applied: the GPU role holds only the buffers in flight), vLLM's bucket files in
     ``/dev/shm`` for an update it is handed (object store), and a built-in engine's weights asleep at
-    ``runtime.switch.engine_sleep_level`` 2 (level 1 keeps them on the GPU, ``asleep_weights``)."""
+    ``switch.engine_sleep_level`` 2 (level 1 keeps them on the GPU, ``asleep_weights``)."""
     terms = []
     whole = whole_update_bytes(config, shape, "cuda")
-    transport = _transport(config)
+    transport = _transport(config, switch)
     broadcast = transport == "broadcast" and config.runtime.type != "inline"
     if broadcast and config.broadcast_apply() == "staged":
         how = "the whole update in the serving dtype, pinned until applied (broadcast_apply staged)"
@@ -781,7 +839,6 @@ def engine_host_role(config: RunConfig, shape: ModelShape, engine: Role) -> Role
         files = min(VLLM_BUCKET_FILES * largest_bucket(config, shape, serve), whole)
         how = f"{VLLM_BUCKET_FILES} bucket files in /dev/shm streamed to the worker"
         terms.append(Term("bucket files", files, how, "sync"))
-    switch = config.runtime.switch
     if switch.enabled and switch.engine_sleep_level == 2:
         weights = asleep_weights(config, shape)
         how = weights.how.replace("kept asleep (sleep level 1)", "on the host asleep (sleep level 2)")
@@ -789,28 +846,33 @@ def engine_host_role(config: RunConfig, shape: ModelShape, engine: Role) -> Role
     return replace(engine, terms=tuple(terms))
 
 
-def object_store_role(config: RunConfig, shape: ModelShape) -> Role:
+def object_store_role(config: RunConfig, shape: ModelShape, switch: SwitchConfig) -> Role:
     """Ray's object store on trainer rank 0's node under the ``object_store`` transport: the whole update rank
     0 puts there for the engines to read (zero-copy on its node). Its capacity is Ray's default share of the
     node's RAM (``runtime`` passes no ``object_store_memory``); beyond it Ray spills to disk."""
-    if config.runtime.type == "inline" or _transport(config) != "object_store":
+    if config.runtime.type == "inline" or _transport(config, switch) != "object_store":
         return Role("Ray object store", 1, 0, ())
     how = "the whole update rank 0 puts for the engines in the serving dtype, one version"
     return Role(
-        "Ray object store", 1, 0, (Term("object store", whole_update_bytes(config, shape, "cuda"), how),)
+        "Ray object store", 1, 0, (Term("published update", whole_update_bytes(config, shape, "cuda"), how),)
     )
 
 
-def host_plan(config: RunConfig, plan: Plan, shape: ModelShape, hardware: Hardware) -> Device:
+def host_plan(
+    config: RunConfig, plan: Plan, shape: ModelShape, hardware: Hardware, switch: SwitchConfig | None = None
+) -> Device:
     """One node's host RAM for a GPU run planned as ``plan``: the host terms of the roles on the node that holds
     the most. Inline: one process with every engine. Ray, colocated: one trainer rank and one engine per GPU.
     Ray, split: Ray may place any mix of ranks and engines on a node, so the mix of at most
     ``gpus_per_node`` GPUs (or ``num_gpus``, fewer) with the most host bytes (rank 0's object store with the
-    ranks)."""
+    ranks). ``switch`` is the run's ``runtime.switch`` unless given (``asyncrl plan``'s colocated layouts take
+    turns by the switch it plans, as ``shared_gpu_devices``): what it offloads and puts to sleep, and the
+    transport it implies. The one computation doctor's host line and ``asyncrl plan``'s host filter read."""
+    switch = config.runtime.switch if switch is None else switch
     trainer, engine = plan.roles
-    ranks = trainer_host_role(config, trainer)
-    engines = engine_host_role(config, shape, engine)
-    store = object_store_role(config, shape)
+    ranks = trainer_host_role(trainer, switch)
+    engines = engine_host_role(config, shape, engine, switch)
+    store = object_store_role(config, shape, switch)
     per_node = min(hardware.gpus_per_node, hardware.num_gpus)
     if config.runtime.type == "inline":
         mixes = [(1, engine.count)]

@@ -1,5 +1,5 @@
 """``asyncrl plan``'s memory filter: each candidate layout planned by ``app.memory_plan`` (the plan ``asyncrl
-doctor --hardware`` prints), and dropped when a GPU it occupies does not hold it.
+doctor --hardware`` prints), and dropped when a GPU it occupies, or a node's host RAM, does not hold it.
 
 Key decisions:
 - A candidate stands for a ``RunConfig``: the training config ``memory.train_config`` names (its model dtype,
@@ -12,11 +12,16 @@ Key decisions:
 - A split candidate's GPUs are the doctor's: each trainer GPU, each engine GPU. A colocated one shares each GPU
   between a trainer rank and an engine taking turns (``memory_plan.switch_devices``), with the switch the
   simulator costs: the training config's ``runtime.switch``, else ``cost.switch_offload_bytes_per_param`` (8:
-  AdamW's moments leave the GPU while the engine generates; 12: the master weights too; 16: gradients too) and
-  ``cost.switch_sleep_level`` (1: a sleeping engine keeps its weights; 2: nothing).
-- A candidate is dropped on the doctor's FAIL (a GPU's plan over what ``DEVICE_RESERVE`` leaves, or vLLM's share
-  short of its weights and one longest request's KV), never on a WARN: the plan leaves out fragmentation, so a
-  plan within 10 % of full is kept and the margin is the user's to judge with ``asyncrl doctor``.
+  AdamW's moments leave the GPU while the engine generates; 12: the master weights too; 16: gradients too; a
+  separate critic's with the policy's) and ``cost.switch_sleep_level`` (1: a sleeping engine keeps its weights;
+  2: nothing).
+- A node's host RAM is planned as doctor's host line plans it (``memory_plan.host_plan``, with the same switch
+  for a colocated candidate): offloaded trainer state, weights asleep, staged updates, vLLM's bucket files and
+  Ray's object store, against the profile's ``host_memory_bytes`` (2 TB for the named ones) or ``--host-gb``.
+- A candidate is dropped on the doctor's FAIL (a GPU's plan over what ``DEVICE_RESERVE`` leaves, vLLM's share
+  short of its weights and one longest request's KV, or a node's host plan over its RAM), never on a WARN: the
+  plan leaves out fragmentation, so a plan within 10 % of full is kept and the margin is the user's to judge
+  with ``asyncrl doctor``.
 """
 
 from __future__ import annotations
@@ -26,20 +31,22 @@ from dataclasses import dataclass
 from asyncrl.app import memory_plan
 from asyncrl.app.memory_plan import GB, Device, Hardware
 from asyncrl.config.run import RunConfig, load_run_config
-from asyncrl.config.sim import SimConfig
+from asyncrl.config.runtime import SwitchConfig
+from asyncrl.config.sim import SimConfig, SimCostConfig
 from asyncrl.sim.critic_shape import CriticShape
 from asyncrl.sim.hardware import resolve_profile
 from asyncrl.sim.model_shape import ModelShape, resolve_shape
 from asyncrl.sim.trained import trained_parts
 
-SWITCH_OFFLOAD_BYTES = {"optimizer state": 8, "master weights": 12, "gradients": 16}
-"""``cost.switch_offload_bytes_per_param`` from which each held trainer term is offloaded (the key's docstring:
-8 is AdamW's two fp32 moments, 12 adds the master weights, 16 the gradients)."""
+SWITCH_OFFLOAD_BYTES = {"offload_optimizer": 8, "offload_master_weights": 12, "offload_grads": 16}
+"""``cost.switch_offload_bytes_per_param`` from which each ``runtime.switch`` offload is on (the key's
+docstring: 8 is AdamW's two fp32 moments, 12 adds the master weights, 16 the gradients)."""
 
 
 @dataclass(frozen=True)
 class Drop:
-    """Why a candidate does not fit: the GPU that overflows, what it needs and holds, and its largest term."""
+    """Why a candidate does not fit: the GPU (or node's host RAM) that overflows, what it needs and holds, and
+    its largest term."""
 
     device: str
     need: int
@@ -67,18 +74,23 @@ class Layout:
 class MemoryCheck:
     """Plans the memory of one workload's layouts on its hardware profile (``SimConfig.memory`` says how)."""
 
-    def __init__(self, sim: SimConfig) -> None:
+    def __init__(self, sim: SimConfig, gpus: int | None = None, host_gb: float | None = None) -> None:
+        """``gpus``: the cluster's (default one node's); ``host_gb``: one node's host RAM in GB (``--host-gb``;
+        default the profile's ``host_memory_bytes``)."""
         self.sim = sim
         self.shape: ModelShape = resolve_shape(sim.model)
         profile = resolve_profile(sim.hardware)  # as the simulation reads it: a name, a profile or probe file
-        self.hardware = Hardware(
-            profile.name, int(profile.hbm_bytes), profile.gpus_per_node, profile.gpus_per_node
-        )
+        self.hardware: Hardware = memory_plan.profile_hardware(profile, sim.hardware, gpus, host_gb)
         self.longest = sim.prompt_tokens + sim.rollout.max_new_tokens
         self.train_config = load_run_config(sim.memory.train_config) if sim.memory.train_config else None
         """The training config planned, as written (its layout replaced per candidate by ``run_config``)."""
         self.critic: CriticShape | None = trained_parts(sim).critic_shape
         """A separate critic's body (None: a copy of the policy), as the simulated trainer costs it."""
+        self.switch: SwitchConfig = (
+            self.train_config.runtime.switch if self.train_config is not None else simulated_switch(sim.cost)
+        )
+        """How a colocated layout's trainer rank and engine share their GPU: the training config's
+        ``runtime.switch`` (which ``run_config`` turns off for the runtime's checks), else the simulated one."""
         self._cache: dict[Layout, Drop | None] = {}
 
     def run_config(self, layout: Layout) -> RunConfig:
@@ -96,7 +108,7 @@ class MemoryCheck:
             return load_run_config(None, [*self.defaults(layout.trainer_ranks), *keys, "runtime.type=local"])
         if base.runtime.type == "inline" and (layout.trainer_ranks > 1 or not layout.colocated):
             keys.append("runtime.type=local")  # several processes; memory is the same on a cluster
-        if base.runtime.switch.enabled:  # inline only: ``shared_devices`` reads it from ``base``
+        if base.runtime.switch.enabled:  # inline only: ``_drop`` plans ``self.switch``, read from ``base``
             keys.append("runtime.switch.enabled=false")
         keys += _carried_precision(base, layout.trainer_ranks)
         return load_run_config(self.sim.memory.train_config, keys)
@@ -126,7 +138,8 @@ class MemoryCheck:
         return keys
 
     def drop(self, layout: Layout) -> Drop | None:
-        """Why ``layout`` does not fit (the GPU that overflows most), or None when every GPU holds it."""
+        """Why ``layout`` does not fit (the GPU, or the node's host RAM, that overflows most), or None when
+        every GPU and node holds it."""
         if layout not in self._cache:
             self._cache[layout] = self._drop(layout)
         return self._cache[layout]
@@ -135,8 +148,15 @@ class MemoryCheck:
         config = self.run_config(layout)
         shape, hardware = self.shape, self.hardware
         plan = memory_plan.plan(config, shape, self.longest, hardware, critic=self.critic)
-        devices = self.shared_devices(config, plan) if layout.colocated else plan.devices
+        trainer, engine = plan.roles
+        switch = self.switch if layout.colocated else None  # None: the run's own (off on a split)
+        if layout.colocated:
+            devices = memory_plan.shared_gpu_devices(config, shape, trainer, engine, switch)
+        else:
+            devices = plan.devices
         drops = [_overflow(device, hardware.usable_bytes) for device in devices]
+        node = memory_plan.host_plan(config, plan, shape, hardware, switch)
+        drops.append(_overflow(node, hardware.host_bytes))
         if config.engine.backend == "vllm":
             share = int(config.engine.vllm.gpu_memory_utilization * hardware.device_bytes)
             need = memory_plan.vllm_needs(config, shape, self.longest)
@@ -146,21 +166,13 @@ class MemoryCheck:
         failed = [d for d in drops if d is not None]
         return max(failed, key=lambda d: d.need / d.usable) if failed else None
 
-    def shared_devices(self, config: RunConfig, plan: memory_plan.Plan) -> tuple[Device, ...]:
-        """A colocated layout's GPU, a trainer rank and an engine on each: in turns when they switch, else
-        both at their peaks."""
-        trainer, engine = plan.roles
-        if (
-            self.train_config is not None
-        ):  # its switch, which ``run_config`` turned off for the runtime's checks
-            switch = self.train_config.runtime.switch
-            return memory_plan.shared_gpu_devices(config, self.shape, trainer, engine, switch)
-        per_param = self.sim.cost.switch_offload_bytes_per_param
-        offloaded = {name for name, least in SWITCH_OFFLOAD_BYTES.items() if per_param >= least}
-        level = self.sim.cost.switch_sleep_level
-        asleep = memory_plan.asleep_weights(config, self.shape) if level == 1 else None
-        packed = memory_plan.packed_copy(config, self.shape)
-        return memory_plan.switch_devices(trainer, engine, offloaded, asleep, packed)
+
+def simulated_switch(cost: SimCostConfig) -> SwitchConfig:
+    """The ``runtime.switch`` the simulator costs a colocated layout by: ``cost.switch_offload_bytes_per_param``
+    (``SWITCH_OFFLOAD_BYTES``) and ``cost.switch_sleep_level``."""
+    per_param = cost.switch_offload_bytes_per_param
+    offloads = {key: per_param >= least for key, least in SWITCH_OFFLOAD_BYTES.items()}
+    return SwitchConfig(enabled=True, engine_sleep_level=cost.switch_sleep_level, **offloads)
 
 
 def _overflow(device: Device, usable: int) -> Drop | None:

@@ -16,10 +16,10 @@ Among the candidates within ``tolerance`` of the best throughput, the least stal
 costs nothing there), so α grows only where it buys throughput.
 
 Memory (``memory.check``, on by default): every layout is first planned by ``app.plan_memory`` (the memory plan
-``asyncrl doctor --hardware`` prints: per role, per shared GPU, the critic and LoRA included). A split that does
-not fit is dropped before it is simulated, and a colocated baseline that does not fit is simulated as the
-yardstick but never recommended; ``PlanResult.dropped`` names each with the GPU that overflows, its role and
-its largest term.
+``asyncrl doctor --hardware`` prints: per role, per shared GPU, the critic and LoRA included, and each node's host
+RAM). A split that does not fit is dropped before it is simulated, and a colocated baseline that does not fit is
+simulated as the yardstick but never recommended; ``PlanResult.dropped`` names each with the GPU (or node's host
+RAM) that overflows, its role and its largest term.
 """
 
 from __future__ import annotations
@@ -169,7 +169,11 @@ def candidate_overrides(candidate: Candidate, gpus: int, gpus_per_engine: int) -
 class Planner:
     """Simulates candidates of one workload (a config file and overrides with ``model`` and ``hardware``)."""
 
-    def __init__(self, path: str | None, overrides: Sequence[str], gpus: int) -> None:
+    def __init__(
+        self, path: str | None, overrides: Sequence[str], gpus: int, host_gb: float | None = None
+    ) -> None:
+        """``host_gb``: one node's host RAM for the memory check, in GB (``--host-gb``; default the hardware
+        profile's)."""
         self.path, self.overrides, self.gpus = path, [*PLAN_STEADY, *overrides], gpus
         self.base = load_sim_config(path, self.overrides)
         if not self.base.model:
@@ -181,7 +185,12 @@ class Planner:
                 f"the runtime cannot colocate them: {self.refusal(COLOCATED_SYNC)}"
             )
         self._cache: dict[Candidate, Outcome] = {}
-        self.memory = MemoryCheck(self.base) if self.base.memory.check else None
+        if host_gb is not None and not self.base.memory.check:
+            raise ValueError(
+                f"--host-gb {host_gb:g} sets the node's host RAM for the memory check, which memory.check=false "
+                "turns off: drop one"
+            )
+        self.memory = MemoryCheck(self.base, gpus, host_gb) if self.base.memory.check else None
 
     def config(self, candidate: Candidate) -> SimConfig:
         keys = candidate_overrides(candidate, self.gpus, self.gpus_per_engine)

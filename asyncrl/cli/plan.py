@@ -17,8 +17,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "every engine and trainer cost derived from model= and hardware= (asyncrl.sim.derive): colocated sync "
         "on all GPUs, partial rollout at alpha 2 on train shares of 1/8 to 7/8 and at Proposition 2's beta*, "
         "then one_step_off, async and partial rollout at each --alphas on the best split. A layout whose memory "
-        "plan (asyncrl doctor's, per role and shared GPU, trainer settings from memory.* or memory.train_config) "
-        "does not fit the hardware is dropped and listed with its largest term. Prints the "
+        "plan (asyncrl doctor's, per role and shared GPU, and each node's host RAM; trainer settings from memory.* or "
+        "memory.train_config) does not fit the hardware is dropped and listed with its largest term. Prints the "
         "recommendation (the least stale schedule within --tolerance of the best steady-state throughput) "
         "with its step time, speedup over colocated sync and staleness, the runner-up and why it lost, and "
         "writes OUT/plan.json (OUT: the output_dir key). The workload (lengths, batch, prompt tokens) is the "
@@ -28,6 +28,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     add_config_arguments(parser)
     parser.add_argument("--gpus", type=int, required=True, help="accelerators in the cluster (train + infer)")
+    parser.add_argument(
+        "--host-gb",
+        type=float,
+        help="host RAM per node to plan the memory check for, in GB (default: the hardware profile's; 2000 for "
+        "the named ones, a DGX node's), as asyncrl doctor --host-gb",
+    )
     parser.add_argument("--alphas", default="1,2,4", help="async ratios to try on the best split")
     parser.add_argument(
         "--tolerance",
@@ -51,9 +57,11 @@ def run(args: argparse.Namespace) -> int:
     if args.from_run:
         overrides = [*workload_from_run(args.from_run), *overrides]
     alphas = [float(a) for a in args.alphas.split(",") if a.strip()]
-    planner = Planner(path, overrides, args.gpus)
+    planner = Planner(path, overrides, args.gpus, args.host_gb)
+    host = f", {planner.memory.hardware.host_bytes / 1e9:g} GB of host RAM per node" if planner.memory else ""
     print(
-        f"planning {planner.base.model} on {args.gpus} x {planner.base.hardware}: about a dozen simulations"
+        f"planning {planner.base.model} on {args.gpus} x {planner.base.hardware}{host}: about a dozen "
+        "simulations"
     )
     parts = trained_parts(planner.base)
     if parts.critic == "separate":  # say which shape its memory and time are costed at

@@ -13,7 +13,7 @@ the model; in float32 nearly every weight changes in its low mantissa bits, whic
     engine (serving u, asked for v)
       fetch (before it pauses): plan = delta-(u+1) … delta-v, or, when that chain is broken, the newest
              full-s ≤ v then delta-(s+1) … delta-v; read the deltas into memory (snapshots stay mapped)
-      apply (paused): patch each tensor in place, one at a time, and check its CRC-32 against the trainer's;
+      apply (paused): patch each tensor in place, chunk by chunk, and check its CRC-32 against the trainer's;
              a bad checksum or a file gone since the fetch falls back to the snapshot plan once
 
 Per tensor (a *segment*: one span of the packed buffers; tied names share one) the delta is the cheapest of
@@ -23,8 +23,10 @@ the CRC-32 of its *new* words, so an engine never serves bytes the trainer did n
 
 Key decisions:
 - The engine patches its own weights in place (``apply_into``): no second copy of the model on the engine
-  side; the trainer side keeps one packed copy of the previous version to diff against, and a publish
-  holds beside it only the new packed copy and one tensor's compressed payload (``encode_delta``).
+  side, nor of a tensor (each payload is inflated and applied a chunk at a time, ``_decode_into``); beside
+  its weights it holds the fetched deltas and a few chunks. The trainer side keeps one packed copy of the
+  previous version to diff against, and a publish holds beside it only the new packed copy and one tensor's
+  compressed payload (``encode_delta``).
 - A version directory is written under a temporary name and renamed, so readers never see half of one.
 - The first version a writer publishes (a new run, or one resumed from a checkpoint) is a full snapshot, and
   every version above it is deleted first: those came from a run that died past its last checkpoint.
@@ -40,7 +42,7 @@ import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -92,6 +94,11 @@ class Segment:
 
 class DeltaChecksumError(WeightSyncError):
     """A patched tensor does not match the trainer's checksum (corrupt or mismatched base)."""
+
+
+class DeltaPayloadError(DeltaChecksumError):
+    """A segment's payload is cut short, corrupt, or not the size its tensor needs (caught and fallen back
+    from like a bad checksum: the tensor may already be partly patched)."""
 
 
 # ---------------------------------------------------------------------------------------------- trainer side
@@ -383,39 +390,218 @@ def _apply_segment(step: FetchedVersion, segment: Segment, params: Mapping[str, 
         )
     if not target.is_contiguous():
         raise WeightSyncError(f"weight update v{step.version}: {name!r} is not contiguous on the engine")
-    host = target.detach().cpu() if target.device.type != "cpu" else target.detach()
-    words = host.reshape(-1).view(_word_dtype(target.dtype)).numpy()
-    payload = step.data[segment.start : segment.start + segment.length]
+    flat = target.detach().view(-1).view(_word_dtype(target.dtype))
+    words = _HostWords(flat.numpy()) if flat.device.type == "cpu" else _DeviceWords(flat)
+    payload = memoryview(step.data)[segment.start : segment.start + segment.length]  # a view, not a copy
     try:
         _decode_into(segment.encoding, payload, words)
-    except (zlib.error, ValueError) as error:  # a truncated or corrupt payload: like a bad checksum
-        raise DeltaChecksumError(f"weight update v{step.version}: tensor {name!r}: {error}") from error
-    if zlib.crc32(words) != segment.crc32:
+    except DeltaPayloadError as error:
+        raise DeltaPayloadError(f"weight update v{step.version}: tensor {name!r}: {error}") from error
+    if words.crc32() != segment.crc32:
         raise DeltaChecksumError(f"weight update v{step.version}: tensor {name!r} fails its checksum")
-    if host is not target:
-        with torch.no_grad():
-            target.copy_(host)
 
 
-def _decode_into(encoding: str, payload: Any, words: np.ndarray) -> None:
-    """Apply one segment's payload to ``words`` (the engine's tensor as unsigned words) in place."""
+def _decode_into(encoding: str, payload: Payload, words: _Words) -> None:
+    """Apply one segment's payload to ``words`` (the engine's tensor as unsigned words) in place.
+
+    Why chunk by chunk (``CHUNK_WORDS``): decoding a whole tensor's payload first held its decompressed
+    stream and an un-shuffled copy (XOR) or its positions as int64 (sparse) beside the tensor, 3x or 2x
+    the largest tensor (7.5 or 5 GB at an 8B model's 2.5 GB float32 embedding). Each chunk is inflated and
+    applied in place instead, so a corrupt or cut payload is found part-way through an XOR delta, after
+    earlier chunks landed: the tensor is then wrong, like one failing its checksum, and the caller falls
+    back the same way.
+    """
     if encoding == "same":
         return
     if encoding == "raw":
-        words[:] = np.frombuffer(payload, dtype=words.dtype)
-        return
-    raw = zlib.decompress(payload)
-    if encoding == "xor":
-        width = words.dtype.itemsize
-        shuffled = np.frombuffer(raw, dtype=np.uint8).reshape(width, -1)
-        words ^= np.ascontiguousarray(shuffled.T).view(words.dtype).reshape(-1)
-        return
-    if encoding == "sparse":
-        num_changed = len(raw) // (4 + words.dtype.itemsize)
-        positions = np.cumsum(np.frombuffer(raw, dtype=np.uint32, count=num_changed), dtype=np.int64)
-        words[positions] = np.frombuffer(raw, dtype=words.dtype, offset=4 * num_changed)
-        return
-    raise WeightSyncError(f"unknown delta encoding {encoding!r}")
+        _copy_raw(np.frombuffer(payload, dtype=np.uint8), words)
+    elif encoding == "xor":
+        _apply_xor(_Inflater(payload), words)
+    elif encoding == "sparse":
+        _apply_sparse(payload, words)
+    else:
+        raise WeightSyncError(f"unknown delta encoding {encoding!r}")
+
+
+def _chunks(size: int) -> Iterator[tuple[int, int]]:
+    return ((a, min(a + CHUNK_WORDS, size)) for a in range(0, size, CHUNK_WORDS))
+
+
+def _copy_raw(data: np.ndarray, words: _Words) -> None:
+    width = words.dtype.itemsize
+    if data.size != words.size * width:
+        raise DeltaPayloadError(f"its snapshot has {data.size} bytes, the tensor {words.size * width}")
+    for a, b in _chunks(words.size):
+        words.assign(a, data[a * width : b * width].view(words.dtype))
+
+
+def _apply_xor(stream: _Inflater, words: _Words) -> None:
+    """The stream is the XOR words byte plane by byte plane (every word's byte 0, then byte 1, ...)."""
+    for plane in range(words.dtype.itemsize):
+        for a, b in _chunks(words.size):
+            words.xor_plane(a, b, plane, np.frombuffer(stream.read(b - a), dtype=np.uint8))
+    stream.finish()
+
+
+def _apply_sparse(payload: Payload, words: _Words) -> None:
+    """The stream is every changed position's gap (uint32, the first from 0), then every new word. Its length
+    gives the count, so a first pass inflates it to the end, checking it whole before any word is written;
+    then two readers walk it in step, one over the gaps and one over the words."""
+    width = words.dtype.itemsize
+    total = _Inflater(payload).skip_to_end()
+    if total % (4 + width):
+        raise DeltaPayloadError(
+            f"its sparse stream has {total} bytes, not a whole number of {4 + width}-byte entries"
+        )
+    count = total // (4 + width)
+    gaps, new_words = _Inflater(payload), _Inflater(payload)
+    new_words.skip(4 * count)
+    last = 0
+    for a, b in _chunks(count):
+        positions = np.cumsum(np.frombuffer(gaps.read(4 * (b - a)), dtype=np.uint32), dtype=np.int64)
+        positions += last
+        last = int(positions[-1])
+        if last >= words.size:
+            raise DeltaPayloadError(f"it changes word {last} of a tensor of {words.size}")
+        words.put(positions, np.frombuffer(new_words.read(width * (b - a)), dtype=words.dtype))
+    new_words.finish()
+
+
+class _Inflater:
+    """One segment's zlib stream, inflated in pieces of at most ``4 * CHUNK_WORDS`` bytes: neither its output
+    nor its input is ever held whole (the input is fed in views of that size, so zlib's ``unconsumed_tail``,
+    a copy of what a call did not consume, stays that small). A stream that ends early, does not end, runs
+    past what its tensor needs or is corrupt raises ``DeltaPayloadError``."""
+
+    def __init__(self, payload: Payload) -> None:
+        self._payload = memoryview(payload).cast("B")
+        self._fed = 0
+        self._tail = b""
+        self._inflate = zlib.decompressobj()
+        self.produced = 0
+        """Bytes of output handed out so far."""
+
+    def read(self, size: int) -> bytes:
+        """Exactly the next ``size`` bytes of output."""
+        pieces, got = [], 0
+        while got < size:
+            piece = self._pull(size - got)
+            if not piece:
+                raise DeltaPayloadError(
+                    f"its payload is cut short: {self.produced + got} bytes decoded, at least "
+                    f"{self.produced + size} needed"
+                )
+            pieces.append(piece)
+            got += len(piece)
+        self.produced += size
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    def skip(self, size: int) -> None:
+        """Inflate and drop the next ``size`` bytes of output, a chunk at a time."""
+        while size:
+            step = min(size, 4 * CHUNK_WORDS)
+            self.read(step)
+            size -= step
+
+    def skip_to_end(self) -> int:
+        """Inflate the rest of the stream and drop it; the total bytes it decodes to."""
+        while piece := self._pull(4 * CHUNK_WORDS):
+            self.produced += len(piece)
+        self._check_ended()
+        return self.produced
+
+    def finish(self) -> None:
+        """Check that the stream ends here, with nothing after it."""
+        if self._pull(1):
+            raise DeltaPayloadError(
+                f"its payload decodes to more than the {self.produced} bytes the tensor needs"
+            )
+        self._check_ended()
+
+    def _check_ended(self) -> None:
+        if not self._inflate.eof:
+            raise DeltaPayloadError(
+                f"its payload is cut short: its zlib stream stops after {self.produced} bytes"
+            )
+        if self._inflate.unused_data or self._fed < len(self._payload):
+            raise DeltaPayloadError("its payload has bytes after the end of its zlib stream")
+
+    def _pull(self, limit: int) -> bytes:
+        """Up to ``limit`` bytes of output; empty only at the stream's end or when the input runs out."""
+        while not self._inflate.eof:
+            if self._tail:
+                data: Payload = self._tail
+            else:
+                data = self._payload[self._fed : self._fed + 4 * CHUNK_WORDS]
+                self._fed += len(data)
+            try:
+                piece = self._inflate.decompress(data, limit)
+            except zlib.error as error:
+                raise DeltaPayloadError(f"its payload is corrupt: {error}") from error
+            self._tail = self._inflate.unconsumed_tail
+            if piece or not data:
+                return piece
+        return b""
+
+
+class _Words(Protocol):
+    """An engine tensor's words, edited in place a chunk at a time (``_decode_into``)."""
+
+    size: int
+    dtype: np.dtype
+
+    def assign(self, start: int, values: np.ndarray) -> None: ...
+    def xor_plane(self, start: int, end: int, plane: int, values: np.ndarray) -> None: ...
+    def put(self, positions: np.ndarray, values: np.ndarray) -> None: ...
+    def crc32(self) -> int: ...
+
+
+class _HostWords:
+    """A CPU tensor's words as a numpy view of its storage: every edit lands in the engine's weights."""
+
+    def __init__(self, words: np.ndarray) -> None:
+        self.words, self.size, self.dtype = words, words.size, words.dtype
+
+    def assign(self, start: int, values: np.ndarray) -> None:
+        self.words[start : start + values.size] = values
+
+    def xor_plane(self, start: int, end: int, plane: int, values: np.ndarray) -> None:
+        self.words[start:end].view(np.uint8).reshape(-1, self.dtype.itemsize)[:, plane] ^= values
+
+    def put(self, positions: np.ndarray, values: np.ndarray) -> None:
+        self.words[positions] = values
+
+    def crc32(self) -> int:
+        return zlib.crc32(self.words)
+
+
+class _DeviceWords:
+    """A tensor's words on any device (an accelerator's, where ``_HostWords`` cannot view them): each chunk
+    is copied over and applied there, and the checksum reads the words back a chunk at a time, so the host
+    never holds a copy of the tensor. Never run on CUDA here (no GPU); its tests run it on CPU tensors."""
+
+    def __init__(self, flat: torch.Tensor) -> None:
+        self.flat, self.size = flat, flat.numel()
+        self.dtype = np.dtype(f"{'u' if flat.element_size() == 1 else 'i'}{flat.element_size()}")
+
+    def _to_device(self, values: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.array(values)).to(self.flat.device)  # a writable chunk torch may wrap
+
+    def assign(self, start: int, values: np.ndarray) -> None:
+        self.flat[start : start + values.size].copy_(self._to_device(values))
+
+    def xor_plane(self, start: int, end: int, plane: int, values: np.ndarray) -> None:
+        planes = self.flat[start:end].view(torch.uint8).view(-1, self.dtype.itemsize)
+        planes[:, plane].bitwise_xor_(self._to_device(values))
+
+    def put(self, positions: np.ndarray, values: np.ndarray) -> None:
+        self.flat[self._to_device(positions)] = self._to_device(values)
+
+    def crc32(self) -> int:
+        crc = 0
+        for a, b in _chunks(self.size):
+            crc = zlib.crc32(self.flat[a:b].cpu().numpy(), crc)
+        return crc
 
 
 def _word_dtype(dtype: torch.dtype) -> torch.dtype:

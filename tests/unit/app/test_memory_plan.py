@@ -80,6 +80,14 @@ def test_the_terms_are_the_arithmetic_they_state() -> None:
     assert {t.name: t.bytes for t in sharded.terms}["gradients"] == -(-4 * p // 4)
     unsharded = load_run_config(None, ["trainer.num_workers=4", "trainer.fsdp_grad_accumulation=unsharded"])
     assert {t.name: t.bytes for t in mp.trainer_role(unsharded, shape).terms}["gradients"] == 4 * p
+    critic = ["advantage.name=gae", "critic.type=separate"]  # the trainer syncs the critic as the policy
+    for accumulation, grads in (
+        ("sharded", -(-4 * shape.body_params // 4)),
+        ("unsharded", 4 * shape.body_params),
+    ):
+        keys = ["trainer.num_workers=4", f"trainer.fsdp_grad_accumulation={accumulation}", *critic]
+        terms = {t.name: t.bytes for t in mp.trainer_role(load_run_config(None, keys), shape).terms}
+        assert terms["critic gradients"] == grads
     assert shape.lora_params(8) == 28 * 8 * ((2048 + 2048) + 2 * (2048 + 1024) + (2048 + 2048) + 3 * 8192)
 
 
@@ -347,6 +355,47 @@ def test_a_colocated_switch_plans_the_offloaded_state_and_the_sleeping_engines_w
         "engine": ({"weights asleep": 2 * p}, 2),
     }
     assert node.total == 2 * (2 * p + 4 * p) + 2 * 2 * p
+
+
+def test_a_separate_critics_offloaded_state_is_on_the_host_beside_the_policys() -> None:
+    """``StateOffloader.for_trainer`` moves a separate critic's optimizer state (and, when asked, its weights
+    and gradients) with the policy's: the host plan counts them on each rank, and the GPU they left no longer
+    holds them while the engine generates. A value head's (tens of KB) stays on the GPU."""
+    p = QWEN3_1_7B.num_params
+    body = QWEN3_1_7B.body_params  # a critic without critic.model_path is a copy of the policy's body
+    keys = [
+        "runtime.type=local",
+        "controller.mode=sync",
+        "trainer.num_workers=2",
+        "rollout.num_engines=2",
+        "model.dtype=float32",
+        "engine.dtype=bfloat16",
+        "runtime.switch.enabled=true",
+        "advantage.name=gae",
+        "critic.type=separate",
+    ]
+    h100 = mp.hardware_named("h100", 8)
+    [(ranks, count)] = _host(keys, QWEN3_1_7B, h100).roles
+    offloaded = {t.name: t.bytes for t in ranks.terms}
+    assert count == 2 and offloaded == {
+        "offloaded optimizer state": mp.ceil_div(2 * p * 4, 2),
+        "offloaded critic optimizer state": mp.ceil_div(2 * body * 4, 2),
+    }
+    config = load_run_config(None, keys)
+    generating, _ = mp.plan(config, QWEN3_1_7B, 512, h100).devices
+    kept = {t.name for role, _ in generating.roles if role.name.endswith("(offloaded)") for t in role.terms}
+    assert {"critic weights", "critic gradients"} <= kept and "critic optimizer state" not in kept
+    everything = ["runtime.switch.offload_master_weights=true", "runtime.switch.offload_grads=true"]
+    [(ranks, _)] = _host([*keys, *everything], QWEN3_1_7B, h100).roles
+    critic = {t.name: t.bytes for t in ranks.terms if "critic" in t.name}
+    assert critic == {
+        "offloaded critic weights": mp.ceil_div(body * 4, 2),
+        "offloaded critic gradients": mp.ceil_div(body * 4, 2),
+        "offloaded critic optimizer state": mp.ceil_div(2 * body * 4, 2),
+    }
+    head = [k for k in keys if not k.startswith("critic.")] + ["critic.type=shared_trunk"]
+    [(ranks, _)] = _host(head, QWEN3_1_7B, h100).roles
+    assert [t.name for t in ranks.terms] == ["offloaded optimizer state"]
 
 
 def test_a_node_with_too_little_ram_fails_naming_the_largest_host_term(capsys) -> None:

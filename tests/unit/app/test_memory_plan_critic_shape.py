@@ -77,16 +77,19 @@ def test_a_critic_of_another_shape_is_planned_at_its_own(shapes) -> None:
         (large, small, LARGE_BODY, LARGE_LAYER_SAVED, 5),  # and the reverse
     ):
         terms = critic_terms(str(critic), policy)
-        assert terms["critic"].bytes == 4 * body * 4  # fp32 weights, gradients and two moments, one rank
+        assert terms["critic weights"].bytes == body * 4  # fp32 weights, one rank
         assert terms["critic activations"].bytes == layers * TOKENS * saved * 4
-        assert f"at the shape in the config.json of critic.model_path {str(critic)!r}" in terms["critic"].how
+        assert (
+            f"at the shape in the config.json of critic.model_path {str(critic)!r}"
+            in terms["critic weights"].how
+        )
 
 
 def test_a_hub_id_in_the_offline_cache_is_read_from_its_config(shapes, tmp_path, monkeypatch) -> None:
     small, large = shapes
     cache = use_offline_cache(monkeypatch, tmp_path / "home")
     write_hub_repo(cache, "org/small-critic", {"config.json": (small / "config.json").read_bytes()})
-    assert critic_terms("org/small-critic", large)["critic"].bytes == 4 * SMALL_BODY * 4
+    assert critic_terms("org/small-critic", large)["critic weights"].bytes == SMALL_BODY * 4
 
 
 def test_a_hub_critic_is_read_at_its_own_revision_not_the_policys(shapes, tmp_path, monkeypatch) -> None:
@@ -96,10 +99,10 @@ def test_a_hub_critic_is_read_at_its_own_revision_not_the_policys(shapes, tmp_pa
     write_hub_repo(cache, "org/critic", {"config.json": (small / "config.json").read_bytes()})  # main: small
     policy = write_hub_repo(cache, "org/policy", {"config.json": (large / "config.json").read_bytes()})
     pinned = ("model.path=org/policy", f"model.revision={policy}")  # a commit org/critic does not have
-    assert critic_terms("org/critic", large, *pinned)["critic"].bytes == 4 * SMALL_BODY * 4  # its main
+    assert critic_terms("org/critic", large, *pinned)["critic weights"].bytes == SMALL_BODY * 4  # its main
     own = critic_terms("org/critic", small, *pinned, f"critic.revision={first}")  # now the larger one
-    assert own["critic"].bytes == 4 * LARGE_BODY * 4
-    assert "at the shape in the config.json of critic.model_path 'org/critic'" in own["critic"].how
+    assert own["critic weights"].bytes == LARGE_BODY * 4
+    assert "at the shape in the config.json of critic.model_path 'org/critic'" in own["critic weights"].how
 
 
 def test_an_unreadable_critic_falls_back_to_the_policy_and_says_why(shapes, tmp_path, monkeypatch) -> None:
@@ -114,9 +117,9 @@ def test_an_unreadable_critic_falls_back_to_the_policy_and_says_why(shapes, tmp_
         (str(not_a_decoder), "ValueError"),  # a config.json without a decoder's keys
     ):
         terms = critic_terms(path, large)
-        assert terms["critic"].bytes == 4 * LARGE_BODY * 4  # the policy's body
+        assert terms["critic weights"].bytes == LARGE_BODY * 4  # the policy's body
         assert terms["critic activations"].bytes == 5 * TOKENS * LARGE_LAYER_SAVED * 4
-        how = terms["critic"].how
+        how = terms["critic weights"].how
         assert f"at the policy's shape, since critic.model_path {path!r} could not be read ({error}" in how
 
 
@@ -129,7 +132,7 @@ def test_asyncrl_plan_drops_by_the_critics_own_shape(shapes, tmp_path) -> None:
     config = check.run_config(Layout(trainer_ranks=1, engines=1, colocated=False))
     planned = mp.plan(config, check.shape, check.longest, check.hardware)
     trainer = {t.name: t for t in planned.roles[0].terms}
-    assert trainer["critic"].bytes == 4 * SMALL_BODY * 4  # the config's model.dtype: float32
+    assert trainer["critic weights"].bytes == SMALL_BODY * 4  # the config's model.dtype: float32
 
 
 def test_asyncrl_plan_prints_which_shape_the_critic_is_costed_at(

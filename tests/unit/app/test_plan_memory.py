@@ -1,7 +1,8 @@
 """``asyncrl plan`` drops the layouts whose memory plan (``asyncrl doctor --hardware``'s) does not fit: an 8B
 model's trainer on too few H100s and a colocated vLLM engine beside a trainer are dropped naming the role and
-largest term, a 0.6B model fits everywhere, the critic and LoRA move the verdict, a training config's settings
-are planned as the doctor plans them, and a search never recommends a dropped layout and lists why."""
+largest term, a 0.6B model fits everywhere, the critic and LoRA move the verdict, a node's host RAM drops a
+layout its GPUs hold (naming the host term), a training config's settings are planned as the doctor plans them,
+and a search never recommends a dropped layout and lists why."""
 
 from __future__ import annotations
 
@@ -27,9 +28,9 @@ def split(train: int) -> Candidate:
     return Candidate(mode="partial_rollout", alpha=2.0, train_gpus=train)
 
 
-def verdicts(overrides: list[str], gpus: int) -> dict[str, str]:
+def verdicts(overrides: list[str], gpus: int, host_gb: float | None = None) -> dict[str, str]:
     """{candidate label: 'fits' or why it is dropped} for the colocated and every split layout."""
-    planner = Planner(None, overrides, gpus)
+    planner = Planner(None, overrides, gpus, host_gb)
     assert planner.memory is not None
     candidates = [COLOCATED_SYNC, *(split(t) for t in range(1, gpus))]
     return {
@@ -55,7 +56,8 @@ def test_an_8b_trainer_on_too_few_gpus_and_a_colocated_vllm_engine_are_dropped_n
 
 def test_the_critic_and_lora_are_costed() -> None:
     critic = verdicts([*WORKLOAD_8B, "memory.critic=separate"], 8)
-    assert "largest term: trainer rank's critic" in critic["partial_rollout a=2 3T/5I"]  # fits without it
+    # fits without it (above); its weights, gradients and moments are apart, so the policy's moments are largest
+    assert critic["partial_rollout a=2 3T/5I"].startswith("each trainer GPU needs 95.0 GB")
     assert critic["partial_rollout a=2 4T/4I"] == "fits"
     full = verdicts(WORKLOAD_8B, 2)
     lora = verdicts([*WORKLOAD_8B, "memory.lora_rank=16"], 2)
@@ -68,6 +70,47 @@ def test_the_critic_and_lora_are_costed() -> None:
     config = check.run_config(Layout(1, 1, colocated=False))
     terms = {t.name for t in memory_plan.trainer_role(config, check.shape).terms}
     assert {"LoRA adapters", "value head"} <= terms and "reference copy" not in terms
+
+
+def test_a_layout_that_fits_its_gpus_but_not_a_nodes_host_ram_is_dropped_naming_the_host_term() -> None:
+    """A 0.6B model fits every GPU layout on 8 H100s, and the profile's 2 TB node holds every host plan. On a
+    node of 3 GB (``--host-gb 3``) the object store's whole bf16 update (1.2 GB, with the ranks) and vLLM's two
+    bucket files per engine (0.6 GB each) no longer fit beside five or more engines, and the colocated layout's
+    offloaded optimizer state is there too; a split of 6 or 7 trainer GPUs still fits and is kept."""
+    assert Planner(None, SMALL, 8).memory.hardware.host_bytes == memory_plan.HOST_BYTES  # the h100 profile's
+    assert set(verdicts(SMALL, 8).values()) == {"fits"}
+    small_node = verdicts(SMALL, 8, host_gb=3)
+    assert small_node["partial_rollout a=2 1T/7I"] == (
+        "each node's host RAM (1 trainer rank(s) and 7 engine(s) on 8 GPU(s)) needs 5.5 GB, 3.0 GB usable on "
+        "h100; largest term: Ray object store's published update 1.2 GB"
+    )
+    for train in range(2, 6):
+        assert (
+            "largest term: Ray object store's published update"
+            in small_node[f"partial_rollout a=2 {train}T/{8 - train}I"]
+        )
+    assert small_node["sync colocated on 8"].startswith(
+        "each node's host RAM (8 trainer rank(s) and 8 engine(s) on 8 GPU(s)) needs 9.7 GB"
+    )
+    assert small_node["partial_rollout a=2 6T/2I"] == small_node["partial_rollout a=2 7T/1I"] == "fits"
+
+
+def test_a_colocated_layouts_host_plan_holds_a_separate_critics_offloaded_state() -> None:
+    """The simulated switch offloads AdamW's moments (``cost.switch_offload_bytes_per_param`` 8) of the policy
+    and of a separate critic alike, as ``StateOffloader`` does: 9.7 GB per node without the critic fits 12 GB,
+    14.5 GB with it does not."""
+    assert verdicts(SMALL, 8, host_gb=12)["sync colocated on 8"] == "fits"
+    with_critic = verdicts([*SMALL, "memory.critic=separate"], 8, host_gb=12)["sync colocated on 8"]
+    assert with_critic.startswith(
+        "each node's host RAM (8 trainer rank(s) and 8 engine(s) on 8 GPU(s)) needs 14.5"
+    )
+
+
+def test_host_gb_needs_the_memory_check(capsys) -> None:
+    with pytest.raises(ValueError, match="--host-gb 3 sets the node's host RAM .* memory.check=false"):
+        Planner(None, [*SMALL, "memory.check=false"], 8, host_gb=3)
+    assert main(["plan", *SMALL, "memory.check=false", "--gpus", "8", "--host-gb", "3"]) == 2
+    assert "memory.check=false" in capsys.readouterr().err
 
 
 def test_a_training_config_is_planned_as_the_doctor_plans_it() -> None:

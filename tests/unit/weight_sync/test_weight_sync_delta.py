@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import shutil
 import tracemalloc
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -217,7 +218,11 @@ def test_a_delta_publish_holds_its_new_copy_and_the_payload_not_copies_of_each_t
 
 
 @pytest.mark.parametrize("share", [0.0, 0.01, 1.0])  # same, sparse, xor
-def test_an_encoding_made_chunk_by_chunk_decodes_to_the_new_words(monkeypatch, share):
+@pytest.mark.parametrize("decode_chunk", [7, 5, 1 << 20])  # the encoder's chunks, others, one
+@pytest.mark.parametrize("where", ["host view", "device path on CPU"])
+def test_an_encoding_made_chunk_by_chunk_decodes_to_the_new_words(monkeypatch, share, decode_chunk, where):
+    """Decoding reads the stream in its own chunks, whatever chunks encoded it; the path for tensors on an
+    accelerator (``_DeviceWords``, never run on CUDA here) runs on CPU tensors with the same edits."""
     monkeypatch.setattr(delta, "CHUNK_WORDS", 7)  # chunk edges inside runs of changed words
     generator = torch.Generator().manual_seed(3)
     old = torch.randn(1000, generator=generator)
@@ -225,6 +230,119 @@ def test_an_encoding_made_chunk_by_chunk_decodes_to_the_new_words(monkeypatch, s
     new = torch.where(mask, old + 1e-3, old)
     encoding, payload = delta.encode_delta(old.view(torch.int32).numpy(), new.view(torch.int32).numpy())
     assert encoding == {0.0: "same", 0.01: "sparse", 1.0: "xor"}[share]
-    words = old.clone().view(torch.int32).numpy()
+    engine = old.clone().view(torch.int32)
+    words = delta._HostWords(engine.numpy()) if where == "host view" else delta._DeviceWords(engine)
+    monkeypatch.setattr(delta, "CHUNK_WORDS", decode_chunk)
     delta._decode_into(encoding, payload, words)
-    assert np.array_equal(words, new.view(torch.int32).numpy())
+    assert torch.equal(engine, new.view(torch.int32))
+    assert words.crc32() == zlib.crc32(new.view(torch.int32).numpy())
+
+
+def _engine_at_v0_and_chain(tmp_path: Path, share: float, snapshot: bool):
+    """An engine at v0 of ``_moved_state`` and the fetched chain to v1 (``share`` of the weights moved):
+    the v1 snapshot when ``snapshot``, else the v1 delta. Fetched before any counting: a chain's payload
+    is read into memory by design (fetched before the engine pauses); what the apply holds beyond it is
+    counted."""
+    state = _moved_state(0)
+    engine = {name: tensor.clone() for name, tensor in state.items()}
+    sync = DeltaSync(tmp_path, full_every=1 if snapshot else 10**9)
+    sync.publish(0, state)
+    generator = torch.Generator().manual_seed(1)
+    for tensor in state.values():
+        tensor.add_((torch.rand(tensor.shape, generator=generator) < share) * 1e-3)
+    update = sync.publish(1, state)
+    chain = sync.fetch(update, None if snapshot else 0)
+    return engine, state, chain
+
+
+@pytest.mark.parametrize(
+    ("share", "snapshot", "encoding"),
+    [(1.0, False, "xor"), (0.2, False, "sparse"), (1.0, True, "raw")],
+)
+def test_an_apply_holds_a_few_chunks_beyond_the_engines_weights_not_copies_of_a_tensor(
+    tmp_path, monkeypatch, share, snapshot, encoding
+):
+    """The engine patches its tensors in place and holds beside them a few chunks, whatever the tensor's
+    size: on main the payload sliced out of the fetched bytes, the whole decompressed stream and its
+    un-shuffled copy (XOR), or the stream and its positions as int64 (sparse), held 3x or 2x the tensor
+    (7.5 or 5 GB at an 8B model's 2.5 GB float32 embedding). Now: zlib's output blocks and the input it
+    has not consumed, and a chunk's gaps, positions and words for sparse, about ten chunks at most. Held
+    bytes are counted by tracemalloc (every numpy buffer, bytes object and zlib state; the engine's tensors
+    exist before counting starts)."""
+    monkeypatch.setattr(delta, "CHUNK_WORDS", 1 << 14)  # 64 KiB of float32 words; the tensor is 4 MiB
+    engine, trainer, chain = _engine_at_v0_and_chain(tmp_path, share, snapshot)
+    assert chain.steps[-1].segments[0].encoding == encoding
+    tracemalloc.start()
+    try:
+        delta.apply_chain(chain, engine)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    for name, tensor in trainer.items():
+        assert torch.equal(engine[name].view(torch.int32), tensor.view(torch.int32)), name
+    largest = engine["embed"].numel() * engine["embed"].element_size()
+    chunk = delta.CHUNK_WORDS * 4
+    assert peak <= 16 * chunk <= largest / 4, (encoding, peak, largest)
+
+
+def _damaged(payload: bytes, damage: str) -> bytes:
+    middle = len(payload) // 2
+    return {
+        "cut mid-tensor": payload[:middle],
+        "cut to nothing": b"",
+        "a byte flipped mid-stream": payload[:middle]
+        + bytes([payload[middle] ^ 0xFF])
+        + payload[middle + 1 :],
+        "bytes after the stream": payload + bytes(8),
+    }[damage]
+
+
+@pytest.mark.parametrize("encoding", ["xor", "sparse"])
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        ("cut mid-tensor", "its payload is cut short"),
+        ("cut to nothing", "its payload is cut short"),
+        ("a byte flipped mid-stream", "its payload is corrupt"),
+        ("bytes after the stream", "bytes after the end of its zlib stream"),
+    ],
+)
+def test_a_damaged_delta_fails_by_name_saying_what_is_wrong(monkeypatch, encoding, damage, message):
+    """Decoded a chunk at a time, a delta cut mid-tensor, cut to nothing, corrupt or followed by other bytes
+    still fails as ``DeltaPayloadError`` (a ``DeltaChecksumError``: the apply falls back to a snapshot)."""
+    monkeypatch.setattr(delta, "CHUNK_WORDS", 1 << 10)  # a cut lands many chunks into the tensor
+    generator = torch.Generator().manual_seed(5)
+    old = torch.randn(1 << 14, generator=generator)
+    share = {"xor": 1.0, "sparse": 0.1}[encoding]
+    new = torch.where(torch.rand(old.shape, generator=generator) < share, old + 1e-3, old)
+    kind, payload = delta.encode_delta(old.view(torch.int32).numpy(), new.view(torch.int32).numpy())
+    assert kind == encoding
+    with pytest.raises(delta.DeltaPayloadError, match=message):
+        delta._decode_into(
+            kind, _damaged(bytes(payload), damage), delta._HostWords(old.view(torch.int32).numpy())
+        )
+
+
+@pytest.mark.parametrize("damage", ["cut mid-tensor", "cut to nothing", "bytes after the stream"])
+def test_a_snapshot_of_the_wrong_length_fails_by_name(damage):
+    """A snapshot has no stream to check (a flipped byte is the checksum's to find): its length is checked."""
+    payload = _damaged(bytes(range(256)) * 16, damage)
+    words = delta._HostWords(np.zeros(1024, dtype=np.int32))
+    with pytest.raises(
+        delta.DeltaPayloadError, match=rf"its snapshot has {len(payload)} bytes, the tensor 4096"
+    ):
+        delta._decode_into("raw", payload, words)
+
+
+def test_an_apply_names_the_version_and_tensor_of_a_payload_cut_mid_tensor(tmp_path):
+    """Through ``apply_chain`` (no fallback there): the error says which version and tensor, and why."""
+    state = _moved_state(0)
+    engine = {name: tensor.clone() for name, tensor in state.items()}
+    sync = DeltaSync(tmp_path, full_every=10**9)
+    sync.publish(0, state)
+    _step_every_weight(state, 1)
+    update = sync.publish(1, state)
+    data = tmp_path / "delta-00000001" / "data.bin"
+    data.write_bytes(data.read_bytes()[: data.stat().st_size // 3])  # inside the first tensor's stream
+    with pytest.raises(delta.DeltaPayloadError, match=r"v1: tensor 'embed': its payload is cut short"):
+        delta.apply_chain(sync.fetch(update, 0), engine)
