@@ -89,7 +89,8 @@ class TrainerConfig:
     spent on padding. ``false`` keeps the padded path (for comparison, or a model whose attention does not
     honour restarting position ids)."""
     packed_row_tokens: int = 512
-    """Longest packed row (a longer sample gets a row of its own). Under sdpa and eager attention
+    """Longest packed row; a longer sample widens every row of its micro-batch to its own length
+    (``packing.plan_rows``: rows are filled up to the larger of the two). Under sdpa and eager attention
     (``model.attn_implementation``) each row gets a dense block-diagonal mask that costs row² per layer in time
     and memory, so shorter rows are faster: 512 beat 1,024 and 2,048 on CPU on the generation-bound workload's
     batches (one rough run, docs/benchmarks.md). Under flash-attn the whole micro-batch is one row (its kernels
