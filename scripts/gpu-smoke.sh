@@ -70,7 +70,9 @@ train() {  # output name, then [config.yaml] overrides: an RL run (default: the 
 export -f train  # sections run under `timeout bash -c`, which sees only exported functions and variables
 export PY DEVICE out
 
-# 1. The CPU suite's numerics assertions with their models on CUDA (about a minute).
+# 1. The CPU suite's numerics assertions with their models on CUDA (about a minute before flex_attention was added:
+#    the packing file's flex test compiles its kernels once, not yet timed on a GPU; its flash-attn test runs
+#    only where flash-attn is installed).
 if [[ $DEVICE == cuda ]]; then
   check 3 unit-cuda "engine, trainer, loss and packing tests with their models on CUDA (the CPU suite's assertions)" \
     env ASYNCRL_TEST_DEVICE=cuda $PY -m pytest -p no:cacheprovider -q \
