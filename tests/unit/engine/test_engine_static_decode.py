@@ -13,7 +13,7 @@ from engine_testlib import drain, engine, hf_greedy, request
 
 from asyncrl.config.engine import EngineConfig
 from asyncrl.engine.decode_plan import MIN_LENGTH_BUCKET, batch_buckets, length_bucket
-from asyncrl.engine.model_runner import grouped_decode_attention
+from asyncrl.engine.model_runner import grouped_attention
 from asyncrl.engine.static_decode import StaticDecode
 
 NUM_SLOTS = 9
@@ -103,16 +103,21 @@ def test_static_greedy_matches_hf(qwen2):
             assert out[req.request_id].token_ids == expected
 
 
-def test_grouped_decode_attention_matches_sdpa_with_gqa():
+@pytest.mark.parametrize("width", [1, 5], ids=["decode", "prefill"])
+def test_grouped_attention_matches_sdpa_with_gqa(width):
+    """The grouped layout computes what ``enable_gqa`` with a ``[rows, 1, width, length]`` mask computes (the
+    prefill's call before it): each query head reads KV head ``h // group``, each position its own mask row."""
     torch.manual_seed(0)
     rows, heads, kv_heads, length, head_dim = 3, 8, 2, 10, 16
-    q = torch.randn(rows, heads, 1, head_dim)
+    q = torch.randn(rows, width, heads, head_dim).transpose(1, 2)  # the runner's layout: a transposed view
     keys, values = torch.randn(2, rows, kv_heads, length, head_dim)
-    mask = torch.arange(length)[None, :] <= torch.tensor([[2], [9], [0]])
+    last = torch.tensor([[2], [9], [4]]) + torch.arange(width)[None, :] - (width - 1)
+    mask = torch.arange(length)[None, None, :] <= last.clamp(min=0)[:, :, None]  # [rows, width, length]
     expected = F.scaled_dot_product_attention(
-        q, keys, values, attn_mask=mask[:, None, None, :], enable_gqa=True, scale=0.3
+        q, keys, values, attn_mask=mask[:, None], enable_gqa=True, scale=0.3
     )
-    got = grouped_decode_attention(q, keys, values, mask, 0.3)
+    grouped_mask = mask[:, :1] if width == 1 else mask.repeat(1, heads // kv_heads, 1)
+    got = grouped_attention(q, keys, values, grouped_mask, 0.3)
     assert got.shape == expected.shape
     assert torch.allclose(got, expected, atol=1e-6)
 
