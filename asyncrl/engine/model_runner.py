@@ -228,15 +228,18 @@ def grouped_attention(
     query position's visible keys (the ``width`` rows repeated per group, ``Tensor.repeat``), or
     ``[rows, 1, length]`` when a row's queries all see the same keys (decode: ``width`` 1).
 
-    Why, on CUDA (read in torch's ``sdp_utils.cpp`` and the 2.13 wheel's headers, not measured): flash takes
-    ``enable_gqa`` but refuses any ``attn_mask``; the memory-efficient kernel takes a mask but in 2.13 not
-    differing query and KV head counts (``check_batch_size_and_num_heads_dense<false>``; its kernel reads K/V
-    at the query's head index, ``kernel_forward.h``; native GQA there came later, pytorch#191085). So a masked
-    ``enable_gqa`` call, the prefill's before this, fell to the math kernel, which expands K/V to every query
-    head and materialises float32 scores ``[rows, heads, width, length]``. This form is masked MHA: the
-    memory-efficient kernel (head size a multiple of 8 in bf16, unit last stride), or cuDNN where torch ranks
-    it first. Its price: the mask repeated ``group`` times (once per step, not per layer) and a copy of ``q``
-    (the reshape crosses the transposed head and position dimensions), both far smaller than the scores."""
+    Why, on CUDA (read, not measured): torch 2.13's own ``scaled_dot_product_attention`` docstring says GQA
+    "works only for Flash_attention and math kernel on CUDA", and flash refuses any ``attn_mask``
+    (``sdp_utils.cpp``, ``check_for_attn_mask``). The 2.13 wheel's headers agree: its memory-efficient
+    kernel reads K/V at the query's head index (``kernel_forward.h``), and ``sdp_utils_cpp.h`` predates the
+    memory-efficient GQA of pytorch#191085 (an older upstream ``sdp_utils.cpp``, the one read, passes
+    ``supports_gqa=false`` for that kernel). So a masked ``enable_gqa`` call, the prefill's before this, fell
+    to the math kernel, which expands K/V to every query head and materialises float32 scores
+    ``[rows, heads, width, length]``. This form is masked MHA: the memory-efficient kernel (head size a
+    multiple of 8 in bf16, unit last stride), or cuDNN where torch ranks it first. Its price, for prefill: the
+    mask repeated ``group`` times (once a step, not per layer) and a copy of ``q`` (the reshape crosses the
+    transposed head and position dimensions), both far smaller than the scores. The GPU kit records the
+    kernel a prefill chunk really dispatched to (``scripts/gpu_checks/engine_speed.py``)."""
     rows, heads, width, head_dim = q.shape
     kv_heads = keys.shape[1]
     grouped = q.reshape(rows, kv_heads, heads // kv_heads * width, head_dim)
