@@ -42,14 +42,16 @@ def test_the_builtin_engine_serves_and_updates_in_the_serving_dtype():
     assert torch.equal(rotary.inv_freq.cpu(), tiny_qwen2().model.rotary_emb.inv_freq)
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("model_type", SUPPORTED_MODEL_TYPES)
-def test_a_bfloat16_engine_holds_its_model_as_from_pretrained_builds_it(model_type, tmp_path):
-    """Every parameter and buffer (rotary frequencies float32, Gemma's embed_scale bf16) and the cos/sin table
-    equal, bit for bit, those of HF's ``from_pretrained(dtype=bfloat16)`` of the same float32 checkpoint."""
+def test_a_half_precision_engine_holds_its_model_as_from_pretrained_builds_it(model_type, dtype, tmp_path):
+    """Every parameter and buffer (rotary frequencies float32, Gemma's embed_scale in ``dtype``) and the cos/sin
+    table equal, bit for bit, those of HF's ``from_pretrained(dtype=...)`` of the same float32 checkpoint
+    (float16 too: where HF keeps ``_keep_in_fp32_modules`` in float32, this would catch it)."""
     tiny_family_model(model_type, tied=False).save_pretrained(tmp_path)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=getattr(torch, dtype))
     master = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
-    core = engine(master, dtype="bfloat16")
+    core = engine(master, dtype=dtype)
     served = {**dict(core.model.named_parameters()), **dict(core.model.named_buffers())}
     expected = {**dict(hf.named_parameters()), **dict(hf.named_buffers())}
     assert served.keys() == expected.keys()
@@ -57,7 +59,7 @@ def test_a_bfloat16_engine_holds_its_model_as_from_pretrained_builds_it(model_ty
         assert served[name].dtype == tensor.dtype, name
         assert torch.equal(served[name].cpu(), tensor), name
     positions = torch.arange(core.max_model_len + 1)[None]
-    cos, sin = hf.model.rotary_emb(torch.zeros(1, dtype=torch.bfloat16), positions)
+    cos, sin = hf.model.rotary_emb(torch.zeros(1, dtype=getattr(torch, dtype)), positions)
     table_cos, table_sin = core.runner.cos_sin.table
     assert torch.equal(table_cos.cpu(), cos[0]) and torch.equal(table_sin.cpu(), sin[0])
 
