@@ -32,7 +32,10 @@ optimizer step and a weight sync never overlap, so their terms are not summed to
 (inline: the trainer and its engines) are summed at their peaks.
 
 Left out, and why the verdict keeps a margin: the CUDA context and NCCL buffers (``DEVICE_RESERVE``), the
-allocator's fragmentation, and the engine's per-step scratch beyond one prefill chunk.
+allocator's fragmentation, and the engine's per-step scratch beyond one prefill chunk: its attention mask
+(query group × prefill tokens × context bytes, and the kernel's additive copy of it). No attention scores: the
+engine's attention is laid out as plain multi-head attention so that CUDA's memory-efficient kernel takes it
+(``engine.model_runner.grouped_attention``; read from torch's kernel selection, not measured).
 
 LoRA adapters, their gradients and AdamW's moments are float32 whatever the master dtype (``LORA_BYTES``: peft
 casts them). A GPU run's host RAM is planned per node (``host_plan``): the terms its roles keep there (a staged

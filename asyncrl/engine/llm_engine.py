@@ -314,13 +314,45 @@ def cast_to_serving_dtype(
 
     In place because the engine owns the replica it serves (the runtimes hand it its own copy), and a second
     copy of the weights in the serving dtype would cost more memory than the cast saves. Weight updates are
-    copied into these parameters, so they arrive cast too."""
+    copied into these parameters, so they arrive cast too (they carry parameters only, never a buffer:
+    ``engine.weights``). The cast leaves ``model`` as ``from_pretrained(dtype=target)`` would have built it
+    (``cast_like_from_pretrained``)."""
     current = next(model.parameters()).dtype
     device = device or next(model.parameters()).device
     target = getattr(torch, serving_dtype(engine_dtype, str(current).removeprefix("torch."), device.type))
     if target != current:
-        model.to(target)
+        cast_like_from_pretrained(model, target)
     return target
+
+
+def cast_like_from_pretrained(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Cast ``model`` in place to ``dtype`` the way Hugging Face's ``from_pretrained(dtype=dtype)`` builds it:
+    parameters and buffers in ``dtype``, except the rotary modules' frequency buffers (``inv_freq``,
+    ``original_inv_freq``), which stay as they are (float32).
+
+    Why not ``model.to(dtype)``: it casts every floating buffer, and bf16 frequencies put the angle of
+    position p off by up to p × 2⁻⁹ radians (cos off by 0.2 at position 200, by 1.5 at 1.5 k with Qwen3's
+    rope), far past bf16's own rounding of cos (0.002), in the engine's cos/sin table and in HF's rotary
+    alike. HF computes the frequencies in float32 whatever the load dtype, and the trainer keeps them so.
+    The other buffers of the supported families (Gemma's ``embed_scale``) HF builds in the load dtype, so
+    they follow the parameters; ``test_engine_serving_dtype`` compares every parameter and buffer with
+    ``from_pretrained``'s, family by family, so a family whose buffers HF treats otherwise is caught there.
+    None of the supported families declares ``_keep_in_fp32_modules``, HF's other exception."""
+    kept = [
+        (module, name, buffer)
+        for module in model.modules()
+        if _is_rotary(module)
+        for name, buffer in module.named_buffers(recurse=False)
+    ]
+    model.to(dtype)
+    for module, name, buffer in kept:
+        setattr(module, name, buffer)
+
+
+def _is_rotary(module: torch.nn.Module) -> bool:
+    """A rotary embedding module, recognised as HF's own ``_init_weights`` recognises it to refill its
+    frequencies."""
+    return "RotaryEmbedding" in type(module).__name__
 
 
 def _serving_device(loaded_on: torch.device, device: torch.device | str | None, asleep: int) -> torch.device:

@@ -52,6 +52,8 @@ class ModelRunner:
         self.scale = model.model.layers[0].self_attn.scaling
         dims = kv_dimensions(model)
         self.head_dim = dims["head_dim"]
+        self.query_group = model.config.num_attention_heads // dims["num_kv_heads"]
+        """Query heads per KV head (``grouped_attention``)."""
         self.device = device or next(model.parameters()).device
         self.cache = KVCache(
             num_slots=num_slots, max_len=max_len, device=self.device, allocate=allocate_kv, **dims
@@ -124,8 +126,8 @@ class ModelRunner:
         Allocates nothing outside the step, so ``StaticDecode`` can capture it."""
         rows = inputs.shape[1]
         ids, rope, writes = inputs[0, :, None], inputs[1, :, None], inputs[2]
-        masks = [
-            torch.arange(length, device=inputs.device)[None, :] <= rope[start:end]  # [group rows, length]
+        masks = [  # [group rows, 1, length]: one row of visible positions, shared by the row's query heads
+            (torch.arange(length, device=inputs.device)[None, :] <= rope[start:end])[:, None]
             for start, end, length in groups
         ]
 
@@ -134,7 +136,7 @@ class ModelRunner:
             outs = []
             for (start, end, length), mask in zip(groups, masks, strict=True):
                 keys, values = self.cache.view(layer, slice(start, end), length)
-                outs.append(grouped_decode_attention(q[start:end], keys, values, mask, self.scale))
+                outs.append(grouped_attention(q[start:end], keys, values, mask, self.scale))
             return outs[0] if len(outs) == 1 else torch.cat(outs)
 
         last = torch.zeros(rows, dtype=torch.long, device=inputs.device)
@@ -181,13 +183,12 @@ class ModelRunner:
         positions = starts[:, None] + torch.minimum(offsets[None, :], counts[:, None] - 1)  # [rows, width]
         writes = torch.where(offsets[None, :] < counts[:, None], positions, self.cache.scratch_position)
         mask = torch.arange(length, device=device)[None, None, :] <= positions[:, :, None]
+        mask = mask.repeat(1, self.query_group, 1)  # [rows, group × width, length]: ``grouped_attention``
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             self.cache.write_positions(layer, slots, writes, k, v)
             keys, values = self.cache.gather(layer, slots, length)
-            return F.scaled_dot_product_attention(
-                q, keys, values, attn_mask=mask[:, None], enable_gqa=True, scale=self.scale
-            )
+            return grouped_attention(q, keys, values, mask, self.scale)
 
         ids = torch.tensor([padded_tokens(chunk, width) for chunk in chunks], device=device)
         logits = self._forward(ids, positions, attend, counts - 1)
@@ -216,19 +217,34 @@ class ModelRunner:
         return attn.o_proj(out.transpose(1, 2).reshape(rows, length, -1))
 
 
-def grouped_decode_attention(
+def grouped_attention(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float
 ) -> torch.Tensor:
-    """Decode attention ``[rows, heads, 1, head_dim]`` with the query heads that share a KV head laid out as
-    that head's query positions (``[rows, kv_heads, group, head_dim]``, HF's ``repeat_kv`` order), so SDPA
-    runs plain multi-head attention over the KV pool's view: no ``enable_gqa``, which on CUDA rules out the
-    memory-efficient kernel and makes the math one expand the keys and values. ``mask`` ``[rows, length]``
-    is each row's visible positions, shared by its heads."""
-    rows, heads, _, head_dim = q.shape
+    """Attention ``[rows, heads, width, head_dim]`` of ``q`` over ``keys`` / ``values``
+    ``[rows, kv_heads, length, head_dim]``, with the query heads that share a KV head laid out as extra query
+    positions of that head, ``[rows, kv_heads, group × width, head_dim]`` head-major (HF's ``repeat_kv``
+    order), so that SDPA runs plain multi-head attention over the keys and values as they are: no
+    ``enable_gqa``, no expanded copy of them. ``mask`` ``[rows, group × width, length]`` holds each grouped
+    query position's visible keys (the ``width`` rows repeated per group, ``Tensor.repeat``), or
+    ``[rows, 1, length]`` when a row's queries all see the same keys (decode: ``width`` 1).
+
+    Why, on CUDA (read, not measured): torch 2.13's own ``scaled_dot_product_attention`` docstring says GQA
+    "works only for Flash_attention and math kernel on CUDA", and flash refuses any ``attn_mask``
+    (``sdp_utils.cpp``, ``check_for_attn_mask``). The 2.13 wheel's headers agree: its memory-efficient
+    kernel reads K/V at the query's head index (``kernel_forward.h``), and ``sdp_utils_cpp.h`` predates the
+    memory-efficient GQA of pytorch#191085 (an older upstream ``sdp_utils.cpp``, the one read, passes
+    ``supports_gqa=false`` for that kernel). So a masked ``enable_gqa`` call, the prefill's before this, fell
+    to the math kernel, which expands K/V to every query head and materialises float32 scores
+    ``[rows, heads, width, length]``. This form is masked MHA: the memory-efficient kernel (head size a
+    multiple of 8 in bf16, unit last stride), or cuDNN where torch ranks it first. Its price, for prefill: the
+    mask repeated ``group`` times (once a step, not per layer) and a copy of ``q`` (the reshape crosses the
+    transposed head and position dimensions), both far smaller than the scores. The GPU kit records the
+    kernel a prefill chunk really dispatched to (``scripts/gpu_checks/engine_speed.py``)."""
+    rows, heads, width, head_dim = q.shape
     kv_heads = keys.shape[1]
-    grouped = q.reshape(rows, kv_heads, heads // kv_heads, head_dim)
-    out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask[:, None, None, :], scale=scale)
-    return out.reshape(rows, heads, 1, head_dim)
+    grouped = q.reshape(rows, kv_heads, heads // kv_heads * width, head_dim)
+    out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask[:, None], scale=scale)
+    return out.reshape(rows, heads, width, head_dim)
 
 
 def kv_dimensions(model: torch.nn.Module) -> dict[str, Any]:

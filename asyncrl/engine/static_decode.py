@@ -77,13 +77,21 @@ class StaticDecode:
         """Wall seconds those captures took, their warm-up runs included (``torch.cuda.graph`` synchronises
         the device on entry, so the time is the capture's own, not work queued before it)."""
         self._pool = torch.cuda.graph_pool_handle() if capture else None
+        self._stream = torch.cuda.Stream(device) if capture else None
+        """This engine's own capture stream, not ``torch.cuda.graph``'s process-wide default one: the graphs
+        of an engine left wedged in another thread could otherwise free the cuBLAS workspace that a new
+        engine's graphs captured on the same stream embed (PyTorch keeps a cuBLAS workspace per handle and stream)."""
 
     def release(self) -> None:
         """Drop every captured graph and the shared logits buffer, so that ``torch.cuda.empty_cache`` can
-        return their memory pool to the device (an engine going to sleep); the next step captures again."""
+        return their memory pool to the device (an engine going to sleep); the next step captures again, into
+        a fresh pool: one whose blocks survived the release (a graph still referenced elsewhere) must not be
+        reused by captures over the woken engine's new KV pool."""
         self.graphs.clear()
         self.logits = None
         self._captured_for = None
+        if self.capture:
+            self._pool = torch.cuda.graph_pool_handle()
 
     def shape_of(self, rope: list[int]) -> tuple[int, tuple[Group, ...]]:
         """The (batch, attention groups) bucket a step over rows at positions ``rope`` runs at: the batch
@@ -160,20 +168,28 @@ class StaticDecode:
         The graphs share one memory pool: they never run concurrently and each one's intermediates are dead
         once it has replayed; what outlives a replay is the logits, copied into ``self.logits``. The capture
         is thread-local so that another thread of the process (the inline trainer) may use the device
-        meanwhile."""
-        inputs = self.inputs[:, :batch]
-        inputs[0].zero_()
-        inputs[1].zero_()
-        inputs[2].fill_(self.max_len)
-        side = torch.cuda.Stream(device=inputs.device)
-        side.wait_stream(torch.cuda.current_stream(inputs.device))
-        with torch.cuda.stream(side):
-            for _ in range(WARMUP_RUNS):
-                logits = self.decode(inputs, groups)
-        torch.cuda.current_stream(inputs.device).wait_stream(side)
-        if self.logits is None:
-            self.logits = logits.new_empty(self.inputs.shape[1], logits.shape[1])
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-            self.logits[:batch].copy_(self.decode(inputs, groups))
-        return graph
+        meanwhile.
+
+        The caller's stream is current again however this returns: ``torch.cuda.graph`` (torch 2.13,
+        ``cuda/graphs.py``) enters its capture stream before ``capture_begin`` and leaves it only after
+        ``capture_end`` succeeds, so a failed capture would leave the engine's thread on the capture stream,
+        and the eager fallback would then run unordered with the trainer's copies on the default stream."""
+        with torch.cuda.stream(torch.cuda.current_stream(self.inputs.device)):
+            inputs = self.inputs[:, :batch]
+            inputs[0].zero_()
+            inputs[1].zero_()
+            inputs[2].fill_(self.max_len)
+            side = torch.cuda.Stream(device=inputs.device)
+            side.wait_stream(torch.cuda.current_stream(inputs.device))
+            with torch.cuda.stream(side):
+                for _ in range(WARMUP_RUNS):
+                    logits = self.decode(inputs, groups)
+            torch.cuda.current_stream(inputs.device).wait_stream(side)
+            if self.logits is None:
+                self.logits = logits.new_empty(self.inputs.shape[1], logits.shape[1])
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(
+                graph, pool=self._pool, stream=self._stream, capture_error_mode="thread_local"
+            ):
+                self.logits[:batch].copy_(self.decode(inputs, groups))
+            return graph

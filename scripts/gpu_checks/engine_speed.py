@@ -14,7 +14,9 @@ Usage: ``python scripts/gpu_checks/engine_speed.py --device {cpu,cuda} --out DIR
   and 63 at ~100; for the 0.6B and 1.7B shapes): the decode step at captured static shapes with each row over
   its own length bucket against every row over the longest, the KV positions each reads, the SDPA kernels one
   eager step of each dispatched to (aten op names under the profiler: flash, memory-efficient, cuDNN or math),
-  and the graphs captured for it.
+  and the graphs captured for it; and the SDPA kernels one prefill chunk as long as the longest row dispatched
+  to (``model_runner.grouped_attention``: the memory-efficient kernel expected, read from torch's kernel
+  selection before any GPU ran it).
 - ``--device cpu``: the same sections at the probe's tiny shape (the mix at 8 rows, 200 and ~20 positions, its
   static shapes eager), a twin that runs in well under a minute.
 
@@ -49,6 +51,9 @@ import torch  # noqa: E402
 
 from asyncrl.config.engine import EngineConfig  # noqa: E402
 from asyncrl.engine.llm_engine import LLMEngine  # noqa: E402
+from asyncrl.engine.model_runner import ModelRunner  # noqa: E402
+from asyncrl.engine.scheduler import Chunk  # noqa: E402
+from asyncrl.engine.sequence import Sequence  # noqa: E402
 from asyncrl.sim.model_shape import NAMED_SHAPES, ModelShape  # noqa: E402
 from asyncrl.sim.probe import (  # noqa: E402
     TINY_SHAPE,
@@ -216,7 +221,17 @@ def long_tail_mix(model: torch.nn.Module, s: dict[str, Any]) -> dict[str, Any]:
         record[plan]["sdpa_ops"] = sdpa_ops(lambda p=plan: decode_step(runner, tokens, rope, p, eager=True))
     record["longest_over_bucketed"] = record["longest"]["step_ms"] / record["bucketed"]["step_ms"]
     record["decode_path"] = decode_path(runner.static)
+    record["prefill_sdpa_ops"] = prefill_sdpa_ops(runner, m["long"])
     return record  # the runner's KV pool goes with it, freed with the model by measure_shape
+
+
+def prefill_sdpa_ops(runner: ModelRunner, tokens: int) -> dict[str, int]:
+    """The SDPA kernels one prefill chunk of ``tokens`` tokens in slot 0 dispatched to, as ``ModelRunner.run``
+    prefills it (its KV overwrites slot 0's: run after the decode timings)."""
+    request = Request(request_id="prefill", prompt_token_ids=[3] * tokens, sampling=SamplingParams())
+    seq = Sequence.from_request(request, 0)
+    seq.slot = 0
+    return sdpa_ops(lambda: runner.run([], [Chunk(seq, 0, tokens)], 1))
 
 
 def targets(shapes: list[dict[str, Any]]) -> list[tuple[str, bool]]:
@@ -416,6 +431,8 @@ def _print_shape(record: dict[str, Any]) -> None:
                 f"per layer in {point['attention_groups']:.0f} group(s); SDPA ops: {ops}"
             )
         print(f"    longest / bucketed step time: {mix['longest_over_bucketed']:.2f}x")
+        ops = ", ".join(f"{name} x{count}" for name, count in mix["prefill_sdpa_ops"].items()) or "none seen"
+        print(f"    prefill of {mix['long']} tokens: SDPA ops: {ops}")
 
 
 def _path_line(path: dict[str, Any]) -> str:

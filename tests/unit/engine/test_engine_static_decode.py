@@ -13,7 +13,7 @@ from engine_testlib import drain, engine, hf_greedy, request
 
 from asyncrl.config.engine import EngineConfig
 from asyncrl.engine.decode_plan import MIN_LENGTH_BUCKET, batch_buckets, length_bucket
-from asyncrl.engine.model_runner import grouped_decode_attention
+from asyncrl.engine.model_runner import grouped_attention
 from asyncrl.engine.static_decode import StaticDecode
 
 NUM_SLOTS = 9
@@ -103,16 +103,21 @@ def test_static_greedy_matches_hf(qwen2):
             assert out[req.request_id].token_ids == expected
 
 
-def test_grouped_decode_attention_matches_sdpa_with_gqa():
+@pytest.mark.parametrize("width", [1, 5], ids=["decode", "prefill"])
+def test_grouped_attention_matches_sdpa_with_gqa(width):
+    """The grouped layout computes what ``enable_gqa`` with a ``[rows, 1, width, length]`` mask computes (the
+    prefill's call before it): each query head reads KV head ``h // group``, each position its own mask row."""
     torch.manual_seed(0)
     rows, heads, kv_heads, length, head_dim = 3, 8, 2, 10, 16
-    q = torch.randn(rows, heads, 1, head_dim)
+    q = torch.randn(rows, width, heads, head_dim).transpose(1, 2)  # the runner's layout: a transposed view
     keys, values = torch.randn(2, rows, kv_heads, length, head_dim)
-    mask = torch.arange(length)[None, :] <= torch.tensor([[2], [9], [0]])
+    last = torch.tensor([[2], [9], [4]]) + torch.arange(width)[None, :] - (width - 1)
+    mask = torch.arange(length)[None, None, :] <= last.clamp(min=0)[:, :, None]  # [rows, width, length]
     expected = F.scaled_dot_product_attention(
-        q, keys, values, attn_mask=mask[:, None, None, :], enable_gqa=True, scale=0.3
+        q, keys, values, attn_mask=mask[:, None], enable_gqa=True, scale=0.3
     )
-    got = grouped_decode_attention(q, keys, values, mask, 0.3)
+    grouped_mask = mask[:, :1] if width == 1 else mask.repeat(1, heads // kv_heads, 1)
+    got = grouped_attention(q, keys, values, grouped_mask, 0.3)
     assert got.shape == expected.shape
     assert torch.allclose(got, expected, atol=1e-6)
 
@@ -185,3 +190,132 @@ def test_sleep_drops_the_captured_graphs_and_decode_goes_on_after_wake(qwen2):
     core.wake()
     core.add_request(request("after", prompt, temperature=0, max_new_tokens=5, ignore_eos=True))
     assert drain(core)["after"].token_ids == before
+
+
+class FakeCuda:
+    """The stream bookkeeping of ``torch.cuda`` on CPU: a current stream that ``stream(s)`` sets and restores
+    as torch's ``StreamContext`` does, and a ``CUDAGraph`` whose ``capture_end`` fails (recording the stream
+    its capture began on), so that torch's own ``torch.cuda.graph`` context runs over them unchanged."""
+
+    def __init__(self) -> None:
+        self.current = types.SimpleNamespace(name="caller", wait_stream=lambda other: None)
+        self.capture_streams: list[object] = []
+        self.pools = 0
+
+    def install(self, monkeypatch) -> None:
+        fake = self
+
+        class Graph:
+            def capture_begin(self, *pool, **modes):
+                fake.capture_streams.append(fake.current)
+
+            def capture_end(self):
+                raise RuntimeError("operation failed due to a previous error during capture")
+
+        for name, value in {
+            "current_stream": lambda device=None: self.current,
+            "stream": self.stream,
+            "Stream": lambda device=None: types.SimpleNamespace(name="side", wait_stream=lambda other: None),
+            "CUDAGraph": Graph,
+            "graph_pool_handle": self.graph_pool_handle,
+            "synchronize": lambda device=None: None,
+            "empty_cache": lambda: None,
+        }.items():
+            monkeypatch.setattr(torch.cuda, name, value)
+        monkeypatch.setattr(torch._C, "_host_emptyCache", lambda: None, raising=False)
+
+    def graph_pool_handle(self) -> tuple[int, int]:
+        self.pools += 1
+        return (0, self.pools)
+
+    def stream(self, stream) -> FakeStreamContext:
+        return FakeStreamContext(self, stream)
+
+
+class FakeStreamContext:
+    """torch's ``StreamContext`` over ``FakeCuda``: the previous stream comes back only if ``__exit__`` runs
+    (a generator's ``finally`` would also run when it is collected, hiding a context never exited)."""
+
+    def __init__(self, cuda: FakeCuda, stream) -> None:
+        self.cuda, self.stream = cuda, stream
+
+    def __enter__(self) -> None:
+        self.previous, self.cuda.current = self.cuda.current, self.stream
+
+    def __exit__(self, *exc) -> None:
+        self.cuda.current = self.previous
+
+
+def test_a_failed_capture_leaves_the_callers_stream_current_and_decodes_eagerly(monkeypatch):
+    """torch's ``graph`` context leaves its capture stream only when ``capture_end`` succeeds: after a failed
+    capture the eager fallback must still run on the engine thread's own stream, not the capture stream."""
+    cuda = FakeCuda()
+    cuda.install(monkeypatch)
+    ran_on = []
+
+    def decode(inputs, groups):
+        ran_on.append(cuda.current.name)
+        return inputs[0, :, None].float().expand(-1, 5).clone()
+
+    static = StaticDecode(
+        decode, num_slots=4, max_len=100, device=torch.device("cpu"), capture=False, fingerprint=tuple
+    )
+    static.capture = True  # as on CUDA, over the fake streams
+    static._stream = types.SimpleNamespace(name="engine capture")
+    static._pool = cuda.graph_pool_handle()
+    logits = static.run([7, 9], [3, 4], [3, 4])
+    assert "previous error during capture" in static.capture_error
+    assert [stream.name for stream in cuda.capture_streams] == ["engine capture"]  # its own, not torch's
+    assert cuda.current.name == "caller"
+    assert ran_on == ["side", "side", "engine capture", "caller"]  # warm-ups, capture, eager fallback
+    assert logits[:, 0].tolist() == [7, 9]
+
+
+def test_release_takes_a_fresh_graph_pool(monkeypatch):
+    """Captures after a sleep never share a pool with graphs captured before it (whose blocks may survive)."""
+    cuda = FakeCuda()
+    cuda.install(monkeypatch)
+    static = StaticDecode(
+        lambda inputs, groups: None,
+        num_slots=4,
+        max_len=100,
+        device=torch.device("cpu"),
+        capture=False,
+        fingerprint=tuple,
+    )
+    static.capture = True
+    static._pool = before = cuda.graph_pool_handle()
+    static.release()
+    assert static._pool not in (None, before)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_failed_cuda_capture_leaves_the_callers_stream_current(monkeypatch):
+    """On a real device: a capture forced to fail after ``capture_end`` (so the device is left clean) falls
+    back to eager decode on the caller's stream; each StaticDecode captures on its own stream."""
+
+    class FailingGraph(torch.cuda.CUDAGraph):
+        def capture_end(self):
+            super().capture_end()
+            raise RuntimeError("forced capture failure")
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FailingGraph)
+    capturing_on = []
+
+    def decode(inputs, groups):
+        if torch.cuda.is_current_stream_capturing():
+            capturing_on.append(torch.cuda.current_stream())
+        return inputs[0, :, None].float().expand(-1, 5).clone()
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    caller = torch.cuda.current_stream(device)
+
+    def make():
+        return StaticDecode(decode, num_slots=4, max_len=100, device=device, capture=True, fingerprint=tuple)
+
+    static, other = make(), make()
+    logits = static.run([7, 9], [3, 4], [3, 4])
+    assert static.capture_error == "RuntimeError: forced capture failure"
+    assert torch.cuda.current_stream(device) == caller
+    assert logits[:, 0].tolist() == [7, 9]
+    assert capturing_on == [static._stream] and static._stream not in (other._stream, caller)
