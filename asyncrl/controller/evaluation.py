@@ -22,7 +22,7 @@ from asyncrl.metrics.progress import Progress
 from asyncrl.rewards.service import RewardService
 from asyncrl.rollout.env_manager import EnvManager, GroupControl, env_seed
 from asyncrl.rollout.episode import Episode
-from asyncrl.rollout.rlvr_producer import GenerateClient, request_seed
+from asyncrl.rollout.rlvr_producer import GenerateClient, PromptStops, request_seed
 from asyncrl.types import Request, SamplingParams, Trajectory, TrajectoryStatus
 
 
@@ -97,6 +97,7 @@ async def score_answers(
     """``samples_per_prompt`` answers to each sample, all requested at once (the proxy queues them), each
     seeded by (run seed, prompt uid, answer index), so the same prompts give the same draws at every step."""
     done = Counter(progress)
+    stops = PromptStops(tokenizer)
 
     async def one(index: int, sample: TaskSample, draw: int) -> ScoredAnswer:
         request = Request(
@@ -106,6 +107,7 @@ async def score_answers(
                 max_new_tokens=max_new_tokens,
                 temperature=temperature,
                 seed=request_seed(seed, sample.uid, draw),
+                stop_token_ids=stops(sample),
             ),
         )
         generation = await proxy.generate(request)

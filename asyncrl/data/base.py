@@ -67,14 +67,19 @@ def check_split(split: str) -> Split:
     return split  # type: ignore[return-value]
 
 
+def is_chat_templated(sample: TaskSample, tokenizer: Any | None) -> bool:
+    """Whether ``sample`` reaches the model through ``tokenizer``'s chat template (a chat row, and a tokenizer
+    with a template), so its response is a chat turn that ends at the template's end-of-turn token."""
+    return sample.messages is not None and bool(getattr(tokenizer, "chat_template", None))
+
+
 def render_prompt(sample: TaskSample, tokenizer: Any | None = None) -> str:
     """The text the model is prompted with.
 
     Chat rows go through ``tokenizer.apply_chat_template`` (with the generation prompt) when the tokenizer
     has a chat template; otherwise, and for plain rows, the plain ``prompt`` is used.
     """
-    has_template = tokenizer is not None and getattr(tokenizer, "chat_template", None)
-    if sample.messages is None or not has_template:
+    if not is_chat_templated(sample, tokenizer):
         return sample.prompt
     messages = [dict(m) for m in sample.messages]
     return tokenizer.apply_chat_template(
@@ -90,7 +95,7 @@ def prompt_token_ids(sample: TaskSample, tokenizer: Any) -> list[int]:
     and encoding that text adds the tokenizer's special tokens a second time (a doubled BOS for Llama-style
     tokenizers), so the model would see a prompt it was never trained on.
     """
-    if sample.messages is None or not getattr(tokenizer, "chat_template", None):
+    if not is_chat_templated(sample, tokenizer):
         return kept(tokenizer.encode(sample.prompt))  # a simulated prompt stays one run
     messages = [dict(m) for m in sample.messages]
     ids = tokenizer.apply_chat_template(

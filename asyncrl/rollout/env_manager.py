@@ -17,7 +17,6 @@ import asyncio
 import hashlib
 import math
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import replace
 from typing import Any, TypeVar
 
 from asyncrl.config.env import EnvManagerConfig
@@ -221,9 +220,8 @@ class EnvManager:
         return Request(
             request_id=f"{episode.uid}.{episode.num_turns}",
             prompt_token_ids=list(episode.token_ids),
-            sampling=replace(
-                sampling_params(self.rollout, request_seed(self.seed, turn_key, episode.index)),
-                stop_token_ids=self.turns.stop_token_ids,
+            sampling=sampling_params(
+                self.rollout, request_seed(self.seed, turn_key, episode.index), self.turns.stop_token_ids
             ),
             affinity_key=episode.uid,
         )

@@ -28,12 +28,13 @@ from typing import Any, Protocol
 from asyncrl.buffer.records import Admission, DropKind
 from asyncrl.buffer.sample_buffer import BufferClosedError, SampleBuffer
 from asyncrl.config.rollout import RolloutConfig
-from asyncrl.data.base import prompt_token_ids
+from asyncrl.data.base import TaskSample, is_chat_templated, prompt_token_ids
 from asyncrl.rewards.service import RewardResult, RewardService, RewardStatus
 from asyncrl.rle import RleSequence
 from asyncrl.rollout.admission import admit, admit_batch
 from asyncrl.rollout.prompt_source import Prompt, PromptSource
 from asyncrl.rollout.reward_placement import rewards_on_tokens
+from asyncrl.serve.chat_format import end_of_turn_ids
 from asyncrl.types import (
     FinishReason,
     Generation,
@@ -77,16 +78,39 @@ def request_seed(run_seed: int, prompt_key: str, sample_index: int) -> int:
     return int.from_bytes(digest, "big") >> 1
 
 
-def sampling_params(rollout: RolloutConfig, seed: int) -> SamplingParams:
-    """How every rollout request samples: the ``rollout`` section's settings, with the request's ``seed``."""
+def sampling_params(
+    rollout: RolloutConfig, seed: int, stop_token_ids: tuple[int, ...] = ()
+) -> SamplingParams:
+    """How every rollout request samples: the ``rollout`` section's settings, with the request's ``seed`` and
+    the stop tokens its prompt's format adds to the model's EOS (``PromptStops``, ``Turns.stop_token_ids``)."""
     return SamplingParams(
         max_new_tokens=rollout.max_new_tokens,
         temperature=rollout.temperature,
         top_p=rollout.top_p,
         top_k=rollout.top_k,
+        stop_token_ids=stop_token_ids,
         stop_strings=rollout.stop_strings,
         seed=seed,
     )
+
+
+class PromptStops:
+    """The stop tokens of a task prompt beyond the model's EOS: the chat template's end-of-turn token
+    (``serve.chat_format.end_of_turn_ids``) for a prompt rendered with the template, none for a plain prompt.
+    RLVR rollouts and evaluation both ask here, so a templated prompt ends at its turn's end on every backend;
+    the end-of-turn token is worked out once, at the first templated prompt (a run of plain prompts never asks
+    its tokenizer's template anything)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self._end_of_turn: tuple[int, ...] | None = None
+
+    def __call__(self, sample: TaskSample) -> tuple[int, ...]:
+        if not is_chat_templated(sample, self.tokenizer):
+            return ()
+        if self._end_of_turn is None:
+            self._end_of_turn = end_of_turn_ids(self.tokenizer)
+        return self._end_of_turn
 
 
 def response_text(generation: Generation, tokenizer: Any) -> str:
@@ -120,6 +144,7 @@ class RLVRProducer:
         self.seed = seed
         self.name = name
         self._filter = make_group_filter(config.filter)
+        self._stops = PromptStops(tokenizer)
         self._live: dict[int, tuple[Prompt, list[str]]] = {}  # ticket id → (prompt, request ids)
         self._tasks: set[asyncio.Task[None]] = set()
         self.counts: dict[str, int] = {"requests": 0, "aborted_requests": 0, "failed_samples": 0}
@@ -259,7 +284,9 @@ class RLVRProducer:
         return Request(
             request_id=f"{prompt.key}#{index}",
             prompt_token_ids=prompt_ids,
-            sampling=sampling_params(cfg, request_seed(self.seed, prompt.key, index)),
+            sampling=sampling_params(
+                cfg, request_seed(self.seed, prompt.key, index), self._stops(prompt.sample)
+            ),
             # Without replication the n responses stay together on one engine, like one grouped request.
             affinity_key=None if cfg.prompt_replication else prompt.key,
         )

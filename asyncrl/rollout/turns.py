@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from asyncrl.serve.chat_format import Message, TemplateFormat, stop_token_ids
+from asyncrl.serve.chat_format import Message, TemplateFormat, end_of_turn_ids
 from asyncrl.serve.tito import closing_text
 
 
@@ -53,7 +53,7 @@ class TemplateTurns:
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self.format = TemplateFormat(tokenizer)
-        self.stop_token_ids = tuple(stop_token_ids("template", self.format, tokenizer))
+        self.stop_token_ids = end_of_turn_ids(tokenizer)
         self.history: list[Message] = []
 
     def first(self, observation: str, tools: list[dict[str, Any]] | None) -> list[int]:

@@ -199,11 +199,19 @@ def make_chat_format(
     raise ValueError(f"serve.chat_format must be 'template' or 'plain', got {name!r}")
 
 
-def stop_token_ids(format_name: str, chat_format: ChatFormat, tokenizer: Any) -> list[int]:
-    """The template's end-of-turn token (e.g. ``<|im_end|>``), so a turn stops where the template closes it."""
-    if format_name != "template":
-        return []
+def end_of_turn_ids(tokenizer: Any) -> tuple[int, ...]:
+    """The token that closes an assistant turn of ``tokenizer``'s chat template (``<|im_end|>`` for ChatML): a
+    response to a prompt rendered with the template stops there. () when the tokenizer has no chat template,
+    or its turns close with no special token.
+
+    Why a stop token of its own: an engine stops at the model's EOS ids (its generation config, then its config,
+    then the tokenizer), and a base model's EOS is not its template's turn end: Qwen3 Base lists only
+    ``<|endoftext|>`` while its template closes turns with ``<|im_end|>``, so a base model that closes its turn
+    would otherwise write on past it until ``max_new_tokens``. Every path that samples a templated turn (the
+    OpenAI endpoint, agentic turns, RLVR rollouts and evaluation) takes its stop token from here."""
+    if not getattr(tokenizer, "chat_template", None):
+        return ()
     history = [{"role": "user", "content": "x"}]
-    close = tokenizer.encode(chat_format.close(history, "x"), add_special_tokens=False)
+    close = tokenizer.encode(TemplateFormat(tokenizer).close(history, "x"), add_special_tokens=False)
     special = set(getattr(tokenizer, "all_special_ids", []))
-    return [close[0]] if close and close[0] in special else []
+    return (close[0],) if close and close[0] in special else ()

@@ -20,9 +20,9 @@ from asyncrl.config.serve import ServeConfig
 from asyncrl.serve.chat_format import (
     ChatFormat,
     Message,
+    end_of_turn_ids,
     harness_message,
     make_chat_format,
-    stop_token_ids,
     tools_message,
 )
 from asyncrl.serve.deltas import TextDeltas
@@ -90,7 +90,7 @@ class CompletionService:
             getattr(tokenizer, "chat_template", None),
         )
         self.store = TrajectoryStore(config, self.format, tokenizer, sink)
-        self.stop_token_ids = tuple(stop_token_ids(config.chat_format, self.format, tokenizer))
+        self.stop_token_ids = end_of_turn_ids(tokenizer) if config.chat_format == "template" else ()
         self.reward_fn = load_reward_fn(config.reward_fn) if config.reward_fn else None
         self._num_calls = 0
         self.calls = {"in_flight": 0, "refused": 0}

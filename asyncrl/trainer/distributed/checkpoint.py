@@ -25,8 +25,6 @@ Every rank must see the same directory (one machine, or a shared filesystem acro
 
 from __future__ import annotations
 
-import copy
-import json
 import os
 import shutil
 from pathlib import Path
@@ -34,11 +32,10 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
-from safetensors.torch import save_file
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from transformers import PreTrainedTokenizerBase
-from transformers.utils import SAFE_WEIGHTS_INDEX_NAME
 
+from asyncrl.models.writing import write_model_directory
 from asyncrl.trainer import checkpoint
 from asyncrl.trainer.checkpoint import ADAPTER_DIR, MODEL_DIR, SHARDED_DIR
 from asyncrl.trainer.distributed.weights import full_weight_buckets
@@ -131,37 +128,16 @@ def export_model(
 ) -> None:
     """Every rank calls this: the full weights as a Hugging Face model directory that
     ``AutoModelForCausalLM.from_pretrained`` and ``asyncrl eval`` load, written by rank 0 one gathered bucket
-    per safetensors file, cast to ``dtype`` (None: as trained), with the index of which file holds which
-    tensor, the config (its dtype that of the files) and the tokenizer when one is given."""
+    per safetensors file (``models.writing``), cast to ``dtype`` (None: as trained), with the tokenizer when
+    one is given."""
     model = trainer.model
-    tied = bool(getattr(model.config, "tie_word_embeddings", False))
-    if trainer.parallel.rank == 0:
-        directory.mkdir(parents=True, exist_ok=True)
-    weight_map: dict[str, str] = {}
-    total_bytes = 0
-    for index, bucket in enumerate(full_weight_buckets(model, bucket_bytes)):
-        if trainer.parallel.rank != 0:
-            continue
-        # A tied output layer is the embedding: saved once, as from_pretrained expects.
-        tensors = {
-            name: (tensor if dtype is None else tensor.to(dtype)).contiguous()
-            for name, tensor in bucket
-            if not (tied and name == "lm_head.weight")
-        }
-        if tensors:
-            filename = f"model-{index:05d}.safetensors"
-            save_file(tensors, directory / filename, metadata={"format": "pt"})
-            weight_map.update(dict.fromkeys(tensors, filename))
-            total_bytes += sum(t.numel() * t.element_size() for t in tensors.values())
+    buckets = full_weight_buckets(model, bucket_bytes)
     if trainer.parallel.rank != 0:
+        for _ in buckets:  # the gathers are collectives: every rank takes part in each
+            pass
         return
-    config = copy.deepcopy(model.config)
-    config.dtype = dtype or next(iter(model.parameters())).dtype
-    config.save_pretrained(directory)
-    index_json = {"metadata": {"total_size": total_bytes}, "weight_map": dict(sorted(weight_map.items()))}
-    (directory / SAFE_WEIGHTS_INDEX_NAME).write_text(json.dumps(index_json, indent=2) + "\n")
-    if tokenizer is not None:
-        tokenizer.save_pretrained(directory)
+    dtype = dtype or next(iter(model.parameters())).dtype
+    write_model_directory(buckets, directory, model.config, dtype, tokenizer=tokenizer)
 
 
 def load_sharded_checkpoint(path: str | os.PathLike[str], trainer: Trainer) -> dict[str, Any]:

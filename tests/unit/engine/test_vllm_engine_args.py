@@ -87,6 +87,7 @@ def sampling(**changes) -> dict:
 def test_stop_strings_reach_sampling_params_and_turn_detokenizing_on_only_then():
     plain = worker_main.sampling_kwargs(sampling())
     assert (plain["stop"], plain["detokenize"], plain["top_k"]) == ([], False, -1)
+    assert plain["stop_token_ids"] == [5]  # a templated prompt's end-of-turn token reaches vLLM as it is
     stopped = worker_main.sampling_kwargs(sampling(stop_strings=["####", "\n\n"], top_k=4))
     assert (stopped["stop"], stopped["detokenize"], stopped["top_k"]) == (["####", "\n\n"], True, 4)
     assert worker_main.sampling_kwargs(sampling(seed=3))["seed"] == 3
