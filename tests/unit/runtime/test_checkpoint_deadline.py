@@ -7,14 +7,21 @@ once when every call is within its timeout and raises Ray's ``GetTimeoutError`` 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import io
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 from ray.exceptions import GetTimeoutError
 
+from asyncrl.app import train as training
 from asyncrl.config.proxy import ProxyConfig
 from asyncrl.config.run import load_run_config
 from asyncrl.config.runtime import RuntimeConfig
@@ -22,6 +29,7 @@ from asyncrl.config.weight_sync import WeightSyncConfig
 from asyncrl.runtime import actor_calls
 from asyncrl.runtime import trainer_group as tg
 from asyncrl.runtime.errors import TrainerDied
+from asyncrl.trainer.checkpoint import STATE_FILE, write_marker
 from asyncrl.trainer.distributed import process_group
 
 QWEN3_8B_BYTES = 114_700_000_000
@@ -156,3 +164,37 @@ def test_a_rank_creates_its_gloo_group_with_the_checkpoint_timeout(monkeypatch: 
     expected = tg.collective_timeout_s(config, 300.0, rank.checkpoint_bytes)
     assert expected == config.runtime.checkpoint_timeout_s(rank.checkpoint_bytes) > 300.0
     assert [(c["backend"], c["timeout"]) for c in created] == [("gloo", timedelta(seconds=expected))]
+
+
+def test_a_resume_whose_load_passes_its_deadline_restarts_the_run_then_fails_by_name(
+    fake_ray: FakeRay, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``app.train`` treats a resume's load past its deadline as a lost trainer: it restarts the run from the
+    newest verified checkpoint, and once ``runtime.trainer_restarts`` are spent fails with ``TrainerDied`` naming
+    the load (before, the load raised ``ActorCallTimeout``, which the restart loop let through)."""
+    out = tmp_path / "run"
+    step = out / "checkpoints" / "step_00000001"
+    step.mkdir(parents=True)
+    (step / STATE_FILE).write_bytes(b"a verified checkpoint the fake ranks never read")
+    write_marker(step)
+    overrides = [
+        "runtime.type=local",
+        "trainer.num_workers=2",
+        "runtime.trainer_restarts=1",
+        "engine.max_model_len=64",
+    ]
+    config = load_run_config(None, [*overrides, f"output_dir={out}", f"resume={out}"])
+    built: list[Any] = []
+
+    @contextlib.contextmanager
+    def parts_whose_load_hangs(run_config: Any) -> Iterator[Any]:
+        parts = SimpleNamespace(config=run_config, trainer=client(float("inf"), 10**9), locations=dict)
+        built.append(parts)
+        yield parts
+
+    monkeypatch.setattr(training, "runtime_parts", parts_whose_load_hangs)
+    console = io.StringIO()
+    with pytest.raises(TrainerDied, match="trainer: load_checkpoint: the trainer is lost"):
+        asyncio.run(training.train(config, console=console))
+    assert len(built) == 2  # the first try and one restart
+    assert f"restart 1 from {step}" in console.getvalue()
