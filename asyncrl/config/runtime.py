@@ -124,10 +124,11 @@ class RuntimeConfig:
     take from the model's parameters when they start: the weights and AdamW's two moments in the master dtype,
     plus the Hugging Face export in the serving dtype (a sharded checkpoint's ``model/``), plus a critic's
     weights and moments; with LoRA the whole model is counted all the same (a longer deadline, never a
-    shorter one). Checkpoints are not short calls: Qwen3-8B on 8 ranks writes about 115 GB, which rank 0 then
-    fsyncs and hashes alone, far past ``control_timeout_s``. The trainer ranks' process group waits at least
-    this long in a collective (``runtime.trainer_group``): the other ranks wait in one while rank 0 hashes.
-    Inline runs call the trainer in process, with no deadline."""
+    shorter one). Checkpoints are not short calls: Qwen3-8B on 8 ranks writes about 115 GB, then fsyncs and
+    hashes every file, far past ``control_timeout_s``. The trainer ranks' process group waits at least this
+    long in a collective (``runtime.trainer_group.collective_timeout_s``): ranks that are done wait in one for
+    the slowest (rank 0 also writes the export and the state files). Inline runs call the trainer in process,
+    with no deadline."""
     checkpoint_timeout_gbps: float = 0.2
     """The conservative bandwidth (GB/s) a checkpoint's deadline assumes for writing, fsyncing and hashing it:
     at 0.2, Qwen3-8B with fp32 masters on 8 ranks (about 115 GB) gets 120 + 573 s. A checkpoint slower than

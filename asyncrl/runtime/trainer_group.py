@@ -444,8 +444,9 @@ def collective_timeout_s(config: RunConfig, startup_s: float, checkpoint_bytes: 
     ``_set_pg_timeout``. Under NCCL a collective past it is aborted by the watchdog, which kills the rank; so the
     one timeout must cover the longest legitimate wait, not the rendezvous alone (``startup_s``):
 
-    - a checkpoint: the other ranks wait in a gather while rank 0 fsyncs and hashes every file (save) or
-      verifies them (load), up to the checkpoint's deadline (``runtime.checkpoint_timeout_s``);
+    - a checkpoint: ranks that are done wait in a gather for the slowest, which writes its shards, the export
+      (rank 0) and fsyncs and hashes its share of the files (or verifies its share, on load), up to the
+      checkpoint's deadline (``runtime.checkpoint_timeout_s``);
     - a broadcast publication: they wait at the next bucket's gather while rank 0 sends one to the engines,
       up to ``weight_sync.timeout_s``.
 
