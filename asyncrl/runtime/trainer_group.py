@@ -109,7 +109,7 @@ class TrainerRankActor:
         if self._loads_shards():
             model, tokenizer = load_configured_skeleton(config.model)  # parameters come with sharding
         else:
-            model, tokenizer = load_configured_model(config.model)
+            model, tokenizer = load_configured_model(config.model, for_trainer=True)
         self.checkpoint_bytes = checkpoint_bytes(config, model)
         if self.world_size > 1:
             join_process_group(
