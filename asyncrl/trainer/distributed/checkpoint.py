@@ -3,11 +3,12 @@
 
 Same guarantees as ``trainer.checkpoint`` (staging directory, hashes in a marker written last, rename, fsync):
 rank 0 creates the staging directory and tells the others, every rank writes its shards of the model and the
-optimizer into ``sharded/``, and only after all have written do the ranks fsync and hash the files, dealt out by
-size (a large checkpoint's hashing takes about 1/N of one rank's time), and rank 0 adds the trainer state,
+optimizer into ``sharded/``, and only after all have written do the ranks fsync and hash the files, dealt out
+by size (a large checkpoint's hashing takes about 1/N of one rank's time), and rank 0 adds the trainer state,
 writes the marker and moves it into place. A load verifies the hashes the same way, dealt out. The marker is
-the one-process format's ({relative path: sha256}), whoever hashed which file. DCP stores each tensor with its global shape, so a checkpoint written by N
-ranks loads onto M ranks (M = 1 included): the loader asks for the tensors its own sharding needs.
+the one-process format's ({relative path: sha256}), whoever hashed which file. DCP stores each tensor with its
+global shape, so a checkpoint written by N ranks loads onto M ranks (M = 1 included): the loader asks for the
+tensors its own sharding needs.
 
     <root>/step_00000012/
         sharded/             DCP: .metadata + one __<rank>_0.distcp file per writing rank (model + optimizer, and
