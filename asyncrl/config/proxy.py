@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from asyncrl.config.deadlines import bytes_deadline_s
+
 UPDATE_POLICIES = ("in_flight", "drain")
 
 
@@ -86,4 +88,4 @@ class ProxyConfig:
 
     def update_timeout_s(self, nbytes: int) -> float:
         """The deadline of one engine's weight update of ``nbytes`` bytes (``update_timeout_floor_s``)."""
-        return self.update_timeout_floor_s + nbytes / (self.update_timeout_gbps * 1e9)
+        return bytes_deadline_s(self.update_timeout_floor_s, self.update_timeout_gbps, nbytes)

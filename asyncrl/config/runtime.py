@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Literal
 
+from asyncrl.config.deadlines import bytes_deadline_s
+
 RUNTIME_TYPES = ("inline", "local", "cluster")
 COLOCATE_CHOICES = ("auto", "always", "never")
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
@@ -25,6 +27,8 @@ _POSITIVE_FIELDS = (
     "generate_timeout_s",
     "train_step_timeout_s",
     "placement_timeout_s",
+    "checkpoint_timeout_floor_s",
+    "checkpoint_timeout_gbps",
 )
 
 
@@ -110,9 +114,25 @@ class RuntimeConfig:
     startup_timeout_s: float = 300.0
     """Longest an actor may take to start and load its model."""
     control_timeout_s: float = 120.0
-    """Longest an actor may take to answer a short call (pause, resume, abort, stats, checkpoint); past it the
-    call fails with a timeout naming the actor. An engine's weight update has a deadline sized by its bytes
-    instead (``proxy.update_timeout_floor_s``)."""
+    """Longest an actor may take to answer a short call (pause, resume, abort, stats, offload); past it the
+    call fails with a timeout naming the actor. An engine's weight update and a trainer checkpoint have
+    deadlines sized by their bytes instead (``proxy.update_timeout_floor_s``, ``checkpoint_timeout_floor_s``)."""
+    checkpoint_timeout_floor_s: float = 120.0
+    """A trainer checkpoint's save or load (Ray runtimes) may take this floor plus the checkpoint's bytes at
+    ``checkpoint_timeout_gbps``; past it the call fails with ``TrainerDied`` naming it, and the run restarts
+    from its last verified checkpoint (``trainer_restarts``). The bytes are an upper bound the trainer ranks
+    take from the model's parameters when they start: the weights and AdamW's two moments in the master dtype,
+    plus the Hugging Face export in the serving dtype (a sharded checkpoint's ``model/``), plus a critic's
+    weights and moments; with LoRA the whole model is counted all the same (a longer deadline, never a
+    shorter one). Checkpoints are not short calls: Qwen3-8B on 8 ranks writes about 115 GB, then fsyncs and
+    hashes every file, far past ``control_timeout_s``. The trainer ranks' process group waits at least this
+    long in a collective (``runtime.trainer_group.collective_timeout_s``): ranks that are done wait in one for
+    the slowest (rank 0 also writes the export and the state files). Inline runs call the trainer in process,
+    with no deadline."""
+    checkpoint_timeout_gbps: float = 0.2
+    """The conservative bandwidth (GB/s) a checkpoint's deadline assumes for writing, fsyncing and hashing it:
+    at 0.2, Qwen3-8B with fp32 masters on 8 ranks (about 115 GB) gets 120 + 573 s. A checkpoint slower than
+    this is taken for a hung trainer: lower it for a slow filesystem rather than raising the floor."""
     generate_timeout_s: float = 3600.0
     """Longest one generate call may stay on an engine actor before it is cancelled (request aborted there)
     and fails with a timeout naming the engine: a hung but live actor never blocks the run forever."""
@@ -160,6 +180,10 @@ class RuntimeConfig:
         for name in _POSITIVE_FIELDS:
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"runtime.{name} must be > 0, got {getattr(self, name)}")
+
+    def checkpoint_timeout_s(self, nbytes: int) -> float:
+        """The deadline of a trainer checkpoint's save or load of ``nbytes`` bytes (``checkpoint_timeout_floor_s``)."""
+        return bytes_deadline_s(self.checkpoint_timeout_floor_s, self.checkpoint_timeout_gbps, nbytes)
 
     def cpu_shares(self, usable_cores: int | None = None) -> tuple[float, float]:
         """(rollout, train) CPUs with the nulls resolved: the two roles split ``usable_cores`` (default:

@@ -18,7 +18,8 @@ Key decisions:
   path; its checkpoints are the plain format (HF-loadable ``model/``), larger groups write sharded ones, and
   any group loads a sharded checkpoint at any size.
 - Rank 0 picks the rendezvous (its node's address and a free port) after Ray has placed it, so nothing assumes
-  a port or a node; a rank that never joins fails the others within ``startup_timeout_s``.
+  a port or a node; a rank that never joins fails the start within ``startup_timeout_s`` (the driver's
+  deadline; the group's own timeout is the longer ``collective_timeout_s``, which a checkpoint needs).
 - The batch crosses once into the object store and every rank reads that one object.
 """
 
@@ -48,6 +49,7 @@ from asyncrl.runtime.colocate import device_bytes, offload_choice
 from asyncrl.runtime.errors import ActorCallError, ActorCallTimeout
 from asyncrl.runtime.placement import pin
 from asyncrl.trainer import checkpoint
+from asyncrl.trainer.checkpoint_size import checkpoint_bytes
 from asyncrl.trainer.distributed.checkpoint import (
     is_sharded_checkpoint,
     load_sharded_checkpoint,
@@ -91,6 +93,8 @@ class TrainerRankActor:
         """Rank 0, broadcast with engine recovery: the last version sent, packed (catch-ups read it)."""
         self.offloader: StateOffloader | None = None
         """``runtime.switch``: this rank's ``trainer.offload.StateOffloader``, built on first use."""
+        self.checkpoint_bytes = 0
+        """An upper bound on one checkpoint's bytes (``trainer.checkpoint_size``), known once ``start`` ran."""
 
     def rendezvous(self) -> tuple[str, int]:
         """(this node's address, a free port on it): where the group meets (asked of rank 0 only)."""
@@ -98,8 +102,15 @@ class TrainerRankActor:
         return host, free_port(host)
 
     def start(self, host: str, port: int, timeout_s: float) -> dict[str, Any]:
-        """Join the group (if there is more than one rank), load and shard the model, build the trainer."""
+        """Load the model (sharded: its skeleton), size a checkpoint from it, join the group (if there is more
+        than one rank; ``timeout_s`` bounds the rendezvous, ``collective_timeout_s`` every collective), shard
+        the model, build the trainer."""
         config = self.config
+        if self._loads_shards():
+            model, tokenizer = load_configured_skeleton(config.model)  # parameters come with sharding
+        else:
+            model, tokenizer = load_configured_model(config.model, for_trainer=True)
+        self.checkpoint_bytes = checkpoint_bytes(config, model)
         if self.world_size > 1:
             join_process_group(
                 device=self._device(),
@@ -107,12 +118,8 @@ class TrainerRankActor:
                 port=port,
                 rank=self.rank,
                 world_size=self.world_size,
-                timeout_s=timeout_s,
+                timeout_s=collective_timeout_s(config, timeout_s, self.checkpoint_bytes),
             )
-        if self._loads_shards():
-            model, tokenizer = load_configured_skeleton(config.model)  # parameters come with sharding
-        else:
-            model, tokenizer = load_configured_model(config.model, for_trainer=True)
         self.tokenizer = tokenizer
         self.trainer = build_trainer(config, model.train(), tokenizer, self._parallelism())
         return self.progress()
@@ -149,6 +156,7 @@ class TrainerRankActor:
             "pid": os.getpid(),
             "num_threads": torch.get_num_threads(),
             "node_id": ray.get_runtime_context().get_node_id(),
+            "checkpoint_bytes": self.checkpoint_bytes,
         }
 
     def train_step(self, groups: list[Group], policy_version: int) -> dict[str, float]:
@@ -311,6 +319,8 @@ class TrainerGroupClient:
         self.weight_group: Any = None
         """Broadcast transport: the ``runtime.weight_group.BroadcastGroup`` that publishes (``use_broadcast``)."""
         self.ranks = progress
+        self.checkpoint_bytes: int = progress[0]["checkpoint_bytes"]
+        """An upper bound on one checkpoint's bytes, as the ranks took it from the model (all agree)."""
         self.step = progress[0]["step"]
         self.version = progress[0]["version"]
 
@@ -354,17 +364,29 @@ class TrainerGroupClient:
         extra: dict[str, Any] | None = None,
         keep_last: int | None = None,
     ) -> Path:
+        """Every rank writes its part of a checkpoint under ``root``, within ``checkpoint_timeout_s``; the step
+        directory. A rank that dies or passes the deadline is ``TrainerDied``, as in a step."""
         refs = [handle.save_checkpoint.remote(str(root), extra, keep_last) for handle in self.handles]
-        return Path(get_trainer(refs, "trainer: save_checkpoint", self.config.control_timeout_s)[0])
+        return Path(get_trainer(refs, "trainer: save_checkpoint", self.checkpoint_timeout_s)[0])
 
     def load_checkpoint(self, path: str | os.PathLike[str]) -> dict[str, Any]:
-        """Restore every rank from a checkpoint directory; returns the checkpoint's ``extra``."""
-        timeout_s = self.config.control_timeout_s
+        """Restore every rank from a checkpoint directory, within ``checkpoint_timeout_s``; returns the
+        checkpoint's ``extra``. A rank that dies or passes the deadline is ``TrainerDied``: ``app.train``
+        restarts the run from its newest verified checkpoint (``runtime.trainer_restarts`` times, then fails
+        with this error), as for a trainer lost mid-step."""
         refs = [handle.load_checkpoint.remote(str(path)) for handle in self.handles]
-        extra = get_actor(refs, "trainer: load_checkpoint", timeout_s)[0]
-        progress = get_actor(self.handles[0].progress.remote(), "trainer: progress", timeout_s)
+        extra = get_trainer(refs, "trainer: load_checkpoint", self.checkpoint_timeout_s)[0]
+        progress = get_trainer(
+            self.handles[0].progress.remote(), "trainer: progress", self.config.control_timeout_s
+        )
         self.step, self.version = progress["step"], progress["version"]
         return extra
+
+    @property
+    def checkpoint_timeout_s(self) -> float:
+        """The deadline of a checkpoint's save or load: ``runtime.checkpoint_timeout_s`` of the bound the ranks
+        took from the model when they started (``trainer.checkpoint_size``)."""
+        return self.config.checkpoint_timeout_s(self.checkpoint_bytes)
 
     def release_published(self) -> int:
         """``runtime.switch``: every rank lets go of the copy it packed for its engine, which has applied it
@@ -412,6 +434,27 @@ class TrainerGroupClient:
                 logger.warning("a trainer rank kept its published weights (%s); killing the ranks", error)
         for handle in self.handles:
             ray.kill(handle, no_restart=True)
+
+
+def collective_timeout_s(config: RunConfig, startup_s: float, checkpoint_bytes: int) -> float:
+    """The trainer ranks' process-group timeout: the longest any collective may legitimately wait.
+
+    torch fixes a group's timeout when it is created (``init_process_group(timeout=...)``): no collective takes
+    one of its own (``monitored_barrier`` alone does, and only on gloo), and changing it later takes the private
+    ``_set_pg_timeout``. Under NCCL a collective past it is aborted by the watchdog, which kills the rank; so the
+    one timeout must cover the longest legitimate wait, not the rendezvous alone (``startup_s``):
+
+    - a checkpoint: ranks that are done wait in a gather for the slowest, which writes its shards, the export
+      (rank 0) and fsyncs and hashes its share of the files (or verifies its share, on load), up to the
+      checkpoint's deadline (``runtime.checkpoint_timeout_s``);
+    - a broadcast publication: they wait at the next bucket's gather while rank 0 sends one to the engines,
+      up to ``weight_sync.timeout_s``.
+
+    A train step's collectives are reached by every rank together (they run the same micro-batches), so it
+    waits far less. A long timeout does not hide a dead rank: the driver's deadline on each call still fails it
+    by name (``TrainerDied``) and kills every rank; this timeout is only the ranks' own backstop."""
+    checkpoint_s = config.runtime.checkpoint_timeout_s(checkpoint_bytes)
+    return max(startup_s, checkpoint_s, config.weight_sync.timeout_s)
 
 
 def start_trainer_group(

@@ -26,6 +26,7 @@ import random
 import re
 import shutil
 import tempfile
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -105,9 +106,12 @@ def write_state(staging: Path, state: dict[str, Any], extra: dict[str, Any] | No
     (staging / EXTRA_FILE).write_text(json.dumps(extra or {}, indent=1))
 
 
-def commit(staging: Path, final: Path, keep_last: int | None) -> None:
-    """Make a fully written ``staging`` the checkpoint ``final``: marker, rename, fsync, then prune."""
-    write_marker(staging)
+def commit(
+    staging: Path, final: Path, keep_last: int | None, hashed: Mapping[str, str] | None = None
+) -> None:
+    """Make a fully written ``staging`` the checkpoint ``final``: marker, rename, fsync, then prune.
+    ``hashed``: files already fsynced and hashed (``write_marker``)."""
+    write_marker(staging, hashed)
     _move_into_place(staging, final)
     _fsync_dir(final.parent)
     if keep_last is not None:
@@ -167,21 +171,55 @@ def resolve_resume_path(path: str | os.PathLike[str]) -> Path:
     raise FileNotFoundError(f"resume: no verified checkpoint at or under {path}")
 
 
-def write_marker(directory: Path) -> None:
-    """fsync every file under ``directory``, then write and fsync the marker with their hashes."""
-    hashes = {}
-    for file in sorted(p for p in directory.rglob("*") if p.is_file()):
-        _fsync_file(file)
-        hashes[file.relative_to(directory).as_posix()] = _sha256(file)
+def write_marker(directory: Path, hashed: Mapping[str, str] | None = None) -> None:
+    """fsync and hash every file under ``directory`` but those in ``hashed`` ({relative path: sha256}, fsynced
+    and hashed by the caller: a sharded save's ranks, each its share), then write and fsync the marker with
+    every file's hash. The marker is the same whoever hashed which file."""
+    files = checkpoint_files(directory)
+    hashed = dict(hashed or {})
+    if not set(hashed) <= set(files):
+        raise ValueError(
+            f"{directory}: hashed files not in the directory: {sorted(set(hashed) - set(files))}"
+        )
+    hashed.update(hash_files(directory, [name for name in files if name not in hashed]))
     marker = directory / MARKER_FILE
-    marker.write_text(json.dumps(hashes, indent=1))
+    marker.write_text(json.dumps({name: hashed[name] for name in files}, indent=1))
     _fsync_file(marker)
     for sub in sorted({p.parent for p in directory.rglob("*")}, key=lambda p: -len(p.parts)):
         _fsync_dir(sub)
 
 
+def checkpoint_files(directory: Path) -> list[str]:
+    """Every file under ``directory`` but the marker, as the marker names them (relative, sorted)."""
+    files = (p for p in sorted(directory.rglob("*")) if p.is_file())
+    return [name for name in (p.relative_to(directory).as_posix() for p in files) if name != MARKER_FILE]
+
+
+def hash_files(directory: Path, names: Iterable[str]) -> dict[str, str]:
+    """fsync each of ``names`` (relative to ``directory``) and hash it: its marker entries."""
+    hashes = {}
+    for name in names:
+        _fsync_file(directory / name)
+        hashes[name] = _sha256(directory / name)
+    return hashes
+
+
 def verify_checkpoint(path: Path) -> None:
     """``TornCheckpointError`` naming the first problem: no marker, a missing or extra file, a wrong hash."""
+    expected = marker_hashes(path)
+    check_hashes(path, expected, expected)
+
+
+def check_hashes(path: Path, names: Iterable[str], expected: Mapping[str, str]) -> None:
+    """``TornCheckpointError`` naming the first of ``names`` whose hash is not ``expected``'s."""
+    for name in names:
+        if _sha256(path / name) != expected[name]:
+            raise TornCheckpointError(f"{path}: {name} does not match its hash in {MARKER_FILE}")
+
+
+def marker_hashes(path: Path) -> dict[str, str]:
+    """The marker's {file: sha256}, once it is known to name exactly the files present; else
+    ``TornCheckpointError`` (no marker, not JSON, a missing or extra file). The hashes are not checked here."""
     marker = path / MARKER_FILE
     if not marker.is_file():
         raise TornCheckpointError(f"{path}: no {MARKER_FILE} (the save did not finish)")
@@ -195,9 +233,7 @@ def verify_checkpoint(path: Path) -> None:
             f"{path}: files differ from the marker (missing {sorted(set(expected) - present)}, "
             f"unexpected {sorted(present - set(expected))})"
         )
-    for name, digest in expected.items():
-        if _sha256(path / name) != digest:
-            raise TornCheckpointError(f"{path}: {name} does not match its hash in {MARKER_FILE}")
+    return expected
 
 
 def prune_checkpoints(root: str | os.PathLike[str], keep_last: int) -> list[Path]:
