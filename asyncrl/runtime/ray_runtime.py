@@ -54,10 +54,10 @@ from asyncrl.data.base import Task
 from asyncrl.data.registry import make_task
 from asyncrl.engine import load_engine_model, make_engine
 from asyncrl.engine.migration import RequestState
-from asyncrl.metrics.progress import LIBRARY_BARS
 from asyncrl.models.loading import load_configured_tokenizer, resolve_device
 from asyncrl.rewards.service import RewardService
 from asyncrl.runtime.actor_calls import await_actor, get_actor
+from asyncrl.runtime.actor_env import ACTOR_ENV
 from asyncrl.runtime.colocate import ColocatedTrainer, device_bytes
 from asyncrl.runtime.placement import Placement, pin, plan_placement
 from asyncrl.runtime.placement_check import SHARED_ROLE, PlacementError, RoleBundles, layout_of
@@ -73,10 +73,6 @@ from asyncrl.weight_sync.colocated import for_engine
 from asyncrl.weight_sync.protocol import WeightSyncError, WeightSyncTimeout, WeightUpdate, check_version
 from asyncrl.weight_sync.transports import FlatBufferSync
 
-ACTOR_ENV = {"HF_HUB_OFFLINE": "1", **{switch: "1" for switch, _, _ in LIBRARY_BARS}}
-"""Environment of every actor process: models load from local directories only, and libraries draw no progress
-bars (an actor's output reaches the driver through Ray's log lines, never a terminal: a bar's carriage-return
-redraws would land in the driver's log as noise)."""
 LOCAL_RAY_ENV = {"RAY_AUTH_MODE": "disabled"}
 """Environment a locally started Ray needs: Ray 2.60 turns token auth on by default (MACHINE-NOTES); it reads
 this only from the starting process's environment, so ``ray_session`` sets it for the session's lifetime."""
