@@ -63,6 +63,7 @@ from asyncrl.runtime.placement import Placement, pin, plan_placement
 from asyncrl.runtime.placement_check import SHARED_ROLE, PlacementError, RoleBundles, layout_of
 from asyncrl.runtime.ray_placement import ENGINE_ROLE, TRAINER_ROLE, Reservation, reserve, role_bundles
 from asyncrl.runtime.republish import CatchUpDeadlines
+from asyncrl.runtime.start_files import resolve_before_start
 from asyncrl.runtime.streamed_apply import StreamedApply
 from asyncrl.runtime.switch_phase import SwitchPhase
 from asyncrl.runtime.trainer_group import TrainerGroupClient, TrainerRankActor, start_trainer_group
@@ -567,10 +568,9 @@ class RayEngineFactory:
 
     async def replace(self, index: int, failed: Any) -> RayEngineClient:
         """Kill ``failed`` (engine ``index``), start its successor and return it once its model is loaded,
-        within ``startup_timeout_s``."""
+        within ``engine_start_timeout_s``."""
         failed.shutdown()  # ray.kill: a wedged actor stops too, and frees its bundle for the new one
         self.num_started += 1
-        runtime = self.config.runtime
         level = self.phase.start_level() if self.phase is not None else 0
         name = f"engine-{index}-restart-{self.num_started}"
         client = spawn_run_engine(self.config, self.placement, self.reservation, index, name, asleep=level)
@@ -578,7 +578,9 @@ class RayEngineFactory:
             self.engines[index] = client
         try:
             await await_actor(
-                client.handle.ready.remote(), f"engine {client.name}: start", runtime.startup_timeout_s
+                client.handle.ready.remote(),
+                f"engine {client.name}: start",
+                engine_start_timeout_s(self.config),
             )
             if self.phase is not None:
                 await self.phase.install(index, client)
@@ -607,11 +609,32 @@ def spawn_trainer_ranks(
     return handles
 
 
-def wait_ready(engines: list[RayEngineClient], config: RuntimeConfig) -> list[dict[str, Any]]:
-    """Each engine's pid, threads and node once all have loaded their models, within ``startup_timeout_s``."""
+ENGINE_ACTOR_START_S = 60.0
+"""What an engine actor does before it starts vLLM's worker: a process, torch and transformers imported, the
+model's directory resolved from the cache and its safetensors headers read (seconds on a warm node)."""
+
+
+def engine_start_timeout_s(config: RunConfig) -> float:
+    """How long the driver waits for an engine actor to be ready: ``runtime.startup_timeout_s``, and with the
+    vLLM backend at least ``engine.vllm.startup_timeout_s`` plus the actor's own start (``ENGINE_ACTOR_START_S``).
+
+    The larger wins because the engine's deadline is the one that names the cause: the actor's vLLM client kills
+    a worker that misses ``engine.vllm.startup_timeout_s`` and fails the actor with a ``VLLMWorkerError`` saying
+    so. A shorter driver wait would cut that short with an anonymous actor timeout, and would make the vLLM knob
+    do nothing beyond it (an 8B model's first load and CUDA-graph capture can take longer than the runtime's
+    default); a longer one changes nothing, since the actor fails by itself at its engine's deadline."""
+    runtime = config.runtime.startup_timeout_s
+    if config.engine.backend != "vllm":
+        return runtime
+    return max(runtime, config.engine.vllm.startup_timeout_s + ENGINE_ACTOR_START_S)
+
+
+def wait_ready(engines: list[RayEngineClient], timeout_s: float) -> list[dict[str, Any]]:
+    """Each engine's pid, threads and node once all have loaded their models, within ``timeout_s``
+    (``engine_start_timeout_s`` in a run)."""
     refs = [engine.handle.ready.remote() for engine in engines]
     names = ", ".join(engine.name for engine in engines)
-    return get_actor(refs, f"engines {names}: start", config.startup_timeout_s)
+    return get_actor(refs, f"engines {names}: start", timeout_s)
 
 
 @dataclass
@@ -655,7 +678,9 @@ class RayParts:
 
 def build_ray_parts(config: RunConfig, runtime: RuntimeConfig) -> RayParts:
     """Reserve each role's placement, start the trainer ranks and ``rollout.num_engines`` engine actors (models
-    load in parallel) inside a session."""
+    load in parallel) inside a session. Once the placement is granted and before any actor starts, the driver has
+    every model file the actors load (downloading unless offline) and, on a cluster, each node is checked to load
+    them offline (``start_files.resolve_before_start``): the actors themselves never download."""
     if not ray.is_initialized():
         raise RuntimeError("build_ray_parts needs a running Ray: call it inside `with ray_session(runtime):`")
     placement = plan_placement(
@@ -667,10 +692,13 @@ def build_ray_parts(config: RunConfig, runtime: RuntimeConfig) -> RayParts:
     )
     roles = role_bundles(config, runtime, placement)
     check_switch_layout(config, runtime, roles)
-    reservation = reserve(roles, runtime)
+    reservation = reserve(roles, runtime)  # an impossible placement is refused at once, before any download
     accelerator = runtime.accelerator_resource
     handles: list[Any] = []
     try:
+        resolve_before_start(
+            config, runtime
+        )  # actors run offline: the model is had here or the run stops here
         handles = spawn_trainer_ranks(config, placement, reservation, accelerator)
         engines = [
             spawn_run_engine(config, placement, reservation, index, f"engine-{index}")
@@ -679,7 +707,7 @@ def build_ray_parts(config: RunConfig, runtime: RuntimeConfig) -> RayParts:
         handles += [engine.handle for engine in engines]
         group = start_trainer_group(handles[: config.trainer.num_workers], runtime, config.weight_sync)
         trainer = with_switch(config, group, engines)
-        engine_locations = wait_ready(engines, runtime)
+        engine_locations = wait_ready(engines, engine_start_timeout_s(config))
         factory = RayEngineFactory(config, placement, reservation, engines, getattr(trainer, "phase", None))
         if config.weight_sync.transport_for(runtime.type) == "broadcast":
             factory.weight_group = form_weight_group(trainer, engines, config)
