@@ -621,8 +621,8 @@ def engine_start_timeout_s(config: RunConfig) -> float:
     The larger wins because the engine's deadline is the one that names the cause: the actor's vLLM client kills
     a worker that misses ``engine.vllm.startup_timeout_s`` and fails the actor with a ``VLLMWorkerError`` saying
     so. A shorter driver wait would cut that short with an anonymous actor timeout, and would make the vLLM knob
-    do nothing beyond it (an 8B model's first load and CUDA-graph capture can take longer than the runtime's
-    default); a longer one changes nothing, since the actor fails by itself at its engine's deadline."""
+    do nothing beyond it (an 8B model's first load and CUDA-graph capture may take longer than the runtime's
+    default: not measured here); a longer one changes nothing, since the actor fails by itself at its engine's deadline."""
     runtime = config.runtime.startup_timeout_s
     if config.engine.backend != "vllm":
         return runtime
@@ -696,9 +696,8 @@ def build_ray_parts(config: RunConfig, runtime: RuntimeConfig) -> RayParts:
     accelerator = runtime.accelerator_resource
     handles: list[Any] = []
     try:
-        resolve_before_start(
-            config, runtime
-        )  # actors run offline: the model is had here or the run stops here
+        # the actors load offline: every model file is had here, or the run stops here with no actor started
+        resolve_before_start(config, runtime)
         handles = spawn_trainer_ranks(config, placement, reservation, accelerator)
         engines = [
             spawn_run_engine(config, placement, reservation, index, f"engine-{index}")
