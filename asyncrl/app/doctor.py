@@ -207,6 +207,18 @@ class ModelFacts:
     """Whether its files are here (a hub model not cached yet is sized from its ``config.json`` alone)."""
 
 
+DOWNLOADED_BY = {
+    "inline": "the run downloads it as it starts",
+    "local": "the driver downloads it before any actor starts (the actors load it offline from that cache)",
+    "cluster": (
+        "the driver downloads it into this machine's cache before any actor starts, but the actors load it "
+        "offline from their own node's cache: a node without it fails the start by name (see model files)"
+    ),
+}
+"""What happens to a hub model missing from the cache when downloads are allowed, per ``runtime.type``
+(``runtime.start_files``: Ray actors never download)."""
+
+
 def check_model(
     config: RunConfig, shape: ModelShape | None = None
 ) -> tuple[ModelFacts | None, list[Finding]]:
@@ -230,11 +242,8 @@ def check_model(
                 Finding(Status.FAIL, "model", str(err), "fetch it into the cache, or unset HF_HUB_OFFLINE")
             ]
         directory, where, cached = _fetch_config_only(config), "its config.json on the hub", False
-        findings.append(
-            Finding(
-                Status.WARN, "model", f"{name} is not in the cache {hub_cache_dir()}; the run downloads it"
-            )
-        )
+        detail = f"{name} is not in the cache {hub_cache_dir()}; {DOWNLOADED_BY[config.runtime.type]}"
+        findings.append(Finding(Status.WARN, "model", detail))
     except (FileNotFoundError, ValueError) as err:
         return None, [
             Finding(Status.FAIL, "model", str(err), "set model.path to a model directory or hub id")

@@ -42,7 +42,10 @@ class VLLMConfig:
     """GPUs one vLLM engine shards its model over (vLLM's ``tensor_parallel_size``); the Ray placement reserves
     them together in one bundle, on one node."""
     startup_timeout_s: float = 300.0
-    """Longest the worker may take to load the model and answer."""
+    """Longest the worker may take to start, build vLLM's engine (load the model, compile, capture CUDA graphs)
+    and answer; past it the worker and vLLM's processes are killed and the start fails naming this key. On Ray
+    the driver waits at least this (plus the engine actor's own start) for the engine to be ready, whatever
+    ``runtime.startup_timeout_s`` says."""
     max_lora_rank: int = 0
     """Largest LoRA rank the worker serves adapters of through vLLM's LoRA support; 0: none. A run with
     ``trainer.lora`` sets it to ``trainer.lora.rank`` when left at 0."""

@@ -112,7 +112,9 @@ class RuntimeConfig:
     """Longest the cluster may take to grant the placement groups; past it the run fails with a named
     ``PlacementError`` (an ask larger than the cluster is refused at once, before waiting)."""
     startup_timeout_s: float = 300.0
-    """Longest an actor may take to start and load its model."""
+    """Longest an actor may take to start and load its model (the model's files are in the cache by then: the
+    driver resolves them before any actor starts). A vLLM engine actor gets at least
+    ``engine.vllm.startup_timeout_s`` plus a minute for its own start, the engine's deadline naming the cause."""
     control_timeout_s: float = 120.0
     """Longest an actor may take to answer a short call (pause, resume, abort, stats, offload); past it the
     call fails with a timeout naming the actor. An engine's weight update and a trainer checkpoint have

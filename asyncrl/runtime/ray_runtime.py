@@ -54,15 +54,16 @@ from asyncrl.data.base import Task
 from asyncrl.data.registry import make_task
 from asyncrl.engine import load_engine_model, make_engine
 from asyncrl.engine.migration import RequestState
-from asyncrl.metrics.progress import LIBRARY_BARS
 from asyncrl.models.loading import load_configured_tokenizer, resolve_device
 from asyncrl.rewards.service import RewardService
 from asyncrl.runtime.actor_calls import await_actor, get_actor
+from asyncrl.runtime.actor_env import ACTOR_ENV
 from asyncrl.runtime.colocate import ColocatedTrainer, device_bytes
 from asyncrl.runtime.placement import Placement, pin, plan_placement
 from asyncrl.runtime.placement_check import SHARED_ROLE, PlacementError, RoleBundles, layout_of
 from asyncrl.runtime.ray_placement import ENGINE_ROLE, TRAINER_ROLE, Reservation, reserve, role_bundles
 from asyncrl.runtime.republish import CatchUpDeadlines
+from asyncrl.runtime.start_files import resolve_before_start
 from asyncrl.runtime.streamed_apply import StreamedApply
 from asyncrl.runtime.switch_phase import SwitchPhase
 from asyncrl.runtime.trainer_group import TrainerGroupClient, TrainerRankActor, start_trainer_group
@@ -73,10 +74,6 @@ from asyncrl.weight_sync.colocated import for_engine
 from asyncrl.weight_sync.protocol import WeightSyncError, WeightSyncTimeout, WeightUpdate, check_version
 from asyncrl.weight_sync.transports import FlatBufferSync
 
-ACTOR_ENV = {"HF_HUB_OFFLINE": "1", **{switch: "1" for switch, _, _ in LIBRARY_BARS}}
-"""Environment of every actor process: models load from local directories only, and libraries draw no progress
-bars (an actor's output reaches the driver through Ray's log lines, never a terminal: a bar's carriage-return
-redraws would land in the driver's log as noise)."""
 LOCAL_RAY_ENV = {"RAY_AUTH_MODE": "disabled"}
 """Environment a locally started Ray needs: Ray 2.60 turns token auth on by default (MACHINE-NOTES); it reads
 this only from the starting process's environment, so ``ray_session`` sets it for the session's lifetime."""
@@ -571,10 +568,9 @@ class RayEngineFactory:
 
     async def replace(self, index: int, failed: Any) -> RayEngineClient:
         """Kill ``failed`` (engine ``index``), start its successor and return it once its model is loaded,
-        within ``startup_timeout_s``."""
+        within ``engine_start_timeout_s``."""
         failed.shutdown()  # ray.kill: a wedged actor stops too, and frees its bundle for the new one
         self.num_started += 1
-        runtime = self.config.runtime
         level = self.phase.start_level() if self.phase is not None else 0
         name = f"engine-{index}-restart-{self.num_started}"
         client = spawn_run_engine(self.config, self.placement, self.reservation, index, name, asleep=level)
@@ -582,7 +578,9 @@ class RayEngineFactory:
             self.engines[index] = client
         try:
             await await_actor(
-                client.handle.ready.remote(), f"engine {client.name}: start", runtime.startup_timeout_s
+                client.handle.ready.remote(),
+                f"engine {client.name}: start",
+                engine_start_timeout_s(self.config),
             )
             if self.phase is not None:
                 await self.phase.install(index, client)
@@ -611,11 +609,32 @@ def spawn_trainer_ranks(
     return handles
 
 
-def wait_ready(engines: list[RayEngineClient], config: RuntimeConfig) -> list[dict[str, Any]]:
-    """Each engine's pid, threads and node once all have loaded their models, within ``startup_timeout_s``."""
+ENGINE_ACTOR_START_S = 60.0
+"""What an engine actor does before it starts vLLM's worker: a process, torch and transformers imported, the
+model's directory resolved from the cache and its safetensors headers read (seconds on a warm node)."""
+
+
+def engine_start_timeout_s(config: RunConfig) -> float:
+    """How long the driver waits for an engine actor to be ready: ``runtime.startup_timeout_s``, and with the
+    vLLM backend at least ``engine.vllm.startup_timeout_s`` plus the actor's own start (``ENGINE_ACTOR_START_S``).
+
+    The larger wins because the engine's deadline is the one that names the cause: the actor's vLLM client kills
+    a worker that misses ``engine.vllm.startup_timeout_s`` and fails the actor with a ``VLLMWorkerError`` saying
+    so. A shorter driver wait would cut that short with an anonymous actor timeout, and would make the vLLM knob
+    do nothing beyond it (an 8B model's first load and CUDA-graph capture may take longer than the runtime's
+    default: not measured here); a longer one changes nothing, since the actor fails by itself at its engine's deadline."""
+    runtime = config.runtime.startup_timeout_s
+    if config.engine.backend != "vllm":
+        return runtime
+    return max(runtime, config.engine.vllm.startup_timeout_s + ENGINE_ACTOR_START_S)
+
+
+def wait_ready(engines: list[RayEngineClient], timeout_s: float) -> list[dict[str, Any]]:
+    """Each engine's pid, threads and node once all have loaded their models, within ``timeout_s``
+    (``engine_start_timeout_s`` in a run)."""
     refs = [engine.handle.ready.remote() for engine in engines]
     names = ", ".join(engine.name for engine in engines)
-    return get_actor(refs, f"engines {names}: start", config.startup_timeout_s)
+    return get_actor(refs, f"engines {names}: start", timeout_s)
 
 
 @dataclass
@@ -659,7 +678,9 @@ class RayParts:
 
 def build_ray_parts(config: RunConfig, runtime: RuntimeConfig) -> RayParts:
     """Reserve each role's placement, start the trainer ranks and ``rollout.num_engines`` engine actors (models
-    load in parallel) inside a session."""
+    load in parallel) inside a session. Once the placement is granted and before any actor starts, the driver has
+    every model file the actors load (downloading unless offline) and, on a cluster, each node is checked to load
+    them offline (``start_files.resolve_before_start``): the actors themselves never download."""
     if not ray.is_initialized():
         raise RuntimeError("build_ray_parts needs a running Ray: call it inside `with ray_session(runtime):`")
     placement = plan_placement(
@@ -671,10 +692,12 @@ def build_ray_parts(config: RunConfig, runtime: RuntimeConfig) -> RayParts:
     )
     roles = role_bundles(config, runtime, placement)
     check_switch_layout(config, runtime, roles)
-    reservation = reserve(roles, runtime)
+    reservation = reserve(roles, runtime)  # an impossible placement is refused at once, before any download
     accelerator = runtime.accelerator_resource
     handles: list[Any] = []
     try:
+        # the actors load offline: every model file is had here, or the run stops here with no actor started
+        resolve_before_start(config, runtime)
         handles = spawn_trainer_ranks(config, placement, reservation, accelerator)
         engines = [
             spawn_run_engine(config, placement, reservation, index, f"engine-{index}")
@@ -683,7 +706,7 @@ def build_ray_parts(config: RunConfig, runtime: RuntimeConfig) -> RayParts:
         handles += [engine.handle for engine in engines]
         group = start_trainer_group(handles[: config.trainer.num_workers], runtime, config.weight_sync)
         trainer = with_switch(config, group, engines)
-        engine_locations = wait_ready(engines, runtime)
+        engine_locations = wait_ready(engines, engine_start_timeout_s(config))
         factory = RayEngineFactory(config, placement, reservation, engines, getattr(trainer, "phase", None))
         if config.weight_sync.transport_for(runtime.type) == "broadcast":
             factory.weight_group = form_weight_group(trainer, engines, config)

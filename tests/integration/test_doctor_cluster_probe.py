@@ -58,3 +58,37 @@ def test_the_node_without_the_model_in_its_cache_is_named(two_caches) -> None:
     assert [f.detail.split(": ")[1].split(" ")[0] for f in files] == ["model.path", "tokenizer"]
     node = files[0].detail.split(": ")[0]
     assert all(f.detail.startswith(node) and str(empty) in f.detail for f in files)  # one node, its cache
+
+
+def test_a_run_on_that_cluster_fails_at_start_naming_the_node_before_any_actor(
+    two_caches, tmp_path, monkeypatch
+) -> None:
+    """The run makes doctor's check itself once its placement is granted: the driver holds the model, one node
+    does not, and the start fails naming that node and its cache, with no trainer rank or engine spawned."""
+    from asyncrl.runtime import ray_runtime
+    from asyncrl.runtime.start_files import ModelFilesError
+    from asyncrl.testing.hub_cache import use_offline_cache
+
+    nodes, empty = two_caches
+    write_hub_model(use_offline_cache(monkeypatch, tmp_path), REPO, DEFAULT_MODEL_DIR)  # the driver's cache
+    spawned: list[int] = []
+    monkeypatch.setattr(ray_runtime, "spawn_trainer_ranks", lambda *args: spawned.append(1) or [])
+    config = load_run_config(
+        None,
+        [
+            "runtime.type=cluster",
+            f"runtime.address={nodes.address}",
+            "runtime.accelerator_resource=fake_gpu",
+            "runtime.train_num_cpus=0.5",
+            "runtime.rollout_num_cpus=0.5",
+            "model.device=cuda",
+            f"model.path={REPO}",
+        ],
+    )
+    with ray_runtime.ray_session(config.runtime), pytest.raises(ModelFilesError) as error:
+        ray_runtime.build_ray_parts(config, config.runtime)
+    failing = [line for line in str(error.value).splitlines() if line.startswith("  node ")]
+    assert [line.split(": ")[1] for line in failing] == [f"model.path {REPO!r}", f"tokenizer {REPO!r}"]
+    assert len({line.split(": ")[0] for line in failing}) == 1  # one node: the one with the empty cache
+    assert all(str(empty) in line for line in failing)
+    assert spawned == []

@@ -86,7 +86,7 @@ def second_engine(parts, model_config):
     extra = spawn_engine(
         model_config, ENGINE, RUNTIME, name="engine-1", num_threads=1, options={"num_cpus": 0}
     )
-    wait_ready([extra], RUNTIME)
+    wait_ready([extra], RUNTIME.startup_timeout_s)
     yield extra
     extra.shutdown()
 
@@ -242,7 +242,7 @@ def test_trainer_step_then_sync_through_the_proxy_makes_engine_and_trainer_agree
     fresh = spawn_engine(
         model_config, ENGINE, RUNTIME, name="engine-sync", num_threads=1, options={"num_cpus": 0}
     )
-    wait_ready([fresh], RUNTIME)
+    wait_ready([fresh], RUNTIME.startup_timeout_s)
 
     async def rollout_train_sync() -> tuple[Generation, dict[str, float]]:
         proxy = LLMProxy([fresh], ProxyConfig(), initial_version=start)
@@ -317,7 +317,7 @@ def test_actors_are_separate_processes_threaded_as_placed(parts):
         trainer_num_cpus=1.0,
         trainer_threads=1,
     )
-    (engine,) = wait_ready(parts.engines, RUNTIME)
+    (engine,) = wait_ready(parts.engines, RUNTIME.startup_timeout_s)
     trainer = ray.get(parts.trainer.handles[0].progress.remote())
     assert len({engine["pid"], trainer["pid"], os.getpid()}) == 3
     assert engine["num_threads"] == trainer["num_threads"] == 1

@@ -117,7 +117,10 @@ class VLLMEngineClient:
         seed: int = 0,
         expected_shapes: dict[str, tuple[int, ...]] | None = None,
     ) -> VLLMEngineClient:
-        """Start a worker serving ``model_dir`` and wait until it answers (``config.startup_timeout_s``).
+        """Start a worker serving ``model_dir`` and wait until its engine is built and it says ready, all within
+        ``config.startup_timeout_s`` (``engine.vllm.startup_timeout_s``): past it the worker's whole session is
+        killed and ``VLLMWorkerError`` names the setting. The deadline covers vLLM's model load, not only the
+        socket: the worker listens before it builds its engine (loading, compiling, capturing graphs).
         ``expected_shapes``: the served tensors' names and shapes where ``model_dir`` has no safetensors to
         read them from (a model vLLM initialises itself, ``engine_args: {load_format: dummy}``)."""
         python = vllm_python(config)
@@ -144,10 +147,9 @@ class VLLMEngineClient:
             command, stdout=log.open("ab"), stderr=stderr, env=env, start_new_session=True
         )
         process._asyncrl_stderr = stderr  # type: ignore[attr-defined]
-        conn = _connect(process, port, authkey, config.startup_timeout_s)
-        ready = conn.recv()
-        if ready.get("event") != "ready":
-            raise VLLMWorkerError(f"vLLM worker did not start: {ready}")
+        deadline = time.monotonic() + config.startup_timeout_s
+        conn = _connect(process, port, authkey, deadline, config.startup_timeout_s)
+        _wait_ready(process, conn, deadline, config.startup_timeout_s)
         client = cls(process, conn, model_shapes(model_dir) if expected_shapes is None else expected_shapes)
         client.request_seeds = bool(config.request_seeds)
         return client
@@ -505,8 +507,12 @@ def model_shapes(model_dir: str | os.PathLike[str]) -> dict[str, tuple[int, ...]
     return shapes
 
 
-def _connect(process: subprocess.Popen, port: int, authkey: bytes, timeout_s: float) -> Any:
-    deadline = time.monotonic() + timeout_s
+STARTUP_KEY = "engine.vllm.startup_timeout_s"
+"""The setting whose deadline a worker's start missed (named by the error, so the fix is one search away)."""
+
+
+def _connect(process: subprocess.Popen, port: int, authkey: bytes, deadline: float, timeout_s: float) -> Any:
+    """The connection to the worker's socket, opened before ``deadline`` (``time.monotonic``)."""
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise VLLMWorkerError(
@@ -517,7 +523,43 @@ def _connect(process: subprocess.Popen, port: int, authkey: bytes, timeout_s: fl
         except ConnectionRefusedError:
             time.sleep(0.1)
     _kill(process)
-    raise VLLMWorkerError(f"vLLM worker did not answer within {timeout_s:g} s")
+    raise VLLMWorkerError(
+        f"vLLM worker (pid {process.pid}) did not open its socket within {STARTUP_KEY}={timeout_s:g} s; "
+        "killed it"
+    )
+
+
+EXIT_GRACE_S = 10.0
+"""How long a worker whose connection closed during start-up may take to exit on its own: its traceback reaches
+its stderr only as its interpreter exits, after the connection closed, and a kill before then loses it."""
+
+
+def _wait_ready(process: subprocess.Popen, conn: Any, deadline: float, timeout_s: float) -> None:
+    """Wait for the worker's ``ready`` (sent once vLLM's engine is built) until ``deadline``; a worker that
+    misses it, dies or says anything else is killed with its session (vLLM's engine core included) and the
+    ``VLLMWorkerError`` says why: the wait never outlives the deadline, whatever vLLM does meanwhile."""
+    try:
+        answered = conn.poll(max(0.0, deadline - time.monotonic()))
+        ready = conn.recv() if answered else None
+    except (EOFError, OSError):  # it is dying while building its engine: its stderr says why, once written
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=EXIT_GRACE_S)
+        _kill(process)
+        conn.close()
+        raise VLLMWorkerError(
+            f"vLLM worker exited with {process.returncode} while starting its engine:\n{_stderr_tail(process)}"
+        ) from None
+    if ready is not None and ready.get("event") == "ready":
+        return
+    _kill(process)
+    conn.close()
+    if ready is None:
+        raise VLLMWorkerError(
+            f"vLLM worker (pid {process.pid}) did not load its model and answer within {STARTUP_KEY}="
+            f"{timeout_s:g} s; killed it (raise {STARTUP_KEY} for a large model or a first CUDA-graph capture)"
+            f"\n{_stderr_tail(process)}"
+        )
+    raise VLLMWorkerError(f"vLLM worker did not start: {ready}")
 
 
 def _kill(process: subprocess.Popen) -> None:

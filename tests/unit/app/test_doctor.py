@@ -203,3 +203,28 @@ def test_bubblewrap_is_probed_when_the_config_runs_model_code(overrides) -> None
     sandbox = next(f for f in findings if f.topic == "bubblewrap")
     assert sandbox.status is Status.OK
     assert ("runs a sandboxed program" in sandbox.detail) == bool(overrides)
+
+
+@pytest.mark.parametrize(
+    ("runtime", "says"),
+    [
+        ("inline", "the run downloads it as it starts"),
+        ("local", "the driver downloads it before any actor starts"),
+        ("cluster", "a node without it fails the start by name"),
+    ],
+)
+def test_a_hub_model_not_cached_online_says_who_downloads_it(tmp_path, monkeypatch, runtime, says) -> None:
+    """Online and not cached, doctor says what the run does with it: Ray actors load offline, so on Ray the
+    driver fetches it before any actor starts (``runtime.start_files``), and on a cluster each node must hold it."""
+    from huggingface_hub import constants
+
+    use_offline_cache(monkeypatch, tmp_path)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(doctor, "_fetch_config_only", lambda config: DEFAULT_MODEL_DIR)  # no hub here
+    overrides = [f"runtime.type={runtime}", "model.path=someone/uncached"]
+    if runtime == "cluster":
+        overrides.append("runtime.address=ray://head:10001")
+    facts, findings = doctor.check_model(load_run_config(None, overrides))
+    warn, ok = findings
+    assert warn.status is Status.WARN and says in warn.detail and "someone/uncached" in warn.detail
+    assert ok.status is Status.OK and facts is not None and not facts.cached
