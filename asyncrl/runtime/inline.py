@@ -250,9 +250,10 @@ def build_parts(config: RunConfig) -> InlineParts:
 
 def make_inline_weight_sync(config: RunConfig, device: torch.device | str = "cpu") -> WeightSync:
     """The trainer side of the run's transport in this process (in_process, delta into a directory, or
-    colocated: what ``runtime.switch`` uses, packed on the trainer's ``device``)."""
+    colocated: what ``runtime.switch`` uses, packed on the trainer's ``device`` for engines in this process,
+    so without CUDA IPC handles)."""
     transport = config.weight_sync.transport_for("inline", switch=config.runtime.switch.enabled)
-    options = config.weight_sync.transport_options(transport, config.output_dir, str(device))
+    options = config.weight_sync.transport_options(transport, config.output_dir, str(device), in_process=True)
     return make_weight_sync(transport, **options)
 
 
