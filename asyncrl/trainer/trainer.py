@@ -476,25 +476,32 @@ class Trainer:
         mini, mini_fixed = _take(batch, fixed, mine) if mine else (None, {})
         local = local_denominator(mini_fixed[_AGGREGATION_MASK]) if mine else torch.zeros(3)
         total = combine(self.parallel.gather(local))
-        self._zero_grad()
         metrics, loss = MetricMerger(), 0.0
         plans = self._plan_micro_batches(mini) if mini is not None else []
         passes = agreed_count(self.parallel, len(plans))
-        for index in range(passes):
-            # Sharded accumulation reduces after every pass; unsharded only with the mini-batch's last.
-            for module in self._trained_modules():
-                self.parallel.sync_gradients(module, index == passes - 1)
-            if index < len(plans):
-                micro, micro_fixed = _take(mini, mini_fixed, plans[index])
-                loss += self._accumulate(micro, micro_fixed, total, metrics)
-            else:  # a pass that changes nothing, so this rank's collectives match the others'
-                self._empty_pass(select_rows(batch, [0]))
-        step_metrics = self._step_optimizers()
+        try:
+            for index in range(passes):
+                # Sharded accumulation reduces after every pass; unsharded only with the mini-batch's last.
+                for module in self._trained_modules():
+                    self.parallel.sync_gradients(module, index == passes - 1)
+                if index < len(plans):
+                    micro, micro_fixed = _take(mini, mini_fixed, plans[index])
+                    loss += self._accumulate(micro, micro_fixed, total, metrics)
+                else:  # a pass that changes nothing, so this rank's collectives match the others'
+                    self._empty_pass(select_rows(batch, [0]))
+            step_metrics = self._step_optimizers()
+        finally:  # gradients live only within their mini-batch (``_free_gradients``)
+            self._free_gradients()
         ranks = self.parallel.gather((metrics, loss))
         loss = sum(part for _, part in ranks) / self.parallel.world_size
         return {**MetricMerger.union(m for m, _ in ranks).result(), "loss": loss, **step_metrics}
 
-    def _zero_grad(self) -> None:
+    def _free_gradients(self) -> None:
+        """Drop every gradient once its mini-batch stepped (or failed), so none outlives it: the next
+        mini-batch starts from none, and between steps the trainer holds no gradient (under ``runtime.switch``
+        the engine generates beside the trainer's state: fp32 gradients would be as large as the master
+        weights). Each optimizer covers what it steps, the policy's whether or not it trained this step (a
+        critic's warm-up drops its gradient; a shared critic's passes run through the policy)."""
         self.optimizer.zero_grad(set_to_none=True)
         if self.critic is not None:
             self.critic.optimizer.zero_grad(set_to_none=True)
