@@ -100,7 +100,8 @@ class LocalTrainer:
 
     def _publish(self) -> WeightUpdate:
         trainer = self.trainer
-        return self._sync.publish(trainer.version, trainer.sync_tensors(), adapter=trainer.adapter)
+        # one cast at a time (``ServingCasts``): the transport's copy is the only whole served model held
+        return self._sync.publish(trainer.version, trainer.serving_tensors(), adapter=trainer.adapter)
 
     def save_checkpoint(self, root: str | Path, *, extra: dict[str, Any], keep_last: int | None) -> Path:
         return save_checkpoint(root, self.trainer, extra=extra, keep_last=keep_last)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -68,7 +68,7 @@ from asyncrl.trainer.mismatch import compute_step_start_correction
 from asyncrl.trainer.offpolicy import m2po_keep
 from asyncrl.trainer.optim import build_optimizer, build_scheduler, clip_gradients
 from asyncrl.types import Group, TrainBatch
-from asyncrl.weight_sync.buckets import cast_for_serving
+from asyncrl.weight_sync.buckets import ServingCasts
 from asyncrl.weight_sync.protocol import LoraAdapter
 
 _AGGREGATION_MASK = "aggregation_mask"
@@ -310,13 +310,20 @@ class Trainer:
         """What an engine needs to serve the current weights, as detached views (DTensors under FSDP2): the
         adapter pairs with LoRA (``trainer.lora.adapter_tensors``), else every weight with the output layer
         named explicitly (``models.loading.state_dict_for_sync``). In ``serving_dtype`` when set: cast here, once,
-        where the weights live (each rank casts its shards, so a sharded gather moves serving-dtype bytes)."""
+        where the weights live (each rank casts its shards, so a sharded gather moves serving-dtype bytes), every
+        cast held at once: ``serving_tensors`` is the same without holding them."""
+        return dict(self.serving_tensors())
+
+    def serving_tensors(self) -> Mapping[str, torch.Tensor] | ServingCasts:
+        """``sync_tensors`` for a transport that takes them one at a time: with ``serving_dtype``, casts made
+        only as they are read (``weight_sync.buckets.ServingCasts``: a publication then holds the served model
+        once, the transport's copy, not a dict of casts beside it); without, the views themselves."""
         named = (
             adapter_tensors(self.model) if self.peft_model is not None else state_dict_for_sync(self.model)
         )
         if self.serving_dtype is None:
             return named
-        return dict(cast_for_serving(named, self.serving_dtype))
+        return ServingCasts(named, self.serving_dtype)
 
     def state_for_sync(self) -> dict[str, torch.Tensor]:
         """A snapshot (copies) of ``sync_tensors``, which the next step cannot change."""

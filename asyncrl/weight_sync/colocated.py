@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from asyncrl.weight_sync.buckets import ServingCasts
 from asyncrl.weight_sync.flat import TensorEntry, _layout
 from asyncrl.weight_sync.protocol import (
     BucketedPublish,
@@ -247,9 +248,14 @@ class ColocatedSync(BucketedPublish):
         released, self.held_bytes = self.held_bytes, 0
         return released
 
-    def _pack(self, bucket: NamedTensors) -> SharedBucket:
-        items = list(bucket.items() if hasattr(bucket, "items") else bucket)
-        entries, sizes, owners = _layout(items)
+    def _pack(self, bucket: NamedTensors | ServingCasts) -> SharedBucket:
+        """``bucket`` copied into fresh blocks; serving casts (``ServingCasts``) are cast as they are copied,
+        straight from the trainer's tensors into the block, so no cast is ever held beside it."""
+        if isinstance(bucket, ServingCasts):
+            items, served = list(bucket.sources.items()), bucket.served_dtype
+        else:
+            items, served = list(bucket.items() if hasattr(bucket, "items") else bucket), None
+        entries, sizes, owners = _layout(items, served)
         allocate = self._allocate_shm if self.device.type == "cpu" else self._allocate_device
         typed, blocks = {}, []
         for dtype, numel in sizes.items():
@@ -258,7 +264,7 @@ class ColocatedSync(BucketedPublish):
             blocks.append(block)
         with torch.no_grad():
             for (_, tensor), entry, owner in zip(items, entries, owners, strict=True):
-                if owner:
+                if owner:  # copy_ casts into the block's dtype: what ``cast_for_serving`` gives, bit for bit
                     typed[entry.dtype][entry.offset : entry.end].copy_(tensor.detach().reshape(-1))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # the engine's copy must see finished words
