@@ -504,12 +504,14 @@ def packed_copy(config: RunConfig, shape: ModelShape, device: str = "cuda") -> T
 
 
 def _publish_term(config: RunConfig, shape: ModelShape, device: str) -> Term:
+    """Inline: the transport's one copy of the served model (``in_process``'s update, ``colocated``'s blocks),
+    fed one serving cast at a time (``Trainer.serving_tensors``), so no dict of casts beside it; the one
+    tensor being cast at a time is left to the margin. On Ray: one gathered bucket."""
     serve = engine_serve_bytes(config, device)
     params = _published_params(config, shape)
     if config.runtime.type == "inline":
-        return Term(
-            "publish copy", params * serve, f"the whole model in {serve} B at each sync (in process)", "sync"
-        )
+        how = f"the whole model in {serve} B at each sync (in process, cast a tensor at a time)"
+        return Term("publish copy", params * serve, how, "sync")
     bucket = largest_bucket(config, shape, serve)
     return Term("staging copy", min(bucket, params * serve), "one gathered bucket (the largest)", "sync")
 
