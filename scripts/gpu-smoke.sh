@@ -70,7 +70,9 @@ train() {  # output name, then [config.yaml] overrides: an RL run (default: the 
 export -f train  # sections run under `timeout bash -c`, which sees only exported functions and variables
 export PY DEVICE out
 
-# 1. The CPU suite's numerics assertions with their models on CUDA (about a minute).
+# 1. The CPU suite's numerics assertions with their models on CUDA (about a minute; the packing file's flash-attn
+#    test runs only where flash-attn is installed; its flex_attention test has a section of its own, below, so an
+#    untimed kernel compile can never cost this section's assertions).
 if [[ $DEVICE == cuda ]]; then
   check 3 unit-cuda "engine, trainer, loss and packing tests with their models on CUDA (the CPU suite's assertions)" \
     env ASYNCRL_TEST_DEVICE=cuda $PY -m pytest -p no:cacheprovider -q \
@@ -79,7 +81,7 @@ if [[ $DEVICE == cuda ]]; then
     tests/unit/engine/test_engine_row_attention.py tests/unit/engine/test_engine_sleep.py \
     tests/unit/trainer/test_trainer_device.py \
     tests/unit/trainer/test_trainer_packing.py tests/unit/losses/test_losses_device.py \
-    tests/unit/weight_sync/test_weight_sync_colocated_device.py
+    tests/unit/weight_sync/test_weight_sync_colocated_device.py -k "not flex_attention"
 else
   not_checked "engine, trainer, loss and packing tests on CUDA" "dry run: the CPU suite runs them on CPU"
 fi
@@ -92,6 +94,12 @@ kit 4 memory-plan "the 1-GPU recipe at its Qwen3-1.7B shape, 3 RL steps: measure
   scripts/gpu_checks/memory_plan.py
 kit 4 colocate "colocated sync and async on one GPU at a 1.7B shape: switch costs, step times, peak memory" \
   scripts/gpu_checks/colocate.py
+if [[ $DEVICE == cuda ]]; then
+  check 2 flex-attention "trainer packing under model.attn_implementation=flex_attention on CUDA (compiles its kernels; forward and gradients against padded sdpa)" \
+    env ASYNCRL_TEST_DEVICE=cuda $PY -m pytest -p no:cacheprovider -q tests/unit/trainer/test_trainer_packing.py -k flex_attention
+else
+  not_checked "trainer packing under flex_attention on CUDA" "dry run: flex_attention has no backward on CPU (its forward runs in the slow CPU suite)"
+fi
 # 3. The tiny model end to end (each passed on an H200 on 2026-11-27; kept as regression runs, budget allowing).
 check 2 rl-async "RL run: inline runtime, async alpha = 2, built-in engine, 20 steps" \
   train async controller.num_steps=20 controller.eval_prompts=64

@@ -103,6 +103,7 @@ def diagnose(
         device = "cuda" if _wants_cuda(config, machine) else "cpu"
         findings.append(check_disk(config, model.shape, device))
     findings += [f for f in (check_output_dir(config, machine_hardware(machine)),) if f is not None]
+    findings.append(check_attention_here(config, machine))
     findings += [*check_ray(config), check_vllm(config), check_sandbox(config)]
     return findings
 
@@ -590,6 +591,22 @@ def node_files(nodes: list[dict]) -> list[Finding]:
 
 def _named(path: str) -> str:
     return repr(path) if path else "(the embedded default)"
+
+
+def check_attention_here(config: RunConfig, machine: Machine) -> Finding:
+    """Whether this machine runs ``model.attn_implementation`` (CUDA, flash-attn), as the trainer checks when it
+    loads its model (``models.attention``)."""
+    import torch
+
+    from asyncrl.models.attention import AttentionUnavailable, check_attention
+
+    name = config.model.attn_implementation
+    device = "cuda" if _wants_cuda(config, machine) else "cpu"
+    try:
+        check_attention(name, torch.device(device), cuda=bool(machine.gpus))
+    except AttentionUnavailable as error:
+        return Finding(Status.FAIL, "attention", str(error))
+    return Finding(Status.OK, "attention", f"model.attn_implementation={name!r} runs here (on {device})")
 
 
 def check_vllm(config: RunConfig, run: Runner = _run) -> Finding:

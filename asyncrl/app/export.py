@@ -35,7 +35,8 @@ def export_model(checkpoint: str | Path, out: str | Path, config: RunConfig | No
     load as a model of its own."""
     path = resolve_resume_path(checkpoint)
     config = config or run_config_of(path)
-    model, tokenizer = load_configured_model(replace(config.model, device="cpu"))
+    # on the host, whatever the run trained with (a CUDA-only attention is refused with model.device: cpu)
+    model, tokenizer = load_configured_model(replace(config.model, device="cpu", attn_implementation="sdpa"))
     model = served_model(model, path)
     out = Path(out)
     model.save_pretrained(out)

@@ -10,7 +10,8 @@ on a laptop before it loads tens of GB on a rented GPU. The terms follow the cod
   holds them; freed after every optimizer step, so never held between steps), AdamW's two moments and one
   foreach scratch of the optimizer step, a frozen reference copy when the loss needs one, the compute-dtype
   weight copies (autocast's cache, or FSDP's unsharded layers), activations of one micro-batch with or without
-  checkpointing, one logits chunk (checkpointed: the larger of it and one layer's recompute), the critic (at
+  checkpointing, the dense attention masks (and eager's softmax) of its rows under ``sdpa``/``eager``
+  (``attention_square_bytes``; none under flex or flash attention), one logits chunk (checkpointed: the larger of it and one layer's recompute), the critic (at
   ``critic.model_path``'s own shape where its ``config.json`` is here, ``sim.critic_shape``, or at the shape
   the caller resolved: ``asyncrl plan``'s ``memory.critic_model``) or value head, and the copy a weight sync
   publishes;
@@ -278,6 +279,44 @@ def activation_bytes(
     return shape.num_layers * tokens * shape.hidden * residual_element
 
 
+SQUARE_ATTENTION = ("sdpa", "eager")
+"""``model.attn_implementation``s whose packed or padded rows get a dense ``[rows, 1, W, W]`` mask
+(``trainer.packing``); flex attention's block mask and flash-attn's variable-length kernels have no ``W²`` term."""
+
+
+def mask_area(config: RunConfig, tokens: int, max_len: int | None) -> tuple[int, int]:
+    """(rows × W², W) of one micro-batch's attention masks: packed, rows are filled up to ``W`` = the larger
+    of ``trainer.packed_row_tokens`` and the longest sample (``max_len``; unknown: the micro-batch), padded they
+    are as wide as the longest sample; never wider than the micro-batch's ``tokens``."""
+    longest = tokens if max_len is None else max_len
+    trainer = config.trainer
+    width = max(trainer.packed_row_tokens, longest) if trainer.sequence_packing else longest
+    width = min(width, tokens)
+    return ceil_div(tokens, width) * width * width, width
+
+
+def attention_square_bytes(
+    config: RunConfig, shape: ModelShape, tokens: int, max_len: int | None, compute: int, residual: int
+) -> tuple[int, int]:
+    """(the mask, what each layer keeps for backward) in bytes, of a micro-batch's dense attention masks.
+
+    ``sdpa`` builds a bool mask once per forward, and torch's sdpa converts it to an additive mask in the
+    query's dtype in every layer and keeps that for backward; ``eager`` builds a float mask (the embeddings'
+    dtype) once and keeps every head's softmax in float32 (and its copy in the compute dtype) per layer. The
+    mask itself is freed after the forward, except under activation checkpointing, where it is the checkpointed
+    layers' input. Measured on CPU against the allocator, to the byte (``tests/unit/app/test_memory_attention.py``);
+    on CUDA the memory-efficient kernel that takes sdpa's mask is assumed to keep it the same way (not measured:
+    no GPU here). (0, 0) under flex or flash attention."""
+    attention = config.model.attn_implementation
+    if attention not in SQUARE_ATTENTION:
+        return 0, 0
+    area, _ = mask_area(config, tokens, max_len)
+    if attention == "sdpa":
+        return area, area * compute
+    softmax = 4 + (compute if compute != 4 else 0)
+    return area * residual, area * shape.num_heads * softmax
+
+
 def logits_chunk_bytes(shape: ModelShape, chunk: int, tokens: int) -> int:
     """One checkpointed ``[chunk, vocab]`` block in fp32, ``LOGITS_COPIES`` times (``trainer.logprobs``)."""
     return LOGITS_COPIES * min(chunk, tokens) * shape.vocab * 4
@@ -296,10 +335,15 @@ def _gb(n: int) -> str:
 
 
 def trainer_role(
-    config: RunConfig, shape: ModelShape, device: str = "cuda", critic: CriticShape | None = None
+    config: RunConfig,
+    shape: ModelShape,
+    device: str = "cuda",
+    critic: CriticShape | None = None,
+    max_len: int | None = None,
 ) -> Role:
     """One trainer rank's terms per GPU (``trainer.num_workers`` ranks, FSDP2-sharded when more than one);
-    a separate critic at ``critic`` where given, else at ``critic.model_path``'s shape (``_critic_terms``)."""
+    a separate critic at ``critic`` where given, else at ``critic.model_path``'s shape (``_critic_terms``);
+    ``max_len`` (the longest sample) bounds the attention masks' rows (None: as wide as a micro-batch)."""
     ranks = config.trainer.num_workers
     master = DTYPE_BYTES[config.model.dtype]
     compute = _compute_bytes(config, master)
@@ -308,8 +352,8 @@ def trainer_role(
     terms = [
         *_state_terms(config, shape, master),
         *_weight_copy_terms(shape, ranks, master, compute),
-        *_activation_terms(config, shape, tokens, compute, residual),
-        *_critic_terms(config, shape, critic, master, ranks, tokens, compute, residual),
+        *_activation_terms(config, shape, tokens, compute, residual, max_len),
+        *_critic_terms(config, shape, critic, master, ranks, tokens, compute, residual, max_len),
         _publish_term(config, shape, device),
     ]
     return Role("trainer rank", ranks, 1, tuple(terms))
@@ -379,10 +423,10 @@ def _weight_copy_terms(shape: ModelShape, ranks: int, master: int, compute: int)
 
 
 def _activation_terms(
-    config: RunConfig, shape: ModelShape, tokens: int, compute: int, residual: int
+    config: RunConfig, shape: ModelShape, tokens: int, compute: int, residual: int, max_len: int | None
 ) -> list[Term]:
-    """A micro-batch's activations and its logits chunk; with checkpointing, backward recomputes one layer or
-    one logits chunk at a time, never both."""
+    """A micro-batch's activations, its attention masks and its logits chunk; with checkpointing, backward
+    recomputes one layer (with its mask copy) or one logits chunk at a time, never both."""
     trainer = config.trainer
     ckpt = trainer.activation_checkpointing
     logits = logits_chunk_bytes(shape, trainer.logprob_chunk_size, tokens)
@@ -393,16 +437,45 @@ def _activation_terms(
         else f"{tokens:,} tokens/micro-batch, every layer's (no checkpointing)"
     )
     activations = Term("activations", activation_bytes(shape, tokens, compute, residual, ckpt), how, "train")
+    mask, per_layer = attention_square_bytes(config, shape, tokens, max_len, compute, residual)
+    masks = _mask_terms(config, shape, tokens, max_len, mask, per_layer, layers=0 if ckpt else None)
     if not ckpt:
-        return [activations, Term("logits chunk", logits, logits_how, "train")]
-    layer = tokens * layer_activation_bytes_per_token(shape, compute)
+        return [activations, *masks, Term("logits chunk", logits, logits_how, "train")]
+    layer = tokens * layer_activation_bytes_per_token(shape, compute) + per_layer
     recompute = Term(
         "recompute",
         max(layer, logits),
-        f"the larger of one layer's activations {layer / GB:.2f} and a logits chunk ({logits_how})",
+        f"the larger of one layer's activations {layer / GB:.2f} (its attention mask copy included) and a "
+        f"logits chunk ({logits_how})",
         "train",
     )
-    return [activations, recompute]
+    return [activations, *masks, recompute]
+
+
+def _mask_terms(
+    config: RunConfig,
+    shape: ModelShape,
+    tokens: int,
+    max_len: int | None,
+    mask: int,
+    per_layer: int,
+    layers: int | None,
+) -> list[Term]:
+    """The attention masks' term (``attention_square_bytes``): every layer's copy kept for backward (``layers``
+    None), or under checkpointing the mask the checkpointed layers keep as their input plus ``layers`` layers'
+    copies (the policy's recomputed layer is counted in ``recompute`` instead: 0)."""
+    if not mask:
+        return []
+    _, width = mask_area(config, tokens, max_len)
+    attention = config.model.attn_implementation
+    copy = "its float copy" if attention == "sdpa" else f"{shape.num_heads} heads' softmax"
+    if layers is None:
+        kept, what = shape.num_layers * per_layer, f"{copy} in each of {shape.num_layers} layers"
+    else:
+        kept = mask + layers * per_layer
+        what = "the mask, the checkpointed layers' input" + (f" + {copy} in {layers} layer" if layers else "")
+    how = f"{attention}: rows of {width:,} tokens, {tokens:,} tokens/micro-batch: {what}"
+    return [Term("attention masks", kept, how, "train")]
 
 
 def _compute_bytes(config: RunConfig, master: int) -> int:
@@ -423,11 +496,12 @@ def _critic_terms(
     tokens: int,
     compute: int,
     residual: int,
+    max_len: int | None = None,
 ) -> list[Term]:
     """The value head on the policy's trunk, or a separate critic at its own shape: ``body`` where the caller
     resolved one (``asyncrl plan``'s, from ``sim.trained``: one shape for memory and time), else
     ``critic.model_path``'s ``config.json`` where it can be read, else the policy's, the reason stated
-    (``sim.critic_shape``)."""
+    (``sim.critic_shape``); a separate critic's forward makes its own attention masks (``_mask_terms``)."""
     critic = config.critic
     if critic is None:
         return []
@@ -438,16 +512,13 @@ def _critic_terms(
     if body is None:
         body = resolve_critic_shape(critic, shape)
     trainer = config.trainer
-    return separate_critic_terms(
-        body,
-        master,
-        ranks,
-        tokens,
-        compute,
-        residual,
-        trainer.activation_checkpointing,
-        trainer.fsdp_grad_accumulation,
+    ckpt = trainer.activation_checkpointing
+    terms = separate_critic_terms(
+        body, master, ranks, tokens, compute, residual, ckpt, trainer.fsdp_grad_accumulation
     )
+    mask, per_layer = attention_square_bytes(config, body.shape, tokens, max_len, compute, residual)
+    masks = _mask_terms(config, body.shape, tokens, max_len, mask, per_layer, layers=1 if ckpt else None)
+    return terms + [replace(term, name=f"critic {term.name}") for term in masks]
 
 
 def separate_critic_terms(
@@ -636,7 +707,7 @@ def plan(
 ) -> Plan:
     """Every role's terms and every device's colocated sum for ``config`` on ``hardware``; a separate critic
     at ``critic`` where given (``trainer_role``)."""
-    trainer = trainer_role(config, shape, device, critic)
+    trainer = trainer_role(config, shape, device, critic, max_len)
     engine = engine_role(config, shape, max_len, hardware, device)
     if config.runtime.type == "inline":
         devices = (Device("the one GPU (trainer + engines, inline)", ((trainer, 1), (engine, engine.count))),)

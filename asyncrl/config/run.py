@@ -19,7 +19,7 @@ from asyncrl.config.engine import EngineConfig
 from asyncrl.config.env import EnvConfig, EnvManagerConfig, check_env_manager_fits
 from asyncrl.config.loader import load_config
 from asyncrl.config.metrics import MetricsConfig
-from asyncrl.config.model import ModelConfig
+from asyncrl.config.model import FLASH_ATTENTION, ModelConfig
 from asyncrl.config.proxy import ProxyConfig
 from asyncrl.config.reward import RewardConfig
 from asyncrl.config.rollout import RolloutConfig
@@ -105,6 +105,7 @@ class RunConfig:
         self.weight_sync.transport_for(self.runtime.type, switch=self.runtime.switch.enabled)
         self._check_broadcast_into_vllm()
         self._check_delta_dtype()
+        self._check_flash_precision()
         self.broadcast_apply()  # a ValueError when 'streamed' is asked where it is not correct
         self._check_switch()
         self._fill_vllm_lora()
@@ -201,6 +202,28 @@ class RunConfig:
             f"model.dtype={self.model.dtype!r} without one, so the trainer would publish deltas in another "
             "dtype than the engines serve, and a delta is patched in byte for byte; set engine.dtype "
             "(e.g. bfloat16), or use weight_sync.type: object_store"
+        )
+
+    def _check_flash_precision(self) -> None:
+        """Refuse flash-attn kernels on a float32 forward: they take only bfloat16/float16 inputs, and transformers
+        would only warn at load and fail inside the first forward. A forward is in half precision when the
+        weights are (``model.dtype``), under autocast (``trainer.compute_dtype``, one process) or under FSDP2's
+        mixed precision (``trainer.mixed_precision: bf16``, several ranks)."""
+        model, trainer = self.model, self.trainer
+        if model.attn_implementation not in FLASH_ATTENTION or model.dtype != "float32":
+            return
+        if trainer.num_workers > 1:
+            if trainer.mixed_precision == "bf16":
+                return
+            instead = "trainer.mixed_precision: bf16"
+        else:
+            if trainer.compute_dtype != "float32":
+                return
+            instead = "trainer.compute_dtype: bfloat16"
+        raise ValueError(
+            f"model.attn_implementation={model.attn_implementation!r} runs only in bfloat16/float16, but "
+            f"model.dtype is 'float32' with no half-precision compute: set model.dtype: bfloat16, or {instead} "
+            "(float32 weights, bfloat16 forward), or use model.attn_implementation: sdpa"
         )
 
     def _check_switch(self) -> None:

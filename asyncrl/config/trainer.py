@@ -89,9 +89,12 @@ class TrainerConfig:
     spent on padding. ``false`` keeps the padded path (for comparison, or a model whose attention does not
     honour restarting position ids)."""
     packed_row_tokens: int = 512
-    """Longest packed row (a longer sample gets a row of its own). On CPU (sdpa with a dense block-diagonal
-    mask) attention in a row costs row² per layer, so shorter rows are faster: 512 beat 1,024 and 2,048 on the
-    generation-bound workload's batches (one rough run, docs/benchmarks.md)."""
+    """Longest packed row; a longer sample widens every row of its micro-batch to its own length
+    (``packing.plan_rows``: rows are filled up to the larger of the two). Under sdpa and eager attention
+    (``model.attn_implementation``) each row gets a dense block-diagonal mask that costs row² per layer in time
+    and memory, so shorter rows are faster: 512 beat 1,024 and 2,048 on CPU on the generation-bound workload's
+    batches (one rough run, docs/benchmarks.md). Under flash-attn the whole micro-batch is one row (its kernels
+    separate packed samples only then) and this is not used; under flex_attention rows still hold this many."""
     logprob_chunk_size: int = 1024
     """Token positions whose vocabulary log-softmax is computed at once; bounds the [tokens, vocab] buffer."""
     temperature: float = 1.0

@@ -25,6 +25,7 @@ from transformers import (
 from asyncrl.config.critic import CRITIC_KEYS, CriticConfig
 from asyncrl.config.model import MODEL_KEYS, ModelConfig, ModelKeys
 from asyncrl.hub import MODEL_FILE_PATTERNS, MODEL_IGNORE_PATTERNS, is_hub_id, snapshot
+from asyncrl.models.attention import check_attention
 
 ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
 """The shipped warm-start checkpoints, each a model directory named after its task (``tiny-copy``, ...)."""
@@ -116,13 +117,19 @@ def load_model_and_tokenizer(
     *,
     revision: str = "",
     local_files_only: bool = False,
+    attn_implementation: str = "sdpa",
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer ("" = the embedded default; a directory, warm start or hub id, see
-    ``resolve_model_path``), in eval mode; ``device`` None: left in host memory, where it is read into."""
+    ``resolve_model_path``), in eval mode, with ``attn_implementation`` for its Hugging Face forward (checked
+    first against this machine and ``device``, ``models.attention``); ``device`` None: left in host memory,
+    where it is read into (and checked as for ``auto``, where it would run)."""
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(map(repr, _DTYPES))}, got {dtype!r}")
+    check_attention(attn_implementation, resolve_device(device or "auto"))
     directory = resolve_model_path(path, revision, local_files_only=local_files_only)
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=_DTYPES[dtype], local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(
+        directory, dtype=_DTYPES[dtype], local_files_only=True, attn_implementation=attn_implementation
+    )
     tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
     if device is not None:
         model = model.to(resolve_device(device))
@@ -130,17 +137,21 @@ def load_model_and_tokenizer(
 
 
 def load_configured_model(
-    config: ModelConfig, *, on_host: bool = False
+    config: ModelConfig, *, on_host: bool = False, for_trainer: bool = False
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The model and tokenizer a run's ``model`` section names, in its dtype on its device; ``on_host``: left
     in host memory instead, for an engine that starts asleep at level 2 and moves its weights to that device
-    only when woken (``LLMEngine(device=)``)."""
+    only when woken (``LLMEngine(device=)``). ``for_trainer``: the trainer runs this model's Hugging Face
+    forward, so it gets ``model.attn_implementation`` (checked against this machine first); otherwise the
+    default sdpa, unchecked: an engine attends with its own kernels (an engine actor may well be on a CPU
+    where a trainer's flash or flex attention could not run), and exporting runs no forward."""
     return load_model_and_tokenizer(
         config.path,
         config.dtype,
         None if on_host else config.device,
         revision=config.revision,
         local_files_only=config.local_files_only,
+        attn_implementation=config.attn_implementation if for_trainer else "sdpa",
     )
 
 
@@ -153,21 +164,30 @@ def load_configured_skeleton(config: ModelConfig) -> tuple[PreTrainedModel, PreT
     (e.g. rotary ``inv_freq``, computed from the config rather than stored) are built for real, as
     ``from_pretrained`` would; the files' tensors are not read here at all.
     """
+    attention = _checked_attention(config)  # before the model is resolved (a hub id may download)
     directory = model_dir(config)
-    model = _skeleton(AutoModelForCausalLM, directory, config.dtype)
+    model = _skeleton(AutoModelForCausalLM, directory, config.dtype, attention)
     return model, AutoTokenizer.from_pretrained(directory, local_files_only=True)
 
 
-def _skeleton(auto_class: Any, directory: Path, dtype: str) -> PreTrainedModel:
+def _checked_attention(config: ModelConfig) -> str:
+    """``config.attn_implementation``, once this machine is known to run it where ``config.device`` resolves."""
+    check_attention(config.attn_implementation, resolve_device(config.device))
+    return config.attn_implementation
+
+
+def _skeleton(auto_class: Any, directory: Path, dtype: str, attn_implementation: str) -> PreTrainedModel:
     """``auto_class``'s model of ``directory``'s config with its parameters on the meta device (buffers real),
-    in ``dtype``, in eval mode."""
+    in ``dtype`` and ``attn_implementation``, in eval mode."""
     from accelerate import init_empty_weights
 
     if dtype not in _DTYPES:
         raise ValueError(f"model.dtype must be one of {', '.join(map(repr, _DTYPES))}, got {dtype!r}")
     model_config = AutoConfig.from_pretrained(directory, local_files_only=True)
     with init_empty_weights(include_buffers=False):
-        model = auto_class.from_config(model_config, dtype=_DTYPES[dtype])
+        model = auto_class.from_config(
+            model_config, dtype=_DTYPES[dtype], attn_implementation=attn_implementation
+        )
     model.tie_weights()  # the context re-registers every parameter, untying a tied output layer
     return model.eval()
 
@@ -187,14 +207,19 @@ def load_decoder_body(directory: Path, config: ModelConfig) -> PreTrainedModel:
     ``directory`` — a causal LM or a reward model — in ``config``'s dtype, on its device; e.g. a separate
     critic's starting point (``critic_model_dir``). It takes a resolved directory, not a path, because the body's
     revision is its own repository's, not ``config.revision``."""
-    body = AutoModel.from_pretrained(directory, dtype=_DTYPES[config.dtype], local_files_only=True)
+    body = AutoModel.from_pretrained(
+        directory,
+        dtype=_DTYPES[config.dtype],
+        local_files_only=True,
+        attn_implementation=_checked_attention(config),
+    )
     return body.to(resolve_device(config.device)).eval()
 
 
 def load_decoder_skeleton(directory: Path, config: ModelConfig) -> PreTrainedModel:
     """``load_decoder_body``'s body with its parameters on the meta device: for a sharded trainer, whose ranks
     each read only their shards of it from ``directory`` (as the policy's, ``load_configured_skeleton``)."""
-    return _skeleton(AutoModel, directory, config.dtype)
+    return _skeleton(AutoModel, directory, config.dtype, _checked_attention(config))
 
 
 def load_configured_tokenizer(config: ModelConfig) -> PreTrainedTokenizerBase:

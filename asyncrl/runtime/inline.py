@@ -229,7 +229,7 @@ def build_parts(config: RunConfig) -> InlineParts:
         async_ratio=config.buffer.async_ratio,
     )
     torch.set_num_threads(1)
-    model, tokenizer = load_configured_model(config.model)
+    model, tokenizer = load_configured_model(config.model, for_trainer=True)  # the engines share it
     engines = make_engines(config, model, tokenizer, placement.engine_threads)
     trainer = build_trainer(config, model, tokenizer)
     builtin = config.engine.backend == "builtin"

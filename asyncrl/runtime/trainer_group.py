@@ -112,7 +112,7 @@ class TrainerRankActor:
         if self._loads_shards():
             model, tokenizer = load_configured_skeleton(config.model)  # parameters come with sharding
         else:
-            model, tokenizer = load_configured_model(config.model)
+            model, tokenizer = load_configured_model(config.model, for_trainer=True)
         self.tokenizer = tokenizer
         self.trainer = build_trainer(config, model.train(), tokenizer, self._parallelism())
         return self.progress()

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from asyncrl.trainer.packing import pack
+from asyncrl.trainer.packing import pack, rows_for
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -141,10 +141,13 @@ def decoder_hidden(
     body: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, packed_row_tokens: int | None
 ) -> torch.Tensor:
     """Final hidden states [B, T, H] of decoder ``body`` on a right-padded batch, computed on packed rows of at
-    most ``packed_row_tokens`` real tokens when given (the same states, no compute on padding)."""
+    most ``packed_row_tokens`` real tokens when given (the same states, no compute on padding), or in one row
+    under flash-attn (``packing.rows_for``: what its kernels need to keep the samples apart)."""
     if packed_row_tokens is None:
         return body_hidden_states(body, input_ids, attention_mask)
-    packing = pack(input_ids, attention_mask, packed_row_tokens)
+    attention = getattr(getattr(body, "config", None), "_attn_implementation", "sdpa")
+    row_tokens = rows_for(attention, packed_row_tokens, int(attention_mask.sum()))
+    packing = pack(input_ids, attention_mask, row_tokens)
     return packing.unpack(body_hidden_states(body, packing.input_ids, None, packing.position_ids))
 
 
@@ -157,7 +160,8 @@ def body_hidden_states(
     """Final hidden states [B, T, H] of a Hugging Face decoder body.
 
     Packed rows pass ``attention_mask=None`` and restarting ``position_ids``: transformers masks attention
-    at every restart (block-diagonal), so packed samples never see each other."""
+    at every restart (block-diagonal; see packing.py per implementation), so packed samples never see each
+    other."""
     packed = {} if position_ids is None else {"position_ids": position_ids}  # padded: the model's own
     return body(
         input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **packed

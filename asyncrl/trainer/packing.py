@@ -3,14 +3,27 @@ never runs on padding.
 
 Why: RL batches are long-tailed, so a padded ``[B, T]`` batch is mostly padding (two thirds on the
 generation-bound workload) and the decoder pays for every padded position. Packed, each sample keeps its own
-position ids (restarting at 0) and ``attention_mask=None``: transformers (5.x ``masking_utils``) then reads
-the restarts as sample boundaries and builds a block-diagonal causal mask, so no token attends across a
-sample; this works with ``sdpa`` and ``eager`` attention on any device, and flash-attention kernels use the
-same position ids as varlen boundaries. The loss and log-prob alignment stay in the padded layout (cheap,
-element-wise): only the decoder body runs packed, and its hidden states are scattered back.
+position ids (restarting at 0) and ``attention_mask=None``; the loss and log-prob alignment stay in the padded
+layout (cheap, element-wise): only the decoder body runs packed, and its hidden states are scattered back.
 
-Rows hold at most ``row_tokens`` tokens (a longer sample gets a row of its own): the dense block-diagonal mask
-costs ``row²`` per layer, so one giant row would trade padding for masked-out attention.
+What each attention implementation (``model.attn_implementation``) does with packed rows, read from the
+installed transformers (5.23: ``masking_utils.create_causal_mask`` / ``find_packed_sequence_indices``,
+``modeling_flash_attention_utils._flash_attention_forward``):
+
+- ``sdpa`` and ``eager``: with ``attention_mask=None``, a position id that does not follow its neighbour by 1
+  starts a new sample, and the mask becomes block-diagonal causal: a dense ``[rows, 1, W, W]`` tensor built once
+  per forward (bool for sdpa, float for eager). torch's sdpa converts it to an additive float mask of the
+  query's dtype in every layer's call and keeps that for backward (measured on CPU: ~4 B × W² per row per
+  layer in float32), and with any mask CUDA cannot use its flash kernel (memory-efficient or math instead).
+  Eager also keeps every head's ``W × W`` softmax per layer. Hence rows of at most ``row_tokens``.
+- ``flex_attention``: the same restarts become a document-id ``mask_mod`` (``packed_sequence_mask_function``
+  and'ed with causal) compiled into a block-sparse ``BlockMask`` (``create_block_mask(_compile=True)``); whole
+  blocks across samples are skipped, so the cost is blocks, not ``W²``. Rows are still ``row_tokens`` long.
+  Its backward is CUDA-only in torch 2.13 (the forward runs compiled on CPU; the config refuses it there).
+- ``flash_attention_2/3/4``: no mask at all; the kernel reads the restarts as variable-length boundaries
+  (``cu_seqlens``), but only when the batch is ONE row (``_is_packed_sequence`` returns False for
+  ``batch_size != 1``): with several rows it would attend causally across the samples of each row. So under
+  flash every sample goes into one row (``rows_for``), which costs no ``W²`` term.
 """
 
 from __future__ import annotations
@@ -18,6 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from asyncrl.config.model import FLASH_ATTENTION
 
 
 @dataclass(frozen=True)
@@ -34,6 +49,12 @@ class Packing:
         """``[R, W, ...]`` values back to ``[B, T, ...]`` (zeros at padding); differentiable."""
         out = packed.new_zeros(*self.padded_shape, *packed.shape[2:])
         return out.index_put(self.padded_index, packed[self.packed_index])
+
+
+def rows_for(attn_implementation: str, row_tokens: int, real_tokens: int) -> int:
+    """The longest row to pack ``real_tokens`` into under ``attn_implementation``: ``row_tokens``, or all of
+    them in one row for flash-attn, which separates packed samples only within a batch of one row."""
+    return max(row_tokens, real_tokens) if attn_implementation in FLASH_ATTENTION else row_tokens
 
 
 def plan_rows(lengths: list[int], row_tokens: int) -> list[list[int]]:

@@ -9,9 +9,18 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from transformers.utils import is_flash_attn_2_available
 
 from asyncrl.app import doctor
-from asyncrl.app.doctor import Gpu, Machine, Status, check_ray, check_vllm, diagnose
+from asyncrl.app.doctor import (
+    Gpu,
+    Machine,
+    Status,
+    check_attention_here,
+    check_ray,
+    check_vllm,
+    diagnose,
+)
 from asyncrl.app.memory_plan import kv_slots_that_fit
 from asyncrl.cli import main as cli
 from asyncrl.config.run import load_run_config
@@ -107,7 +116,7 @@ def test_the_tiny_default_is_all_ok_here_and_the_cli_prints_one_line_each(capsys
     assert cli.main(["doctor", *SMALL]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line and not line.startswith(" ")]
     topics = [line.split(":")[0].split()[-1] for line in lines[:-1]]
-    assert topics == ["devices", "model", "task", "ram", "disk", "ray", "vllm", "bubblewrap"]
+    assert topics == ["devices", "model", "task", "ram", "disk", "attention", "ray", "vllm", "bubblewrap"]
     assert all(line.startswith(("OK ", "WARN", "FAIL")) for line in lines[:-1])
     assert lines[-1].startswith("0 FAIL")
 
@@ -118,6 +127,23 @@ def test_a_failure_exits_1_naming_it_and_its_fix(capsys, monkeypatch) -> None:
     out = capsys.readouterr().out
     assert "FAIL  devices: model.device=cuda but no CUDA device is visible" in out
     assert "      fix: run on a GPU machine" in out and "\n1 FAIL" in out
+
+
+def test_the_attention_implementation_is_checked_against_the_machine() -> None:
+    no_gpu = Machine((), 2, 20 * GIB, "2.13.0+cpu", None)
+    flex = load_run_config(None, [*SMALL, "model.attn_implementation=flex_attention"])
+    failed = check_attention_here(flex, no_gpu)
+    assert (
+        failed.status is Status.FAIL
+        and "model.attn_implementation='flex_attention' needs CUDA" in failed.detail
+    )
+    assert check_attention_here(flex, h100s(1)).status is Status.OK
+    flash = load_run_config(
+        None, [*SMALL, "model.attn_implementation=flash_attention_2", "model.dtype=bfloat16"]
+    )
+    if not is_flash_attn_2_available(kernels_fallback_ok=True):  # this machine: no flash-attn
+        assert "needs flash-attn 2" in check_attention_here(flash, h100s(1)).detail
+    assert check_attention_here(load_run_config(None, SMALL), no_gpu).status is Status.OK
 
 
 def test_vllm_needs_its_environment_with_cuda_for_a_gpu_run(tmp_path: Path) -> None:

@@ -101,7 +101,14 @@ def test_config_docs_lists_every_key_with_its_doc(capsys):
 def test_config_docs_filters_by_prefix(capsys):
     assert cli.main(["config", "docs", "model."]) == 0
     keys = [line.split(":")[0] for line in capsys.readouterr().out.splitlines() if not line.startswith(" ")]
-    assert keys == ["model.path", "model.revision", "model.local_files_only", "model.dtype", "model.device"]
+    assert keys == [
+        "model.path",
+        "model.revision",
+        "model.local_files_only",
+        "model.dtype",
+        "model.device",
+        "model.attn_implementation",
+    ]
 
 
 FAKE_COMMAND = """
