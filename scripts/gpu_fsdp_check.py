@@ -15,6 +15,7 @@ import torch
 from asyncrl.config.algorithm import AdvantageConfig, LossConfig
 from asyncrl.config.critic import CriticConfig
 from asyncrl.config.trainer import TrainerConfig
+from asyncrl.testing.gradients import stepped_gradients
 from asyncrl.testing.models import tiny_qwen2
 from asyncrl.testing.ranks import run_ranks
 from asyncrl.trainer.distributed.parallel import FullyShardedParallel, Parallelism, SingleProcess
@@ -80,21 +81,15 @@ def step(
 
                 full = distribute_tensor(full.to(device), head.weight.device_mesh, head.weight.placements)
             head.weight.copy_(full)
-    trainer.train_step(check_groups(), policy_version=0)
-    named = list(trainer.model.named_parameters())
-    if critic is not None:
-        named += [(f"critic.{n}", p) for n, p in trainer.critic.module.named_parameters()]
-    grads = gathered_gradients(named)  # on every rank: gathering a sharded gradient is a collective
-    return grads if parallel.rank == 0 else None
+    with stepped_gradients(trainer, gathered) as stepped:  # read on every rank: gathering is a collective
+        trainer.train_step(check_groups(), policy_version=0)
+    return stepped[-1] if parallel.rank == 0 else None
 
 
-def gathered_gradients(named: list[tuple[str, torch.nn.Parameter]]) -> dict[str, torch.Tensor]:
-    """Each parameter's full gradient on the CPU: a sharded (DTensor) gradient is gathered first."""
-    grads = {}
-    for name, param in named:
-        grad = param.grad.full_tensor() if hasattr(param.grad, "full_tensor") else param.grad
-        grads[name] = grad.float().cpu()
-    return grads
+def gathered(grad: torch.Tensor) -> torch.Tensor:
+    """A full gradient on the CPU: a sharded (DTensor) gradient is gathered first."""
+    full = grad.full_tensor() if hasattr(grad, "full_tensor") else grad
+    return full.float().cpu()
 
 
 def relative_error(single: dict[str, torch.Tensor], sharded: dict[str, torch.Tensor]) -> float:

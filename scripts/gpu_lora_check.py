@@ -22,12 +22,13 @@ import copy
 import sys
 
 import torch
-from gpu_fsdp_check import check_groups, gathered_gradients, relative_error  # this script's directory
+from gpu_fsdp_check import check_groups, gathered, relative_error  # this script's directory
 
 from asyncrl.config.algorithm import AdvantageConfig, LossConfig
 from asyncrl.config.engine import EngineConfig
 from asyncrl.config.trainer import LoraConfig, TrainerConfig
 from asyncrl.engine.llm_engine import LLMEngine
+from asyncrl.testing.gradients import stepped_gradients
 from asyncrl.testing.models import tiny_qwen2
 from asyncrl.testing.ranks import run_ranks
 from asyncrl.trainer.batching import build_train_batch
@@ -57,9 +58,9 @@ def adapter_gradients(parallel: Parallelism, device: str) -> dict[str, torch.Ten
     """Two LoRA steps (the second has non-zero B, so A gets gradients too); the second step's adapter gradients."""
     trainer = lora_trainer(parallel, device)
     trainer.train_step(check_groups(), policy_version=0)
-    trainer.train_step(check_groups(), policy_version=1)
-    grads = gathered_gradients([(n, p) for n, p in trainer.model.named_parameters() if p.requires_grad])
-    return grads if parallel.rank == 0 else None
+    with stepped_gradients(trainer, gathered) as stepped:  # read on every rank: gathering is a collective
+        trainer.train_step(check_groups(), policy_version=1)
+    return stepped[-1] if parallel.rank == 0 else None
 
 
 def sharded_gradients() -> dict[str, torch.Tensor] | None:

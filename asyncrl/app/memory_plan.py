@@ -6,7 +6,8 @@ roles share. It plans for a hardware profile without that hardware present, so a
 on a laptop before it loads tens of GB on a rented GPU. The terms follow the code paths as they are:
 
 - trainer rank (one per ``trainer.num_workers``, each on its own GPU; FSDP2 shards over them): master weights,
-  gradients (sharded, or whole fp32 while an unsharded accumulation holds them), AdamW's two moments and one
+  gradients while a mini-batch accumulates and steps (sharded, or whole fp32 while an unsharded accumulation
+  holds them; freed after every optimizer step, so never held between steps), AdamW's two moments and one
   foreach scratch of the optimizer step, a frozen reference copy when the loss needs one, the compute-dtype
   weight copies (autocast's cache, or FSDP's unsharded layers), activations of one micro-batch with or without
   checkpointing, the dense attention masks (and eager's softmax) of its rows under ``sdpa``/``eager``
@@ -84,9 +85,13 @@ the softmax of its entropy, and the gradient flowing back."""
 
 
 HELD = "held"
-"""A term's phase: alive the whole run (weights, gradients kept between steps, optimizer state, KV pool)."""
+"""A term's phase: alive the whole run (weights, optimizer state, KV pool)."""
 PHASES = ("train", "step", "sync")
 """Transient phases that never overlap: forward/backward, the optimizer step, publishing weights."""
+STEPPING = "train+step"
+"""The phase of gradients: alive from a mini-batch's first backward through its optimizer step, freed after it
+(``Trainer._free_gradients``), so counted in both phases and in neither a sync nor between steps (while a
+switched engine generates)."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +102,10 @@ class Term:
     bytes: int
     how: str
     phase: str = HELD
+    """``HELD``, one of ``PHASES``, or several joined by ``+`` (``STEPPING``)."""
+
+    def alive_in(self, phase: str) -> bool:
+        return phase in self.phase.split("+")
 
     def line(self) -> str:
         when = "" if self.phase == HELD else f", {self.phase}"
@@ -113,7 +122,7 @@ class Role:
     terms: tuple[Term, ...]
 
     def phase_bytes(self, phase: str) -> int:
-        return sum(t.bytes for t in self.terms if t.phase == phase)
+        return sum(t.bytes for t in self.terms if t.alive_in(phase))
 
     @property
     def peak_phase(self) -> str:
@@ -354,8 +363,9 @@ def trainer_role(
 
 
 def _state_terms(config: RunConfig, shape: ModelShape, master: int) -> list[Term]:
-    """What a rank holds between steps: its share of the weights, adapters, gradients, AdamW's moments and the
-    reference policy; gradients are whole on every rank when accumulated unsharded."""
+    """What a rank holds between steps: its share of the weights, adapters, AdamW's moments and the reference
+    policy; and its gradients while a mini-batch trains and steps (whole on every rank when accumulated
+    unsharded)."""
     trainer = config.trainer
     ranks = trainer.num_workers
     params = shape.num_params
@@ -383,11 +393,12 @@ def _state_terms(config: RunConfig, shape: ModelShape, master: int) -> list[Term
 
 def _gradient_term(name: str, params: int, element: int, ranks: int, accumulation: str) -> Term:
     """Gradients sharded like the weights, or whole fp32 on every rank when FSDP2 accumulates them unsharded
-    (``trainer.fsdp_grad_accumulation``: no reduce-scatter until the mini-batch's last pass)."""
+    (``trainer.fsdp_grad_accumulation``: no reduce-scatter until the mini-batch's last pass); alive only while
+    a mini-batch trains and steps (``STEPPING``)."""
     if ranks > 1 and accumulation != "sharded":
-        return Term(name, params * 4, f"{params:,} × 4 B whole (unsharded fp32 accumulation)")
+        return Term(name, params * 4, f"{params:,} × 4 B whole (unsharded fp32 accumulation)", STEPPING)
     shard = f" / {ranks} ranks" if ranks > 1 else ""
-    return Term(name, ceil_div(params * element, ranks), f"{params:,} × {element} B{shard}")
+    return Term(name, ceil_div(params * element, ranks), f"{params:,} × {element} B{shard}", STEPPING)
 
 
 def _weight_copy_terms(shape: ModelShape, ranks: int, master: int, compute: int) -> list[Term]:
@@ -499,7 +510,8 @@ def _critic_terms(
         return []
     if critic.type == "shared_trunk":
         head = shape.hidden + 1
-        return [Term("value head", 4 * head * master, "weights, gradients and 2 moments of hidden + 1")]
+        how = "weights, 2 moments and a step's gradients of hidden + 1 (tens of KB: one held term)"
+        return [Term("value head", 4 * head * master, how)]
     if body is None:
         body = resolve_critic_shape(critic, shape)
     trainer = config.trainer
@@ -524,9 +536,10 @@ def separate_critic_terms(
 ) -> list[Term]:
     """A separate critic's body (no output layer) trained in full beside the policy: its weights, gradients and
     AdamW's two moments (sharded like the policy's; its gradients accumulate like the policy's, the trainer
-    syncing both modules the same way), and one micro-batch's activations through its layers. The
-    three held terms are apart because ``runtime.switch`` offloads each with the policy's own
-    (``trainer.offload.StateOffloader`` moves the critic's module and optimizer too: ``OFFLOADABLE``)."""
+    syncing both modules the same way, and are freed after each step like the policy's), and one micro-batch's
+    activations through its layers. The held terms are apart because ``runtime.switch`` offloads each with
+    the policy's own (``trainer.offload.StateOffloader`` moves the critic's module and optimizer too:
+    ``OFFLOADABLE``)."""
     params = critic.shape.body_params
     shard = f" / {ranks} ranks" if ranks > 1 else ""
     saved = "each layer's input (checkpointing)" if ckpt else "every layer's (no checkpointing)"
@@ -565,12 +578,14 @@ def packed_copy(config: RunConfig, shape: ModelShape, device: str = "cuda") -> T
 
 
 def _publish_term(config: RunConfig, shape: ModelShape, device: str) -> Term:
+    """Inline: the transport's one copy of the served model (``in_process``'s update, ``colocated``'s blocks),
+    fed one serving cast at a time (``Trainer.serving_tensors``), so no dict of casts beside it; the one
+    tensor being cast at a time is left to the margin. On Ray: one gathered bucket."""
     serve = engine_serve_bytes(config, device)
     params = _published_params(config, shape)
     if config.runtime.type == "inline":
-        return Term(
-            "publish copy", params * serve, f"the whole model in {serve} B at each sync (in process)", "sync"
-        )
+        how = f"the whole model in {serve} B at each sync (in process, cast a tensor at a time)"
+        return Term("publish copy", params * serve, how, "sync")
     bucket = largest_bucket(config, shape, serve)
     return Term("staging copy", min(bucket, params * serve), "one gathered bucket (the largest)", "sync")
 
@@ -743,14 +758,13 @@ def engine_serve_bytes(config: RunConfig, device: str) -> int:
 OFFLOADABLE = {
     "optimizer state": "offload_optimizer",
     "master weights": "offload_master_weights",
-    "gradients": "offload_grads",
     "critic optimizer state": "offload_optimizer",
     "critic weights": "offload_master_weights",
-    "critic gradients": "offload_grads",
 }
 """The trainer's held terms ``runtime.switch`` can move to host memory while the engines generate, each with
 its switch key: the policy's and a separate critic's alike (``StateOffloader.for_trainer`` moves both). A value
-head's (``shared_trunk``: tens of KB) stays one term, counted on the device."""
+head's (``shared_trunk``: tens of KB) stays one term, counted on the device. Gradients are no held term (the
+trainer frees them after every optimizer step), so there is nothing of theirs to offload."""
 
 
 def offloaded_terms(switch: SwitchConfig) -> set[str]:

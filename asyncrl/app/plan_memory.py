@@ -12,8 +12,8 @@ Key decisions:
 - A split candidate's GPUs are the doctor's: each trainer GPU, each engine GPU. A colocated one shares each GPU
   between a trainer rank and an engine taking turns (``memory_plan.switch_devices``), with the switch the
   simulator costs: the training config's ``runtime.switch``, else ``cost.switch_offload_bytes_per_param`` (8:
-  AdamW's moments leave the GPU while the engine generates; 12: the master weights too; 16: gradients too; a
-  separate critic's with the policy's) and ``cost.switch_sleep_level`` (1: a sleeping engine keeps its weights;
+  AdamW's moments leave the GPU while the engine generates; 12: the master weights too; gradients never stay
+  between steps, so nothing more; a separate critic's with the policy's) and ``cost.switch_sleep_level`` (1: a sleeping engine keeps its weights;
   2: nothing).
 - A node's host RAM is planned as doctor's host line plans it (``memory_plan.host_plan``, with the same switch
   for a colocated candidate): offloaded trainer state, weights asleep, staged updates, vLLM's bucket files and
@@ -38,9 +38,10 @@ from asyncrl.sim.hardware import resolve_profile
 from asyncrl.sim.model_shape import ModelShape, resolve_shape
 from asyncrl.sim.trained import trained_parts
 
-SWITCH_OFFLOAD_BYTES = {"offload_optimizer": 8, "offload_master_weights": 12, "offload_grads": 16}
+SWITCH_OFFLOAD_BYTES = {"offload_optimizer": 8, "offload_master_weights": 12}
 """``cost.switch_offload_bytes_per_param`` from which each ``runtime.switch`` offload is on (the key's
-docstring: 8 is AdamW's two fp32 moments, 12 adds the master weights, 16 the gradients)."""
+docstring: 8 is AdamW's two fp32 moments, 12 adds the master weights; the 16 of a system that offloads
+gradients too has no switch key here: asyncrl's trainer frees them after every step)."""
 
 
 @dataclass(frozen=True)

@@ -74,9 +74,14 @@ def field_types(cls: type) -> dict[str, Any]:
 def unknown_key_error(key: str, parent: str, section: type) -> ConfigError:
     """The error for a key that ``section`` lacks, with the most likely intended key.
 
-    The closest sibling (difflib) comes first; failing that, a deeper key with exactly this name (``lr``
-    written at the top instead of under ``trainer``); failing both, the list of valid keys.
+    A key the section lists in its ``REMOVED_KEYS`` (name → why it went) is named as removed, with why, so an
+    old config learns what changed rather than a near miss. Otherwise the closest sibling (difflib) comes
+    first; failing that, a deeper key with exactly this name (``lr`` written at the top instead of under
+    ``trainer``); failing both, the list of valid keys.
     """
+    removed = getattr(section, "REMOVED_KEYS", {})
+    if key in removed:
+        return ConfigError(f"key '{_join(parent, key)}' was removed: {removed[key]}; delete it")
     valid = list(field_types(section))
     close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
     deeper = [d.key for d in iter_key_docs(section) if d.key.rsplit(".", 1)[-1] == key]

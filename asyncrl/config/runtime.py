@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 from asyncrl.config.deadlines import bytes_deadline_s
 
@@ -47,10 +47,16 @@ class SwitchConfig:
     """1: a sleeping engine frees its KV pool. 2: it also moves its weights to host memory."""
     offload_optimizer: bool = True
     """Move the optimizer state (Adam's moments) to host memory while the engines generate."""
-    offload_grads: bool = False
-    """The same for gradients still held after a step (none with the default ``zero_grad(set_to_none)``)."""
     offload_master_weights: bool = False
     """The same for the trainer's own weights (its master copy), after they were published to the engines."""
+
+    REMOVED_KEYS: ClassVar[dict[str, str]] = {
+        "offload_grads": (
+            "the trainer frees its gradients after every optimizer step, so none are held while the engines "
+            "generate and there is nothing to offload"
+        ),
+    }
+    """Keys older configs may still carry, each with why it went (``config.base.unknown_key_error``)."""
 
     def __post_init__(self) -> None:
         if self.engine_sleep_level not in (1, 2):

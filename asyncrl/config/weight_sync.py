@@ -83,11 +83,15 @@ class WeightSyncConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"weight_sync.{name} must be >= 1, got {getattr(self, name)}")
 
-    def transport_options(self, transport: str, output_dir: str, device: str = "cpu") -> dict[str, object]:
+    def transport_options(
+        self, transport: str, output_dir: str, device: str = "cpu", *, in_process: bool = False
+    ) -> dict[str, object]:
         """Constructor options of the trainer side of ``transport`` (``make_weight_sync``) for a trainer whose
-        weights are on ``device``."""
+        weights are on ``device``; ``in_process``: every engine reads in the trainer's process (the inline
+        runtime), so colocated device blocks get no CUDA IPC handle (``weight_sync.colocated``: one nobody
+        opens would pin its block for good)."""
         if transport == "colocated":
-            return {"device": device}
+            return {"device": device, "ipc": not in_process}
         if transport == "delta":
             return {
                 "root": self.delta_dir or os.path.join(output_dir, "weight-deltas"),

@@ -278,7 +278,6 @@ def offload_choice(switch: SwitchConfig) -> OffloadChoice:
     """What ``switch`` moves to host memory between steps."""
     return OffloadChoice(
         optimizer=switch.offload_optimizer,
-        grads=switch.offload_grads,
         master_weights=switch.offload_master_weights,
     )
 

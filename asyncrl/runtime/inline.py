@@ -100,7 +100,8 @@ class LocalTrainer:
 
     def _publish(self) -> WeightUpdate:
         trainer = self.trainer
-        return self._sync.publish(trainer.version, trainer.sync_tensors(), adapter=trainer.adapter)
+        # one cast at a time (``ServingCasts``): the transport's copy is the only whole served model held
+        return self._sync.publish(trainer.version, trainer.serving_tensors(), adapter=trainer.adapter)
 
     def save_checkpoint(self, root: str | Path, *, extra: dict[str, Any], keep_last: int | None) -> Path:
         return save_checkpoint(root, self.trainer, extra=extra, keep_last=keep_last)
@@ -250,9 +251,10 @@ def build_parts(config: RunConfig) -> InlineParts:
 
 def make_inline_weight_sync(config: RunConfig, device: torch.device | str = "cpu") -> WeightSync:
     """The trainer side of the run's transport in this process (in_process, delta into a directory, or
-    colocated: what ``runtime.switch`` uses, packed on the trainer's ``device``)."""
+    colocated: what ``runtime.switch`` uses, packed on the trainer's ``device`` for engines in this process,
+    so without CUDA IPC handles)."""
     transport = config.weight_sync.transport_for("inline", switch=config.runtime.switch.enabled)
-    options = config.weight_sync.transport_options(transport, config.output_dir, str(device))
+    options = config.weight_sync.transport_options(transport, config.output_dir, str(device), in_process=True)
     return make_weight_sync(transport, **options)
 
 

@@ -249,7 +249,7 @@ class TrainerRankActor:
         return checkpoint.load_checkpoint(path, trainer)
 
     def offload_state(self) -> int:
-        """``runtime.switch``: move this rank's chosen state (optimizer, grads, master weights) to host memory
+        """``runtime.switch``: move this rank's chosen state (optimizer, master weights) to host memory
         while its bundle's engine generates; the bytes moved. On CUDA the freed blocks go back to the device
         (``empty_cache``): the engine is another process, which this process's allocator cache would starve."""
         moved = self._offloader().offload()

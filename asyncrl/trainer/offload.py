@@ -2,13 +2,14 @@
 
 Why: in colocated sync (``runtime.switch``) the trainer and the engine take turns on one device. While the
 engine generates, the trainer needs none of its optimizer state (Adam's two moments: twice the weights in
-fp32), its gradients or, optionally, its master weights; moving them to host memory gives the engine that
-room for its KV pool. Before the next step they come back to the device they left, bit for bit.
+fp32) or, optionally, its master weights; moving them to host memory gives the engine that room for its KV
+pool. Before the next step they come back to the device they left, bit for bit. Gradients never need moving:
+the trainer frees them after every optimizer step (``Trainer._free_gradients``), so none exist between steps.
 
 Host copies are pinned when the state lives on CUDA (a pinned copy is what a DMA reads at full host-link
 speed) and plain host tensors on CPU, where the move exercises the same code but frees nothing.
 
-Tensors are moved by swapping ``.data`` (parameters, gradients) or the optimizer-state entry, never by
+Tensors are moved by swapping ``.data`` (parameters) or the optimizer-state entry, never by
 rebuilding the optimizer: its parameter groups, step counts and the ``Parameter`` objects the model and the
 optimizer share stay the same objects.
 """
@@ -28,7 +29,6 @@ class OffloadChoice:
     """What moves to host memory between steps."""
 
     optimizer: bool = True
-    grads: bool = False
     master_weights: bool = False
 
 
@@ -87,7 +87,7 @@ class StateOffloader:
 
     def _slots(self) -> Iterator[tuple[object, str]]:
         """(holder, key) of every tensor the choice moves: an optimizer-state dict and its key, or a
-        parameter and ``data`` / ``grad``. Each parameter once, even when two modules share it."""
+        parameter and ``data``. Each parameter once, even when two modules share it."""
         seen: set[int] = set()
         for module in self.modules:
             for param in module.parameters():
@@ -96,8 +96,6 @@ class StateOffloader:
                 seen.add(id(param))
                 if self.choice.master_weights:
                     yield param, "data"
-                if self.choice.grads and param.grad is not None:
-                    yield param, "grad"
         if self.choice.optimizer:
             for optimizer in self.optimizers:
                 for state in optimizer.state.values():
@@ -128,7 +126,5 @@ def _get(holder: object, key: str) -> torch.Tensor | None:
 def _set(holder: object, key: str, value: torch.Tensor) -> None:
     if isinstance(holder, dict):
         holder[key] = value
-    elif key == "grad":
-        holder.grad = value  # type: ignore[attr-defined]
     else:
         holder.data = value  # type: ignore[attr-defined]

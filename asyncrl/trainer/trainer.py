@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -68,7 +68,7 @@ from asyncrl.trainer.mismatch import compute_step_start_correction
 from asyncrl.trainer.offpolicy import m2po_keep
 from asyncrl.trainer.optim import build_optimizer, build_scheduler, clip_gradients
 from asyncrl.types import Group, TrainBatch
-from asyncrl.weight_sync.buckets import cast_for_serving
+from asyncrl.weight_sync.buckets import ServingCasts
 from asyncrl.weight_sync.protocol import LoraAdapter
 
 _AGGREGATION_MASK = "aggregation_mask"
@@ -310,13 +310,20 @@ class Trainer:
         """What an engine needs to serve the current weights, as detached views (DTensors under FSDP2): the
         adapter pairs with LoRA (``trainer.lora.adapter_tensors``), else every weight with the output layer
         named explicitly (``models.loading.state_dict_for_sync``). In ``serving_dtype`` when set: cast here, once,
-        where the weights live (each rank casts its shards, so a sharded gather moves serving-dtype bytes)."""
+        where the weights live (each rank casts its shards, so a sharded gather moves serving-dtype bytes), every
+        cast held at once: ``serving_tensors`` is the same without holding them."""
+        return dict(self.serving_tensors())
+
+    def serving_tensors(self) -> Mapping[str, torch.Tensor] | ServingCasts:
+        """``sync_tensors`` for a transport that takes them one at a time: with ``serving_dtype``, casts made
+        only as they are read (``weight_sync.buckets.ServingCasts``: a publication then holds the served model
+        once, the transport's copy, not a dict of casts beside it); without, the views themselves."""
         named = (
             adapter_tensors(self.model) if self.peft_model is not None else state_dict_for_sync(self.model)
         )
         if self.serving_dtype is None:
             return named
-        return dict(cast_for_serving(named, self.serving_dtype))
+        return ServingCasts(named, self.serving_dtype)
 
     def state_for_sync(self) -> dict[str, torch.Tensor]:
         """A snapshot (copies) of ``sync_tensors``, which the next step cannot change."""
@@ -476,25 +483,32 @@ class Trainer:
         mini, mini_fixed = _take(batch, fixed, mine) if mine else (None, {})
         local = local_denominator(mini_fixed[_AGGREGATION_MASK]) if mine else torch.zeros(3)
         total = combine(self.parallel.gather(local))
-        self._zero_grad()
         metrics, loss = MetricMerger(), 0.0
         plans = self._plan_micro_batches(mini) if mini is not None else []
         passes = agreed_count(self.parallel, len(plans))
-        for index in range(passes):
-            # Sharded accumulation reduces after every pass; unsharded only with the mini-batch's last.
-            for module in self._trained_modules():
-                self.parallel.sync_gradients(module, index == passes - 1)
-            if index < len(plans):
-                micro, micro_fixed = _take(mini, mini_fixed, plans[index])
-                loss += self._accumulate(micro, micro_fixed, total, metrics)
-            else:  # a pass that changes nothing, so this rank's collectives match the others'
-                self._empty_pass(select_rows(batch, [0]))
-        step_metrics = self._step_optimizers()
+        try:
+            for index in range(passes):
+                # Sharded accumulation reduces after every pass; unsharded only with the mini-batch's last.
+                for module in self._trained_modules():
+                    self.parallel.sync_gradients(module, index == passes - 1)
+                if index < len(plans):
+                    micro, micro_fixed = _take(mini, mini_fixed, plans[index])
+                    loss += self._accumulate(micro, micro_fixed, total, metrics)
+                else:  # a pass that changes nothing, so this rank's collectives match the others'
+                    self._empty_pass(select_rows(batch, [0]))
+            step_metrics = self._step_optimizers()
+        finally:  # gradients live only within their mini-batch (``_free_gradients``)
+            self._free_gradients()
         ranks = self.parallel.gather((metrics, loss))
         loss = sum(part for _, part in ranks) / self.parallel.world_size
         return {**MetricMerger.union(m for m, _ in ranks).result(), "loss": loss, **step_metrics}
 
-    def _zero_grad(self) -> None:
+    def _free_gradients(self) -> None:
+        """Drop every gradient once its mini-batch stepped (or failed), so none outlives it: the next
+        mini-batch starts from none, and between steps the trainer holds no gradient (under ``runtime.switch``
+        the engine generates beside the trainer's state: fp32 gradients would be as large as the master
+        weights). Each optimizer covers what it steps, the policy's whether or not it trained this step (a
+        critic's warm-up drops its gradient; a shared critic's passes run through the policy)."""
         self.optimizer.zero_grad(set_to_none=True)
         if self.critic is not None:
             self.critic.optimizer.zero_grad(set_to_none=True)

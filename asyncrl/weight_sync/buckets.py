@@ -127,9 +127,7 @@ def cast_for_serving(
     a consumer that drops each one (a bucket stream) never holds the whole model twice. A tensor under two
     names (tied embeddings) is cast once and both names get that cast; a tensor already in ``dtype``, or not
     floating point, passes as it is (no copy)."""
-    target = getattr(torch, dtype, None)
-    if not isinstance(target, torch.dtype) or not target.is_floating_point:
-        raise ValueError(f"serving dtype must be a floating-point torch dtype, got {dtype!r}")
+    target = _serving_target(dtype)
     items = list(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
     keys = [_memory_key(tensor) for _, tensor in items]
     last_use = {key: index for index, key in enumerate(keys)}
@@ -144,6 +142,42 @@ def cast_for_serving(
         if last_use[key] > index:  # a later name shares this memory: keep the cast for it
             cast[key] = converted
         yield name, converted
+
+
+class ServingCasts:
+    """Named tensors in the serving dtype, cast only as they are read: iterating yields ``cast_for_serving``'s
+    pairs (each cast made when reached, kept by nobody but the reader; iterated again, cast again).
+
+    Why: a dict of the casts is a whole second copy of the served model beside the copy a transport makes of
+    it (``in_process``'s clones, ``colocated``'s blocks), so a publication held the served model twice. Read
+    lazily, a transport that keeps each tensor it is handed holds it once: ``in_process`` keeps a fresh cast
+    without cloning it (``fresh``), and ``colocated``, which lays its blocks out before it fills them, reads
+    ``sources`` with ``served_dtype`` and casts as it copies into the block, so no cast exists apart from it.
+    A transport that needs every tensor at once (``list`` of it) still gets them, held once."""
+
+    def __init__(self, named: Mapping[str, torch.Tensor], dtype: str) -> None:
+        self.target = _serving_target(dtype)
+        self.sources = dict(named)
+        """The trainer's own tensors (views of its weights: never written)."""
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return cast_for_serving(self.sources, str(self.target).removeprefix("torch."))
+
+    def served_dtype(self, tensor: torch.Tensor) -> torch.dtype:
+        """The dtype ``tensor`` (a source) is served in: ``target`` if it is floating point, else its own."""
+        return self.target if tensor.is_floating_point() else tensor.dtype
+
+    def fresh(self, name: str) -> bool:
+        """Whether ``name``'s tensor is a cast made for the reader (memory nobody else holds), not the trainer's
+        own tensor passed as it is (already in the serving dtype, or not floating point)."""
+        return self.served_dtype(self.sources[name]) != self.sources[name].dtype
+
+
+def _serving_target(dtype: str) -> torch.dtype:
+    target = getattr(torch, dtype, None)
+    if not isinstance(target, torch.dtype) or not target.is_floating_point:
+        raise ValueError(f"serving dtype must be a floating-point torch dtype, got {dtype!r}")
+    return target
 
 
 def _memory_key(tensor: torch.Tensor) -> tuple[Any, ...]:

@@ -16,6 +16,12 @@ Two block kinds behind one interface (``weight_sync.type=colocated`` picks by th
   handle ``torch.multiprocessing.reductions.reduce_tensor`` makes; the engine rebuilds it (a mapping of the
   trainer's allocation) and copies device to device. Not yet run on a GPU in this project's tests:
   ``scripts/gpu-weight-sync.sh`` exercises it on a lent GPU.
+- ``cuda_local`` (GPU, ``ipc=False``: the inline runtime, engines in the trainer's own process): the same
+  device buffers with no IPC handle; the engine reads the block itself. Why not a handle anyway: making one
+  sets torch's CUDA IPC reference count of the block to 1, which only a receiving process that opens the
+  handle and lets go of it takes back; an engine in the same process never opens it, so torch parks the
+  released block in its sent-data holding list for good (``empty_cache`` cannot return it either): the whole
+  served model leaked on every publication.
 
 Memory: the trainer side holds one packed copy of the latest version (the blocks) from its publication until
 every engine applied it: ``runtime.switch`` then releases it (``runtime.colocate.ColocatedTrainer.
@@ -42,6 +48,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from asyncrl.weight_sync.buckets import ServingCasts
 from asyncrl.weight_sync.flat import TensorEntry, _layout
 from asyncrl.weight_sync.protocol import (
     BucketedPublish,
@@ -69,15 +76,16 @@ class Lease:
 
 @dataclass(frozen=True, kw_only=True)
 class SharedBlock:
-    """One dtype's packed words of one bucket: ``kind`` ``shm`` (``ref`` is the block's name) or ``cuda_ipc``
-    (``ref`` is the argument tuple of ``rebuild_cuda_tensor``)."""
+    """One dtype's packed words of one bucket: ``kind`` ``shm`` (``ref`` is the block's name), ``cuda_ipc``
+    (``ref`` is the argument tuple of ``rebuild_cuda_tensor``) or ``cuda_local`` (no ``ref``: only ``local``
+    reads it)."""
 
     kind: str
     dtype: str
     numel: int
     ref: Any
     local: tuple[int, int] | None = None
-    """CUDA IPC: (pid, key) of the trainer's block: an engine in that same process (the inline runtime,
+    """A device block: (pid, key) of the trainer's block: an engine in that same process (the inline runtime,
     ``runtime.switch``) reads the block itself, since CUDA cannot open an IPC handle in the process that
     made it."""
 
@@ -169,12 +177,14 @@ def for_engine(update: WeightUpdate, index: int) -> WeightUpdate:
 
 class ColocatedSync(BucketedPublish):
     """``weight_sync.type=colocated`` (module docstring). ``device`` is where the trainer packs: ``cpu`` gives
-    shared-memory blocks, ``cuda`` CUDA IPC handles."""
+    shared-memory blocks, any other device device blocks: with ``ipc`` each gets a CUDA IPC handle (engines in
+    other processes: Ray), without it none (engines in this process only: the inline runtime)."""
 
     name = "colocated"
 
-    def __init__(self, device: str | torch.device = "cpu") -> None:
+    def __init__(self, device: str | torch.device = "cpu", *, ipc: bool = True) -> None:
         self.device = torch.device(device)
+        self.ipc = ipc
         self._live: list[Any] = []
         """What keeps the latest version's blocks alive on the trainer side (SharedMemory or device tensors)."""
         self.held_bytes = 0
@@ -238,10 +248,15 @@ class ColocatedSync(BucketedPublish):
         released, self.held_bytes = self.held_bytes, 0
         return released
 
-    def _pack(self, bucket: NamedTensors) -> SharedBucket:
-        items = list(bucket.items() if hasattr(bucket, "items") else bucket)
-        entries, sizes, owners = _layout(items)
-        allocate = self._allocate_cuda if self.device.type == "cuda" else self._allocate_shm
+    def _pack(self, bucket: NamedTensors | ServingCasts) -> SharedBucket:
+        """``bucket`` copied into fresh blocks; serving casts (``ServingCasts``) are cast as they are copied,
+        straight from the trainer's tensors into the block, so no cast is ever held beside it."""
+        if isinstance(bucket, ServingCasts):
+            items, served = list(bucket.sources.items()), bucket.served_dtype
+        else:
+            items, served = list(bucket.items() if hasattr(bucket, "items") else bucket), None
+        entries, sizes, owners = _layout(items, served)
+        allocate = self._allocate_shm if self.device.type == "cpu" else self._allocate_device
         typed, blocks = {}, []
         for dtype, numel in sizes.items():
             tensor, block = allocate(dtype, numel)
@@ -249,7 +264,7 @@ class ColocatedSync(BucketedPublish):
             blocks.append(block)
         with torch.no_grad():
             for (_, tensor), entry, owner in zip(items, entries, owners, strict=True):
-                if owner:
+                if owner:  # copy_ casts into the block's dtype: what ``cast_for_serving`` gives, bit for bit
                     typed[entry.dtype][entry.offset : entry.end].copy_(tensor.detach().reshape(-1))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # the engine's copy must see finished words
@@ -264,14 +279,18 @@ class ColocatedSync(BucketedPublish):
         tensor = torch.frombuffer(block.buf, dtype=torch_dtype, count=numel) if numel else torch.empty(0)
         return tensor, SharedBlock(kind="shm", dtype=dtype, numel=numel, ref=block.name)
 
-    def _allocate_cuda(self, dtype: str, numel: int) -> tuple[torch.Tensor, SharedBlock]:
-        from torch.multiprocessing.reductions import reduce_tensor
-
+    def _allocate_device(self, dtype: str, numel: int) -> tuple[torch.Tensor, SharedBlock]:
+        """A device block, with a CUDA IPC handle only when ``ipc`` (a handle nobody opens pins the block
+        for good: module docstring, ``cuda_local``)."""
         tensor = torch.empty(numel, dtype=getattr(torch, dtype), device=self.device)
         self._live.append(tensor)
-        _, args = reduce_tensor(tensor)
         _IN_PROCESS[id(tensor)] = tensor
         local = (os.getpid(), id(tensor))
+        if not self.ipc:
+            return tensor, SharedBlock(kind="cuda_local", dtype=dtype, numel=numel, ref=None, local=local)
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        _, args = reduce_tensor(tensor)
         return tensor, SharedBlock(kind="cuda_ipc", dtype=dtype, numel=numel, ref=args, local=local)
 
     def __del__(self) -> None:
@@ -293,11 +312,16 @@ def _attach(block: SharedBlock, version: int) -> torch.Tensor:
             warnings.simplefilter("ignore", UserWarning)
             full = torch.from_numpy(words)
         return full[: block.numel * getattr(torch, block.dtype).itemsize].view(getattr(torch, block.dtype))
-    if block.kind == "cuda_ipc" and block.local is not None and block.local[0] == os.getpid():
+    if block.kind in ("cuda_ipc", "cuda_local") and block.local is not None and block.local[0] == os.getpid():
         tensor = _IN_PROCESS.get(block.local[1])
         if tensor is None:
             raise WeightSyncError(f"weight update v{version}: its CUDA block was released (a newer version?)")
         return tensor
+    if block.kind == "cuda_local":
+        raise WeightSyncError(
+            f"weight update v{version}: its device blocks were packed without CUDA IPC handles, for engines in "
+            "the trainer's own process (the inline runtime); an engine in another process cannot open them"
+        )
     if block.kind == "cuda_ipc":
         return _open_cuda_ipc(block, version)
     raise WeightSyncError(f"weight update v{version}: unknown block kind {block.kind!r}")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -151,8 +151,10 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def _layout(
     items: list[tuple[str, torch.Tensor]],
+    served: Callable[[torch.Tensor], torch.dtype] | None = None,
 ) -> tuple[list[TensorEntry], dict[str, int], list[bool]]:
-    """Each tensor's entry, each dtype's buffer size, and whether the tensor owns (must fill) its span."""
+    """Each tensor's entry, each dtype's buffer size, and whether the tensor owns (must fill) its span; with
+    ``served``, each entry in the dtype it gives the tensor (the filler casts as it copies)."""
     sizes: dict[str, int] = {}
     seen: dict[tuple, TensorEntry] = {}
     entries, owners, names = [], [], set()
@@ -165,7 +167,7 @@ def _layout(
             entries.append(replace(seen[key], name=name))
             owners.append(False)
             continue
-        dtype = dtype_name(tensor.dtype)
+        dtype = dtype_name(tensor.dtype if served is None else served(tensor))
         _carrier(dtype, name)
         entry = TensorEntry(name=name, dtype=dtype, shape=tuple(tensor.shape), offset=sizes.get(dtype, 0))
         sizes[dtype] = entry.end

@@ -1,8 +1,8 @@
 """The WeightSync transports, and ``make_weight_sync(config)`` choosing one by ``config.type``.
 
 - ``in_process`` (``InProcessSync``): trainer and engines share a process; ``publish`` clones the tensors once
-  (the trainer keeps updating its own in place; a matrix under two names, tied embeddings, once), ``receive``
-  hands the clones out.
+  (the trainer keeps updating its own in place; a matrix under two names, tied embeddings, once), except the
+  fresh casts of ``ServingCasts``, which nobody else holds and are kept as they are; ``receive`` hands them out.
 - ``object_store`` (``FlatBufferSync``): buckets, each one flat buffer per dtype plus a manifest
   (``weight_sync.flat``), placed with ``put`` and read with ``get``. The Ray runtime passes ``ray.put`` /
   ``ray.get`` (zero-copy numpy reads from the object store); without them each ``FlatWeights`` is its own
@@ -19,6 +19,7 @@ import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+from asyncrl.weight_sync.buckets import ServingCasts
 from asyncrl.weight_sync.protocol import (
     BucketedPublish,
     LoraAdapter,
@@ -29,10 +30,6 @@ from asyncrl.weight_sync.protocol import (
     WeightUpdate,
     named_nbytes,
 )
-
-
-def _items(named_tensors: NamedTensors) -> list[tuple[str, Any]]:
-    return list(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
 
 
 def _manifest_of(items: list[tuple[str, Any]]) -> tuple[ManifestEntry, ...]:
@@ -55,14 +52,18 @@ class InProcessSync:
     name = "in_process"
 
     def publish(
-        self, version: int, named_tensors: NamedTensors, *, adapter: LoraAdapter | None = None
+        self, version: int, named_tensors: NamedTensors | ServingCasts, *, adapter: LoraAdapter | None = None
     ) -> WeightUpdate:
+        """An update of copies the trainer cannot change: each tensor cloned, but a fresh serving cast kept as
+        it is (a second clone would hold the served model twice)."""
+        fresh = named_tensors.fresh if isinstance(named_tensors, ServingCasts) else None
         clones: dict[tuple[Any, ...], Any] = {}  # memory under two names (tied embeddings) is cloned once
         items = []
-        for name, tensor in _items(named_tensors):
+        for name, tensor in named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors:
             key = (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tensor.stride())
             if key not in clones:
-                clones[key] = tensor.detach().clone()
+                owned = fresh is not None and fresh(name)
+                clones[key] = tensor.detach() if owned else tensor.detach().clone()
             items.append((name, clones[key]))
         return WeightUpdate(
             version=version,

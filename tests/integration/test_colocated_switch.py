@@ -17,6 +17,7 @@ from asyncrl.proxy.recovery import Superseded
 from asyncrl.runtime.colocate import ColocatedTrainer
 from asyncrl.runtime.inline import LocalTrainer
 from asyncrl.runtime.republish import Republisher
+from asyncrl.testing.gradients import trained_parameters
 from asyncrl.weight_sync.colocated import SHM_DIR, ColocatedSync
 
 STEPS = 3
@@ -65,6 +66,22 @@ def held_at_each_step(monkeypatch) -> list[tuple[int, list[int], list[str]]]:
     return held
 
 
+def gradient_bytes_as_engines_wake(monkeypatch) -> list[int]:
+    """Per publication, the bytes of every gradient the trainer still holds once it offloaded and woke the
+    engines, which then generate beside it: filled as the run goes."""
+    held: list[int] = []
+    state_for_sync = ColocatedTrainer.state_for_sync
+
+    def published(self):
+        update = state_for_sync(self)
+        trainer = self.inner.trainer
+        held.append(sum(p.grad.nbytes for _, p in trained_parameters(trainer) if p.grad is not None))
+        return update
+
+    monkeypatch.setattr(ColocatedTrainer, "state_for_sync", published)
+    return held
+
+
 @pytest.fixture(scope="module")
 def plain(tmp_path_factory) -> Path:
     """The same seed's run without the switch, which every switched run ends bit-equal to."""
@@ -76,11 +93,14 @@ def plain(tmp_path_factory) -> Path:
 def test_the_switched_run_sleeps_each_step_and_ends_bit_equal_to_the_plain_one(tmp_path, monkeypatch, plain):
     received = versions_received(monkeypatch)
     held_while_training = held_at_each_step(monkeypatch)
+    gradients_while_generating = gradient_bytes_as_engines_wake(monkeypatch)
     out = tmp_path / "switched"
     train_in_process(out, STEPS, *SMALL, *SWITCH)
 
     # every version through the colocated transport, each applied before the step ended
     assert received == list(range(1, STEPS + 1)), received
+    # the trainer freed its gradients after each step: none beside the generating engine
+    assert gradients_while_generating == [0] * STEPS, gradients_while_generating
     # the packed copy is let go once the engines applied it, not kept until the next publication
     assert [version for version, _, _ in held_while_training] == list(range(STEPS))
     assert all(not any(held) and not present for _, held, present in held_while_training), held_while_training

@@ -69,9 +69,14 @@ def test_the_terms_are_the_arithmetic_they_state() -> None:
     assert trainer["recompute"].bytes == max(1000 * per_token, 4 * 1000 * 151_936 * 4)  # a layer or logits
     assert trainer["publish copy"].bytes == 2 * p
     role = mp.trainer_role(config, shape)
-    held = 16 * p
-    train = trainer["compute copies"].bytes + trainer["activations"].bytes + trainer["recompute"].bytes
-    step = trainer["optimizer scratch"].bytes
+    held = 12 * p  # master weights and AdamW's moments: the gradients are freed after every step
+    assert trainer["gradients"].phase == mp.STEPPING and role.phase_bytes(mp.HELD) == held
+    grads = trainer["gradients"].bytes  # alive through backward and the optimizer step, never in a sync
+    train = sum(t.bytes for t in trainer.values() if t.phase == "train") + grads
+    assert train > trainer["compute copies"].bytes + trainer["activations"].bytes + grads
+    step = trainer["optimizer scratch"].bytes + grads
+    assert (role.phase_bytes("train"), role.phase_bytes("step")) == (train, step)
+    assert role.phase_bytes("sync") == trainer["publish copy"].bytes
     assert train < step and role.peak_phase == "step" and role.total == held + step  # phases never overlap
     engine = {t.name: t for t in mp.engine_role(config, shape, 50, H100).terms}
     assert engine["weights"].bytes == 2 * p
@@ -384,13 +389,13 @@ def test_a_separate_critics_offloaded_state_is_on_the_host_beside_the_policys() 
     config = load_run_config(None, keys)
     generating, _ = mp.plan(config, QWEN3_1_7B, 512, h100).devices
     kept = {t.name for role, _ in generating.roles if role.name.endswith("(offloaded)") for t in role.terms}
-    assert {"critic weights", "critic gradients"} <= kept and "critic optimizer state" not in kept
-    everything = ["runtime.switch.offload_master_weights=true", "runtime.switch.offload_grads=true"]
+    # gradients (the critic's too) are freed after every step: not on the GPU while the engine generates
+    assert "critic weights" in kept and not {"critic optimizer state", "critic gradients", "gradients"} & kept
+    everything = ["runtime.switch.offload_master_weights=true"]
     [(ranks, _)] = _host([*keys, *everything], QWEN3_1_7B, h100).roles
     critic = {t.name: t.bytes for t in ranks.terms if "critic" in t.name}
     assert critic == {
         "offloaded critic weights": mp.ceil_div(body * 4, 2),
-        "offloaded critic gradients": mp.ceil_div(body * 4, 2),
         "offloaded critic optimizer state": mp.ceil_div(2 * body * 4, 2),
     }
     head = [k for k in keys if not k.startswith("critic.")] + ["critic.type=shared_trunk"]

@@ -46,6 +46,18 @@ def test_bad_values_are_config_errors(overrides, message):
     assert str(info.value).startswith(message)
 
 
+def test_a_removed_key_says_it_was_removed_and_why_from_a_file_and_an_override(tmp_path):
+    """``runtime.switch.offload_grads`` went when the trainer began freeing its gradients after every step:
+    an old config is told so, not pointed at a near-miss sibling key."""
+    why = "was removed: the trainer frees its gradients after every optimizer step"
+    old = tmp_path / "old.yaml"
+    old.write_text("runtime:\n  switch:\n    offload_grads: true\n")
+    with pytest.raises(ConfigError, match=f"key 'runtime.switch.offload_grads' {why}.*delete it"):
+        load_run_config(old, [])
+    with pytest.raises(ConfigError, match=f"override 'runtime.switch.offload_grads=false': .* {why}"):
+        load_run_config(None, ["runtime.switch.offload_grads=false"])
+
+
 def test_section_validation_holds_when_built_directly():
     with pytest.raises(ValueError, match="model.dtype must be one of"):
         ModelConfig(dtype="int8")

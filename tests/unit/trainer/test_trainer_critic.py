@@ -12,6 +12,7 @@ from trainer_fixtures import random_groups, tiny_qwen2, with_model_logprobs
 from asyncrl.config.algorithm import AdvantageConfig, LossConfig
 from asyncrl.config.critic import CriticConfig
 from asyncrl.config.trainer import TrainerConfig
+from asyncrl.testing.gradients import stepped_gradients
 from asyncrl.trainer.batching import select_rows
 from asyncrl.trainer.checkpoint import load_checkpoint, save_checkpoint
 from asyncrl.trainer.gae import gae
@@ -139,7 +140,7 @@ def test_a_separate_critic_may_start_from_another_body():
 
 def test_micro_batches_accumulate_the_whole_batch_value_gradient():
     """The value loss accumulates over micro-batches like the policy loss: one budget or many, same gradient (one
-    optimizer step per train step here, so the gradients are still there afterwards)."""
+    optimizer step per train step here: its gradients, read before the trainer frees them)."""
     batch_groups = groups()
     grads = []
     for budget in (10_000, 24):
@@ -153,8 +154,9 @@ def test_micro_batches_accumulate_the_whole_batch_value_gradient():
         )
         with torch.no_grad():  # a non-zero head, so the body's gradient is not zero
             trainer.critic.module.head.weight.normal_(generator=torch.Generator().manual_seed(0))
-        trainer.train_step(batch_groups, 0)
-        grads.append({n: p.grad.clone() for n, p in trainer.critic.module.named_parameters()})
+        with stepped_gradients(trainer) as stepped:
+            trainer.train_step(batch_groups, 0)
+        grads.append({n: g for n, g in stepped[-1].items() if n.startswith("critic.")})
     assert len(trainer._plan_micro_batches(select_rows(trainer.make_batch(batch_groups), range(12)))) > 1
     for name, grad in grads[0].items():
         assert torch.allclose(grads[1][name], grad, rtol=1e-4, atol=1e-6), name

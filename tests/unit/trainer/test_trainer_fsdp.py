@@ -30,6 +30,7 @@ from asyncrl.config.algorithm import (
 )
 from asyncrl.config.critic import CriticConfig
 from asyncrl.config.trainer import TrainerConfig
+from asyncrl.testing.gradients import stepped_gradients, trained_parameters
 from asyncrl.testing.ranks import run_ranks
 from asyncrl.trainer.batching import plan_micro_batches
 from asyncrl.trainer.distributed.parallel import Parallelism, SingleProcess
@@ -123,15 +124,10 @@ def _step(name: str, parallel: Parallelism) -> tuple[dict, dict, dict] | None:
             if param.ndim == 2 and param.shape[0] == 1:
                 with torch.no_grad():
                     param.copy_(_seeded_like(param))
-    metrics = trainer.train_step(_groups(kind), policy_version=0)
-    named = list(trainer.model.named_parameters())
-    if critic is not None:
-        named += [(f"critic.{n}", p) for n, p in trainer.critic.module.named_parameters()]
-    grads, weights = {}, {}
-    for param_name, param in named:  # full_tensor is a collective: every rank
-        grads[param_name] = _full(param.grad)
-        weights[param_name] = _full(param.detach())
-    return (metrics, grads, weights) if parallel.rank == 0 else None
+    with stepped_gradients(trainer, _full) as stepped:  # full_tensor is a collective: every rank
+        metrics = trainer.train_step(_groups(kind), policy_version=0)
+    weights = {name: _full(param.detach()) for name, param in trained_parameters(trainer)}
+    return (metrics, stepped[-1], weights) if parallel.rank == 0 else None
 
 
 def _seeded_like(param: torch.Tensor) -> torch.Tensor:
@@ -228,8 +224,6 @@ def _few_rows_step(critic: str | None, single: bool = False):
         parallel=parallel,
         critic=CriticConfig(type=critic) if critic else None,
     )
-    metrics = trainer.train_step(groups, policy_version=0)
-    grads = {n: _full(p.grad) for n, p in trainer.model.named_parameters()}
-    if critic is not None:
-        grads |= {f"critic.{n}": _full(p.grad) for n, p in trainer.critic.module.named_parameters()}
-    return (metrics, grads, None) if parallel.rank == 0 else None
+    with stepped_gradients(trainer, _full) as stepped:
+        metrics = trainer.train_step(groups, policy_version=0)
+    return (metrics, stepped[-1], None) if parallel.rank == 0 else None

@@ -16,6 +16,7 @@ from trainer_fixtures import random_groups, tiny_qwen2, with_model_logprobs
 
 from asyncrl.config.algorithm import AdvantageConfig, LossConfig
 from asyncrl.config.trainer import LoraConfig, TrainerConfig
+from asyncrl.testing.gradients import stepped_gradients
 from asyncrl.testing.ranks import run_ranks
 from asyncrl.trainer import checkpoint
 from asyncrl.trainer.distributed.checkpoint import load_sharded_checkpoint, save_sharded_checkpoint
@@ -119,8 +120,9 @@ def _step_and_gather(kind: str) -> dict | None:
     trainer = _trainer(_sharded(kind), lora=NO_DROPOUT, num_mini_batches=1)
     randomise_adapters(trainer)
     base = {n: _full(p).clone() for n, p in trainer.model.named_parameters() if not p.requires_grad}
-    metrics = trainer.train_step(_groups(0), policy_version=0)
-    grads = {n: _full(p.grad) for n, p in trainer.model.named_parameters() if p.requires_grad}
+    with stepped_gradients(trainer, _full) as stepped:  # full_tensor is a collective: every rank
+        metrics = trainer.train_step(_groups(0), policy_version=0)
+    grads = stepped[-1]
     frozen = {n: _full(p) for n, p in trainer.model.named_parameters() if not p.requires_grad}
     adapters = _adapters(trainer)
     if trainer.parallel.rank != 0:

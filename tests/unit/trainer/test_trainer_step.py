@@ -10,6 +10,7 @@ from trainer_fixtures import random_groups, tiny_qwen2, with_model_logprobs
 
 from asyncrl.config.algorithm import AdvantageConfig, DecoupledPPOParams, KLConfig, LossConfig, MismatchConfig
 from asyncrl.config.trainer import TrainerConfig
+from asyncrl.testing.gradients import stepped_gradients
 from asyncrl.trainer.distributed.normalisation import combine, global_accumulation_weight, local_denominator
 from asyncrl.trainer.trainer import Trainer
 
@@ -42,15 +43,15 @@ def test_micro_batch_accumulation_gives_the_whole_batch_gradient(case):
     groups = with_model_logprobs(random_groups(num_groups=2, group_size=4, seed=1), tiny_qwen2(), noise=0.5)
     whole = _trainer(loss_config, max_tokens_per_microbatch=10_000)
     split = _trainer(loss_config, max_tokens_per_microbatch=30)  # 3 to 4 micro-batches of unequal widths
-    whole_metrics = whole.train_step(groups, policy_version=0)
-    split_metrics = split.train_step(groups, policy_version=0)
+    with stepped_gradients(whole) as whole_grads, stepped_gradients(split) as split_grads:
+        whole_metrics = whole.train_step(groups, policy_version=0)
+        split_metrics = split.train_step(groups, policy_version=0)
     assert split_metrics["loss"] == pytest.approx(whole_metrics["loss"], abs=1e-6)
     assert split_metrics["grad_norm"] == pytest.approx(whole_metrics["grad_norm"], rel=1e-5)
     assert split_metrics["entropy"] == pytest.approx(whole_metrics["entropy"], rel=1e-5)
-    for (name, p_whole), p_split in zip(
-        whole.model.named_parameters(), split.model.parameters(), strict=True
-    ):
-        assert torch.allclose(p_whole.grad, p_split.grad, atol=1e-6, rtol=1e-4), name
+    assert whole_grads[-1].keys() == split_grads[-1].keys() and whole_grads[-1]
+    for name, grad in whole_grads[-1].items():
+        assert torch.allclose(grad, split_grads[-1][name], atol=1e-6, rtol=1e-4), name
 
 
 def test_repeated_steps_change_the_weights_and_lower_the_loss():
@@ -158,7 +159,9 @@ def test_activation_checkpointing_gives_the_same_gradients_with_dropout_still_of
     plain = _trainer(loss_config)
     checkpointed = _trainer(loss_config, activation_checkpointing=True)
     assert not any(m.training for m in checkpointed.model.modules() if isinstance(m, torch.nn.Dropout))
-    plain.train_step(groups, policy_version=0)
-    checkpointed.train_step(groups, policy_version=0)
-    for (name, a), b in zip(plain.model.named_parameters(), checkpointed.model.parameters(), strict=True):
-        assert torch.allclose(a.grad, b.grad, atol=1e-7, rtol=1e-5), name
+    with stepped_gradients(plain) as plain_grads, stepped_gradients(checkpointed) as checkpointed_grads:
+        plain.train_step(groups, policy_version=0)
+        checkpointed.train_step(groups, policy_version=0)
+    assert plain_grads[-1].keys() == checkpointed_grads[-1].keys() and plain_grads[-1]
+    for name, grad in plain_grads[-1].items():
+        assert torch.allclose(grad, checkpointed_grads[-1][name], atol=1e-7, rtol=1e-5), name
