@@ -22,7 +22,8 @@ from asyncrl.metrics.progress import Progress
 from asyncrl.rewards.service import RewardService
 from asyncrl.rollout.env_manager import EnvManager, GroupControl, env_seed
 from asyncrl.rollout.episode import Episode
-from asyncrl.rollout.rlvr_producer import GenerateClient, PromptStops, request_seed
+from asyncrl.rollout.rlvr_producer import GenerateClient, request_seed
+from asyncrl.serve.chat_format import PromptStops
 from asyncrl.types import Request, SamplingParams, Trajectory, TrajectoryStatus
 
 
