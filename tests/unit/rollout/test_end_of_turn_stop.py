@@ -133,7 +133,14 @@ def test_an_evaluation_answer_to_a_templated_prompt_stops_at_the_end_of_turn(clo
 
     async def evaluate(proxy: LLMProxy) -> list:
         return await score_answers(
-            proxy, tokenizer, [CHAT], rewards, temperature=0.0, max_new_tokens=MAX_NEW_TOKENS, seed=0
+            proxy,
+            tokenizer,
+            [CHAT],
+            rewards,
+            rollout=RolloutConfig(),
+            temperature=0.0,
+            max_new_tokens=MAX_NEW_TOKENS,
+            seed=0,
         )
 
     try:
