@@ -272,6 +272,7 @@ def evaluate_snapshots(
                         tokenizer,
                         samples,
                         rewards,
+                        rollout=config.rollout,
                         temperature=1.0,
                         max_new_tokens=config.rollout.max_new_tokens,
                         seed=EVAL_SEED,

@@ -3,8 +3,8 @@ merged into the base weights (``asyncrl export``).
 
 Key decisions:
 - The base model comes from the run's own resolved config (``config.json`` beside ``checkpoints/``), so a
-  checkpoint exports without the user restating which model it was trained from; a config given on the
-  command line wins.
+  checkpoint exports without the user restating which model it was trained from; command-line overrides apply
+  on top of it (``run_config_of``), and only a config file named on the command line replaces it.
 - A sharded checkpoint's full weights are read from its DCP shards of the masters (``sharded/``), never from its
   ``model/``: that folder is the serving export (bf16 on a GPU run), and an fp32 export of it would be an upcast
   of rounded weights. Its bf16 export is the masters rounded to bf16, so reading the masters gives the same
@@ -14,6 +14,7 @@ Key decisions:
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import torch
 from transformers import GenerationConfig
 
 from asyncrl.config.base import from_dict
+from asyncrl.config.loader import apply_overrides
 from asyncrl.config.model import ModelConfig
 from asyncrl.config.run import RunConfig
 from asyncrl.models.loading import load_configured_model, load_configured_skeleton, model_dir
@@ -33,12 +35,13 @@ EXPORT_BUCKET_BYTES = 1 << 30
 """Master bytes read (and one safetensors file written) at a time when exporting a sharded checkpoint."""
 
 
-def run_config_of(checkpoint: Path) -> RunConfig:
-    """The resolved config of the run that wrote ``checkpoint`` (``<run>/config.json``)."""
+def run_config_of(checkpoint: Path, overrides: Sequence[str] = ()) -> RunConfig:
+    """The resolved config of the run that wrote ``checkpoint`` (``<run>/config.json``), with dotted
+    ``overrides`` (``model.dtype=float32``) applied on top of it, checked as a YAML config's are."""
     for directory in checkpoint.resolve().parents:
         path = directory / "config.json"
         if path.is_file() and (directory / "checkpoints").is_dir():
-            return from_dict(RunConfig, json.loads(path.read_text()))
+            return from_dict(RunConfig, apply_overrides(RunConfig, json.loads(path.read_text()), overrides))
     raise FileNotFoundError(
         f"no run config.json above {checkpoint}: name the run's config or model.path on the command line"
     )

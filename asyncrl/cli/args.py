@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from asyncrl.config.base import ConfigError
+from asyncrl.config.loader import parse_override
 from asyncrl.config.run import RunConfig, load_run_config
 
 
@@ -51,3 +52,26 @@ def run_config_from_args(args: argparse.Namespace) -> RunConfig:
     """The resolved ``RunConfig`` of arguments added by ``add_config_arguments``."""
     path, overrides = split_config_args(args.config_args)
     return load_run_config(path, overrides)
+
+
+def checkpoint_run_config(args: argparse.Namespace, checkpoint: str | None) -> RunConfig:
+    """The ``RunConfig`` of a command over a training ``checkpoint`` (``export``, ``eval --checkpoint``).
+
+    A named CONFIG.yaml wins, with its overrides. Overrides alone apply on top of the config of the run that
+    wrote the checkpoint (``<run>/config.json``), not on the default: the weights were trained from that run's
+    ``model.path`` (a LoRA checkpoint holds only adapters to merge into it), and ``model.dtype=float32`` must
+    not swap that base for the embedded default. A checkpoint with no run config above it takes the defaults
+    only when the overrides name ``model.path``; otherwise it is an error saying so. No checkpoint: the
+    arguments as every command reads them."""
+    if checkpoint is None or not names_no_config_file(args.config_args):
+        return run_config_from_args(args)
+    from asyncrl.app.export import run_config_of  # imports torch: only once the command runs
+    from asyncrl.trainer.checkpoint import resolve_resume_path
+
+    _, overrides = split_config_args(args.config_args)
+    try:
+        return run_config_of(resolve_resume_path(checkpoint), overrides)
+    except FileNotFoundError:
+        if not any(parse_override(text)[0] == ["model", "path"] for text in overrides):
+            raise
+    return load_run_config(None, overrides)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from asyncrl.cli.args import add_config_arguments, run_config_from_args
+from asyncrl.cli.args import add_config_arguments, checkpoint_run_config
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -20,7 +20,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_config_arguments(parser)
     parser.add_argument(
         "--checkpoint",
-        help="a checkpoint directory written by asyncrl train (e.g. runs/default/checkpoints/step_00000150)",
+        help="a checkpoint directory written by asyncrl train (e.g. runs/default/checkpoints/step_00000150); "
+        "without a CONFIG.yaml its run's own config (config.json) is used, overrides on top",
     )
 
 
@@ -29,6 +30,6 @@ def run(args: argparse.Namespace) -> int:
 
     from asyncrl.app.evaluate import evaluate_model
 
-    config = run_config_from_args(args)
+    config = checkpoint_run_config(args, args.checkpoint)
     print(json.dumps(asyncio.run(evaluate_model(config, args.checkpoint)), indent=1))
     return 0

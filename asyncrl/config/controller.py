@@ -18,7 +18,8 @@ class EvalSetConfig:
     size: int = 128
     """Prompts scored: the first ``size`` of the set's eval split (agentic runs: held-out env episodes)."""
     temperature: float = 1.0
-    """Sampling temperature (1: the policy's own distribution; 0: greedy)."""
+    """Sampling temperature (1: the policy's own distribution; 0: greedy). The rest of the sampling is the
+    run's: ``rollout.top_p``, ``top_k`` and ``stop_strings`` apply here as in rollouts."""
     samples_per_prompt: int = 1
     """Answers sampled per prompt, k of pass@k (a prompt passes when one answer earns ``pass_reward``) and
     mean@k (the mean reward over all answers). Agentic runs: 1."""
@@ -59,7 +60,8 @@ class ControllerConfig:
     """Held-out prompts scored before and after training (agentic runs: held-out env episodes; 0 disables the
     evaluation)."""
     eval_temperature: float = 1.0
-    """Sampling temperature of the held-out evaluation (1: the policy's own distribution; 0: greedy)."""
+    """Sampling temperature of the held-out evaluation (1: the policy's own distribution; 0: greedy). The rest of
+    the sampling is the run's: ``rollout.top_p``, ``top_k`` and ``stop_strings`` apply as in rollouts."""
     eval_every: int = 0
     """Score ``eval_sets`` every this many steps during training (and at the last step), logged with the step's
     metrics under ``eval/<set>/...`` with the policy version evaluated; 0: only before and after the run."""

@@ -37,11 +37,12 @@ class RolloutConfig:
     temperature: float = 1.0
     """Sampling temperature; training rollouts keep 1 so behaviour log-probs are the model's own."""
     top_p: float = 1.0
-    """Nucleus sampling mass; 1 disables it."""
+    """Nucleus sampling mass; 1 disables it. Held-out evaluation samples with it too."""
     top_k: int = 0
-    """Top-k sampling; 0 disables it."""
+    """Top-k sampling; 0 disables it. Held-out evaluation samples with it too."""
     stop_strings: tuple[str, ...] = ()
-    """Strings that end a response (EOS always does)."""
+    """Strings that end a response (EOS always does); held-out evaluation's answers end at them too, so the
+    reward parses them cut as in training."""
     num_engines: int = 1
     """Engine replicas serving rollouts."""
 

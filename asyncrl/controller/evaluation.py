@@ -3,6 +3,9 @@
 Key decision: one seeded sample per prompt (or one episode per held-out env seed, agentic runs) at the
 configured temperature (1 by default), so the number is the policy's expected reward — the quantity RL
 optimises — and before/after numbers of one run are comparable: the same prompts, seeds and sampling seeds.
+Evaluation's own settings are the temperature and the answer length; everything else is sampled as the run's
+rollouts are (``rollout.top_p``, ``top_k``, ``stop_strings``, and a templated prompt's end-of-turn token), so the
+reward parses answers cut exactly as in training and the policy scored is the one rollouts sample.
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ from asyncrl.metrics.progress import Progress
 from asyncrl.rewards.service import RewardService
 from asyncrl.rollout.env_manager import EnvManager, GroupControl, env_seed
 from asyncrl.rollout.episode import Episode
-from asyncrl.rollout.rlvr_producer import GenerateClient, PromptStops, request_seed
-from asyncrl.types import Request, SamplingParams, Trajectory, TrajectoryStatus
+from asyncrl.rollout.rlvr_producer import GenerateClient, request_seed, sampling_params
+from asyncrl.serve.chat_format import PromptStops
+from asyncrl.types import Request, Trajectory, TrajectoryStatus
 
 
 async def evaluate_run(
@@ -61,6 +65,7 @@ async def evaluate_run(
         tokenizer,
         list(task.split("eval"))[: controller.eval_prompts],
         rewards,
+        rollout=config.rollout,
         temperature=controller.eval_temperature,
         max_new_tokens=config.rollout.max_new_tokens,
         seed=config.seed,
@@ -87,6 +92,7 @@ async def score_answers(
     samples: Sequence[TaskSample],
     rewards: RewardService,
     *,
+    rollout: RolloutConfig,
     temperature: float,
     max_new_tokens: int,
     seed: int,
@@ -95,20 +101,19 @@ async def score_answers(
     progress: Progress | None = None,
 ) -> list[ScoredAnswer]:
     """``samples_per_prompt`` answers to each sample, all requested at once (the proxy queues them), each
-    seeded by (run seed, prompt uid, answer index), so the same prompts give the same draws at every step."""
+    seeded by (run seed, prompt uid, answer index), so the same prompts give the same draws at every step.
+
+    Sampled as ``rollout`` samples (``sampling_params``: top-p, top-k, stop strings, end-of-turn stop) but at
+    evaluation's own ``temperature`` and ``max_new_tokens`` (module docstring)."""
     done = Counter(progress)
     stops = PromptStops(tokenizer)
+    sampling = replace(rollout, temperature=temperature, max_new_tokens=max_new_tokens)
 
     async def one(index: int, sample: TaskSample, draw: int) -> ScoredAnswer:
         request = Request(
             request_id=f"{tag}:{sample.uid}" + (f":{draw}" if draw else ""),
             prompt_token_ids=prompt_token_ids(sample, tokenizer),
-            sampling=SamplingParams(
-                max_new_tokens=max_new_tokens,
-                temperature=temperature,
-                seed=request_seed(seed, sample.uid, draw),
-                stop_token_ids=stops(sample),
-            ),
+            sampling=sampling_params(sampling, request_seed(seed, sample.uid, draw), stops(sample)),
         )
         generation = await proxy.generate(request)
         text = tokenizer.decode(generation.token_ids, skip_special_tokens=True)

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from asyncrl.config.controller import EvalSetConfig
+from asyncrl.config.rollout import RolloutConfig
 from asyncrl.config.run import RunConfig
 from asyncrl.controller.evaluation import ScoredAnswer, evaluate_env, score_answers
 from asyncrl.data.base import Task, TaskSample
@@ -96,6 +97,8 @@ class PeriodicEvaluation:
     tokenizer: Any
     rewards: Any
     seed: int
+    rollout: RolloutConfig
+    """The run's rollout sampling, which every set's answers follow but for its temperature and length."""
     episodes: EpisodeEval | None = None
     running: dict[int, asyncio.Task[dict[str, float]]] = field(default_factory=dict)
     finished: dict[str, float] = field(default_factory=dict)
@@ -173,6 +176,7 @@ class PeriodicEvaluation:
                 self.tokenizer,
                 eval_set.samples,
                 self.rewards,
+                rollout=self.rollout,
                 temperature=eval_set.config.temperature,
                 max_new_tokens=eval_set.max_new_tokens,
                 seed=self.seed,
@@ -239,6 +243,7 @@ def periodic_evaluation(
         tokenizer=tokenizer,
         rewards=rewards,
         seed=config.seed,
+        rollout=config.rollout,
         episodes=_episodes(config) if config.producer == "agentic" else None,
     )
 

@@ -28,6 +28,7 @@ from asyncrl.models.loading import save_tiny
 from asyncrl.models.tiny import build_tiny_model
 from asyncrl.models.tokenizer import train_tokenizer
 from asyncrl.rewards import get_reward
+from asyncrl.serve.chat_format import PromptStops
 
 IGNORE_INDEX = -100
 """Label of positions that carry no loss (prompt and padding), as Hugging Face losses expect."""
@@ -261,7 +262,25 @@ def mean_and_pass_at_k(correct_per_prompt: Sequence[Sequence[float]]) -> tuple[f
 def _generate(
     model: Any, tokenizer: Any, samples: Sequence[TaskSample], k: int, max_new_tokens: int
 ) -> list[tuple[TaskSample, str, int]]:
-    """k temperature-1 continuations of each sample's prompt: (sample, response text, response tokens)."""
+    """k temperature-1 continuations of each sample's prompt: (sample, response text, response tokens).
+
+    A response ends at the model's EOS or at the stop tokens its prompt's format adds (``PromptStops``: a chat
+    template's end-of-turn token), as a rollout of the same prompt does; samples are generated in one batch per
+    stop set, since ``generate`` stops every row of a batch at the same ids."""
+    prompt_stops = PromptStops(tokenizer)
+    by_stops: dict[tuple[int, ...], list[TaskSample]] = {}
+    for sample in samples:
+        by_stops.setdefault(prompt_stops(sample), []).append(sample)
+    results = []
+    for extra, group in by_stops.items():
+        stops = list(dict.fromkeys((tokenizer.eos_token_id, *extra)))
+        results += _sample(model, tokenizer, group, k, max_new_tokens, stops)
+    return results
+
+
+def _sample(
+    model: Any, tokenizer: Any, samples: Sequence[TaskSample], k: int, max_new_tokens: int, stops: list[int]
+) -> list[tuple[TaskSample, str, int]]:
     prompts = [render_prompt(s, tokenizer) for s in samples for _ in range(k)]
     encoded = tokenizer(
         prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False
@@ -273,14 +292,14 @@ def _generate(
         top_p=1.0,
         top_k=0,
         max_new_tokens=max_new_tokens,
-        eos_token_id=tokenizer.eos_token_id,
+        eos_token_id=stops,
         pad_token_id=tokenizer.pad_token_id,
     )
     responses = output[:, encoded["input_ids"].shape[1] :]
     results = []
     for row, sample in enumerate(s for s in samples for _ in range(k)):
         ids = responses[row].tolist()
-        length = ids.index(tokenizer.eos_token_id) + 1 if tokenizer.eos_token_id in ids else len(ids)
+        length = next((i + 1 for i, token in enumerate(ids) if token in stops), len(ids))
         results.append((sample, tokenizer.decode(ids[:length], skip_special_tokens=True), length))
     return results
 

@@ -28,13 +28,13 @@ from typing import Any, Protocol
 from asyncrl.buffer.records import Admission, DropKind
 from asyncrl.buffer.sample_buffer import BufferClosedError, SampleBuffer
 from asyncrl.config.rollout import RolloutConfig
-from asyncrl.data.base import TaskSample, is_chat_templated, prompt_token_ids
+from asyncrl.data.base import prompt_token_ids
 from asyncrl.rewards.service import RewardResult, RewardService, RewardStatus
 from asyncrl.rle import RleSequence
 from asyncrl.rollout.admission import admit, admit_batch
 from asyncrl.rollout.prompt_source import Prompt, PromptSource
 from asyncrl.rollout.reward_placement import rewards_on_tokens
-from asyncrl.serve.chat_format import end_of_turn_ids
+from asyncrl.serve.chat_format import PromptStops
 from asyncrl.types import (
     FinishReason,
     Generation,
@@ -92,25 +92,6 @@ def sampling_params(
         stop_strings=rollout.stop_strings,
         seed=seed,
     )
-
-
-class PromptStops:
-    """The stop tokens of a task prompt beyond the model's EOS: the chat template's end-of-turn token
-    (``serve.chat_format.end_of_turn_ids``) for a prompt rendered with the template, none for a plain prompt.
-    RLVR rollouts and evaluation both ask here, so a templated prompt ends at its turn's end on every backend;
-    the end-of-turn token is worked out once, at the first templated prompt (a run of plain prompts never asks
-    its tokenizer's template anything)."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
-        self._end_of_turn: tuple[int, ...] | None = None
-
-    def __call__(self, sample: TaskSample) -> tuple[int, ...]:
-        if not is_chat_templated(sample, self.tokenizer):
-            return ()
-        if self._end_of_turn is None:
-            self._end_of_turn = end_of_turn_ids(self.tokenizer)
-        return self._end_of_turn
 
 
 def response_text(generation: Generation, tokenizer: Any) -> str:

@@ -15,6 +15,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from asyncrl.data.base import TaskSample, is_chat_templated
 from asyncrl.serve.toolcalls import TOOL_CALL_INSTRUCTIONS, render_tool_call, render_tool_result
 
 Message = dict[str, Any]
@@ -208,10 +209,31 @@ def end_of_turn_ids(tokenizer: Any) -> tuple[int, ...]:
     then the tokenizer), and a base model's EOS is not its template's turn end: Qwen3 Base lists only
     ``<|endoftext|>`` while its template closes turns with ``<|im_end|>``, so a base model that closes its turn
     would otherwise write on past it until ``max_new_tokens``. Every path that samples a templated turn (the
-    OpenAI endpoint, agentic turns, RLVR rollouts and evaluation) takes its stop token from here."""
+    OpenAI endpoint, agentic turns, RLVR rollouts, evaluation and SFT sampling) takes its stop token from here."""
     if not getattr(tokenizer, "chat_template", None):
         return ()
     history = [{"role": "user", "content": "x"}]
     close = tokenizer.encode(TemplateFormat(tokenizer).close(history, "x"), add_special_tokens=False)
     special = set(getattr(tokenizer, "all_special_ids", []))
     return (close[0],) if close and close[0] in special else ()
+
+
+class PromptStops:
+    """The stop tokens of a task prompt beyond the model's EOS: the chat template's end-of-turn token
+    (``end_of_turn_ids``) for a prompt rendered with the template, none for a plain prompt. RLVR rollouts,
+    evaluation and the SFT warm start's sampling all ask here, so a templated prompt ends at its turn's end on
+    every backend (it lives here, beside ``end_of_turn_ids``, so ``models/sft.py`` reaches it without the
+    rollout layer);
+    the end-of-turn token is worked out once, at the first templated prompt (a run of plain prompts never asks
+    its tokenizer's template anything)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self._end_of_turn: tuple[int, ...] | None = None
+
+    def __call__(self, sample: TaskSample) -> tuple[int, ...]:
+        if not is_chat_templated(sample, self.tokenizer):
+            return ()
+        if self._end_of_turn is None:
+            self._end_of_turn = end_of_turn_ids(self.tokenizer)
+        return self._end_of_turn

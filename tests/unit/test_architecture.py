@@ -49,6 +49,7 @@ EXCEPTIONS = {
     ): "the SFT warm start trains on a task's samples (DESIGN §6 puts it in models/)",
     ("asyncrl.models.sft", "rewards"): "and scores its greedy answers with the task's reward",
     ("asyncrl.models.sft", "metrics"): "and shows its progress like every long loop",
+    ("asyncrl.models.sft", "serve"): "and stops a chat-templated answer where rollouts do (PromptStops)",
 }
 """(module, unit it may import although the layers forbid it): why."""
 

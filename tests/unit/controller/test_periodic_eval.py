@@ -88,6 +88,7 @@ async def run(mode: str, seed: int) -> tuple[list[dict[str, float]], Watched]:
         tokenizer=FakeTokenizer(),
         rewards=rewards,
         seed=seed,
+        rollout=RolloutConfig(),
     )
     lines: list[dict[str, float]] = []
     controller = Controller(
@@ -183,6 +184,7 @@ def test_an_evaluation_still_due_waits_for_the_previous_one_and_close_cancels() 
             tokenizer=FakeTokenizer(),
             rewards=FakeRewards(random.Random(0)),
             seed=0,
+            rollout=RolloutConfig(),
         )
         await evaluation.after_sync(1)
         assert evaluation.pending_steps() == [1]

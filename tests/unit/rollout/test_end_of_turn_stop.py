@@ -1,5 +1,5 @@
-"""A chat-templated prompt's response ends at the template's end-of-turn token, in RLVR rollouts and in
-evaluation, even when the model's EOS (its generation config) is another token: the case of Qwen3 Base, whose
+"""A chat-templated prompt's response ends at the template's end-of-turn token, in RLVR rollouts, in evaluation
+and in the SFT warm start's sampling, even when the model's EOS (its generation config) is another token: the case of Qwen3 Base, whose
 generation config lists only ``<|endoftext|>`` while its template closes turns with ``<|im_end|>``.
 
 The model and tokenizer are the project's own tiny ones (``build_tiny``: EOS ``<|endoftext|>``, a ChatML
@@ -9,6 +9,7 @@ turn there and, without the stop, would write on to ``max_new_tokens``."""
 from __future__ import annotations
 
 import asyncio
+import copy
 from typing import Any
 
 import pytest
@@ -23,11 +24,13 @@ from asyncrl.config.rollout import RolloutConfig
 from asyncrl.controller.evaluation import score_answers
 from asyncrl.data.base import TaskSample, prompt_token_ids
 from asyncrl.engine import make_engine
+from asyncrl.models.sft import evaluate_by_sampling
 from asyncrl.models.tiny import build_tiny
 from asyncrl.proxy import LLMProxy
 from asyncrl.rewards.service import RewardService
 from asyncrl.rollout.prompt_source import PromptSource
-from asyncrl.rollout.rlvr_producer import PromptStops, RLVRProducer
+from asyncrl.rollout.rlvr_producer import RLVRProducer
+from asyncrl.serve.chat_format import PromptStops
 from asyncrl.types import Group, TrajectoryStatus
 
 MAX_NEW_TOKENS = 24
@@ -130,7 +133,14 @@ def test_an_evaluation_answer_to_a_templated_prompt_stops_at_the_end_of_turn(clo
 
     async def evaluate(proxy: LLMProxy) -> list:
         return await score_answers(
-            proxy, tokenizer, [CHAT], rewards, temperature=0.0, max_new_tokens=MAX_NEW_TOKENS, seed=0
+            proxy,
+            tokenizer,
+            [CHAT],
+            rewards,
+            rollout=RolloutConfig(),
+            temperature=0.0,
+            max_new_tokens=MAX_NEW_TOKENS,
+            seed=0,
         )
 
     try:
@@ -138,3 +148,16 @@ def test_an_evaluation_answer_to_a_templated_prompt_stops_at_the_end_of_turn(clo
     finally:
         rewards.close()
     assert scored.num_tokens == len(answer)
+
+
+def test_sft_sampling_of_a_templated_prompt_stops_at_the_end_of_turn(closing_model) -> None:
+    """The warm start samples at temperature 1; logits scaled a million-fold make that sampling the greedy
+    answer, which closes its turn a few tokens in."""
+    model, tokenizer, _ = closing_model
+    sharp = copy.deepcopy(model)
+    with torch.no_grad():
+        sharp.lm_head.weight.mul_(1e6)
+    greedy = _greedy(sharp, prompt_token_ids(CHAT, tokenizer))
+    answer = greedy[: greedy.index(tokenizer.convert_tokens_to_ids("<|im_end|>")) + 1]
+    result = evaluate_by_sampling(sharp, tokenizer, [CHAT], k=2, max_new_tokens=MAX_NEW_TOKENS, seed=0)
+    assert result.mean_response_tokens == len(answer)

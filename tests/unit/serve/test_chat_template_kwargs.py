@@ -92,7 +92,16 @@ def test_evaluation_prompts_render_with_the_kwargs_and_an_eval_sets_own_task_inh
     rewards = RewardService.from_config(config.reward)
     try:
         asyncio.run(
-            score_answers(proxy, tokenizer, samples, rewards, temperature=1.0, max_new_tokens=4, seed=0)
+            score_answers(
+                proxy,
+                tokenizer,
+                samples,
+                rewards,
+                rollout=config.rollout,
+                temperature=1.0,
+                max_new_tokens=4,
+                seed=0,
+            )
         )
     finally:
         rewards.close()
