@@ -36,9 +36,11 @@ EXPORT_BUCKET_BYTES = 1 << 30
 
 
 def run_config_of(checkpoint: Path, overrides: Sequence[str] = ()) -> RunConfig:
-    """The resolved config of the run that wrote ``checkpoint`` (``<run>/config.json``), with dotted
-    ``overrides`` (``model.dtype=float32``) applied on top of it, checked as a YAML config's are."""
-    for directory in checkpoint.resolve().parents:
+    """The resolved config of the run that wrote ``checkpoint`` (``<run>/config.json``; ``checkpoint`` may be
+    the run directory itself), with dotted ``overrides`` (``model.dtype=float32``) applied on top of it, checked
+    as a YAML config's are."""
+    checkpoint = checkpoint.resolve()
+    for directory in (checkpoint, *checkpoint.parents):
         path = directory / "config.json"
         if path.is_file() and (directory / "checkpoints").is_dir():
             return from_dict(RunConfig, apply_overrides(RunConfig, json.loads(path.read_text()), overrides))
