@@ -22,6 +22,7 @@ from asyncrl.engine.llm_engine import LLMEngine
 from asyncrl.engine.streams import EngineStream
 from asyncrl.weight_sync import InProcessSync
 from asyncrl.weight_sync.colocated import ColocatedSync
+from asyncrl.weight_sync.delta import DeltaSync
 
 TIMEOUT = 30
 WATCHED = ("update_weights", "apply_bucket", "sleep", "wake", "export_request", "import_request", "step")
@@ -178,9 +179,16 @@ def _weights(model) -> dict[str, torch.Tensor]:
     return {name: tensor + 0.01 for name, tensor in model.state_dict().items()}
 
 
-@pytest.mark.parametrize("transport", ["in_process", "colocated"])
-def test_a_weight_update_is_used_on_the_engine_stream_only_after_the_producer(qwen2, recorder, transport):
-    sync = InProcessSync() if transport == "in_process" else ColocatedSync("cpu")
+@pytest.mark.parametrize("transport", ["in_process", "colocated", "delta"])
+def test_a_weight_update_is_used_on_the_engine_stream_only_after_the_producer(
+    qwen2, recorder, transport, tmp_path
+):
+    syncs = {
+        "in_process": InProcessSync,
+        "colocated": lambda: ColocatedSync("cpu"),
+        "delta": lambda: DeltaSync(tmp_path),
+    }
+    sync = syncs[transport]()
     update = on_trainer_thread(recorder, lambda: sync.publish(1, _weights(qwen2)))
     target = served(copy.deepcopy(qwen2), recorder)
     try:
