@@ -8,6 +8,7 @@ from typing import Literal
 ENGINE_BACKENDS = ("builtin", "vllm")
 SERVING_DTYPES = ("auto", "float32", "bfloat16", "float16")
 DECODE_GRAPHS = ("auto", "on", "off")
+CUDA_STREAMS = ("own", "default")
 
 
 def serving_dtype(engine_dtype: str, model_dtype: str, device: str) -> str:
@@ -112,6 +113,12 @@ class EngineConfig:
     max_running_requests; each row's KV length in powers of two, rows grouped by it), each bucket captured once as a CUDA graph on CUDA and
     replayed, run eagerly at the same shapes elsewhere. off: at the step's own shapes, eagerly. auto: on for
     CUDA, off on CPU (padding a CPU batch to its bucket costs compute that no launch overhead repays)."""
+    cuda_stream: Literal["own", "default"] = "own"
+    """Which CUDA stream the built-in engine's thread issues its kernels on (``engine.streams``). own: a
+    stream of its own, so on one GPU its decode steps run beside the trainer's kernels (default stream) instead
+    of queueing behind them, every hand-off of device memory between the two ordered; default: the device's
+    default stream, shared with the trainer (serialised; kept so the GPU kit can measure both). Nothing
+    changes on CPU or for vLLM."""
     seed: int = 0
     """Base seed; a request without its own seed is seeded from this and its request id."""
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
@@ -137,6 +144,10 @@ class EngineConfig:
             raise ValueError(
                 f"engine.decode_graphs must be one of {', '.join(map(repr, DECODE_GRAPHS))}, "
                 f"got {self.decode_graphs!r}"
+            )
+        if self.cuda_stream not in CUDA_STREAMS:
+            raise ValueError(
+                f"engine.cuda_stream must be one of {', '.join(map(repr, CUDA_STREAMS))}, got {self.cuda_stream!r}"
             )
         if self.kv_on_update not in ("keep", "recompute"):
             raise ValueError(

@@ -11,6 +11,10 @@ exactly once (a generation, a ValueError for its own bad input, or the loop's fa
 loop or a shutdown reaches every waiting caller, and later calls fail at once. A request served by
 ``generate_observed`` also has its output so far reported after each step that added to it, on the caller's
 loop and before its future resolves (the endpoint streams tokens from it).
+
+On CUDA the thread issues its kernels on a stream of its own (``engine.cuda_stream``), and every command that
+takes device memory in or gives it out (weights, sleep/wake, request migration) runs as one ordered hand-off
+(``engine.streams``, which lists them).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import torch
 
 from asyncrl.engine.llm_engine import LLMEngine
 from asyncrl.engine.migration import RequestState
+from asyncrl.engine.streams import EngineStream
 from asyncrl.engine.weights import NamedTensors
 from asyncrl.torch_threads import claim_torch_threads
 from asyncrl.types import Generation, Request, TokenObserver
@@ -41,13 +46,19 @@ class EngineStoppedError(RuntimeError):
 class AsyncEngine:
     """Serve an ``LLMEngine`` to asyncio callers from a background thread."""
 
-    def __init__(self, core: LLMEngine, num_threads: int | None = None) -> None:
+    def __init__(
+        self, core: LLMEngine, num_threads: int | None = None, stream: EngineStream | None = None
+    ) -> None:
         """``num_threads``: torch threads of the engine thread (default: the constructing thread's count).
         Claimed in the engine thread before each step (``asyncrl.torch_threads``): OpenMP thread counts are per
         thread, and a process whose *other* threads also own multi-thread OpenMP teams has every team's
         spin-wait throttled by libgomp (measured: the same decode loop 8.1 k tok/s on the only team, 4.6 k
-        beside the main thread's; docs/benchmarks.md)."""
+        beside the main thread's; docs/benchmarks.md).
+
+        ``stream``: the engine thread's CUDA stream (default: ``EngineStream.for_device`` of the core's device
+        and ``engine.cuda_stream``; a no-op off CUDA)."""
         self.core = core
+        self.stream = stream or EngineStream.for_device(core.runner.device, core.config.cuda_stream)
         self._num_threads = num_threads or torch.get_num_threads()
         self._cond = threading.Condition()
         self._commands: deque[_Command] = deque()
@@ -82,7 +93,9 @@ class AsyncEngine:
 
     async def import_request(self, state: RequestState) -> Generation:
         """Continue an exported request here (same version) and return its finished generation, like ``generate``."""
-        return await self._serve(state.request_id, lambda: self.core.import_request(state))
+        return await self._serve(
+            state.request_id, lambda: self.stream.handoff(lambda: self.core.import_request(state))
+        )
 
     async def _serve(self, request_id: str, add: Callable[[], Any]) -> Generation:
         loop = asyncio.get_running_loop()
@@ -108,11 +121,11 @@ class AsyncEngine:
 
     async def sleep(self, level: int = 1) -> int:
         """Free the device between steps (``LLMEngine.sleep``); the bytes freed."""
-        return await self._call(lambda: self.core.sleep(level))
+        return await self._handoff(lambda: self.core.sleep(level))
 
     async def wake(self) -> int:
         """Undo ``sleep`` (``LLMEngine.wake``); the bytes allocated again."""
-        return await self._call(self.core.wake)
+        return await self._handoff(self.core.wake)
 
     @property
     def version(self) -> int:
@@ -122,11 +135,11 @@ class AsyncEngine:
     async def update_weights(
         self, named_tensors: NamedTensors, version: int, *, partial: bool = False
     ) -> None:
-        await self._call(lambda: self.core.update_weights(named_tensors, version, partial=partial))
+        await self._handoff(lambda: self.core.update_weights(named_tensors, version, partial=partial))
 
     async def apply_bucket(self, named_tensors: NamedTensors) -> None:
         """One bucket of a streamed broadcast, copied between steps (``LLMEngine.apply_bucket``)."""
-        await self._call(lambda: self.core.apply_bucket(named_tensors))
+        await self._handoff(lambda: self.core.apply_bucket(named_tensors))
 
     async def finish_stream(self, version: int) -> None:
         await self._call(lambda: self.core.finish_stream(version))
@@ -167,6 +180,10 @@ class AsyncEngine:
         self._submit(_Command(fn, loop, future))
         return await future
 
+    async def _handoff(self, fn: Callable[[], Any]) -> Any:
+        """``_call`` for a command that takes device memory in or gives it out, ordered across streams."""
+        return await self._call(lambda: self.stream.handoff(fn))
+
     def _submit(self, command: _Command) -> None:
         with self._cond:
             if self._stopped is not None:
@@ -181,7 +198,7 @@ class AsyncEngine:
         self._pending[request_id] = (loop, future)
 
     def _export(self, request_id: str) -> RequestState | None:
-        state = self.core.export_request(request_id)
+        state = self.stream.handoff(lambda: self.core.export_request(request_id))
         if state is not None:
             self._deliver([state.partial_generation()])
         return state
@@ -206,9 +223,10 @@ class AsyncEngine:
 
     def _run(self) -> None:
         try:
-            while self._next_commands():
-                self._deliver(self.core.step())
-                self._report_progress()
+            with self.stream.serving():
+                while self._next_commands():
+                    self._deliver(self.core.step())
+                    self._report_progress()
         except (
             Exception
         ) as exc:  # deliberate: the failure must reach every waiting caller, not kill them silently

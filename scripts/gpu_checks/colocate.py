@@ -1,6 +1,6 @@
 """GPU kit section: colocated sync (``runtime.switch``) and async on one device, at a Qwen3-1.7B shape.
 
-Usage: ``python scripts/gpu_checks/colocate.py --device {cpu,cuda} --out DIR``
+Usage: ``python scripts/gpu_checks/colocate.py --device {cpu,cuda} --out DIR [--engine-stream {own,default}]``
 
 Two real ``asyncrl train`` runs (inline runtime, built-in engine) on one device, the same model and workload:
 
@@ -9,6 +9,10 @@ Two real ``asyncrl train`` runs (inline runtime, built-in engine) on one device,
   by the colocated transport (CUDA IPC on CUDA). The phases' times (``colocate/*``) are the switch cost.
 - ``async_one_device``: ``controller.mode=async``, α = 1: engine and trainer both resident, running at once
   on their own threads (one process, one device: an explicit memory split is the engine's KV pool size).
+  The engine's kernels go on a CUDA stream of its own (``--engine-stream own``, the default) or on the default
+  stream it then shares with the trainer (``default``: serialised, for comparison). Each run reports the
+  stream mode its engines ran in (``engine_streams``); on CUDA the async run also profiles a 2 s window after
+  its first step and reports how long kernels of two streams ran at once (``stream_overlap``, a measurement).
 
 ``--device cuda``: random-initialised weights at the shape table's ``qwen3-1.7b`` (``asyncrl.sim.model_shape``,
 bfloat16, its full vocabulary: 2.03 B parameters), written locally with the packaged tiny tokenizer (ids it
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import random
@@ -36,14 +41,17 @@ import sys
 import time
 import traceback
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
+from stream_overlap import ProfileWindow
 
 from asyncrl.app import train as training
 from asyncrl.config.run import load_run_config
 from asyncrl.data.lengths import long_tail_count
+from asyncrl.engine.async_engine import AsyncEngine
 from asyncrl.engine.llm_engine import LLMEngine
 from asyncrl.sim.model_shape import NAMED_SHAPES
 from asyncrl.sim.probe import TINY_SHAPE, build_model
@@ -111,14 +119,34 @@ def force_long_tailed_lengths(median: float, max_new_tokens: int) -> None:
     LLMEngine.add_request = forced  # type: ignore[method-assign]
 
 
+@contextlib.contextmanager
+def engine_streams_recorded() -> Iterator[list[str]]:
+    """The stream mode (``EngineStream.mode``) of every built-in engine built inside, in order: what ran, not
+    what was asked (CPU runs ``default`` whatever the setting)."""
+    modes: list[str] = []
+    init = AsyncEngine.__init__
+
+    def recorded(self: AsyncEngine, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        modes.append(self.stream.mode)
+
+    AsyncEngine.__init__ = recorded  # type: ignore[method-assign]
+    try:
+        yield modes
+    finally:
+        AsyncEngine.__init__ = init  # type: ignore[method-assign]
+
+
 RUNS = {
     "colocated_sync": ["controller.mode=sync", "buffer.async_ratio=0", "runtime.switch.enabled=true"],
     "async_one_device": ["controller.mode=async", "buffer.async_ratio=1", "runtime.colocate=never"],
 }
 
 
-def run_one(name: str, model_dir: Path, out: Path, device: str, setting: dict[str, Any]) -> dict[str, Any]:
-    """One training run; its per-step breakdown, throughput and peak memory."""
+def run_one(
+    name: str, model_dir: Path, out: Path, device: str, setting: dict[str, Any], engine_stream: str
+) -> dict[str, Any]:
+    """One training run; its per-step breakdown, throughput, peak memory and the engines' stream mode."""
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     config = load_run_config(
@@ -135,12 +163,19 @@ def run_one(name: str, model_dir: Path, out: Path, device: str, setting: dict[st
             "rollout.max_additional_running_prompts=0",
             "trainer.checkpoint_every=0",
             "metrics.trackers=[jsonl]",
+            f"engine.cuda_stream={engine_stream}",
             *setting["overrides"],
             *RUNS[name],
         ],
     )
+    window = (
+        ProfileWindow(out / name / "metrics.jsonl")
+        if device == "cuda" and name == "async_one_device"
+        else None
+    )
     started = time.perf_counter()
-    summary = asyncio.run(training.train(config, console=None))
+    with engine_streams_recorded() as engine_streams:
+        summary = asyncio.run(training.train(config, console=None))
     wall = time.perf_counter() - started
     lines = [json.loads(line) for line in Path(summary.metrics_path).read_text().splitlines() if line.strip()]
     steps = [line for line in lines if "train/version" in line]
@@ -159,6 +194,9 @@ def run_one(name: str, model_dir: Path, out: Path, device: str, setting: dict[st
         "peak_memory_bytes": peak,
         "peak_memory_kind": "cuda max_memory_allocated" if device == "cuda" else "process peak RSS so far",
         "per_step": breakdown,
+        "engine_cuda_stream_setting": engine_stream,
+        "engine_streams": engine_streams,
+        **({"stream_overlap": window.result()} if window is not None else {}),
     }
 
 
@@ -192,6 +230,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", choices=("cpu", "cuda"), required=True)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--engine-stream",
+        choices=("own", "default"),
+        default="own",
+        help="engine.cuda_stream of both runs: the engine on a CUDA stream of its own, or on the default one",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     setting = settings(args.device)
@@ -213,7 +257,9 @@ def main() -> int:
     model_dir = write_model(args.out, args.device, setting)
     for name in RUNS:
         try:
-            result["runs"][name] = run_one(name, model_dir, args.out, args.device, setting)
+            result["runs"][name] = run_one(
+                name, model_dir, args.out, args.device, setting, args.engine_stream
+            )
         except Exception:  # deliberate: one failed run is recorded and the other still measured
             result["errors"][name] = traceback.format_exc()
             print(f"FAIL {name}: {traceback.format_exc().splitlines()[-1]}")
@@ -223,6 +269,16 @@ def main() -> int:
         ratio = runs["async_one_device"]["samples_per_s"] / runs["colocated_sync"]["samples_per_s"]
         result["async_over_sync_samples_per_s"] = ratio
         print(f"MEASURED async/sync throughput on one {args.device} device: {ratio:.2f}x")
+    for name, run in runs.items():
+        print(f"RAN {name}: engine stream {run['engine_streams']} (engine.cuda_stream={args.engine_stream})")
+        overlap = run.get("stream_overlap")
+        if overlap is not None and "error" not in overlap:
+            print(
+                f"MEASURED {name}: kernels of two streams ran at once {overlap['overlap_s']:.3f} s of a "
+                f"{overlap['window_s']:.3f} s profiled window (busy s per stream: {overlap['streams_busy_s']})"
+            )
+        elif overlap is not None:
+            print(f"NOT MEASURED {name}: stream overlap ({overlap['error']})")
     outcome = checks(runs)
     result["checks"] = [{"name": n, "passed": p, "detail": d} for n, p, d in outcome]
     for name, passed, detail in outcome:
