@@ -56,6 +56,8 @@ def main() -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(args.kv_cache_gib))))
     # collective_rpc ships this file's functions (``_load_bucket``, ...) to vLLM's engine-core process by cloudpickle
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    # vLLM's processes must re-import this file to die with their parent (``_die_with_parent``): see there
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     with Listener(("127.0.0.1", args.port), authkey=bytes.fromhex(args.authkey_hex)) as listener:
         print("asyncrl-vllm-worker listening", flush=True)
         with listener.accept() as conn:
@@ -1197,8 +1199,14 @@ def _end_session() -> None:
 
 def _die_with_parent() -> None:
     """Ask Linux to kill this process when its parent dies. vLLM's engine core does not watch the process that
-    spawned it, so when this worker is killed outright (a Ray actor's children are SIGKILLed with it) the
-    engine core would live on, holding its memory."""
+    spawned it, so when this worker is killed outright the engine core would live on, holding its memory (on
+    CUDA ~``gpu_memory_utilization`` of its GPU, so no replacement could start there). Killed outright is how
+    a Ray engine actor's worker ends: Ray 2.60 SIGKILLs a killed actor's child processes, before this worker's
+    parent watch can end its session (observed: a process the worker had forked lived on).
+
+    It runs only in a process that imports this file as ``__mp_main__``, which is how ``multiprocessing``
+    *spawns*: so ``main`` makes spawn vLLM's start method (``VLLM_WORKER_MULTIPROC_METHOD``; vLLM forks by
+    default on CUDA, and vllm-cpu forces spawn itself), unless the environment already chose one."""
     import ctypes
     import signal
 
