@@ -1038,13 +1038,14 @@ def wait_for_engine_memory(engine_args, deadline: float) -> None:
     Why: vLLM refuses to start when a device's free memory is below ``gpu_memory_utilization`` × its total,
     and it looks once (vllm 0.32: ``vllm/v1/worker/utils.py`` ``request_memory``, "Free memory on device ...
     is less than desired GPU memory utilization", called from ``gpu_worker.Worker.init_device``). A
-    replacement engine starts in its predecessor's bundle, on the same GPUs. Ray starts the new actor only
-    once the old actor's own process is gone (observed with Ray 2.60), but that engine's memory is held by
-    its vLLM worker's session (this process's predecessor, vLLM's engine core and its workers), which ends
-    only when the worker's parent watch sees the actor gone (``die_with_parent``), and a process's device
-    memory comes back only as it exits: later still where a GPU fault makes its teardown slow. So a
-    replacement waits here instead of failing; the wait is part of the engine's start deadline
-    (``engine.vllm.startup_timeout_s``), and a device that never frees fails the start naming it.
+    replacement engine starts in its predecessor's bundle, on the same GPUs, right after ``ray.kill``, which
+    returns at once (``ray_runtime.RayEngineFactory.replace``). That engine's memory is held by its vLLM
+    worker's processes (this process's predecessor, vLLM's engine core and its workers), which end after the
+    actor (Ray kills the worker, the engine core follows it: ``_die_with_parent``; or the worker's parent
+    watch ends them all: ``die_with_parent``), and a process's device memory comes back only as it exits:
+    later still where a GPU fault makes its teardown slow. So a replacement waits here instead of
+    failing; the wait is part of the engine's start deadline (``engine.vllm.startup_timeout_s``), and a
+    device that never frees fails the start naming it.
 
     The devices are the first tensor × pipeline parallel ones this process sees (``CUDA_VISIBLE_DEVICES``,
     which Ray sets), read through NVML (``nvml_memory``): a CUDA context made here for ``torch.cuda.
