@@ -1055,9 +1055,10 @@ def wait_for_engine_memory(engine_args, deadline: float) -> None:
     if current_platform.is_cpu() or not current_platform.is_cuda():
         return
     world = engine_args.tensor_parallel_size * getattr(engine_args, "pipeline_parallel_size", 1)
-    with nvml_memory() as (probe, num_visible):
-        devices = range(min(world, num_visible))
-        wait_for_device_memory(devices, engine_args.gpu_memory_utilization, deadline, probe)
+    with nvml_memory(world) as devices:
+        if devices is not None:
+            probe, ordinals = devices
+            wait_for_device_memory(ordinals, engine_args.gpu_memory_utilization, deadline, probe)
 
 
 def wait_for_device_memory(
@@ -1108,33 +1109,62 @@ def wait_for_device_memory(
 
 
 @contextlib.contextmanager
-def nvml_memory() -> Iterator[tuple[Callable[[int], tuple[int, int]], int]]:
-    """(probe, number of visible devices): ``probe(ordinal)`` is the (free, total) bytes NVML reports for the
-    visible CUDA device ``ordinal``. NVML numbers physical devices, so the ordinal goes through
-    ``CUDA_VISIBLE_DEVICES`` (an index or a GPU / MIG UUID), as vLLM's own NVML platform maps it; NVML's free
-    is what CUDA reports free, its total may include memory the driver reserves (so the demand computed from
-    it may be slightly above vLLM's own: not measured here)."""
+def nvml_memory(num_devices: int) -> Iterator[tuple[Callable[[int], tuple[int, int]], list[int]] | None]:
+    """(probe, ordinals) for the first ``num_devices`` CUDA devices this process sees: ``probe(ordinal)`` is
+    the (free, total) bytes NVML reports for one; None where NVML cannot be loaded or started, or names no
+    such device (said on stderr: the engine then starts without the wait, vLLM's own check stands).
+
+    NVML numbers physical devices, so an ordinal goes through ``CUDA_VISIBLE_DEVICES`` (an index or a GPU /
+    MIG UUID), as vLLM's own NVML platform maps it. NVML's free is what CUDA reports free; its total may
+    include memory the driver reserves, so the demand computed from it may be slightly above vLLM's own (not
+    measured here)."""
     try:
         from vllm.third_party import pynvml  # vLLM's own copy of NVML's bindings
     except ImportError:
-        import pynvml
-
-    pynvml.nvmlInit()
+        try:
+            import pynvml
+        except ImportError as err:
+            _no_memory_wait(err)
+            yield None
+            return
     try:
-        visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as err:
+        _no_memory_wait(err)
+        yield None
+        return
+    try:
+        raw = os.environ.get("CUDA_VISIBLE_DEVICES")
+        controls = [v.strip() for v in raw.split(",") if v.strip()] if raw is not None else None
+        handles = []
+        try:
+            count = len(controls) if controls is not None else pynvml.nvmlDeviceGetCount()
+            for ordinal in range(min(num_devices, count)):
+                control = controls[ordinal] if controls is not None else str(ordinal)
+                if control.isdigit():
+                    handles.append(pynvml.nvmlDeviceGetHandleByIndex(int(control)))
+                else:
+                    handles.append(pynvml.nvmlDeviceGetHandleByUUID(control))
+        except pynvml.NVMLError as err:
+            _no_memory_wait(err)
+            yield None
+            return
 
         def probe(ordinal: int) -> tuple[int, int]:
-            control = visible[ordinal] if visible else str(ordinal)
-            if control.isdigit():
-                handle = pynvml.nvmlDeviceGetHandleByIndex(int(control))
-            else:
-                handle = pynvml.nvmlDeviceGetHandleByUUID(control)
-            info = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            info = pynvml.nvmlDeviceGetMemoryInfo(handles[ordinal])
             return int(info.free), int(info.total)
 
-        yield probe, len(visible) if visible else pynvml.nvmlDeviceGetCount()
+        yield probe, list(range(len(handles)))
     finally:
         pynvml.nvmlShutdown()
+
+
+def _no_memory_wait(error: BaseException) -> None:
+    print(
+        f"asyncrl-vllm-worker: no NVML ({type(error).__name__}: {error}); not waiting for device memory",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 PARENT_POLL_S = 0.5

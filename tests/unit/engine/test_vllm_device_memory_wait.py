@@ -3,7 +3,8 @@
 vLLM looks once and refuses to start when a device's free memory is below ``gpu_memory_utilization`` × its
 total; a replacement engine starts on its predecessor's GPUs while that engine's processes may still be exiting.
 The worker waits for the memory (``worker_main.wait_for_device_memory``), here against a scripted device and a
-fake clock (no time passes); then end to end through the real ``VLLMEngineClient.start`` and the real worker,
+fake clock (no time passes); the devices it reads are the engine's, mapped through ``CUDA_VISIBLE_DEVICES`` to
+NVML's numbering, and no usable NVML means no wait (a fake NVML); then end to end through the real ``VLLMEngineClient.start`` and the real worker,
 with a stand-in ``vllm`` whose platform is CUDA and whose NVML reports a device that never frees: the start
 fails with the worker's named error before the client's own deadline, not as an anonymous timeout. No GPU here.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import math
 import sys
+import types
 
 import pytest
 
@@ -97,6 +99,93 @@ def test_a_device_that_never_frees_fails_the_start_by_name_at_the_deadline():
     assert devices.slept[-1] == pytest.approx(0.2)
 
 
+class FakeNVML(types.ModuleType):
+    """NVML's bindings as ``nvml_memory`` calls them: physical devices by index and by UUID, each with its
+    own free memory; ``fail_init`` as on a machine without a usable NVML."""
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, devices: dict[int, str], fail_init: bool = False) -> None:
+        super().__init__("pynvml")
+        self.devices = devices
+        self.fail_init = fail_init
+        self.open = False
+
+    def nvmlInit(self) -> None:  # noqa: N802 (NVML's names)
+        if self.fail_init:
+            raise self.NVMLError("NVML Shared Library Not Found")
+        self.open = True
+
+    def nvmlShutdown(self) -> None:  # noqa: N802
+        self.open = False
+
+    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+        return len(self.devices)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:  # noqa: N802
+        if index not in self.devices:
+            raise self.NVMLError("Invalid Argument")
+        return index
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> int:  # noqa: N802
+        for index, known in self.devices.items():
+            if known == uuid:
+                return index
+        raise self.NVMLError("Not Found")
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> types.SimpleNamespace:  # noqa: N802
+        assert self.open, "NVML read outside nvmlInit / nvmlShutdown"
+        return types.SimpleNamespace(free=handle * GIB, total=TOTAL)
+
+
+@pytest.fixture
+def nvml(monkeypatch):
+    """Install a ``FakeNVML`` as ``vllm.third_party.pynvml``, where the worker imports it from."""
+
+    def install(devices: dict[int, str], fail_init: bool = False) -> FakeNVML:
+        fake = FakeNVML(devices, fail_init)
+        third_party = types.ModuleType("vllm.third_party")
+        third_party.pynvml = fake
+        monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
+        monkeypatch.setitem(sys.modules, "vllm.third_party", third_party)
+        monkeypatch.setitem(sys.modules, "vllm.third_party.pynvml", fake)
+        return fake
+
+    return install
+
+
+def test_visible_devices_map_to_nvml_by_index_or_uuid_and_only_the_engines_are_read(nvml, monkeypatch):
+    fake = nvml({3: "GPU-aaa", 5: "GPU-bbb", 7: "GPU-ccc"})
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5, GPU-ccc,3")
+    with worker_main.nvml_memory(2) as devices:
+        probe, ordinals = devices
+        assert ordinals == [0, 1]  # tensor × pipeline parallel = 2 of the 3 visible
+        assert [probe(o) for o in ordinals] == [(5 * GIB, TOTAL), (7 * GIB, TOTAL)]
+    assert not fake.open
+
+
+def test_without_cuda_visible_devices_nvml_numbers_them(nvml, monkeypatch):
+    nvml({0: "GPU-aaa", 1: "GPU-bbb"})
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with worker_main.nvml_memory(4) as devices:
+        probe, ordinals = devices
+        assert (ordinals, probe(1)) == ([0, 1], (GIB, TOTAL))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # set but empty: CUDA sees none, so none to wait for
+    with worker_main.nvml_memory(4) as devices:
+        assert devices[1] == []
+
+
+@pytest.mark.parametrize("case", ["no library", "unknown uuid"])
+def test_no_usable_nvml_means_no_wait_said_on_stderr(nvml, monkeypatch, capsys, case):
+    fake = nvml({3: "GPU-aaa"}, fail_init=case == "no library")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-zzz")
+    with worker_main.nvml_memory(1) as devices:
+        assert devices is None
+    assert "not waiting for device memory" in capsys.readouterr().err
+    assert not fake.open
+
+
 FAKE_CUDA_PLATFORMS = """
 class _Platform:
     def is_cpu(self):
@@ -110,6 +199,9 @@ current_platform = _Platform()
 
 FAKE_NVML = f"""
 import os
+
+class NVMLError(Exception):
+    pass
 
 class _Memory:
     free = {10 * GIB}
