@@ -568,7 +568,18 @@ class RayEngineFactory:
 
     async def replace(self, index: int, failed: Any) -> RayEngineClient:
         """Kill ``failed`` (engine ``index``), start its successor and return it once its model is loaded,
-        within ``engine_start_timeout_s``."""
+        within ``engine_start_timeout_s``.
+
+        The successor is spawned at once, though ``ray.kill`` returns before the old actor is gone. Ray places
+        it only once the old actor's share of the bundle is back, but how that relates to the old process's
+        exit Ray does not document, and nothing here could tell (on this machine a new actor's process start
+        outlasted every kill tried); waiting for a call on the killed actor to raise ``RayActorError`` would
+        prove less still: it came while the process still ran. So the wait is where a start would fail: a vLLM
+        successor's worker waits, within its start deadline, until its GPUs have the memory vLLM demands,
+        whoever still holds it (``worker_main.wait_for_engine_memory``), and the old engine's vLLM processes
+        die with their worker (``worker_main._die_with_parent``). The built-in engine has no such wait: its
+        start refuses at once a KV pool above 90 % of the device's free memory (``check_kv_pool_fits``).
+        None of this has run on a GPU."""
         failed.shutdown()  # ray.kill: a wedged actor stops too, and frees its bundle for the new one
         self.num_started += 1
         level = self.phase.start_level() if self.phase is not None else 0

@@ -120,7 +120,9 @@ class VLLMEngineClient:
         """Start a worker serving ``model_dir`` and wait until its engine is built and it says ready, all within
         ``config.startup_timeout_s`` (``engine.vllm.startup_timeout_s``): past it the worker's whole session is
         killed and ``VLLMWorkerError`` names the setting. The deadline covers vLLM's model load, not only the
-        socket: the worker listens before it builds its engine (loading, compiling, capturing graphs).
+        socket: the worker listens before it builds its engine (loading, compiling, capturing graphs). On CUDA
+        the worker first waits, within the same deadline, until its devices have the free memory vLLM demands
+        at start (``worker_main.wait_for_engine_memory``: a replaced engine's processes may still hold it).
         ``expected_shapes``: the served tensors' names and shapes where ``model_dir`` has no safetensors to
         read them from (a model vLLM initialises itself, ``engine_args: {load_format: dummy}``)."""
         python = vllm_python(config)
@@ -130,6 +132,7 @@ class VLLMEngineClient:
                 "or set engine.vllm.python"
             )
         port, authkey = _free_port(), secrets.token_bytes(16)
+        deadline = time.monotonic() + config.startup_timeout_s
         command = [
             str(python),
             str(WORKER),
@@ -137,6 +140,8 @@ class VLLMEngineClient:
         ]
         # the worker dies with this process from its first moment (``worker_main.die_with_parent``)
         command += ["--port", str(port), "--authkey-hex", authkey.hex(), "--parent-pid", str(os.getpid())]
+        # its wait for device memory ends early enough for its error to reach this side before the deadline
+        command += ["--start-deadline", repr(deadline - WORKER_REPORT_MARGIN_S)]
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # never asyncrl's packages there
         env |= {"OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1")}
         log = Path(os.environ.get("ASYNCRL_VLLM_LOG", os.devnull))
@@ -147,7 +152,6 @@ class VLLMEngineClient:
             command, stdout=log.open("ab"), stderr=stderr, env=env, start_new_session=True
         )
         process._asyncrl_stderr = stderr  # type: ignore[attr-defined]
-        deadline = time.monotonic() + config.startup_timeout_s
         conn = _connect(process, port, authkey, deadline, config.startup_timeout_s)
         _wait_ready(process, conn, deadline, config.startup_timeout_s)
         client = cls(process, conn, model_shapes(model_dir) if expected_shapes is None else expected_shapes)
@@ -509,6 +513,12 @@ def model_shapes(model_dir: str | os.PathLike[str]) -> dict[str, tuple[int, ...]
 
 STARTUP_KEY = "engine.vllm.startup_timeout_s"
 """The setting whose deadline a worker's start missed (named by the error, so the fix is one search away)."""
+
+WORKER_REPORT_MARGIN_S = 2.0
+"""How long before the start deadline the worker gives up waiting for device memory
+(``worker_main.wait_for_engine_memory``), so that its ``DeviceMemoryBusy`` ends it and reaches this side as the
+reason, rather than this side's kill at the deadline. The worker gets the deadline as ``time.monotonic()``
+(``--start-deadline``): Linux's monotonic clock is one for every process of the machine."""
 
 
 def _connect(process: subprocess.Popen, port: int, authkey: bytes, deadline: float, timeout_s: float) -> Any:

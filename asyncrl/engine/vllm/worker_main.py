@@ -16,7 +16,8 @@ applied one at a time, in the order they arrive, so an ``abort`` always sees the
 request's outputs are collected by a task of its own. Weight operations run one at a time in a task of their
 own (``weight_loop``), so ``abort`` and ``stats`` are answered while an update loads. Every token carries the
 weight version that sampled it: vLLM's engine core stamps each step's outputs with its current weight version,
-set here after each update.
+set here after each update. On CUDA, the engine is built only once its devices have the free memory vLLM
+demands at start (``wait_for_engine_memory``): a replaced engine's processes may still be giving it back.
 ``pause`` freezes running requests with their KV (vLLM's ``keep`` pause mode); an update replaces the
 weights in place (vLLM's in-place reload, fed one bucket at a time: ``_load_begin`` / ``_load_bucket`` /
 ``_load_commit``), checked against its manifest by name, and resets the prefix cache; ``resume`` continues
@@ -42,7 +43,9 @@ import shutil
 import sys
 import tempfile
 import threading
+import time
 import traceback
+from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.connection import Listener
 
 
@@ -53,6 +56,8 @@ def main() -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(args.kv_cache_gib))))
     # collective_rpc ships this file's functions (``_load_bucket``, ...) to vLLM's engine-core process by cloudpickle
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    # vLLM's processes must re-import this file to die with their parent (``_die_with_parent``): see there
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     with Listener(("127.0.0.1", args.port), authkey=bytes.fromhex(args.authkey_hex)) as listener:
         print("asyncrl-vllm-worker listening", flush=True)
         with listener.accept() as conn:
@@ -74,6 +79,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--engine-args-json", default="{}")
     parser.add_argument("--max-lora-rank", type=int, default=0)
     parser.add_argument("--parent-pid", type=int, default=0, help="die with this process (0: never)")
+    parser.add_argument(
+        "--start-deadline",
+        type=float,
+        default=0.0,
+        help="time.monotonic() by which the engine must be building (0: look once, do not wait)",
+    )
     return parser.parse_args(argv)
 
 
@@ -202,7 +213,10 @@ class Worker:
     async def serve(self) -> None:
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        self.engine = AsyncLLM.from_engine_args(engine_args_of(self.args))
+        engine_args = engine_args_of(self.args)
+        # blocking on purpose: nothing else runs on this loop before the engine exists
+        wait_for_engine_memory(engine_args, self.args.start_deadline)
+        self.engine = AsyncLLM.from_engine_args(engine_args)
         try:
             await self.engine.update_weight_version(str(self.version))
             self.send({"event": "ready", "version": self.version, "pid": os.getpid()})
@@ -1002,6 +1016,157 @@ def _sampled_logprob(entry, token: int) -> float:
     return float(getattr(value, "logprob", value))
 
 
+# ---- device memory before the engine build ----------------------------------------------------------------
+
+MEMORY_POLL_S = 0.5
+"""How often the wait for device memory looks again. An old engine's memory comes back all at once, as its
+processes exit, so a finer poll gains little."""
+
+GIB = 2**30
+
+
+class DeviceMemoryBusy(RuntimeError):
+    """A device this engine is to run on did not have the free memory vLLM demands at start before the engine's
+    start deadline: another process holds it (a replaced engine's processes still exiting, or anything else)."""
+
+
+def wait_for_engine_memory(engine_args, deadline: float) -> None:
+    """Wait until every CUDA device the engine will use has the free memory vLLM demands at start, by
+    ``deadline`` (``time.monotonic()``), else raise ``DeviceMemoryBusy``; on any platform other than CUDA,
+    return at once.
+
+    Why: vLLM refuses to start when a device's free memory is below ``gpu_memory_utilization`` × its total,
+    and it looks once (vllm 0.32: ``vllm/v1/worker/utils.py`` ``request_memory``, "Free memory on device ...
+    is less than desired GPU memory utilization", called from ``gpu_worker.Worker.init_device``). A
+    replacement engine starts in its predecessor's bundle, on the same GPUs, right after ``ray.kill``, which
+    returns at once (``ray_runtime.RayEngineFactory.replace``). That engine's memory is held by its vLLM
+    worker's processes (this process's predecessor, vLLM's engine core and its workers), which end after the
+    actor (Ray kills the worker, the engine core follows it: ``_die_with_parent``; or the worker's parent
+    watch ends them all: ``die_with_parent``), and a process's device memory comes back only as it exits:
+    later still where a GPU fault makes its teardown slow. So a replacement waits here instead of
+    failing; the wait is part of the engine's start deadline (``engine.vllm.startup_timeout_s``), and a
+    device that never frees fails the start naming it.
+
+    The devices are the first tensor × pipeline parallel ones this process sees (``CUDA_VISIBLE_DEVICES``,
+    which Ray sets), read through NVML (``nvml_memory``): a CUDA context made here for ``torch.cuda.
+    mem_get_info`` would hold device memory in this process for the engine's whole life."""
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu() or not current_platform.is_cuda():
+        return
+    world = engine_args.tensor_parallel_size * getattr(engine_args, "pipeline_parallel_size", 1)
+    with nvml_memory(world) as devices:
+        if devices is not None:
+            probe, ordinals = devices
+            wait_for_device_memory(ordinals, engine_args.gpu_memory_utilization, deadline, probe)
+
+
+def wait_for_device_memory(
+    devices: Iterable[int],
+    utilization: float,
+    deadline: float,
+    probe: Callable[[int], tuple[int, int]],
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    poll_s: float = MEMORY_POLL_S,
+) -> None:
+    """Return once each of ``devices`` has ``probe(device)`` = (free, total) bytes with free ≥
+    ceil(total × ``utilization``) (vLLM's demand), looking every ``poll_s`` until ``deadline`` (``clock``);
+    past it, ``DeviceMemoryBusy`` names each short device with its free and needed bytes and the settings to
+    change. A device that is short is said once on stderr, so a slow start shows what it waits for."""
+    devices = list(devices)
+    said = False
+    while True:
+        short = []
+        for device in devices:
+            free, total = probe(device)
+            needed = math.ceil(total * utilization)
+            if free < needed:
+                short.append(
+                    f"cuda:{device} has {free} bytes free ({free / GIB:.2f} GiB) of {total}, "
+                    f"needs {needed} ({needed / GIB:.2f} GiB)"
+                )
+        if not short:
+            return
+        now = clock()
+        if now >= deadline:
+            raise DeviceMemoryBusy(
+                f"the engine's devices did not free the memory vLLM needs to start "
+                f"(gpu_memory_utilization={utilization} of each device's total) before the engine's start "
+                f"deadline: {'; '.join(short)}. Another process holds it (a replaced engine still exiting, or "
+                "anything else on that GPU): raise engine.vllm.startup_timeout_s to wait longer, or lower "
+                "engine.vllm.gpu_memory_utilization"
+            )
+        if not said:
+            print(
+                f"asyncrl-vllm-worker: waiting for device memory: {'; '.join(short)}",
+                file=sys.stderr,
+                flush=True,
+            )
+            said = True
+        sleep(min(poll_s, deadline - now))
+
+
+@contextlib.contextmanager
+def nvml_memory(num_devices: int) -> Iterator[tuple[Callable[[int], tuple[int, int]], list[int]] | None]:
+    """(probe, ordinals) for the first ``num_devices`` CUDA devices this process sees: ``probe(ordinal)`` is
+    the (free, total) bytes NVML reports for one; None where NVML cannot be loaded or started, or names no
+    such device (said on stderr: the engine then starts without the wait, vLLM's own check stands).
+
+    NVML numbers physical devices, so an ordinal goes through ``CUDA_VISIBLE_DEVICES`` (an index or a GPU /
+    MIG UUID), as vLLM's own NVML platform maps it. NVML's free is what CUDA reports free; its total may
+    include memory the driver reserves, so the demand computed from it may be slightly above vLLM's own (not
+    measured here)."""
+    try:
+        from vllm.third_party import pynvml  # vLLM's own copy of NVML's bindings
+    except ImportError:
+        try:
+            import pynvml
+        except ImportError as err:
+            _no_memory_wait(err)
+            yield None
+            return
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as err:
+        _no_memory_wait(err)
+        yield None
+        return
+    try:
+        raw = os.environ.get("CUDA_VISIBLE_DEVICES")
+        controls = [v.strip() for v in raw.split(",") if v.strip()] if raw is not None else None
+        handles = []
+        try:
+            count = len(controls) if controls is not None else pynvml.nvmlDeviceGetCount()
+            for ordinal in range(min(num_devices, count)):
+                control = controls[ordinal] if controls is not None else str(ordinal)
+                if control.isdigit():
+                    handles.append(pynvml.nvmlDeviceGetHandleByIndex(int(control)))
+                else:
+                    handles.append(pynvml.nvmlDeviceGetHandleByUUID(control))
+        except pynvml.NVMLError as err:
+            _no_memory_wait(err)
+            yield None
+            return
+
+        def probe(ordinal: int) -> tuple[int, int]:
+            info = pynvml.nvmlDeviceGetMemoryInfo(handles[ordinal])
+            return int(info.free), int(info.total)
+
+        yield probe, list(range(len(handles)))
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _no_memory_wait(error: BaseException) -> None:
+    print(
+        f"asyncrl-vllm-worker: no NVML ({type(error).__name__}: {error}); not waiting for device memory",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 PARENT_POLL_S = 0.5
 """How often the parent watch looks for its parent where the OS offers no pidfd (not Linux ≥ 5.3)."""
 
@@ -1065,8 +1230,14 @@ def _end_session() -> None:
 
 def _die_with_parent() -> None:
     """Ask Linux to kill this process when its parent dies. vLLM's engine core does not watch the process that
-    spawned it, so when this worker is killed outright (a Ray actor's children are SIGKILLed with it) the
-    engine core would live on, holding its memory."""
+    spawned it, so when this worker is killed outright the engine core would live on, holding its memory (on
+    CUDA ~``gpu_memory_utilization`` of its GPU, so no replacement could start there). Killed outright is how
+    a Ray engine actor's worker ends: Ray 2.60 SIGKILLs a killed actor's child processes, before this worker's
+    parent watch can end its session (observed: a process the worker had forked lived on).
+
+    It runs only in a process that imports this file as ``__mp_main__``, which is how ``multiprocessing``
+    *spawns*: so ``main`` makes spawn vLLM's start method (``VLLM_WORKER_MULTIPROC_METHOD``; vLLM forks by
+    default on CUDA, and vllm-cpu forces spawn itself), unless the environment already chose one."""
     import ctypes
     import signal
 

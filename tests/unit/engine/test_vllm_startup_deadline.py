@@ -77,14 +77,15 @@ class AsyncLLM:
 """
 
 
-def fake_vllm_python(root: Path, engine: str) -> Path:
-    """An interpreter that sees the stand-in ``vllm`` (``engine``: its ``AsyncLLM`` module), as the client
-    runs the vLLM environment's (``PYTHONPATH`` cleared by the client, set here by the wrapper)."""
+def fake_vllm_python(root: Path, engine: str, platforms: str = FAKE_PLATFORMS) -> Path:
+    """An interpreter that sees the stand-in ``vllm`` (``engine``: its ``AsyncLLM`` module; ``platforms``: its
+    ``vllm.platforms``), as the client runs the vLLM environment's (``PYTHONPATH`` cleared by the client, set
+    here by the wrapper)."""
     package = root / "fake" / "vllm"
     (package / "platforms").mkdir(parents=True)
     (package / "v1" / "engine").mkdir(parents=True)
     (package / "__init__.py").write_text(FAKE_VLLM)
-    (package / "platforms" / "__init__.py").write_text(FAKE_PLATFORMS)
+    (package / "platforms" / "__init__.py").write_text(platforms)
     (package / "v1" / "__init__.py").write_text("")
     (package / "v1" / "engine" / "__init__.py").write_text("")
     (package / "v1" / "engine" / "async_llm.py").write_text(engine)
