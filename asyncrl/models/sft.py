@@ -5,8 +5,9 @@ so the model learns to answer, not to write prompts; prompt and response are tok
 concatenated, exactly as the engine sees them at generation time. The ending trained is the one sampling stops
 at: EOS after a plain prompt, and after a chat-templated prompt the template's own end-of-turn token
 (``<|im_end|>`` for ChatML), taken from the template's rendering of the whole conversation, demonstration
-included (``chat_response_text``), since rollouts and evaluation stop a templated turn there (``PromptStops``). Evaluation samples at temperature 1 (the RL behaviour
-policy) and reports mean reward and pass@k, whose gap is the headroom RL can claim.
+included (``chat_response_text``), since rollouts and evaluation stop a templated turn there (``PromptStops``).
+Evaluation samples at temperature 1 (the RL behaviour policy) and reports mean reward and pass@k, whose gap is
+the headroom RL can claim.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def encode_example(tokenizer: Any, sample: TaskSample) -> EncodedExample:
 
     A plain prompt's response is its demonstration then EOS. A chat-templated prompt's is what the template
     renders after the prompt for the assistant turn (``chat_response_text``: for ChatML, the demonstration then
-    ``<|im_end|>\n``), cut after its end-of-turn token (``end_of_turn_ids``): ``<|im_end|>`` is trained, the
+    ``<|im_end|>\\n``), cut after its end-of-turn token (``end_of_turn_ids``): ``<|im_end|>`` is trained, the
     newline after it is not, as sampling stops at ``<|im_end|>`` and never writes it. A template whose turns
     close with no special token has no end-of-turn stop, so its rendered turn is followed by EOS, the only stop."""
     return encode_examples(tokenizer, [sample])[0]
