@@ -56,6 +56,7 @@ async def evaluate_run(
             manager=config.env_manager,
             num_episodes=controller.eval_prompts,
             temperature=controller.eval_temperature,
+            max_new_tokens=config.rollout.max_new_tokens,
             seed=config.seed,
             progress=progress,
         )
@@ -86,6 +87,13 @@ class ScoredAnswer:
     num_tokens: int
 
 
+def eval_sampling(rollout: RolloutConfig, temperature: float, max_new_tokens: int) -> RolloutConfig:
+    """The run's rollout sampling with evaluation's own two settings (module docstring): the one place both
+    evaluations, prompts and env episodes, take their sampling from, so an eval set's length and temperature
+    mean the same in either."""
+    return replace(rollout, temperature=temperature, max_new_tokens=max_new_tokens)
+
+
 async def score_answers(
     proxy: GenerateClient,
     tokenizer: Any,
@@ -104,10 +112,10 @@ async def score_answers(
     seeded by (run seed, prompt uid, answer index), so the same prompts give the same draws at every step.
 
     Sampled as ``rollout`` samples (``sampling_params``: top-p, top-k, stop strings, end-of-turn stop) but at
-    evaluation's own ``temperature`` and ``max_new_tokens`` (module docstring)."""
+    evaluation's own ``temperature`` and ``max_new_tokens`` (``eval_sampling``)."""
     done = Counter(progress)
     stops = PromptStops(tokenizer)
-    sampling = replace(rollout, temperature=temperature, max_new_tokens=max_new_tokens)
+    sampling = eval_sampling(rollout, temperature, max_new_tokens)
 
     async def one(index: int, sample: TaskSample, draw: int) -> ScoredAnswer:
         request = Request(
@@ -144,14 +152,17 @@ async def evaluate_env(
     manager: EnvManagerConfig,
     num_episodes: int,
     temperature: float,
+    max_new_tokens: int,
     seed: int,
     progress: Progress | None = None,
 ) -> dict[str, float]:
     """Mean episode return, failures, model tokens and turns of one episode per held-out env seed.
 
     The seeds come from the keys ``eval0``, ``eval1``, …, which no training admission uses (those are
-    ``env<slot>@<epoch>``); episodes run with ``manager``'s turn, context and timeout limits."""
-    sampling = replace(rollout, temperature=temperature)
+    ``env<slot>@<epoch>``); episodes run with ``manager``'s turn, context and timeout limits. Every turn is
+    sampled as ``score_answers`` samples (``eval_sampling``): at most ``max_new_tokens`` per turn, which is also
+    the length the context check reserves for the next turn."""
+    sampling = eval_sampling(rollout, temperature, max_new_tokens)
     done = Counter(progress)
 
     async def one(index: int) -> Trajectory:

@@ -273,6 +273,7 @@ def _episodes(config: RunConfig) -> EpisodeEval:
             manager=config.env_manager,
             num_episodes=eval_set.config.size,
             temperature=eval_set.config.temperature,
+            max_new_tokens=eval_set.max_new_tokens,
             seed=config.seed,
         )
 

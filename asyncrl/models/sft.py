@@ -1,9 +1,13 @@
 """Supervised warm start: train a tiny model on task demonstrations so RL starts from a partial solver.
 
-Key decisions: the loss covers only the response and its EOS (prompt tokens are labelled -100), so the
-model learns to answer, not to write prompts; prompt and response are tokenised separately and concatenated,
-exactly as the engine sees them at generation time. Evaluation samples at temperature 1 (the RL behaviour
-policy) and reports mean reward and pass@k, whose gap is the headroom RL can claim.
+Key decisions: the loss covers only the response and the token that ends it (prompt tokens are labelled -100),
+so the model learns to answer, not to write prompts; prompt and response are tokenised separately and
+concatenated, exactly as the engine sees them at generation time. The ending trained is the one sampling stops
+at: EOS after a plain prompt, and after a chat-templated prompt the template's own end-of-turn token
+(``<|im_end|>`` for ChatML), taken from the template's rendering of the whole conversation, demonstration
+included (``chat_response_text``), since rollouts and evaluation stop a templated turn there (``PromptStops``).
+Evaluation samples at temperature 1 (the RL behaviour policy) and reports mean reward and pass@k, whose gap is
+the headroom RL can claim.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import torch
 from asyncrl.config.sft import SFTConfig
 from asyncrl.config.task import TaskConfig
 from asyncrl.data import TaskSample, make_task, render_prompt
+from asyncrl.data.base import is_chat_templated
 from asyncrl.data.procedural import GENERATORS
 from asyncrl.metrics.progress import Progress
 from asyncrl.models.corpus import sample_texts
@@ -36,7 +41,7 @@ IGNORE_INDEX = -100
 
 @dataclass(frozen=True, kw_only=True)
 class EncodedExample:
-    """Token ids of prompt + response + EOS, and labels that are IGNORE_INDEX on the prompt."""
+    """Token ids of prompt + response + its ending (``encode_example``), and labels IGNORE_INDEX on the prompt."""
 
     input_ids: list[int]
     labels: list[int]
@@ -67,7 +72,13 @@ def tokenizer_texts(seed: int, num_per_task: int = 2000) -> list[str]:
 
 
 def encode_example(tokenizer: Any, sample: TaskSample) -> EncodedExample:
-    """Prompt ids then response ids then EOS; only the response and EOS are labelled."""
+    """Prompt ids then the response's ids up to the token sampling stops at; only the response is labelled.
+
+    A plain prompt's response is its demonstration then EOS. A chat-templated prompt's is what the template
+    renders after the prompt for the assistant turn (``chat_response_text``: for ChatML, the demonstration then
+    ``<|im_end|>\\n``), cut after its end-of-turn token (``end_of_turn_ids``): ``<|im_end|>`` is trained, the
+    newline after it is not, as sampling stops at ``<|im_end|>`` and never writes it. A template whose turns
+    close with no special token has no end-of-turn stop, so its rendered turn is followed by EOS, the only stop."""
     return encode_examples(tokenizer, [sample])[0]
 
 
@@ -76,13 +87,43 @@ def encode_examples(tokenizer: Any, samples: Sequence[TaskSample]) -> list[Encod
     missing = [s.uid for s in samples if s.demonstration is None]
     if missing:
         raise ValueError(f"sample {missing[0]} has no demonstration to train on")
-    prompts = tokenizer([render_prompt(s, tokenizer) for s in samples], add_special_tokens=False)["input_ids"]
-    responses = tokenizer([s.demonstration for s in samples], add_special_tokens=False)["input_ids"]
-    eos = tokenizer.eos_token_id
-    return [
-        EncodedExample(input_ids=p + r + [eos], labels=[IGNORE_INDEX] * len(p) + r + [eos])
-        for p, r in zip(prompts, responses, strict=True)
+    prompt_texts = [render_prompt(s, tokenizer) for s in samples]
+    stops = PromptStops(tokenizer)
+    response_texts = [
+        chat_response_text(tokenizer, s, p) if is_chat_templated(s, tokenizer) else s.demonstration
+        for s, p in zip(samples, prompt_texts, strict=True)
     ]
+    prompts = tokenizer(prompt_texts, add_special_tokens=False)["input_ids"]
+    responses = tokenizer(response_texts, add_special_tokens=False)["input_ids"]
+    examples = []
+    for sample, p, r in zip(samples, prompts, responses, strict=True):
+        target = _ended(r, stops(sample), tokenizer.eos_token_id)
+        examples.append(EncodedExample(input_ids=p + target, labels=[IGNORE_INDEX] * len(p) + target))
+    return examples
+
+
+def chat_response_text(tokenizer: Any, sample: TaskSample, prompt_text: str) -> str:
+    """What the chat template renders after ``prompt_text`` (the sample's prompt with the generation prompt) when
+    the conversation goes on with the demonstration as the assistant's turn: the demonstration and whatever
+    the template closes a turn with. Rendered, not assembled by hand, so the turn ends as the template ends it."""
+    messages = [dict(m) for m in sample.messages or ()]
+    messages.append({"role": "assistant", "content": sample.demonstration})
+    whole = tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=False, **sample.chat_template_kwargs
+    )
+    if not whole.startswith(prompt_text):
+        raise ValueError(
+            f"sample {sample.uid}: the chat template renders the demonstration's turn by rewriting the prompt "
+            "before it, so prompt and demonstration cannot be trained as the engine sees them; train on plain "
+            "prompts (task.chat_template: never)"
+        )
+    return whole[len(prompt_text) :]
+
+
+def _ended(response: list[int], end_of_turn: tuple[int, ...], eos: int) -> list[int]:
+    """``response`` up to and with its first end-of-turn token, or with EOS appended where it has none."""
+    cut = next((i for i, token in enumerate(response) if token in end_of_turn), None)
+    return response[: cut + 1] if cut is not None else [*response, eos]
 
 
 def collate(examples: Sequence[EncodedExample], pad_token_id: int) -> dict[str, torch.Tensor]:

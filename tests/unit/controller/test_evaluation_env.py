@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 import re
 
+from asyncrl.config.controller import ControllerConfig, EvalSetConfig
 from asyncrl.config.env import EnvConfig, EnvManagerConfig
 from asyncrl.config.rollout import RolloutConfig
+from asyncrl.config.run import RunConfig
 from asyncrl.controller.evaluation import evaluate_env
+from asyncrl.controller.periodic_eval import evaluate_sets
 from asyncrl.envs import make_env
 from asyncrl.envs.count_chain import expected_answer, plan_turns
 from asyncrl.rollout.env_manager import env_seed
@@ -62,6 +65,7 @@ def run_eval(oracle: EvenOracle, num_episodes: int) -> dict[str, float]:
             manager=EnvManagerConfig(max_context_tokens=4096),
             num_episodes=num_episodes,
             temperature=0.5,
+            max_new_tokens=32,
             seed=SEED,
         )
     )
@@ -94,3 +98,35 @@ def test_before_and_after_play_the_same_episodes_with_the_same_sampling_seeds():
 
     assert by_id(first) == by_id(second)
     assert len(first.requests) == 4 * 3
+
+
+def test_an_agentic_eval_set_samples_every_turn_at_its_own_length_and_temperature():
+    """``controller.eval_sets[].max_new_tokens`` is the answer length of an agentic set's every turn, as of a
+    prompt set's answer (``eval_sampling``); a set that leaves it null gets ``rollout.max_new_tokens``."""
+    config = RunConfig(
+        producer="agentic",
+        env=ENV,
+        env_manager=EnvManagerConfig(max_context_tokens=4096),
+        rollout=RolloutConfig(max_new_tokens=32),
+        controller=ControllerConfig(
+            num_steps=2,
+            eval_every=1,
+            eval_sets=[
+                EvalSetConfig(name="short", size=2, temperature=0.25, max_new_tokens=7),
+                EvalSetConfig(name="default", size=2),
+            ],
+        ),
+    )
+    oracle = EvenOracle()
+    metrics = asyncio.run(evaluate_sets(config, oracle, CharTokenizer(), None, None, step=0))
+    assert metrics["eval/short/turns_mean"] == metrics["eval/default/turns_mean"] == 3.0
+
+    def sampling_of(name: str) -> set[tuple[int, float]]:
+        return {
+            (r.sampling.max_new_tokens, r.sampling.temperature)
+            for r in oracle.requests
+            if r.request_id.startswith(f"eval@0/{name}/")
+        }
+
+    assert sampling_of("short") == {(7, 0.25)}
+    assert sampling_of("default") == {(32, 1.0)}

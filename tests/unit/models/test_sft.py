@@ -1,15 +1,20 @@
 """Warm start: prompt tokens carry no loss, the loss falls on a tiny run, the LR schedule is exact, micro-batches
 bound memory without changing a step."""
 
+import copy
+from dataclasses import replace
+
 import pytest
 import torch
 
 from asyncrl.config.sft import SFTConfig
 from asyncrl.config.task import TaskConfig
-from asyncrl.data import TaskSample, make_task
+from asyncrl.data import TaskSample, make_task, render_prompt
+from asyncrl.data.base import prompt_token_ids
 from asyncrl.models.sft import (
     IGNORE_INDEX,
     EncodedExample,
+    chat_response_text,
     collate,
     encode_example,
     lr_at,
@@ -19,6 +24,7 @@ from asyncrl.models.sft import (
 )
 from asyncrl.models.tiny import build_tiny_model
 from asyncrl.models.tokenizer import train_tokenizer
+from asyncrl.serve.chat_format import PromptStops
 
 SAMPLE = TaskSample(uid="u", prompt="count 8 to 10:", answer="8 9 10", demonstration=" 8 9 10")
 
@@ -39,6 +45,32 @@ def test_encode_labels_only_response_and_eos(tokenizer):
     assert example.labels == [IGNORE_INDEX] * len(prompt_ids) + response_ids + [tokenizer.eos_token_id]
     # every digit and space is its own token, so " 8 9 10" is 7 tokens, then EOS
     assert len(response_ids) == 7
+
+
+CHAT_SAMPLE = replace(SAMPLE, uid="chat", messages=({"role": "user", "content": SAMPLE.prompt},))
+
+
+def test_a_chat_row_is_trained_to_end_with_the_templates_end_of_turn_not_eos(tokenizer):
+    """Sampling stops a templated turn at ``<|im_end|>`` (``PromptStops``), so that is the ending trained: the
+    demonstration then ``<|im_end|>``, as the template renders the turn; the newline ChatML renders after it is
+    never sampled (the turn stopped) and is not trained."""
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert im_end != tokenizer.eos_token_id  # the Qwen-Base case: EOS <|endoftext|>, turns end <|im_end|>
+    prompt = render_prompt(CHAT_SAMPLE, tokenizer)
+    assert chat_response_text(tokenizer, CHAT_SAMPLE, prompt) == " 8 9 10<|im_end|>\n"
+    example = encode_example(tokenizer, CHAT_SAMPLE)
+    prompt_ids = prompt_token_ids(CHAT_SAMPLE, tokenizer)
+    response_ids = tokenizer(" 8 9 10", add_special_tokens=False)["input_ids"]
+    assert example.input_ids == prompt_ids + response_ids + [im_end]
+    assert example.labels == [IGNORE_INDEX] * len(prompt_ids) + response_ids + [im_end]
+    assert PromptStops(tokenizer)(CHAT_SAMPLE) == (im_end,)  # the token rollouts of this prompt stop at
+
+
+def test_a_template_that_rewrites_the_prompt_for_the_answer_is_refused_naming_the_sample(tokenizer):
+    rewriting = copy.deepcopy(tokenizer)
+    rewriting.chat_template = "{{ messages | length }}" + tokenizer.chat_template
+    with pytest.raises(ValueError, match="sample chat: the chat template renders the demonstration's turn"):
+        encode_example(rewriting, CHAT_SAMPLE)
 
 
 def test_collate_pads_right_without_labels():
