@@ -16,15 +16,15 @@ from asyncrl.metrics.progress import Progress
 from asyncrl.models.loading import load_configured_model
 from asyncrl.proxy.llm_proxy import LLMProxy
 from asyncrl.rewards.service import RewardService
-from asyncrl.trainer.checkpoint import served_model
+from asyncrl.trainer.checkpoint import resolve_resume_path, served_model
 
 
 async def evaluate_model(config: RunConfig, checkpoint: str | None) -> dict[str, float]:
     """Load the model (and a checkpoint's weights), serve it on one engine and run the config's evaluation."""
     config, _ = with_max_model_len(config)  # the engine's KV pool sized to the task, as in training
     model, tokenizer = load_configured_model(config.model)
-    if checkpoint:
-        model = served_model(model, checkpoint)
+    if checkpoint:  # a verified step directory, or the newest under a run directory, as export reads it
+        model = served_model(model, resolve_resume_path(checkpoint))
     engine = make_engine(model, tokenizer, config.engine)
     proxy = LLMProxy([engine], replace(config.proxy, update_policy="drain"))
     task = make_task(config.task) if config.producer == "rlvr" else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from asyncrl.config.base import ConfigError
 from asyncrl.config.loader import parse_override
@@ -66,11 +67,10 @@ def checkpoint_run_config(args: argparse.Namespace, checkpoint: str | None) -> R
     if checkpoint is None or not names_no_config_file(args.config_args):
         return run_config_from_args(args)
     from asyncrl.app.export import run_config_of  # imports torch: only once the command runs
-    from asyncrl.trainer.checkpoint import resolve_resume_path
 
     _, overrides = split_config_args(args.config_args)
-    try:
-        return run_config_of(resolve_resume_path(checkpoint), overrides)
+    try:  # found from the path as given: the command verifies the checkpoint itself (hashing every file) once
+        return run_config_of(Path(checkpoint), overrides)
     except FileNotFoundError:
         if not any(parse_override(text)[0] == ["model", "path"] for text in overrides):
             raise

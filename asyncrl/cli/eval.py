@@ -20,7 +20,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_config_arguments(parser)
     parser.add_argument(
         "--checkpoint",
-        help="a checkpoint directory written by asyncrl train (e.g. runs/default/checkpoints/step_00000150); "
+        help="a checkpoint directory written by asyncrl train (e.g. runs/default/checkpoints/step_00000150), or "
+        "a run directory (its newest verified checkpoint); "
         "without a CONFIG.yaml its run's own config (config.json) is used, overrides on top",
     )
 
