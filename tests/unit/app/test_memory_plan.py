@@ -330,20 +330,24 @@ def test_a_staged_broadcast_waits_whole_in_each_engines_host_memory_eight_engine
     assert _host([*STAGED_BROADCAST, "engine.backend=vllm"], QWEN3_8B, one_gpu).total == 2 * whole
 
 
+SWITCHED_TWO_RANKS = [
+    "runtime.type=local",
+    "controller.mode=sync",
+    "trainer.num_workers=2",
+    "rollout.num_engines=2",
+    "model.dtype=float32",
+    "engine.dtype=bfloat16",
+    "runtime.switch.enabled=true",
+]
+"""Two fp32 trainer ranks and two bf16 engines on Ray, under the colocated switch."""
+
+
 def test_a_colocated_switch_plans_the_offloaded_state_and_the_sleeping_engines_weights_on_the_host() -> None:
     """Under ``runtime.switch`` each rank moves what its settings offload to pinned host memory while its
     engine generates; at sleep level 2 each built-in engine keeps its bf16 weights there while the trainer
     trains, and the two coexist between the engines falling asleep and the trainer reloading."""
     p = QWEN3_1_7B.num_params
-    keys = [
-        "runtime.type=local",
-        "controller.mode=sync",
-        "trainer.num_workers=2",
-        "rollout.num_engines=2",
-        "model.dtype=float32",
-        "engine.dtype=bfloat16",
-        "runtime.switch.enabled=true",
-    ]
+    keys = SWITCHED_TWO_RANKS
     h100 = mp.hardware_named("h100", 8)
     node = _host(keys, QWEN3_1_7B, h100)  # defaults: the optimizer offloaded, sleep level 1
     [(ranks, count)] = node.roles
@@ -369,13 +373,7 @@ def test_a_separate_critics_offloaded_state_is_on_the_host_beside_the_policys() 
     p = QWEN3_1_7B.num_params
     body = QWEN3_1_7B.body_params  # a critic without critic.model_path is a copy of the policy's body
     keys = [
-        "runtime.type=local",
-        "controller.mode=sync",
-        "trainer.num_workers=2",
-        "rollout.num_engines=2",
-        "model.dtype=float32",
-        "engine.dtype=bfloat16",
-        "runtime.switch.enabled=true",
+        *SWITCHED_TWO_RANKS,
         "advantage.name=gae",
         "critic.type=separate",
     ]
