@@ -9,9 +9,9 @@ half-written; ``latest_checkpoint`` skips such directories and says why.
 
 Every file is hashed once per use, where it is read: ``load_checkpoint`` (and a sharded load's ranks, each a
 share) verify before they change anything. A training resume (``load_resume``) therefore only checks markers
-and directory listings to choose its directory, and lets the load verify; at 8B, hashing the ~115 GB alone
-first took ~88 s at ~1.3 GB/s, on every restart too. ``asyncrl export`` and ``eval`` read the weights
-themselves, so they verify with ``resolve_resume_path`` first.
+and directory listings to choose its directory, and lets the load verify (the driver used to hash the whole
+checkpoint alone first, and the ranks then again: ~88 s for Qwen3-8B's ~115 GB at ~1.3 GB/s, on every restart
+too). ``asyncrl export`` and ``eval`` read the weights themselves, so they verify with ``resolve_resume_path``.
 
     <root>/step_00000012/
         model/               save_pretrained: config.json + model.safetensors
@@ -147,12 +147,12 @@ def load_checkpoint(
     path = Path(path)
     if not (path / STATE_FILE).is_file():
         raise FileNotFoundError(f"{path} is not an asyncrl checkpoint (no {STATE_FILE})")
-    verify_checkpoint(path, timeout_for)
-    if (path / SHARDED_DIR).is_dir():
+    if (path / SHARDED_DIR).is_dir():  # said before hashing what could not be loaded anyway
         raise ValueError(
             f"{path} holds sharded weights (a trainer with num_workers > 1 wrote it): resume it with the Ray "
             "runtime, whose trainer ranks load sharded checkpoints at any num_workers"
         )
+    verify_checkpoint(path, timeout_for)
     load_trained_weights(trainer, path)
     state, extra = read_state(path)
     trainer.load_state_dict(state)  # first: it refuses a checkpoint whose critic does not match the run
