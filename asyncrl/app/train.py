@@ -30,7 +30,7 @@ from asyncrl.metrics.tracker import MetricsTracker
 from asyncrl.proxy.errors import EnginesLost
 from asyncrl.proxy.llm_proxy import LLMProxy
 from asyncrl.runtime.errors import TrainerDied
-from asyncrl.trainer.checkpoint import checkpoint_due, resolve_resume_path
+from asyncrl.trainer.checkpoint import checkpoint_due, complete_checkpoints, load_resume
 
 
 @dataclass
@@ -92,13 +92,14 @@ def _restart_from_checkpoint(
     console: TextIO | None,
 ) -> RunConfig:
     """The config that resumes from the run's newest verified checkpoint; ``error`` again when restarts are
-    spent, the run was being stopped anyway, or there is no checkpoint to go back to."""
+    spent, the run was being stopped anyway, or there is no complete checkpoint to go back to. Only markers
+    and listings are read here (``complete_checkpoints``): the restarted trainer's load verifies the hashes,
+    and goes back further if the newest is corrupt (``load_resume``)."""
     if num_restarts >= config.runtime.trainer_restarts or stop.is_set():
         raise error
-    try:
-        checkpoint = resolve_resume_path(out)
-    except FileNotFoundError:
-        raise TrainerDied(f"{error}; no verified checkpoint under {out} to restart from") from error
+    checkpoint = next(complete_checkpoints(out / "checkpoints"), None)
+    if checkpoint is None:
+        raise TrainerDied(f"{error}; no complete checkpoint under {out} to restart from") from error
     _say(console, f"trainer lost ({error}); restart {num_restarts + 1} from {checkpoint}")
     return replace(config, resume=str(out))
 
@@ -109,9 +110,8 @@ async def _train(
     config = parts.config
     (out / "placement.json").write_text(json.dumps(parts.locations(), indent=1))
     extra = None
-    if config.resume:
-        checkpoint = resolve_resume_path(config.resume)
-        extra = parts.trainer.load_checkpoint(checkpoint)
+    if config.resume:  # the trainer's load hashes the files (the ranks, each a share): the driver chooses
+        checkpoint, extra = load_resume(config.resume, parts.trainer.load_checkpoint)
         _say(console, f"resuming from {checkpoint} (step {parts.trainer.step})")
     state = RunState(
         make_source(config, parts.task), out, resumed_step=parts.trainer.step if extra else None, extra=extra

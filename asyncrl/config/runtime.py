@@ -135,8 +135,9 @@ class RuntimeConfig:
     shorter one). Checkpoints are not short calls: Qwen3-8B on 8 ranks writes about 115 GB, then fsyncs and
     hashes every file, far past ``control_timeout_s``. The trainer ranks' process group waits at least this
     long in a collective (``runtime.trainer_group.collective_timeout_s``): ranks that are done wait in one for
-    the slowest (rank 0 also writes the export and the state files). Inline runs call the trainer in process,
-    with no deadline."""
+    the slowest (rank 0 also writes the export and the state files). Inline runs call the trainer in process:
+    there only a load's hashing of the checkpoint runs under this deadline (checked between reads, failing with
+    ``CheckpointTimeout``); their saves have none."""
     checkpoint_timeout_gbps: float = 0.2
     """The conservative bandwidth (GB/s) a checkpoint's deadline assumes for writing, fsyncing and hashing it:
     at 0.2, Qwen3-8B with fp32 masters on 8 ranks (about 115 GB) gets 120 + 573 s. A checkpoint slower than

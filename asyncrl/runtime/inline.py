@@ -53,9 +53,14 @@ class LocalTrainer:
     """
 
     def __init__(
-        self, trainer: Trainer, num_threads: int | None = None, sync: WeightSync | None = None
+        self,
+        trainer: Trainer,
+        num_threads: int | None = None,
+        sync: WeightSync | None = None,
+        checkpoint_timeout_s: Callable[[int], float] | None = None,
     ) -> None:
         self.trainer = trainer
+        self._checkpoint_timeout_s = checkpoint_timeout_s
         self._sync = sync or make_weight_sync("in_process")
         self._num_threads = num_threads or torch.get_num_threads()
         self._thread = concurrent.futures.ThreadPoolExecutor(
@@ -107,7 +112,9 @@ class LocalTrainer:
         return save_checkpoint(root, self.trainer, extra=extra, keep_last=keep_last)
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
-        return load_checkpoint(path, self.trainer)
+        """Restore the trainer from ``path``, its files hashed first in this process within
+        ``checkpoint_timeout_s`` of their bytes (``runtime.checkpoint_timeout_s``; past it ``CheckpointTimeout``)."""
+        return load_checkpoint(path, self.trainer, timeout_for=self._checkpoint_timeout_s)
 
     def check_alive(self) -> None:
         """Nothing to check: the trainer lives and dies with this process."""
@@ -233,7 +240,12 @@ def build_parts(config: RunConfig) -> InlineParts:
     engines = make_engines(config, model, tokenizer, placement.engine_threads)
     trainer = build_trainer(config, model, tokenizer)
     builtin = config.engine.backend == "builtin"
-    local = LocalTrainer(trainer, placement.trainer_threads, make_inline_weight_sync(config, trainer.device))
+    local = LocalTrainer(
+        trainer,
+        placement.trainer_threads,
+        make_inline_weight_sync(config, trainer.device),
+        checkpoint_timeout_s=config.runtime.checkpoint_timeout_s,
+    )
     switched = with_switch(config, local, engines)
     phase = getattr(switched, "phase", None)  # runtime.switch: a replacement starts in its peers' phase
     factory = InlineEngineFactory(config, engines, placement.engine_threads, phase) if builtin else None

@@ -373,9 +373,14 @@ class TrainerGroupClient:
         """Restore every rank from a checkpoint directory, within ``checkpoint_timeout_s``; returns the
         checkpoint's ``extra``. A rank that dies or passes the deadline is ``TrainerDied``: ``app.train``
         restarts the run from its newest verified checkpoint (``runtime.trainer_restarts`` times, then fails
-        with this error), as for a trainer lost mid-step."""
+        with this error), as for a trainer lost mid-step. A file whose hash a rank refuses is the ranks'
+        ``TornCheckpointError`` (raised before any rank changed its state), with the rank's message:
+        ``checkpoint.load_resume`` then goes back to the previous checkpoint."""
         refs = [handle.load_checkpoint.remote(str(path)) for handle in self.handles]
-        extra = get_trainer(refs, "trainer: load_checkpoint", self.checkpoint_timeout_s)[0]
+        try:
+            extra = get_trainer(refs, "trainer: load_checkpoint", self.checkpoint_timeout_s)[0]
+        except checkpoint.TornCheckpointError as error:  # Ray's RayTaskError: str() is the rank's traceback
+            raise checkpoint.TornCheckpointError(str(getattr(error, "cause", error))) from error
         progress = get_trainer(
             self.handles[0].progress.remote(), "trainer: progress", self.config.control_timeout_s
         )

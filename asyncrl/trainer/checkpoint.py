@@ -7,6 +7,12 @@ holding the SHA-256 of every file is written and fsynced, the directory renamed 
 every hash matches, so a crash (even SIGKILL or power loss) mid-save never leaves a checkpoint that is loaded
 half-written; ``latest_checkpoint`` skips such directories and says why.
 
+Every file is hashed once per use, where it is read: ``load_checkpoint`` (and a sharded load's ranks, each a
+share) verify before they change anything. A training resume (``load_resume``) therefore only checks markers
+and directory listings to choose its directory, and lets the load verify (the driver used to hash the whole
+checkpoint alone first, and the ranks then again: ~88 s for Qwen3-8B's ~115 GB at ~1.3 GB/s, on every restart
+too). ``asyncrl export`` and ``eval`` read the weights themselves, so they verify with ``resolve_resume_path``.
+
     <root>/step_00000012/
         model/               save_pretrained: config.json + model.safetensors
         adapter/             instead of model/ with LoRA (trainer.lora): peft's adapter format, the base untouched
@@ -26,9 +32,10 @@ import random
 import re
 import shutil
 import tempfile
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -51,9 +58,16 @@ MARKER_FILE = "COMPLETE.json"
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 
 class TornCheckpointError(ValueError):
     """A checkpoint directory without a valid completion marker: written partly, or changed since."""
+
+
+class CheckpointTimeout(TimeoutError):
+    """Verifying a checkpoint's hashes in this process took longer than its deadline (``verify_checkpoint``'s
+    ``timeout_for``): storage too slow for ``runtime.checkpoint_timeout_gbps``, or stalling."""
 
 
 def checkpoint_due(step: int, checkpoint_every: int) -> bool:
@@ -124,17 +138,21 @@ def read_state(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return state, json.loads((path / EXTRA_FILE).read_text())
 
 
-def load_checkpoint(path: str | os.PathLike[str], trainer: Trainer) -> dict[str, Any]:
-    """Restore weights, optimizer, scheduler, step, version and RNG states into ``trainer``; return ``extra``."""
+def load_checkpoint(
+    path: str | os.PathLike[str], trainer: Trainer, *, timeout_for: Callable[[int], float] | None = None
+) -> dict[str, Any]:
+    """Restore weights, optimizer, scheduler, step, version and RNG states into ``trainer``; return ``extra``.
+    Every file is verified first (``verify_checkpoint``, within ``timeout_for``), so a ``TornCheckpointError``
+    leaves ``trainer`` untouched: ``load_resume`` may go on to an older checkpoint."""
     path = Path(path)
     if not (path / STATE_FILE).is_file():
         raise FileNotFoundError(f"{path} is not an asyncrl checkpoint (no {STATE_FILE})")
-    verify_checkpoint(path)
-    if (path / SHARDED_DIR).is_dir():
+    if (path / SHARDED_DIR).is_dir():  # said before hashing what could not be loaded anyway
         raise ValueError(
             f"{path} holds sharded weights (a trainer with num_workers > 1 wrote it): resume it with the Ray "
             "runtime, whose trainer ranks load sharded checkpoints at any num_workers"
         )
+    verify_checkpoint(path, timeout_for)
     load_trained_weights(trainer, path)
     state, extra = read_state(path)
     trainer.load_state_dict(state)  # first: it refuses a checkpoint whose critic does not match the run
@@ -147,28 +165,60 @@ def load_checkpoint(path: str | os.PathLike[str], trainer: Trainer) -> dict[str,
 def latest_checkpoint(root: str | os.PathLike[str]) -> Path | None:
     """The verified checkpoint with the highest step under ``root``; None when there is none. Each newer
     directory that fails verification is skipped with a warning saying why."""
-    for _, path in reversed(_step_dirs(Path(root))):
-        try:
-            verify_checkpoint(path)
-        except TornCheckpointError as err:
-            logger.warning("skipping checkpoint %s: %s", path, err)
-            continue
-        return path
-    return None
+    found = _first_that_loads(complete_checkpoints(Path(root)), verify_checkpoint)
+    return None if found is None else found[0]
 
 
 def resolve_resume_path(path: str | os.PathLike[str]) -> Path:
-    """The checkpoint ``resume=PATH`` names: a step directory itself (verified), or the newest verified one
-    under a run directory (``PATH/checkpoints``) or a checkpoints directory."""
+    """The checkpoint ``PATH`` names, every file hashed here: a step directory itself (verified), or the newest
+    verified one under a run directory (``PATH/checkpoints``) or a checkpoints directory. For callers that read
+    the weights without ``load_checkpoint`` (``asyncrl export``, ``eval --checkpoint``); a training resume uses
+    ``load_resume``, whose load verifies."""
+    return load_resume(path, verify_checkpoint)[0]
+
+
+def load_resume(path: str | os.PathLike[str], load: Callable[[Path], T]) -> tuple[Path, T]:
+    """(the checkpoint ``resume=PATH`` names, what ``load`` returned for it). ``load`` must verify every hash
+    before it changes anything and raise ``TornCheckpointError`` when one fails (``load_checkpoint``, a sharded
+    load's ranks, ``verify_checkpoint``): the content is hashed once, there.
+
+    Here only markers and directory listings are read (``marker_hashes``), so choosing the directory costs no
+    hashing however large the checkpoint. ``PATH`` a step directory: that one, or the error naming its problem.
+    Else the newest under ``PATH/checkpoints`` or ``PATH`` that loads: each newer one torn (no marker, a file
+    missing or extra: skipped without a read; a wrong hash: when its load refuses it) is skipped with a warning
+    saying why, as ``latest_checkpoint`` skips it; ``FileNotFoundError`` when none loads."""
     path = Path(path)
     if (path / STATE_FILE).is_file():
-        verify_checkpoint(path)
-        return path
-    for root in (path / "checkpoints", path):
-        found = latest_checkpoint(root)
-        if found is not None:
-            return found
-    raise FileNotFoundError(f"resume: no verified checkpoint at or under {path}")
+        marker_hashes(path)  # a torn named checkpoint is refused before anything loads
+        return path, load(path)
+    candidates = (found for root in (path / "checkpoints", path) for found in complete_checkpoints(root))
+    loaded = _first_that_loads(candidates, load)
+    if loaded is None:
+        raise FileNotFoundError(f"resume: no verified checkpoint at or under {path}")
+    return loaded
+
+
+def complete_checkpoints(root: Path) -> Iterator[Path]:
+    """The step directories under ``root``, newest first, whose marker names exactly the files present
+    (``marker_hashes``: no file but the marker is read); each other one is skipped with a warning saying why."""
+    for _, path in reversed(_step_dirs(root)):
+        try:
+            marker_hashes(path)
+        except TornCheckpointError as err:
+            logger.warning("skipping checkpoint %s: %s", path, err)
+            continue
+        yield path
+
+
+def _first_that_loads(candidates: Iterable[Path], load: Callable[[Path], T]) -> tuple[Path, T] | None:
+    """(the first of ``candidates`` that ``load`` accepts, its result); each refused as torn is skipped with a
+    warning saying why."""
+    for path in candidates:
+        try:
+            return path, load(path)
+        except TornCheckpointError as err:
+            logger.warning("skipping checkpoint %s: %s", path, err)
+    return None
 
 
 def write_marker(directory: Path, hashed: Mapping[str, str] | None = None) -> None:
@@ -204,16 +254,39 @@ def hash_files(directory: Path, names: Iterable[str]) -> dict[str, str]:
     return hashes
 
 
-def verify_checkpoint(path: Path) -> None:
-    """``TornCheckpointError`` naming the first problem: no marker, a missing or extra file, a wrong hash."""
+def verify_checkpoint(path: Path, timeout_for: Callable[[int], float] | None = None) -> None:
+    """``TornCheckpointError`` naming the first problem: no marker, a missing or extra file, a wrong hash.
+    ``timeout_for``: the seconds the hashing may take for the checkpoint's bytes (``runtime.
+    checkpoint_timeout_s``), past which it stops with ``CheckpointTimeout``; None: no deadline."""
     expected = marker_hashes(path)
-    check_hashes(path, expected, expected)
+    deadline = None
+    if timeout_for is not None:
+        nbytes = sum((path / name).stat().st_size for name in expected)
+        deadline = HashDeadline(timeout_for(nbytes), f"verifying {path} ({nbytes} bytes)")
+    check_hashes(path, expected, expected, deadline)
 
 
-def check_hashes(path: Path, names: Iterable[str], expected: Mapping[str, str]) -> None:
-    """``TornCheckpointError`` naming the first of ``names`` whose hash is not ``expected``'s."""
+class HashDeadline:
+    """A monotonic-clock deadline for a loop of reads: ``check`` raises ``CheckpointTimeout`` naming ``what``
+    and where it got to once ``timeout_s`` have passed since it was made. Checked between reads, it stops slow
+    storage; a single read that never returns is not interrupted."""
+
+    def __init__(self, timeout_s: float, what: str) -> None:
+        self.timeout_s, self.what = timeout_s, what
+        self._end = time.monotonic() + timeout_s
+
+    def check(self, where: str) -> None:
+        if time.monotonic() > self._end:
+            raise CheckpointTimeout(f"{self.what}: past its deadline of {self.timeout_s:.1f} s, at {where}")
+
+
+def check_hashes(
+    path: Path, names: Iterable[str], expected: Mapping[str, str], deadline: HashDeadline | None = None
+) -> None:
+    """``TornCheckpointError`` naming the first of ``names`` whose hash is not ``expected``'s (within
+    ``deadline``, checked between blocks)."""
     for name in names:
-        if _sha256(path / name) != expected[name]:
+        if _sha256(path / name, deadline) != expected[name]:
             raise TornCheckpointError(f"{path}: {name} does not match its hash in {MARKER_FILE}")
 
 
@@ -318,10 +391,12 @@ def _move_into_place(staging: Path, final: Path) -> None:
         staging.rename(final)
 
 
-def _sha256(path: Path) -> str:
+def _sha256(path: Path, deadline: HashDeadline | None = None) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
+            if deadline is not None:
+                deadline.check(path.name)
             digest.update(block)
     return digest.hexdigest()
 

@@ -5,6 +5,7 @@ a named CONFIG.yaml replaces it, and a checkpoint with no run config above it ne
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import shutil
 from pathlib import Path
@@ -23,6 +24,7 @@ from asyncrl.config.trainer import TrainerConfig
 from asyncrl.models.corpus import sample_texts
 from asyncrl.models.loading import save_tiny
 from asyncrl.models.tiny import build_tiny
+from asyncrl.trainer import checkpoint as ckpt
 from asyncrl.trainer.checkpoint import save_checkpoint
 from asyncrl.trainer.trainer import Trainer
 
@@ -73,6 +75,60 @@ def test_eval_of_a_checkpoint_with_overrides_keeps_the_runs_model_path(trained_r
     assert main(["eval", "controller.eval_prompts=3", "--checkpoint", step]) == 0
     ((config, checkpoint),) = seen
     assert (config.model.path, config.controller.eval_prompts, checkpoint) == (str(base), 3, step)
+
+
+class Served(Exception):
+    """Ends ``evaluate_model`` once the checkpoint's weights are in the model it would serve."""
+
+
+@pytest.fixture
+def hashed(monkeypatch) -> list[Path]:
+    """Every checkpoint file this process hashes from now on."""
+    seen: list[Path] = []
+    original = ckpt._sha256
+
+    def recording(path: Path, *deadline) -> str:
+        seen.append(path)
+        return original(path, *deadline)
+
+    monkeypatch.setattr(ckpt, "_sha256", recording)
+    return seen
+
+
+def _step_files(run: Path) -> list[Path]:
+    step = next((run / "checkpoints").iterdir())
+    return sorted(step / name for name in ckpt.marker_hashes(step))
+
+
+def test_export_and_eval_hash_every_file_of_the_checkpoint_once(trained_run, tmp_path, hashed, monkeypatch):
+    """They read the weights without ``load_checkpoint``, so they verify first (``resolve_resume_path``), once."""
+    run, _, _ = trained_run
+    assert main(["export", str(run), str(tmp_path / "out")]) == 0
+    assert sorted(hashed) == _step_files(run)
+    hashed.clear()
+
+    def make_engine(*args, **kwargs):
+        raise Served
+
+    monkeypatch.setattr(evaluate, "make_engine", make_engine)
+    config = checkpoint_run_config(_args(), str(run))
+    with pytest.raises(Served):
+        asyncio.run(evaluate.evaluate_model(config, str(run)))
+    assert sorted(hashed) == _step_files(run)
+
+
+def test_export_refuses_a_checkpoint_whose_content_changed_by_name(trained_run, tmp_path, capsys) -> None:
+    run, _, _ = trained_run
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    step = next((copy / "checkpoints").iterdir())
+    weights = step / ckpt.MODEL_DIR / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # the size unchanged
+    weights.write_bytes(bytes(data))
+    assert main(["export", str(step), str(tmp_path / "out")]) != 0
+    assert "model/model.safetensors does not match its hash" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def _args(*config_args: str) -> argparse.Namespace:

@@ -117,6 +117,7 @@ def test_checkpoint_due():
             lambda path: _truncate(path / ckpt.MODEL_DIR / "model.safetensors"),
             "model.safetensors does not match",
         ),
+        (lambda path: _flip_a_byte(path / ckpt.STATE_FILE), "trainer_state.pt does not match"),  # same size
         (lambda path: (path / ckpt.STATE_FILE).rename(path / "moved.pt"), "missing \\['trainer_state.pt'\\]"),
     ],
 )
@@ -136,6 +137,9 @@ def test_a_torn_checkpoint_is_never_loaded_and_the_newest_verified_one_is(tmp_pa
     assert latest_checkpoint(tmp_path) == tmp_path / "step_00000004"
     assert "skipping checkpoint" in caplog.text and why.replace("\\", "") in caplog.text
     assert ckpt.resolve_resume_path(tmp_path) == tmp_path / "step_00000004"
+    resumed = _trainer(seed=1)  # a resume: the load verifies, the newest refused by it or before it
+    found, _ = ckpt.load_resume(tmp_path, lambda path: load_checkpoint(path, resumed))
+    assert (found, resumed.step) == (tmp_path / "step_00000004", 4)
 
 
 def test_resume_path_accepts_a_run_dir_or_a_step_dir_and_names_a_missing_one(tmp_path):
@@ -144,6 +148,12 @@ def test_resume_path_accepts_a_run_dir_or_a_step_dir_and_names_a_missing_one(tmp
     assert ckpt.resolve_resume_path(path) == path
     with pytest.raises(FileNotFoundError, match="no verified checkpoint"):
         ckpt.resolve_resume_path(tmp_path / "elsewhere")
+
+
+def _flip_a_byte(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
 
 
 def _truncate(path):
