@@ -6,8 +6,8 @@ Key decision: how an adapter is served depends on the serving dtype (``adapters_
   arithmetic (``lora_delta``), so the served weights are a peft-merged model's bit for bit. Merging costs one
   [out, r] @ [r, in] product per adapted layer per update instead of two thin matmuls per adapted layer on
   every decode step: ``bench/lora.py`` measured merged decoding 1.13–1.38× as fast as peft's low-rank layers
-  on CPU at batch 1–64 (``merged_over_low_rank_b*`` in ``bench/results/lora.json``, docs/benchmarks.md). The merge's
-  float32 rounding costs little: with W0 ~ N(0, 0.02) at 2048 × 2048, rank 16, it put the adapter's effect
+  on CPU at batch 1–64 (``merged_over_low_rank_b*`` in ``bench/results/lora.json``, docs/benchmarks.md).
+  The merge's float32 rounding costs little: with W0 ~ N(0, 0.02) at 2048 × 2048, rank 16, it put the adapter's effect
   5e-5 off the exact one at B ~ 1e-4 and 5e-4 off at B ~ 1e-5 (against 0.89 and 0.99 for a bfloat16 merge).
 - bfloat16 / float16 (``engine.dtype: auto`` on CUDA): low-rank, y = x·W0ᵀ + (x·Aᵀ)·Bᵀ · scaling per adapted
   layer, as peft computes it unmerged (``LoraLayer.forward``). A merge would round W0 + delta to the half
