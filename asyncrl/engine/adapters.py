@@ -7,17 +7,19 @@ Key decision: how an adapter is served depends on the serving dtype (``adapters_
   [out, r] @ [r, in] product per adapted layer per update instead of two thin matmuls per adapted layer on
   every decode step: ``bench/lora.py`` measured merged decoding 1.13–1.38× as fast as peft's low-rank layers
   on CPU at batch 1–64 (``merged_over_low_rank_b*`` in ``bench/results/lora.json``, docs/benchmarks.md).
-  The merge's float32 rounding costs little: with W0 ~ N(0, 0.02) at 2048 × 2048, rank 16, it put the adapter's effect
-  5e-5 off the exact one at B ~ 1e-4 and 5e-4 off at B ~ 1e-5 (against 0.89 and 0.99 for a bfloat16 merge).
+  The merge's float32 rounding costs little: with W0 ~ N(0, 0.02) at 2048 × 2048, rank 16, it put the
+  adapter's effect 5e-5 off the exact one at B ~ 1e-4 and 5e-4 off at B ~ 1e-5 (0.89 and 0.99 for a bfloat16
+  merge).
 - bfloat16 / float16 (``engine.dtype: auto`` on CUDA): low-rank, y = x·W0ᵀ + (x·Aᵀ)·Bᵀ · scaling per adapted
   layer, as peft computes it unmerged (``LoraLayer.forward``). A merge would round W0 + delta to the half
   precision grid of W0, and a delta under half an ulp of W0 vanishes: with W0 ~ N(0, 0.02) and B ~ 1e-4 (early
   training) 88 % of the merged weights stayed W0 and the adapter's effect came out 89 % wrong, where the
   trainer (peft, unmerged) computes it to 0.3 %. vLLM serves adapters unmerged too.
 
-An adapted layer's A and B live in tensors allocated once and updated in place, so a CUDA graph captured over
-the decode step (``engine.static_decode``) keeps reading the current ones; ``fingerprint`` changes whenever the
-set of adapted layers, their storage or the scaling changes, which drops the graphs to be captured again.
+An adapted layer's A and B live in tensors allocated once and updated in place, so a CUDA graph captured
+over the decode step (``engine.static_decode``) keeps reading the current ones; ``fingerprint`` changes
+whenever the set of adapted layers, their storage or the scaling changes, which drops the graphs to be
+captured again.
 """
 
 from __future__ import annotations
