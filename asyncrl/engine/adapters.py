@@ -192,9 +192,12 @@ class LowRankAdapters:
         return [t for layer in self._layers.values() for t in (layer.a, layer.b)]
 
     def fingerprint(self) -> tuple[int, ...]:
-        """What a captured decode graph depends on here: the layout (which hooks run, with which scaling) and
-        where each A and B lives (a wake from a level-2 sleep moves them)."""
-        return (self._layout, *(t.data_ptr() for t in self.tensors()))
+        """What a captured decode graph depends on here: the layout (which hooks run, with which scaling, in
+        which tensors) and where the tensors live. They move only all together, at a level-2 sleep and wake,
+        so one A's address stands for all, as the runner samples the weights' (``ModelRunner._addresses``):
+        this runs before every captured decode step, and every address of a 168-layer adapter cost 140 µs."""
+        first = next(iter(self._layers.values()), None)
+        return (self._layout,) if first is None else (self._layout, first.a.data_ptr())
 
     def _drop(self, module: str) -> None:
         self._layers.pop(module).remove()
