@@ -14,7 +14,8 @@ Four parts, every arm repeated and interleaved by the harness:
 - ``engine_<merged|low_rank>_b<B>``: decode tokens/s of the engine serving one adapter merged into its weights
   (what ``engine.adapters`` does) against peft's unmerged low-rank layers, at batch sizes up to the engine's
   default 64 running requests; ``engine_merge_update`` times the merge an update costs. The engine's choice
-  (merge) stands only if merged is at least as fast at every batch size (``engine_choice``).
+  (merge, for a float32 engine as here; half precision serves low-rank for accuracy) stands only if merged is
+  at least as fast at every batch size (``engine_choice``).
 - ``learn_lora`` / ``learn_full``: the default example (``asyncrl train``, async α = 2, 150 steps, 512 held-out
   prompts before and after) with ``trainer.lora`` (lr 1e-3: LoRA's customary 10x the full run's rate) and as
   shipped (full, lr 1e-4), one seed per repeat.

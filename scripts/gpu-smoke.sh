@@ -79,7 +79,8 @@ if [[ $DEVICE == cuda ]]; then
     tests/unit/engine/test_engine_numerics.py tests/unit/engine/test_engine_architectures.py \
     tests/unit/engine/test_engine_batched_prefill.py tests/unit/engine/test_engine_static_decode.py \
     tests/unit/engine/test_engine_row_attention.py tests/unit/engine/test_engine_sleep.py \
-    tests/unit/engine/test_engine_streams_cuda.py tests/unit/trainer/test_trainer_device.py \
+    tests/unit/engine/test_engine_streams_cuda.py tests/unit/engine/test_engine_lora_half.py \
+    tests/unit/trainer/test_trainer_device.py \
     tests/unit/trainer/test_trainer_packing.py tests/unit/losses/test_losses_device.py \
     tests/unit/weight_sync/test_weight_sync_colocated_device.py -k "not flex_attention"
 else

@@ -14,7 +14,7 @@ import torch
 
 from asyncrl.config.engine import EngineConfig, serving_dtype
 from asyncrl.engine import migration
-from asyncrl.engine.adapters import MergedAdapters
+from asyncrl.engine.adapters import adapters_for
 from asyncrl.engine.kv_cache import available_bytes, pool_bytes
 from asyncrl.engine.model_runner import ModelRunner, kv_dimensions
 from asyncrl.engine.requests import check_request
@@ -68,6 +68,7 @@ class LLMEngine:
             move_buffers(model, device)
         if not asleep:
             check_kv_pool_fits(model, self.config, self.max_model_len)
+        self.adapters = adapters_for(model, self.dtype)
         self.runner = ModelRunner(
             model,
             num_slots=self.config.max_running_requests,
@@ -75,16 +76,15 @@ class LLMEngine:
             decode_graphs=self.config.decode_graphs,
             allocate_kv=not asleep,
             device=device,
+            adapters_fingerprint=self.adapters.fingerprint,
         )
         self.eos_token_ids = eos_token_ids(model, tokenizer)
-        self.adapters = MergedAdapters(model)
         self.version = 0
         self.in_place = InPlaceReceiver()
         """Weight updates patched in place (delta transport), with the chain fetched before a pause."""
         self.paused = False
         self.asleep = 0
         """The sleep level (``sleep``): 0 awake, 1 KV pool freed, 2 weights on the host too."""
-        self._host_weights: list[tuple[torch.nn.Parameter, torch.device]] = []
         self.num_sleeps = 0
         self.num_wakes = 0
         """Times this engine slept and woke (``runtime.switch``: once each per step)."""
@@ -160,13 +160,12 @@ class LLMEngine:
             self.runner.static.release()  # the graphs' pool would outlive the KV pool it points into
         if level == 2:
             device = self.runner.device
-            for param in self.model.parameters():
-                self._host_weights.append((param, device))
-                if param.device == device:
-                    freed += param.nbytes
-                    param.data = host_copy(param.data)
+            for weight in self._weights():
+                if weight.device == device:
+                    freed += weight.nbytes
+                    weight.data = host_copy(weight.data)
                 else:  # loaded in host memory, never on the device (started asleep: ``__init__``'s device)
-                    param.data = host_copy_for(param.data, device)
+                    weight.data = host_copy_for(weight.data, device)
         if self.runner.device.type == "cuda":
             torch.cuda.empty_cache()  # return the blocks to the device, for a trainer in another process too
         self.asleep = level
@@ -179,21 +178,27 @@ class LLMEngine:
         if not self.asleep:
             return 0
         allocated = 0
-        for param, device in self._host_weights:
-            param.data = param.data.to(device)
-            allocated += param.nbytes
-        self._host_weights = []
+        if self.asleep == 2:  # adapters an update brought while asleep too (made on the host)
+            for weight in self._weights():
+                weight.data = weight.data.to(self.runner.device)
+                allocated += weight.nbytes
         allocated += self.runner.cache.restore()
         self.asleep = 0
         self.num_wakes += 1
         return allocated
+
+    def _weights(self) -> list[torch.Tensor]:
+        """What a level-2 sleep moves to the host: the parameters and the adapter state beside them (the
+        low-rank pairs, or the base copies of merged layers: ``engine.adapters``)."""
+        return [*self.model.parameters(), *self.adapters.tensors()]
 
     def update_weights(self, named_tensors: NamedTensors, version: int, *, partial: bool = False) -> None:
         """Copy new weights into the model and tag later tokens with ``version`` (contract: engine/weights.py).
 
         ``named_tensors`` may be a ``WeightUpdate``: it is then refused (``WeightSyncError``) if older than the
         served version or not matching the model, before anything is copied. An adapter-only one (kind
-        ``lora``) is merged into the base weights (``engine.adapters``); a full one replaces them.
+        ``lora``) is merged into float32 weights, served low-rank beside half-precision ones
+        (``engine.adapters``); a full one replaces them and drops the adapter.
 
         In-flight requests survive: with ``kv_on_update="recompute"`` their whole context is prefilled again
         under the new weights before they continue; with ``"keep"`` they continue on their old KV.

@@ -42,10 +42,13 @@ class ModelRunner:
         decode_graphs: str = "off",
         allocate_kv: bool = True,
         device: torch.device | None = None,
+        adapters_fingerprint: Callable[[], tuple[int, ...]] = tuple,
     ) -> None:
         """``allocate_kv``: False leaves the KV pool unallocated until ``cache.restore`` (an engine started
         asleep). ``device``: where the model runs (default: where its parameters are; an engine started
-        asleep at level 2 may hold them in host memory until its wake)."""
+        asleep at level 2 may hold them in host memory until its wake). ``adapters_fingerprint``: what the
+        decode step reads of the served LoRA adapters besides the weights (``engine.adapters``), part of what
+        a captured decode graph depends on."""
         self.architecture = architecture_of(model, max_len)
         self.rotary = self.architecture.rotary
         self.model = model
@@ -61,6 +64,7 @@ class ModelRunner:
         self.cos_sin = RotaryTable(
             model.model.rotary_emb, max_len=max_len, dtype=dims["dtype"], device=self.device
         )
+        self.adapters_fingerprint = adapters_fingerprint
         self.decode_attention_positions = 0
         """KV positions read by decode attention so far, per layer (``decode_plan.attention_positions``):
         the attention work the plans cost, counted rather than timed."""
@@ -143,7 +147,8 @@ class ModelRunner:
         return self._forward(ids, rope, attend, last)
 
     def _addresses(self) -> tuple[int, ...]:
-        """Where the KV pool and the weights live; a captured decode graph is valid only while they stay."""
+        """Where the KV pool and the weights live, and the adapters' layout; a captured decode graph is valid
+        only while they stay."""
         inner = self.model.model
         return (
             self.cache.keys[0].data_ptr(),
@@ -151,6 +156,7 @@ class ModelRunner:
             inner.embed_tokens.weight.data_ptr(),
             inner.norm.weight.data_ptr(),
             self.model.lm_head.weight.data_ptr(),
+            *self.adapters_fingerprint(),
         )
 
     def _prefill(self, chunks: list[Chunk]) -> dict[int, torch.Tensor]:

@@ -1,6 +1,7 @@
-"""Adapter-only weight updates on the built-in engine: after one, the engine serves exactly peft's merged model
-(weights bit for bit, and the same tokens and log-probs as an engine built on the merged model); updates are
-absolute, a full update drops the adapter, and a bad adapter manifest changes nothing."""
+"""Adapter-only weight updates on the built-in engine serving float32: after one, the engine serves exactly peft's
+merged model (weights bit for bit, and the same tokens and log-probs as an engine built on the merged model);
+updates are absolute, a full update drops the adapter, and a bad adapter manifest changes nothing. Half
+precision serves adapters low-rank instead: test_engine_lora_half.py."""
 
 from __future__ import annotations
 
