@@ -8,7 +8,8 @@ function: prompts are GSM8K-style questions built here, read as their characters
 since a random model reads no text; rewards are set, see ``_groups``). It prints each role's planned peak
 beside ``torch.cuda.max_memory_allocated`` of its phase and a step-time breakdown, writes ``memory_plan.json``
 under ``--out``, and fails on an OOM or a role outside ±15 % of its plan. Batches are smaller than the
-recipe's (fewer prompts, shorter answers) so 3 steps fit the kit's minutes; the memory terms the plan sizes (weights, KV pool, micro-batch tokens) are the recipe's.
+recipe's (fewer prompts, shorter answers) so 3 steps fit the kit's minutes; the memory terms the plan sizes
+(weights, KV pool, micro-batch tokens) are the recipe's.
 
 ``--device cpu``: the same loop at a tiny shape, in seconds: a rehearsal of the script, not a measurement (on
 CPU the plan is checked against the allocator by ``tests/unit/app/test_memory_measured.py``).
