@@ -17,8 +17,8 @@ the engine as tensors on the device (no host copy) and the receiver holds at mos
 (``HeldBytes``); the memory each update takes beyond both models (the caching allocator's peak on CUDA, the
 profiler's allocation events on CPU, so the CPU twin checks it too) stays within what its buckets hold by
 design, counted bucket by bucket as the stream runs (``CastLog.live``, ``Allowance``): the bucket's casts, the
-one cast ``group_into_buckets`` holds ahead, a tied embedding's cast until its second name (``lm_head.weight``)
-is taken, and the bucket's buffer (``buckets``) or the sender's and the receiver's (``broadcast``), plus the
+one cast ``group_into_buckets`` holds ahead (a tied embedding's second name, ``lm_head.weight``, comes right
+after its first and shares its cast), and the bucket's buffer (``buckets``) or the sender's and the receiver's (``broadcast``), plus the
 CUDA allocator's rounding (``SLACK_PER_BLOCK``). Reports seconds and GB/s per phase into OUT/result.json and
 prints PASS/FAIL lines; exits non-zero on a failure.
 
@@ -34,6 +34,7 @@ import argparse
 import json
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -203,11 +204,9 @@ class CastLog:
 
     def __init__(self, sources: dict[str, torch.Tensor], seconds: dict, device: torch.device) -> None:
         self.sources, self.seconds, self.device = sources, seconds, device
-        keys = [tensor.data_ptr() for tensor in sources.values()]  # tied names share their memory
-        self.first = {key: index for index, key in reversed(list(enumerate(keys)))}
-        self.last = {key: index for index, key in enumerate(keys)}
-        self.keys = keys
-        self.yielded: list[tuple[int, int]] = []  # (data_ptr, bytes) of each cast, not the cast itself
+        self.memory_of = {name: tensor.data_ptr() for name, tensor in sources.items()}  # tied names share it
+        self.names_per_memory = Counter(self.memory_of.values())
+        self.yielded: list[tuple[str, int, int]] = []  # (name, data_ptr, bytes) of each cast, not the cast
         self.taken = 0
 
     def __iter__(self):
@@ -219,23 +218,23 @@ class CastLog:
             self.seconds["cast"] += time.perf_counter() - tick
             if item is None:
                 return
-            self.yielded.append((item[1].data_ptr(), item[1].numel() * item[1].element_size()))
+            name, cast = item
+            self.yielded.append((name, cast.data_ptr(), cast.numel() * cast.element_size()))
             yield item
 
     def live(self, group: list[tuple[str, torch.Tensor]]) -> tuple[int, int]:
         """Bytes and count of the casts alive while ``group`` (the next bucket the stream was cut into) is
         packed and sent, by design: the group's own; those the stream has yielded beyond it
-        (``group_into_buckets`` takes one tensor ahead before it yields a group); and each tied matrix's cast
-        whose first name has been yielded and whose last has not (``cast_for_serving`` keeps it for that name;
-        at Qwen3-1.7B the embedding, 593.5 MiB in bfloat16, from the first bucket to the last). A cast under
-        two names counts once."""
+        (``group_into_buckets`` takes one tensor ahead before it yields a group); and a tied matrix's cast
+        taken under some of its names but not all (``cast_for_serving`` keeps it for the next, which it yields
+        right after the first). A cast under two names counts once."""
         start, self.taken = self.taken, self.taken + len(group)
-        done = len(self.yielded)
-        alive = dict(self.yielded[start:done])
-        for index in range(done):
-            key = self.keys[index]
-            if self.first[key] == index and self.last[key] >= done:
-                alive.setdefault(*self.yielded[index])
+        done = self.yielded
+        alive = {pointer: nbytes for _, pointer, nbytes in done[start:]}
+        taken = Counter(self.memory_of[name] for name, _, _ in done)
+        for name, pointer, nbytes in done:
+            if taken[self.memory_of[name]] < self.names_per_memory[self.memory_of[name]]:
+                alive.setdefault(pointer, nbytes)
         return sum(alive.values()), len(alive)
 
 
