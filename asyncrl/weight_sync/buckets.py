@@ -125,23 +125,35 @@ def cast_for_serving(
     """``named_tensors`` in the serving ``dtype``, each floating-point tensor cast once where it lives (the
     trainer's device; a DTensor casts its shard), lazily: a cast is held only until its last name is taken, so
     a consumer that drops each one (a bucket stream) never holds the whole model twice. A tensor under two
-    names (tied embeddings) is cast once and both names get that cast; a tensor already in ``dtype``, or not
-    floating point, passes as it is (no copy)."""
+    names (tied embeddings) is cast once and both names get that cast, the later name yielded right after the
+    first (the only change to the order): held until a name at the end of the model (``lm_head.weight``), the
+    cast of a tied embedding (593.5 MiB in bfloat16 at Qwen3-1.7B) would stay alive beside every bucket in
+    between. A tensor already in ``dtype``, or not floating point, passes as it is (no copy)."""
     target = _serving_target(dtype)
     items = list(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
     keys = [_memory_key(tensor) for _, tensor in items]
-    last_use = {key: index for index, key in enumerate(keys)}
+    order = _partners_adjacent(keys)
+    last_use = {keys[index]: position for position, index in enumerate(order)}
     cast: dict[tuple[Any, ...], torch.Tensor] = {}
-    for index, ((name, tensor), key) in enumerate(zip(items, keys, strict=True)):
+    for position, index in enumerate(order):
+        (name, tensor), key = items[index], keys[index]
         if tensor.dtype == target or not tensor.is_floating_point():
             yield name, tensor
             continue
         converted = cast.pop(key, None)
         if converted is None:
             converted = tensor.detach().to(target)
-        if last_use[key] > index:  # a later name shares this memory: keep the cast for it
+        if last_use[key] > position:  # the next name shares this memory: keep the cast for it
             cast[key] = converted
         yield name, converted
+
+
+def _partners_adjacent(keys: list[tuple[Any, ...]]) -> list[int]:
+    """Indices of ``keys`` in order, except that every later index with the same key follows the first at once."""
+    sharing: dict[tuple[Any, ...], list[int]] = {}
+    for index, key in enumerate(keys):
+        sharing.setdefault(key, []).append(index)
+    return [index for first, key in enumerate(keys) if sharing[key][0] == first for index in sharing[key]]
 
 
 class ServingCasts:

@@ -25,6 +25,12 @@ Each run: ≥ 4 steps, step time with its breakdown (wait, train, sync; and the 
 memory (CUDA allocator peak; on CPU the process's peak RSS so far). Writes ``DIR/result.json``; PASS/FAIL lines
 for what must hold (every colocated step slept and woke, the KV pool was empty while training, ≥ 4 steps each),
 and the one-device async/sync throughput ratio as a measurement, not a check. Exit status non-zero on a FAIL.
+
+Disk: the model and each run's output directory live in a temporary directory outside ``DIR``, removed as soon
+as they are done with (and in any case on exit): a run always ends with a full checkpoint (fp32 masters and
+Adam's moments: ~24 GB at this shape, whatever ``trainer.checkpoint_every`` says), which must neither fill
+the GPU machine's disk nor travel back with the results. Only each run's small top-level files (metrics,
+summary, config, timeline) are copied to ``DIR/<run>``.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ import random
 import resource
 import shutil
 import sys
+import tempfile
 import time
 import traceback
 import zlib
@@ -58,6 +65,9 @@ from asyncrl.sim.probe import TINY_SHAPE, build_model
 
 TOKENIZER = Path(__file__).resolve().parents[2] / "asyncrl" / "assets" / "tiny-copy"
 STEPS = 4
+KEPT_FILE_BYTES = 16 << 20
+"""A run's top-level files up to this size come back under ``--out`` (metrics, summary, config, timeline);
+checkpoints never do."""
 
 
 def settings(device: str) -> dict[str, Any]:
@@ -90,9 +100,10 @@ def settings(device: str) -> dict[str, Any]:
     }
 
 
-def write_model(out: Path, device: str, setting: dict[str, Any]) -> Path:
-    """A random-initialised model of the setting's shape and the tiny tokenizer, saved as a model directory."""
-    model_dir = out / "model"
+def write_model(work: Path, device: str, setting: dict[str, Any]) -> Path:
+    """A random-initialised model of the setting's shape and the tiny tokenizer, saved as a model directory
+    under ``work`` (the temporary directory: ~4 GB at the CUDA shape)."""
+    model_dir = work / "model"
     model = build_model(setting["shape"], device=torch.device(device), dtype=setting["dtype"])
     model.generation_config.eos_token_id = None  # lengths are forced (see module docstring)
     model.save_pretrained(model_dir)
@@ -144,9 +155,10 @@ RUNS = {
 
 
 def run_one(
-    name: str, model_dir: Path, out: Path, device: str, setting: dict[str, Any], engine_stream: str
+    name: str, model_dir: Path, work: Path, device: str, setting: dict[str, Any], engine_stream: str
 ) -> dict[str, Any]:
-    """One training run; its per-step breakdown, throughput, peak memory and the engines' stream mode."""
+    """One training run, its output directory ``work/name``; its per-step breakdown, throughput, peak memory
+    and the engines' stream mode."""
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     config = load_run_config(
@@ -154,7 +166,7 @@ def run_one(
         [
             f"model.path={model_dir}",
             f"model.device={device}",
-            f"output_dir={out / name}",
+            f"output_dir={work / name}",
             f"controller.num_steps={STEPS}",
             "controller.eval_prompts=0",
             "task.num_eval=4",
@@ -169,7 +181,7 @@ def run_one(
         ],
     )
     window = (
-        ProfileWindow(out / name / "metrics.jsonl")
+        ProfileWindow(work / name / "metrics.jsonl")
         if device == "cuda" and name == "async_one_device"
         else None
     )
@@ -198,6 +210,17 @@ def run_one(
         "engine_streams": engine_streams,
         **({"stream_overlap": window.result()} if window is not None else {}),
     }
+
+
+def keep_small_files(run_dir: Path, dest: Path) -> list[str]:
+    """Copy ``run_dir``'s top-level files of at most ``KEPT_FILE_BYTES`` into ``dest``; the names copied."""
+    dest.mkdir(parents=True, exist_ok=True)
+    kept = []
+    for path in sorted(run_dir.iterdir()) if run_dir.is_dir() else []:
+        if path.is_file() and path.stat().st_size <= KEPT_FILE_BYTES:
+            shutil.copy(path, dest / path.name)
+            kept.append(path.name)
+    return kept
 
 
 def steady_rate(steps: list[dict]) -> float:
@@ -254,16 +277,22 @@ def main() -> int:
         "errors": {},
     }
     force_long_tailed_lengths(setting["median"], setting["max_new_tokens"])
-    model_dir = write_model(args.out, args.device, setting)
-    for name in RUNS:
-        try:
-            result["runs"][name] = run_one(
-                name, model_dir, args.out, args.device, setting, args.engine_stream
-            )
-        except Exception:  # deliberate: one failed run is recorded and the other still measured
-            result["errors"][name] = traceback.format_exc()
-            print(f"FAIL {name}: {traceback.format_exc().splitlines()[-1]}")
-    shutil.rmtree(model_dir, ignore_errors=True)
+    work = Path(tempfile.mkdtemp(prefix="asyncrl-colocate-"))
+    try:
+        model_dir = write_model(work, args.device, setting)
+        for name in RUNS:
+            try:
+                result["runs"][name] = run_one(
+                    name, model_dir, work, args.device, setting, args.engine_stream
+                )
+            except Exception:  # deliberate: one failed run is recorded and the other still measured
+                result["errors"][name] = traceback.format_exc()
+                print(f"FAIL {name}: {traceback.format_exc().splitlines()[-1]}")
+            finally:  # before the next run writes its own checkpoint: one on disk at a time
+                keep_small_files(work / name, args.out / name)
+                shutil.rmtree(work / name, ignore_errors=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     runs = result["runs"]
     if {"colocated_sync", "async_one_device"} <= runs.keys() and runs["colocated_sync"]["samples_per_s"] > 0:
         ratio = runs["async_one_device"]["samples_per_s"] / runs["colocated_sync"]["samples_per_s"]

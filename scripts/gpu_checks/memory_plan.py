@@ -3,11 +3,13 @@
 
 ``--device cuda``: ``gsm8k_1gpu.yaml``'s trainer and built-in engine settings (fp32 masters, bf16 compute and
 serving, its KV slots and micro-batch budget) on a random-initialised Qwen3-1.7B-shaped model built here
-(nothing is downloaded), a GSM8K-format task written here, ≥ 3 RL steps of generate → train → weight sync. It
-prints each role's planned peak beside ``torch.cuda.max_memory_allocated`` of its phase and a step-time
-breakdown, writes ``memory_plan.json`` under ``--out``, and fails on an OOM or a role outside ±15 % of its plan.
-Batches are smaller than the recipe's (fewer prompts, shorter answers) so 3 steps fit the kit's minutes; the
-memory terms the plan sizes (weights, KV pool, micro-batch tokens) are the recipe's.
+(nothing is downloaded), ≥ 3 RL steps of generate → train → weight sync driven here (no task, no reward
+function: prompts are GSM8K-style questions built here, read as their characters' codes modulo the vocabulary,
+since a random model reads no text; rewards are set, see ``_groups``). It prints each role's planned peak
+beside ``torch.cuda.max_memory_allocated`` of its phase and a step-time breakdown, writes ``memory_plan.json``
+under ``--out``, and fails on an OOM or a role outside ±15 % of its plan. Batches are smaller than the
+recipe's (fewer prompts, shorter answers) so 3 steps fit the kit's minutes; the memory terms the plan sizes
+(weights, KV pool, micro-batch tokens) are the recipe's.
 
 ``--device cpu``: the same loop at a tiny shape, in seconds: a rehearsal of the script, not a measurement (on
 CPU the plan is checked against the allocator by ``tests/unit/app/test_memory_measured.py``).
@@ -70,7 +72,8 @@ def model_of(shape: ModelShape, max_len: int, device: torch.device) -> torch.nn.
 
 
 def gsm8k_rows(count: int) -> list[dict[str, str]]:
-    """GSM8K-format problems (a question, a worked answer ending ``#### N``), built here."""
+    """GSM8K-format problems (a question, a worked answer ending ``#### N``), built here; only the questions'
+    lengths and characters reach the engine (as prompt ids)."""
     return [
         {
             "question": f"Tom has {a} apples and buys {b} more. How many apples does he have?",
@@ -134,7 +137,6 @@ def main(argv: list[str] | None = None) -> int:
     config = load_run_config(RECIPE, overrides)
     max_len = config.engine.max_model_len or 1536
     rows = gsm8k_rows(prompts * args.steps)
-    (args.out / "gsm8k_local.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
     hardware = mp.Hardware(
         args.device, torch.cuda.get_device_properties(0).total_memory if cuda else 2**34, 1

@@ -97,16 +97,26 @@ def test_the_serving_cast_happens_once_per_matrix_and_passes_what_needs_none():
 
 
 def test_the_serving_cast_holds_a_cast_only_until_its_last_name_is_taken():
+    """A tied matrix's later name comes right after its first, so the stream keeps its cast for one name, not
+    across every tensor between them (a tied embedding's cast beside every bucket of the model)."""
     import weakref
 
-    embed, norm = torch.randn(6, 4), torch.randn(4)
-    stream = cast_for_serving([("embed", embed), ("norm", norm), ("lm_head", embed)], "bfloat16")
-    _, first = next(stream)
+    embed, norm, head = torch.randn(6, 4), torch.randn(4), torch.randn(3, 4)
+    stream = cast_for_serving(
+        [("embed", embed), ("norm", norm), ("head", head), ("lm_head", embed)], "bfloat16"
+    )
+    name, first = next(stream)
     held = weakref.ref(first)
     del first
-    assert held() is not None, "the tied matrix's cast waits for lm_head"
-    _, second = next(stream)
+    assert name == "embed" and held() is not None, "the tied matrix's cast waits for lm_head"
+    name, tied = next(stream)
+    assert name == "lm_head" and tied is held(), "lm_head comes next, with the same cast"
+    del tied
+    name, second = next(stream)
+    assert name == "norm"
+    assert held() is None, "taken under both names, the tied cast is no longer kept by the stream"
     freed = weakref.ref(second)
     del second
-    next(stream)
+    assert next(stream)[0] == "head"
     assert freed() is None, "a cast no later name shares is not kept by the stream"
+    assert next(stream, None) is None

@@ -33,7 +33,8 @@ def test_the_gpu_kit_weight_bucket_section_runs_its_cpu_twin_through_the_broadca
 ):
     """``scripts/gpu-smoke.sh``'s weight-buckets section as its ``--dry-run`` runs it (the checkout on
     ``PYTHONPATH``): both arms bit-exact, the broadcast's buckets reaching the engine as tensors where they were
-    received, the receiver within two buckets."""
+    received, the receiver within two buckets, and each arm's peak allocation (the profiler's, on CPU) within
+    what its buckets hold by design: a leaked view of the previous bucket's buffer fails it."""
     done = subprocess.run(
         [sys.executable, "scripts/gpu_checks/weight_buckets.py", "--device", "cpu", "--out", str(tmp_path)],
         cwd=ROOT,
@@ -45,7 +46,13 @@ def test_the_gpu_kit_weight_bucket_section_runs_its_cpu_twin_through_the_broadca
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads((tmp_path / "result.json").read_text())
     assert all(check["passed"] for check in result["checks"].values())
-    assert {"bit-exact", "broadcast bit-exact", "broadcast on device", "broadcast receiver held"} <= set(
-        result["checks"]
-    )
+    assert {
+        "bit-exact",
+        "staging",
+        "broadcast bit-exact",
+        "broadcast on device",
+        "broadcast receiver held",
+        "broadcast staging",
+    } <= set(result["checks"])
+    assert result["staging_peak_bytes"] > 0 and result["broadcast"]["staging_peak_bytes"] > 0  # it measured
     assert result["broadcast"]["buckets_held_as"] == ["Tensor on cpu"]
