@@ -40,16 +40,16 @@ def gathered_buckets(
     if bucket_bytes < 1:
         raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
     keys = [_storage_key(tensor) for tensor in named.values()]
-    shared = {key for key in keys if keys.count(key) > 1}  # tied twins: kept until their last name
+    last_use = {key: index for index, key in enumerate(keys)}  # a tied twin is held until its last name only
 
     def gathered() -> Iterator[tuple[str, torch.Tensor]]:
         twins: dict[tuple, torch.Tensor] = {}
-        for (name, tensor), key in zip(named.items(), keys, strict=True):
-            full = twins.get(key)
+        for index, ((name, tensor), key) in enumerate(zip(named.items(), keys, strict=True)):
+            full = twins.pop(key, None)
             if full is None:
                 full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-                if key in shared:
-                    twins[key] = full
+            if last_use[key] > index:
+                twins[key] = full
             yield name, full
 
     return group_into_buckets(
