@@ -295,11 +295,6 @@ class TrainerRankActor:
             torch.cuda.empty_cache()
         return released
 
-    def unsettled_weights(self) -> list[str]:
-        """The colocated publications whose blocks this rank still pins (``ColocatedSync.unsettled``)."""
-        publisher = self._publishers.get("colocated")
-        return publisher.unsettled() if publisher is not None else []
-
     def _settle(self, keys: Sequence[str]) -> int:
         """Let the colocated publisher take back ``keys``' IPC counters (none: nothing published yet)."""
         publisher = self._publishers.get("colocated")

@@ -31,6 +31,13 @@ holds nothing beyond its own weights while it copies. An engine that attaches a 
 ``WeightSyncError`` naming it, never stale bytes (the switch sends an engine replaced after the release a copy
 packed again instead: ``runtime.republish``): the driver refuses a released update before it sends a handle
 (``Lease``), since a freed CUDA block's IPC handle would map whatever the allocator put there since. Memory shared by two names (tied embeddings) is packed once.
+
+Lifetime of a CUDA IPC block (docs/weight-sync.md has torch's side in full): ``reduce_tensor`` sets the block's
+reference counter to 1; only a process that opened the handle takes it back, when its mapping dies; torch frees
+a dropped block only at a counter <= 0, so one nobody opened (its engine replaced first, its publication
+superseded) stayed for the run. A publisher built ``settled`` (the Ray trainer ranks) keeps each released
+block with a handle (``Unsettled``) until the sender's ``IpcLedger`` says no engine can read it; ``settle``
+then takes the counter back (torch's ``_release_ipc_counter``), drops the block, and collects torch's limbo.
 """
 
 from __future__ import annotations
