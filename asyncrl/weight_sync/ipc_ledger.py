@@ -14,8 +14,9 @@ back itself (``ColocatedSync.settle``) only once this ledger says no engine can 
     published(key, rank) ─► sent(key, reader) ─► finished(key, reader)   (the call ended in the engine: its
           │                       │                                      mapping is gone, counter taken back)
           │                       └───────────► reader_gone(reader)      (replaced: its process is killed)
-          └─► retired(key)   (the trainer let go: no new send; the Lease refuses one)
-    a key is settled (``take_settled``) once it is retired and no reader it was sent to can still read it
+          └─► retired(key)   (the trainer let go: released, superseded or given back; its blocks parked)
+    a key is settled (``take_settled``) once it is retired and no reader it was sent to can still read it;
+    a send after that is refused by name (a released update is refused before, by its ``Lease``)
 
 Rules (tests/unit/weight_sync/test_ipc_ledger.py, random schedules against a model of torch's counter):
 - a key is settled only when retired and every send to it finished or its reader is gone, so no block is
@@ -70,12 +71,15 @@ class IpcLedger:
             self._entries[key] = _Entry(rank=rank)
 
     def sent(self, key: str, reader: str) -> None:
-        """``key``'s handle is on its way to engine ``reader``, which may open it until ``finished`` or gone."""
+        """``key``'s handle is on its way to engine ``reader``, which may open it until ``finished`` or gone. A
+        retired key not yet settled may still be sent (the proxy draining an update the next publish
+        superseded): its blocks stay parked for it. A settled one is refused by name: they may be freed."""
         with self._lock:
-            entry = self._entry(key, f"sent to engine {reader}")
-            if entry.retired:
+            entry = self._entries.get(key)
+            if entry is None:
                 raise WeightSyncError(
-                    f"colocated publication {key}: sent to engine {reader} after the trainer let go of it"
+                    f"colocated publication {key}: sent to engine {reader}, but it is not held (settled "
+                    "already: its blocks may be freed)"
                 )
             if reader not in self._gone:
                 entry.readers[reader] += 1
@@ -127,14 +131,6 @@ class IpcLedger:
             self._entries.clear()
             settled, self._settled = self._settled, {}
             return settled
-
-    def _entry(self, key: str, what: str) -> _Entry:
-        entry = self._entries.get(key)
-        if entry is None:
-            raise WeightSyncError(
-                f"colocated publication {key}: {what}, but it is not held (settled already?)"
-            )
-        return entry
 
     def _settle_if_unread(self, key: str, entry: _Entry) -> None:
         if entry.retired and not entry.readers:
