@@ -89,9 +89,10 @@ class WeightSyncConfig:
         """Constructor options of the trainer side of ``transport`` (``make_weight_sync``) for a trainer whose
         weights are on ``device``; ``in_process``: every engine reads in the trainer's process (the inline
         runtime), so colocated device blocks get no CUDA IPC handle (``weight_sync.colocated``: one nobody
-        opens would pin its block for good)."""
+        opens would pin its block for good); otherwise (the Ray trainer ranks) the driver's ledger settles every
+        publication (``weight_sync.ipc_ledger``)."""
         if transport == "colocated":
-            return {"device": device, "ipc": not in_process}
+            return {"device": device, "ipc": not in_process, "settled": not in_process}
         if transport == "delta":
             return {
                 "root": self.delta_dir or os.path.join(output_dir, "weight-deltas"),

@@ -59,6 +59,7 @@ from asyncrl.rewards.service import RewardService
 from asyncrl.runtime.actor_calls import await_actor, get_actor
 from asyncrl.runtime.actor_env import ACTOR_ENV
 from asyncrl.runtime.colocate import ColocatedTrainer, device_bytes
+from asyncrl.runtime.errors import ActorCallError, ActorCallTimeout
 from asyncrl.runtime.placement import Placement, pin, plan_placement
 from asyncrl.runtime.placement_check import SHARED_ROLE, PlacementError, RoleBundles, layout_of
 from asyncrl.runtime.ray_placement import ENGINE_ROLE, TRAINER_ROLE, Reservation, reserve, role_bundles
@@ -70,7 +71,8 @@ from asyncrl.runtime.trainer_group import TrainerGroupClient, TrainerRankActor, 
 from asyncrl.runtime.weight_group import WEIGHTS_GROUP, BroadcastGroup
 from asyncrl.types import Generation, Request
 from asyncrl.weight_sync.broadcast import WeightGroup
-from asyncrl.weight_sync.colocated import for_engine
+from asyncrl.weight_sync.colocated import ColocatedHandle, for_engine
+from asyncrl.weight_sync.ipc_ledger import IpcLedger
 from asyncrl.weight_sync.protocol import WeightSyncError, WeightSyncTimeout, WeightUpdate, check_version
 from asyncrl.weight_sync.transports import FlatBufferSync
 
@@ -392,6 +394,10 @@ class RayEngineClient:
         self.catch_up: Any = None
         """Broadcast transport: turns an update this engine did not stage (it joined the group after it was
         sent) into an object-store copy (``runtime.weight_group.BroadcastGroup.catch_up``)."""
+        self.ipc_ledger: IpcLedger | None = None
+        """Colocated transport: told of every handle sent to this engine and of the call's end
+        (``weight_sync.ipc_ledger``), so its trainer rank lets go of the blocks once this engine cannot read
+        them; set by ``build_ray_parts`` and ``RayEngineFactory``."""
         self.update_timeout_s: Callable[[int], float] | None = None
         """The deadline of an update of so many bytes (``ProxyConfig.update_timeout_s``, set by
         ``spawn_engine``); None: ``runtime.control_timeout_s``, as for any short call."""
@@ -444,10 +450,24 @@ class RayEngineClient:
             staged = await self._control(self.handle.staged_versions.remote(), "staged_versions")
             if staged is not None and update.version not in staged:
                 update = await asyncio.to_thread(self.catch_up, update)
+        key = update.handle.key if isinstance(update.handle, ColocatedHandle) else None
+        if key and self.ipc_ledger is not None:
+            self.ipc_ledger.sent(key, self.name)
         ref = self.handle.update_weights.remote(update, version)
-        await await_actor(
-            ref, f"engine {self.name}: update_weights(v{version})", self._update_deadline(update)
-        )
+        try:
+            await await_actor(
+                ref, f"engine {self.name}: update_weights(v{version})", self._update_deadline(update)
+            )
+        except (ActorCallError, ActorCallTimeout, asyncio.CancelledError):
+            raise  # it may still be reading: the ledger keeps the blocks until this engine is replaced
+        except BaseException:
+            self._finished(key)  # raised inside the engine: its call ended, its mapping with it
+            raise
+        self._finished(key)
+
+    def _finished(self, key: str | None) -> None:
+        if key and self.ipc_ledger is not None:
+            self.ipc_ledger.finished(key, self.name)
 
     async def prefetch_weights(self, update: WeightUpdate) -> None:
         ref = self.handle.prefetch_weights.remote(for_engine(update, self.index))
@@ -565,6 +585,9 @@ class RayEngineFactory:
         self.num_started = 0
         self.weight_group: BroadcastGroup | None = None
         """Broadcast transport: told of every replacement, so the next publish forms the group with it."""
+        self.ipc_ledger: IpcLedger | None = None
+        """Colocated transport: told of every replacement (the killed engine reads no more) and handed to the
+        successor (``RayEngineClient.ipc_ledger``)."""
 
     async def replace(self, index: int, failed: Any) -> RayEngineClient:
         """Kill ``failed`` (engine ``index``), start its successor and return it once its model is loaded,
@@ -581,10 +604,13 @@ class RayEngineFactory:
         start refuses at once a KV pool above 90 % of the device's free memory (``check_kv_pool_fits``).
         None of this has run on a GPU."""
         failed.shutdown()  # ray.kill: a wedged actor stops too, and frees its bundle for the new one
+        if self.ipc_ledger is not None:  # killed: whatever it was sent, it reads no more
+            self.ipc_ledger.reader_gone(failed.name)
         self.num_started += 1
         level = self.phase.start_level() if self.phase is not None else 0
         name = f"engine-{index}-restart-{self.num_started}"
         client = spawn_run_engine(self.config, self.placement, self.reservation, index, name, asleep=level)
+        client.ipc_ledger = self.ipc_ledger
         if self.phase is None:
             self.engines[index] = client
         try:
@@ -719,6 +745,9 @@ def build_ray_parts(config: RunConfig, runtime: RuntimeConfig) -> RayParts:
         trainer = with_switch(config, group, engines)
         engine_locations = wait_ready(engines, engine_start_timeout_s(config))
         factory = RayEngineFactory(config, placement, reservation, engines, getattr(trainer, "phase", None))
+        factory.ipc_ledger = group.ipc_ledger
+        for engine in engines:
+            engine.ipc_ledger = group.ipc_ledger
         if config.weight_sync.transport_for(runtime.type) == "broadcast":
             factory.weight_group = form_weight_group(trainer, engines, config)
     except BaseException:

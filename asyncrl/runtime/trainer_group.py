@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,7 @@ from asyncrl.types import Group
 from asyncrl.weight_sync.broadcast import WeightGroup
 from asyncrl.weight_sync.colocated import paired_update
 from asyncrl.weight_sync.flat import FlatWeights
+from asyncrl.weight_sync.ipc_ledger import IpcLedger
 from asyncrl.weight_sync.protocol import WeightSyncError, WeightUpdate
 from asyncrl.weight_sync.transports import FlatBufferSync, make_weight_sync, update_of_buckets
 
@@ -173,7 +175,12 @@ class TrainerRankActor:
         )
 
     def publish_weights(
-        self, bucket_bytes: int, transport: str = "object_store", retain: bool = False, packer: int = -1
+        self,
+        bucket_bytes: int,
+        transport: str = "object_store",
+        retain: bool = False,
+        packer: int = -1,
+        settle: Sequence[str] = (),
     ) -> WeightUpdate | None:
         """Every rank gathers; rank 0 packs each bucket as it fills and places it in the object store,
         broadcasts it to the engines, or hands it to its delta publisher, then returns the update (the others
@@ -181,8 +188,10 @@ class TrainerRankActor:
         returns its update (``ColocatedHandle.rank``; the client pairs them, ``paired_update``); with
         ``packer`` >= 0 (a replaced engine's catch-up, ``TrainerGroupClient.pack_for``) only that rank packs,
         the others take part in the gather (FSDP's all-gather is collective) and keep nothing.
-        ``retain`` (broadcast): keep the packed buckets for ``place_last_broadcast``."""
+        ``retain`` (broadcast): keep the packed buckets for ``place_last_broadcast``. ``settle``: colocated
+        publications no engine can read any more (``weight_sync.ipc_ledger``), let go for good first."""
         trainer = self._trainer()
+        self._settle(settle)
         buckets = gathered_buckets(trainer.sync_tensors(), bucket_bytes)
         adapter = trainer.adapter
         if transport == "colocated" and packer in (-1, self.rank):
@@ -271,18 +280,27 @@ class TrainerRankActor:
             self.offloader = StateOffloader.for_trainer(self._trainer(), choice)
         return self.offloader
 
-    def release_weights(self) -> int:
+    def release_weights(self, settle: Sequence[str] = ()) -> int:
         """Let go of what this rank's publishers hold for the engines (the colocated transport's packed copy:
         shared-memory blocks, or device blocks, whose freed memory goes back to the device for the engine's
-        process, as in ``offload_state``); the bytes let go."""
+        process, as in ``offload_state``), and for good of the colocated publications in ``settle``
+        (``weight_sync.ipc_ledger``); the bytes let go."""
         released = 0
         for publisher in self._publishers.values():
             release = getattr(publisher, "release", None)
             if release is not None:
                 released += release() or 0
-        if released and torch.device(self._device()).type == "cuda":
+        settled = self._settle(settle)
+        if (released or settled) and torch.device(self._device()).type == "cuda":
             torch.cuda.empty_cache()
         return released
+
+    def _settle(self, keys: Sequence[str]) -> int:
+        """Let the colocated publisher take back ``keys``' IPC counters (none: nothing published yet)."""
+        publisher = self._publishers.get("colocated")
+        if not keys or publisher is None:
+            return 0
+        return publisher.settle(keys)
 
     def stop(self) -> None:
         leave_process_group()
@@ -318,6 +336,9 @@ class TrainerGroupClient:
             self.transport = "object_store"  # until the weight group forms (``use_broadcast``)
         self.weight_group: Any = None
         """Broadcast transport: the ``runtime.weight_group.BroadcastGroup`` that publishes (``use_broadcast``)."""
+        self.ipc_ledger = IpcLedger() if self.transport == "colocated" else None
+        """Colocated transport: which engines may still read each rank's blocks, so every rank lets go of every
+        block for good once none can (``weight_sync.ipc_ledger``); the engine clients report their sends."""
         self.ranks = progress
         self.checkpoint_bytes: int = progress[0]["checkpoint_bytes"]
         """An upper bound on one checkpoint's bytes, as the ranks took it from the model (all agree)."""
@@ -340,21 +361,33 @@ class TrainerGroupClient:
         bucket_bytes = int(self.weight_sync.bucket_mb * 2**20)
         if self.weight_group is not None:
             return self.weight_group.publish(bucket_bytes)
-        refs = [handle.publish_weights.remote(bucket_bytes, self.transport) for handle in self.handles]
+        if self.transport != "colocated":
+            refs = [handle.publish_weights.remote(bucket_bytes, self.transport) for handle in self.handles]
+            return get_trainer(refs, "trainer: publish weights", self.weight_sync.timeout_s)[0]
+        settle = self._retire_held()  # every rank lets go of its previous blocks as it packs
+        refs = [
+            handle.publish_weights.remote(bucket_bytes, self.transport, settle=settle.get(rank, []))
+            for rank, handle in enumerate(self.handles)
+        ]
         updates = get_trainer(refs, "trainer: publish weights", self.weight_sync.timeout_s)
-        if self.transport == "colocated":  # rank i's blocks for engine i, in its bundle
-            return paired_update(updates)
-        return updates[0]
+        for rank, update in enumerate(updates):
+            self._ledger().published(update.handle.key, rank)
+        return paired_update(updates)  # rank i's blocks for engine i, in its bundle
 
     def pack_for(self, engine: int) -> WeightUpdate:
         """``runtime.switch``: the current weights packed again for replaced engine ``engine`` only
         (``runtime.republish``): every rank gathers, only rank ``engine`` (in that engine's bundle) packs; its
         update, which ``for_engine`` hands that engine as is."""
         bucket_bytes = int(self.weight_sync.bucket_mb * 2**20)
+        settle = self._retire_held()  # rank ``engine`` lets go of what it held as it packs
         refs = [
-            handle.publish_weights.remote(bucket_bytes, "colocated", packer=engine) for handle in self.handles
+            handle.publish_weights.remote(
+                bucket_bytes, "colocated", packer=engine, settle=settle.get(rank, [])
+            )
+            for rank, handle in enumerate(self.handles)
         ]
         updates = get_trainer(refs, f"trainer: pack for engine {engine}", self.weight_sync.timeout_s)
+        self._ledger().published(updates[engine].handle.key, engine)
         return updates[engine]
 
     def save_checkpoint(
@@ -396,8 +429,23 @@ class TrainerGroupClient:
     def release_published(self) -> int:
         """``runtime.switch``: every rank lets go of the copy it packed for its engine, which has applied it
         (``runtime.colocate.ColocatedTrainer.weights_applied``), within ``control_timeout_s``; the bytes, summed."""
-        refs = [handle.release_weights.remote() for handle in self.handles]
+        settle = self._retire_held()
+        refs = [
+            handle.release_weights.remote(settle.get(rank, [])) for rank, handle in enumerate(self.handles)
+        ]
         return sum(get_trainer(refs, "trainer: release_weights", self.config.control_timeout_s))
+
+    def _ledger(self) -> IpcLedger:
+        if self.ipc_ledger is None:
+            raise WeightSyncError(f"trainer: the {self.transport!r} transport keeps no colocated blocks")
+        return self.ipc_ledger
+
+    def _retire_held(self) -> dict[int, list[str]]:
+        """Every rank is about to let go of what it holds (its publisher keeps one publication): retire it all
+        in the ledger; the keys now settled, by rank, for the call that reaches each rank."""
+        ledger = self._ledger()
+        ledger.retired(ledger.held())
+        return ledger.take_settled()
 
     def check_alive(self) -> None:
         """``TrainerDied`` if a rank is dead or silent (asked when the engines were all lost: the weights they
@@ -429,11 +477,15 @@ class TrainerGroupClient:
 
     def shutdown(self) -> None:
         """End every rank's process; with the colocated transport, every rank first unlinks its last published
-        blocks (a killed process would leave them in ``/dev/shm``), within ``RELEASE_TIMEOUT_S``: a dead or
-        wedged rank is killed all the same."""
+        blocks (a killed process would leave them in ``/dev/shm``) and settles every publication the ledger
+        still holds, within ``RELEASE_TIMEOUT_S``: a dead or wedged rank is killed all the same."""
         if self.transport == "colocated":
+            settle = self._ledger().drain()  # the engines were ended first (``RayParts.close``)
             try:
-                refs = [handle.release_weights.remote() for handle in self.handles]
+                refs = [
+                    handle.release_weights.remote(settle.get(rank, []))
+                    for rank, handle in enumerate(self.handles)
+                ]
                 get_actor(refs, "trainer ranks: release_weights", RELEASE_TIMEOUT_S)
             except (ActorCallError, ActorCallTimeout) as error:  # deliberate: shutting down regardless
                 logger.warning("a trainer rank kept its published weights (%s); killing the ranks", error)

@@ -31,6 +31,13 @@ holds nothing beyond its own weights while it copies. An engine that attaches a 
 ``WeightSyncError`` naming it, never stale bytes (the switch sends an engine replaced after the release a copy
 packed again instead: ``runtime.republish``): the driver refuses a released update before it sends a handle
 (``Lease``), since a freed CUDA block's IPC handle would map whatever the allocator put there since. Memory shared by two names (tied embeddings) is packed once.
+
+Lifetime of a CUDA IPC block (docs/weight-sync.md has torch's side in full): ``reduce_tensor`` sets the block's
+reference counter to 1; only a process that opened the handle takes it back, when its mapping dies; torch frees
+a dropped block only at a counter <= 0, so one nobody opened (its engine replaced first, its publication
+superseded) stayed for the run. A publisher built ``settled`` (the Ray trainer ranks) keeps each released
+block with a handle (``Unsettled``) until the sender's ``IpcLedger`` says no engine can read it; ``settle``
+then takes the counter back (torch's ``_release_ipc_counter``), drops the block, and collects torch's limbo.
 """
 
 from __future__ import annotations
@@ -43,7 +50,7 @@ import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from multiprocessing import shared_memory
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -63,6 +70,41 @@ SHM_DIR = "/dev/shm"
 _IN_PROCESS: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
 """The trainer's live CUDA blocks of this process by key, for engines in the same process (``_attach``);
 weak, so a released block is gone from here too."""
+
+
+class IpcCounter(NamedTuple):
+    """Where torch keeps one CUDA IPC block's reference counter: a shared-memory file of the producer and a
+    slot in it (``rebuild_cuda_tensor``'s ``ref_counter_handle`` and ``ref_counter_offset``)."""
+
+    handle: bytes
+    offset: int
+
+
+def ipc_counter_of(rebuild: Any, args: tuple[Any, ...]) -> IpcCounter | None:
+    """The reference counter of a block ``reduce_tensor`` shared as ``(rebuild, args)``; None when it made no
+    CUDA handle (a meta or empty tensor)."""
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+    if rebuild is not rebuild_cuda_tensor or args[7] is None:  # storage_handle None: nothing was shared
+        return None
+    return IpcCounter(handle=args[11], offset=args[12])
+
+
+def release_ipc_counter(counter: IpcCounter) -> None:
+    """Take back the one reference a never-opened handle holds: what torch's ``rebuild_cuda_tensor`` does for a
+    handle it finds already open in its cache (``UntypedStorage._release_ipc_counter``). Best effort by torch's
+    design: a counter file already gone is ignored there."""
+    torch.UntypedStorage._release_ipc_counter(counter.handle, counter.offset, device="cuda")
+
+
+@dataclass
+class Unsettled:
+    """A publication's blocks with CUDA IPC handles, on the producer: their counters, and once released the
+    blocks themselves, kept until ``ColocatedSync.settle``."""
+
+    counters: list[IpcCounter] = field(default_factory=list)
+    owners: list[Any] = field(default_factory=list)
+    nbytes: int = 0
 
 
 class Lease:
@@ -104,6 +146,9 @@ class ColocatedHandle:
     buckets: tuple[SharedBucket, ...]
     rank: int = 0
     """The trainer rank that packed it (on Ray with N pairs each rank packs for the engine in its bundle)."""
+    key: str = ""
+    """This publication's blocks in the packing rank's ``ColocatedSync`` (``settle``) and in the sender's
+    ``IpcLedger``: unique per publication, so a copy packed again of one version is told from the first."""
     lease: Lease = field(default_factory=Lease, compare=False, repr=False)
 
 
@@ -178,15 +223,26 @@ def for_engine(update: WeightUpdate, index: int) -> WeightUpdate:
 class ColocatedSync(BucketedPublish):
     """``weight_sync.type=colocated`` (module docstring). ``device`` is where the trainer packs: ``cpu`` gives
     shared-memory blocks, any other device device blocks: with ``ipc`` each gets a CUDA IPC handle (engines in
-    other processes: Ray), without it none (engines in this process only: the inline runtime)."""
+    other processes: Ray), without it none (engines in this process only: the inline runtime). ``settled``:
+    the sender settles every publication (module docstring, "Lifetime of a CUDA IPC block")."""
 
     name = "colocated"
 
-    def __init__(self, device: str | torch.device = "cpu", *, ipc: bool = True) -> None:
+    def __init__(
+        self, device: str | torch.device = "cpu", *, ipc: bool = True, settled: bool = False
+    ) -> None:
         self.device = torch.device(device)
         self.ipc = ipc
-        self._live: list[Any] = []
-        """What keeps the latest version's blocks alive on the trainer side (SharedMemory or device tensors)."""
+        self.settled = settled
+        """Whether the sender settles every publication (``settle``, told by its ``IpcLedger``: the Ray trainer
+        ranks): a released block with an IPC handle is then kept until settled. Without, it is dropped into
+        torch's keeping, freed once every process that opened it let go, and never if none did."""
+        self._live: dict[str, list[Any]] = {}
+        """What keeps each held publication's blocks alive on the trainer side (SharedMemory or device tensors),
+        by key: the latest one, until released."""
+        self._unsettled: dict[str, Unsettled] = {}
+        """Each publication whose blocks got CUDA IPC handles, by key, from its packing until ``settle``: its
+        blocks stay referenced here after ``release`` (module docstring, "Lifetime of a CUDA IPC block")."""
         self.held_bytes = 0
         """The bytes of the blocks in ``_live``: the packed copy this side holds now (0 once released)."""
 
@@ -195,9 +251,11 @@ class ColocatedSync(BucketedPublish):
     ) -> WeightUpdate:
         """Release the previous version's blocks, then pack each bucket into fresh ones as it comes."""
         self.release()
+        key = uuid.uuid4().hex
+        self._live[key] = []
         packed, nbytes = [], 0
         for bucket in buckets:
-            shared = self._pack(bucket)
+            shared = self._pack(bucket, key)
             packed.append(shared)
             nbytes += sum(b.numel * getattr(torch, b.dtype).itemsize for b in shared.blocks)
             self.held_bytes = nbytes
@@ -206,7 +264,7 @@ class ColocatedSync(BucketedPublish):
         manifest = tuple(
             ManifestEntry(name=e.name, dtype=e.dtype, shape=e.shape) for b in packed for e in b.manifest
         )
-        handle = ColocatedHandle(version=version, buckets=tuple(packed))
+        handle = ColocatedHandle(version=version, buckets=tuple(packed), key=key)
         return WeightUpdate(
             version=version,
             transport=self.name,
@@ -235,20 +293,52 @@ class ColocatedSync(BucketedPublish):
         return iter(views)
 
     def release(self) -> int:
-        """Let go of the latest version's blocks (engines still mapping them keep them until they let go); the
-        bytes let go (0 when nothing was held)."""
-        for owner in self._live:
-            if isinstance(owner, shared_memory.SharedMemory):
-                owner.close()
-                with contextlib.suppress(FileNotFoundError):  # already unlinked
-                    owner.unlink()
-            else:  # a device block: gone from _IN_PROCESS too once this was its last reference
-                _IN_PROCESS.pop(id(owner), None)
-        self._live = []
+        """Let go of the held blocks; the bytes let go (0 when nothing was held). Shared memory is unlinked at
+        once (an engine still mapping it keeps its mapping; one that had not attached yet is refused by name);
+        a device block without an IPC handle is dropped; one with a handle is kept, parked, until ``settle``
+        says no engine can still read it."""
+        for key, owners in self._live.items():
+            parked = self._unsettled.get(key)
+            for owner in owners:
+                if isinstance(owner, shared_memory.SharedMemory):
+                    owner.close()
+                    with contextlib.suppress(FileNotFoundError):  # already unlinked
+                        owner.unlink()
+                else:  # a device block: gone from _IN_PROCESS too once this was its last reference
+                    _IN_PROCESS.pop(id(owner), None)
+                    if parked is not None:
+                        parked.owners.append(owner)
+        self._live = {}
         released, self.held_bytes = self.held_bytes, 0
         return released
 
-    def _pack(self, bucket: NamedTensors | ServingCasts) -> SharedBucket:
+    def settle(self, keys: Iterable[str]) -> int:
+        """No engine can read ``keys``' blocks any more (the sender's ``IpcLedger`` says so): let go of them for
+        good, taking back each block's CUDA IPC counter first, so torch frees the block as it is dropped rather
+        than keep it for the rest of the run; the number of counters taken back (keys without handles: none).
+        A held key is released first."""
+        keys = list(keys)
+        if any(key in self._live for key in keys):
+            self.release()
+        settled = [self._unsettled.pop(key) for key in keys if key in self._unsettled]
+        counters = [counter for parked in settled for counter in parked.counters]
+        for counter in counters:
+            release_ipc_counter(counter)
+        del settled  # the last references to the blocks: freed now, their counters at or below 0
+        if counters and self.device.type == "cuda":
+            torch.cuda.ipc_collect()
+        return len(counters)
+
+    def unsettled(self) -> list[str]:
+        """Keys whose blocks got IPC handles and are not settled yet (held, or parked after ``release``)."""
+        return list(self._unsettled)
+
+    @property
+    def parked_bytes(self) -> int:
+        """The bytes of released blocks kept for engines that may still read them (until ``settle``)."""
+        return sum(parked.nbytes for key, parked in self._unsettled.items() if key not in self._live)
+
+    def _pack(self, bucket: NamedTensors | ServingCasts, key: str) -> SharedBucket:
         """``bucket`` copied into fresh blocks; serving casts (``ServingCasts``) are cast as they are copied,
         straight from the trainer's tensors into the block, so no cast is ever held beside it."""
         if isinstance(bucket, ServingCasts):
@@ -259,7 +349,7 @@ class ColocatedSync(BucketedPublish):
         allocate = self._allocate_shm if self.device.type == "cpu" else self._allocate_device
         typed, blocks = {}, []
         for dtype, numel in sizes.items():
-            tensor, block = allocate(dtype, numel)
+            tensor, block = allocate(dtype, numel, key)
             typed[dtype] = tensor
             blocks.append(block)
         with torch.no_grad():
@@ -270,27 +360,32 @@ class ColocatedSync(BucketedPublish):
             torch.cuda.synchronize(self.device)  # the engine's copy must see finished words
         return SharedBucket(manifest=tuple(entries), blocks=tuple(blocks))
 
-    def _allocate_shm(self, dtype: str, numel: int) -> tuple[torch.Tensor, SharedBlock]:
+    def _allocate_shm(self, dtype: str, numel: int, key: str) -> tuple[torch.Tensor, SharedBlock]:
         torch_dtype = getattr(torch, dtype)
         block = shared_memory.SharedMemory(
             create=True, size=max(1, numel * torch_dtype.itemsize), name=f"asyncrl-w-{uuid.uuid4().hex}"
         )
-        self._live.append(block)
+        self._live[key].append(block)
         tensor = torch.frombuffer(block.buf, dtype=torch_dtype, count=numel) if numel else torch.empty(0)
         return tensor, SharedBlock(kind="shm", dtype=dtype, numel=numel, ref=block.name)
 
-    def _allocate_device(self, dtype: str, numel: int) -> tuple[torch.Tensor, SharedBlock]:
+    def _allocate_device(self, dtype: str, numel: int, key: str) -> tuple[torch.Tensor, SharedBlock]:
         """A device block, with a CUDA IPC handle only when ``ipc`` (a handle nobody opens pins the block
-        for good: module docstring, ``cuda_local``)."""
+        until ``settle``: module docstring, ``cuda_local``)."""
         tensor = torch.empty(numel, dtype=getattr(torch, dtype), device=self.device)
-        self._live.append(tensor)
+        self._live[key].append(tensor)
         _IN_PROCESS[id(tensor)] = tensor
         local = (os.getpid(), id(tensor))
         if not self.ipc:
             return tensor, SharedBlock(kind="cuda_local", dtype=dtype, numel=numel, ref=None, local=local)
         from torch.multiprocessing.reductions import reduce_tensor
 
-        _, args = reduce_tensor(tensor)
+        rebuild, args = reduce_tensor(tensor)
+        counter = ipc_counter_of(rebuild, args)
+        if counter is not None and self.settled:
+            parked = self._unsettled.setdefault(key, Unsettled())
+            parked.counters.append(counter)
+            parked.nbytes += numel * tensor.element_size()
         return tensor, SharedBlock(kind="cuda_ipc", dtype=dtype, numel=numel, ref=args, local=local)
 
     def __del__(self) -> None:

@@ -25,6 +25,7 @@ from asyncrl.runtime.ray_runtime import RayEngineClient
 from asyncrl.runtime.republish import Republisher
 from asyncrl.runtime.trainer_group import TrainerGroupClient
 from asyncrl.weight_sync.colocated import SHM_DIR
+from asyncrl.weight_sync.ipc_ledger import IpcLedger
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]  # three 3-step Ray runs: ~5 min on the loaded 2-core machine
 
@@ -63,6 +64,37 @@ def train_on_ray(out, cluster, tiny_path, *overrides: str) -> None:
     asyncio.run(training.train(config, console=None))
 
 
+def ledger_keys(monkeypatch) -> dict[str, list[str]]:
+    """Every colocated publication the driver's IPC ledger was told of, the ones it settled as the run went and
+    the ones it settled only at shutdown (``weight_sync.ipc_ledger``): filled as the run goes."""
+    keys: dict[str, list[str]] = {"published": [], "settled": [], "at_shutdown": []}
+    published, take, drain = IpcLedger.published, IpcLedger.take_settled, IpcLedger.drain
+
+    def on_published(self, key, rank):
+        keys["published"].append(key)
+        published(self, key, rank)
+
+    def recorded(into: str, settle):
+        def settled(self):
+            out = settle(self)
+            keys[into].extend(key for rank_keys in out.values() for key in rank_keys)
+            return out
+
+        return settled
+
+    monkeypatch.setattr(IpcLedger, "published", on_published)
+    monkeypatch.setattr(IpcLedger, "take_settled", recorded("settled", take))
+    monkeypatch.setattr(IpcLedger, "drain", recorded("at_shutdown", drain))
+    return keys
+
+
+def assert_every_publication_settled(keys: dict[str, list[str]]) -> None:
+    """Each publication settled once; at shutdown at most the last one was left (held for the engine)."""
+    settled = keys["settled"] + keys["at_shutdown"]
+    assert keys["published"] and sorted(settled) == sorted(keys["published"]), keys
+    assert set(keys["at_shutdown"]) <= {keys["published"][-1]}, keys
+
+
 @pytest.fixture(scope="module")
 def plain(one_gpu_cluster, tiny_path, tmp_path_factory) -> Path:
     """The same seed's Ray run without the switch, which every switched run ends bit-equal to."""
@@ -83,8 +115,10 @@ def test_on_ray_the_engine_actor_sleeps_each_step_and_the_run_ends_bit_equal(
         await update_weights(self, update, version)
 
     monkeypatch.setattr(RayEngineClient, "update_weights", recorded)
+    keys = ledger_keys(monkeypatch)
     out = tmp_path / "switched"
     train_on_ray(out, one_gpu_cluster, tiny_path, *SWITCH)
+    assert_every_publication_settled(keys)
 
     placed = json.loads((out / "placement.json").read_text())
     assert placed["layout"].startswith("colocated on accelerators: 1 shared bundle(s)"), placed["layout"]
@@ -136,8 +170,10 @@ def test_on_ray_an_engine_replaced_after_the_release_catches_up_from_a_copy_pack
 
     monkeypatch.setattr(ColocatedTrainer, "weights_applied", applied_then_killed)
     monkeypatch.setattr(Republisher, "lend", lent_of)
+    keys = ledger_keys(monkeypatch)
     out = tmp_path / "replaced"
     train_on_ray(out, one_gpu_cluster, tiny_path, *SWITCH)
+    assert_every_publication_settled(keys)  # the copy packed again for the replacement too
 
     assert lent == [(1, 1, True)], lent  # one catch-up, to v1, from a copy the rank packed again
     last = step_metrics(out)[-1]
@@ -167,8 +203,10 @@ def test_on_ray_an_engine_killed_while_the_rank_trains_is_replaced_at_the_update
 
     monkeypatch.setattr(ColocatedTrainer, "train_step", switch_step)
     monkeypatch.setattr(TrainerGroupClient, "train_step", rank_step)
+    keys = ledger_keys(monkeypatch)
     out = tmp_path / "killed"
     train_on_ray(out, one_gpu_cluster, tiny_path, *SWITCH, "proxy.health_check_interval_s=null")
+    assert_every_publication_settled(keys)  # the update sent to the dead actor too, once it was replaced
 
     steps = step_metrics(out)
     assert killed == [1] and [line["train/colocate/engine_failures"] for line in steps] == [0, 1, 0], steps
