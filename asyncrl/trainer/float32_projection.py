@@ -13,6 +13,11 @@ to cuBLAS with float32 output (``torch.mm(..., out_dtype=torch.float32)``: tenso
 elsewhere the slice is upcast and multiplied in float32 (CPU has no ``out_dtype`` kernel in torch 2.13). Backward
 is the usual mixed-precision one: the float32 output gradient is rounded to the compute dtype, as autocast's
 backward would, and every product accumulates in float32.
+
+Cost: where the weight's dtype is not the compute dtype (float32 masters under autocast), every call casts the
+weight slice by slice, one read of the weight per chunk and pass, where autocast cached one bf16 copy per forward.
+The CUDA path is not run here (no GPU): ``scripts/gpu-smoke.sh`` runs ``test_float32_projection.py`` on CUDA, and
+neither its speed nor its memory has been measured.
 """
 
 from __future__ import annotations
