@@ -130,14 +130,15 @@ export PY DEVICE out work
 #    where flash-attn is installed; its flex_attention test has a section of its own, next, so an untimed kernel
 #    compile can never cost this section's assertions). -rs: each skipped test's reason goes into the log.
 if [[ $DEVICE == cuda ]]; then
-  check 150 unit-cuda "engine, trainer, loss and packing tests with their models on CUDA (the CPU suite's assertions)" \
+  check 150 unit-cuda "engine, trainer (float32 projection included), loss and packing tests with their models on CUDA (the CPU suite's assertions)" \
     env ASYNCRL_TEST_DEVICE=cuda $PY -m pytest -p no:cacheprovider -q -rs \
     tests/unit/engine/test_engine_numerics.py tests/unit/engine/test_engine_architectures.py \
     tests/unit/engine/test_engine_batched_prefill.py tests/unit/engine/test_engine_static_decode.py \
     tests/unit/engine/test_engine_row_attention.py tests/unit/engine/test_engine_sleep.py \
     tests/unit/engine/test_engine_streams_cuda.py tests/unit/engine/test_engine_lora_half.py \
     tests/unit/trainer/test_trainer_device.py \
-    tests/unit/trainer/test_trainer_packing.py tests/unit/losses/test_losses_device.py \
+    tests/unit/trainer/test_trainer_packing.py tests/unit/trainer/test_float32_projection.py \
+    tests/unit/losses/test_losses_device.py \
     tests/unit/weight_sync/test_weight_sync_colocated_device.py -k "not flex_attention"
 else
   not_checked "engine, trainer, loss and packing tests on CUDA" "dry run: the CPU suite runs them on CPU"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from asyncrl.config.algorithm import AdvantageConfig
@@ -23,18 +24,47 @@ from asyncrl.config.algorithm import AdvantageConfig
 def gae(
     token_rewards: torch.Tensor, values: torch.Tensor, loss_mask: torch.Tensor, gamma: float, lam: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(advantages [B, T], returns [B, T]) from rewards, values and the mask (all [B, T]); 0 where the mask is 0."""
-    advantages = torch.zeros_like(values)
-    next_value = values.new_zeros(values.shape[0])
-    next_advantage = values.new_zeros(values.shape[0])
-    for t in reversed(range(values.shape[1])):
-        step = loss_mask[:, t] > 0
-        delta = token_rewards[:, t] + gamma * next_value - values[:, t]
-        advantage = delta + gamma * lam * next_advantage
-        advantages[:, t] = torch.where(step, advantage, 0.0)
-        next_value = torch.where(step, values[:, t], next_value)
-        next_advantage = torch.where(step, advantage, next_advantage)
-    return advantages, (advantages + values) * loss_mask
+    """(advantages [B, T], returns [B, T]) from rewards, values and the mask (all [B, T]); 0 where the mask is 0.
+
+    Computed on the host and returned on ``values``' device: the recursion is sequential in T, and on an
+    accelerator each position would cost about ten kernel launches (~200k at T = 20k: seconds per step, all
+    launch overhead), where here everything but the recursion is a few whole-batch ops and the recursion two
+    vector ops over the batch per position. The arithmetic is the per-position recursion's, operation for
+    operation, so the result is the same to the bit."""
+    steps = loss_mask.cpu() > 0
+    values_h = values.cpu()
+    next_value = _next_step_values(values_h, steps)
+    deltas = torch.where(steps, token_rewards.cpu() + gamma * next_value - values_h, 0.0)
+    decay = torch.where(
+        steps, values_h.new_tensor(gamma * lam), 1.0
+    )  # off the steps the carry passes unchanged
+    advantages = torch.where(steps, _reverse_carry(deltas, decay), 0.0)
+    returns = (advantages + values_h) * loss_mask.cpu()
+    return advantages.to(values.device), returns.to(values.device)
+
+
+def _next_step_values(values: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """[B, T]: at t, the value at the row's first step after t, or 0 after its last (the episode has ended)."""
+    batch_size, seq_len = steps.shape
+    positions = torch.arange(seq_len).expand(batch_size, seq_len)
+    first_step_from = (
+        torch.where(steps, positions, seq_len).flip(1).cummin(1).values.flip(1)
+    )  # first step ≥ t
+    after = torch.cat([first_step_from[:, 1:], first_step_from.new_full((batch_size, 1), seq_len)], dim=1)
+    return torch.cat([values, values.new_zeros(batch_size, 1)], dim=1).gather(1, after)
+
+
+def _reverse_carry(deltas: torch.Tensor, decay: torch.Tensor) -> torch.Tensor:
+    """[B, T] carry_t = deltas_t + decay_t · carry_{t+1} (carry_T = 0), in numpy over time-major copies: a small
+    op costs well under a microsecond there, several in torch."""
+    deltas_tb = deltas.T.contiguous().numpy()
+    decay_tb = decay.T.contiguous().numpy()
+    carry_tb = np.empty_like(deltas_tb)
+    carry = np.zeros_like(deltas_tb[0])
+    for t in range(deltas_tb.shape[0] - 1, -1, -1):
+        carry = deltas_tb[t] + decay_tb[t] * carry
+        carry_tb[t] = carry
+    return torch.from_numpy(carry_tb).T
 
 
 def whiten(values: torch.Tensor, mask: torch.Tensor, eps: float) -> torch.Tensor:

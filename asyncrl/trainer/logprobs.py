@@ -5,6 +5,9 @@ Key decision: the decoder body runs once; the vocabulary projection and log-soft
 chunk is activation-checkpointed, so backward recomputes one chunk's logits at a time instead of keeping all
 of them: peak memory holds one [chunk, V] block, whatever the vocabulary or sequence length.
 
+The projections (the vocabulary's, and a value head's) return float32 from inputs in the compute dtype
+(float32_projection.py): under autocast or FSDP2's bf16 parameters the logits are never rounded to bf16.
+
 Alignment (see batching.py): ``logprobs[b, t]`` is log p(input_ids[b, t] | input_ids[b, :t]), from the logits at
 position t - 1; column 0 is always 0.
 """
@@ -18,6 +21,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from asyncrl.trainer.float32_projection import float32_linear
 from asyncrl.trainer.packing import pack, rows_for
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -68,7 +72,7 @@ def values_from_hidden(hidden: torch.Tensor, value_head: nn.Module, loss_mask: t
     state before token t), computed only where the loss mask is 1."""
     batch_size, seq_len = loss_mask.shape
     trained = loss_mask[:, 1:] > 0
-    values_n = value_head(hidden[:, :-1][trained]).squeeze(-1).float()  # [N]
+    values_n = float32_linear(hidden[:, :-1][trained], value_head).squeeze(-1)  # [N]
     return _scatter_aligned(values_n, trained, batch_size, seq_len)
 
 
@@ -206,7 +210,7 @@ def _chunk(
 def _chunk_forward(
     lm_head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    logits = lm_head(hidden).float() / temperature  # [n, V]
+    logits = float32_linear(hidden, lm_head) / temperature  # [n, V], never rounded to the compute dtype
     log_norm = logits.logsumexp(dim=-1)  # [n]
     logprobs = logits.gather(-1, targets[:, None]).squeeze(-1) - log_norm
     with torch.no_grad():

@@ -95,3 +95,38 @@ def test_explained_variance_of_a_perfect_and_a_constant_critic():
     mask = torch.ones_like(returns)
     assert explained_variance(returns, returns, mask) == pytest.approx(1.0)
     assert explained_variance(torch.full_like(returns, 2.0), returns, mask) == pytest.approx(0.0)
+
+
+def per_position_recursion(token_rewards, values, loss_mask, gamma, lam):
+    """The recursion as it ran on the tensors' device before (one small op per position and quantity)."""
+    advantages = torch.zeros_like(values)
+    next_value = values.new_zeros(values.shape[0])
+    next_advantage = values.new_zeros(values.shape[0])
+    for t in reversed(range(values.shape[1])):
+        step = loss_mask[:, t] > 0
+        delta = token_rewards[:, t] + gamma * next_value - values[:, t]
+        advantage = delta + gamma * lam * next_advantage
+        advantages[:, t] = torch.where(step, advantage, 0.0)
+        next_value = torch.where(step, values[:, t], next_value)
+        next_advantage = torch.where(step, advantage, next_advantage)
+    return advantages, (advantages + values) * loss_mask
+
+
+def test_long_float32_rows_equal_the_per_position_recursion_to_the_bit():
+    """T = 6,000 in float32 (multi-turn masks with gaps, a row without steps): the host computation does the
+    recursion's arithmetic in the same order, so nothing may differ, not even in the last bit."""
+    generator = torch.Generator().manual_seed(0)
+    rows, width = 6, 6000
+    loss_mask = (torch.rand(rows, width, generator=generator) < 0.7).float()
+    loss_mask[:, :50] = 0.0  # a prompt
+    loss_mask[-1] = 0.0
+    token_rewards = (
+        torch.randn(rows, width, generator=generator)
+        * (torch.rand(rows, width, generator=generator) < 0.01)
+        * loss_mask
+    )
+    values = torch.randn(rows, width, generator=generator)
+    advantages, returns = gae(token_rewards, values, loss_mask, 0.99, 0.95)
+    want_advantages, want_returns = per_position_recursion(token_rewards, values, loss_mask, 0.99, 0.95)
+    assert advantages.dtype == torch.float32 and advantages.device == values.device
+    assert torch.equal(advantages, want_advantages) and torch.equal(returns, want_returns)
