@@ -348,12 +348,15 @@ def check_plan(
                 unit=_gb,
             )
         )
+    binding = binding_phases(plan.devices)
     for device in plan.devices:
         role, term = device.largest()
+        parts = " + ".join(f"{r.name} {r.total * n / memory_plan.GB:.2f}" for r, n in device.roles)
+        binds = ", the phase that binds" if device.name in binding else ""
         findings.append(
             _fits(
                 "gpu memory",
-                f"{device.name}: {_gb(device.total)} on {hardware.name}",
+                f"{device.name}: {_gb(device.total)} on {hardware.name} (= {parts}{binds})",
                 device.total,
                 hardware.usable_bytes,
                 f"largest term: {role.name}'s {term.name} {_gb(term.bytes)}; {_memory_fix(config)}",
@@ -375,6 +378,17 @@ def check_plan(
             )
         )
     return findings
+
+
+def binding_phases(devices: tuple[memory_plan.Device, ...]) -> set[str]:
+    """The names of the heaviest phase of each GPU that takes turns (``memory_plan.switch_devices``' devices,
+    named ``<gpu> while the <phase>``): what that GPU needs, which the doctor's line says."""
+    heaviest: dict[str, memory_plan.Device] = {}
+    for device in devices:
+        gpu, turn, _ = device.name.partition(" while the ")
+        if turn and (gpu not in heaviest or device.total > heaviest[gpu].total):
+            heaviest[gpu] = device
+    return {device.name for device in heaviest.values()}
 
 
 def check_host_plan(
