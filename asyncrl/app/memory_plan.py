@@ -668,7 +668,7 @@ def engine_role(
     terms.append(
         Term("step scratch", scratch, f"one {prefill}-token prefill layer + {slots} rows of logits", "train")
     )
-    if config.runtime.type != "inline":
+    if config.runtime.type != "inline" and _transport(config) != "colocated":  # colocated: mapped, no bucket
         whole = shape.num_params * serve
         staging = Term(
             "update staging", min(largest_bucket(config, shape, serve), whole), "one received bucket", "sync"
@@ -738,9 +738,13 @@ def shared_gpu_devices(
 ) -> tuple[Device, ...]:
     """The GPU a trainer rank and its engines share (on Ray one engine per rank; inline, the one GPU and every
     engine): in turns with ``switch`` (default ``runtime.switch``; what its settings move off the device),
-    phase by phase (``switch_devices``), else both resident at their peaks. Inline, the trainer's publish copy
-    is the packed copy itself (the colocated transport packs each serving cast straight into its blocks), so it
-    is not counted twice; on Ray a rank gathers a bucket at a time (its staging copy) beside the packed one."""
+    phase by phase (``switch_devices``), else both resident at their peaks.
+
+    Under the switch weights travel by the colocated transport (``RunConfig._check_switch``), so nothing is
+    counted twice: inline, the trainer's publish copy is the packed copy itself (each serving cast goes straight
+    into its blocks); on Ray a rank gathers a bucket at a time (its staging copy) beside the packed copy, and
+    the engine maps its rank's blocks and copies from them into its weights, receiving no bucket of its own
+    (``runtime.ray_runtime``'s ``update_weights``)."""
     switch = config.runtime.switch if switch is None else switch
     inline = config.runtime.type == "inline"
     engines = engine.count if inline else 1
@@ -750,8 +754,8 @@ def shared_gpu_devices(
         resident, turns = "each shared GPU (trainer rank + engine, no runtime.switch)", "each shared GPU"
     if not switch.enabled:
         return (Device(resident, ((trainer, 1), (engine, engines))),)
-    if inline:
-        trainer = replace(trainer, terms=tuple(t for t in trainer.terms if t.name != "publish copy"))
+    trainer = replace(trainer, terms=tuple(t for t in trainer.terms if t.name != "publish copy"))
+    engine = replace(engine, terms=tuple(t for t in engine.terms if t.name != "update staging"))
     offloaded = offloaded_terms(switch)
     asleep = asleep_weights(config, shape) if switch.engine_sleep_level == 1 else None
     return switch_devices(trainer, engine, offloaded, asleep, packed_copy(config, shape), turns, engines)
