@@ -19,7 +19,7 @@ on a laptop before it loads tens of GB on a rented GPU. The terms follow the cod
   (``engine.max_running_requests`` slots of ``min(max_model_len, max_kv_tokens) + 1`` positions, as
   ``engine.kv_cache.pool_bytes``), and one update bucket being received (a staged broadcast keeps the
   whole update in host memory: counted when the plan is of host memory, ``device="cpu"``; a streamed one
-  holds one bucket);
+  holds one bucket; the colocated transport none: its engine maps the trainer's packed blocks);
 - vLLM engine: the ``gpu_memory_utilization`` share of each of its ``tensor_parallel_size`` GPUs, which must hold
   its weights shard and one longest request's KV, plus, with the broadcast transport, what its worker receives
   on the device beside that share: two buffers when staged (the one in flight, and room for the previous one
