@@ -182,7 +182,10 @@ def check_devices(config: RunConfig, machine: Machine) -> Iterator[Finding]:
 
 
 def gpus_needed(config: RunConfig) -> int:
-    """GPUs the run's roles reserve (Ray runtimes place each on its own), or 1 for an inline run."""
+    """GPUs the run's roles reserve, or 1 for an inline run. On Ray each role on its own, except where the
+    placement colocates them (``memory_plan.shares_gpus``) as pairs: trainer rank i and engine i, one GPU
+    each, share bundle i, one GPU (``runtime.placement_check.colocated_pairs``; it refuses any other colocated
+    ask by name at start, counted here as if each role had its own)."""
     runtime = config.runtime
     if runtime.type == "inline":
         return 1
@@ -192,7 +195,10 @@ def gpus_needed(config: RunConfig) -> int:
         per_trainer = 1
     if per_engine is None:
         per_engine = config.engine.vllm.tensor_parallel_size if config.engine.backend == "vllm" else 1
-    return int(config.trainer.num_workers * per_trainer + config.rollout.num_engines * per_engine + 0.999)
+    trainers, engines = config.trainer.num_workers * per_trainer, config.rollout.num_engines * per_engine
+    if memory_plan.shares_gpus(config) and per_trainer == per_engine == 1 and trainers == engines:
+        return int(trainers)
+    return int(trainers + engines + 0.999)
 
 
 # ---- model and task ----------------------------------------------------------------------------------------
@@ -348,12 +354,15 @@ def check_plan(
                 unit=_gb,
             )
         )
+    binding = binding_phases(plan.devices)
     for device in plan.devices:
         role, term = device.largest()
+        parts = " + ".join(f"{r.name} {r.total * n / memory_plan.GB:.2f}" for r, n in device.roles)
+        binds = ", the phase that binds" if device.name in binding else ""
         findings.append(
             _fits(
                 "gpu memory",
-                f"{device.name}: {_gb(device.total)} on {hardware.name}",
+                f"{device.name}: {_gb(device.total)} on {hardware.name} (= {parts}{binds})",
                 device.total,
                 hardware.usable_bytes,
                 f"largest term: {role.name}'s {term.name} {_gb(term.bytes)}; {_memory_fix(config)}",
@@ -375,6 +384,17 @@ def check_plan(
             )
         )
     return findings
+
+
+def binding_phases(devices: tuple[memory_plan.Device, ...]) -> set[str]:
+    """The names of the heaviest phase of each GPU that takes turns (``memory_plan.switch_devices``' devices,
+    named ``<gpu> while the <phase>``): what that GPU needs, which the doctor's line says."""
+    heaviest: dict[str, memory_plan.Device] = {}
+    for device in devices:
+        gpu, turn, _ = device.name.partition(" while the ")
+        if turn and (gpu not in heaviest or device.total > heaviest[gpu].total):
+            heaviest[gpu] = device
+    return {device.name for device in heaviest.values()}
 
 
 def check_host_plan(

@@ -19,7 +19,7 @@ on a laptop before it loads tens of GB on a rented GPU. The terms follow the cod
   (``engine.max_running_requests`` slots of ``min(max_model_len, max_kv_tokens) + 1`` positions, as
   ``engine.kv_cache.pool_bytes``), and one update bucket being received (a staged broadcast keeps the
   whole update in host memory: counted when the plan is of host memory, ``device="cpu"``; a streamed one
-  holds one bucket);
+  holds one bucket; the colocated transport none: its engine maps the trainer's packed blocks);
 - vLLM engine: the ``gpu_memory_utilization`` share of each of its ``tensor_parallel_size`` GPUs, which must hold
   its weights shard and one longest request's KV, plus, with the broadcast transport, what its worker receives
   on the device beside that share: two buffers when staged (the one in flight, and room for the previous one
@@ -30,7 +30,10 @@ on a laptop before it loads tens of GB on a rented GPU. The terms follow the cod
 
 A role's peak is what it always holds (``HELD``) plus its heaviest transient phase: forward/backward, the
 optimizer step and a weight sync never overlap, so their terms are not summed together. Roles sharing a device
-(inline: the trainer and its engines) are summed at their peaks.
+(inline: the trainer and its engines; on Ray, colocated: a trainer rank and its engine) are summed at their
+peaks when both stay resident; under ``runtime.switch`` they take turns, and the device is planned phase by phase
+(``switch_devices``: the trainer training, publishing, the engine applying the update, generating), each phase
+counting what is alive then: the device needs the heaviest phase, not the two peaks added.
 
 Left out, and why the verdict keeps a margin: the CUDA context and NCCL buffers (``DEVICE_RESERVE``), the
 allocator's fragmentation, and the engine's per-step scratch beyond one prefill chunk: its attention mask
@@ -671,7 +674,7 @@ def engine_role(
     terms.append(
         Term("step scratch", scratch, f"one {prefill}-token prefill layer + {slots} rows of logits", "train")
     )
-    if config.runtime.type != "inline":
+    if config.runtime.type != "inline" and _transport(config) != "colocated":  # colocated: mapped, no bucket
         whole = shape.num_params * serve
         staging = Term(
             "update staging", min(largest_bucket(config, shape, serve), whole), "one received bucket", "sync"
@@ -718,9 +721,12 @@ def plan(
     at ``critic`` where given (``trainer_role``)."""
     trainer = trainer_role(config, shape, device, critic, max_len)
     engine = engine_role(config, shape, max_len, hardware, device)
-    if config.runtime.type == "inline":
-        devices = (Device("the one GPU (trainer + engines, inline)", ((trainer, 1), (engine, engine.count))),)
-    elif device == "cuda" and shares_gpus(config):
+    inline = config.runtime.type == "inline"
+    if inline and device != "cuda":  # a CPU run's RAM: the switch's offload moves nothing off it
+        devices = (
+            Device("the one device (trainer + engines, inline)", ((trainer, 1), (engine, engine.count))),
+        )
+    elif device == "cuda" and (inline or shares_gpus(config)):
         devices = shared_gpu_devices(config, shape, trainer, engine)
     else:
         devices = (Device("each trainer GPU", ((trainer, 1),)), Device("each engine GPU", ((engine, 1),)))
@@ -736,16 +742,29 @@ def shares_gpus(config: RunConfig) -> bool:
 def shared_gpu_devices(
     config: RunConfig, shape: ModelShape, trainer: Role, engine: Role, switch: SwitchConfig | None = None
 ) -> tuple[Device, ...]:
-    """The GPU a trainer rank and an engine share: in turns with ``switch`` (default ``runtime.switch``; what
-    its settings move off the device), else both resident at their peaks."""
+    """The GPU a trainer rank and its engines share (on Ray one engine per rank; inline, the one GPU and every
+    engine): in turns with ``switch`` (default ``runtime.switch``; what its settings move off the device),
+    phase by phase (``switch_devices``), else both resident at their peaks.
+
+    Under the switch weights travel by the colocated transport (``RunConfig._check_switch``), so nothing is
+    counted twice: inline, the trainer's publish copy is the packed copy itself (each serving cast goes straight
+    into its blocks); on Ray a rank gathers a bucket at a time (its staging copy) beside the packed copy, and
+    the engine maps its rank's blocks and copies from them into its weights, receiving no bucket of its own
+    (``runtime.ray_runtime``'s ``update_weights``)."""
     switch = config.runtime.switch if switch is None else switch
+    inline = config.runtime.type == "inline"
+    engines = engine.count if inline else 1
+    if inline:
+        resident, turns = "the one GPU (trainer + engines, inline)", "the one GPU (inline, runtime.switch)"
+    else:
+        resident, turns = "each shared GPU (trainer rank + engine, no runtime.switch)", "each shared GPU"
     if not switch.enabled:
-        return (
-            Device("each shared GPU (trainer rank + engine, no runtime.switch)", ((trainer, 1), (engine, 1))),
-        )
+        return (Device(resident, ((trainer, 1), (engine, engines))),)
+    trainer = replace(trainer, terms=tuple(t for t in trainer.terms if t.name != "publish copy"))
+    engine = replace(engine, terms=tuple(t for t in engine.terms if t.name != "update staging"))
     offloaded = offloaded_terms(switch)
     asleep = asleep_weights(config, shape) if switch.engine_sleep_level == 1 else None
-    return switch_devices(trainer, engine, offloaded, asleep, packed_copy(config, shape))
+    return switch_devices(trainer, engine, offloaded, asleep, packed_copy(config, shape), turns, engines)
 
 
 def asleep_weights(config: RunConfig, shape: ModelShape) -> Term:
@@ -778,6 +797,13 @@ def offloaded_terms(switch: SwitchConfig) -> set[str]:
     return {name for name, key in OFFLOADABLE.items() if getattr(switch, key)}
 
 
+SWITCH_PHASES = ("trainer trains", "trainer publishes", "engine applies the update", "engine generates")
+"""The turns of a GPU under ``runtime.switch``, in the order ``runtime.colocate.ColocatedTrainer`` runs them
+each step (the same wrapper inline and on Ray): the engines sleep, then the trainer reloads and trains; it
+publishes (the packed copy made while it is whole, the engines still asleep); it offloads, the engines wake and
+apply the copy; the copy is let go (``weights_applied``) and the engines generate."""
+
+
 def switch_devices(
     trainer: Role,
     engine: Role,
@@ -785,28 +811,46 @@ def switch_devices(
     asleep: Term | None,
     packed: Term,
     name: str = "each shared GPU",
-) -> tuple[Device, Device]:
-    """A GPU one trainer rank and one engine take turns on (``runtime.switch``), as its two phases: while the
-    engine generates, its peak beside what the trainer keeps (its held terms less the ``offloaded`` ones, named
-    as in ``OFFLOADABLE``); while the trainer trains, its peak beside what the sleeping engine keeps
-    (``asleep``: its weights at sleep level 1, None at level 2).
+    engines: int = 1,
+) -> tuple[Device, ...]:
+    """A GPU one trainer rank and ``engines`` engines take turns on (``runtime.switch``), one ``Device`` per
+    phase of ``SWITCH_PHASES``: the GPU needs the heaviest phase, not the trainer's peak plus the engine's.
 
-    ``packed`` (``packed_copy``) is the copy the trainer packs for the engine: made while the trainer is
-    resident (its publication phase, beside its staged bucket) and alive while the woken engine applies it,
-    so it is counted on both sides; beside the engine's peak it is conservative by the engine's transient
-    phase, which is not alive while it applies."""
+    - trainer trains: its held terms and its heavier transient phase (forward/backward or the optimizer step),
+      beside each sleeping engine's ``asleep`` (its weights at sleep level 1, None at level 2);
+    - trainer publishes: its held terms, its own publication terms and ``packed`` (``packed_copy``: the whole
+      model in the serving dtype), beside the sleeping engines;
+    - engine applies the update: what the trainer keeps (its held terms less the ``offloaded`` ones, named as
+      in ``OFFLOADABLE``) and ``packed``, beside each woken engine's held terms and its update terms;
+    - engine generates: what the trainer keeps beside each engine's held terms and its step scratch; the packed
+      copy was let go once every engine applied it.
+
+    Gradients are no held term (freed after every optimizer step), so they appear in the first phase only."""
     kept = tuple(t for t in trainer.terms if t.phase == HELD and t.name not in offloaded)
-    generating: tuple[tuple[Role, int], ...] = ((engine, 1),)
-    kept += (replace(packed, phase=HELD, how=f"{packed.how}, while it applies"),)
-    generating += ((Role(f"{trainer.name} (offloaded)", trainer.count, 1, kept), 1),)
-    publishing = replace(trainer, terms=(*trainer.terms, packed))
-    training: tuple[tuple[Role, int], ...] = ((publishing, 1),)
-    if asleep is not None:
-        training += ((Role(f"{engine.name} (asleep)", engine.count, engine.gpus_each, (asleep,)), 1),)
-    return (
-        Device(f"{name} while the engine generates", generating),
-        Device(f"{name} while the trainer trains", training),
+    offloaded_trainer = Role(f"{trainer.name} (offloaded)", trainer.count, 1, kept)
+    holding = replace(offloaded_trainer, terms=(*kept, replace(packed, phase=HELD)))
+    sleeping = (
+        ((Role(f"{engine.name} (asleep)", engine.count, engine.gpus_each, (asleep,)), engines),)
+        if asleep is not None
+        else ()
     )
+    turns = (
+        ((_during(trainer, ("train", "step")), 1), *sleeping),
+        ((replace(trainer, terms=(*_during(trainer, ("sync",)).terms, packed)), 1), *sleeping),
+        ((holding, 1), (_during(engine, ("sync",)), engines)),
+        ((offloaded_trainer, 1), (_during(engine, ("train",)), engines)),
+    )
+    return tuple(
+        Device(f"{name} while the {phase}", tuple((r, n) for r, n in roles if r.terms))
+        for phase, roles in zip(SWITCH_PHASES, turns, strict=True)
+    )
+
+
+def _during(role: Role, phases: tuple[str, ...]) -> Role:
+    """``role`` with only the terms alive in ``phases``: its held ones and those of any of ``phases`` (its
+    total is then its held terms plus the heaviest of those phases)."""
+    terms = tuple(t for t in role.terms if t.phase == HELD or any(t.alive_in(p) for p in phases))
+    return replace(role, terms=terms)
 
 
 # ---- host memory of a GPU run ------------------------------------------------------------------------------

@@ -10,7 +10,8 @@ Key decisions:
 - A separate critic is planned at the shape the simulator costs its time at (``sim.trained.trained_parts``:
   the training config's ``critic.model_path``, else ``memory.critic_model``, else the policy's), resolved once.
 - A split candidate's GPUs are the doctor's: each trainer GPU, each engine GPU. A colocated one shares each GPU
-  between a trainer rank and an engine taking turns (``memory_plan.switch_devices``), with the switch the
+  between a trainer rank and an engine taking turns (``memory_plan.switch_devices``: one device per phase, the
+  candidate dropped if any phase overflows), with the switch the
   simulator costs: the training config's ``runtime.switch``, else ``cost.switch_offload_bytes_per_param`` (8:
   AdamW's moments leave the GPU while the engine generates; 12: the master weights too; gradients never stay
   between steps, so nothing more; a separate critic's with the policy's) and ``cost.switch_sleep_level`` (1: a sleeping engine keeps its weights;

@@ -200,6 +200,7 @@ def run_one(
     )
     return {
         "steps": len(steps),
+        "planned_device_bytes": planned_device_bytes(config, setting["shape"]) if device == "cuda" else None,
         "wall_s": wall,
         "samples_per_s": steady_rate(steps),
         "samples_per_s_definition": "steps 2..N: trained samples / the steps' own time",
@@ -221,6 +222,16 @@ def keep_small_files(run_dir: Path, dest: Path) -> list[str]:
             shutil.copy(path, dest / path.name)
             kept.append(path.name)
     return kept
+
+
+def planned_device_bytes(config: Any, shape: Any) -> dict[str, int]:
+    """What ``asyncrl doctor`` plans for this run's one GPU (``app.memory_plan``), to set beside the measured
+    peak: per phase under the switch (the heaviest is the device's need), else the two roles resident."""
+    from asyncrl.app import memory_plan as mp
+
+    hardware = mp.Hardware("cuda", torch.cuda.get_device_properties(0).total_memory, 1)
+    plan = mp.plan(config, shape, config.engine.max_model_len, hardware)
+    return {device.name: device.total for device in plan.devices}
 
 
 def steady_rate(steps: list[dict]) -> float:
@@ -300,6 +311,12 @@ def main() -> int:
         print(f"MEASURED async/sync throughput on one {args.device} device: {ratio:.2f}x")
     for name, run in runs.items():
         print(f"RAN {name}: engine stream {run['engine_streams']} (engine.cuda_stream={args.engine_stream})")
+        if run["planned_device_bytes"]:
+            planned = max(run["planned_device_bytes"].values())
+            print(
+                f"MEASURED {name}: peak {run['peak_memory_bytes'] / 1e9:.2f} GB allocated against "
+                f"{planned / 1e9:.2f} GB planned at its heaviest phase ({run['planned_device_bytes']})"
+            )
         overlap = run.get("stream_overlap")
         if overlap is not None and "error" not in overlap:
             print(

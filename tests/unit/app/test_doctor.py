@@ -20,6 +20,7 @@ from asyncrl.app.doctor import (
     check_ray,
     check_vllm,
     diagnose,
+    gpus_needed,
 )
 from asyncrl.app.memory_plan import kv_slots_that_fit
 from asyncrl.cli import main as cli
@@ -80,13 +81,22 @@ def test_an_8b_model_fits_on_separate_h100s_but_not_on_one_inline(tmp_path: Path
         None,
         [
             *common,
-            *("runtime.type=local", "trainer.num_workers=2", "rollout.num_engines=2"),
+            *(
+                "runtime.type=local",
+                "trainer.num_workers=2",
+                "rollout.num_engines=2",
+                "runtime.colocate=never",
+            ),
             *("trainer.activation_checkpointing=true", "trainer.mixed_precision=bf16"),
         ],
     )
     assert verdicts(diagnose(spread, h100s(4)))["gpu memory"] is Status.OK
     short = verdicts(diagnose(spread, h100s(2)))
     assert short["gpus"] is Status.FAIL  # 2 ranks + 2 engines reserve 4 GPUs
+    paired = load_run_config(
+        None, [*common, "runtime.type=local", "trainer.num_workers=2", "rollout.num_engines=2"]
+    )
+    assert gpus_needed(paired) == 2  # sync colocated on Ray: rank i and engine i share bundle i, one GPU
     greedy = load_run_config(None, [*common, "engine.max_running_requests=512", "engine.max_model_len=32768"])
     findings = diagnose(greedy, h100s(1))
     failed = {

@@ -153,17 +153,25 @@ def test_a_ray_sync_run_plans_trainer_rank_and_engine_on_one_gpu_as_its_placemen
     [shared] = resident.devices
     assert shared.roles == ((trainer, 1), (engine, 1)) and shared.total == trainer.total + engine.total
     switched = mp.plan(load_run_config(None, [*keys, "runtime.switch.enabled=true"]), QWEN3_1_7B, 512, H100)
-    generating, training = switched.devices
-    assert [role.name for role, _ in generating.roles] == ["engine", "trainer rank (offloaded)"]
-    assert [role.name for role, _ in training.roles] == ["trainer rank", "engine (asleep)"]
-    assert max(generating.total, training.total) < shared.total
+    training, publishing, applying, generating = switched.devices
+    assert [[role.name for role, _ in device.roles] for device in switched.devices] == [
+        ["trainer rank", "engine (asleep)"],
+        ["trainer rank", "engine (asleep)"],
+        ["trainer rank (offloaded)", "engine"],
+        ["trainer rank (offloaded)", "engine"],
+    ]
+    assert max(device.total for device in switched.devices) < shared.total
     # the whole model each rank packs for its engine (bf16 on CUDA): made while the rank is resident, alive
-    # until the woken engine applied it, so counted beside both
+    # until the woken engine applied it, let go before it generates
     copy = QWEN3_1_7B.num_params * 2
-    (packed,) = [t for t in generating.roles[1][0].terms if t.name == "packed copy"]
+    (packed,) = [t for t in applying.roles[0][0].terms if t.name == "packed copy"]
     assert (packed.bytes, packed.phase) == (copy, mp.HELD)
-    publishing = training.roles[0][0]
-    assert publishing.phase_bytes("sync") == copy + trainer.phase_bytes("sync")
+    assert publishing.roles[0][0].phase_bytes("sync") == copy + trainer.phase_bytes("sync")
+    assert not [t for role, _ in generating.roles for t in role.terms if t.name == "packed copy"]
+    # on Ray a rank gathers a bucket at a time beside the packed copy; its engine maps the packed blocks and
+    # copies from them, receiving no bucket of its own (without the switch it does)
+    assert {t.name for t in publishing.roles[0][0].terms} >= {"staging copy", "packed copy"}
+    assert applying.roles[1][0].phase_bytes("sync") == 0 < engine.phase_bytes("sync")
     split = mp.plan(
         load_run_config(None, [*keys[:-1], "controller.mode=async", "buffer.async_ratio=1"]),
         QWEN3_1_7B,
@@ -171,6 +179,64 @@ def test_a_ray_sync_run_plans_trainer_rank_and_engine_on_one_gpu_as_its_placemen
         H100,
     )
     assert [device.name for device in split.devices] == ["each trainer GPU", "each engine GPU"]
+
+
+SWITCHED_INLINE = [
+    "model.dtype=float32",
+    "engine.dtype=bfloat16",
+    "controller.mode=sync",
+    "runtime.switch.enabled=true",
+]
+"""One fp32 trainer and one bf16 built-in engine in one process, under the colocated switch."""
+
+
+def test_an_inline_switched_gpu_needs_its_heaviest_phase_not_the_trainers_peak_plus_the_engines() -> None:
+    """Inline under ``runtime.switch`` the trainer and the engine take turns on the one GPU in the order
+    ``runtime.colocate`` runs them: each phase counts what is alive then, and the GPU needs the heaviest. The
+    plan once summed both roles' peaks there (the engine's KV pool beside the trainer's step, which the switch
+    exists to avoid). Inline, the trainer's publish copy is the colocated transport's packed copy: once."""
+    config = load_run_config(None, SWITCHED_INLINE)
+    plan = mp.plan(config, QWEN3_1_7B, 512, H100)
+    trainer, engine = plan.roles
+    t = {term.name: term.bytes for term in trainer.terms}
+    e = {term.name: term.bytes for term in engine.terms}
+    copy = QWEN3_1_7B.num_params * 2  # the packed copy, bf16
+    assert t["publish copy"] == copy and set(t) >= {"master weights", "optimizer state", "gradients"}
+    held = trainer.phase_bytes(mp.HELD)
+    assert held == t["master weights"] + t["optimizer state"]
+    trains = held + max(trainer.phase_bytes("train"), trainer.phase_bytes("step")) + e["weights"]
+    publishes = held + copy + e["weights"]
+    applies = t["master weights"] + copy + e["weights"] + e["KV pool"]  # the optimizer state offloaded
+    generates = t["master weights"] + e["weights"] + e["KV pool"] + e["step scratch"]
+    assert [d.name.rsplit(" while the ", 1)[1] for d in plan.devices] == list(mp.SWITCH_PHASES)
+    assert [d.total for d in plan.devices] == [trains, publishes, applies, generates]
+    assert max(d.total for d in plan.devices) == trains < trainer.total + engine.total
+    # level 2 and the master weights offloaded: nothing of the engine's stays beside the trainer, nothing of
+    # the trainer's beside the engine but the copy it packed, until the engine applied it
+    lighter = ["runtime.switch.engine_sleep_level=2", "runtime.switch.offload_master_weights=true"]
+    plan = mp.plan(load_run_config(None, [*SWITCHED_INLINE, *lighter]), QWEN3_1_7B, 512, H100)
+    assert [d.total for d in plan.devices] == [
+        trains - e["weights"],
+        publishes - e["weights"],
+        copy + e["weights"] + e["KV pool"],
+        engine.total,
+    ]
+    resident = mp.plan(load_run_config(None, SWITCHED_INLINE[:-1]), QWEN3_1_7B, 512, H100)
+    [both] = resident.devices  # without the switch both stay resident, at their peaks
+    assert both.total == trainer.total + engine.total
+
+
+def test_doctor_names_the_phase_that_binds_a_switched_gpu(tmp_path, monkeypatch, capsys) -> None:
+    """``asyncrl doctor --hardware`` prints each phase of the one GPU with what each role holds then, and
+    marks the heaviest: the GPU's need."""
+    use_offline_cache(monkeypatch, tmp_path)
+    recipe = RECIPES / "gsm8k_1gpu.yaml"
+    args = ["doctor", str(recipe), "runtime.switch.enabled=true", "--hardware", "h100", "--gpus", "1"]
+    assert cli.main(args) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if "the one GPU" in line]
+    assert len(lines) == len(mp.SWITCH_PHASES)
+    (binds,) = [line for line in lines if "the phase that binds" in line]
+    assert "while the trainer trains" in binds and "= trainer rank " in binds and "engine (asleep) " in binds
 
 
 def test_a_broadcast_plans_the_staging_its_apply_path_holds() -> None:
@@ -385,7 +451,7 @@ def test_a_separate_critics_offloaded_state_is_on_the_host_beside_the_policys() 
         "offloaded critic optimizer state": mp.ceil_div(2 * body * 4, 2),
     }
     config = load_run_config(None, keys)
-    generating, _ = mp.plan(config, QWEN3_1_7B, 512, h100).devices
+    *_, generating = mp.plan(config, QWEN3_1_7B, 512, h100).devices
     kept = {t.name for role, _ in generating.roles if role.name.endswith("(offloaded)") for t in role.terms}
     # gradients (the critic's too) are freed after every step: not on the GPU while the engine generates
     assert "critic weights" in kept and not {"critic optimizer state", "critic gradients", "gradients"} & kept

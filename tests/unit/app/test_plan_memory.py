@@ -46,9 +46,10 @@ def test_an_8b_trainer_on_too_few_gpus_and_a_colocated_vllm_engine_are_dropped_n
     assert big["partial_rollout a=2 1T/7I"].endswith("largest term: trainer rank's optimizer state 65.5 GB")
     assert "trainer rank's optimizer state" in big["partial_rollout a=2 2T/6I"]
     assert all(big[f"partial_rollout a=2 {t}T/{8 - t}I"] == "fits" for t in range(3, 8))
-    # vLLM takes 0.9 of the GPU while it generates, beside the trainer's un-offloaded shards
+    # vLLM takes 0.9 of the GPU from its start, beside the trainer's un-offloaded shards and, until it applied
+    # them, the weights the rank packed for it
     colocated = big["sync colocated on 8"]
-    assert colocated.startswith("each shared GPU while the engine generates needs")
+    assert colocated.startswith("each shared GPU while the engine applies the update needs")
     assert "largest term: vLLM engine's gpu_memory_utilization 72.0 GB" in colocated
     small = verdicts(SMALL, 8)
     assert set(small.values()) == {"fits"}  # 0.6 B: every layout fits
@@ -147,7 +148,7 @@ def test_a_search_never_recommends_a_dropped_layout_and_lists_why() -> None:
     assert result.recommended.candidate.train_gpus == 1
     assert result.runner_up is not None and result.runner_up.candidate.train_gpus == 1
     why = result.to_json()["dropped_for_memory"]["sync colocated on 2"]
-    assert why.startswith("each shared GPU while the engine generates needs")
+    assert why.startswith("each shared GPU while the engine applies the update needs")
     assert "on h100; largest term: vLLM engine's gpu_memory_utilization 72.0 GB" in why
     with pytest.raises(ValueError, match="no candidate on 2 GPU.* fits memory.*optimizer state"):
         Planner(None, WORKLOAD_8B, 2).search(alphas=(1,), modes=("one_step_off",))
@@ -158,7 +159,7 @@ def test_plan_cli_prints_the_dropped_layouts(tmp_path, capsys) -> None:
     args = [*WORKLOAD_8B, "memory.lora_rank=16", f"output_dir={tmp_path}"]
     assert main(["plan", *args, "--gpus", "2", "--alphas", "1"]) == 0
     out = capsys.readouterr().out
-    assert "dropped for memory: sync colocated on 2: each shared GPU while the engine generates" in out
+    assert "dropped for memory: sync colocated on 2: each shared GPU while the engine applies" in out
     record = json.loads((tmp_path / "plan.json").read_text())
     assert list(record["dropped_for_memory"]) == ["sync colocated on 2"]
     assert record["recommended"]["candidate"]["train_gpus"] == 1
