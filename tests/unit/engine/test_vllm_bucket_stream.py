@@ -18,6 +18,7 @@ import torch
 
 from asyncrl.engine.vllm import bucket_stream, worker_main
 from asyncrl.engine.vllm.client import VLLMEngineClient
+from asyncrl.weight_sync.delta import DeltaSync
 from asyncrl.weight_sync.protocol import WeightSyncError
 
 
@@ -234,3 +235,22 @@ def test_a_layer_frees_its_old_packed_weight_before_vllm_packs_the_new_one():
     with pytest.raises(RuntimeError, match="being replaced"):
         worker_main._being_repacked(torch.ones(1))
     layerwise._layerwise_process(torch.nn.LayerNorm(2), "v1")  # no packed copy (a norm; any layer on CUDA)
+
+
+def test_a_delta_update_reaches_vllm_tensor_by_tensor_bit_for_bit(shm, tmp_path):
+    """A delta update (a snapshot and a delta after it) is rebuilt one tensor at a time by the transport's
+    ``receive`` and streamed on as it comes (``DeltaSync.receive``'s own test bounds what it holds)."""
+    weights = model_weights()
+    sync = DeltaSync(tmp_path / "deltas", full_every=100)
+    sync.publish(1, weights)
+    moved = {name: (t.float() + 1e-3).to(t.dtype) for name, t in weights.items()}
+    update = sync.publish(2, moved)
+    harness = Harness(shm, bucket_bytes=512, shapes={n: tuple(t.shape) for n, t in weights.items()})
+    try:
+        asyncio.run(harness.client.update_weights(update, version=2))
+    finally:
+        harness.close()
+    engine = harness.engine
+    assert harness.client.version == 2 and engine.calls.count("_load_bucket") == 3
+    for name, tensor in moved.items():
+        assert engine.loaded[name].dtype == tensor.dtype and torch.equal(engine.loaded[name], tensor), name
