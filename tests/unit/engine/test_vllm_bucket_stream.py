@@ -11,6 +11,7 @@ import asyncio
 import os
 import threading
 import types
+import weakref
 from multiprocessing import Pipe
 
 import pytest
@@ -19,7 +20,8 @@ import torch
 from asyncrl.engine.vllm import bucket_stream, worker_main
 from asyncrl.engine.vllm.client import VLLMEngineClient
 from asyncrl.weight_sync.delta import DeltaSync
-from asyncrl.weight_sync.protocol import WeightSyncError
+from asyncrl.weight_sync.protocol import ManifestEntry, WeightSyncError, WeightUpdate
+from asyncrl.weight_sync.transports import TRANSPORTS
 
 
 class FakeEngine:
@@ -254,3 +256,45 @@ def test_a_delta_update_reaches_vllm_tensor_by_tensor_bit_for_bit(shm, tmp_path)
     assert harness.client.version == 2 and engine.calls.count("_load_bucket") == 3
     for name, tensor in moved.items():
         assert engine.loaded[name].dtype == tensor.dtype and torch.equal(engine.loaded[name], tensor), name
+
+
+class FreshTensors:
+    """A transport whose ``receive`` makes each tensor as it is read (as delta's rebuild does), counting the
+    ones still alive and the most alive at once."""
+
+    name = "fresh"
+
+    def __init__(self, weights: dict[str, torch.Tensor]) -> None:
+        self.weights = weights
+        self.alive = self.most = 0
+
+    def receive(self, update: WeightUpdate):
+        for name, tensor in self.weights.items():
+            fresh = tensor.clone()
+            self.alive += 1
+            self.most = max(self.most, self.alive)
+            weakref.finalize(fresh, self._freed)
+            yield name, fresh
+            del fresh
+
+    def _freed(self) -> None:
+        self.alive -= 1
+
+
+def test_the_stream_holds_the_bucket_it_collects_not_the_one_it_wrote(shm, monkeypatch):
+    """Tensors a transport makes as they are read (delta's) live only until their bucket's file is written:
+    the stream holds the group it is collecting (a bucket and the tensor that overflowed it), never the
+    previous group beside it. 8 tensors of 256 B, buckets of 512 B: 2 tensors each."""
+    weights = {f"w{i}": torch.full((64,), float(i)) for i in range(8)}
+    transport = FreshTensors(weights)
+    monkeypatch.setitem(TRANSPORTS, "fresh", lambda: transport)
+    manifest = tuple(ManifestEntry(name=n, dtype="float32", shape=(64,)) for n in weights)
+    update = WeightUpdate(version=1, transport="fresh", manifest=manifest, handle=None)
+    harness = Harness(shm, bucket_bytes=512, shapes={n: (64,) for n in weights})
+    try:
+        asyncio.run(harness.client.update_weights(update, version=1))
+    finally:
+        harness.close()
+    assert harness.engine.calls.count("_load_bucket") == 4
+    assert all(torch.equal(harness.engine.loaded[n], t) for n, t in weights.items())
+    assert transport.most <= 3, transport.most
