@@ -56,7 +56,7 @@ import numpy as np
 import torch
 
 from asyncrl.weight_sync.buckets import ServingCasts
-from asyncrl.weight_sync.flat import TensorEntry, _layout
+from asyncrl.weight_sync.flat import TensorEntry, _layout, sources_of
 from asyncrl.weight_sync.protocol import (
     BucketedPublish,
     LoraAdapter,
@@ -341,10 +341,7 @@ class ColocatedSync(BucketedPublish):
     def _pack(self, bucket: NamedTensors | ServingCasts, key: str) -> SharedBucket:
         """``bucket`` copied into fresh blocks; serving casts (``ServingCasts``) are cast as they are copied,
         straight from the trainer's tensors into the block, so no cast is ever held beside it."""
-        if isinstance(bucket, ServingCasts):
-            items, served = list(bucket.sources.items()), bucket.served_dtype
-        else:
-            items, served = list(bucket.items() if hasattr(bucket, "items") else bucket), None
+        items, served = sources_of(bucket)
         entries, sizes, owners = _layout(items, served)
         allocate = self._allocate_shm if self.device.type == "cpu" else self._allocate_device
         typed, blocks = {}, []

@@ -26,7 +26,8 @@ Key decisions:
   side, nor of a tensor (each payload is inflated and applied a chunk at a time, ``_decode_into``); beside
   its weights it holds the fetched deltas and a few chunks. The trainer side keeps one packed copy of the
   previous version to diff against, and a publish holds beside it only the new packed copy and one tensor's
-  compressed payload (``encode_delta``).
+  compressed payload (``encode_delta``). An engine that cannot patch in place (vLLM, fed through its weight
+  loader) reads ``receive``: each tensor rebuilt alone from the newest snapshot and its chain, one at a time.
 - A version directory is written under a temporary name and renamed, so readers never see half of one.
 - The first version a writer publishes (a new run, or one resumed from a checkpoint) is a full snapshot, and
   every version above it is deleted first: those came from a run that died past its last checkpoint.
@@ -377,6 +378,45 @@ def apply_chain(chain: FetchedChain, params: Mapping[str, torch.Tensor]) -> None
             _apply_segment(step, segment, params)
 
 
+def rebuilt_tensors(chain: FetchedChain) -> Iterator[tuple[str, torch.Tensor]]:
+    """Each tensor of ``chain`` (a full snapshot first, then its deltas: ``fetch_chain(handle, None)``) as
+    fresh host memory, built from its snapshot segment and patched by each delta's segment for it (checksums
+    checked), handed out under every name it has (tied names: one tensor) before the next is built.
+
+    Why one tensor at a time: an engine that cannot patch its own weights in place (vLLM, fed through its
+    weight loader) reads an update through ``receive``; rebuilding every tensor first held a whole model in
+    host memory beside the engine's own, where a consumer that drops each tensor (a bucket stream) holds one.
+    The layout is checked before the generator is returned: every delta must carry exactly the snapshot's
+    tensors (``WeightSyncError`` naming the first that differs)."""
+    snapshot, deltas = chain.steps[0], chain.steps[1:]
+    names = {segment.names[0] for segment in snapshot.segments}
+    patches = []
+    for step in deltas:
+        by_name = {segment.names[0]: segment for segment in step.segments}
+        stray = sorted(names ^ by_name.keys())
+        if stray:
+            raise WeightSyncError(
+                f"weight update v{step.version}: tensor {stray[0]!r} is in only one of the delta and the "
+                f"full snapshot v{snapshot.version} it applies to"
+            )
+        patches.append((step, by_name))
+    return _rebuild(snapshot, patches)
+
+
+def _rebuild(
+    snapshot: FetchedVersion, patches: list[tuple[FetchedVersion, dict[str, Segment]]]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    for segment in snapshot.segments:
+        tensor = torch.empty(segment.shape, dtype=getattr(torch, segment.dtype))
+        target = {segment.names[0]: tensor}
+        _apply_segment(snapshot, segment, target)
+        for step, by_name in patches:
+            _apply_segment(step, by_name[segment.names[0]], target)
+        for name in segment.names:
+            yield name, tensor
+        del tensor, target  # not held while the next tensor is built
+
+
 def _apply_segment(step: FetchedVersion, segment: Segment, params: Mapping[str, torch.Tensor]) -> None:
     name = segment.names[0]
     target = params.get(name)
@@ -616,7 +656,7 @@ class DeltaSync(BucketedPublish):
 
     The trainer side needs ``root``; an engine side needs nothing (the update's handle names the directory).
     Engines that can patch their weights call ``prefetch`` then ``apply_into``; ``receive`` serves the others
-    (it rebuilds full tensors from the newest snapshot and its chain, in memory).
+    (it rebuilds each tensor from the newest snapshot and its chain, one at a time: ``rebuilt_tensors``).
     """
 
     name = "delta"
@@ -639,14 +679,10 @@ class DeltaSync(BucketedPublish):
         return self.writer.write(version, buckets)
 
     def receive(self, update: WeightUpdate) -> Iterator[tuple[str, Any]]:
-        chain = fetch_chain(_handle(update), None)
-        params = {}
-        for segment in chain.steps[0].segments:
-            tensor = torch.empty(segment.shape, dtype=getattr(torch, segment.dtype))
-            for name in segment.names:
-                params[name] = tensor
-        apply_chain(chain, params)
-        return iter(params.items())
+        """The update's tensors, each rebuilt alone from the newest full snapshot and the deltas after it
+        (``rebuilt_tensors``). The chain is fetched and its layout checked now; a tensor failing its checksum
+        raises when the iteration reaches it."""
+        return rebuilt_tensors(fetch_chain(_handle(update), None))
 
     def fetch(self, update: WeightUpdate, serving_version: int) -> FetchedChain:
         """Read (before the engine pauses) what brings an engine at ``serving_version`` to the update."""

@@ -26,6 +26,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from asyncrl.weight_sync.buckets import ServingCasts
+
 NamedTensors = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
 
 _CARRIERS = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32), 8: np.dtype(np.uint64)}
@@ -82,17 +84,31 @@ class FlatWeights:
         return replace(self, buffers={})
 
 
-def pack_state(named_tensors: NamedTensors, version: int) -> FlatWeights:
-    """Copy ``named_tensors`` (any device, any layout) into fresh flat buffers; the result owns its memory."""
-    items = list(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
-    entries, sizes, owners = _layout(items)
+def pack_state(named_tensors: NamedTensors | ServingCasts, version: int) -> FlatWeights:
+    """Copy ``named_tensors`` (any device, any layout) into fresh flat buffers; the result owns its memory.
+    Serving casts (``ServingCasts``) are cast as they are copied, so no cast exists beside the buffers."""
+    items, served = sources_of(named_tensors)
+    entries, sizes, owners = _layout(items, served)
     buffers = {dtype: np.empty(size, _carrier(dtype)) for dtype, size in sizes.items()}
     typed = {dtype: _typed(buffer, dtype) for dtype, buffer in buffers.items()}
     with torch.no_grad():
         for (_, tensor), entry, owner in zip(items, entries, owners, strict=True):
-            if owner:
+            if owner:  # copy_ casts into the buffer's dtype: what ``cast_for_serving`` gives, bit for bit
                 typed[entry.dtype][entry.offset : entry.end].copy_(tensor.detach().reshape(-1))
     return FlatWeights(version=version, manifest=tuple(entries), buffers=buffers)
+
+
+def sources_of(
+    named_tensors: NamedTensors | ServingCasts,
+) -> tuple[list[tuple[str, torch.Tensor]], Callable[[torch.Tensor], torch.dtype] | None]:
+    """What a packer lays out and copies from: the pairs as given, or, for ``ServingCasts``, the trainer's own
+    tensors and the dtype each is served in (``_layout``'s ``served``), so the copy itself casts.
+
+    Why: listing ``ServingCasts`` makes every cast of the bucket at once, a second served copy beside the
+    packed one (inline, the bucket is the whole model)."""
+    if isinstance(named_tensors, ServingCasts):
+        return list(named_tensors.sources.items()), named_tensors.served_dtype
+    return list(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors), None
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)

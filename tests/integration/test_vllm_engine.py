@@ -12,12 +12,14 @@ import time
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from vllm_digests import served_digest
 
 from asyncrl.config.engine import EngineConfig, VLLMConfig
 from asyncrl.engine import make_engine
 from asyncrl.engine.vllm import VLLMEngineClient, vllm_python
 from asyncrl.models.loading import DEFAULT_MODEL_DIR, state_dict_for_sync
 from asyncrl.types import FinishReason, Request, SamplingParams
+from asyncrl.weight_sync.delta import DeltaSync
 from asyncrl.weight_sync.protocol import WeightSyncError
 
 pytestmark = [
@@ -229,6 +231,32 @@ def test_a_mismatched_or_stale_update_is_refused_and_the_old_weights_keep_servin
     with pytest.raises(WeightSyncError, match="older than the served"):
         asyncio.run(engine.update_weights(weights, version=engine.version - 1))
     assert asyncio.run(engine.generate(greedy("after", prompt))).token_ids == before
+
+
+def test_a_delta_update_lands_bit_for_bit_rebuilt_one_tensor_at_a_time(engine, hf, tmp_path):
+    """vLLM cannot patch its weights in place, so it reads a delta update (a snapshot and a delta after it)
+    through ``DeltaSync.receive``, which rebuilds each tensor as the bucket stream reaches it: every served
+    parameter equals the chain's last version bit for bit, and the model's own weights serve again after."""
+    model, tokenizer = hf
+    prompt = tokenizer.encode(PROMPTS[1])
+    weights = state_dict_for_sync(model)
+    before = asyncio.run(engine.generate(greedy("delta-before", prompt))).token_ids
+    generator = torch.Generator().manual_seed(3)
+    moved = [
+        {name: t + torch.randn(t.shape, generator=generator) * 1e-3 for name, t in weights.items()}
+        for _ in range(2)
+    ]
+    for step in moved:  # the tied matrix moves as one
+        step["lm_head.weight"] = step["model.embed_tokens.weight"]
+    sync, version = DeltaSync(tmp_path, full_every=100), engine.version + 1
+    sync.publish(version, moved[0])
+    update = sync.publish(version + 1, moved[1])
+    asyncio.run(engine.update_weights(update, version=version + 1))
+    digests = asyncio.run(engine.weight_digest())
+    mismatched = [name for name, digest in digests.items() if digest != served_digest(moved[1], name)]
+    assert digests and mismatched == [], f"served weights differ from the sent: {mismatched}"
+    asyncio.run(engine.update_weights(weights, version=version + 2))
+    assert asyncio.run(engine.generate(greedy("delta-after", prompt))).token_ids == before
 
 
 def test_a_broadcast_update_lands_in_the_vllm_worker_like_the_pipe_update_and_a_mismatch_is_refused(

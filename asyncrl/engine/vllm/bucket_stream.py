@@ -4,7 +4,9 @@ Key decision: no tensor byte crosses the worker's socket or vLLM's ``collective_
 a bytes object over 4 GiB): each bucket is written into a file in ``/dev/shm`` (the same host: the worker is
 this process's child) and only its path and layout travel. vLLM's own worker maps the file and hands views of
 it to the model's weight loader, so the engine side holds no copy beyond the mapping. At most ``IN_FLIGHT`` buckets
-exist at once: bucket k+1 is written while bucket k loads, and bucket k+2 waits for bucket k's answer.
+exist at once: bucket k+1 is written while bucket k loads, and bucket k+2 waits for bucket k's answer. Beside
+them this side holds the group of tensors it is collecting for the next file: for a transport that makes each
+tensor as it is read (delta's ``receive`` rebuilds them), one bucket's worth and the tensor that overflowed it.
 
 Wire contract with ``worker_main`` (``op_update_begin`` / ``op_update_bucket`` / ``op_update_commit``): begin
 carries the manifest ``[[name, dtype, shape], ...]``; each bucket carries ``path``, ``nbytes`` and entries
@@ -99,6 +101,7 @@ async def stream_update(
             if len(in_flight) == IN_FLIGHT:
                 await _settle(in_flight.popleft())
             path, nbytes, entries = await asyncio.to_thread(write_bucket, directory, group)
+            del group  # in its file now: tensors made as they are read (delta's) go before the next are made
             fields = {"path": path, "nbytes": nbytes, "entries": entries}
             in_flight.append((asyncio.ensure_future(call("update_bucket", timeout_s, **fields)), path))
         while in_flight:

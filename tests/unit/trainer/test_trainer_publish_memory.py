@@ -62,6 +62,29 @@ def test_a_publication_holds_the_served_model_once_plus_one_tensor(transport):
             sync.release()
 
 
+@pytest.mark.parametrize("transport", ["delta", "object_store"])
+def test_a_packed_publication_casts_into_its_buffers_without_a_list_of_casts(transport, tmp_path):
+    """``delta`` and ``object_store`` pack each bucket into flat host buffers (``pack_state``), which cast as
+    they copy straight from the fp32 masters: a list of the bucket's casts beside the buffers held the served
+    model twice (inline, the whole model is one bucket). The casts would be torch's (``AllocatedBytes``); the
+    buffers are numpy's, outside that allocator, counted by their bytes."""
+    trainer = bf16_trainer()
+    sync = make_weight_sync(transport, **({"root": tmp_path} if transport == "delta" else {}))
+    local = LocalTrainer(trainer, 1, sync)
+    model, largest = served_bytes(trainer)
+    try:
+        with AllocatedBytes() as trace:
+            update = local._publish()
+        assert trace.peak <= largest, (trace.peak, model, largest)
+        want = dict(cast_for_serving(state_dict_for_sync(trainer.model), "bfloat16"))
+        got = dict(sync.receive(update))
+        assert got.keys() == want.keys()
+        for name, tensor in want.items():
+            assert got[name].dtype == torch.bfloat16 and torch.equal(got[name], tensor), name
+    finally:
+        local.shutdown()
+
+
 def test_the_casts_an_in_process_update_keeps_are_its_own_and_the_rest_are_cloned():
     """A fresh cast is kept as it is (nobody else holds it); a tensor already in the serving dtype is the
     trainer's own and is cloned, so the next step cannot change the published one."""

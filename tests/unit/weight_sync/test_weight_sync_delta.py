@@ -14,8 +14,10 @@ import torch
 from tied_model import tiny_tied_qwen2
 
 from asyncrl.models.loading import state_dict_for_sync
+from asyncrl.testing.allocated import AllocatedBytes
 from asyncrl.weight_sync import delta
 from asyncrl.weight_sync.delta import DeltaSync, encode_delta
+from asyncrl.weight_sync.protocol import WeightSyncError
 from asyncrl.weight_sync.receiver import InPlaceReceiver
 
 
@@ -346,3 +348,42 @@ def test_an_apply_names_the_version_and_tensor_of_a_payload_cut_mid_tensor(tmp_p
     data.write_bytes(data.read_bytes()[: data.stat().st_size // 3])  # inside the first tensor's stream
     with pytest.raises(delta.DeltaPayloadError, match=r"v1: tensor 'embed': its payload is cut short"):
         delta.apply_chain(sync.fetch(update, 0), engine)
+
+
+def test_receive_rebuilds_one_tensor_at_a_time_bit_exact_through_a_chain(tmp_path):
+    """An engine that cannot patch in place (vLLM) reads ``receive``; it rebuilt every tensor of the update
+    before handing out the first, a whole model in host memory beside the engine's own. Now each tensor is
+    built (snapshot, then each delta of the chain) when the reader reaches it, so a reader that drops each
+    tensor holds one: torch's allocator peak (``AllocatedBytes``; the chain's payloads are numpy's and
+    bytes, fetched before by design) stays within the largest tensor, the model is several times it."""
+    trainer, _ = models(torch.float32)
+    sync = DeltaSync(tmp_path, full_every=100)
+    for version in (1, 2, 3):
+        train_step(trainer, version, lr=1e-3)
+        update = sync.publish(version, state_dict_for_sync(trainer))
+    want = state_dict_for_sync(trainer)
+    assert [step.kind for step in delta.fetch_chain(update.handle, None).steps] == ["full", "delta", "delta"]
+    sizes = {id(t): t.numel() * t.element_size() for t in trainer.parameters()}.values()
+    model, largest = sum(sizes), max(sizes)
+    assert model > 3 * largest
+    received, tied = set(), {}
+    with AllocatedBytes() as trace:
+        for name, tensor in sync.receive(update):
+            assert torch.equal(tensor.view(torch.int32), want[name].view(torch.int32)), name
+            received.add(name)
+            tied[name] = id(tensor)
+            del tensor
+    assert received == set(want)
+    assert tied["lm_head.weight"] == tied["model.embed_tokens.weight"], "a tied matrix is rebuilt once"
+    assert trace.peak <= largest, (trace.peak, largest, model)
+
+
+def test_receive_refuses_a_delta_whose_tensors_are_not_its_snapshots_by_name(tmp_path):
+    state = _moved_state(0)
+    sync = DeltaSync(tmp_path, full_every=100)
+    sync.publish(1, state)
+    update = sync.publish(2, state)
+    index = tmp_path / "delta-00000002" / "index.json"
+    index.write_text(index.read_text().replace('"norm"', '"model.norm"'))
+    with pytest.raises(WeightSyncError, match=r"v2: tensor 'model.norm' is in only one of the delta"):
+        sync.receive(update)  # before any tensor is handed out
