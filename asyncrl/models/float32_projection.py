@@ -17,14 +17,16 @@ which has no ``out_dtype`` kernel in torch 2.13), it is taken a slice of ``SLICE
 Backward always slices, and is the usual mixed-precision one: the float32 output gradient is rounded to the
 compute dtype, as autocast's backward would, and every product accumulates in float32.
 
-The engine calls it under ``torch.inference_mode`` (forward only: nothing kept for a backward) and inside CUDA-graph capture
-of its decode step (``engine.static_decode``): its shapes follow the input's alone and nothing in it reads a
-tensor back to the host, so the captured kernels are the same at every replay.
+The engine calls it under ``torch.inference_mode`` (forward only: nothing kept for a backward) and inside the
+CUDA-graph capture of its decode step (``engine.static_decode``): its shapes follow the input's alone and nothing
+in it reads a tensor back to the host, so the captured kernels are the same at every replay.
 
 Cost: where the weight's dtype is not the compute dtype (float32 masters under autocast), every call casts the
-weight slice by slice, one read of the weight per chunk and pass, where autocast cached one bf16 copy per forward.
-The CUDA path is not run here (no GPU): ``scripts/gpu-smoke.sh`` runs ``test_float32_projection.py`` on CUDA, and
-neither its speed nor its memory has been measured.
+weight slice by slice, one read of the weight per chunk and pass, where autocast cached one bf16 copy per forward;
+on CPU a half-precision weight is upcast slice by slice at every call (a bf16 engine on CPU: every step, where
+``engine.dtype: auto`` serves float32 on CPU and needs no cast). The CUDA path is not run here (no GPU):
+``scripts/gpu-smoke.sh`` runs ``test_float32_projection.py`` and ``test_engine_float32_logits.py`` on CUDA (the
+latter captures the engine's decode graphs over it), and neither its speed nor its memory has been measured.
 """
 
 from __future__ import annotations
