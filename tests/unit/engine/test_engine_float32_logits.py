@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_testlib import drain, engine, request, tiny_llama
+from engine_testlib import engine, request, tiny_llama
 
 PROMPT = [5, 17, 9, 41, 3]
 NEW_TOKENS = 8
@@ -30,17 +30,30 @@ def _wide_head(dtype: torch.dtype) -> torch.nn.Module:
 
 def _generate_recording_hidden(core) -> tuple[list[int], list[float], list[torch.Tensor]]:
     """Sample one request (temperature 1, no truncation: the log-probs are the model's own), recording the
-    final-norm output row each of its tokens was projected from (slot 0: the engine's only request)."""
+    final-norm output row each of its tokens was projected from (slot 0: the engine's only request).
+
+    The hook copies the norm's output into a fixed buffer rather than keeping it from Python: on CUDA a captured
+    decode graph replays that copy with the step, where a Python hook runs only while the graph is captured."""
+    norm = core.model.model.norm
+    buffer = norm.weight.new_zeros(64, norm.weight.shape[0])  # rows: more than any step of one request has
+
+    def keep(_module, _inputs, out: torch.Tensor) -> None:
+        buffer[: out.shape[0]].copy_(out)
+
+    hook = norm.register_forward_hook(keep)
     hidden: list[torch.Tensor] = []
-    hook = core.model.model.norm.register_forward_hook(lambda _m, _i, out: hidden.append(out[0].clone()))
+    finished = {}
     try:
         core.add_request(
             request("r", PROMPT, max_new_tokens=NEW_TOKENS, temperature=1.0, seed=3, ignore_eos=True)
         )
-        out = drain(core)["r"]
+        while core.has_work():  # each step: one forward (the prefill, then a decode), one token
+            finished.update({g.request_id: g for g in core.step()})
+            hidden.append(buffer[0].clone())
     finally:
         hook.remove()
-    assert len(hidden) == NEW_TOKENS  # one prefill, then one decode step per further token
+    out = finished["r"]
+    assert len(hidden) == len(out.token_ids) == NEW_TOKENS
     return list(out.token_ids), list(out.logprobs), hidden
 
 
