@@ -210,7 +210,8 @@ class ModelRunner:
     ) -> torch.Tensor:
         """Float32 logits ``[rows, vocab]`` of each row's position ``last[row]``, never rounded to the serving
         dtype (``float32_linear``: products of the serving-dtype head and hidden state, accumulated and returned
-        in float32, from slices of the head, never a float32 copy of all of it)."""
+        in float32; one float32-output GEMM on CUDA, the head upcast slice by slice on CPU, never a float32 copy
+        of all of it)."""
         inner = self.model.model
         hidden = inner.embed_tokens(ids)
         cos, sin = self.cos_sin(hidden, positions)
