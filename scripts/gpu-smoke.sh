@@ -136,6 +136,7 @@ if [[ $DEVICE == cuda ]]; then
     tests/unit/engine/test_engine_batched_prefill.py tests/unit/engine/test_engine_static_decode.py \
     tests/unit/engine/test_engine_row_attention.py tests/unit/engine/test_engine_sleep.py \
     tests/unit/engine/test_engine_streams_cuda.py tests/unit/engine/test_engine_lora_half.py \
+    tests/unit/engine/test_engine_float32_logits.py \
     tests/unit/trainer/test_trainer_device.py \
     tests/unit/trainer/test_trainer_packing.py tests/unit/trainer/test_float32_projection.py \
     tests/unit/losses/test_losses_device.py \

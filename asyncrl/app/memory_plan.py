@@ -85,8 +85,9 @@ FSDP_PREFETCHED_LAYERS = 2
 LOGITS_COPIES = 4
 """fp32 ``[chunk, vocab]`` blocks alive while one checkpointed chunk runs backward: logits, log-softmax,
 the softmax of its entropy, and the gradient flowing back. The projection makes no block of its own in the compute
-dtype: it writes the float32 logits directly (``trainer.float32_projection``), from weight slices of
-``SLICE_ROWS`` rows: their cast copies and float32 products, ~0.2 GB at 8B's shape, are left out, being smaller
+dtype: it writes the float32 logits directly (``models.float32_projection``), from weight slices of
+``SLICE_ROWS`` rows where the head must be cast (whole, with no copy, where it need not): their cast copies and
+float32 products, ~0.2 GB at 8B's shape, are left out, being smaller
 than what the projection no longer makes under autocast (the bf16 logits block, and a bf16 copy of the head's
 gradient before its float32 cast: 1.2 GB at 8B). Measured on CPU under bf16 autocast (vocab 30,000, hidden 1,024,
 chunk 1,024): the chunk's peak, the weight's gradient (one block at that shape) included, fell from 5.5 to 5.0

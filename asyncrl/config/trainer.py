@@ -103,7 +103,7 @@ class TrainerConfig:
     compute_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Forward passes run under torch.autocast in this dtype (float32: no autocast). The vocabulary projection
     and a value head multiply their inputs in this dtype but accumulate and return float32
-    (``trainer/float32_projection.py``), so logits, log-probs, entropies and values are never rounded to it."""
+    (``models/float32_projection.py``), so logits, log-probs, entropies and values are never rounded to it."""
     num_workers: int = 1
     """Trainer ranks (Ray runtimes): the model is sharded over them with FSDP2 (gloo on CPU, NCCL on CUDA) and
     each trains its share of every mini-batch. 1 keeps the whole model in one process."""
@@ -113,7 +113,7 @@ class TrainerConfig:
     mixed_precision: Literal["none", "bf16"] = "none"
     """With num_workers > 1: FSDP2 computes forward and backward in bfloat16 from float32 shards and reduces
     gradients in float32 (one process: use compute_dtype). The logits are still float32, from the bf16 head
-    (``trainer/float32_projection.py``)."""
+    (``models/float32_projection.py``)."""
     fsdp_grad_accumulation: Literal["sharded", "unsharded"] = "sharded"
     """With num_workers > 1, how gradients accumulate over a mini-batch's micro-batches. ``sharded``:
     reduce-scatter after every micro-batch, so each rank holds only its 1/num_workers shard of the gradient

@@ -168,6 +168,14 @@ class LowRankAdapters:
         tensors, see ``weight_sync.protocol.check_adapter_manifest``), the base alone for every other layer.
         A layer adapted before, at the same rank, keeps its tensors: the new A and B are copied into them."""
         pairs = adapter_pairs(named_tensors, version)
+        head = getattr(self.model, "lm_head", None)
+        for module in pairs:
+            if self.model.get_submodule(module) is head:
+                raise ValueError(
+                    f"adapter module {module!r} is the LM head: the engine computes its logits in float32 from "
+                    "the head's weight (models.float32_projection), which no forward hook's low-rank term "
+                    "joins; the trainer refuses a LoRA LM head too"
+                )
         for module in self._layers.keys() - pairs.keys():
             self._drop(module)
         for module, pair in pairs.items():

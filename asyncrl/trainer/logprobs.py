@@ -6,7 +6,7 @@ chunk is activation-checkpointed, so backward recomputes one chunk's logits at a
 of them: peak memory holds one [chunk, V] block, whatever the vocabulary or sequence length.
 
 The projections (the vocabulary's, and a value head's) return float32 from inputs in the compute dtype
-(float32_projection.py): under autocast or FSDP2's bf16 parameters the logits are never rounded to bf16.
+(``models/float32_projection.py``): under autocast or FSDP2's bf16 parameters the logits are never rounded to bf16.
 
 Alignment (see batching.py): ``logprobs[b, t]`` is log p(input_ids[b, t] | input_ids[b, :t]), from the logits at
 position t - 1; column 0 is always 0.
@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from asyncrl.trainer.float32_projection import float32_linear
+from asyncrl.models.float32_projection import float32_linear
 from asyncrl.trainer.packing import pack, rows_for
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -13,7 +13,7 @@ import copy
 
 import pytest
 import torch
-from engine_testlib import device_under_test, drain, engine, request, tiny_qwen2
+from engine_testlib import device_under_test, drain, engine, request, tiny_llama, tiny_qwen2
 from test_engine_adapters import adapted, publish
 
 from asyncrl.trainer.lora import lora_layers
@@ -133,3 +133,13 @@ def test_a_level_two_sleep_moves_the_low_rank_adapters_with_the_weights():
     assert served.wake() == pool + weights + adapter_bytes
     assert {t.device for t in served.adapters.tensors()} == {served.runner.device}
     assert generate(served) == generate(peft_engine(later, dtype="bfloat16", decode_graphs="on"))
+
+
+def test_an_adapter_on_the_lm_head_is_refused_by_name():
+    """The engine's logits are float32 products of the head's weight (``models.float32_projection``), which a
+    low-rank forward hook on the head would never join: refused, as the trainer refuses a LoRA head."""
+    base = tiny_llama()  # an untied head, which peft can adapt
+    served = engine(copy.deepcopy(base), dtype="bfloat16")
+    update = publish(adapted(base, seed=1, targets=["q_proj", "lm_head"]), 1)
+    with pytest.raises(ValueError, match="'lm_head' is the LM head"):
+        served.update_weights(update, 1)

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from asyncrl.models.float32_projection import float32_linear
 from asyncrl.testing.models import device_under_test
-from asyncrl.trainer.float32_projection import float32_linear
 from asyncrl.trainer.logprobs import logprobs_from_hidden, values_from_hidden
 
 VOCAB, HIDDEN, TOKENS = 10_000, 64, 40
@@ -90,8 +90,8 @@ def test_values_equal_a_float64_reference_of_the_bf16_inputs() -> None:
 
 
 def test_in_float32_it_is_linear_to_rounding_with_linears_gradients() -> None:
-    """Float32 inputs, no autocast, an output size no slice divides (7 rows a slice) and a bias: the same
-    outputs and gradients as F.linear."""
+    """Float32 inputs, no autocast, an output size no slice divides (7 rows a slice: backward's; forward takes a
+    float32 weight whole) and a bias: the same outputs and gradients as F.linear."""
     generator = torch.Generator().manual_seed(2)
     x = torch.randn(5, 16, generator=generator).to(DEVICE).requires_grad_()
     linear = nn.Linear(16, 23, device=DEVICE)
