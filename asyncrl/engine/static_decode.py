@@ -5,12 +5,14 @@ tens of milliseconds whatever the batch (the H200 probe measured 35–80 ms agai
 in a captured static loop). A CUDA graph replays them all in one launch, but only at the shapes it was
 captured with, so a step runs at its bucket's shape instead of its own:
 
-- batch: the step's rows ``[0, num_rows)`` padded to the next batch bucket (1, 2, 4, … up to the slot count);
-  the padded rows are idle slots: token 0 at position 0, their KV write going to the scratch position;
+- batch: the step's rows ``[0, num_rows)`` padded to the next batch bucket (1, 2, 3, 4, 6, 8, … up to the
+  slot count); the padded rows are idle slots: token 0 at position 0, their KV write going to the scratch
+  position;
 - KV length, per row: the rows are split into attention groups by their own context's bucket (the next power
-  of two, at least ``MIN_LENGTH_BUCKET``, at most the pool's length), each group's row count rounded up to the
-  batch ladder (``decode_plan.attention_groups``); a group attends over its level, the mask hiding every
-  position past a row's own. A row pays for its own bucket, not the batch's longest.
+  of two, at least ``MIN_LENGTH_BUCKET``, half-octave steps above 2,048, at most the pool's length), each
+  group's row count rounded up to the batch ladder (``decode_plan.static_shape``); a group attends over its
+  level, the mask hiding every position past a row's own. A row pays for its own bucket, not the batch's
+  longest.
 
 The inputs of a step (token ids, rope positions, KV write positions) are written into one preallocated
 ``[3, num_slots]`` buffer with a single host-to-device copy; a captured graph reads them from there and leaves
@@ -30,7 +32,7 @@ from collections.abc import Callable
 
 import torch
 
-from asyncrl.engine.decode_plan import Group, attention_groups, batch_buckets
+from asyncrl.engine.decode_plan import Group, batch_buckets, static_shape
 
 logger = logging.getLogger(__name__)
 
@@ -96,12 +98,7 @@ class StaticDecode:
     def shape_of(self, rope: list[int]) -> tuple[int, tuple[Group, ...]]:
         """The (batch, attention groups) bucket a step over rows at positions ``rope`` runs at: the batch
         padded to its bucket (idle rows at position 0), the groups' row counts to the batch ladder."""
-        batch = next(b for b in self.buckets if b >= len(rope))
-        needs = [position + 1 for position in rope] + [1] * (batch - len(rope))
-        return batch, attention_groups(needs, self.max_len, pad_rows=self._batch_bucket)
-
-    def _batch_bucket(self, rows: int) -> int:
-        return next(b for b in self.buckets if b >= rows)
+        return static_shape(rope, self.buckets, self.max_len)
 
     def run(
         self,

@@ -17,21 +17,26 @@ from asyncrl.engine.model_runner import grouped_attention
 from asyncrl.engine.static_decode import StaticDecode
 
 NUM_SLOTS = 9
-"""Buckets 1, 2, 4, 8, 9: a power-of-two ladder and a slot count that is not one."""
+"""Buckets 1, 2, 3, 4, 6, 8, 9: the half-octave ladder and a slot count that is not on it."""
 
 
 def test_batch_buckets_end_at_the_slot_count():
     assert batch_buckets(1) == [1]
-    assert batch_buckets(8) == [1, 2, 4, 8]
-    assert batch_buckets(9) == [1, 2, 4, 8, 9]
+    assert batch_buckets(8) == [1, 2, 3, 4, 6, 8]
+    assert batch_buckets(9) == [1, 2, 3, 4, 6, 8, 9]
 
 
-def test_length_buckets_are_powers_of_two_capped_by_the_pool():
+def test_length_buckets_are_powers_of_two_then_half_octaves_capped_by_the_pool():
     assert length_bucket(1, 1000) == MIN_LENGTH_BUCKET
     assert length_bucket(MIN_LENGTH_BUCKET, 1000) == MIN_LENGTH_BUCKET
     assert length_bucket(MIN_LENGTH_BUCKET + 1, 1000) == 2 * MIN_LENGTH_BUCKET
     assert length_bucket(700, 1000) == 1000
     assert length_bucket(30, 40) == 40
+    assert length_bucket(2048, 10_000) == 2048
+    assert length_bucket(2049, 10_000) == 3072
+    assert length_bucket(3073, 10_000) == 4096
+    assert length_bucket(4097, 10_000) == 6144
+    assert length_bucket(6145, 7000) == 7000
     with pytest.raises(ValueError, match="decode length 41"):
         length_bucket(41, 40)
 
@@ -140,8 +145,8 @@ def test_a_failed_capture_falls_back_to_eager_static_shapes(monkeypatch):
     monkeypatch.setattr(static, "_capture", failing_capture)
     logits = static.run([7, 9, 11], [3, 4, 5], [3, 4, 5])
     assert "not permitted" in static.capture_error
-    assert logits[:, 0].tolist() == [7, 9, 11, 0]
-    assert seen == [(4, ((0, 4, MIN_LENGTH_BUCKET),))]
+    assert logits[:, 0].tolist() == [7, 9, 11]  # 3 is a batch bucket: no padded row
+    assert seen == [(3, ((0, 3, MIN_LENGTH_BUCKET),))]
     static.run([1], [0], [0])
     assert seen[-1] == (1, ((0, 1, MIN_LENGTH_BUCKET),))
 
