@@ -422,7 +422,7 @@ def check_kv_pool_fits(model: torch.nn.Module, config: EngineConfig, max_len: in
     raise ValueError(
         f"the engine's KV pool needs {need / gib:.1f} GiB on {device} ({slots} slots, "
         f"engine.max_running_requests, × {max_len} positions, from {source}; {dims['num_layers']} layers), "
-        f"more than {KV_POOL_MEMORY_SHARE:.0%} of the {free / gib:.1f} GiB free there: set "
+        f"more than {KV_POOL_MEMORY_SHARE:.0%} of the {free / gib:.1f} GiB available there: set "
         f"engine.max_model_len to the longest prompt + rollout.max_new_tokens the run needs (at most "
         f"{max(fitting_len, 0)} fits with {slots} slots), or lower engine.max_running_requests"
     )
