@@ -267,6 +267,7 @@ class LLMEngine:
             "num_sleeps": self.num_sleeps,
             "num_wakes": self.num_wakes,
             "kv_pool_bytes": self.runner.cache.resident_bytes(),
+            **(self.runner.static.stats() if self.runner.static is not None else {}),
         }
 
     def _append_tokens(self, due: list[Sequence], logits: torch.Tensor) -> list[Generation]:
