@@ -296,7 +296,11 @@ class LLMEngine:
         if token_id in params.stop_token_ids or (token_id in self.eos_token_ids and not params.ignore_eos):
             return FinishReason.STOP
         if params.stop_strings and stop_string_hit(
-            self._decode, seq.token_ids, seq.num_prompt_tokens, params.stop_strings
+            self._decode,
+            seq.token_ids,
+            seq.num_prompt_tokens,
+            params.stop_strings,
+            whole=seq.num_output_tokens == len(seq.request.prefix_token_ids) + 1,  # the prefix is unchecked
         ):
             return FinishReason.STOP
         if seq.num_output_tokens >= params.max_new_tokens or seq.num_tokens >= self.max_model_len:

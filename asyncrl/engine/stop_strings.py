@@ -20,10 +20,17 @@ def stop_window(stop_strings: Sequence[str]) -> int:
 
 
 def stop_string_hit(
-    decode: Callable[[list[int]], str], token_ids: list[int], start: int, stop_strings: Sequence[str]
+    decode: Callable[[list[int]], str],
+    token_ids: list[int],
+    start: int,
+    stop_strings: Sequence[str],
+    *,
+    whole: bool = False,
 ) -> bool:
     """Whether ``decode(token_ids[start:])`` (the output) contains one of ``stop_strings``, decoding only its
-    tail; the caller checks after every appended token, so the output before the last token held none.
+    tail; the caller checks after every appended token, so the output before the last token held none. Where
+    that is not known (``whole``: the first token after a caller-given prefix, never checked), the whole
+    output is decoded, as it always was.
 
     Same answer as decoding the whole output, by this count. The text of ``decode`` is stable as tokens are
     appended except for a trailing incomplete UTF-8 character (byte-level and byte-fallback tokenizers decode
@@ -38,8 +45,7 @@ def stop_string_hit(
 
     A hit in the window is confirmed on the whole output, so such window-start artefacts (a U+FFFD, a dropped
     space) never stop a request early: that decode runs about once per request, when it stops."""
-    window = stop_window(stop_strings)
-    first = max(start, len(token_ids) - window)
+    first = start if whole else max(start, len(token_ids) - stop_window(stop_strings))
     if not any(s in decode(token_ids[first:]) for s in stop_strings):
         return False
     return first == start or any(s in decode(token_ids[start:]) for s in stop_strings)

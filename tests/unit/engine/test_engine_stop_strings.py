@@ -4,6 +4,7 @@ with decode work linear in the output's length instead of quadratic."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 from engine_testlib import CharTokenizer, drain, engine, request
 
@@ -141,3 +142,22 @@ def test_a_space_dropped_at_the_windows_start_is_covered_by_the_margin() -> None
     lifted = [5] * 20 + output  # the occurrence past the window's margin from the output's start
     hit = _first_stop_step(lambda ids: stop_string_hit(SpaceTokenizer().decode, ids, 0, stops), lifted, 0)
     assert hit == 24
+
+
+def test_a_stop_string_inside_a_given_prefix_stops_at_the_first_new_token(qwen2) -> None:
+    """A continued request's prefix was never checked by this engine: its first sampled token is checked
+    against the whole output, so a stop string far back in the prefix (past any window) stops it at once,
+    as decoding the whole output every step did."""
+    prefix = [2] * 40 + [3, 4] + [2] * 40  # "ccc…de ccc…": "de" 40 tokens before the end
+    core = engine(qwen2, tokenizer=CharTokenizer())
+    continued = request("c", [1], temperature=0, max_new_tokens=90, stop_strings=("de",))
+    core.add_request(
+        replace(
+            continued,
+            prefix_token_ids=prefix,
+            prefix_logprobs=[0.0] * len(prefix),
+            prefix_versions=[0] * len(prefix),
+        )
+    )
+    out = drain(core)["c"]
+    assert (len(out.token_ids), out.finish_reason) == (len(prefix) + 1, FinishReason.STOP)
