@@ -162,32 +162,36 @@ class StaticDecode:
             started = time.perf_counter()
             try:
                 self.graphs[batch, groups] = self._capture(batch, groups)
-            except torch.OutOfMemoryError as error:
-                self.capture_failures["out_of_memory"] += 1
-                self.eager_shapes.add((batch, groups))
-                logger.warning(
-                    "CUDA graph capture of the decode step (batch %d, attention groups %s) ran out of device "
-                    "memory; that shape decodes eagerly from now on, other shapes still capture: %s",
-                    batch,
-                    groups,
-                    error,
-                )
-                return None
             except RuntimeError as error:
-                self.capture_failures["other"] += 1
-                self.capture_error = f"{type(error).__name__}: {error}"
-                self.graphs.clear()
-                logger.warning(
-                    "CUDA graph capture of the decode step (batch %d, attention groups %s) failed, "
-                    "decoding eagerly at static shapes from now on: %s",
-                    batch,
-                    groups,
-                    self.capture_error,
-                )
+                self._capture_failed(batch, groups, error)
                 return None
             self.captures += 1
             self.capture_s += time.perf_counter() - started
         return self.graphs[batch, groups]
+
+    def _capture_failed(self, batch: int, groups: tuple[Group, ...], error: RuntimeError) -> None:
+        """Leave the shape eager after running out of memory, else turn capturing off; count it and warn."""
+        if ran_out_of_memory(error):
+            self.capture_failures["out_of_memory"] += 1
+            self.eager_shapes.add((batch, groups))
+            logger.warning(
+                "CUDA graph capture of the decode step (batch %d, attention groups %s) ran out of device "
+                "memory; that shape decodes eagerly from now on, other shapes still capture: %s",
+                batch,
+                groups,
+                error,
+            )
+            return
+        self.capture_failures["other"] += 1
+        self.capture_error = f"{type(error).__name__}: {error}"
+        self.graphs.clear()
+        logger.warning(
+            "CUDA graph capture of the decode step (batch %d, attention groups %s) failed, "
+            "decoding eagerly at static shapes from now on: %s",
+            batch,
+            groups,
+            self.capture_error,
+        )
 
     def _capture(self, batch: int, groups: tuple[Group, ...]) -> torch.cuda.CUDAGraph:
         """Capture one bucket's step over idle inputs (every row writing to its scratch position, so neither
@@ -249,3 +253,15 @@ class StaticDecode:
             return
         torch._C._cuda_releasePool(device, self._pool)
         self._pool = torch.cuda.graph_pool_handle()
+
+
+def ran_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error``, or one it was raised while handling, is a device out-of-memory error: an out-of-memory
+    error inside ``torch.cuda.graph`` reaches the caller as ``capture_end``'s own error, should ending the
+    capture fail too, with the out-of-memory error as its context."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, torch.OutOfMemoryError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False

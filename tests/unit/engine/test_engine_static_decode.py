@@ -414,6 +414,32 @@ def test_an_out_of_memory_inside_a_capture_keeps_the_pool_and_the_stream(monkeyp
     assert static.stats()["decode_capture_failures_out_of_memory"] == 1 and static.capture_error is None
 
 
+def test_an_out_of_memory_that_also_breaks_capture_end_still_counts_as_out_of_memory(monkeypatch):
+    """``capture_end`` failing after the decode ran out of memory raises its own error, the out-of-memory
+    error as its context: still that one shape left eager; the allocator's routing, which ``capture_end`` never
+    ended, is ended, the failed graph's pool reference dropped, and the next shape captures into a fresh pool."""
+    cuda = FakeCuda(capture_end_fails=True)
+    cuda.install(monkeypatch)
+
+    def decode(inputs, groups):
+        if cuda.current.name == "engine capture" and inputs.shape[1] == 2:
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return inputs[0, :, None].float().expand(-1, 5).clone()
+
+    static = StaticDecode(
+        decode, num_slots=4, max_len=100, device=torch.device("cpu"), capture=False, fingerprint=tuple
+    )
+    static.capture = True
+    static._stream = types.SimpleNamespace(name="engine capture")
+    static._pool = pool = cuda.graph_pool_handle()
+    assert static.run([7, 9], [3, 4], [3, 4])[:, 0].tolist() == [7, 9]
+    assert static.capture_error is None and static.eager_shapes == {(2, ((0, 2, MIN_LENGTH_BUCKET),))}
+    assert cuda.recording == set() and cuda.released == [pool] and static._pool != pool
+    cuda.capture_end_fails = False
+    static.run([7], [3], [3])
+    assert static.captures == 1 and cuda.capture_streams[-1].name == "engine capture"
+
+
 def test_engine_stats_report_decode_captures(qwen2):
     core = engine(copy.deepcopy(qwen2), decode_graphs="on", max_running_requests=2)
     assert core.stats()["decode_capture_failures_out_of_memory"] == 0
