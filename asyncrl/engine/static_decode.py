@@ -40,6 +40,10 @@ WARMUP_RUNS = 2
 """Eager runs on a side stream before a capture, so lazy initialisation (cuBLAS workspaces, autotuning)
 happens outside the graph."""
 
+UNENDED_GRAPHS: list[torch.cuda.CUDAGraph] = []
+"""Graphs whose ``capture_end`` failed, never freed: PyTorch's pinned host allocator keeps calling a filter bound
+to each (``StaticDecode._end_failed_capture``). One per failed capture, a few hundred bytes each."""
+
 # (inputs [3, rows]: token ids, rope positions, KV write positions; attention groups) -> logits [rows, vocab]
 DecodeFn = Callable[[torch.Tensor, tuple[Group, ...]], torch.Tensor]
 
@@ -226,11 +230,11 @@ class StaticDecode:
                 ):
                     self.logits[:batch].copy_(self.decode(inputs, groups))
             except BaseException:
-                self._end_failed_capture()
+                self._end_failed_capture(graph)
                 raise
             return graph
 
-    def _end_failed_capture(self) -> None:
+    def _end_failed_capture(self, graph: torch.cuda.CUDAGraph) -> None:
         """Leave the caching allocator as a successful capture would, after one that failed.
 
         ``CUDAGraph.capture_end`` (PyTorch's ``aten/src/ATen/cuda/CUDAGraph.cpp``) ends the stream's capture
@@ -245,7 +249,10 @@ class StaticDecode:
         captures take a fresh pool, never one a broken capture wrote into.
 
         What the Python API cannot reach: the pinned host allocator's own ``begin_allocate_to_pool``, which
-        ``capture_begin`` also opens and only a successful ``capture_end`` closes."""
+        ``capture_begin`` also opens and only a successful ``capture_end`` closes. Its filter is bound to the
+        graph object and called at every pinned allocation (a sleep at level 2 pins the weights), so the graph
+        is kept alive for the process's life (``UNENDED_GRAPHS``, as the allocator is the process's): the
+        filter then reads a live graph, whose capture is over, and routes nothing to its pool."""
         device = self.inputs.device.index  # a CUDA tensor's device always names its index
         try:
             torch._C._cuda_endAllocateToPool(device, self._pool)
@@ -253,6 +260,7 @@ class StaticDecode:
             return
         torch._C._cuda_releasePool(device, self._pool)
         self._pool = torch.cuda.graph_pool_handle()
+        UNENDED_GRAPHS.append(graph)
 
 
 def ran_out_of_memory(error: BaseException) -> bool:

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from engine_testlib import drain, engine, hf_greedy, request
 
 from asyncrl.config.engine import EngineConfig
+from asyncrl.engine import static_decode
 from asyncrl.engine.decode_plan import MIN_LENGTH_BUCKET, batch_buckets, length_bucket
 from asyncrl.engine.model_runner import grouped_attention
 from asyncrl.engine.static_decode import StaticDecode
@@ -211,6 +212,7 @@ class FakeCuda:
         self.recording: set[tuple[int, int]] = set()
         """Pools the allocator routes a capture's allocations to (``beginAllocateToPool`` .. ``end``)."""
         self.released: list[tuple[int, int]] = []
+        self.graphs: list[object] = []
 
     def install(self, monkeypatch) -> None:
         fake = self
@@ -218,6 +220,7 @@ class FakeCuda:
         class Graph:
             def capture_begin(self, *pool, **modes):
                 fake.capture_streams.append(fake.current)
+                fake.graphs.append(self)
                 self.pool = pool[0]
                 fake.recording.add(self.pool)
 
@@ -435,6 +438,7 @@ def test_an_out_of_memory_that_also_breaks_capture_end_still_counts_as_out_of_me
     assert static.run([7, 9], [3, 4], [3, 4])[:, 0].tolist() == [7, 9]
     assert static.capture_error is None and static.eager_shapes == {(2, ((0, 2, MIN_LENGTH_BUCKET),))}
     assert cuda.recording == set() and cuda.released == [pool] and static._pool != pool
+    assert static_decode.UNENDED_GRAPHS[-1] is cuda.graphs[0]  # the host allocator's filter points at it
     cuda.capture_end_fails = False
     static.run([7], [3], [3])
     assert static.captures == 1 and cuda.capture_streams[-1].name == "engine capture"
