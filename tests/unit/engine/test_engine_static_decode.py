@@ -374,8 +374,8 @@ def test_a_capture_out_of_memory_leaves_only_its_shape_eager(monkeypatch):
         return types.SimpleNamespace(replay=lambda: None)
 
     monkeypatch.setattr(static, "_capture", capture)
-    logits = static.run([7, 9, 11], [3, 4, 5], [3, 4, 5])
-    assert logits[:, 0].tolist() == [7, 9, 11, 0] and seen == [4]  # eager at its bucket
+    logits = static.run([7, 9, 11, 13], [3, 4, 5, 6], [3, 4, 5, 6])
+    assert logits[:, 0].tolist() == [7, 9, 11, 13] and seen == [4]  # eager at its bucket
     static.run([7], [3], [3])
     static.run([7, 9], [3, 4], [3, 4])
     static.run([7, 9, 11, 13], [3, 4, 5, 6], [3, 4, 5, 6])
