@@ -248,7 +248,9 @@ class AsyncEngine:
                 and not observer.loop.is_closed()
             ):
                 observer.num_reported = len(token_ids)
-                observer.loop.call_soon_threadsafe(observer.observe, list(token_ids))
+                observer.loop.call_soon_threadsafe(
+                    observer.observe, token_ids
+                )  # a fresh list, the observer's
 
     def _next_commands(self) -> bool:
         """Run queued commands, sleeping while there is nothing to do; False once the engine must stop."""

@@ -116,10 +116,23 @@ def pool_bytes(
 
 
 def available_bytes(device: torch.device) -> int | None:
-    """Memory free for a new allocation on ``device``: the CUDA device's free memory, or the host's
-    ``MemAvailable``; None where it cannot be read (the pool is then allocated unchecked)."""
+    """Memory free for a new allocation on ``device``: on CUDA the device's free memory plus what this
+    process's caching allocator holds reserved but unallocated there, else the host's ``MemAvailable``;
+    None where it cannot be read (the pool is then allocated unchecked).
+
+    Why the reserved-but-unallocated bytes: ``mem_get_info`` counts them as used, yet the allocator hands
+    them to the next allocation. The inline runtime gives each engine a float32 copy of the trainer's model
+    which the engine casts to bfloat16 in place: the float32 storage freed by the cast stays cached (6.9 GiB
+    at 1.7B parameters, 16 at 4B, 32.8 at 8B, by the review's arithmetic), and a check on ``mem_get_info``
+    alone would refuse a pool that fits, or size one that much too small. Counted rather than freed with
+    ``empty_cache``: another thread of this process (the inline trainer on the same GPU) may be allocating
+    meanwhile, and what it takes from the cache raises ``memory_allocated`` (process-wide, every thread) at
+    once, so a block is never counted both as cached and as free. The cached part is an upper bound where a
+    cached segment is partly in use (it cannot be handed out whole); the segments a cast frees are whole."""
     if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
+        free = torch.cuda.mem_get_info(device)[0]
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return free + max(cached, 0)
     meminfo = Path("/proc/meminfo")
     if device.type != "cpu" or not meminfo.is_file():
         return None

@@ -21,6 +21,7 @@ from asyncrl.engine.requests import check_request
 from asyncrl.engine.sampler import sample
 from asyncrl.engine.scheduler import Scheduler
 from asyncrl.engine.sequence import Sequence
+from asyncrl.engine.stop_strings import stop_string_hit
 from asyncrl.engine.weights import NamedTensors, copy_into, resolve_update
 from asyncrl.models.loading import host_copy, host_copy_for
 from asyncrl.types import FinishReason, Generation, Request, checked_request
@@ -246,7 +247,8 @@ class LLMEngine:
 
     def output_so_far(self, request_id: str) -> list[int] | None:
         """The token ids the request's Generation would hold now (its prefix included); None if not in flight.
-        Read between steps, for callers that stream tokens as they are sampled."""
+        Read between steps, for callers that stream tokens as they are sampled; a fresh list each call, which
+        the caller may keep (``AsyncLLMEngine`` hands it to its observer's loop as is, without a second copy)."""
         seq = self._sequences.get(request_id)
         return None if seq is None else seq.output_token_ids
 
@@ -265,6 +267,7 @@ class LLMEngine:
             "num_sleeps": self.num_sleeps,
             "num_wakes": self.num_wakes,
             "kv_pool_bytes": self.runner.cache.resident_bytes(),
+            **(self.runner.static.stats() if self.runner.static is not None else {}),
         }
 
     def _append_tokens(self, due: list[Sequence], logits: torch.Tensor) -> list[Generation]:
@@ -292,7 +295,13 @@ class LLMEngine:
         params, token_id = seq.request.sampling, seq.token_ids[-1]
         if token_id in params.stop_token_ids or (token_id in self.eos_token_ids and not params.ignore_eos):
             return FinishReason.STOP
-        if params.stop_strings and any(s in self._decode(seq.output_token_ids) for s in params.stop_strings):
+        if params.stop_strings and stop_string_hit(
+            self._decode,
+            seq.token_ids,
+            seq.num_prompt_tokens,
+            params.stop_strings,
+            whole=seq.num_output_tokens == len(seq.request.prefix_token_ids) + 1,  # the prefix is unchecked
+        ):
             return FinishReason.STOP
         if seq.num_output_tokens >= params.max_new_tokens or seq.num_tokens >= self.max_model_len:
             return FinishReason.LENGTH
@@ -422,7 +431,7 @@ def check_kv_pool_fits(model: torch.nn.Module, config: EngineConfig, max_len: in
     raise ValueError(
         f"the engine's KV pool needs {need / gib:.1f} GiB on {device} ({slots} slots, "
         f"engine.max_running_requests, × {max_len} positions, from {source}; {dims['num_layers']} layers), "
-        f"more than {KV_POOL_MEMORY_SHARE:.0%} of the {free / gib:.1f} GiB free there: set "
+        f"more than {KV_POOL_MEMORY_SHARE:.0%} of the {free / gib:.1f} GiB available there: set "
         f"engine.max_model_len to the longest prompt + rollout.max_new_tokens the run needs (at most "
         f"{max(fitting_len, 0)} fits with {slots} slots), or lower engine.max_running_requests"
     )

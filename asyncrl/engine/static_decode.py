@@ -40,6 +40,10 @@ WARMUP_RUNS = 2
 """Eager runs on a side stream before a capture, so lazy initialisation (cuBLAS workspaces, autotuning)
 happens outside the graph."""
 
+UNENDED_GRAPHS: list[torch.cuda.CUDAGraph] = []
+"""Graphs whose ``capture_end`` failed, never freed: PyTorch's pinned host allocator keeps calling a filter bound
+to each (``StaticDecode._end_failed_capture``). One per failed capture, a few hundred bytes each."""
+
 # (inputs [3, rows]: token ids, rope positions, KV write positions; attention groups) -> logits [rows, vocab]
 DecodeFn = Callable[[torch.Tensor, tuple[Group, ...]], torch.Tensor]
 
@@ -71,7 +75,13 @@ class StaticDecode:
         """Every graph's output, rows ``[0, batch)``: one ``[num_slots, vocab]`` buffer, not one per graph."""
         self._captured_for: tuple[int, ...] | None = None
         self.capture_error: str | None = None
-        """Why capturing was turned off (the first failed capture), or None while it works."""
+        """Why capturing was turned off (the first capture failing other than for memory), or None."""
+        self.eager_shapes: set[tuple[int, tuple[Group, ...]]] = set()
+        """Shapes whose capture ran out of device memory: they decode eagerly for this engine's life, while
+        other shapes go on capturing (the largest buckets fail first when the KV pool holds most of the
+        device). Not retried after a wake: under ``runtime.switch`` that would pay a failing capture per step."""
+        self.capture_failures = {"out_of_memory": 0, "other": 0}
+        """Failed captures by reason, for ``stats``."""
         self.captures = 0
         """Graphs captured so far, a recapture (the addresses moved, a wake after sleep) counted again: how
         many shapes a run paid a capture for, which ``graphs`` (only the live ones) does not say."""
@@ -94,6 +104,16 @@ class StaticDecode:
         self._captured_for = None
         if self.capture:
             self._pool = torch.cuda.graph_pool_handle()
+
+    def stats(self) -> dict[str, int]:
+        """Capture counts for the engine's ``stats``: graphs captured, failed captures by reason, and shapes
+        left eager after running out of memory."""
+        return {
+            "decode_graph_captures": self.captures,
+            "decode_capture_failures_out_of_memory": self.capture_failures["out_of_memory"],
+            "decode_capture_failures_other": self.capture_failures["other"],
+            "decode_shapes_eager": len(self.eager_shapes),
+        }
 
     def shape_of(self, rope: list[int]) -> tuple[int, tuple[Group, ...]]:
         """The (batch, attention groups) bucket a step over rows at positions ``rope`` runs at: the batch
@@ -129,11 +149,14 @@ class StaticDecode:
         return self.logits[:batch]
 
     def _graph(self, batch: int, groups: tuple[Group, ...]) -> torch.cuda.CUDAGraph | None:
-        """The bucket's graph, captured now if new; None once a capture has failed.
+        """The bucket's graph, captured now if new; None where that shape decodes eagerly.
 
-        A failed capture turns capturing off for this engine with a warning naming the error, instead of
-        failing the step: the path has not yet run on a GPU, and eager static shapes give the same tokens."""
-        if self.capture_error is not None:
+        A capture that runs out of device memory leaves that one shape eager (``eager_shapes``): a smaller
+        bucket may still fit, and the eager step at the same shape allocates only its own intermediates.
+        Any other failed capture turns capturing off for this engine, with a warning naming the error, instead
+        of failing the step: such an error (an operation that cannot be captured) would recur at every shape,
+        and eager static shapes give the same tokens."""
+        if self.capture_error is not None or (batch, groups) in self.eager_shapes:
             return None
         fingerprint = self.fingerprint()
         if fingerprint != self._captured_for:
@@ -144,19 +167,35 @@ class StaticDecode:
             try:
                 self.graphs[batch, groups] = self._capture(batch, groups)
             except RuntimeError as error:
-                self.capture_error = f"{type(error).__name__}: {error}"
-                self.graphs.clear()
-                logger.warning(
-                    "CUDA graph capture of the decode step (batch %d, attention groups %s) failed, "
-                    "decoding eagerly at static shapes from now on: %s",
-                    batch,
-                    groups,
-                    self.capture_error,
-                )
+                self._capture_failed(batch, groups, error)
                 return None
             self.captures += 1
             self.capture_s += time.perf_counter() - started
         return self.graphs[batch, groups]
+
+    def _capture_failed(self, batch: int, groups: tuple[Group, ...], error: RuntimeError) -> None:
+        """Leave the shape eager after running out of memory, else turn capturing off; count it and warn."""
+        if ran_out_of_memory(error):
+            self.capture_failures["out_of_memory"] += 1
+            self.eager_shapes.add((batch, groups))
+            logger.warning(
+                "CUDA graph capture of the decode step (batch %d, attention groups %s) ran out of device "
+                "memory; that shape decodes eagerly from now on, other shapes still capture: %s",
+                batch,
+                groups,
+                error,
+            )
+            return
+        self.capture_failures["other"] += 1
+        self.capture_error = f"{type(error).__name__}: {error}"
+        self.graphs.clear()
+        logger.warning(
+            "CUDA graph capture of the decode step (batch %d, attention groups %s) failed, "
+            "decoding eagerly at static shapes from now on: %s",
+            batch,
+            groups,
+            self.capture_error,
+        )
 
     def _capture(self, batch: int, groups: tuple[Group, ...]) -> torch.cuda.CUDAGraph:
         """Capture one bucket's step over idle inputs (every row writing to its scratch position, so neither
@@ -185,8 +224,52 @@ class StaticDecode:
             if self.logits is None:
                 self.logits = logits.new_empty(self.inputs.shape[1], logits.shape[1])
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(
-                graph, pool=self._pool, stream=self._stream, capture_error_mode="thread_local"
-            ):
-                self.logits[:batch].copy_(self.decode(inputs, groups))
+            try:
+                with torch.cuda.graph(
+                    graph, pool=self._pool, stream=self._stream, capture_error_mode="thread_local"
+                ):
+                    self.logits[:batch].copy_(self.decode(inputs, groups))
+            except BaseException:
+                self._end_failed_capture(graph)
+                raise
             return graph
+
+    def _end_failed_capture(self, graph: torch.cuda.CUDAGraph) -> None:
+        """Leave the caching allocator as a successful capture would, after one that failed.
+
+        ``CUDAGraph.capture_end`` (PyTorch's ``aten/src/ATen/cuda/CUDAGraph.cpp``) ends the stream's capture
+        before it tells the allocator to stop routing allocations to the graph's pool (``endAllocateToPool``),
+        so when ending the capture fails (a capture invalidated by an operation that cannot be captured) the
+        allocator still lists a capture underway: its next ``empty_cache`` (this engine's sleep, the next
+        capture's entry) fails an internal assert (``captures_underway.empty()``), and each allocation calls
+        a filter bound to the dead graph. Ending it here fixes both; the call fails, harmlessly, where
+        ``capture_end`` got as far as ending it (an out-of-memory error inside the capture leaves the capture
+        valid, so it does) or capture never began. Where it did end it here, the failed graph's reference to the
+        pool is dropped too (its ``reset`` drops one only after a successful ``capture_end``) and later
+        captures take a fresh pool, never one a broken capture wrote into.
+
+        What the Python API cannot reach: the pinned host allocator's own ``begin_allocate_to_pool``, which
+        ``capture_begin`` also opens and only a successful ``capture_end`` closes. Its filter is bound to the
+        graph object and called at every pinned allocation (a sleep at level 2 pins the weights), so the graph
+        is kept alive for the process's life (``UNENDED_GRAPHS``, as the allocator is the process's): the
+        filter then reads a live graph, whose capture is over, and routes nothing to its pool."""
+        device = self.inputs.device.index  # a CUDA tensor's device always names its index
+        try:
+            torch._C._cuda_endAllocateToPool(device, self._pool)
+        except RuntimeError:  # "not currently recording to mempool_id": capture_end closed it
+            return
+        torch._C._cuda_releasePool(device, self._pool)
+        self._pool = torch.cuda.graph_pool_handle()
+        UNENDED_GRAPHS.append(graph)
+
+
+def ran_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error``, or one it was raised while handling, is a device out-of-memory error: an out-of-memory
+    error inside ``torch.cuda.graph`` reaches the caller as ``capture_end``'s own error, should ending the
+    capture fail too, with the out-of-memory error as its context."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, torch.OutOfMemoryError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False

@@ -572,7 +572,8 @@ def engine_steps(model: torch.nn.Module, plan: ProbePlan) -> list[dict[str, Any]
 def decode_path(static: Any) -> dict[str, Any]:
     """How an engine's decode steps ran (``ModelRunner.static``, a ``StaticDecode`` or None): at their own shapes,
     at static shapes eagerly, or replayed from CUDA graphs, then with how many captures, their seconds and the
-    error that turned capturing off, if one did. Recorded beside step times, which mean little without it."""
+    error that turned capturing off, if one did, and how many shapes ran out of memory capturing (eager since).
+    Recorded beside step times, which mean little without it."""
     if static is None:
         return {"path": "dynamic", "captures": 0}
     if not static.capture:
@@ -584,6 +585,7 @@ def decode_path(static: Any) -> dict[str, Any]:
         "capture_s": round(static.capture_s, 4),
         "live_graphs": len(static.graphs),
         "capture_error": static.capture_error,
+        "shapes_eager_after_oom": len(static.eager_shapes),
     }
 
 

@@ -452,6 +452,8 @@ def _path_line(path: dict[str, Any]) -> str:
     line = path.get("path", "not recorded")
     if "capture_s" in path:
         line += f": {path['captures']} captured in {path['capture_s']:.2f} s"
+    if path.get("shapes_eager_after_oom"):
+        line += f", {path['shapes_eager_after_oom']} shape(s) eager after running out of memory capturing"
     if path.get("capture_error"):
         line += f" (capturing turned off: {path['capture_error']})"
     return line

@@ -66,3 +66,37 @@ def test_a_real_models_default_context_is_refused_on_a_16_gib_device(monkeypatch
     monkeypatch.setattr(llm_engine, "available_bytes", lambda device: 16 * 1024 * MIB)
     with pytest.raises(ValueError, match=r"needs 48\.0 GiB .*from the model's max_position_embeddings"):
         llm_engine.check_kv_pool_fits(model, EngineConfig(), min(32768, EngineConfig().max_kv_tokens))
+
+
+def test_cuda_memory_this_process_has_cached_counts_as_available(monkeypatch) -> None:
+    """The float32 weights an engine casts to bfloat16 in place stay in PyTorch's cache, which
+    ``mem_get_info`` counts as used: reserved-but-unallocated bytes on the engine's device are available."""
+    device = torch.device("cuda", 1)
+    asked = []
+
+    def reading(value):
+        def read(where):
+            asked.append(where)
+            return value
+
+        return read
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", reading((10 * MIB, 80 * 1024 * MIB)))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", reading(40 * MIB))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", reading(15 * MIB))
+    assert available_bytes(device) == 10 * MIB + 25 * MIB
+    assert asked == [device] * 3
+
+
+def test_the_pool_check_counts_the_cast_away_weights(monkeypatch) -> None:
+    """A pool that fits only with the cached bytes counted is accepted; without them it is refused."""
+    model = tiny_qwen2()
+    need = pool_bytes(num_slots=4, max_len=128, **kv_dimensions(model))
+    monkeypatch.setattr(llm_engine, "available_bytes", lambda device: available_bytes(torch.device("cuda")))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda where: (need // 2, 4 * need))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda where: 0)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda where: need)
+    llm_engine.check_kv_pool_fits(model, EngineConfig(max_running_requests=4), 128)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda where: 0)
+    with pytest.raises(ValueError, match="engine.max_model_len"):
+        llm_engine.check_kv_pool_fits(model, EngineConfig(max_running_requests=4), 128)

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from engine_testlib import drain, engine, hf_greedy, request
 
 from asyncrl.config.engine import EngineConfig
+from asyncrl.engine import static_decode
 from asyncrl.engine.decode_plan import MIN_LENGTH_BUCKET, batch_buckets, length_bucket
 from asyncrl.engine.model_runner import grouped_attention
 from asyncrl.engine.static_decode import StaticDecode
@@ -149,6 +150,7 @@ def test_a_failed_capture_falls_back_to_eager_static_shapes(monkeypatch):
     assert seen == [(3, ((0, 3, MIN_LENGTH_BUCKET),))]
     static.run([1], [0], [0])
     assert seen[-1] == (1, ((0, 1, MIN_LENGTH_BUCKET),))
+    assert static.stats()["decode_capture_failures_other"] == 1  # one failure turned every shape eager
 
 
 def test_captures_are_counted_once_per_shape_and_again_after_the_addresses_move(monkeypatch):
@@ -202,10 +204,15 @@ class FakeCuda:
     as torch's ``StreamContext`` does, and a ``CUDAGraph`` whose ``capture_end`` fails (recording the stream
     its capture began on), so that torch's own ``torch.cuda.graph`` context runs over them unchanged."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, capture_end_fails: bool = True) -> None:
         self.current = types.SimpleNamespace(name="caller", wait_stream=lambda other: None)
         self.capture_streams: list[object] = []
         self.pools = 0
+        self.capture_end_fails = capture_end_fails
+        self.recording: set[tuple[int, int]] = set()
+        """Pools the allocator routes a capture's allocations to (``beginAllocateToPool`` .. ``end``)."""
+        self.released: list[tuple[int, int]] = []
+        self.graphs: list[object] = []
 
     def install(self, monkeypatch) -> None:
         fake = self
@@ -213,9 +220,23 @@ class FakeCuda:
         class Graph:
             def capture_begin(self, *pool, **modes):
                 fake.capture_streams.append(fake.current)
+                fake.graphs.append(self)
+                self.pool = pool[0]
+                fake.recording.add(self.pool)
 
             def capture_end(self):
-                raise RuntimeError("operation failed due to a previous error during capture")
+                # as CUDAGraph.cpp: the stream's capture ends (and may fail) before the allocator's does
+                if fake.capture_end_fails:
+                    raise RuntimeError("operation failed due to a previous error during capture")
+                fake.recording.remove(self.pool)
+
+            def replay(self):
+                pass
+
+        def end_allocate_to_pool(device, pool):
+            if pool not in fake.recording:
+                raise RuntimeError("endAllocatePool: not currently recording to mempool_id")
+            fake.recording.remove(pool)
 
         for name, value in {
             "current_stream": lambda device=None: self.current,
@@ -228,6 +249,8 @@ class FakeCuda:
         }.items():
             monkeypatch.setattr(torch.cuda, name, value)
         monkeypatch.setattr(torch._C, "_host_emptyCache", lambda: None, raising=False)
+        monkeypatch.setattr(torch._C, "_cuda_endAllocateToPool", end_allocate_to_pool, raising=False)
+        monkeypatch.setattr(torch._C, "_cuda_releasePool", lambda device, pool: self.released.append(pool))
 
     def graph_pool_handle(self) -> tuple[int, int]:
         self.pools += 1
@@ -268,8 +291,10 @@ def test_a_failed_capture_leaves_the_callers_stream_current_and_decodes_eagerly(
     static.capture = True  # as on CUDA, over the fake streams
     static._stream = types.SimpleNamespace(name="engine capture")
     static._pool = cuda.graph_pool_handle()
+    first_pool = static._pool
     logits = static.run([7, 9], [3, 4], [3, 4])
     assert "previous error during capture" in static.capture_error
+    assert cuda.recording == set() and cuda.released == [first_pool] != [static._pool]  # allocator left clean
     assert [stream.name for stream in cuda.capture_streams] == ["engine capture"]  # its own, not torch's
     assert cuda.current.name == "caller"
     assert ran_on == ["side", "side", "engine capture", "caller"]  # warm-ups, capture, eager fallback
@@ -324,3 +349,130 @@ def test_a_failed_cuda_capture_leaves_the_callers_stream_current(monkeypatch):
     assert torch.cuda.current_stream(device) == caller
     assert logits[:, 0].tolist() == [7, 9]
     assert capturing_on == [static._stream] and static._stream not in (other._stream, caller)
+
+
+def test_a_capture_out_of_memory_leaves_only_its_shape_eager(monkeypatch):
+    """The largest bucket runs out of memory while capturing: it decodes eagerly from then on (never retried),
+    smaller shapes still capture, and the engine's stats count the failure by reason."""
+    seen = []
+
+    def decode(inputs, groups):
+        seen.append(inputs.shape[1])
+        return inputs[0, :, None].float().expand(-1, 5).clone()
+
+    static = StaticDecode(
+        decode, num_slots=4, max_len=100, device=torch.device("cpu"), capture=False, fingerprint=tuple
+    )
+    static.capture = True  # as on CUDA, with a capture that records, or runs out of memory at batch 4
+    captured = []
+
+    def capture(batch, groups):
+        if batch == 4:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        captured.append(batch)
+        static.logits = torch.zeros(4, 5)
+        return types.SimpleNamespace(replay=lambda: None)
+
+    monkeypatch.setattr(static, "_capture", capture)
+    logits = static.run([7, 9, 11, 13], [3, 4, 5, 6], [3, 4, 5, 6])
+    assert logits[:, 0].tolist() == [7, 9, 11, 13] and seen == [4]  # eager at its bucket
+    static.run([7], [3], [3])
+    static.run([7, 9], [3, 4], [3, 4])
+    static.run([7, 9, 11, 13], [3, 4, 5, 6], [3, 4, 5, 6])
+    assert captured == [1, 2] and seen == [4, 4] and static.capture_error is None
+    assert static.stats() == {
+        "decode_graph_captures": 2,
+        "decode_capture_failures_out_of_memory": 1,
+        "decode_capture_failures_other": 0,
+        "decode_shapes_eager": 1,
+    }
+
+
+def test_an_out_of_memory_inside_a_capture_keeps_the_pool_and_the_stream(monkeypatch):
+    """Through torch's own ``graph`` context: the decode runs out of memory mid-capture, ``capture_end``
+    succeeds (the capture stays valid, and ends the allocator's routing itself): nothing is released twice,
+    the pool stays shared, the caller's stream is current, and the next shape captures."""
+    cuda = FakeCuda(capture_end_fails=False)
+    cuda.install(monkeypatch)
+    capturing = []
+
+    def decode(inputs, groups):
+        if cuda.current.name == "engine capture":
+            capturing.append(inputs.shape[1])
+            if inputs.shape[1] == 2:
+                raise torch.OutOfMemoryError("CUDA out of memory")
+        return inputs[0, :, None].float().expand(-1, 5).clone()
+
+    static = StaticDecode(
+        decode, num_slots=4, max_len=100, device=torch.device("cpu"), capture=False, fingerprint=tuple
+    )
+    static.capture = True
+    static._stream = types.SimpleNamespace(name="engine capture")
+    static._pool = pool = cuda.graph_pool_handle()
+    logits = static.run([7, 9], [3, 4], [3, 4])
+    assert logits[:, 0].tolist() == [7, 9] and cuda.current.name == "caller"
+    assert cuda.recording == set() and cuda.released == [] and static._pool == pool
+    static.run([7], [3], [3])
+    assert capturing == [2, 1] and list(static.graphs) == [(1, ((0, 1, MIN_LENGTH_BUCKET),))]
+    assert static.stats()["decode_capture_failures_out_of_memory"] == 1 and static.capture_error is None
+
+
+def test_an_out_of_memory_that_also_breaks_capture_end_still_counts_as_out_of_memory(monkeypatch):
+    """``capture_end`` failing after the decode ran out of memory raises its own error, the out-of-memory
+    error as its context: still that one shape left eager; the allocator's routing, which ``capture_end`` never
+    ended, is ended, the failed graph's pool reference dropped, and the next shape captures into a fresh pool."""
+    cuda = FakeCuda(capture_end_fails=True)
+    cuda.install(monkeypatch)
+
+    def decode(inputs, groups):
+        if cuda.current.name == "engine capture" and inputs.shape[1] == 2:
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return inputs[0, :, None].float().expand(-1, 5).clone()
+
+    static = StaticDecode(
+        decode, num_slots=4, max_len=100, device=torch.device("cpu"), capture=False, fingerprint=tuple
+    )
+    static.capture = True
+    static._stream = types.SimpleNamespace(name="engine capture")
+    static._pool = pool = cuda.graph_pool_handle()
+    assert static.run([7, 9], [3, 4], [3, 4])[:, 0].tolist() == [7, 9]
+    assert static.capture_error is None and static.eager_shapes == {(2, ((0, 2, MIN_LENGTH_BUCKET),))}
+    assert cuda.recording == set() and cuda.released == [pool] and static._pool != pool
+    assert static_decode.UNENDED_GRAPHS[-1] is cuda.graphs[0]  # the host allocator's filter points at it
+    cuda.capture_end_fails = False
+    static.run([7], [3], [3])
+    assert static.captures == 1 and cuda.capture_streams[-1].name == "engine capture"
+
+
+def test_engine_stats_report_decode_captures(qwen2):
+    core = engine(copy.deepcopy(qwen2), decode_graphs="on", max_running_requests=2)
+    assert core.stats()["decode_capture_failures_out_of_memory"] == 0
+    assert "decode_graph_captures" not in engine(copy.deepcopy(qwen2), decode_graphs="off").stats()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_an_invalidated_cuda_capture_leaves_the_allocator_usable():
+    """On a real device: a decode that synchronises mid-capture invalidates it, so ``capture_end`` fails before
+    it ends the allocator's routing to the graph pool; after the eager fallback, ``empty_cache`` (what a sleep
+    runs) must not hit the allocator's capture-underway assert, and another engine still captures."""
+
+    def syncing(inputs, groups):
+        if torch.cuda.is_current_stream_capturing():
+            inputs.sum().item()
+        return inputs[0, :, None].float().expand(-1, 5).clone()
+
+    def plain(inputs, groups):
+        return inputs[0, :, None].float().expand(-1, 5).clone()
+
+    device = torch.device("cuda", torch.cuda.current_device())
+
+    def make(decode):
+        return StaticDecode(decode, num_slots=4, max_len=100, device=device, capture=True, fingerprint=tuple)
+
+    broken = make(syncing)
+    assert broken.run([7, 9], [3, 4], [3, 4])[:, 0].tolist() == [7, 9]
+    assert broken.capture_error is not None and broken.stats()["decode_capture_failures_other"] == 1
+    torch.cuda.empty_cache()
+    healthy = make(plain)
+    assert healthy.run([7, 9], [3, 4], [3, 4])[:, 0].tolist() == [7, 9]
+    assert healthy.captures == 1 and healthy.capture_error is None

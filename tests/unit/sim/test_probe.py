@@ -95,5 +95,7 @@ def test_decode_path_says_how_steps_ran_and_what_their_captures_cost():
     captured = decode_path(static)
     assert captured["path"] == "static shapes, CUDA graphs"
     assert (captured["captures"], captured["capture_s"], captured["capture_error"]) == (3, 0.25, None)
+    static.eager_shapes.add((4, ((0, 4, 64),)))  # its capture ran out of memory
+    assert decode_path(static)["shapes_eager_after_oom"] == 1
     static.capture_error = "RuntimeError: not permitted"
     assert decode_path(static)["path"] == "static shapes, eager after a failed capture"
