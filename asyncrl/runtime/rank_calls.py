@@ -2,9 +2,10 @@
 
 The ranks of a group meet in collectives, so a rank that raises mid-step leaves the others blocked in their next
 one until the process group's timeout (``trainer_group.collective_timeout_s``: 693 s for the 8B recipe), or the
-NCCL watchdog kills them. ``ray.get`` over every rank waits for all of them, and then raises whichever failed
-first *in rank order*: the cause came late, and often as another rank's "actor died". Here each rank's answer is
-taken as it lands (``ray.wait``, within what is left of the call's deadline), and the first failure decides:
+NCCL watchdog kills them. ``ray.get`` over every rank (Ray 2.60) raises the first rank error as it lands, but as
+the rank's own exception: not ``TrainerDied``, so the run ended instead of restarting, with no rank named, and
+the blocked ranks were left in their collective. Here each rank's answer is taken as it lands (``ray.wait``,
+within what is left of the call's deadline), and the first failure decides:
 
 - a rank's error that the ranks raise together by contract (``agreed``: a load's ``TornCheckpointError``, which
   every rank raises after the same gathers): the others are waited for, the group stays usable, and the error
