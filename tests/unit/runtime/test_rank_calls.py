@@ -9,17 +9,28 @@ still running are killed and no other; an error the ranks agree on waits for eve
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import io
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 from ray.exceptions import ActorDiedError, RayTaskError
 
+from asyncrl.app import train as training
+from asyncrl.config.run import load_run_config
+from asyncrl.config.runtime import RuntimeConfig
+from asyncrl.config.weight_sync import WeightSyncConfig
 from asyncrl.runtime import rank_calls
 from asyncrl.runtime.errors import TrainerDied
-from asyncrl.trainer.checkpoint import TornCheckpointError
+from asyncrl.runtime.trainer_group import TrainerGroupClient
+from asyncrl.trainer.checkpoint import STATE_FILE, TornCheckpointError, write_marker
 
 BLOCKS = "blocks"
 """A rank's outcome: it never answers (waiting in a collective)."""
@@ -197,3 +208,57 @@ def test_an_error_is_described_by_its_qualified_type_and_text() -> None:
     assert rank_calls.describe(OSError(28, "No space left on device")) == (
         "OSError: [Errno 28] No space left on device"
     )
+
+
+class LoadRank:
+    """A trainer rank's handle whose ``load_checkpoint`` calls are ``Ref``s of its rank."""
+
+    def __init__(self, rank: int) -> None:
+        self.load_checkpoint = SimpleNamespace(remote=lambda path: Ref(rank))
+
+
+@pytest.mark.parametrize(
+    ("error", "tries"),
+    [(oom(), 2), (ValueError("run config: trainer.lr must be > 0"), 1)],
+    ids=["out-of-memory", "config-error"],
+)
+def test_the_restart_loop_restarts_a_lost_rank_but_not_a_fault_of_the_run(
+    error: Exception, tries: int, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Through ``app.train``: rank 1's load fails while rank 0 waits. An out-of-memory error is the trainer
+    lost: the run restarts from its checkpoint (``runtime.trainer_restarts=1``), then fails with ``TrainerDied``
+    naming rank 1 and the error; a configuration error ends the run at once with that error."""
+    out = tmp_path / "run"
+    step = out / "checkpoints" / "step_00000001"
+    step.mkdir(parents=True)
+    (step / STATE_FILE).write_bytes(b"a verified checkpoint the fake ranks never read")
+    write_marker(step)
+    overrides = ["runtime.type=local", "trainer.num_workers=2", "runtime.trainer_restarts=1"]
+    config = load_run_config(
+        None, [*overrides, "engine.max_model_len=64", f"output_dir={out}", f"resume={out}"]
+    )
+    schedules: list[Schedule] = []
+
+    @contextlib.contextmanager
+    def parts(run_config: Any) -> Iterator[Any]:
+        handles = [LoadRank(rank) for rank in range(2)]
+        schedules.append(Schedule([BLOCKS, error], order=[1, 0]))
+        monkeypatch.setattr(rank_calls, "ray", FakeRay(schedules[-1], handles))
+        progress = [{"step": 0, "version": 0, "checkpoint_bytes": 10**6}] * 2
+        group = TrainerGroupClient(handles, RuntimeConfig(type="local"), progress, WeightSyncConfig())
+        yield SimpleNamespace(config=run_config, trainer=group, locations=dict)
+
+    monkeypatch.setattr(training, "runtime_parts", parts)
+    console = io.StringIO()
+    expected = TrainerDied if tries == 2 else ValueError
+    with pytest.raises(expected) as raised:
+        asyncio.run(training.train(config, console=console))
+    if tries == 2:
+        assert str(raised.value).startswith(
+            "trainer: load_checkpoint: the trainer is lost (rank 1: torch.OutOfMemoryError: CUDA out of memory"
+        )
+        assert f"restart 1 from {step}" in console.getvalue()
+    else:
+        assert not isinstance(raised.value, TrainerDied)
+    assert len(schedules) == tries
+    assert all(schedule.killed == [0] for schedule in schedules)  # rank 0, waiting, killed each time
