@@ -22,7 +22,8 @@ Key decisions:
   deadline; the group's own timeout is the longer ``collective_timeout_s``, which a checkpoint needs).
 - The batch crosses once into the object store and every rank reads that one object.
 - The driver takes each rank's answer as it lands (``runtime.rank_calls``): one rank's error fails the call at
-  once, by name, instead of after the others waited out the group's timeout in a collective it never joined.
+  once as ``TrainerDied`` naming the rank (a restart), and the ranks still in the call are killed rather than
+  left in a collective the failed rank never joins until the group's timeout.
 """
 
 from __future__ import annotations
