@@ -18,6 +18,7 @@ from ray.exceptions import RayActorError
 from asyncrl.config.runtime import RuntimeConfig
 from asyncrl.config.weight_sync import WeightSyncConfig
 from asyncrl.runtime.errors import TrainerDied
+from asyncrl.runtime.ray_runtime import ray_session
 from asyncrl.runtime.trainer_group import TrainerGroupClient
 from asyncrl.trainer.distributed.process_group import free_port, join_process_group
 
@@ -62,11 +63,9 @@ class StepRank:
 
 @pytest.fixture(scope="module")
 def ray_local():
-    ray.init(num_cpus=2, include_dashboard=False)
-    try:
-        yield
-    finally:
-        ray.shutdown()
+    """A Ray of this test's own (``address="local"``: never another process's cluster on this machine)."""
+    with ray_session(RuntimeConfig(type="local")) as session:
+        yield session
 
 
 def test_a_rank_raising_mid_step_fails_the_step_by_name_and_stops_the_rank_in_the_collective(
