@@ -21,6 +21,9 @@ Key decisions:
   a port or a node; a rank that never joins fails the start within ``startup_timeout_s`` (the driver's
   deadline; the group's own timeout is the longer ``collective_timeout_s``, which a checkpoint needs).
 - The batch crosses once into the object store and every rank reads that one object.
+- The driver takes each rank's answer as it lands (``runtime.rank_calls``): one rank's error fails the call at
+  once as ``TrainerDied`` naming the rank (a restart), and the ranks still in the call are killed rather than
+  left in a collective the failed rank never joins until the group's timeout.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from asyncrl.runtime.actor_calls import get_actor, get_trainer
 from asyncrl.runtime.colocate import device_bytes, offload_choice
 from asyncrl.runtime.errors import ActorCallError, ActorCallTimeout
 from asyncrl.runtime.placement import pin
+from asyncrl.runtime.rank_calls import call_ranks
 from asyncrl.trainer import checkpoint
 from asyncrl.trainer.checkpoint_size import checkpoint_bytes
 from asyncrl.trainer.distributed.checkpoint import (
@@ -317,8 +321,11 @@ class TrainerGroupClient:
 
     ``version`` and ``step`` mirror the ranks' and are updated by every call that changes them; the blocking
     calls are meant for a worker thread (the controller runs ``train_step`` through ``asyncio.to_thread``).
-    A dead or silent rank fails a step, weight publication or checkpoint with ``TrainerDied`` (``app.train``
-    then restarts the run from its last verified checkpoint).
+    Every call over the ranks fails at the first rank that fails (``runtime.rank_calls``), not once all have
+    answered: a rank that dies, raises (a CUDA out-of-memory, say) or stays silent past the call's deadline
+    fails it with ``TrainerDied`` naming the rank and its error, and the ranks still running it are killed
+    (``app.train`` then restarts the run from its last verified checkpoint); a rank's configuration or input
+    error is raised as is (the run ends with it), and a load's ``TornCheckpointError`` once every rank agreed.
     """
 
     def __init__(
@@ -349,7 +356,7 @@ class TrainerGroupClient:
         batch = ray.put(list(groups))
         refs = [handle.train_step.remote(batch, policy_version) for handle in self.handles]
         what = f"trainer: train_step(v{policy_version})"
-        metrics = get_trainer(refs, what, self.config.train_step_timeout_s)[0]
+        metrics = call_ranks(self.handles, refs, what, self.config.train_step_timeout_s)[0]
         self.step += 1
         self.version = policy_version + 1
         return metrics
@@ -363,13 +370,13 @@ class TrainerGroupClient:
             return self.weight_group.publish(bucket_bytes)
         if self.transport != "colocated":
             refs = [handle.publish_weights.remote(bucket_bytes, self.transport) for handle in self.handles]
-            return get_trainer(refs, "trainer: publish weights", self.weight_sync.timeout_s)[0]
+            return call_ranks(self.handles, refs, "trainer: publish weights", self.weight_sync.timeout_s)[0]
         settle = self._retire_held()  # every rank lets go of its previous blocks as it packs
         refs = [
             handle.publish_weights.remote(bucket_bytes, self.transport, settle=settle.get(rank, []))
             for rank, handle in enumerate(self.handles)
         ]
-        updates = get_trainer(refs, "trainer: publish weights", self.weight_sync.timeout_s)
+        updates = call_ranks(self.handles, refs, "trainer: publish weights", self.weight_sync.timeout_s)
         for rank, update in enumerate(updates):
             self._ledger().published(update.handle.key, rank)
         return paired_update(updates)  # rank i's blocks for engine i, in its bundle
@@ -386,7 +393,9 @@ class TrainerGroupClient:
             )
             for rank, handle in enumerate(self.handles)
         ]
-        updates = get_trainer(refs, f"trainer: pack for engine {engine}", self.weight_sync.timeout_s)
+        updates = call_ranks(
+            self.handles, refs, f"trainer: pack for engine {engine}", self.weight_sync.timeout_s
+        )
         self._ledger().published(updates[engine].handle.key, engine)
         return updates[engine]
 
@@ -398,20 +407,26 @@ class TrainerGroupClient:
         keep_last: int | None = None,
     ) -> Path:
         """Every rank writes its part of a checkpoint under ``root``, within ``checkpoint_timeout_s``; the step
-        directory. A rank that dies or passes the deadline is ``TrainerDied``, as in a step."""
+        directory. A rank that dies, fails (a full disk) or passes the deadline is ``TrainerDied``, as in a step."""
         refs = [handle.save_checkpoint.remote(str(root), extra, keep_last) for handle in self.handles]
-        return Path(get_trainer(refs, "trainer: save_checkpoint", self.checkpoint_timeout_s)[0])
+        return Path(call_ranks(self.handles, refs, "trainer: save_checkpoint", self.checkpoint_timeout_s)[0])
 
     def load_checkpoint(self, path: str | os.PathLike[str]) -> dict[str, Any]:
         """Restore every rank from a checkpoint directory, within ``checkpoint_timeout_s``; returns the
         checkpoint's ``extra``. A rank that dies or passes the deadline is ``TrainerDied``: ``app.train``
         restarts the run from its newest verified checkpoint (``runtime.trainer_restarts`` times, then fails
         with this error), as for a trainer lost mid-step. A file whose hash a rank refuses is the ranks'
-        ``TornCheckpointError`` (raised before any rank changed its state), with the rank's message:
-        ``checkpoint.load_resume`` then goes back to the previous checkpoint."""
+        ``TornCheckpointError`` (every rank raises it, before any changed its state: the group stays usable),
+        with the rank's message: ``checkpoint.load_resume`` then goes back to the previous checkpoint."""
         refs = [handle.load_checkpoint.remote(str(path)) for handle in self.handles]
         try:
-            extra = get_trainer(refs, "trainer: load_checkpoint", self.checkpoint_timeout_s)[0]
+            extra = call_ranks(
+                self.handles,
+                refs,
+                "trainer: load_checkpoint",
+                self.checkpoint_timeout_s,
+                agreed=(checkpoint.TornCheckpointError,),
+            )[0]
         except checkpoint.TornCheckpointError as error:  # Ray's RayTaskError: str() is the rank's traceback
             raise checkpoint.TornCheckpointError(str(getattr(error, "cause", error))) from error
         progress = get_trainer(
@@ -433,7 +448,7 @@ class TrainerGroupClient:
         refs = [
             handle.release_weights.remote(settle.get(rank, [])) for rank, handle in enumerate(self.handles)
         ]
-        return sum(get_trainer(refs, "trainer: release_weights", self.config.control_timeout_s))
+        return sum(call_ranks(self.handles, refs, "trainer: release_weights", self.config.control_timeout_s))
 
     def _ledger(self) -> IpcLedger:
         if self.ipc_ledger is None:
@@ -451,23 +466,23 @@ class TrainerGroupClient:
         """``TrainerDied`` if a rank is dead or silent (asked when the engines were all lost: the weights they
         were fetching die with the rank that published them)."""
         refs = [handle.progress.remote() for handle in self.handles]
-        get_trainer(refs, "trainer: alive", self.config.control_timeout_s)
+        call_ranks(self.handles, refs, "trainer: alive", self.config.control_timeout_s)
 
     def offload_state(self) -> int:
         """``runtime.switch`` (``runtime.colocate.TrainerState``): every rank's chosen state to host memory,
         within ``control_timeout_s``; the bytes moved, summed."""
         refs = [handle.offload_state.remote() for handle in self.handles]
-        return sum(get_trainer(refs, "trainer: offload_state", self.config.control_timeout_s))
+        return sum(call_ranks(self.handles, refs, "trainer: offload_state", self.config.control_timeout_s))
 
     def reload_state(self) -> int:
         """Undo ``offload_state`` on every rank, within ``control_timeout_s``; the bytes moved, summed."""
         refs = [handle.reload_state.remote() for handle in self.handles]
-        return sum(get_trainer(refs, "trainer: reload_state", self.config.control_timeout_s))
+        return sum(call_ranks(self.handles, refs, "trainer: reload_state", self.config.control_timeout_s))
 
     def device_bytes(self) -> dict[str, float]:
         """Every rank's CUDA allocator bytes now, summed (as the engines' are; empty on CPU)."""
         refs = [handle.device_bytes.remote() for handle in self.handles]
-        ranks = get_trainer(refs, "trainer: device_bytes", self.config.control_timeout_s)
+        ranks = call_ranks(self.handles, refs, "trainer: device_bytes", self.config.control_timeout_s)
         return {key: sum(rank[key] for rank in ranks) for key in ranks[0]}
 
     def use_broadcast(self, weight_group: Any) -> None:

@@ -21,6 +21,9 @@ Key decisions:
   recovery is on (one model's bytes), not from the trainer's live weights: the trainer is usually mid-step,
   its weights already past the version the proxy serves.
 - Every call is bounded: probes by ``control_timeout_s``, joins, sends and receives by ``weight_sync.timeout_s``.
+- With one trainer rank a failed send is a member's (formed again without it); with several it is the
+  trainer's: the other ranks wait in the next bucket's gather for a rank 0 that left, so the send fails at
+  once as ``TrainerDied`` (``runtime.rank_calls``) and the run restarts from its checkpoint.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from ray.exceptions import RayError
 
 from asyncrl.runtime.actor_calls import get_actor, get_trainer
 from asyncrl.runtime.errors import ActorCallError, ActorCallTimeout, TrainerDied
+from asyncrl.runtime.rank_calls import call_ranks
 from asyncrl.weight_sync.protocol import WeightSyncError, WeightUpdate
 
 logger = logging.getLogger(__name__)
@@ -152,6 +156,10 @@ class BroadcastGroup:
             handle.publish_weights.remote(bucket_bytes, "broadcast", self.retain)
             for handle in self.trainer_handles
         ]
+        if len(refs) > 1:  # rank 0 failing mid-send leaves the others in a gather: the trainer is lost
+            update = call_ranks(self.trainer_handles, refs, "trainer: broadcast weights", self.timeout_s)[0]
+            get_actor(staging, "engines: stage broadcast weights", self.timeout_s)
+            return update
         try:
             update = get_actor(refs, "trainer: broadcast weights", self.timeout_s)[0]
         except ActorCallError:

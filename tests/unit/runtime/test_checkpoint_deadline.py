@@ -26,7 +26,7 @@ from asyncrl.config.proxy import ProxyConfig
 from asyncrl.config.run import load_run_config
 from asyncrl.config.runtime import RuntimeConfig
 from asyncrl.config.weight_sync import WeightSyncConfig
-from asyncrl.runtime import actor_calls
+from asyncrl.runtime import actor_calls, rank_calls
 from asyncrl.runtime import trainer_group as tg
 from asyncrl.runtime.errors import TrainerDied
 from asyncrl.trainer.checkpoint import STATE_FILE, write_marker
@@ -36,7 +36,7 @@ QWEN3_8B_BYTES = 114_700_000_000
 """A sharded Qwen3-8B checkpoint with fp32 masters: weights and two moments (98 GB) + a bf16 export (16.4 GB)."""
 
 
-@dataclass
+@dataclass(eq=False)  # each its own, hashable, as Ray's refs
 class FakeRef:
     seconds: float
     value: Any
@@ -60,20 +60,32 @@ class FakeRank:
 
 
 class FakeRay:
-    """``ray.get`` on the injected clock; records every timeout it was given."""
+    """``ray.get`` and ``ray.wait`` on the injected clock; records every timeout they were given (a ``get`` of a
+    ref ``wait`` found ready is answered at once and not recorded)."""
 
     def __init__(self) -> None:
         self.timeouts: list[float] = []
+        self.ready: set[int] = set()
 
     def get(self, ref: FakeRef | list[FakeRef], timeout: float) -> Any:
-        self.timeouts.append(timeout)
         refs = ref if isinstance(ref, list) else [ref]
-        if max(r.seconds for r in refs) > timeout:
-            raise GetTimeoutError("fake clock: past the timeout")
+        if not all(id(r) in self.ready for r in refs):
+            self.timeouts.append(timeout)
+            if max(r.seconds for r in refs) > timeout:
+                raise GetTimeoutError("fake clock: past the timeout")
         values = [r.value for r in refs]
         return values if isinstance(ref, list) else values[0]
 
+    def wait(self, refs: list[FakeRef], num_returns: int, timeout: float) -> tuple[list, list]:
+        self.timeouts.append(timeout)
+        ready = [r for r in refs if r.seconds <= timeout][:num_returns]
+        self.ready.update(id(r) for r in ready)
+        return ready, [r for r in refs if r not in ready]
+
     def cancel(self, ref: FakeRef) -> None:
+        pass
+
+    def kill(self, handle: Any, no_restart: bool) -> None:
         pass
 
 
@@ -81,6 +93,7 @@ class FakeRay:
 def fake_ray(monkeypatch: pytest.MonkeyPatch) -> FakeRay:
     fake = FakeRay()
     monkeypatch.setattr(actor_calls, "ray", fake)
+    monkeypatch.setattr(rank_calls, "ray", fake)
     return fake
 
 
@@ -114,9 +127,13 @@ def test_a_large_checkpoint_is_waited_for_past_the_control_timeout(fake_ray: Fak
     group = client(seconds=300.0, checkpoint_bytes=QWEN3_8B_BYTES)  # 115 GB written and hashed in 300 s
     deadline = RuntimeConfig().checkpoint_timeout_s(QWEN3_8B_BYTES)
     assert str(group.save_checkpoint("/ckpt")) == "/ckpt/step_00000001"
-    assert fake_ray.timeouts == [deadline]
+    assert fake_ray.timeouts[0] == pytest.approx(
+        deadline, abs=1.0
+    )  # each rank waited for within what is left of it
+    assert all(timeout <= deadline for timeout in fake_ray.timeouts)
+    del fake_ray.timeouts[:]
     assert group.load_checkpoint("/ckpt/step_00000001") == {"data": 1}
-    assert fake_ray.timeouts[1] == deadline
+    assert fake_ray.timeouts[0] == pytest.approx(deadline, abs=1.0)
     assert group.config.control_timeout_s < 300.0  # the call the old deadline cut off
 
 

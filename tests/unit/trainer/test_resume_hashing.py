@@ -30,7 +30,7 @@ from asyncrl.config.run import load_run_config
 from asyncrl.config.runtime import RuntimeConfig
 from asyncrl.config.trainer import TrainerConfig
 from asyncrl.config.weight_sync import WeightSyncConfig
-from asyncrl.runtime import actor_calls
+from asyncrl.runtime import actor_calls, rank_calls
 from asyncrl.runtime import trainer_group as tg
 from asyncrl.runtime.errors import TrainerDied
 from asyncrl.runtime.inline import LocalTrainer
@@ -194,32 +194,41 @@ def test_a_named_corrupt_checkpoint_fails_the_resume_by_name_and_leaves_the_trai
 
 
 class RankHandle:
-    """A Ray trainer rank's handle: calls are refs that ``RankRay.get`` answers."""
+    """A Ray trainer rank's handle: calls are refs (each its own, as Ray's) that ``RankRay.get`` answers."""
 
     def __init__(self) -> None:
-        self.load_checkpoint = SimpleNamespace(remote=lambda path: ("load", path))
-        self.progress = SimpleNamespace(remote=lambda: ("progress", None))
+        self.load_checkpoint = SimpleNamespace(remote=lambda path: ("load", path, object()))
+        self.progress = SimpleNamespace(remote=lambda: ("progress", None, object()))
 
 
 class RankRay:
-    """``ray.get`` of ``RankHandle`` calls: a load of a checkpoint in ``torn`` fails as a rank's share of the
-    hashes would, delivered as Ray delivers a task's exception (a ``RayTaskError`` that is also an instance of
-    the rank's ``TornCheckpointError``)."""
+    """``ray.get`` of ``RankHandle`` calls (every one ready at once): a load of a checkpoint in ``torn`` fails
+    on every rank as their shares of the hashes would, delivered as Ray delivers a task's exception (a
+    ``RayTaskError`` that is also an instance of the rank's ``TornCheckpointError``)."""
 
     def __init__(self, torn: set[Path]) -> None:
         self.torn = torn
+        self.killed: list[Any] = []
 
     def get(self, ref: Any, timeout: float) -> Any:
-        if not isinstance(ref, list):
+        if isinstance(ref, list):
+            return [self.get(one, timeout) for one in ref]
+        call, path, _ = ref
+        if call == "progress":
             return {"step": 4, "version": 4}
-        path = Path(ref[0][1])
-        if path in self.torn:
+        if Path(path) in self.torn:
             cause = ckpt.TornCheckpointError(f"{path}: sharded/__1_0.distcp does not match its hash")
             raise RayTaskError("load_checkpoint", "rank 1's traceback", cause).as_instanceof_cause()
-        return [{"data": str(path)}] * len(ref)
+        return {"data": str(path)}
+
+    def wait(self, refs: list[Any], num_returns: int, timeout: float) -> tuple[list, list]:
+        return refs[:num_returns], refs[num_returns:]
 
     def cancel(self, ref: Any) -> None:
         pass
+
+    def kill(self, handle: Any, no_restart: bool) -> None:
+        self.killed.append(handle)
 
 
 def test_a_rank_refusing_the_newest_checkpoint_resumes_the_previous_one(
@@ -229,7 +238,9 @@ def test_a_rank_refusing_the_newest_checkpoint_resumes_the_previous_one(
     trainer), so the driver goes on to the previous checkpoint."""
     caplog.set_level(logging.WARNING, logger=ckpt.__name__)
     older, newest = _step(run, 4), _step(run, 8)
-    monkeypatch.setattr(actor_calls, "ray", RankRay({newest}))
+    fake_ray = RankRay({newest})
+    monkeypatch.setattr(actor_calls, "ray", fake_ray)
+    monkeypatch.setattr(rank_calls, "ray", fake_ray)
     progress = [{"step": 0, "version": 0, "checkpoint_bytes": 10**6}] * 2
     group = tg.TrainerGroupClient(
         [RankHandle() for _ in range(2)], RuntimeConfig(type="local"), progress, WeightSyncConfig()
@@ -237,6 +248,7 @@ def test_a_rank_refusing_the_newest_checkpoint_resumes_the_previous_one(
     assert ckpt.load_resume(run, group.load_checkpoint) == (older, {"data": str(older)})
     assert (group.step, group.version) == (4, 4)
     assert "sharded/__1_0.distcp does not match its hash" in caplog.text
+    assert fake_ray.killed == []  # the ranks agreed on the refusal: the group stays, for the older load
 
 
 class SteppingClock:
