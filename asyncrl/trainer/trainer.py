@@ -442,6 +442,7 @@ class Trainer:
                 shares[name][torch.tensor(micro, device=batch.loss_mask.device), :width] = outputs[name]
         for _ in range(passes - len(local)):
             self._outputs(module, select_rows(batch, [0]))  # keeps FSDP2's all-gathers in step
+        self.parallel.reshard(module)  # no backward follows to free what the passes gathered
         return {name: self._exchanged(rows, share) for name, share in shares.items()}
 
     def _outputs(self, module: nn.Module, micro: TrainBatch) -> dict[str, torch.Tensor]:
