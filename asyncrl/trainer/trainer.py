@@ -64,6 +64,7 @@ from asyncrl.trainer.lora import (
 from asyncrl.trainer.losses import PolicyLossInputs, compute_policy_loss
 from asyncrl.trainer.losses.value import value_loss
 from asyncrl.trainer.metric_merger import MetricMerger
+from asyncrl.trainer.mismatch import METRIC_PREFIXES as CORRECTION_METRICS
 from asyncrl.trainer.mismatch import compute_step_start_correction
 from asyncrl.trainer.offpolicy import m2po_keep
 from asyncrl.trainer.optim import build_optimizer, build_scheduler, clip_gradients
@@ -78,6 +79,10 @@ _OLD_VALUES = "old_values"
 _RETURNS = "returns"
 """Key of GAE's returns [B, T], the value loss's target."""
 _NOT_LOSS_INPUTS = (_AGGREGATION_MASK, _OLD_VALUES, _RETURNS)
+_AGGREGATED_LOSSES = ("policy_loss", "critic/value_loss")
+"""Metrics that are a micro-batch's aggregated loss: reported like ``loss``, each micro-batch's value times its
+accumulation weight, summed, so they are the mini-batch's loss whatever the split (a token-weighted mean of
+micro-batch aggregates is not, under the sequence-mean aggregations)."""
 
 
 def needs_reference_copy(loss_config: LossConfig, config: TrainerConfig) -> bool:
@@ -237,7 +242,8 @@ class Trainer:
             assert policy is not None
             batch = replace(batch, behaviour_logprobs=own_behaviour(batch, policy["logprobs"], self.version))
         fixed, start_metrics = self._step_start_logprobs(batch, policy)
-        fixed[_AGGREGATION_MASK] = self._aggregation_mask(batch, fixed)
+        fixed[_AGGREGATION_MASK], correction_metrics = self._aggregation_mask(batch, fixed)
+        start_metrics |= correction_metrics
         if self.critic is not None:
             batch, start_metrics = self._with_gae(batch, fixed, start_metrics)
         metrics = MetricMerger()
@@ -406,19 +412,23 @@ class Trainer:
             )
         return fixed, metrics
 
-    def _aggregation_mask(self, batch: TrainBatch, fixed: dict[str, torch.Tensor]) -> torch.Tensor:
+    def _aggregation_mask(
+        self, batch: TrainBatch, fixed: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, dict[str, float]]:
         """The mask the loss aggregates over: the loss mask, less what mismatch correction and K3 rejection
-        drop.
+        drop; and the correction's metrics over the whole batch.
 
         The correction is computed per row from step-start tensors, so it is the same whichever micro-batch a
-        row lands in; accumulation weights use it so that dropped tokens leave every denominator.
+        row lands in; accumulation weights use it so that dropped tokens leave every denominator. Its metrics
+        are the batch's here: the loss reports them per micro-batch too, where quantiles and per-sequence
+        shares cannot be merged into the batch's (``_accumulate`` drops those).
         """
         if not self.loss_config.replaces_behaviour:
-            return batch.loss_mask
+            return batch.loss_mask, {}
         correction = compute_step_start_correction(
             fixed["train_behaviour_logprobs"], batch.behaviour_logprobs, batch.loss_mask, self.loss_config
         )
-        return batch.loss_mask * correction.mask
+        return batch.loss_mask * correction.mask, dict(correction.metrics)
 
     def _logprobs_no_grad(self, module: nn.Module, batch: TrainBatch) -> torch.Tensor:
         """``module``'s log-probs [B, T] of every row (``_no_grad_outputs``)."""
@@ -484,7 +494,7 @@ class Trainer:
         mini, mini_fixed = _take(batch, fixed, mine) if mine else (None, {})
         local = local_denominator(mini_fixed[_AGGREGATION_MASK]) if mine else torch.zeros(3)
         total = combine(self.parallel.gather(local))
-        metrics, loss = MetricMerger(), 0.0
+        metrics, losses = MetricMerger(), {"loss": 0.0}
         plans = self._plan_micro_batches(mini) if mini is not None else []
         passes = agreed_count(self.parallel, len(plans))
         try:
@@ -494,15 +504,23 @@ class Trainer:
                     self.parallel.sync_gradients(module, index == passes - 1)
                 if index < len(plans):
                     micro, micro_fixed = _take(mini, mini_fixed, plans[index])
-                    loss += self._accumulate(micro, micro_fixed, total, metrics)
+                    for key, value in self._accumulate(micro, micro_fixed, total, metrics).items():
+                        losses[key] = losses.get(key, 0.0) + value
                 else:  # a pass that changes nothing, so this rank's collectives match the others'
                     self._empty_pass(select_rows(batch, [0]))
             step_metrics = self._step_optimizers()
         finally:  # gradients live only within their mini-batch (``_free_gradients``)
             self._free_gradients()
-        ranks = self.parallel.gather((metrics, loss))
-        loss = sum(part for _, part in ranks) / self.parallel.world_size
-        return {**MetricMerger.union(m for m, _ in ranks).result(), "loss": loss, **step_metrics}
+        ranks = self.parallel.gather((metrics, losses))
+        # The accumulation weights carry x world_size (undoing FSDP's average): divide it out of the sums.
+        summed: dict[str, float] = {}
+        for _, part in ranks:
+            for key, value in part.items():
+                summed[key] = summed.get(key, 0.0) + value / self.parallel.world_size
+        merged = MetricMerger.union(m for m, _ in ranks).result()
+        if "masked_fraction" in merged:
+            merged["masked_fraction"] = _masked_fraction(batch, fixed, rows)
+        return {**merged, **summed, **step_metrics}
 
     def _free_gradients(self) -> None:
         """Drop every gradient once its mini-batch stepped (or failed), so none outlives it: the next
@@ -562,9 +580,10 @@ class Trainer:
         fixed: dict[str, torch.Tensor],
         total: GlobalDenominator,
         metrics: MetricMerger,
-    ) -> float:
+    ) -> dict[str, float]:
         """Forward and backward one micro-batch with its loss scaled to its share of the mini-batch's loss
-        (of every rank's rows); return that share. Metrics are weighted by the micro-batch's trained tokens."""
+        (of every rank's rows); return that share of the policy loss (``loss``) and of each
+        ``_AGGREGATED_LOSSES`` metric. Other metrics are weighted by the micro-batch's trained tokens."""
         with self._gradient_mode():
             out = self._forward(self.policy, micro) if self._runs_policy else None
             num_tokens = float(micro.loss_mask.sum())
@@ -589,8 +608,10 @@ class Trainer:
                 (
                     objective * weight
                 ).backward()  # TokenLogProbModule), so every rank differentiates every pass
+        shares = {key: step_metrics.pop(key) * weight for key in _AGGREGATED_LOSSES if key in step_metrics}
+        step_metrics = {k: v for k, v in step_metrics.items() if not k.startswith(CORRECTION_METRICS)}
         metrics.add(step_metrics, weight=num_tokens)
-        return float(loss.detach()) * weight
+        return {"loss": float(loss.detach()) * weight, **shares}
 
     def _value_loss(
         self, micro: TrainBatch, fixed: dict[str, torch.Tensor], out: TokenLogProbs | None
@@ -638,6 +659,15 @@ def own_behaviour(batch: TrainBatch, policy: torch.Tensor, version: int) -> torc
     """
     current = (batch.token_versions == version) & (batch.loss_mask > 0)
     return torch.where(current, policy, batch.behaviour_logprobs)
+
+
+def _masked_fraction(batch: TrainBatch, fixed: dict[str, torch.Tensor], rows: list[int]) -> float:
+    """The share of the mini-batch's positions (``rows`` x its longest row) its loss does not count: prompt,
+    padding, dropped by a correction. Computed from the whole mini-batch, which every rank holds: its
+    micro-batches' shares, token-weighted, depend on how rows were split over ranks and micro-batches."""
+    _, taken = _take(batch, {_AGGREGATION_MASK: fixed[_AGGREGATION_MASK]}, rows)
+    mask = taken[_AGGREGATION_MASK]
+    return float(1 - mask.sum() / max(mask.numel(), 1))
 
 
 def _take(

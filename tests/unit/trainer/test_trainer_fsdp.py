@@ -179,6 +179,25 @@ def _check(name: str, sharded: tuple[dict, dict, dict]) -> None:
     assert metrics["loss"] == pytest.approx(want_metrics["loss"], rel=1e-5, abs=1e-7)
     assert metrics["grad_norm"] == pytest.approx(want_metrics["grad_norm"], rel=1e-5)
     assert metrics["num_trained_tokens"] == want_metrics["num_trained_tokens"]
+    _assert_metrics_equal(metrics, want_metrics)
+
+
+TIMINGS = ("train_time_s", "train_tokens_per_s")
+"""Metrics of the clock, not of the step's numbers."""
+
+
+def _assert_metrics_equal(got: dict[str, float], want: dict[str, float]) -> None:
+    """Every metric of the step but its timings is the single-process value: statistics of the whole
+    mini-batch, whichever rank and micro-batch each row landed in (``policy_loss`` under the sequence means,
+    where a token-weighted mean of micro-batch aggregates is not the mini-batch's; ``ratio_min`` where a
+    micro-batch with no counted token reported 0)."""
+    assert set(got) == set(want)
+    differ = {
+        key: (got[key], value)
+        for key, value in want.items()
+        if key not in TIMINGS and got[key] != pytest.approx(value, rel=1e-5, abs=1e-6)
+    }
+    assert not differ, f"metrics (sharded, single process): {differ}"
 
 
 @pytest.mark.parametrize(("ranks", "micros"), SPLITS)
