@@ -3,6 +3,7 @@
     groups ─► advantages [B] ─► TrainBatch ─► step-start log-probs (no grad: proximal / train-behaviour / ref,
     only those the loss config needs) ─► for each PPO epoch, for each mini-batch:
         micro-batches by token budget ─► forward + registered loss ─► backward (accumulate) ─► clip ─► AdamW step
+        (skipped, weights unchanged, when the global gradient norm is not finite)
     ─► scheduler step ─► version + 1
 
 Key decisions: the trainer never branches on the loss name, only on which inputs the loss config says it needs
@@ -20,6 +21,8 @@ number of passes so FSDP2's collectives line up. One process is the world of siz
 from __future__ import annotations
 
 import contextlib
+import logging
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -67,10 +70,17 @@ from asyncrl.trainer.metric_merger import MetricMerger
 from asyncrl.trainer.mismatch import METRIC_PREFIXES as CORRECTION_METRICS
 from asyncrl.trainer.mismatch import compute_step_start_correction
 from asyncrl.trainer.offpolicy import m2po_keep
-from asyncrl.trainer.optim import build_optimizer, build_scheduler, clip_gradients
+from asyncrl.trainer.optim import (
+    NonFiniteGradientError,
+    build_optimizer,
+    build_scheduler,
+    clip_gradients,
+)
 from asyncrl.types import Group, TrainBatch
 from asyncrl.weight_sync.buckets import ServingCasts
 from asyncrl.weight_sync.protocol import LoraAdapter
+
+logger = logging.getLogger(__name__)
 
 _AGGREGATION_MASK = "aggregation_mask"
 """Key of the step tensor holding the mask the loss aggregates over (not a loss input)."""
@@ -152,6 +162,9 @@ class Trainer:
         )
         self.step = 0
         self.version = version
+        self.skipped_in_a_row = 0
+        """Optimizer updates skipped in a row for a non-finite gradient norm (``_skip_update``)."""
+        self._skipped_this_step = 0
 
     def _reference_module(self, loss_config: LossConfig) -> TokenLogProbModule | None:
         """π_ref's log-prob module: the separate reference model, or with LoRA the policy's own module (run with
@@ -247,6 +260,7 @@ class Trainer:
         if self.critic is not None:
             batch, start_metrics = self._with_gae(batch, fixed, start_metrics)
         metrics = MetricMerger()
+        self._skipped_this_step = 0
         with self._dropout_rng():
             for plan in plans:
                 for rows in plan:
@@ -258,7 +272,9 @@ class Trainer:
         self.step += 1
         self.version = policy_version + 1
         elapsed = time.perf_counter() - started
-        return {**metrics.result(), **start_metrics, **self._step_metrics(batch, lr, critic_lr, elapsed)}
+        skipped = {"skipped_updates": float(self._skipped_this_step)}
+        step_metrics = self._step_metrics(batch, lr, critic_lr, elapsed)
+        return {**metrics.result(), **start_metrics, **skipped, **step_metrics}
 
     def make_batch(self, groups: Sequence[Group]) -> TrainBatch:
         """Advantages of ``groups``' rewards and the padded batch, on the model's device (GAE's advantages are
@@ -546,18 +562,54 @@ class Trainer:
         return self.trains_policy or (self.critic is not None and self.critic.shared)
 
     def _step_optimizers(self) -> dict[str, float]:
-        """Clip and step the policy (not during the critic's warm-up: its gradient is dropped) and the critic."""
-        metrics = {"grad_norm": 0.0}
+        """Clip and step the policy (not during the critic's warm-up: its gradient is dropped) and the critic;
+        skip both when either gradient norm is not finite (``_skip_update``).
+
+        Why both: a shared critic's loss flows through the policy's trunk, so a non-finite value gradient is in
+        the policy's too; one rule for every critic keeps the update all or nothing. The norms are global (a
+        DTensor norm is all-reduced), so every rank takes the same branch."""
+        norms = {"grad_norm": 0.0}
         if self.trains_policy:
-            metrics["grad_norm"] = clip_gradients(self.model.parameters(), self.config.max_grad_norm)
+            norms["grad_norm"] = clip_gradients(self.model.parameters(), self.config.max_grad_norm)
+        if self.critic is not None:
+            norms["critic/grad_norm"] = clip_gradients(
+                self.critic.module.parameters(), self.critic.config.max_grad_norm
+            )
+        if not all(math.isfinite(norm) for norm in norms.values()):
+            self._skip_update(norms)
+            return {name: norm for name, norm in norms.items() if math.isfinite(norm)}
+        if self.trains_policy:
             self.optimizer.step()
         if self.critic is not None:
-            critic = self.critic
-            metrics["critic/grad_norm"] = clip_gradients(
-                critic.module.parameters(), critic.config.max_grad_norm
+            self.critic.optimizer.step()
+        self.skipped_in_a_row = 0
+        return norms
+
+    def _skip_update(self, norms: dict[str, float]) -> None:
+        """Count a skipped update (its gradients are dropped with every other's, ``_free_gradients``), warn, and
+        fail by name past ``trainer.max_consecutive_skipped_updates`` in a row.
+
+        What stays as it was: the weights and AdamW's moments and step count. What goes on: the train step, its
+        learning-rate schedule (a function of the step, so a resume agrees) and the policy version, whose
+        unchanged weights are published like any others."""
+        self.skipped_in_a_row += 1
+        self._skipped_this_step += 1
+        limit = self.config.max_consecutive_skipped_updates
+        where = f"train step {self.step} (policy version {self.version})"
+        if self.skipped_in_a_row > limit:
+            raise NonFiniteGradientError(
+                f"{where}: gradient norm {norms} is not finite, {self.skipped_in_a_row} optimizer updates "
+                f"in a row; trainer.max_consecutive_skipped_updates is {limit}"
             )
-            critic.optimizer.step()
-        return metrics
+        if self.parallel.rank == 0:
+            logger.warning(
+                "%s: gradient norm %s is not finite; optimizer update skipped, weights unchanged "
+                "(%d in a row, trainer.max_consecutive_skipped_updates: %d)",
+                where,
+                norms,
+                self.skipped_in_a_row,
+                limit,
+            )
 
     def _empty_pass(self, probe: TrainBatch) -> None:
         """Forward and backward ``probe`` through every trained module with a zero loss."""
