@@ -467,7 +467,7 @@ class Trainer:
             for name in names:
                 shares[name][torch.tensor(micro, device=batch.loss_mask.device), :width] = outputs[name]
         for _ in range(passes - len(local)):
-            self._outputs(module, select_rows(batch, [0]))  # keeps FSDP2's all-gathers in step
+            self._outputs(module, _probe(batch))  # keeps FSDP2's all-gathers in step
         self.parallel.reshard(module)  # no backward follows to free what the passes gathered
         return {name: self._exchanged(rows, share) for name, share in shares.items()}
 
@@ -523,7 +523,7 @@ class Trainer:
                     for key, value in self._accumulate(micro, micro_fixed, total, metrics).items():
                         losses[key] = losses.get(key, 0.0) + value
                 else:  # a pass that changes nothing, so this rank's collectives match the others'
-                    self._empty_pass(select_rows(batch, [0]))
+                    self._empty_pass(_probe(batch))
             step_metrics = self._step_optimizers()
         finally:  # gradients live only within their mini-batch (``_free_gradients``)
             self._free_gradients()
@@ -711,6 +711,24 @@ def own_behaviour(batch: TrainBatch, policy: torch.Tensor, version: int) -> torc
     """
     current = (batch.token_versions == version) & (batch.loss_mask > 0)
     return torch.where(current, policy, batch.behaviour_logprobs)
+
+
+def _probe(batch: TrainBatch) -> TrainBatch:
+    """The first two tokens of row 0: the input of a rank's padding pass, which runs every module only so that
+    FSDP2's collectives line up (its outputs are discarded, or enter the loss times zero: no gradient).
+    Row 0 itself could be the batch's longest sample, a 9k-token forward and backward for nothing."""
+    row = select_rows(batch, [0])
+    width = min(2, row.input_ids.shape[1])
+    return replace(
+        row,
+        input_ids=row.input_ids[:, :width],
+        attention_mask=row.attention_mask[:, :width],
+        loss_mask=row.loss_mask[:, :width],
+        behaviour_logprobs=row.behaviour_logprobs[:, :width],
+        token_versions=row.token_versions[:, :width],
+        advantages=row.advantages[:, :width],
+        token_rewards=row.token_rewards[:, :width],
+    )
 
 
 def _masked_fraction(batch: TrainBatch, fixed: dict[str, torch.Tensor], rows: list[int]) -> float:
