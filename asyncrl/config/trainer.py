@@ -74,6 +74,11 @@ class TrainerConfig:
     """Final learning rate of the cosine schedule as a fraction of lr."""
     max_grad_norm: float | None = 1.0
     """Clip the global gradient norm to this before each optimizer step; None only measures it."""
+    max_consecutive_skipped_updates: int = 5
+    """An optimizer update whose global gradient norm is not finite (inf or NaN) is skipped: weights and AdamW
+    state stay as they were, on every rank alike (the norm is global). After this many skipped updates in a row
+    the next one fails the run (``NonFiniteGradientError``); 0 fails at the first. The count restarts at a
+    resume."""
     ppo_epochs: int = 1
     """Passes over each batch; every pass does num_mini_batches optimizer steps."""
     num_mini_batches: int = 1
@@ -147,6 +152,11 @@ class TrainerConfig:
             raise ValueError(f"trainer.eps must be > 0, got {self.eps}")
         if self.max_grad_norm is not None and self.max_grad_norm <= 0:
             raise ValueError(f"trainer.max_grad_norm must be > 0 or null, got {self.max_grad_norm}")
+        if self.max_consecutive_skipped_updates < 0:
+            raise ValueError(
+                "trainer.max_consecutive_skipped_updates must be >= 0, "
+                f"got {self.max_consecutive_skipped_updates}"
+            )
 
     def _check_schedule(self) -> None:
         if self.warmup_steps < 0:

@@ -21,6 +21,8 @@ from asyncrl.config.algorithm import LossConfig, MismatchConfig
 MAX_LOG_RATIO = 20.0
 """Bound on a (sequence-summed) log-ratio before exponentiating, so long sequences cannot overflow."""
 QUANTILES = (0.05, 0.5, 0.95)
+METRIC_PREFIXES = ("mismatch/", "k3_rejection/")
+"""Prefixes of the step-start correction's metrics (``compute_step_start_correction``)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,5 +1,8 @@
 """AdamW with a linear warm-up then a constant or cosine learning rate, and global gradient-norm clipping.
 
+An update whose gradient norm is not finite is skipped by the trainer (``Trainer._step_optimizers``); too many
+in a row raise ``NonFiniteGradientError``.
+
 The schedule is a pure function of the train step (``lr_multiplier``), so it is tested with exact values and
 resumes exactly from a checkpointed step.
 """
@@ -13,6 +16,11 @@ import torch
 from torch import nn
 
 from asyncrl.config.trainer import TrainerConfig
+
+
+class NonFiniteGradientError(RuntimeError):
+    """More optimizer updates in a row had a non-finite gradient norm than
+    ``trainer.max_consecutive_skipped_updates`` allows: the run is diverging, not hitting a stray batch."""
 
 
 def lr_multiplier(step: int, config: TrainerConfig) -> float:

@@ -3,6 +3,7 @@
     groups ─► advantages [B] ─► TrainBatch ─► step-start log-probs (no grad: proximal / train-behaviour / ref,
     only those the loss config needs) ─► for each PPO epoch, for each mini-batch:
         micro-batches by token budget ─► forward + registered loss ─► backward (accumulate) ─► clip ─► AdamW step
+        (skipped, weights unchanged, when the global gradient norm is not finite)
     ─► scheduler step ─► version + 1
 
 Key decisions: the trainer never branches on the loss name, only on which inputs the loss config says it needs
@@ -20,6 +21,8 @@ number of passes so FSDP2's collectives line up. One process is the world of siz
 from __future__ import annotations
 
 import contextlib
+import logging
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -64,12 +67,20 @@ from asyncrl.trainer.lora import (
 from asyncrl.trainer.losses import PolicyLossInputs, compute_policy_loss
 from asyncrl.trainer.losses.value import value_loss
 from asyncrl.trainer.metric_merger import MetricMerger
+from asyncrl.trainer.mismatch import METRIC_PREFIXES as CORRECTION_METRICS
 from asyncrl.trainer.mismatch import compute_step_start_correction
 from asyncrl.trainer.offpolicy import m2po_keep
-from asyncrl.trainer.optim import build_optimizer, build_scheduler, clip_gradients
+from asyncrl.trainer.optim import (
+    NonFiniteGradientError,
+    build_optimizer,
+    build_scheduler,
+    clip_gradients,
+)
 from asyncrl.types import Group, TrainBatch
 from asyncrl.weight_sync.buckets import ServingCasts
 from asyncrl.weight_sync.protocol import LoraAdapter
+
+logger = logging.getLogger(__name__)
 
 _AGGREGATION_MASK = "aggregation_mask"
 """Key of the step tensor holding the mask the loss aggregates over (not a loss input)."""
@@ -78,6 +89,10 @@ _OLD_VALUES = "old_values"
 _RETURNS = "returns"
 """Key of GAE's returns [B, T], the value loss's target."""
 _NOT_LOSS_INPUTS = (_AGGREGATION_MASK, _OLD_VALUES, _RETURNS)
+_AGGREGATED_LOSSES = ("policy_loss", "critic/value_loss")
+"""Metrics that are a micro-batch's aggregated loss: reported like ``loss``, each micro-batch's value times its
+accumulation weight, summed, so they are the mini-batch's loss whatever the split (a token-weighted mean of
+micro-batch aggregates is not, under the sequence-mean aggregations)."""
 
 
 def needs_reference_copy(loss_config: LossConfig, config: TrainerConfig) -> bool:
@@ -147,6 +162,9 @@ class Trainer:
         )
         self.step = 0
         self.version = version
+        self.skipped_in_a_row = 0
+        """Optimizer updates skipped in a row for a non-finite gradient norm (``_skip_update``)."""
+        self._skipped_this_step = 0
 
     def _reference_module(self, loss_config: LossConfig) -> TokenLogProbModule | None:
         """π_ref's log-prob module: the separate reference model, or with LoRA the policy's own module (run with
@@ -237,10 +255,12 @@ class Trainer:
             assert policy is not None
             batch = replace(batch, behaviour_logprobs=own_behaviour(batch, policy["logprobs"], self.version))
         fixed, start_metrics = self._step_start_logprobs(batch, policy)
-        fixed[_AGGREGATION_MASK] = self._aggregation_mask(batch, fixed)
+        fixed[_AGGREGATION_MASK], correction_metrics = self._aggregation_mask(batch, fixed)
+        start_metrics |= correction_metrics
         if self.critic is not None:
             batch, start_metrics = self._with_gae(batch, fixed, start_metrics)
         metrics = MetricMerger()
+        self._skipped_this_step = 0
         with self._dropout_rng():
             for plan in plans:
                 for rows in plan:
@@ -252,7 +272,9 @@ class Trainer:
         self.step += 1
         self.version = policy_version + 1
         elapsed = time.perf_counter() - started
-        return {**metrics.result(), **start_metrics, **self._step_metrics(batch, lr, critic_lr, elapsed)}
+        skipped = {"skipped_updates": float(self._skipped_this_step)}
+        step_metrics = self._step_metrics(batch, lr, critic_lr, elapsed)
+        return {**metrics.result(), **start_metrics, **skipped, **step_metrics}
 
     def make_batch(self, groups: Sequence[Group]) -> TrainBatch:
         """Advantages of ``groups``' rewards and the padded batch, on the model's device (GAE's advantages are
@@ -406,19 +428,23 @@ class Trainer:
             )
         return fixed, metrics
 
-    def _aggregation_mask(self, batch: TrainBatch, fixed: dict[str, torch.Tensor]) -> torch.Tensor:
+    def _aggregation_mask(
+        self, batch: TrainBatch, fixed: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, dict[str, float]]:
         """The mask the loss aggregates over: the loss mask, less what mismatch correction and K3 rejection
-        drop.
+        drop; and the correction's metrics over the whole batch.
 
         The correction is computed per row from step-start tensors, so it is the same whichever micro-batch a
-        row lands in; accumulation weights use it so that dropped tokens leave every denominator.
+        row lands in; accumulation weights use it so that dropped tokens leave every denominator. Its metrics
+        are the batch's here: the loss reports them per micro-batch too, where quantiles and per-sequence
+        shares cannot be merged into the batch's (``_accumulate`` drops those).
         """
         if not self.loss_config.replaces_behaviour:
-            return batch.loss_mask
+            return batch.loss_mask, {}
         correction = compute_step_start_correction(
             fixed["train_behaviour_logprobs"], batch.behaviour_logprobs, batch.loss_mask, self.loss_config
         )
-        return batch.loss_mask * correction.mask
+        return batch.loss_mask * correction.mask, dict(correction.metrics)
 
     def _logprobs_no_grad(self, module: nn.Module, batch: TrainBatch) -> torch.Tensor:
         """``module``'s log-probs [B, T] of every row (``_no_grad_outputs``)."""
@@ -441,7 +467,8 @@ class Trainer:
             for name in names:
                 shares[name][torch.tensor(micro, device=batch.loss_mask.device), :width] = outputs[name]
         for _ in range(passes - len(local)):
-            self._outputs(module, select_rows(batch, [0]))  # keeps FSDP2's all-gathers in step
+            self._outputs(module, _probe(batch))  # keeps FSDP2's all-gathers in step
+        self.parallel.reshard(module)  # no backward follows to free what the passes gathered
         return {name: self._exchanged(rows, share) for name, share in shares.items()}
 
     def _outputs(self, module: nn.Module, micro: TrainBatch) -> dict[str, torch.Tensor]:
@@ -483,7 +510,7 @@ class Trainer:
         mini, mini_fixed = _take(batch, fixed, mine) if mine else (None, {})
         local = local_denominator(mini_fixed[_AGGREGATION_MASK]) if mine else torch.zeros(3)
         total = combine(self.parallel.gather(local))
-        metrics, loss = MetricMerger(), 0.0
+        metrics, losses = MetricMerger(), {"loss": 0.0}
         plans = self._plan_micro_batches(mini) if mini is not None else []
         passes = agreed_count(self.parallel, len(plans))
         try:
@@ -493,15 +520,23 @@ class Trainer:
                     self.parallel.sync_gradients(module, index == passes - 1)
                 if index < len(plans):
                     micro, micro_fixed = _take(mini, mini_fixed, plans[index])
-                    loss += self._accumulate(micro, micro_fixed, total, metrics)
+                    for key, value in self._accumulate(micro, micro_fixed, total, metrics).items():
+                        losses[key] = losses.get(key, 0.0) + value
                 else:  # a pass that changes nothing, so this rank's collectives match the others'
-                    self._empty_pass(select_rows(batch, [0]))
+                    self._empty_pass(_probe(batch))
             step_metrics = self._step_optimizers()
         finally:  # gradients live only within their mini-batch (``_free_gradients``)
             self._free_gradients()
-        ranks = self.parallel.gather((metrics, loss))
-        loss = sum(part for _, part in ranks) / self.parallel.world_size
-        return {**MetricMerger.union(m for m, _ in ranks).result(), "loss": loss, **step_metrics}
+        ranks = self.parallel.gather((metrics, losses))
+        # The accumulation weights carry x world_size (undoing FSDP's average): divide it out of the sums.
+        summed: dict[str, float] = {}
+        for _, part in ranks:
+            for key, value in part.items():
+                summed[key] = summed.get(key, 0.0) + value / self.parallel.world_size
+        merged = MetricMerger.union(m for m, _ in ranks).result()
+        if "masked_fraction" in merged:
+            merged["masked_fraction"] = _masked_fraction(batch, fixed, rows)
+        return {**merged, **summed, **step_metrics}
 
     def _free_gradients(self) -> None:
         """Drop every gradient once its mini-batch stepped (or failed), so none outlives it: the next
@@ -527,18 +562,54 @@ class Trainer:
         return self.trains_policy or (self.critic is not None and self.critic.shared)
 
     def _step_optimizers(self) -> dict[str, float]:
-        """Clip and step the policy (not during the critic's warm-up: its gradient is dropped) and the critic."""
-        metrics = {"grad_norm": 0.0}
+        """Clip and step the policy (not during the critic's warm-up: its gradient is dropped) and the critic;
+        skip both when either gradient norm is not finite (``_skip_update``).
+
+        Why both: a shared critic's loss flows through the policy's trunk, so a non-finite value gradient is in
+        the policy's too; one rule for every critic keeps the update all or nothing. The norms are global (a
+        DTensor norm is all-reduced), so every rank takes the same branch."""
+        norms = {"grad_norm": 0.0}
         if self.trains_policy:
-            metrics["grad_norm"] = clip_gradients(self.model.parameters(), self.config.max_grad_norm)
+            norms["grad_norm"] = clip_gradients(self.model.parameters(), self.config.max_grad_norm)
+        if self.critic is not None:
+            norms["critic/grad_norm"] = clip_gradients(
+                self.critic.module.parameters(), self.critic.config.max_grad_norm
+            )
+        if not all(math.isfinite(norm) for norm in norms.values()):
+            self._skip_update(norms)
+            return {name: norm for name, norm in norms.items() if math.isfinite(norm)}
+        if self.trains_policy:
             self.optimizer.step()
         if self.critic is not None:
-            critic = self.critic
-            metrics["critic/grad_norm"] = clip_gradients(
-                critic.module.parameters(), critic.config.max_grad_norm
+            self.critic.optimizer.step()
+        self.skipped_in_a_row = 0
+        return norms
+
+    def _skip_update(self, norms: dict[str, float]) -> None:
+        """Count a skipped update (its gradients are dropped with every other's, ``_free_gradients``), warn, and
+        fail by name past ``trainer.max_consecutive_skipped_updates`` in a row.
+
+        What stays as it was: the weights and AdamW's moments and step count. What goes on: the train step, its
+        learning-rate schedule (a function of the step, so a resume agrees) and the policy version, whose
+        unchanged weights are published like any others."""
+        self.skipped_in_a_row += 1
+        self._skipped_this_step += 1
+        limit = self.config.max_consecutive_skipped_updates
+        where = f"train step {self.step} (policy version {self.version})"
+        if self.skipped_in_a_row > limit:
+            raise NonFiniteGradientError(
+                f"{where}: gradient norm {norms} is not finite, {self.skipped_in_a_row} optimizer updates "
+                f"in a row; trainer.max_consecutive_skipped_updates is {limit}"
             )
-            critic.optimizer.step()
-        return metrics
+        if self.parallel.rank == 0:
+            logger.warning(
+                "%s: gradient norm %s is not finite; optimizer update skipped, weights unchanged "
+                "(%d in a row, trainer.max_consecutive_skipped_updates: %d)",
+                where,
+                norms,
+                self.skipped_in_a_row,
+                limit,
+            )
 
     def _empty_pass(self, probe: TrainBatch) -> None:
         """Forward and backward ``probe`` through every trained module with a zero loss."""
@@ -561,9 +632,10 @@ class Trainer:
         fixed: dict[str, torch.Tensor],
         total: GlobalDenominator,
         metrics: MetricMerger,
-    ) -> float:
+    ) -> dict[str, float]:
         """Forward and backward one micro-batch with its loss scaled to its share of the mini-batch's loss
-        (of every rank's rows); return that share. Metrics are weighted by the micro-batch's trained tokens."""
+        (of every rank's rows); return that share of the policy loss (``loss``) and of each
+        ``_AGGREGATED_LOSSES`` metric. Other metrics are weighted by the micro-batch's trained tokens."""
         with self._gradient_mode():
             out = self._forward(self.policy, micro) if self._runs_policy else None
             num_tokens = float(micro.loss_mask.sum())
@@ -588,8 +660,10 @@ class Trainer:
                 (
                     objective * weight
                 ).backward()  # TokenLogProbModule), so every rank differentiates every pass
+        shares = {key: step_metrics.pop(key) * weight for key in _AGGREGATED_LOSSES if key in step_metrics}
+        step_metrics = {k: v for k, v in step_metrics.items() if not k.startswith(CORRECTION_METRICS)}
         metrics.add(step_metrics, weight=num_tokens)
-        return float(loss.detach()) * weight
+        return {"loss": float(loss.detach()) * weight, **shares}
 
     def _value_loss(
         self, micro: TrainBatch, fixed: dict[str, torch.Tensor], out: TokenLogProbs | None
@@ -637,6 +711,33 @@ def own_behaviour(batch: TrainBatch, policy: torch.Tensor, version: int) -> torc
     """
     current = (batch.token_versions == version) & (batch.loss_mask > 0)
     return torch.where(current, policy, batch.behaviour_logprobs)
+
+
+def _probe(batch: TrainBatch) -> TrainBatch:
+    """The first two tokens of row 0: the input of a rank's padding pass, which runs every module only so that
+    FSDP2's collectives line up (its outputs are discarded, or enter the loss times zero: no gradient).
+    Row 0 itself could be the batch's longest sample, a 9k-token forward and backward for nothing."""
+    row = select_rows(batch, [0])
+    width = min(2, row.input_ids.shape[1])
+    return replace(
+        row,
+        input_ids=row.input_ids[:, :width],
+        attention_mask=row.attention_mask[:, :width],
+        loss_mask=row.loss_mask[:, :width],
+        behaviour_logprobs=row.behaviour_logprobs[:, :width],
+        token_versions=row.token_versions[:, :width],
+        advantages=row.advantages[:, :width],
+        token_rewards=row.token_rewards[:, :width],
+    )
+
+
+def _masked_fraction(batch: TrainBatch, fixed: dict[str, torch.Tensor], rows: list[int]) -> float:
+    """The share of the mini-batch's positions (``rows`` x its longest row) its loss does not count: prompt,
+    padding, dropped by a correction. Computed from the whole mini-batch, which every rank holds: its
+    micro-batches' shares, token-weighted, depend on how rows were split over ranks and micro-batches."""
+    _, taken = _take(batch, {_AGGREGATION_MASK: fixed[_AGGREGATION_MASK]}, rows)
+    mask = taken[_AGGREGATION_MASK]
+    return float(1 - mask.sum() / max(mask.numel(), 1))
 
 
 def _take(

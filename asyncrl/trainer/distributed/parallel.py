@@ -11,6 +11,8 @@ things of a ``Parallelism`` (``local_rows`` and ``agreed_count`` below are deriv
 - ``sync_gradients(module, last)``: tells the coming backward whether it is the mini-batch's last pass; under
   FSDP2 with ``grad_accumulation="unsharded"`` only that pass reduces gradients across ranks (no-op in one
   process, and under the default sharded accumulation every pass reduces);
+- ``reshard(module)``: after no-grad forwards, give back the whole parameters they gathered (no-op in one
+  process; under FSDP2 the root's, which only a backward would otherwise free);
 - ``rank`` and ``world_size``.
 
 Key decision: every rank must make the same sequence of collective calls, or FSDP2 deadlocks. So ranks agree on
@@ -41,6 +43,8 @@ class Parallelism(Protocol):
 
     def sync_gradients(self, module: nn.Module, last: bool) -> None: ...
 
+    def reshard(self, module: nn.Module) -> None: ...
+
 
 def local_rows(parallel: Parallelism, rows: Sequence[int]) -> list[int]:
     """This rank's rows of ``rows``: every ``world_size``-th from position ``rank`` (strided, so the members of
@@ -68,6 +72,9 @@ class SingleProcess:
 
     def sync_gradients(self, module: nn.Module, last: bool) -> None:
         del module, last
+
+    def reshard(self, module: nn.Module) -> None:
+        del module
 
 
 class FullyShardedParallel:
@@ -137,6 +144,21 @@ class FullyShardedParallel:
         """Reduce-scatter gradients in the coming backward: always with sharded accumulation; with unsharded
         accumulation only in the mini-batch's last pass (the passes before keep a full-size gradient here)."""
         module.set_requires_gradient_sync(last or self.grad_accumulation == "sharded")
+
+    def reshard(self, module: nn.Module) -> None:
+        """Free the whole parameters that no-grad forwards of ``module`` left gathered, keeping only the shards.
+
+        Why: FSDP2 never reshards the root (embeddings, final norm, output layer) after a forward, expecting the
+        backward to follow and reshard it. A no-grad pass has no backward: a frozen reference model, which only
+        runs no-grad, would hold its root whole on every rank for the whole run (Qwen3-8B: 2 x 151,936 x 4,096
+        parameters, 2.5 GB in bf16), and the policy would until its first backward. Decoder layers reshard
+        after their own forward already; resharding them again is a no-op.
+        """
+        from torch.distributed.fsdp import FSDPModule
+
+        for sub in module.modules():
+            if isinstance(sub, FSDPModule):
+                sub.reshard()
 
     def gather(self, obj: Any) -> list[Any]:
         import torch.distributed as dist

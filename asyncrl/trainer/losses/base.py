@@ -114,10 +114,13 @@ def masked_fraction_of(condition: torch.Tensor, mask: torch.Tensor) -> float:
 
 
 def masked_stats(values: torch.Tensor, mask: torch.Tensor, prefix: str) -> dict[str, float]:
-    """``{prefix}_min``, ``_mean`` and ``_max`` of ``values`` over counted tokens (all 0 if none count)."""
+    """``{prefix}_min``, ``_mean`` and ``_max`` of ``values`` over counted tokens; none if no token counts.
+
+    Why none rather than 0: the trainer merges micro-batches' statistics (min of the mins), and a 0 standing in
+    for "no token" would win that merge, reporting a ratio of 0 that no token had."""
     selected = values.detach()[mask > 0]
     if selected.numel() == 0:
-        return {f"{prefix}_min": 0.0, f"{prefix}_mean": 0.0, f"{prefix}_max": 0.0}
+        return {}
     return {
         f"{prefix}_min": float(selected.min()),
         f"{prefix}_mean": float(selected.mean()),

@@ -179,6 +179,25 @@ def _check(name: str, sharded: tuple[dict, dict, dict]) -> None:
     assert metrics["loss"] == pytest.approx(want_metrics["loss"], rel=1e-5, abs=1e-7)
     assert metrics["grad_norm"] == pytest.approx(want_metrics["grad_norm"], rel=1e-5)
     assert metrics["num_trained_tokens"] == want_metrics["num_trained_tokens"]
+    _assert_metrics_equal(metrics, want_metrics)
+
+
+TIMINGS = ("train_time_s", "train_tokens_per_s")
+"""Metrics of the clock, not of the step's numbers."""
+
+
+def _assert_metrics_equal(got: dict[str, float], want: dict[str, float]) -> None:
+    """Every metric of the step but its timings is the single-process value: statistics of the whole
+    mini-batch, whichever rank and micro-batch each row landed in (``policy_loss`` under the sequence means,
+    where a token-weighted mean of micro-batch aggregates is not the mini-batch's; ``ratio_min`` where a
+    micro-batch with no counted token reported 0)."""
+    assert set(got) == set(want)
+    differ = {
+        key: (got[key], value)
+        for key, value in want.items()
+        if key not in TIMINGS and got[key] != pytest.approx(value, rel=1e-5, abs=1e-6)
+    }
+    assert not differ, f"metrics (sharded, single process): {differ}"
 
 
 @pytest.mark.parametrize(("ranks", "micros"), SPLITS)
@@ -206,6 +225,7 @@ def test_a_rank_without_rows_still_steps_with_the_others(critic):
     (through the critic's model too, when there is one)."""
     results = run_ranks(_few_rows_step, 3, critic)
     metrics, grads, _ = results[0]
+    assert set(results[2]) == {2}, f"rank 2 holds no row: every pass pads, with 2 tokens: {results[2]}"
     want_metrics, want_grads, _ = _few_rows_step(critic, single=True)
     _assert_gradients_close(grads, want_grads)
     assert metrics["loss"] == pytest.approx(want_metrics["loss"], rel=1e-5, abs=1e-7)
@@ -224,6 +244,20 @@ def _few_rows_step(critic: str | None, single: bool = False):
         parallel=parallel,
         critic=CriticConfig(type=critic) if critic else None,
     )
+    widths = _recorded_widths(trainer)
     with stepped_gradients(trainer, _full) as stepped:
         metrics = trainer.train_step(groups, policy_version=0)
-    return (metrics, stepped[-1], None) if parallel.rank == 0 else None
+    return (metrics, stepped[-1], None) if parallel.rank == 0 else widths
+
+
+def _recorded_widths(trainer: Trainer) -> list[int]:
+    """The width of every forward's input from now on (padding passes included)."""
+    widths: list[int] = []
+    forward = trainer._forward
+
+    def recording(module, micro):
+        widths.append(micro.input_ids.shape[1])
+        return forward(module, micro)
+
+    trainer._forward = recording
+    return widths

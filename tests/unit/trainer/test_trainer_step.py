@@ -125,6 +125,22 @@ def test_samples_without_response_tokens_are_carried_but_not_trained():
     assert metrics["num_trained_tokens"] == sum(t.num_response_tokens for t in groups[0].trajectories)
 
 
+def test_a_micro_batch_without_counted_tokens_adds_no_ratio_statistics():
+    """Ratio statistics are those of the trained tokens: a micro-batch of empty responses used to report
+    ratio_min = 0, which the merge kept. The empty group changes no other row's ratio or advantage."""
+    groups = random_groups(num_groups=2, seed=6)
+    for trajectory in groups[1].trajectories:
+        n = trajectory.num_prompt_tokens
+        trajectory.token_ids, trajectory.loss_mask = trajectory.token_ids[:n], trajectory.loss_mask[:n]
+        trajectory.logprobs, trajectory.versions = trajectory.logprobs[:n], trajectory.versions[:n]
+    groups = with_model_logprobs(groups, tiny_qwen2(), noise=0.5)
+    got = _trainer(LossConfig(name="ppo"), max_tokens_per_microbatch=8).train_step(groups, policy_version=0)
+    want = _trainer(LossConfig(name="ppo"), max_tokens_per_microbatch=8).train_step(groups[:1], 0)
+    for key in ("ratio_min", "ratio_mean", "ratio_max"):
+        assert got[key] == pytest.approx(want[key], rel=1e-6), key
+    assert got["ratio_min"] < 1 < got["ratio_max"]  # the noise moved them: the check can fail
+
+
 def test_bfloat16_autocast_trains():
     groups = with_model_logprobs(random_groups(num_groups=2, seed=7), tiny_qwen2())
     trainer = _trainer(LossConfig(name="ppo"), compute_dtype="bfloat16")
