@@ -41,8 +41,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractAsyncContextManager, contextmanager
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -139,8 +139,9 @@ class ColocatedTrainer:
         self.state = state if state is not None else LocalState(inner, switch)
         self.phase = SwitchPhase(engines, switch.engine_sleep_level, timeout_s)
         """Whether the engines sleep now, and the level a replacement starts at (the engine factory reads it)."""
-        self.republisher = Republisher(inner, deadlines or CatchUpDeadlines.within(timeout_s))
-        """What a replaced engine catches up from once the packed copy is released (``runtime.republish``)."""
+        self.republisher = Republisher(self, deadlines or CatchUpDeadlines.within(timeout_s))
+        """What a replaced engine catches up from once the packed copy is released (``runtime.republish``); it
+        packs through ``pack_for`` here, which brings the offloaded state back for the pack."""
         self._metrics: dict[str, float] = {}
         """The metrics dict of the last step, completed by ``state_for_sync``."""
         self._num_failures = 0
@@ -201,7 +202,28 @@ class ColocatedTrainer:
         return self.republisher.for_catch_up(payload, engine)
 
     def save_checkpoint(self, root: str | Path, *, extra: dict[str, Any], keep_last: int | None) -> Path:
-        return self.inner.save_checkpoint(root, extra=extra, keep_last=keep_last)
+        """A run saves after the step's publication, with the state offloaded: it is reloaded for the save."""
+        with self._state_resident():
+            return self.inner.save_checkpoint(root, extra=extra, keep_last=keep_last)
+
+    def pack_for(self, engine: int) -> WeightUpdate:
+        """The weights packed again for replaced engine ``engine`` (the republisher's catch-up, between a
+        publication and the next step), with the state reloaded for the pack."""
+        with self._state_resident():
+            return self.inner.pack_for(engine)
+
+    @contextmanager
+    def _state_resident(self) -> Iterator[None]:
+        """The trainer's state on the device for a read that falls while it is offloaded, and offloaded again
+        after. Why: the offload frees the state's storages in place (``trainer.offload``), so until a reload
+        nothing may read them. The engines are awake then, so on a GPU this needs the room the offload made
+        beside their KV pools (not measured: nothing here has a GPU)."""
+        moved = self.state.reload_state()
+        try:
+            yield
+        finally:
+            if moved:
+                self.state.offload_state()
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         """Reload first: a loaded optimizer state lands on the device the parameters are on."""

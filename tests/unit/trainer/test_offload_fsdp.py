@@ -78,7 +78,9 @@ def _assert_all_freed(modules: list[torch.nn.Module], optimizers: list[torch.opt
             assert hasattr(param, "to_local"), f"{name} is not sharded"
             assert _local(param).untyped_storage().nbytes() == 0, f"{name}: its shard was not freed"
         for fsdp_param in _fsdp_params(module):
-            assert fsdp_param._sharded_param_data.untyped_storage().nbytes() == 0, f"{fsdp_param}: all-gather input"
+            assert fsdp_param._sharded_param_data.untyped_storage().nbytes() == 0, (
+                f"{fsdp_param}: all-gather input"
+            )
     for moment in _moments(optimizers):
         assert hasattr(moment, "to_local") and _local(moment).untyped_storage().nbytes() == 0
 
