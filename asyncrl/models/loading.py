@@ -82,8 +82,10 @@ def host_copy(tensor: torch.Tensor, *, pin: bool | None = None) -> torch.Tensor:
     trainer keeps.
 
     A DTensor (an FSDP2 shard, its optimizer state) is copied shard by shard: its local tensor is copied, and
-    the copy is a DTensor of the same mesh, placements and global shape. Why: ``tensor.shape`` is the global
-    shape, and ``copy_`` of a DTensor into a plain tensor raises (mixed torch.Tensor and DTensor).
+    the copy is a DTensor of the same spec (mesh, placements, global shape) over that host tensor. Why:
+    ``tensor.shape`` is the global shape, and ``copy_`` of a DTensor into a plain tensor raises (mixed
+    torch.Tensor and DTensor). It is built as FSDP2 builds its own (``_from_local_no_grad``), not by
+    ``DTensor.from_local``, which moves the local tensor to the mesh's device: back onto the GPU.
     """
     local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
     pin = tensor.device.type != "cpu" if pin is None else pin
@@ -91,14 +93,7 @@ def host_copy(tensor: torch.Tensor, *, pin: bool | None = None) -> torch.Tensor:
     host.copy_(local.detach())
     if local is tensor:
         return host
-    return type(tensor).from_local(  # type: ignore[attr-defined]
-        host,
-        tensor.device_mesh,  # type: ignore[attr-defined]
-        tensor.placements,  # type: ignore[attr-defined]
-        run_check=False,
-        shape=tensor.shape,
-        stride=tensor.stride(),
-    )
+    return type(tensor)(host, tensor._spec, requires_grad=False)  # type: ignore[attr-defined,call-arg]
 
 
 def host_copy_for(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:

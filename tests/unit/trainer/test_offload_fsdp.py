@@ -8,6 +8,10 @@ counted are this rank's local ones (the shard buffers', padding included), never
 (``StateOffloader.for_trainer``) frees the critic's shards and moments as the policy's. The host copy of a
 DTensor (``host_copy``, the path it takes on an accelerator, without pinning here) is a DTensor of the rank's
 shard.
+
+The round trip runs on the device under test (``ASYNCRL_TEST_DEVICE``): the GPU kit's unit section runs it over
+NCCL on up to two GPUs (one rank on one GPU: no padding, local bytes equal global ones), where the host copies
+must be pinned and the device allocator must give the offloaded bytes back.
 """
 
 from __future__ import annotations
@@ -19,11 +23,14 @@ from trainer_fixtures import random_groups
 from asyncrl.config.run import load_run_config
 from asyncrl.models.loading import host_copy, load_configured_skeleton, load_tokenizer, model_dir, save_tiny
 from asyncrl.models.tiny import build_tiny_model
+from asyncrl.testing.models import device_under_test
 from asyncrl.testing.ranks import run_ranks
 from asyncrl.trainer.factory import build_trainer
 from asyncrl.trainer.offload import OffloadChoice, StateOffloader
 
 EVERYTHING = OffloadChoice(optimizer=True, master_weights=True)
+DEVICE = device_under_test()
+WORLD = 2 if DEVICE.type == "cpu" else min(2, torch.cuda.device_count())
 TINY = {"hidden_size": 32, "num_heads": 2, "num_kv_heads": 1, "num_layers": 2, "vocab_size": 301}
 
 
@@ -49,6 +56,10 @@ def _moments(optimizers: list[torch.optim.Optimizer]) -> list[torch.Tensor]:
     return [v for o in optimizers for s in o.state.values() for v in s.values() if v.dim() > 0]
 
 
+def _rank_device() -> torch.device:
+    return torch.device("cuda", torch.distributed.get_rank()) if DEVICE.type == "cuda" else DEVICE
+
+
 def _sharded_adamw(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     """Two linear layers sharded over the ranks, after one AdamW step. ``Linear(8, 1)``'s weight has one row
     for two ranks, so one rank holds only padding of it."""
@@ -56,8 +67,8 @@ def _sharded_adamw(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     from torch.distributed.fsdp import fully_shard
 
     torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1))
-    mesh = init_device_mesh("cpu", (torch.distributed.get_world_size(),))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1)).to(_rank_device())
+    mesh = init_device_mesh(DEVICE.type, (torch.distributed.get_world_size(),))
     fully_shard(model[0], mesh=mesh)
     fully_shard(model, mesh=mesh)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -67,7 +78,7 @@ def _sharded_adamw(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
 
 def _step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     torch.manual_seed(1)
-    model(torch.randn(4, 8)).pow(2).mean().backward()
+    model(torch.randn(4, 8).to(_rank_device())).pow(2).mean().backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
@@ -92,16 +103,22 @@ def _offload_round_trip() -> bool:
     moment = optimizer.state[model[0].weight]["exp_avg"]
     copied = host_copy(moment, pin=False)
     assert type(copied) is type(moment) and copied.placements == moment.placements
-    assert copied.shape == moment.shape and torch.equal(copied.to_local(), moment.to_local())
+    assert copied.shape == moment.shape and copied.to_local().device.type == "cpu"
+    assert torch.equal(copied.to_local(), moment.to_local().cpu())
     assert copied.to_local().untyped_storage().data_ptr() != moment.to_local().untyped_storage().data_ptr()
 
     local_bytes = sum(p._sharded_param_data.untyped_storage().nbytes() for p in _fsdp_params(model))
     local_bytes += sum(_local(m).untyped_storage().nbytes() for m in _moments([optimizer]))
     global_bytes = sum(p.nbytes for p in model.parameters()) + sum(m.nbytes for m in _moments([optimizer]))
     offloader = StateOffloader([model], [optimizer], EVERYTHING)
+    allocated = torch.cuda.memory_allocated() if DEVICE.type == "cuda" else 0
     moved = offloader.offload()
-    assert moved == local_bytes < global_bytes, (moved, local_bytes, global_bytes)
+    assert moved == local_bytes <= global_bytes, (moved, local_bytes, global_bytes)
+    assert local_bytes < global_bytes or WORLD == 1, "counted global sizes"
     _assert_all_freed([model], [optimizer])
+    if DEVICE.type == "cuda":
+        assert torch.cuda.memory_allocated() <= allocated - moved, "the device kept the offloaded bytes"
+        assert all(parked.host.is_pinned() for parked in offloader._parked)
     assert offloader.reload() == moved
 
     for _ in range(2):
@@ -115,7 +132,7 @@ def _offload_round_trip() -> bool:
 
 
 def test_offload_frees_the_shards_fsdp_gathers_from_and_two_steps_after_reload_equal_a_twins() -> None:
-    assert run_ranks(_offload_round_trip, 2) == [True, True]
+    assert run_ranks(_offload_round_trip, WORLD, device=DEVICE.type) == [True] * WORLD
 
 
 @pytest.fixture(scope="module")
