@@ -84,9 +84,13 @@ class StateOffloader:
         ``RuntimeError`` if already offloaded."""
         if self.offloaded:
             raise RuntimeError("trainer state is already offloaded (offload called twice without reload)")
-        for storage in self._storages():
-            self._parked.append(_Parked(storage, host_copy(_bytes_of(storage))))
-            storage.resize_(0)
+        try:
+            for storage in self._storages():
+                self._parked.append(_Parked(storage, host_copy(_bytes_of(storage))))
+                storage.resize_(0)
+        except BaseException:  # e.g. no pinned host memory left: what was freed comes back before raising
+            self._restore()
+            raise
         self.offloaded = True
         return sum(parked.host.nbytes for parked in self._parked)
 
@@ -95,13 +99,18 @@ class StateOffloader:
         nothing was offloaded, e.g. before the first step)."""
         if not self.offloaded:
             return 0
+        moved = self._restore()
+        self.offloaded = False
+        return moved
+
+    def _restore(self) -> int:
+        """Every parked storage resized back and refilled from its host copy; the bytes moved."""
         moved = 0
         for parked in self._parked:
             parked.storage.resize_(parked.host.nbytes)
             _bytes_of(parked.storage).copy_(parked.host)
             moved += parked.host.nbytes
         self._parked = []
-        self.offloaded = False
         return moved
 
     def resident_bytes(self) -> int:

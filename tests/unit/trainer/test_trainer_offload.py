@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from asyncrl.models.loading import host_copy
 from asyncrl.testing.models import device_under_test
 from asyncrl.trainer.offload import OffloadChoice, StateOffloader
 
@@ -88,6 +89,29 @@ def test_host_weights_mapped_from_a_file_stay_where_they_are() -> None:
     assert offloader.offload() == 2 * model.weight.nbytes  # the two moments only
     assert model.weight.untyped_storage().nbytes() == model.weight.nbytes
     offloader.reload()
+
+
+def test_an_offload_that_fails_midway_gives_back_what_it_freed(monkeypatch) -> None:
+    """A host copy that fails (no pinned memory left) leaves the state resident and whole, not half freed."""
+    import asyncrl.trainer.offload as offload
+
+    model, optimizer = trained()
+    want = [t.detach().clone() for t in state_tensors(model, optimizer)]
+    copies = []
+
+    def second_fails(tensor: torch.Tensor) -> torch.Tensor:
+        if copies:
+            raise RuntimeError("out of pinned memory")
+        copies.append(tensor)
+        return host_copy(tensor)
+
+    monkeypatch.setattr(offload, "host_copy", second_fails)
+    offloader = StateOffloader([model], [optimizer], OffloadChoice(master_weights=True))
+    with pytest.raises(RuntimeError, match="out of pinned memory"):
+        offloader.offload()
+    assert copies and not offloader.offloaded and offloader.reload() == 0
+    for got, expected in zip(state_tensors(model, optimizer), want, strict=True):
+        assert torch.equal(got, expected)
 
 
 def test_offloading_twice_is_refused() -> None:
