@@ -66,6 +66,16 @@ class SwitchPhase:
             self.asleep = asleep
             return list(self.engines)
 
+    def enter_unless_joining(self, asleep: bool) -> list[Any] | None:
+        """``enter`` without waiting: None (and the phase unchanged) while an install is moving its engine.
+        For a caller on the event loop the installs run on (a checkpoint, from the controller's ``on_step``):
+        the install it would wait for ends only once that loop runs again, so waiting could only time out."""
+        with self._changed:
+            if self._joining:
+                return None
+            self.asleep = asleep
+            return list(self.engines)
+
     def start_level(self) -> int:
         """The sleep level a replacement starts at: the switch's, whatever the phase now (module docstring:
         its start may straddle a phase change; ``install`` wakes it if its peers are awake as it joins)."""
