@@ -123,9 +123,10 @@ class LocalState:
 class ColocatedTrainer:
     """A trainer facade (``inner``: ``runtime.inline.LocalTrainer`` or ``runtime.trainer_group.
     TrainerGroupClient``) with the engines in ``engines`` (the run's list, replaced engines included)
-    sleeping while it trains and its state (``state``; inline: ``LocalState``) offloaded while they
-    generate. Anything else is ``inner``'s (``ranks``, ``handles``, ``trainer``). ``deadlines`` bound a
-    replaced engine's catch-up (``runtime.republish``; default: every wait ``timeout_s``)."""
+    sleeping while it trains or saves a checkpoint and its state (``state``; inline: ``LocalState``)
+    offloaded while they generate. Anything else is ``inner``'s (``ranks``, ``handles``, ``trainer``).
+    ``deadlines`` bound a replaced engine's catch-up (``runtime.republish``; default: every wait
+    ``timeout_s``)."""
 
     def __init__(
         self,

@@ -26,7 +26,9 @@ its start; ``install`` wakes it only in the awake phase, which it holds until th
 install are atomic with respect to each other, so an engine is either in the list the switch calls (the switch
 moves it) or joins after the change (``install`` moves it), never both (which would sleep it twice) or neither;
 the switch waits (within its deadline) for an install still moving its engine before it changes phase, so no
-engine is woken while the trainer trains.
+engine is woken while the trainer trains. A checkpoint (``colocate.ColocatedTrainer.save_checkpoint``) changes
+phase too, from the event loop the installs run on: it cannot wait for one, so ``enter_unless_joining`` leaves
+the phase as it is while an install moves its engine.
 """
 
 from __future__ import annotations
