@@ -42,7 +42,9 @@ from asyncrl.sim.trained import trained_parts
 SWITCH_OFFLOAD_BYTES = {"offload_optimizer": 8, "offload_master_weights": 12}
 """``cost.switch_offload_bytes_per_param`` from which each ``runtime.switch`` offload is on (the key's
 docstring: 8 is AdamW's two fp32 moments, 12 adds the master weights; the 16 of a system that offloads
-gradients too has no switch key here: asyncrl's trainer frees them after every step)."""
+gradients too has no switch key here: asyncrl's trainer frees them after every step). Memory really freed: each
+rank's offload frees its own shards of them in place, FSDP2's all-gather buffers included (``trainer.offload``;
+checked over gloo ranks, not on a GPU)."""
 
 
 @dataclass(frozen=True)

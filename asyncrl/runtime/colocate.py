@@ -10,6 +10,8 @@
     again and let go once it applied it: ``catch_up``, ``runtime.republish``; every replacement starts
     asleep and joins its peers' phase, woken as it joins or with them; one replaced while the trainer
     trains catches up to the step's publication: ``runtime.switch_phase``)
+    save_checkpoint: engines sleep ─► trainer reloads ─► save ─► trainer offloads ─► engines wake
+    (a run saves after a step's publication, its engines awake: ``save_checkpoint``)
 
 An engine that dies (or wedges) while the trainer trains fails its ``sleep``, ``stats`` or ``wake``
 (``ENGINE_GONE``, or past ``runtime.control_timeout_s``): the switch logs it, counts it
@@ -39,10 +41,12 @@ slept) and how often each has slept and woken; on CUDA the allocators' bytes the
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
+import threading
 import time
-from collections.abc import Callable, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractAsyncContextManager, contextmanager
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -119,9 +123,10 @@ class LocalState:
 class ColocatedTrainer:
     """A trainer facade (``inner``: ``runtime.inline.LocalTrainer`` or ``runtime.trainer_group.
     TrainerGroupClient``) with the engines in ``engines`` (the run's list, replaced engines included)
-    sleeping while it trains and its state (``state``; inline: ``LocalState``) offloaded while they
-    generate. Anything else is ``inner``'s (``ranks``, ``handles``, ``trainer``). ``deadlines`` bound a
-    replaced engine's catch-up (``runtime.republish``; default: every wait ``timeout_s``)."""
+    sleeping while it trains or saves a checkpoint and its state (``state``; inline: ``LocalState``)
+    offloaded while they generate. Anything else is ``inner``'s (``ranks``, ``handles``, ``trainer``).
+    ``deadlines`` bound a replaced engine's catch-up (``runtime.republish``; default: every wait
+    ``timeout_s``)."""
 
     def __init__(
         self,
@@ -139,12 +144,22 @@ class ColocatedTrainer:
         self.state = state if state is not None else LocalState(inner, switch)
         self.phase = SwitchPhase(engines, switch.engine_sleep_level, timeout_s)
         """Whether the engines sleep now, and the level a replacement starts at (the engine factory reads it)."""
-        self.republisher = Republisher(inner, deadlines or CatchUpDeadlines.within(timeout_s))
-        """What a replaced engine catches up from once the packed copy is released (``runtime.republish``)."""
+        self.republisher = Republisher(self, deadlines or CatchUpDeadlines.within(timeout_s))
+        """What a replaced engine catches up from once the packed copy is released (``runtime.republish``); it
+        packs through ``pack_for`` here, which brings the offloaded state back for the pack."""
         self._metrics: dict[str, float] = {}
         """The metrics dict of the last step, completed by ``state_for_sync``."""
         self._num_failures = 0
         """Engine calls of this step that failed (``colocate/engine_failures``, module docstring)."""
+        self._offloaded = False
+        """Whether state is offloaded now (some bytes moved): from a publication's offload until the next
+        reload."""
+        self._resident = threading.RLock()
+        """Held while a read brings the state back (a checkpoint, a catch-up pack on another thread), so one
+        read's offload never frees what the other reads."""
+        self._checkpointed: dict[str, float] = {}
+        """The phases of a checkpoint saved since the last step (``colocate/checkpoint_*``), for the next step's
+        metrics: a run saves after it logged the step."""
 
     def __getattr__(self, name: str) -> Any:
         if name == "inner":  # not set yet (unpickling, a failed __init__): no recursion
@@ -169,7 +184,10 @@ class ColocatedTrainer:
         self._timed(phases, "sleep", lambda: self._on_engines(engines, "sleep", level))
         phases |= self._engines_while_training()
         self._timed(phases, "reload", self.state.reload_state)
+        self._offloaded = False
         phases |= self.state.device_bytes()
+        phases |= self._checkpointed
+        self._checkpointed = {}
         metrics = self.inner.train_step(groups, policy_version)
         metrics.update(phases)
         self._metrics = metrics
@@ -180,7 +198,7 @@ class ColocatedTrainer:
         phases: dict[str, float] = {}
         update = self._timed(phases, "sync", self.inner.state_for_sync, nbytes=_shipped)
         self.republisher.published()
-        self._timed(phases, "offload", self.state.offload_state)
+        self._offloaded = self._timed(phases, "offload", self.state.offload_state) > 0
         if self.phase.asleep:  # not on a resume's first publish: the engines never slept
             engines = self.phase.enter(asleep=False)
             self._timed(phases, "wake", lambda: self._on_engines(engines, "wake"))
@@ -201,11 +219,86 @@ class ColocatedTrainer:
         return self.republisher.for_catch_up(payload, engine)
 
     def save_checkpoint(self, root: str | Path, *, extra: dict[str, Any], keep_last: int | None) -> Path:
-        return self.inner.save_checkpoint(root, extra=extra, keep_last=keep_last)
+        """Save with the state on the device, needing no room beside awake engines. A run saves after the step's
+        publication: the state is offloaded then (its storages freed, ``trainer.offload``, so nothing may read
+        it) and the engines awake, their KV pools sized from the room the offload made. So the engines sleep
+        for the save as for a step, the state comes back, is saved and goes again, and they wake
+        (``_save_asleep``). With the engines asleep already the state is only reloaded around the save; with
+        it resident (before the first publication) nothing moves."""
+
+        def save() -> Path:
+            return self.inner.save_checkpoint(root, extra=extra, keep_last=keep_last)
+
+        with self._resident:
+            if not self._offloaded:
+                return save()
+            if self.phase.asleep:
+                with self._state_resident():
+                    return save()
+            return self._save_asleep(save)
+
+    def pack_for(self, engine: int) -> WeightUpdate:
+        """The weights packed again for replaced engine ``engine`` (the republisher's catch-up, between a
+        publication and the next step), with the state reloaded for the pack. Unlike a checkpoint this does not
+        sleep the engines (the others may be generating): on a GPU the reload needs the offloaded bytes free
+        beside their KV pools for the pack (a replacement catching up after its peers applied the update, so
+        rare; not measured: nothing here has a GPU)."""
+        with self._state_resident():
+            return self.inner.pack_for(engine)
+
+    def _save_asleep(self, save: Callable[[], Path]) -> Path:
+        """``save()`` with the engines asleep: sleep ─► reload ─► save ─► offload ─► wake, each phase timed
+        (``colocate/checkpoint_*``, in the next step's metrics, and logged). An engine that fails to sleep or
+        wake is logged and counted, and left to the proxy's recovery, as in a step. Should a replacement be
+        joining its awake peers this instant, the save runs beside the awake engines instead (logged)."""
+        phases: dict[str, float] = {}
+        failures = self._num_failures
+        engines = self._enter(asleep=True)
+        if engines is None:
+            logger.warning(
+                "checkpoint (runtime.switch): a replaced engine is waking to join its peers, so the engines "
+                "stay awake and the trainer's state is reloaded beside their KV pools for the save"
+            )
+            with self._state_resident():
+                return save()
+        level = self.switch.engine_sleep_level
+        try:
+            self._timed(phases, "checkpoint_sleep", lambda: self._on_engines(engines, "sleep", level))
+            with self._state_resident(phases):
+                path = save()
+        finally:
+            woken = self.phase.enter(asleep=False)  # no install joins while asleep: no wait
+            self._timed(phases, "checkpoint_wake", lambda: self._on_engines(woken, "wake"))
+            phases["colocate/checkpoint_engine_failures"] = float(self._num_failures - failures)
+            self._checkpointed = phases
+            logger.info("checkpoint (runtime.switch) with the engines asleep: %s", phases)
+        return path
+
+    def _enter(self, asleep: bool) -> list[Any] | None:
+        """``phase.enter``; on the event loop's thread (a checkpoint, from the controller's ``on_step``) it
+        does not wait for a joining install, which ends only once that loop runs: None then."""
+        if _on_event_loop():
+            return self.phase.enter_unless_joining(asleep)
+        return self.phase.enter(asleep)
+
+    @contextmanager
+    def _state_resident(self, phases: dict[str, float] | None = None) -> Iterator[None]:
+        """The trainer's state on the device for a read that falls while it is offloaded, and offloaded again
+        after (timed into ``phases`` when given). Why: the offload frees the state's storages in place
+        (``trainer.offload``), so until a reload nothing may read them."""
+        timed = phases if phases is not None else {}
+        with self._resident:
+            moved = self._timed(timed, "checkpoint_reload", self.state.reload_state)
+            try:
+                yield
+            finally:
+                if moved:
+                    self._timed(timed, "checkpoint_offload", self.state.offload_state)
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         """Reload first: a loaded optimizer state lands on the device the parameters are on."""
         self.state.reload_state()
+        self._offloaded = False
         return self.inner.load_checkpoint(path)
 
     def check_alive(self) -> None:
@@ -269,7 +362,11 @@ class ColocatedTrainer:
         async def every() -> list[int | None]:
             return await asyncio.gather(*(bounded(i, engine) for i, engine in enumerate(engines)))
 
-        moved = asyncio.run(every())
+        if _on_event_loop():  # a checkpoint, from the controller's on_step: on a loop of their own
+            with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="asyncrl-switch") as pool:
+                moved = pool.submit(lambda: asyncio.run(every())).result()
+        else:
+            moved = asyncio.run(every())
         self._num_failures += sum(n is None for n in moved)
         return sum(n for n in moved if n is not None)
 
@@ -287,6 +384,16 @@ def device_bytes(device: Any, key: str = "colocate/device_allocated_bytes") -> d
     if torch.device(device).type != "cuda":
         return {}
     return {key: float(torch.cuda.memory_allocated(device))}
+
+
+def _on_event_loop() -> bool:
+    """Whether this thread runs an event loop now (where ``asyncio.run`` is refused and a blocking wait
+    stalls whatever that loop would run)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def _shipped(update: WeightUpdate) -> int:

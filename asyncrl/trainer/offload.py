@@ -3,15 +3,26 @@
 Why: in colocated sync (``runtime.switch``) the trainer and the engine take turns on one device. While the
 engine generates, the trainer needs none of its optimizer state (Adam's two moments: twice the weights in
 fp32) or, optionally, its master weights; moving them to host memory gives the engine that room for its KV
-pool. Before the next step they come back to the device they left, bit for bit. Gradients never need moving:
-the trainer frees them after every optimizer step (``Trainer._free_gradients``), so none exist between steps.
+pool. Before the next step they come back, bit for bit. Gradients never need moving: the trainer frees them
+after every optimizer step (``Trainer._free_gradients``), so none exist between steps.
 
-Host copies are pinned when the state lives on CUDA (a pinned copy is what a DMA reads at full host-link
-speed) and plain host tensors on CPU, where the move exercises the same code but frees nothing.
+Key decision: state moves by *storage*, in place. Each chosen tensor's storage (a DTensor's: its local shard's)
+is copied whole into a host buffer (``models.loading.host_copy``: pinned when it comes from an accelerator),
+then resized to 0 bytes, which frees it; ``reload`` resizes it back and copies the bytes in. Every tensor that
+views the storage stays valid across the round trip without being found or rebuilt: the ``Parameter`` objects
+the model and the optimizer share, the optimizer's state entries, a DTensor's wrapper, and FSDP2's own view of
+a shard. The last is why: under FSDP2 (``trainer.num_workers`` > 1) a parameter is a DTensor whose local
+tensor is a view of ``FSDPParam._sharded_param_data``, the padded buffer FSDP2 all-gathers from (torch 2.13,
+``torch/distributed/fsdp/_fully_shard/_fsdp_param.py``, ``_init_sharded_param`` and ``reset_sharded_param``);
+replacing ``param.data`` leaves that buffer, and so every byte, on the device. Resizing the shared storage
+frees it, padding included, and the same code frees a plain tensor's storage in one process.
 
-Tensors are moved by swapping ``.data`` (parameters) or the optimizer-state entry, never by
-rebuilding the optimizer: its parameter groups, step counts and the ``Parameter`` objects the model and the
-optimizer share stay the same objects.
+A storage is moved once however many chosen tensors view it (tied weights). Bytes counted are this rank's own:
+the storages' sizes (an FSDP2 shard's, with its padding), never a DTensor's global size. Nothing may read the
+moved state until ``reload``: its storages hold no bytes then (``runtime.colocate.ColocatedTrainer`` reloads
+around a checkpoint or a catch-up pack that falls in that window). A storage that cannot be resized is host
+memory the tensor does not own (a CPU model's weights mapped from its safetensors file): it is left where it
+is, already in host memory, and not counted.
 """
 
 from __future__ import annotations
@@ -32,6 +43,14 @@ class OffloadChoice:
     master_weights: bool = False
 
 
+@dataclass(frozen=True)
+class _Parked:
+    """One freed storage and its bytes in host memory."""
+
+    storage: torch.UntypedStorage
+    host: torch.Tensor
+
+
 class StateOffloader:
     """Offload and reload of one trainer's modules and optimizers (``trainer.trainer.Trainer`` and its
     critic): ``offload()`` after the step's weights were published, ``reload()`` before the next step."""
@@ -45,8 +64,8 @@ class StateOffloader:
         self.modules = modules
         self.optimizers = optimizers
         self.choice = choice
-        self._homes: dict[tuple[int, str], torch.device] = {}
-        """(id(tensor holder), key) → the device its tensor came from, for every tensor now on the host."""
+        self._parked: list[_Parked] = []
+        """Every storage ``offload`` freed, with its host copy, until ``reload``."""
         self.offloaded = False
 
     @classmethod
@@ -61,70 +80,71 @@ class StateOffloader:
         return cls(modules, optimizers, choice)
 
     def offload(self) -> int:
-        """Move the chosen state to host memory; the bytes moved. ``RuntimeError`` if already offloaded."""
+        """Copy the chosen state to host memory and free its storages; the bytes moved (this rank's).
+        ``RuntimeError`` if already offloaded."""
         if self.offloaded:
             raise RuntimeError("trainer state is already offloaded (offload called twice without reload)")
-        moved = sum(self._move(holder, key, to_host=True) for holder, key in self._slots())
+        try:
+            for storage in self._storages():
+                self._parked.append(_Parked(storage, host_copy(_bytes_of(storage))))
+                storage.resize_(0)
+        except BaseException:  # e.g. no pinned host memory left: what was freed comes back before raising
+            self._restore()
+            raise
         self.offloaded = True
-        return moved
+        return sum(parked.host.nbytes for parked in self._parked)
 
     def reload(self) -> int:
-        """Move everything ``offload`` moved back to the device it came from; the bytes moved (0 when
+        """Give every storage ``offload`` freed its bytes back, on the device it is on; the bytes moved (0 when
         nothing was offloaded, e.g. before the first step)."""
         if not self.offloaded:
             return 0
-        moved = sum(self._move(holder, key, to_host=False) for holder, key in self._slots())
+        moved = self._restore()
         self.offloaded = False
         return moved
 
-    def resident_bytes(self) -> int:
-        """Bytes of the chosen state that are on an accelerator now (0 on CPU, and after ``offload``)."""
-        return sum(
-            _get(holder, key).nbytes
-            for holder, key in self._slots()
-            if _get(holder, key) is not None and _get(holder, key).device.type != "cpu"
-        )
+    def _restore(self) -> int:
+        """Every parked storage resized back and refilled from its host copy; the bytes moved."""
+        moved = 0
+        for parked in self._parked:
+            parked.storage.resize_(parked.host.nbytes)
+            _bytes_of(parked.storage).copy_(parked.host)
+            moved += parked.host.nbytes
+        self._parked = []
+        return moved
 
-    def _slots(self) -> Iterator[tuple[object, str]]:
-        """(holder, key) of every tensor the choice moves: an optimizer-state dict and its key, or a
-        parameter and ``data``. Each parameter once, even when two modules share it."""
+    def resident_bytes(self) -> int:
+        """Bytes of the chosen state's storages on an accelerator now (0 on CPU, and after ``offload``)."""
+        return sum(storage.nbytes() for storage in self._storages() if storage.device.type != "cpu")
+
+    def _storages(self) -> Iterator[torch.UntypedStorage]:
+        """The storage of every tensor the choice moves, each once: a parameter's (a DTensor's local shard's)
+        and an optimizer-state tensor's. Empty storages, and host storages that cannot be resized (module
+        docstring), are left out."""
         seen: set[int] = set()
-        for module in self.modules:
-            for param in module.parameters():
-                if id(param) in seen:
-                    continue
-                seen.add(id(param))
-                if self.choice.master_weights:
-                    yield param, "data"
+        for tensor in self._tensors():
+            local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+            storage = local.untyped_storage()
+            if storage.nbytes() == 0 or storage.data_ptr() in seen:
+                continue
+            if storage.device.type == "cpu" and not storage.resizable():
+                continue
+            seen.add(storage.data_ptr())
+            yield storage
+
+    def _tensors(self) -> Iterator[torch.Tensor]:
+        """Every tensor the choice moves: parameters (master weights), optimizer-state tensors."""
+        if self.choice.master_weights:
+            for module in self.modules:
+                yield from module.parameters()
         if self.choice.optimizer:
             for optimizer in self.optimizers:
                 for state in optimizer.state.values():
-                    for key, value in state.items():
+                    for value in state.values():
                         if isinstance(value, torch.Tensor) and value.dim() > 0:  # Adam's scalar step stays
-                            yield state, key
-
-    def _move(self, holder: object, key: str, *, to_host: bool) -> int:
-        tensor = _get(holder, key)
-        if tensor is None:
-            return 0
-        slot = (id(holder), key)
-        if to_host:
-            self._homes[slot] = tensor.device
-            target = host_copy(tensor)
-        else:
-            target = tensor.to(self._homes.pop(slot), non_blocking=False)
-        _set(holder, key, target)
-        return tensor.nbytes
+                            yield value
 
 
-def _get(holder: object, key: str) -> torch.Tensor | None:
-    if isinstance(holder, dict):
-        return holder[key]
-    return getattr(holder, key)
-
-
-def _set(holder: object, key: str, value: torch.Tensor) -> None:
-    if isinstance(holder, dict):
-        holder[key] = value
-    else:
-        holder.data = value  # type: ignore[attr-defined]
+def _bytes_of(storage: torch.UntypedStorage) -> torch.Tensor:
+    """``storage`` whole as a flat byte tensor (the same memory), to copy it as one block."""
+    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)

@@ -159,15 +159,66 @@ def test_an_engine_replaced_after_the_release_catches_up_from_a_copy_packed_agai
     assert_same_run(out, plain, STEPS, 8, "switched with a replaced engine vs plain sync")
 
 
-def test_a_resumed_switched_run_lets_go_of_the_resumed_weights_once_the_engine_holds_them(
-    tmp_path, monkeypatch
+def states_at_each_save(monkeypatch) -> list[tuple[list[int], bool, list[int]]]:
+    """Per checkpoint the run saves, as the trainer's save begins: each engine's sleep level (0: awake), whether
+    the trainer's state is offloaded, and each engine's sleeps and wakes so far: filled as the run goes."""
+    switch_save, local_save = ColocatedTrainer.save_checkpoint, LocalTrainer.save_checkpoint
+    current: list[ColocatedTrainer] = []
+    seen: list[tuple[list[int], bool, list[int]]] = []
+
+    def switched(self, root, **kwargs):
+        current[:] = [self]
+        return switch_save(self, root, **kwargs)
+
+    def saved(self, root, **kwargs):
+        engines = [engine.core for engine in current[0].engines]
+        counts = [engine.num_sleeps - engine.num_wakes for engine in engines]
+        seen.append(([engine.asleep for engine in engines], current[0].state.offloader.offloaded, counts))
+        return local_save(self, root, **kwargs)
+
+    monkeypatch.setattr(ColocatedTrainer, "save_checkpoint", switched)
+    monkeypatch.setattr(LocalTrainer, "save_checkpoint", saved)
+    return seen
+
+
+def test_a_switched_run_that_saves_every_step_saves_with_its_engines_asleep_and_ends_bit_equal(
+    tmp_path, monkeypatch, plain
 ):
+    """Each checkpoint falls after the step's publication (engines awake, state offloaded): the engines sleep
+    for it, so the state is reloaded with no KV pool beside it, then offloaded and the engines woken."""
+    saves = states_at_each_save(monkeypatch)
     out = tmp_path / "switched"
+    train_in_process(out, STEPS, *SMALL, *SWITCH, "trainer.checkpoint_every=1")
+
+    assert len(saves) >= STEPS, saves
+    level = 1  # runtime.switch.engine_sleep_level's default
+    assert all(asleep == [level] and not offloaded and slept == [1] for asleep, offloaded, slept in saves), (
+        saves
+    )
+    steps = step_metrics(out)
+    for line in steps[1:]:  # the checkpoint after the step before, in the next step's metrics
+        assert line["train/colocate/checkpoint_sleep_bytes"] > 0, line
+        assert line["train/colocate/checkpoint_wake_bytes"] == line["train/colocate/checkpoint_sleep_bytes"]
+        assert line["train/colocate/checkpoint_reload_bytes"] > 0, line
+        assert line["train/colocate/checkpoint_engine_failures"] == 0, line
+    assert "train/colocate/checkpoint_sleep_s" not in steps[0]
+    assert_same_run(out, plain, STEPS, 8, "switched, saving every step, vs plain sync")
+
+
+def test_a_resumed_switched_run_lets_go_of_the_resumed_weights_once_the_engine_holds_them(
+    tmp_path, monkeypatch, plain
+):
+    """Stopped after one step (its final checkpoint saved with the engines asleep) and resumed: the resumed
+    weights are let go once the engine holds them, and the run ends as the plain one."""
+    out = tmp_path / "switched"
+    saves = states_at_each_save(monkeypatch)
     train_in_process(out, 1, *SMALL, *SWITCH)
+    assert saves and all(asleep == [1] and not offloaded for asleep, offloaded, _ in saves), saves
     held_while_training = held_at_each_step(monkeypatch)
-    train_in_process(out, 2, *SMALL, *SWITCH, resume=True)
-    ((version, held, present),) = held_while_training
-    assert version == 1 and not any(held) and not present, held_while_training
+    train_in_process(out, STEPS, *SMALL, *SWITCH, resume=True)
+    assert [version for version, _, _ in held_while_training] == list(range(1, STEPS)), held_while_training
+    assert all(not any(held) and not present for _, held, present in held_while_training), held_while_training
+    assert_same_run(out, plain, STEPS, 8, "switched, stopped after step 1 and resumed, vs plain sync")
 
 
 @pytest.mark.parametrize(
@@ -279,7 +330,9 @@ def test_an_engine_replaced_while_the_trainer_trains_waits_for_the_steps_update_
     (started,) = replacement
     assert started["kv_pool_bytes"] == 0 and started["asleep"] == level, started  # no KV pool mid-step
     (engine,) = engines
-    assert (engine.core.num_sleeps, engine.core.num_wakes) == (2, 2), "woken at each rollout after its start"
+    # started asleep, then woken for each rollout after its start and around each checkpoint since (every
+    # step's, the final one's): asleep for step 3 and for the checkpoints after steps 2, 3 and the run's end
+    assert (engine.core.num_sleeps, engine.core.num_wakes) == (5, 5), "woken at each rollout after its start"
     assert received == [1, 2, 3], received  # never v1 again: the replacement's first update is v2
     last = step_metrics(out)[-1]
     assert (last["recovery/engine_restarts"], last["recovery/failed_restarts"]) == (1, 0), last

@@ -64,14 +64,18 @@ def test_each_engine_sleeps_each_step_and_takes_its_own_ranks_blocks_bit_equal(
         assert got[: STEPS - 1] == [("colocated", v, engine) for v in range(1, STEPS)], applied
     # each rank packed its own blocks: the two engines never read the same memory
     assert len(set(blocks)) == len(blocks), blocks
-    # every engine slept once per step and woke once after each step
-    assert calls == {(call, engine): STEPS for call in ("sleep", "wake") for engine in (0, 1)}, calls
+    # every engine slept once per step and woke once after each step, and slept and woke around each checkpoint:
+    # every step's (``trainer.checkpoint_every=1``) and the run's final one
+    checkpoints = STEPS + 1
+    assert calls == {
+        (call, engine): STEPS + checkpoints for call in ("sleep", "wake") for engine in (0, 1)
+    }, calls
     steps = step_metrics(out)
     assert len(steps) == STEPS
     for step, line in enumerate(steps, start=1):
-        # summed over the two engine actors, as each counts itself
-        assert line["train/colocate/engine_num_sleeps"] == 2 * step, line
-        assert line["train/colocate/engine_num_wakes"] == 2 * (step - 1), line
+        # summed over the two engine actors, as each counts itself (each earlier step's checkpoint included)
+        assert line["train/colocate/engine_num_sleeps"] == 2 * (2 * step - 1), line
+        assert line["train/colocate/engine_num_wakes"] == 2 * 2 * (step - 1), line
         assert line["train/colocate/kv_pool_bytes_while_training"] == 0, line
         assert line["train/colocate/wake_bytes"] == line["train/colocate/sleep_bytes"] > 0, line
         assert line["train/colocate/offload_bytes"] > 0 and line["train/colocate/sync_bytes"] > 0, line

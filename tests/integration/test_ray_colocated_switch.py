@@ -127,9 +127,10 @@ def test_on_ray_the_engine_actor_sleeps_each_step_and_the_run_ends_bit_equal(
     steps = step_metrics(out)
     assert len(steps) == STEPS
     for step, line in enumerate(steps, start=1):
-        # counted by the engine actor itself: slept once this step, woken once after each earlier one
-        assert line["train/colocate/engine_num_sleeps"] == step, line
-        assert line["train/colocate/engine_num_wakes"] == step - 1, line
+        # counted by the engine actor itself: slept once this step, and slept and woken once after each earlier
+        # one and around each earlier one's checkpoint (``trainer.checkpoint_every=1``)
+        assert line["train/colocate/engine_num_sleeps"] == 2 * step - 1, line
+        assert line["train/colocate/engine_num_wakes"] == 2 * (step - 1), line
         assert line["train/colocate/sleep_bytes"] > 0, line  # the actor's KV pool let go ...
         assert line["train/colocate/kv_pool_bytes_while_training"] == 0, line  # ... and gone while training
         assert line["train/colocate/wake_bytes"] == line["train/colocate/sleep_bytes"], line
@@ -258,8 +259,9 @@ def test_on_ray_an_engine_replaced_while_the_rank_trains_waits_for_the_steps_upd
     assert superseded.is_set()
     (started,) = replacement
     assert started["kv_pool_bytes"] == 0 and started["asleep"] == 1, started  # no KV pool mid-step
-    # read as it slept for the last step: it started asleep, was woken for a rollout, slept again
-    assert (last["train/colocate/engine_num_sleeps"], last["train/colocate/engine_num_wakes"]) == (2, 1), last
+    # read as it slept for the last step: it started asleep, was woken for a rollout, slept and woken around
+    # that step's checkpoint, slept again
+    assert (last["train/colocate/engine_num_sleeps"], last["train/colocate/engine_num_wakes"]) == (3, 2), last
     assert last["train/colocate/kv_pool_bytes_while_training"] == 0, last
     assert (last["recovery/engine_restarts"], last["recovery/failed_restarts"]) == (1, 0), last
     assert_same_run(

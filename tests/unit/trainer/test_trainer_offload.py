@@ -1,17 +1,24 @@
-"""The trainer's state offload (colocated sync): optimizer state and master weights go to host memory and come
-back to the same objects, bit for bit, so training after a round trip equals training without."""
+"""The trainer's state offload (colocated sync) in one process: optimizer state and master weights leave their
+storages empty (freed) and come back into the same tensors, bit for bit, so training after a round trip equals
+training without. On the device under test (``ASYNCRL_TEST_DEVICE``): the GPU kit's unit section runs these on
+CUDA, where the host copies must be pinned and the device allocator must give the bytes back."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
+from asyncrl.models.loading import host_copy
+from asyncrl.testing.models import device_under_test
 from asyncrl.trainer.offload import OffloadChoice, StateOffloader
+
+DEVICE = device_under_test()
 
 
 def trained(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 1))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 1)).to(DEVICE)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     step(model, optimizer)
     return model, optimizer
@@ -20,27 +27,91 @@ def trained(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
 def step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """One step that frees its gradients after, as ``Trainer`` does."""
     torch.manual_seed(1)
-    model(torch.randn(4, 8)).pow(2).mean().backward()
+    model(torch.randn(4, 8).to(DEVICE)).pow(2).mean().backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
 
-def test_offload_then_reload_trains_bit_equal_to_never_offloading() -> None:
+def state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The weights and Adam's two moments of every weight: what ``master_weights=True`` moves."""
+    params = list(model.parameters())
+    return params + [optimizer.state[p][key] for p in params for key in ("exp_avg", "exp_avg_sq")]
+
+
+def test_offload_frees_every_storage_in_place_and_training_after_reload_is_bit_equal() -> None:
     reference, ref_opt = trained()
     step(reference, ref_opt)
 
     model, optimizer = trained()
     offloader = StateOffloader([model], [optimizer], OffloadChoice(master_weights=True))
-    params = list(model.parameters())
-    moments = [optimizer.state[p]["exp_avg"] for p in params]
+    tensors = state_tensors(model, optimizer)
+    allocated = torch.cuda.memory_allocated(DEVICE) if DEVICE.type == "cuda" else 0
     moved = offloader.offload()
-    assert moved == sum(p.nbytes for p in params) + sum(2 * p.nbytes for p in params)  # weights + 2 moments
-    assert all(optimizer.state[p]["exp_avg"] is not m for p, m in zip(params, moments, strict=True))
+    assert moved == sum(t.nbytes for t in tensors)  # weights + 2 moments
+    assert all(t.untyped_storage().nbytes() == 0 for t in tensors), "a storage was not freed"
+    assert offloader.resident_bytes() == 0
+    # the same objects hold the state: nothing was rebuilt or swapped
+    assert state_tensors(model, optimizer) == tensors
+    if DEVICE.type == "cuda":
+        assert torch.cuda.memory_allocated(DEVICE) <= allocated - moved, "the device kept the offloaded bytes"
+        assert all(parked.host.is_pinned() for parked in offloader._parked)
     assert offloader.reload() == moved and offloader.reload() == 0
-    assert list(model.parameters()) == params  # the same Parameter objects the optimizer steps
+    assert offloader.resident_bytes() == (moved if DEVICE.type != "cpu" else 0)
     step(model, optimizer)
     for got, want in zip(model.parameters(), reference.parameters(), strict=True):
         assert torch.equal(got, want)
+
+
+def test_a_storage_two_tensors_view_moves_once() -> None:
+    """Adam's moments viewing one flat buffer (as a fused or flattened optimizer's may): one host copy, one
+    count, and both views whole again after the reload."""
+    flat = torch.arange(12.0, device=DEVICE)
+    model = torch.nn.Linear(2, 2, bias=False).to(DEVICE)
+    optimizer = torch.optim.AdamW(model.parameters())
+    (param,) = model.parameters()
+    optimizer.state[param] = {"exp_avg": flat[:4].view(2, 2), "exp_avg_sq": flat[4:8].view(2, 2)}
+    offloader = StateOffloader([model], [optimizer], OffloadChoice())
+    assert offloader.offload() == flat.nbytes and len(offloader._parked) == 1
+    assert offloader.reload() == flat.nbytes
+    assert torch.equal(flat, torch.arange(12.0, device=DEVICE))
+
+
+def test_host_weights_mapped_from_a_file_stay_where_they_are() -> None:
+    """A storage that cannot be resized (a CPU model's weights mapped from its safetensors file; here numpy's
+    memory) is already host memory the tensor does not own: left in place and not counted; resizable state
+    beside it still moves."""
+    model = torch.nn.Linear(2, 2, bias=False)
+    model.weight.data = torch.from_numpy(np.ones((2, 2), dtype=np.float32))
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+    offloader = StateOffloader([model], [optimizer], OffloadChoice(master_weights=True))
+    assert offloader.offload() == 2 * model.weight.nbytes  # the two moments only
+    assert model.weight.untyped_storage().nbytes() == model.weight.nbytes
+    offloader.reload()
+
+
+def test_an_offload_that_fails_midway_gives_back_what_it_freed(monkeypatch) -> None:
+    """A host copy that fails (no pinned memory left) leaves the state resident and whole, not half freed."""
+    import asyncrl.trainer.offload as offload
+
+    model, optimizer = trained()
+    want = [t.detach().clone() for t in state_tensors(model, optimizer)]
+    copies = []
+
+    def second_fails(tensor: torch.Tensor) -> torch.Tensor:
+        if copies:
+            raise RuntimeError("out of pinned memory")
+        copies.append(tensor)
+        return host_copy(tensor)
+
+    monkeypatch.setattr(offload, "host_copy", second_fails)
+    offloader = StateOffloader([model], [optimizer], OffloadChoice(master_weights=True))
+    with pytest.raises(RuntimeError, match="out of pinned memory"):
+        offloader.offload()
+    assert copies and not offloader.offloaded and offloader.reload() == 0
+    for got, expected in zip(state_tensors(model, optimizer), want, strict=True):
+        assert torch.equal(got, expected)
 
 
 def test_offloading_twice_is_refused() -> None:
@@ -49,4 +120,3 @@ def test_offloading_twice_is_refused() -> None:
     offloader.offload()
     with pytest.raises(RuntimeError, match="already offloaded"):
         offloader.offload()
-    assert offloader.resident_bytes() == 0  # on CPU nothing is on an accelerator
