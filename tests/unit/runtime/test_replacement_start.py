@@ -44,7 +44,9 @@ def handed(monkeypatch) -> list[set[torch.device]]:
 def waiting_on_host(core: LLMEngine) -> bool:
     """Asleep at level 2 with every weight in host memory, serving on the device its wake moves them to."""
     on_host = all(p.device.type == "cpu" for p in core.model.parameters())
-    return core.asleep == 2 and on_host and core.runner.device == DEVICE and core.stats()["kv_pool_bytes"] == 0
+    return (
+        core.asleep == 2 and on_host and core.runner.device == DEVICE and core.stats()["kv_pool_bytes"] == 0
+    )
 
 
 def test_an_inline_replacement_at_level_two_loads_its_weights_into_host_memory(handed):
