@@ -21,8 +21,8 @@ A storage is moved once however many chosen tensors view it (tied weights). Byte
 the storages' sizes (an FSDP2 shard's, with its padding), never a DTensor's global size. Nothing may read the
 moved state until ``reload``: its storages hold no bytes then (``runtime.colocate.ColocatedTrainer`` reloads
 around a checkpoint or a catch-up pack that falls in that window). A storage that cannot be resized is host
-memory the tensor does not own (a CPU model's weights mapped from its safetensors file): it is left where it
-is, already in host memory, and not counted.
+memory the tensor does not own (a CPU model's weights mapped from its safetensors file, or CPU state ``torch.load``
+read from a checkpoint): it is left where it is, already in host memory, and not counted.
 """
 
 from __future__ import annotations

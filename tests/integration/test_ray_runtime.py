@@ -270,23 +270,11 @@ def test_trainer_step_then_sync_through_the_proxy_makes_engine_and_trainer_agree
     assert generation.logprobs == pytest.approx(trainer_logprobs(trained, model_config, generation), abs=1e-4)
 
 
-def test_trainer_checkpoint_round_trip_through_the_actor(parts, tmp_path):
-    step, version = parts.trainer.step, parts.trainer.version
-    saved = received(parts.trainer.state_for_sync())
-    path = parts.trainer.save_checkpoint(tmp_path / "ckpt", extra={"consumed": 4})
-    assert path == tmp_path / "ckpt" / f"step_{step:08d}" and path.is_dir()
-    generation = asyncio.run(parts.engines[0].generate(sampled(1)[0]))
-    parts.trainer.train_step(groups_from([generation, generation], [1.0, 0.0], version), version)
-    assert (parts.trainer.step, parts.trainer.version) == (step + 1, version + 1)
-    assert parts.trainer.load_checkpoint(path) == {"consumed": 4}
-    assert (parts.trainer.step, parts.trainer.version) == (step, version)
-    restored = received(parts.trainer.state_for_sync())
-    assert all(torch.equal(restored[name], tensor) for name, tensor in saved.items())
-
-
 def test_the_switch_sleeps_and_wakes_the_engine_actor_and_moves_the_rank_state(parts):
     """The default suite's twin of ``test_ray_colocated_switch`` (slow: whole runs on a shared bundle): the
-    switch over this module's actors, two steps."""
+    switch over this module's actors, two steps. Before the checkpoint round trip: on CPU a loaded checkpoint's
+    Adam moments are ``torch.load``'s storages, which cannot be resized, so the offloader leaves them where they
+    are (host memory already, ``trainer.offload``) and would move nothing."""
     engine = parts.engines[0]
     switched = ColocatedTrainer(
         parts.trainer, parts.engines, SwitchConfig(enabled=True), timeout_s=60, state=parts.trainer
@@ -307,6 +295,20 @@ def test_the_switch_sleeps_and_wakes_the_engine_actor_and_moves_the_rank_state(p
         assert metrics["colocate/offload_bytes"] > 0, metrics  # Adam's moments, once the first step made them
     assert steps[1]["colocate/reload_bytes"] == steps[0]["colocate/offload_bytes"]
     parts.trainer.reload_state()  # the module's trainer as it was: its state where it lives
+
+
+def test_trainer_checkpoint_round_trip_through_the_actor(parts, tmp_path):
+    step, version = parts.trainer.step, parts.trainer.version
+    saved = received(parts.trainer.state_for_sync())
+    path = parts.trainer.save_checkpoint(tmp_path / "ckpt", extra={"consumed": 4})
+    assert path == tmp_path / "ckpt" / f"step_{step:08d}" and path.is_dir()
+    generation = asyncio.run(parts.engines[0].generate(sampled(1)[0]))
+    parts.trainer.train_step(groups_from([generation, generation], [1.0, 0.0], version), version)
+    assert (parts.trainer.step, parts.trainer.version) == (step + 1, version + 1)
+    assert parts.trainer.load_checkpoint(path) == {"consumed": 4}
+    assert (parts.trainer.step, parts.trainer.version) == (step, version)
+    restored = received(parts.trainer.state_for_sync())
+    assert all(torch.equal(restored[name], tensor) for name, tensor in saved.items())
 
 
 def test_actors_are_separate_processes_threaded_as_placed(parts):
