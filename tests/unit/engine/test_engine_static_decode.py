@@ -274,6 +274,18 @@ class FakeStreamContext:
         self.cuda.current = self.previous
 
 
+def capturing_over(cuda: FakeCuda, decode) -> StaticDecode:
+    """A static decode that captures, as on CUDA, over ``cuda``'s fake streams: its own capture stream and a
+    graph pool from the fake."""
+    static = StaticDecode(
+        decode, num_slots=4, max_len=100, device=torch.device("cpu"), capture=False, fingerprint=tuple
+    )
+    static.capture = True
+    static._stream = types.SimpleNamespace(name="engine capture")
+    static._pool = cuda.graph_pool_handle()
+    return static
+
+
 def test_a_failed_capture_leaves_the_callers_stream_current_and_decodes_eagerly(monkeypatch):
     """torch's ``graph`` context leaves its capture stream only when ``capture_end`` succeeds: after a failed
     capture the eager fallback must still run on the engine thread's own stream, not the capture stream."""
@@ -285,12 +297,7 @@ def test_a_failed_capture_leaves_the_callers_stream_current_and_decodes_eagerly(
         ran_on.append(cuda.current.name)
         return inputs[0, :, None].float().expand(-1, 5).clone()
 
-    static = StaticDecode(
-        decode, num_slots=4, max_len=100, device=torch.device("cpu"), capture=False, fingerprint=tuple
-    )
-    static.capture = True  # as on CUDA, over the fake streams
-    static._stream = types.SimpleNamespace(name="engine capture")
-    static._pool = cuda.graph_pool_handle()
+    static = capturing_over(cuda, decode)
     first_pool = static._pool
     logits = static.run([7, 9], [3, 4], [3, 4])
     assert "previous error during capture" in static.capture_error
@@ -403,12 +410,8 @@ def test_an_out_of_memory_inside_a_capture_keeps_the_pool_and_the_stream(monkeyp
                 raise torch.OutOfMemoryError("CUDA out of memory")
         return inputs[0, :, None].float().expand(-1, 5).clone()
 
-    static = StaticDecode(
-        decode, num_slots=4, max_len=100, device=torch.device("cpu"), capture=False, fingerprint=tuple
-    )
-    static.capture = True
-    static._stream = types.SimpleNamespace(name="engine capture")
-    static._pool = pool = cuda.graph_pool_handle()
+    static = capturing_over(cuda, decode)
+    pool = static._pool
     logits = static.run([7, 9], [3, 4], [3, 4])
     assert logits[:, 0].tolist() == [7, 9] and cuda.current.name == "caller"
     assert cuda.recording == set() and cuda.released == [] and static._pool == pool
@@ -429,12 +432,8 @@ def test_an_out_of_memory_that_also_breaks_capture_end_still_counts_as_out_of_me
             raise torch.OutOfMemoryError("CUDA out of memory")
         return inputs[0, :, None].float().expand(-1, 5).clone()
 
-    static = StaticDecode(
-        decode, num_slots=4, max_len=100, device=torch.device("cpu"), capture=False, fingerprint=tuple
-    )
-    static.capture = True
-    static._stream = types.SimpleNamespace(name="engine capture")
-    static._pool = pool = cuda.graph_pool_handle()
+    static = capturing_over(cuda, decode)
+    pool = static._pool
     assert static.run([7, 9], [3, 4], [3, 4])[:, 0].tolist() == [7, 9]
     assert static.capture_error is None and static.eager_shapes == {(2, ((0, 2, MIN_LENGTH_BUCKET),))}
     assert cuda.recording == set() and cuda.released == [pool] and static._pool != pool
