@@ -34,6 +34,7 @@ import ray
 from ray.exceptions import RayActorError, RayError, RayTaskError
 
 from asyncrl.runtime.errors import TrainerDied
+from asyncrl.trainer.optim import NonFiniteGradientError
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +45,10 @@ RUN_FAULTS: tuple[type[BaseException], ...] = (
     AttributeError,
     NotImplementedError,
     AssertionError,
+    NonFiniteGradientError,
 )
-"""A rank's errors that are the run's fault (configuration, input, a bug): raised as they are, never retried.
+"""A rank's errors that are the run's fault (configuration, input, a bug, a run diverging past
+``trainer.max_consecutive_skipped_updates``): raised as they are, never retried.
 Every other error of a rank is taken as the trainer lost (``TrainerDied``). A deterministic ``RuntimeError``
 (a shape mismatch) is retried too, at most ``runtime.trainer_restarts`` times, then fails with its text."""
 

@@ -31,6 +31,7 @@ from asyncrl.runtime import rank_calls
 from asyncrl.runtime.errors import TrainerDied
 from asyncrl.runtime.trainer_group import TrainerGroupClient
 from asyncrl.trainer.checkpoint import STATE_FILE, TornCheckpointError, write_marker
+from asyncrl.trainer.optim import NonFiniteGradientError
 
 BLOCKS = "blocks"
 """A rank's outcome: it never answers (waiting in a collective)."""
@@ -201,6 +202,16 @@ def test_each_wait_takes_only_what_is_left_of_the_calls_deadline(monkeypatch: py
     refs = [Ref(rank) for rank in range(3)]
     assert rank_calls.call_ranks(handles, refs, "trainer: alive", 60.0) == schedule.outcomes
     assert timeouts == [60.0, 40.0, 20.0]
+
+
+def test_a_diverging_run_is_the_runs_fault_not_a_lost_trainer() -> None:
+    """Non-finite gradients past ``trainer.max_consecutive_skipped_updates`` end the run with their error: a
+    restart from the last checkpoint would diverge again (every rank raises it after the same global norm)."""
+    diverged = NonFiniteGradientError("6 optimizer updates in a row had a non-finite gradient norm")
+    schedule = Schedule([diverged, diverged], [0, 1])
+    with pytest.raises(NonFiniteGradientError) as raised:
+        run(schedule)
+    assert not isinstance(raised.value, TrainerDied) and raised.value.cause is diverged
 
 
 def test_an_error_is_described_by_its_qualified_type_and_text() -> None:
