@@ -24,7 +24,7 @@ import os
 import secrets
 import tempfile
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -96,12 +96,12 @@ async def stream_update(
     )
     groups = group_into_buckets(named_tensors, bucket_bytes)
     in_flight: deque[tuple[asyncio.Future, str]] = deque()
+    collected: list[list[tuple[str, torch.Tensor]]] = []  # the group read and not yet written: one at most
     try:
-        while (group := await asyncio.to_thread(next, groups, None)) is not None:
+        while await asyncio.to_thread(_collect, groups, collected):
             if len(in_flight) == IN_FLIGHT:
                 await _settle(in_flight.popleft())
-            path, nbytes, entries = await asyncio.to_thread(write_bucket, directory, group)
-            del group  # in its file now: tensors made as they are read (delta's) go before the next are made
+            path, nbytes, entries = await asyncio.to_thread(_write_collected, directory, collected)
             fields = {"path": path, "nbytes": nbytes, "entries": entries}
             in_flight.append((asyncio.ensure_future(call("update_bucket", timeout_s, **fields)), path))
         while in_flight:
@@ -111,6 +111,25 @@ async def stream_update(
         for future, path in in_flight:  # a failed stream: stop waiting, and leave no file behind
             future.cancel()
             remove(path)
+
+
+def _collect(groups: Iterator[list[tuple[str, torch.Tensor]]], collected: list) -> bool:
+    """Read the next group into ``collected``; False when none is left. The group never travels as a thread's
+    result: a future's result and its finished work item are released by the executor's thread at a moment of
+    its own, after the loop has moved on, so a group passed that way outlived its file at times (three groups
+    alive beside the next one's first tensors, where two are promised)."""
+    group = next(groups, None)
+    if group is None:
+        return False
+    collected.append(group)
+    return True
+
+
+def _write_collected(directory: str, collected: list) -> tuple[str, int, list[list[Any]]]:
+    """``write_bucket`` of the group ``_collect`` read, taken out of ``collected`` first, so that its last
+    reference is this call's local, freed on this thread before the loop learns the file is written: tensors
+    made as they are read (delta's) are gone before the next group's are made."""
+    return write_bucket(directory, collected.pop())
 
 
 async def _settle(sent: tuple[asyncio.Future, str]) -> None:

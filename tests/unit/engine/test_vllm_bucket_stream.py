@@ -262,9 +262,7 @@ def test_a_delta_update_reaches_vllm_tensor_by_tensor_bit_for_bit(shm, tmp_path)
 class FreshTensors:
     """A transport whose ``receive`` makes each tensor as it is read (as delta's rebuild does), recording the
     most alive at once. Counted at each making, the only moment the number can grow, by weak references: the
-    tensors are freed on the stream's threads, so a counter they decrement would race with this one. Counted
-    after a cyclic collection: at times (about one run in three here, cause not found) a group is left in a
-    reference cycle that only Python's next collection frees, which is not the reference this test is about."""
+    tensors are freed on the stream's threads, so a counter they decrement would race with this one."""
 
     name = "fresh"
 
@@ -276,7 +274,6 @@ class FreshTensors:
     def receive(self, update: WeightUpdate):
         for name, tensor in self.weights.items():
             fresh = tensor.clone()
-            gc.collect()
             self.made = [ref for ref in self.made if ref() is not None] + [weakref.ref(fresh)]
             self.most = max(self.most, len(self.made))
             yield name, fresh
@@ -286,16 +283,21 @@ class FreshTensors:
 def test_the_stream_holds_the_bucket_it_collects_not_the_one_it_wrote(shm, monkeypatch):
     """Tensors a transport makes as they are read (delta's) live only until their bucket's file is written:
     the stream holds the group it is collecting (a bucket and the tensor that overflowed it), never the
-    previous group beside it. 8 tensors of 256 B, buckets of 512 B: 2 tensors each."""
+    previous group beside it. 8 tensors of 256 B, buckets of 512 B: 2 tensors each. Python's cyclic collector
+    is off while it streams: a group must go by reference counting alone, on the thread that wrote it, before
+    the next group's tensors are made (a group handed back through a thread's future was still referenced by
+    the executor's thread at times, about one run in two with the collector off)."""
     weights = {f"w{i}": torch.full((64,), float(i)) for i in range(8)}
     transport = FreshTensors(weights)
     monkeypatch.setitem(TRANSPORTS, "fresh", lambda: transport)
     manifest = tuple(ManifestEntry(name=n, dtype="float32", shape=(64,)) for n in weights)
     update = WeightUpdate(version=1, transport="fresh", manifest=manifest, handle=None)
     harness = Harness(shm, bucket_bytes=512, shapes={n: (64,) for n in weights})
+    gc.disable()
     try:
         asyncio.run(harness.client.update_weights(update, version=1))
     finally:
+        gc.enable()
         harness.close()
     assert harness.engine.calls.count("_load_bucket") == 4
     assert all(torch.equal(harness.engine.loaded[n], t) for n, t in weights.items())
