@@ -338,9 +338,8 @@ def check_plan(
                 "lower rollout.num_engines or trainer.num_workers, or plan for more GPUs (--gpus)",
             )
         )
-    for (
-        role
-    ) in plan.roles:  # a role that does not fit a GPU alone fails on its own line, not only its device's
+    # a role that does not fit a GPU alone fails on its own line, not only its device's
+    for role in plan.roles:
         terms = " + ".join(t.line() for t in role.terms)
         span = f", {role.gpus_each} GPUs each" if role.gpus_each > 1 else ""
         findings.append(
@@ -370,20 +369,23 @@ def check_plan(
             )
         )
     if config.engine.backend == "vllm":
-        share = config.engine.vllm.gpu_memory_utilization * hardware.device_bytes
-        need = memory_plan.vllm_needs(config, shape, max_len)
-        findings.append(
-            _fits(
-                "gpu memory",
-                f"vLLM's share {_gb(share)} holds its weights and one {max_len}-token request's KV {_gb(need)}",
-                need,
-                int(share),
-                "raise engine.vllm.gpu_memory_utilization or engine.vllm.tensor_parallel_size",
-                margin=1.0,
-                unit=_gb,
-            )
-        )
+        findings.append(_vllm_share(config, hardware, shape, max_len))
     return findings
+
+
+def _vllm_share(config: RunConfig, hardware: Hardware, shape: ModelShape, max_len: int) -> Finding:
+    """Whether vLLM's share of a GPU (``gpu_memory_utilization``) holds its weights and one longest request."""
+    share = config.engine.vllm.gpu_memory_utilization * hardware.device_bytes
+    need = memory_plan.vllm_needs(config, shape, max_len)
+    return _fits(
+        "gpu memory",
+        f"vLLM's share {_gb(share)} holds its weights and one {max_len}-token request's KV {_gb(need)}",
+        need,
+        int(share),
+        "raise engine.vllm.gpu_memory_utilization or engine.vllm.tensor_parallel_size",
+        margin=1.0,
+        unit=_gb,
+    )
 
 
 def binding_phases(devices: tuple[memory_plan.Device, ...]) -> set[str]:
