@@ -49,7 +49,8 @@ class OffloadChoice:
     master_weights: bool = False
     reference: bool = False
     """The frozen reference model's weights (``runtime.switch.offload_reference``, on by default there; off
-    here so that a bare ``OffloadChoice()`` moves what it always did)."""
+    here so that a bare ``OffloadChoice()`` moves what it always did). Its parameters only: its buffers (a
+    rotary embedding's frequencies, KB) stay."""
 
 
 @dataclass(frozen=True)

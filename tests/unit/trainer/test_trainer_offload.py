@@ -157,8 +157,11 @@ def test_the_reference_model_is_freed_with_the_state_and_comes_back_bit_for_bit_
     assert reference_bytes > 0 and moment_bytes > 0
 
     offloader = StateOffloader.for_trainer(trainer, OffloadChoice(reference=True))
+    allocated = torch.cuda.memory_allocated(DEVICE) if DEVICE.type == "cuda" else 0
     assert offloader.offload() == moment_bytes + reference_bytes
     assert storage_bytes(reference) == 0 and storage_bytes(moments) == 0, "a storage was not freed"
+    if DEVICE.type == "cuda":
+        assert torch.cuda.memory_allocated(DEVICE) <= allocated - moment_bytes - reference_bytes
     assert offloader.reload(reference=False) == moment_bytes  # a checkpoint's read
     assert storage_bytes(reference) == 0 and storage_bytes(moments) == moment_bytes
     assert offloader.offload() == moment_bytes  # the reference is still in host memory: not moved twice
