@@ -786,9 +786,12 @@ OFFLOADABLE = {
     "master weights": "offload_master_weights",
     "critic optimizer state": "offload_optimizer",
     "critic weights": "offload_master_weights",
+    "reference copy": "offload_reference",
 }
 """The trainer's held terms ``runtime.switch`` can move to host memory while the engines generate, each with
-its switch key: the policy's and a separate critic's alike (``StateOffloader.for_trainer`` moves both). A value
+its switch key: the policy's and a separate critic's alike (``StateOffloader.for_trainer`` moves both), and
+the frozen reference copy (a KL loss without LoRA; its whole weights in the master dtype, on by default: the
+step reloads it before it reads the reference log-probs, so the trainer's phases still count it). A value
 head's (``shared_trunk``: tens of KB) stays one term, counted on the device. Gradients are no held term (the
 trainer frees them after every optimizer step), so there is nothing of theirs to offload."""
 

@@ -44,7 +44,8 @@ SWITCH_OFFLOAD_BYTES = {"offload_optimizer": 8, "offload_master_weights": 12}
 docstring: 8 is AdamW's two fp32 moments, 12 adds the master weights; the 16 of a system that offloads
 gradients too has no switch key here: asyncrl's trainer frees them after every step). Memory really freed: each
 rank's offload frees its own shards of them in place, FSDP2's all-gather buffers included (``trainer.offload``;
-checked over gloo ranks, not on a GPU)."""
+checked over gloo ranks, not on a GPU). ``offload_reference`` keeps its default (on): a candidate planned from
+``memory``'s keys has no KL loss, so no reference copy; a training config's own switch is planned as written."""
 
 
 @dataclass(frozen=True)

@@ -316,7 +316,9 @@ class SimCostConfig:
     """Colocated (``trainer.colocated``): trainer state per parameter that leaves the devices while the engines
     generate and comes back before training, over the host link (8: Adam's two float32 moments, what
     ``runtime.switch`` offloads by default; 12 with its master weights; 16 with gradients too, for a system
-    that keeps them between steps: asyncrl's trainer frees them after every step)."""
+    that keeps them between steps: asyncrl's trainer frees them after every step). A frozen reference model
+    (a KL loss, ``logprob_passes`` 2), which ``runtime.switch.offload_reference`` also moves by default, is
+    not in these figures: the simulator does not cost its round trip (its master bytes per parameter)."""
     switch_sleep_level: int = 1
     """Colocated: what a sleeping engine gives up (``runtime.switch.engine_sleep_level``): 1 its KV pool
     (re-zeroed on wake), 2 also its weights (out to host memory and back over the host link)."""

@@ -11,7 +11,8 @@
     asleep and joins its peers' phase, woken as it joins or with them; one replaced while the trainer
     trains catches up to the step's publication: ``runtime.switch_phase``)
     save_checkpoint: engines sleep ─► trainer reloads ─► save ─► trainer offloads ─► engines wake
-    (a run saves after a step's publication, its engines awake: ``save_checkpoint``)
+    (a run saves after a step's publication, its engines awake: ``save_checkpoint``; that reload, and a catch-up
+    pack's, leave an offloaded reference model where it is: neither reads it, ``trainer.offload``)
 
 An engine that dies (or wedges) while the trainer trains fails its ``sleep``, ``stats`` or ``wake``
 (``ENGINE_GONE``, or past ``runtime.control_timeout_s``): the switch logs it, counts it
@@ -95,7 +96,10 @@ class TrainerState(Protocol):
 
     def offload_state(self) -> int: ...
 
-    def reload_state(self) -> int: ...
+    def reload_state(self, reference: bool = True) -> int:
+        """The offloaded state back on the device; the reference model's only with ``reference`` (a step reads
+        it, a checkpoint or a catch-up pack does not: ``StateOffloader.reload``)."""
+        ...
 
     def device_bytes(self) -> dict[str, float]:
         """``colocate/device_allocated_bytes``: the trainer's CUDA allocator bytes now, every rank's summed (empty
@@ -113,8 +117,8 @@ class LocalState:
     def offload_state(self) -> int:
         return self.local.on_training_thread(self.offloader.offload)
 
-    def reload_state(self) -> int:
-        return self.local.on_training_thread(self.offloader.reload)
+    def reload_state(self, reference: bool = True) -> int:
+        return self.local.on_training_thread(self.offloader.reload, reference)
 
     def device_bytes(self) -> dict[str, float]:
         return device_bytes(self.local.trainer.device)
@@ -285,10 +289,12 @@ class ColocatedTrainer:
     def _state_resident(self, phases: dict[str, float] | None = None) -> Iterator[None]:
         """The trainer's state on the device for a read that falls while it is offloaded, and offloaded again
         after (timed into ``phases`` when given). Why: the offload frees the state's storages in place
-        (``trainer.offload``), so until a reload nothing may read them."""
+        (``trainer.offload``), so until a reload nothing may read them. An offloaded reference model stays
+        offloaded: no read here uses it (a checkpoint holds none), so it costs no bytes beside awake engines and
+        no round trip."""
         timed = phases if phases is not None else {}
         with self._resident:
-            moved = self._timed(timed, "checkpoint_reload", self.state.reload_state)
+            moved = self._timed(timed, "checkpoint_reload", lambda: self.state.reload_state(reference=False))
             try:
                 yield
             finally:
@@ -296,7 +302,8 @@ class ColocatedTrainer:
                     self._timed(timed, "checkpoint_offload", self.state.offload_state)
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
-        """Reload first: a loaded optimizer state lands on the device the parameters are on."""
+        """Reload first, the reference too (the next step reads it; the checkpoint holds none): a loaded
+        optimizer state lands on the device the parameters are on."""
         self.state.reload_state()
         self._offloaded = False
         return self.inner.load_checkpoint(path)
@@ -376,6 +383,7 @@ def offload_choice(switch: SwitchConfig) -> OffloadChoice:
     return OffloadChoice(
         optimizer=switch.offload_optimizer,
         master_weights=switch.offload_master_weights,
+        reference=switch.offload_reference,
     )
 
 

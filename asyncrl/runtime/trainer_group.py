@@ -262,17 +262,19 @@ class TrainerRankActor:
         return checkpoint.load_checkpoint(path, trainer)
 
     def offload_state(self) -> int:
-        """``runtime.switch``: move this rank's chosen state (optimizer, master weights) to host memory
-        while its bundle's engine generates; the bytes moved. On CUDA the freed blocks go back to the device
-        (``empty_cache``): the engine is another process, which this process's allocator cache would starve."""
+        """``runtime.switch``: move this rank's chosen state (optimizer, master weights, reference) to host
+        memory while its bundle's engine generates; the bytes moved. On CUDA the freed blocks go back to the
+        device (``empty_cache``): the engine is another process, which this process's allocator cache would
+        starve."""
         moved = self._offloader().offload()
         if torch.device(self._device()).type == "cuda":
             torch.cuda.empty_cache()
         return moved
 
-    def reload_state(self) -> int:
-        """Undo ``offload_state`` before the next step; the bytes moved (0 when nothing was offloaded)."""
-        return self._offloader().reload()
+    def reload_state(self, reference: bool = True) -> int:
+        """Undo ``offload_state`` before the next step (the reference's only with ``reference``: a checkpoint
+        leaves it offloaded); the bytes moved (0 when nothing was offloaded)."""
+        return self._offloader().reload(reference)
 
     def device_bytes(self) -> dict[str, float]:
         """This rank's CUDA allocator bytes now (``colocate/device_allocated_bytes``; empty on CPU)."""
@@ -474,9 +476,10 @@ class TrainerGroupClient:
         refs = [handle.offload_state.remote() for handle in self.handles]
         return sum(call_ranks(self.handles, refs, "trainer: offload_state", self.config.control_timeout_s))
 
-    def reload_state(self) -> int:
-        """Undo ``offload_state`` on every rank, within ``control_timeout_s``; the bytes moved, summed."""
-        refs = [handle.reload_state.remote() for handle in self.handles]
+    def reload_state(self, reference: bool = True) -> int:
+        """Undo ``offload_state`` on every rank (the reference's only with ``reference``), within
+        ``control_timeout_s``; the bytes moved, summed."""
+        refs = [handle.reload_state.remote(reference) for handle in self.handles]
         return sum(call_ranks(self.handles, refs, "trainer: reload_state", self.config.control_timeout_s))
 
     def device_bytes(self) -> dict[str, float]:

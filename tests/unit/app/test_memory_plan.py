@@ -226,6 +226,65 @@ def test_an_inline_switched_gpu_needs_its_heaviest_phase_not_the_trainers_peak_p
     assert both.total == trainer.total + engine.total
 
 
+KL_SWITCHED_8B = [
+    "model.dtype=bfloat16",
+    "engine.dtype=bfloat16",
+    "controller.mode=sync",
+    "runtime.switch.enabled=true",
+    "loss.kl.beta=0.1",
+]
+"""Qwen3-8B in bf16 on one GPU under the colocated switch, with a KL term: a frozen reference copy of 16 GB,
+offloaded by default (``runtime.switch.offload_reference``)."""
+KL_SWITCHED_8B_KEPT = [*KL_SWITCHED_8B, "runtime.switch.offload_reference=false"]
+"""The same with the reference kept on the GPU."""
+
+
+def test_an_offloaded_reference_leaves_the_gpu_once_the_trainer_published_and_stays_counted_while_it_trains():
+    """The reference copy moves to host memory with the optimizer state, after the publication: the phases the
+    engine runs in (applying the update, generating) drop by exactly its bytes, the trainer's (training,
+    publishing) keep them, and the host holds them."""
+    offloaded, kept = load_run_config(None, KL_SWITCHED_8B), load_run_config(None, KL_SWITCHED_8B_KEPT)
+    assert offloaded.runtime.switch.offload_reference and not kept.runtime.switch.offload_reference
+    resident, moved = (mp.plan(config, QWEN3_8B, 512, H100) for config in (kept, offloaded))
+    reference = {t.name: t.bytes for t in resident.roles[0].terms}["reference copy"]
+    assert reference == QWEN3_8B.num_params * 2 and round(reference / mp.GB, 1) == 16.4
+    drops = [a.total - b.total for a, b in zip(resident.devices, moved.devices, strict=True)]
+    assert drops == [0, 0, reference, reference], (
+        drops
+    )  # SWITCH_PHASES: trains, publishes, applies, generates
+    *_, generating = moved.devices
+    assert all("reference copy" not in {t.name for t in role.terms} for role, _ in generating.roles)
+
+    def hosted(keys: list[str]) -> dict[str, int]:
+        return {t.name: t.bytes for role, _ in _host(keys, QWEN3_8B, H100).roles for t in role.terms}
+
+    assert hosted(KL_SWITCHED_8B)["offloaded reference copy"] == reference
+    assert "offloaded reference copy" not in hosted(KL_SWITCHED_8B_KEPT)
+
+
+def test_doctor_counts_an_offloaded_reference_on_the_host_and_not_beside_the_generating_engine() -> None:
+    """``asyncrl doctor --hardware``'s phase lines are the plan's: the one GPU while the engine generates needs
+    the reference's 16.4 GB less once it is offloaded, while the trainer trains the same; the host line names
+    it."""
+
+    def lines(keys: list[str]) -> dict[str, str]:
+        """Each phase's line by its phase (``engine generates``, ...), and the host line as ``host``."""
+        findings = diagnose(load_run_config(None, keys), hardware=H100, shape=QWEN3_8B)
+        by_phase = {f.detail.split(":")[0].rsplit(" while the ", 1)[-1]: f.detail for f in findings}
+        return by_phase | {"host": next(f.detail for f in findings if f.topic == "host memory")}
+
+    def needs(line: str) -> float:
+        return float(re.search(r": ([0-9.]+) GB on ", line).group(1))
+
+    offloaded, kept = lines(KL_SWITCHED_8B), lines(KL_SWITCHED_8B_KEPT)
+    reference = QWEN3_8B.num_params * 2 / mp.GB
+    generating = needs(kept["engine generates"]) - needs(offloaded["engine generates"])
+    assert generating == pytest.approx(reference, abs=0.11)  # each line rounds to 0.1 GB
+    assert needs(kept["trainer trains"]) == needs(offloaded["trainer trains"])
+    assert f"offloaded reference copy {reference:.2f}" in offloaded["host"], offloaded["host"]
+    assert "reference" not in kept["host"], kept["host"]
+
+
 def test_doctor_names_the_phase_that_binds_a_switched_gpu(tmp_path, monkeypatch, capsys) -> None:
     """``asyncrl doctor --hardware`` prints each phase of the one GPU with what each role holds then, and
     marks the heaviest: the GPU's need."""
