@@ -93,6 +93,11 @@ _AGGREGATED_LOSSES = ("policy_loss", "critic/value_loss")
 """Metrics that are a micro-batch's aggregated loss: reported like ``loss``, each micro-batch's value times its
 accumulation weight, summed, so they are the mini-batch's loss whatever the split (a token-weighted mean of
 micro-batch aggregates is not, under the sequence-mean aggregations)."""
+_TRAINED_TOKEN_METRICS = ("entropy", "opsm/", "m2po/")
+"""Metrics that are a mean over a micro-batch's trained tokens (its loss mask): merged over micro-batches
+weighted by those. Every other loss metric is a mean over the tokens the loss counts (the aggregation mask:
+less what mismatch correction or K3 rejection drop), merged weighted by those, so that either merge is the
+mini-batch's own mean whichever rank and micro-batch each row lands in."""
 
 
 def needs_reference_copy(loss_config: LossConfig, config: TrainerConfig) -> bool:
@@ -635,7 +640,8 @@ class Trainer:
     ) -> dict[str, float]:
         """Forward and backward one micro-batch with its loss scaled to its share of the mini-batch's loss
         (of every rank's rows); return that share of the policy loss (``loss``) and of each
-        ``_AGGREGATED_LOSSES`` metric. Other metrics are weighted by the micro-batch's trained tokens."""
+        ``_AGGREGATED_LOSSES`` metric. Other metrics are merged weighted by the tokens each is a mean over
+        (``_TRAINED_TOKEN_METRICS``)."""
         with self._gradient_mode():
             out = self._forward(self.policy, micro) if self._runs_policy else None
             num_tokens = float(micro.loss_mask.sum())
@@ -662,7 +668,10 @@ class Trainer:
                 ).backward()  # TokenLogProbModule), so every rank differentiates every pass
         shares = {key: step_metrics.pop(key) * weight for key in _AGGREGATED_LOSSES if key in step_metrics}
         step_metrics = {k: v for k, v in step_metrics.items() if not k.startswith(CORRECTION_METRICS)}
-        metrics.add(step_metrics, weight=num_tokens)
+        per_trained = {k: v for k, v in step_metrics.items() if k.startswith(_TRAINED_TOKEN_METRICS)}
+        metrics.add(per_trained, weight=num_tokens)
+        counted = float(fixed[_AGGREGATION_MASK].sum())
+        metrics.add({k: v for k, v in step_metrics.items() if k not in per_trained}, weight=counted)
         return {"loss": float(loss.detach()) * weight, **shares}
 
     def _value_loss(
