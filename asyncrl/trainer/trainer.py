@@ -536,7 +536,8 @@ class Trainer:
     ) -> dict[str, float]:
         """Accumulate the gradient of one mini-batch over its micro-batches, clip it and step the optimizer.
 
-        Each rank trains its share of ``split``'s rows; the loss and metrics returned are the whole mini-batch's."""
+        Each rank trains its share of ``split``'s rows; the loss and metrics returned are the whole
+        mini-batch's."""
         rows, mine = list(split.rows), list(split.ranks[self.parallel.rank])
         mini, mini_fixed = _take(batch, fixed, mine) if mine else (None, {})
         local = local_denominator(mini_fixed[_AGGREGATION_MASK]) if mine else torch.zeros(3)

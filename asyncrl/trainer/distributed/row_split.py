@@ -36,7 +36,8 @@ class RowSplit:
 
     @property
     def imbalance(self) -> float:
-        """The largest rank's planned tokens over the ranks' mean: 1.0 is even; every rank waits for the largest."""
+        """The largest rank's planned tokens over the ranks' mean: 1.0 is even; every rank waits for the
+        largest."""
         mean = sum(self.tokens) / len(self.tokens)
         return max(self.tokens) / mean if mean > 0 else 1.0
 
