@@ -166,7 +166,11 @@ class TrainerRankActor:
         }
 
     def train_step(self, groups: list[Group], policy_version: int) -> dict[str, float]:
-        return self._trainer().train_step(groups, policy_version)
+        """The step's metrics, and with several ranks how evenly its rows were dealt over them
+        (``Trainer.split_metrics``: ``rank_token_imbalance``)."""
+        trainer = self._trainer()
+        metrics = trainer.train_step(groups, policy_version)
+        return {**metrics, **trainer.split_metrics}
 
     def open_weight_group(self) -> tuple[str, int]:
         """Rank 0: where the weight-broadcast group (this rank and the engines) meets."""
