@@ -3,10 +3,14 @@ doctor --hardware`` prints), and dropped when a GPU it occupies, or a node's hos
 
 Key decisions:
 - A candidate stands for a ``RunConfig``: the training config ``memory.train_config`` names (its model dtype,
-  trainer, loss, critic, LoRA, engine and switch), else ``memory``'s documented defaults with the engine the
-  simulation's ``cost`` keys describe (``kv: paged``: vLLM at ``memory_utilization``; ``reserved``: the built-in
-  engine with the workload's slots). The candidate sets the layout: trainer ranks (FSDP2 shards), engines and
-  their tensor parallelism. The longest context is the workload's, ``prompt_tokens + rollout.max_new_tokens``.
+  trainer, loss, critic, LoRA, engine and switch; the simulation runs its engine too, ``sim.run_engine``), else
+  ``memory``'s documented defaults with the engine the simulation runs (``kv: paged``: vLLM at
+  ``memory_utilization`` with ``max_num_seqs``; ``reserved``: the built-in engine with the simulated engine's
+  slots, min(``max_num_seqs``, the KV that fits // one longest context): ``sim.derive.reserved_slots``, so the
+  pool planned is the one that engine would preallocate, and every slot of it is one admission can fill). The
+  candidate sets the layout: trainer ranks (FSDP2 shards), engines and their tensor parallelism. The longest
+  context is the workload's, ``prompt_tokens + rollout.max_new_tokens``. ``engine_keys`` says that engine as
+  ``asyncrl train`` keys (``asyncrl plan`` prints them).
 - A separate critic is planned at the shape the simulator costs its time at (``sim.trained.trained_parts``:
   the training config's ``critic.model_path``, else ``memory.critic_model``, else the policy's), resolved once.
 - A split candidate's GPUs are the doctor's: each trainer GPU, each engine GPU. A colocated one shares each GPU
@@ -129,6 +133,7 @@ class MemoryCheck:
             f"engine.backend={'vllm' if sim.cost.kv == 'paged' else 'builtin'}",
             f"engine.dtype={served}",
             f"engine.vllm.gpu_memory_utilization={sim.cost.memory_utilization}",
+            f"engine.vllm.max_num_seqs={sim.cost.max_num_seqs}",
             f"engine.max_running_requests={sim.engine.max_running_requests}",
             f"engine.max_model_len={sim.engine.max_model_len or self.longest}",
             f"engine.max_kv_tokens={max(sim.engine.max_kv_tokens, self.longest)}",
@@ -169,6 +174,28 @@ class MemoryCheck:
                 drops.append(Drop("vLLM's share of each engine GPU", need, share, "vLLM engine", how, need))
         failed = [d for d in drops if d is not None]
         return max(failed, key=lambda d: d.need / d.usable) if failed else None
+
+
+def engine_keys(config: RunConfig) -> list[str]:
+    """``config``'s engine as the ``asyncrl train`` keys that size it: backend, slots, KV budget and context cap
+    (the built-in engine), or the memory share, sequences and tensor parallelism (vLLM)."""
+    engine = config.engine
+    keys = [f"engine.backend={engine.backend}"]
+    if engine.backend == "builtin":
+        keys += [
+            f"engine.max_running_requests={engine.max_running_requests}",
+            f"engine.max_kv_tokens={engine.max_kv_tokens}",
+        ]
+    else:
+        vllm = engine.vllm
+        keys += [
+            f"engine.vllm.gpu_memory_utilization={vllm.gpu_memory_utilization}",
+            f"engine.vllm.max_num_seqs={vllm.max_num_seqs}",
+            f"engine.vllm.tensor_parallel_size={vllm.tensor_parallel_size}",
+        ]
+    if engine.max_model_len is not None:
+        keys.append(f"engine.max_model_len={engine.max_model_len}")
+    return keys
 
 
 def simulated_switch(cost: SimCostConfig) -> SwitchConfig:

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from asyncrl.app.plan_memory import Drop, Layout, MemoryCheck
+from asyncrl.app.plan_memory import Drop, Layout, MemoryCheck, engine_keys
 from asyncrl.app.simulate import simulate
 from asyncrl.config.sim import SimConfig
 from asyncrl.modes import async_ratio_for
@@ -106,6 +106,10 @@ class PlanResult:
     """The candidates whose memory plan does not fit the hardware, each with why (never recommended)."""
     hardware: str = ""
     """The hardware profile memory was planned for."""
+    engine: tuple[str, ...] = ()
+    """The recommended layout's engine as ``asyncrl train`` keys (``plan_memory.engine_keys``): the engine
+    simulated and planned, so a run set up from the plan is the one it checked (the built-in engine's slots
+    are those its KV budget admits: ``sim.derive.reserved_slots``)."""
 
     def placement_text(self, candidate: Candidate) -> str:
         """The layout the runtime builds for ``candidate``, or why it refuses it (never recommended then)."""
@@ -134,6 +138,7 @@ class PlanResult:
                 o.candidate.label(self.gpus): self.placement_text(o.candidate) for o in self.outcomes
             },
             "multi_version": self.mode_verdict("multi_version"),
+            "engine": list(self.engine),
             "dropped_for_memory": {
                 candidate.label(self.gpus): drop.text(self.hardware) for candidate, drop in self.dropped
             },
@@ -306,11 +311,18 @@ class Planner:
         if not eligible:
             hardware = self.memory.hardware.name if self.memory else self.base.hardware
             why = "; ".join(f"{c.label(self.gpus)}: {d.text(hardware)}" for c, d in dropped)
-            raise ValueError(
-                f"no candidate on {self.gpus} GPU(s) fits memory ({why}); more GPUs, a smaller model, or lighter "
-                "trainer settings (memory.*, or memory.train_config) would"
+            fixes = (
+                "more GPUs, a smaller model, or lighter trainer settings (memory.*, or memory.train_config)"
             )
+            if any(d.term == "KV pool" for _, d in dropped):  # the built-in engine's slots are what overflow
+                fixes += (
+                    ", or a smaller built-in engine pool (fewer engine.max_running_requests, a shorter "
+                    "engine.max_model_len or engine.max_kv_tokens: the simulation's keys, or memory.train_config's)"
+                )
+            raise ValueError(f"no candidate on {self.gpus} GPU(s) fits memory ({why}); {fixes} would")
         recommended, runner_up = choose(eligible, tolerance)
+        runs = self.memory or MemoryCheck(self.base, self.gpus)  # the run a layout stands for, checked or not
+        engine = engine_keys(runs.run_config(self.layout(recommended.candidate)))
         return PlanResult(
             gpus=self.gpus,
             gpus_per_engine=self.gpus_per_engine,
@@ -321,6 +333,7 @@ class Planner:
             proposition=proposition,
             dropped=tuple(dropped),
             hardware=self.memory.hardware.name if self.memory else "",
+            engine=tuple(engine),
         )
 
 
