@@ -24,7 +24,8 @@ Key decisions:
   for a colocated candidate): offloaded trainer state, weights asleep, staged updates, vLLM's bucket files and
   Ray's object store, against the profile's ``host_memory_bytes`` (2 TB for the named ones) or ``--host-gb``.
 - A candidate is dropped on the doctor's FAIL (a GPU's plan over what ``DEVICE_RESERVE`` leaves, vLLM's share
-  short of its weights and one longest request's KV, or a node's host plan over its RAM), never on a WARN: the
+  short of its weights and one longest request's KV, a built-in engine's pool above what the engine itself
+  allocates, ``app.kv_slots``, or a node's host plan over its RAM), never on a WARN: the
   plan leaves out fragmentation, so a plan within 10 % of full is kept and the margin is the user's to judge
   with ``asyncrl doctor``.
 """
@@ -33,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from asyncrl.app import memory_plan
+from asyncrl.app import kv_slots, memory_plan
 from asyncrl.app.memory_plan import GB, Device, Hardware
 from asyncrl.config.run import RunConfig, load_run_config
 from asyncrl.config.runtime import SwitchConfig
@@ -146,6 +147,18 @@ class MemoryCheck:
             keys += [f"critic.type={memory.critic}", "advantage.name=gae"]
         return keys
 
+    def engine_slot_limit(self) -> int | None:
+        """The most slots the built-in engine planned from the simulation's keys (no training config) allocates
+        at all: its pool within the engine's own limit (``app.kv_slots``: 90 % of its GPU free beside its
+        weights, which the simulated budget, ``cost.memory_utilization`` of the GPU less the weights, exceeds
+        for small models). None for vLLM, or a training config's engine (planned as written)."""
+        if self.train_config is not None or self.sim.cost.kv != "reserved":
+            return None
+        config = self.run_config(Layout(1, 1, colocated=False))
+        engine = memory_plan.engine_role(config, self.shape, self.longest, self.hardware)
+        use = kv_slots.slot_use(config, engine, self.hardware, self.longest)
+        return use.allowed // use.slot_bytes
+
     def drop(self, layout: Layout) -> Drop | None:
         """Why ``layout`` does not fit (the GPU, or the node's host RAM, that overflows most), or None when
         every GPU and node holds it."""
@@ -166,7 +179,12 @@ class MemoryCheck:
         drops = [_overflow(device, hardware.usable_bytes) for device in devices]
         node = memory_plan.host_plan(config, plan, shape, hardware, switch)
         drops.append(_overflow(node, hardware.host_bytes))
-        if config.engine.backend == "vllm":
+        if config.engine.backend == "builtin":  # the pool the engine itself refuses (doctor's FAIL)
+            use = kv_slots.slot_use(config, engine, hardware, self.longest)
+            if use.pool > use.allowed:
+                where = "the built-in engine's KV pool (90 % of its GPU free beside its weights)"
+                drops.append(Drop(where, use.pool, max(use.allowed, 1), engine.name, "KV pool", use.pool))
+        else:
             share = int(config.engine.vllm.gpu_memory_utilization * hardware.device_bytes)
             need = memory_plan.vllm_needs(config, shape, self.longest)
             if need > share:

@@ -33,6 +33,7 @@ from typing import Any
 
 from asyncrl.app.plan_memory import Drop, Layout, MemoryCheck, engine_keys
 from asyncrl.app.simulate import simulate
+from asyncrl.config.loader import apply_overrides, read_yaml_file
 from asyncrl.config.sim import SimConfig
 from asyncrl.modes import async_ratio_for
 from asyncrl.runtime.placement_check import (
@@ -196,6 +197,21 @@ class Planner:
                 "turns off: drop one"
             )
         self.memory = MemoryCheck(self.base, gpus, host_gb) if self.base.memory.check else None
+        if self.memory is not None and not sets_slots(path, overrides):
+            self._fit_engine_slots(host_gb)
+
+    def _fit_engine_slots(self, host_gb: float | None) -> None:
+        """The built-in engine's slots derived from the simulation's keys (``sim.derive.reserved_slots``, in a
+        budget of ``cost.memory_utilization`` of the GPU less the weights) lowered, where they are more, to what
+        the engine itself allocates (``MemoryCheck.engine_slot_limit``: for small models its own limit is the
+        tighter), so that the engine simulated and planned is one that starts. Slots the config sets are kept,
+        and a layout whose pool the engine refuses is dropped."""
+        limit = self.memory.engine_slot_limit()
+        if limit is None or limit >= self.base.engine.max_running_requests:
+            return
+        self.overrides.append(f"engine.max_running_requests={max(1, limit)}")
+        self.base = load_sim_config(self.path, self.overrides)
+        self.memory = MemoryCheck(self.base, self.gpus, host_gb)
 
     def config(self, candidate: Candidate) -> SimConfig:
         keys = candidate_overrides(candidate, self.gpus, self.gpus_per_engine)
@@ -335,6 +351,12 @@ class Planner:
             hardware=self.memory.hardware.name if self.memory else "",
             engine=tuple(engine),
         )
+
+
+def sets_slots(path: str | None, overrides: Sequence[str]) -> bool:
+    """Whether the config file or the overrides set ``engine.max_running_requests`` (kept as given then)."""
+    data = apply_overrides(SimConfig, read_yaml_file(path) if path is not None else {}, overrides)
+    return "max_running_requests" in (data.get("engine") or {})
 
 
 COLOCATED_SYNC = Candidate(mode="sync", alpha=0.0, train_gpus=None)

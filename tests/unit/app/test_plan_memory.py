@@ -217,3 +217,24 @@ def test_a_training_configs_oversized_engine_pool_is_named_with_its_keys(tmp_pat
     assert drop is not None and (drop.role, drop.term) == ("engine", "KV pool")
     with pytest.raises(ValueError, match=r"smaller built-in engine pool \(fewer engine.max_running_requests"):
         planner.search(alphas=(1,), modes=("one_step_off",))
+
+
+def test_a_small_models_reserved_slots_stay_within_what_the_engine_allocates() -> None:
+    """Qwen3-0.6B's 1.2 GB of weights leave a simulated budget (0.9 of the H100 less the weights) that holds 73
+    contexts of 8,392 tokens, 70.3 GB of pool, above the 69.5 GB the engine itself allocates (90 % of the GPU
+    free beside its weights and the CUDA context): such a layout is dropped as doctor FAILs it, and the planner
+    simulates and plans the 72 slots the engine starts with; slots given explicitly are kept, and dropped."""
+    small = ["model=qwen3-0.6b", *LONG_RESERVED[1:]]
+    sim = load_sim_config(None, small)
+    assert sim.engine.max_running_requests == 73
+    drop = MemoryCheck(sim, 8).drop(Layout(4, 4, False))
+    assert drop is not None and (drop.role, drop.term) == ("engine", "KV pool")
+    assert drop.text("h100").startswith(
+        "the built-in engine's KV pool (90 % of its GPU free beside its weights)"
+    )
+    planner = Planner(None, small, 8)
+    assert planner.base.engine.max_running_requests == 72
+    assert planner.memory_drop(split(4)) is None
+    explicit = Planner(None, [*small, "engine.max_running_requests=73"], 8)
+    assert explicit.base.engine.max_running_requests == 73 and explicit.memory_drop(split(4)) is not None
+    assert Planner(None, LONG_RESERVED, 8).base.engine.max_running_requests == 44  # 8B: the budget is tighter
