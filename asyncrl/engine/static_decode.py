@@ -18,7 +18,8 @@ The inputs of a step (token ids, rope positions, KV write positions) are written
 ``[3, num_slots]`` buffer with a single host-to-device copy; a captured graph reads them from there and leaves
 its logits in one static output buffer, valid until the next step. Graphs read the weights and the KV pool
 through the addresses they were captured with: weight updates copy into those tensors in place, and a change
-of address (the pool or the weights reallocated) drops every graph, to be captured again at next use.
+of address (the pool or the weights reallocated, a LoRA adapter's layout changed) drops every graph, to be
+captured again at next use into a fresh graph pool (``release``).
 
 On CPU the same shapes run eagerly (``engine.decode_graphs: on``), which is what the CPU tests compare with
 the dynamic path token for token.
@@ -96,9 +97,12 @@ class StaticDecode:
 
     def release(self) -> None:
         """Drop every captured graph and the shared logits buffer, so that ``torch.cuda.empty_cache`` can
-        return their memory pool to the device (an engine going to sleep); the next step captures again, into
-        a fresh pool: one whose blocks survived the release (a graph still referenced elsewhere) must not be
-        reused by captures over the woken engine's new KV pool."""
+        return their memory pool to the device (an engine going to sleep, or the addresses the graphs read
+        moving: ``_graph``); the next step captures again, into a fresh pool. Never the old one: blocks of it
+        may outlive every graph (a graph still referenced elsewhere, or the capture stream's cuBLAS workspace,
+        allocated inside the first capture on that stream and kept by cuBLAS for the process's life), and
+        PyTorch refuses a capture into a pool that no graph holds but whose blocks live on
+        (``create_or_incref_pool``'s ``use_count > 0`` assert), which would turn capturing off for good."""
         self.graphs.clear()
         self.logits = None
         self._captured_for = None
@@ -160,7 +164,8 @@ class StaticDecode:
             return None
         fingerprint = self.fingerprint()
         if fingerprint != self._captured_for:
-            self.graphs.clear()
+            if self._captured_for is not None:  # graphs over the old addresses
+                self.release()  # into a fresh pool: never the old one (``release``)
             self._captured_for = fingerprint
         if (batch, groups) not in self.graphs:
             started = time.perf_counter()
