@@ -15,6 +15,7 @@ import torch
 from asyncrl.config.engine import EngineConfig, serving_dtype
 from asyncrl.engine import migration
 from asyncrl.engine.adapters import adapters_for
+from asyncrl.engine.capture_turns import CaptureTurns
 from asyncrl.engine.kv_cache import available_bytes, pool_bytes
 from asyncrl.engine.model_runner import ModelRunner, kv_dimensions
 from asyncrl.engine.requests import check_request
@@ -39,6 +40,7 @@ class LLMEngine:
         *,
         asleep: int = 0,
         device: torch.device | str | None = None,
+        capture_turns: CaptureTurns | None = None,
     ) -> None:
         """``asleep``: start asleep at that level (``sleep``), the KV pool never allocated until ``wake``: a
         replacement under a colocated switch (``runtime.switch``) must not take the pool's memory beside the
@@ -49,7 +51,10 @@ class LLMEngine:
         still in host memory (``models.loading.load_configured_model(on_host=True)``) serves on another
         device only when it starts asleep at level 2: its weights stay where they were loaded, as ``sleep(2)``
         would have put them (pinned for CUDA), and reach ``device`` at the first ``wake``, so a replacement
-        never holds the whole model on the device beside a colocated trainer's step."""
+        never holds the whole model on the device beside a colocated trainer's step.
+
+        ``capture_turns``: shared with a trainer on the same device in this process (the inline runtime), so
+        that no CUDA graph capture of the decode step overlaps its calls (``engine.capture_turns``)."""
         _check_level(asleep, allowed=(0, 1, 2))
         loaded_on = next(model.parameters()).device
         device = _serving_device(loaded_on, device, asleep)
@@ -78,6 +83,7 @@ class LLMEngine:
             allocate_kv=not asleep,
             device=device,
             adapters_fingerprint=self.adapters.fingerprint,
+            capture_turns=capture_turns,
         )
         self.eos_token_ids = eos_token_ids(model, tokenizer)
         self.version = 0

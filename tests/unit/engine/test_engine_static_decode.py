@@ -413,6 +413,7 @@ def test_a_capture_out_of_memory_leaves_only_its_shape_eager(monkeypatch):
         "decode_capture_failures_out_of_memory": 1,
         "decode_capture_failures_other": 0,
         "decode_shapes_eager": 1,
+        "decode_captures_deferred": 0,
     }
 
 
