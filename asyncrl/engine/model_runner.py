@@ -45,6 +45,7 @@ class ModelRunner:
         num_slots: int,
         max_len: int,
         decode_graphs: str = "off",
+        decode_graph_min_uses: int = 1,
         allocate_kv: bool = True,
         device: torch.device | None = None,
         adapters_fingerprint: Callable[[], tuple[int, ...]] = tuple,
@@ -53,7 +54,8 @@ class ModelRunner:
         asleep). ``device``: where the model runs (default: where its parameters are; an engine started
         asleep at level 2 may hold them in host memory until its wake). ``adapters_fingerprint``: what the
         decode step reads of the served LoRA adapters besides the weights (``engine.adapters``), part of what
-        a captured decode graph depends on."""
+        a captured decode graph depends on. ``decode_graph_min_uses``: the step at which a static shape is
+        captured (``StaticDecode``)."""
         self.architecture = architecture_of(model, max_len)
         self.rotary = self.architecture.rotary
         self.model = model
@@ -83,6 +85,7 @@ class ModelRunner:
                 device=self.device,
                 capture=self.device.type == "cuda",
                 fingerprint=self._addresses,
+                min_uses=decode_graph_min_uses,
             )
 
     @torch.inference_mode()
