@@ -17,6 +17,11 @@ Usage: ``python scripts/gpu_checks/engine_speed.py --device {cpu,cuda} --out DIR
   and the graphs captured for it; and the SDPA kernels one prefill chunk as long as the longest row dispatched
   to (``model_runner.grouped_attention``: the memory-efficient kernel expected, read from torch's kernel
   selection before any GPU ran it).
+- Captures per wake (the 0.6B shape): the shipped capture policy (``engine.decode_graph_min_uses``) over a
+  rollout of more requests than slots with long-tailed lengths, twice, with a sleep and a wake between (what
+  ``runtime.switch`` does every step, dropping the graphs): per wake, the graphs captured and their seconds,
+  the steps run eagerly before their shape's capture (and at how many shapes), the steps replayed, and the
+  rollout's wall seconds. What the simulator's ``recapture`` term of the switch models, measured.
 - ``--device cpu``: the same sections at the probe's tiny shape (the mix at 8 rows, 200 and ~20 positions, its
   static shapes eager), a twin that runs in well under a minute.
 
@@ -97,6 +102,7 @@ def settings(device: str) -> dict[str, Any]:
             "repeats": 10,
             "exact_new_tokens": 24,
             "mix": {"shapes": TARGET_SHAPES, "rows": 64, "long": 2000, "short": 100, "max_len": 2048},
+            "wakes": {"shapes": CUDA_SHAPES[:1], "slots": 16, "requests": 48, "prompt": 128, "new": 96},
         }
     return {
         "shapes": [TINY_SHAPE],
@@ -109,6 +115,7 @@ def settings(device: str) -> dict[str, Any]:
         "repeats": 4,
         "exact_new_tokens": 12,
         "mix": {"shapes": (TINY_SHAPE.name,), "rows": 8, "long": 200, "short": 20, "max_len": 256},
+        "wakes": {"shapes": (TINY_SHAPE.name,), "slots": 4, "requests": 10, "prompt": 16, "new": 12},
     }
 
 
@@ -198,6 +205,11 @@ def measure_shape(shape: ModelShape, s: dict[str, Any], device: torch.device) ->
             record["long_tail_mix"] = long_tail_mix(model, s)
         except Exception:
             record["long_tail_mix"] = {"error": traceback.format_exc()}
+    if shape.name in s["wakes"]["shapes"]:
+        try:
+            record["captures_per_wake"] = captures_per_wake(model, s)
+        except Exception:
+            record["captures_per_wake"] = [{"error": traceback.format_exc()}]
     del model
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -225,6 +237,46 @@ def long_tail_mix(model: torch.nn.Module, s: dict[str, Any]) -> dict[str, Any]:
     record["decode_path"] = decode_path(runner.static)
     record["prefill_sdpa_ops"] = prefill_sdpa_ops(runner, m["long"])
     return record  # the runner's KV pool goes with it, freed with the model by measure_shape
+
+
+@torch.inference_mode()
+def captures_per_wake(model: torch.nn.Module, s: dict[str, Any]) -> list[dict[str, Any]]:
+    """Two rollouts of ``requests`` greedy requests on ``slots`` slots (finished rows refilled at once), output
+    lengths from 1/49 of ``new`` to all of it, with a sleep (level 1) and a wake after each: per wake, the
+    engine's ``decode_wake_*`` stats read while it sleeps, and the rollout's wall seconds."""
+    w = s["wakes"]
+    device = next(model.parameters()).device
+    config = EngineConfig(
+        max_running_requests=w["slots"],
+        max_kv_tokens=w["slots"] * (w["prompt"] + w["new"]),
+        max_model_len=w["prompt"] + w["new"],
+        decode_graphs="on",
+    )
+    engine = LLMEngine(model, config=config)
+    ids = torch.randint(
+        1, model.config.vocab_size, (w["prompt"],), generator=torch.Generator().manual_seed(1)
+    )
+    wakes = []
+    for wake in range(2):
+        started = time.perf_counter()
+        for index in range(w["requests"]):
+            new = max(1, w["new"] * (index % 7 + 1) ** 2 // 49)
+            sampling = SamplingParams(temperature=0, max_new_tokens=new, ignore_eos=True)
+            engine.add_request(
+                Request(request_id=f"{wake}-{index}", prompt_token_ids=ids.tolist(), sampling=sampling)
+            )
+        while engine.has_work():
+            engine.step()
+        _sync(device)
+        seconds = time.perf_counter() - started
+        engine.sleep(1)
+        stats = engine.stats()
+        wakes.append(
+            {key.removeprefix("decode_wake_"): stats[key] for key in stats if key.startswith("decode_wake_")}
+            | {"rollout_s": seconds, "min_uses": config.decode_graph_min_uses}
+        )
+        engine.wake()
+    return wakes
 
 
 def prefill_sdpa_ops(runner: ModelRunner, tokens: int) -> dict[str, int]:
@@ -392,6 +444,7 @@ def main(argv: list[str] | None = None) -> int:
         if "error" in record.get("long_tail_mix", {}):
             failed = True
             print(f"FAIL {shape.name} long-tailed mix: crashed\n{record['long_tail_mix']['error']}")
+        failed |= any("error" in wake for wake in record.get("captures_per_wake", []))
     result["targets"] = [{"target": t, "met": m} for t, m in targets(result["shapes"])]
     for entry in result["targets"]:
         print(f"TARGET {'met' if entry['met'] else 'MISSED'}: {entry['target']}")
@@ -445,6 +498,15 @@ def _print_shape(record: dict[str, Any]) -> None:
         print(f"    longest / bucketed step time: {mix['longest_over_bucketed']:.2f}x")
         ops = ", ".join(f"{name} x{count}" for name, count in mix["prefill_sdpa_ops"].items()) or "none seen"
         print(f"    prefill of {mix['long']} tokens: SDPA ops: {ops}")
+    for index, wake in enumerate(record.get("captures_per_wake", [])):
+        if "error" in wake:
+            print(f"  {record['shape']} captures per wake: crashed\n{wake['error']}")
+            continue
+        print(
+            f"  {record['shape']} wake {index} (min_uses {wake['min_uses']}): {wake['graph_captures']} graphs "
+            f"captured in {wake['capture_s']:.2f} s, {wake['eager_steps']} steps eager at "
+            f"{wake['eager_step_shapes']} shapes, {wake['graph_replays']} replayed; rollout {wake['rollout_s']:.2f} s"
+        )
 
 
 def _path_line(path: dict[str, Any]) -> str:
