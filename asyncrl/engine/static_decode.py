@@ -21,12 +21,12 @@ through the addresses they were captured with: weight updates copy into those te
 of address (the pool or the weights reallocated) drops every graph, to be captured again at next use.
 
 Which shapes are captured (``min_uses``, ``engine.decode_graph_min_uses``): a capture costs about three eager
-steps (two warm-up runs and the capture itself), so a shape run only once or twice before the engine sleeps
-(its graphs dropped) never repays it, and continuous batching meets dozens of such shapes per rollout (the
-batch and its length levels drift as rows end and are refilled). A shape is therefore captured at its
-``min_uses``-th step within a wake and runs eagerly, at the same static shape and so to the same tokens,
-before that; docs/backends.md ("Which shapes are captured") gives the cost model and the simulated rollouts
-that chose the default.
+steps (two warm-up runs and the capture itself), repaid only by a shape replayed several steps before the
+engine sleeps (its graphs dropped). A shape is captured at its ``min_uses``-th step within a wake and runs
+eagerly, at the same static shape and so to the same tokens, before that. The default, 1, captures at first
+use: in simulated rollouts of the shipped recipes a few shapes run one or two steps but most run tens to
+hundreds, and delaying every capture costs more than the few wasted ones save; docs/backends.md ("Which shapes
+are captured") gives the cost model and the figures.
 
 On CPU the same shapes run eagerly (``engine.decode_graphs: on``), which is what the CPU tests compare with
 the dynamic path token for token.
@@ -71,6 +71,7 @@ class WakeCounts:
     """Steps replayed from a captured graph."""
 
     def stats(self, prefix: str) -> dict[str, float]:
+        """The counts as engine stats named ``{prefix}graph_captures``, ``{prefix}capture_s``, …"""
         return {
             f"{prefix}graph_captures": self.captures,
             f"{prefix}capture_s": self.capture_s,
