@@ -102,7 +102,7 @@ def settings(device: str) -> dict[str, Any]:
             "repeats": 10,
             "exact_new_tokens": 24,
             "mix": {"shapes": TARGET_SHAPES, "rows": 64, "long": 2000, "short": 100, "max_len": 2048},
-            "wakes": {"shapes": CUDA_SHAPES[:1], "slots": 16, "requests": 48, "prompt": 128, "new": 96},
+            "wakes": {"shapes": CUDA_SHAPES[:1], "slots": 16, "requests": 32, "prompt": 128, "new": 64},
         }
     return {
         "shapes": [TINY_SHAPE],
