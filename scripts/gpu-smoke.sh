@@ -184,7 +184,7 @@ check $rl_limit rl-async "RL run: inline runtime, async alpha = 2, built-in engi
 # 4. Real shapes (random-initialised at the shape table's sizes; nothing is downloaded), most valuable first.
 #    engine-speed starts no further shape after 2/3 of its limit and writes its JSON after each shape.
 limit=$(section_limit 180)
-kit "$limit" engine-speed "built-in engine at Qwen3 0.6B/1.7B/4B shapes: step vs the static CUDA-graph loop (graphs captured, capture s), vs HF generate, exactness, the long-tailed mix bucketed vs longest (SDPA kernel)" \
+kit "$limit" engine-speed "built-in engine at Qwen3 0.6B/1.7B/4B shapes: step vs the static CUDA-graph loop (graphs captured, capture s), vs HF generate, exactness, the long-tailed mix bucketed vs longest (SDPA kernel), captures per wake" \
   scripts/gpu_checks/engine_speed.py --budget-s $((limit * 2 / 3))
 kit 90 weight-buckets "weight updates: device-side bucketing (cast, pack, unpack, apply) at a Qwen3-1.7B shape" \
   scripts/gpu_checks/weight_buckets.py

@@ -81,6 +81,10 @@ class VLLMConfig:
             )
 
 
+DECODE_GRAPH_MIN_USES = 1
+"""``engine.decode_graph_min_uses``' default, which the simulator's ``cost.decode_graph_min_uses`` repeats."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class EngineConfig:
     """How one engine replica schedules requests and manages its KV cache."""
@@ -113,6 +117,14 @@ class EngineConfig:
     max_running_requests; each row's KV length in powers of two, rows grouped by it), each bucket captured once as a CUDA graph on CUDA and
     replayed, run eagerly at the same shapes elsewhere. off: at the step's own shapes, eagerly. auto: on for
     CUDA, off on CPU (padding a CPU batch to its bucket costs compute that no launch overhead repays)."""
+    decode_graph_min_uses: int = DECODE_GRAPH_MIN_USES
+    """With CUDA graphs: a static decode shape is captured at its n-th step within a wake (the engine's life,
+    or under ``runtime.switch`` one rollout: a sleep drops every graph), and runs eagerly at the same shape,
+    to the same tokens, before that. A capture costs about three eager steps, repaid only by a shape run
+    several steps. 1 (the default) captures every shape at first use: in simulated rollouts of the shipped
+    recipes most shapes run tens to hundreds of steps and a few run one or two, and delaying every capture
+    costs more than the few wasted ones (docs/backends.md, "Which shapes are captured"). Raise it where the
+    GPU kit measures a capture at well over three eager steps. Not yet measured on a GPU."""
     cuda_stream: Literal["own", "default"] = "own"
     """Which CUDA stream the built-in engine's thread issues its kernels on (``engine.streams``). own: a
     stream of its own, so on one GPU its decode steps run beside the trainer's kernels (default stream) instead
@@ -145,6 +157,8 @@ class EngineConfig:
                 f"engine.decode_graphs must be one of {', '.join(map(repr, DECODE_GRAPHS))}, "
                 f"got {self.decode_graphs!r}"
             )
+        if self.decode_graph_min_uses < 1:
+            raise ValueError(f"engine.decode_graph_min_uses must be >= 1, got {self.decode_graph_min_uses}")
         if self.cuda_stream not in CUDA_STREAMS:
             raise ValueError(
                 f"engine.cuda_stream must be one of {', '.join(map(repr, CUDA_STREAMS))}, got {self.cuda_stream!r}"

@@ -11,6 +11,7 @@ from typing import Literal
 
 from asyncrl.config.buffer import BufferConfig
 from asyncrl.config.controller import ControllerConfig
+from asyncrl.config.engine import DECODE_GRAPH_MIN_USES
 from asyncrl.config.env import EnvManagerConfig, check_env_manager_fits
 from asyncrl.config.proxy import ProxyConfig
 from asyncrl.config.rollout import RolloutConfig
@@ -329,6 +330,13 @@ class SimCostConfig:
     """Colocated: the switch's fixed time per step beyond moving bytes (allocator calls, CUDA IPC handles, the
     hand-offs between five phases). An assumption, not measured and not fitted to any figure:
     ``scripts/gpu_checks/colocate.py`` measures the phases on a lent GPU."""
+    decode_graph_min_uses: int = DECODE_GRAPH_MIN_USES
+    """Colocated, built-in engine (``kv: reserved``): the run's ``engine.decode_graph_min_uses``, with which the
+    switch's ``recapture`` part counts the CUDA graphs a rollout captures again after each wake."""
+    decode_replay_ratio: float = 0.15
+    """Colocated, built-in engine: a CUDA-graph-replayed decode step's time over an eager one's, which prices
+    the switch's ``recapture`` part in eager steps (``asyncrl.sim.decode_captures``: the H200 probe's static
+    loop over the engine's step, median 0.145 over Qwen3 0.6B-8B). Not measured for the captured engine."""
 
     def __post_init__(self) -> None:
         if self.kv not in ("paged", "reserved"):
@@ -349,6 +357,10 @@ class SimCostConfig:
             )
         if self.switch_sleep_level not in (1, 2):
             raise ValueError(f"cost.switch_sleep_level must be 1 or 2, got {self.switch_sleep_level}")
+        if self.decode_graph_min_uses < 1:
+            raise ValueError(f"cost.decode_graph_min_uses must be >= 1, got {self.decode_graph_min_uses}")
+        if not 0 < self.decode_replay_ratio <= 1:
+            raise ValueError(f"cost.decode_replay_ratio must be in (0, 1], got {self.decode_replay_ratio}")
 
 
 CRITIC_CHOICES = ("none", "separate", "shared_trunk")

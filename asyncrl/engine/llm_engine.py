@@ -80,6 +80,7 @@ class LLMEngine:
             num_slots=self.config.max_running_requests,
             max_len=self.max_model_len,
             decode_graphs=self.config.decode_graphs,
+            decode_graph_min_uses=self.config.decode_graph_min_uses,
             allocate_kv=not asleep,
             device=device,
             adapters_fingerprint=self.adapters.fingerprint,

@@ -46,6 +46,7 @@ class ModelRunner:
         num_slots: int,
         max_len: int,
         decode_graphs: str = "off",
+        decode_graph_min_uses: int = 1,
         allocate_kv: bool = True,
         device: torch.device | None = None,
         adapters_fingerprint: Callable[[], tuple[int, ...]] = tuple,
@@ -56,7 +57,8 @@ class ModelRunner:
         asleep at level 2 may hold them in host memory until its wake). ``adapters_fingerprint``: what the
         decode step reads of the served LoRA adapters besides the weights (``engine.adapters``), part of what
         a captured decode graph depends on. ``capture_turns``: what keeps its decode graphs' captures apart from
-        a trainer on the same device in this process (``engine.capture_turns``; None: no such trainer)."""
+        a trainer on the same device in this process (``engine.capture_turns``; None: no such trainer).
+        ``decode_graph_min_uses``: the step at which a static shape is captured (``StaticDecode``)."""
         self.architecture = architecture_of(model, max_len)
         self.rotary = self.architecture.rotary
         self.model = model
@@ -87,6 +89,7 @@ class ModelRunner:
                 capture=self.device.type == "cuda",
                 fingerprint=self._addresses,
                 turns=capture_turns,
+                min_uses=decode_graph_min_uses,
             )
 
     @torch.inference_mode()

@@ -21,6 +21,14 @@ through the addresses they were captured with: weight updates copy into those te
 of address (the pool or the weights reallocated, a LoRA adapter's layout changed) drops every graph, to be
 captured again at next use into a fresh graph pool (``release``).
 
+Which shapes are captured (``min_uses``, ``engine.decode_graph_min_uses``): a capture costs about three eager
+steps (two warm-up runs and the capture itself), repaid only by a shape replayed several steps before the
+engine sleeps (its graphs dropped). A shape is captured at its ``min_uses``-th step within a wake and runs
+eagerly, at the same static shape and so to the same tokens, before that. The default, 1, captures at first
+use: in simulated rollouts of the shipped recipes a few shapes run one or two steps but most run tens to
+hundreds, and delaying every capture costs more than the few wasted ones save; docs/backends.md ("Which shapes
+are captured") gives the cost model and the figures.
+
 On CPU the same shapes run eagerly (``engine.decode_graphs: on``), which is what the CPU tests compare with
 the dynamic path token for token.
 """
@@ -30,6 +38,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
@@ -39,8 +48,40 @@ from asyncrl.engine.decode_plan import Group, batch_buckets, static_shape
 logger = logging.getLogger(__name__)
 
 WARMUP_RUNS = 2
-"""Eager runs on a side stream before a capture, so lazy initialisation (cuBLAS workspaces, autotuning)
+"""Eager runs on the capture stream before a capture, so lazy initialisation (cuBLAS workspaces, autotuning)
 happens outside the graph."""
+
+Shape = tuple[int, tuple[Group, ...]]
+"""(batch bucket, attention groups): one static decode shape, one graph."""
+
+
+@dataclass
+class WakeCounts:
+    """What one wake's decode steps paid for capturing (the engine's life until its first sleep, then each
+    wake to the next sleep): the capture cost a run under ``runtime.switch`` pays again every step."""
+
+    captures: int = 0
+    """Graphs captured (a recapture after the addresses moved counted again)."""
+    capture_s: float = 0.0
+    """Wall seconds of those captures, warm-up runs included."""
+    eager_steps: int = 0
+    """Steps run eagerly at their static shape while capturing is on: before their shape's ``min_uses``-th
+    step, or at a shape whose capture failed."""
+    eager_shapes: set[Shape] = field(default_factory=set)
+    """The distinct shapes those steps ran at."""
+    replays: int = 0
+    """Steps replayed from a captured graph."""
+
+    def stats(self, prefix: str) -> dict[str, float]:
+        """The counts as engine stats named ``{prefix}graph_captures``, ``{prefix}capture_s``, …"""
+        return {
+            f"{prefix}graph_captures": self.captures,
+            f"{prefix}capture_s": self.capture_s,
+            f"{prefix}eager_steps": self.eager_steps,
+            f"{prefix}eager_step_shapes": len(self.eager_shapes),
+            f"{prefix}graph_replays": self.replays,
+        }
+
 
 UNENDED_GRAPHS: list[torch.cuda.CUDAGraph] = []
 """Graphs whose ``capture_end`` failed, never freed: PyTorch's pinned host allocator keeps calling a filter bound
@@ -63,12 +104,18 @@ class StaticDecode:
         capture: bool,
         fingerprint: Callable[[], tuple[int, ...]],
         turns: CaptureTurns | None = None,
+        min_uses: int = 1,
     ) -> None:
         """``turns``: shared with a trainer on the same device in this process (the inline runtime), whose
-        calls no capture may overlap (``engine.capture_turns``); None: this engine's own, always free."""
+        calls no capture may overlap (``engine.capture_turns``); None: this engine's own, always free.
+        ``min_uses``: a shape is captured at its ``min_uses``-th step within a wake, run eagerly before
+        (module docstring; ``engine.decode_graph_min_uses``)."""
         if capture and device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device, the engine serves on {device}")
+        if min_uses < 1:
+            raise ValueError(f"engine.decode_graph_min_uses must be >= 1, got {min_uses}")
         self.decode = decode
+        self.min_uses = min_uses
         self.max_len = max_len
         self.buckets = batch_buckets(num_slots)
         self.capture = capture
@@ -79,29 +126,40 @@ class StaticDecode:
         """Steps that decoded eagerly because the trainer held the device's turn when their shape was due a
         capture (tried again at the shape's next step)."""
         self.inputs = torch.zeros(3, num_slots, dtype=torch.long, device=device)
-        self.graphs: dict[tuple[int, tuple[Group, ...]], torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[Shape, torch.cuda.CUDAGraph] = {}
+        self.uses: dict[Shape, int] = {}
+        """Steps run at each shape this wake, up to its capture (``min_uses``); reset at each ``release``."""
         self.logits: torch.Tensor | None = None
         """Every graph's output, rows ``[0, batch)``: one ``[num_slots, vocab]`` buffer, not one per graph."""
         self._captured_for: tuple[int, ...] | None = None
         self.capture_error: str | None = None
         """Why capturing was turned off (the first capture failing other than for memory), or None."""
-        self.eager_shapes: set[tuple[int, tuple[Group, ...]]] = set()
+        self.eager_shapes: set[Shape] = set()
         """Shapes whose capture ran out of device memory: they decode eagerly for this engine's life, while
         other shapes go on capturing (the largest buckets fail first when the KV pool holds most of the
         device). Not retried after a wake: under ``runtime.switch`` that would pay a failing capture per step."""
         self.capture_failures = {"out_of_memory": 0, "other": 0}
         """Failed captures by reason, for ``stats``."""
-        self.captures = 0
-        """Graphs captured so far, a recapture (the addresses moved, a wake after sleep) counted again: how
-        many shapes a run paid a capture for, which ``graphs`` (only the live ones) does not say."""
-        self.capture_s = 0.0
-        """Wall seconds those captures took, their warm-up runs included (``torch.cuda.graph`` synchronises
-        the device on entry, so the time is the capture's own, not work queued before it)."""
+        self.total = WakeCounts()
+        """Captures, their seconds, eager and replayed steps over the engine's life, a recapture (the addresses
+        moved, a wake after sleep) counted again: how many shapes a run paid a capture for, which ``graphs``
+        (only the live ones) does not say. ``capture_s`` is wall time, warm-up runs included
+        (``torch.cuda.graph`` synchronises the device on entry, so the time is the capture's own, not work
+        queued before it)."""
+        self.wake = WakeCounts()
+        """The same, this wake only."""
+        self.last_wake = WakeCounts()
+        """The same for the wake that ended at the last ``release`` (a sleep): what an engine that sleeps every
+        step (``runtime.switch``) paid in the rollout it just served, read while it sleeps."""
         self._pool = torch.cuda.graph_pool_handle() if capture else None
         self._stream = torch.cuda.Stream(device) if capture else None
-        """This engine's own capture stream, not ``torch.cuda.graph``'s process-wide default one: the graphs
-        of an engine left wedged in another thread could otherwise free the cuBLAS workspace that a new
-        engine's graphs captured on the same stream embed (PyTorch keeps a cuBLAS workspace per handle and stream)."""
+        """This engine's own stream for captures and their warm-up runs, not ``torch.cuda.graph``'s
+        process-wide default one: the graphs of an engine left wedged in another thread could otherwise free
+        the cuBLAS workspace that a new engine's graphs captured on the same stream embed (PyTorch keeps a
+        cuBLAS workspace per handle and stream). One stream for both, made once: a fresh side stream per
+        capture's warm-up (as before) left a cuBLAS workspace and the warm-up's cached blocks behind on each
+        stream it drew from PyTorch's stream pool, and warming up on the capture stream itself makes that
+        stream's workspace before the capture, outside the graph pool."""
 
     def release(self) -> None:
         """Drop every captured graph and the shared logits buffer, so that ``torch.cuda.empty_cache`` can
@@ -111,24 +169,33 @@ class StaticDecode:
         allocated inside the first capture on that stream and kept by cuBLAS for the process's life), and
         PyTorch refuses a capture into a pool that no graph holds but whose blocks live on
         (``create_or_incref_pool``'s ``use_count > 0`` assert), which would turn capturing off for good."""
+        self._drop_graphs()
+        self.uses.clear()
+        self.last_wake, self.wake = self.wake, WakeCounts()
+
+    def _drop_graphs(self) -> None:
+        """``release`` less the wake's counts: the graphs, the logits buffer and the pool go, into a fresh one."""
         self.graphs.clear()
         self.logits = None
         self._captured_for = None
         if self.capture:
             self._pool = torch.cuda.graph_pool_handle()
 
-    def stats(self) -> dict[str, int]:
-        """Capture counts for the engine's ``stats``: graphs captured, failed captures by reason, shapes left
-        eager after running out of memory, and steps whose capture waited for the trainer's turn."""
+    def stats(self) -> dict[str, float]:
+        """Capture counts for the engine's ``stats``: over its life (``decode_*``: graphs captured, their
+        seconds, steps run eagerly and at how many shapes, steps replayed), the same for the last finished wake
+        (``decode_wake_*``), failed captures by reason, shapes left eager after running out of memory, and
+        steps whose capture waited for the trainer's turn."""
         return {
-            "decode_graph_captures": self.captures,
+            **self.total.stats("decode_"),
+            **self.last_wake.stats("decode_wake_"),
             "decode_capture_failures_out_of_memory": self.capture_failures["out_of_memory"],
             "decode_capture_failures_other": self.capture_failures["other"],
             "decode_shapes_eager": len(self.eager_shapes),
             "decode_captures_deferred": self.captures_deferred,
         }
 
-    def shape_of(self, rope: list[int]) -> tuple[int, tuple[Group, ...]]:
+    def shape_of(self, rope: list[int]) -> Shape:
         """The (batch, attention groups) bucket a step over rows at positions ``rope`` runs at: the batch
         padded to its bucket (idle rows at position 0), the groups' row counts to the batch ladder."""
         return static_shape(rope, self.buckets, self.max_len)
@@ -138,7 +205,7 @@ class StaticDecode:
         token_ids: list[int],
         rope: list[int],
         writes: list[int],
-        shape: tuple[int, tuple[Group, ...]] | None = None,
+        shape: Shape | None = None,
     ) -> torch.Tensor:
         """Logits ``[bucket batch, vocab]`` for rows ``[0, len(token_ids))``; rows past them are padding.
         Row ``r`` attends over positions ``[0, rope[r]]``; ``shape`` is ``shape_of(rope)`` if the caller has it.
@@ -154,42 +221,56 @@ class StaticDecode:
             inputs.copy_(host)
             return self.decode(inputs, groups)
         graph = self._graph(batch, groups)
-        if graph is None:  # capture failed: the same shapes, eagerly
+        if graph is None:  # not captured yet, or its capture failed: the same shape, eagerly
+            for counts in (self.total, self.wake):
+                counts.eager_steps += 1
+                counts.eager_shapes.add((batch, groups))
             inputs.copy_(host)
             return self.decode(inputs, groups)
         inputs.copy_(host, non_blocking=True)
         graph.replay()
+        for counts in (self.total, self.wake):
+            counts.replays += 1
         return self.logits[:batch]
 
     def _graph(self, batch: int, groups: tuple[Group, ...]) -> torch.cuda.CUDAGraph | None:
-        """The bucket's graph, captured now if new; None where that shape decodes eagerly.
+        """The bucket's graph, captured now if this is its ``min_uses``-th step this wake; None where that
+        shape decodes eagerly (before then, or after its capture failed).
 
         A capture that runs out of device memory leaves that one shape eager (``eager_shapes``): a smaller
         bucket may still fit, and the eager step at the same shape allocates only its own intermediates.
         Any other failed capture turns capturing off for this engine, with a warning naming the error, instead
         of failing the step: such an error (an operation that cannot be captured) would recur at every shape,
-        and eager static shapes give the same tokens."""
-        if self.capture_error is not None or (batch, groups) in self.eager_shapes:
+        and eager static shapes give the same tokens. Addresses that moved within a wake drop the graphs but
+        not the counts of steps: a shape already past ``min_uses`` is captured again at its next step."""
+        shape = (batch, groups)
+        if self.capture_error is not None or shape in self.eager_shapes:
             return None
         fingerprint = self.fingerprint()
         if fingerprint != self._captured_for:
             if self._captured_for is not None:  # graphs over the old addresses
-                self.release()  # into a fresh pool: never the old one (``release``)
+                self._drop_graphs()  # into a fresh pool: never the old one (``release``)
             self._captured_for = fingerprint
-        if (batch, groups) not in self.graphs:
-            started = time.perf_counter()
-            with self.turns.capture_turn() as free:
-                if not free:  # the trainer works on this device: eagerly now, capture at a later step
-                    self.captures_deferred += 1
-                    return None
-                try:
-                    self.graphs[batch, groups] = self._capture(batch, groups)
-                except RuntimeError as error:
-                    self._capture_failed(batch, groups, error)
-                    return None
-            self.captures += 1
-            self.capture_s += time.perf_counter() - started
-        return self.graphs[batch, groups]
+        if shape in self.graphs:
+            return self.graphs[shape]
+        self.uses[shape] = self.uses.get(shape, 0) + 1
+        if self.uses[shape] < self.min_uses:
+            return None
+        started = time.perf_counter()
+        with self.turns.capture_turn() as free:
+            if not free:  # the trainer works on this device: eagerly now, capture at a later step
+                self.captures_deferred += 1
+                return None
+            try:
+                self.graphs[shape] = self._capture(batch, groups)
+            except RuntimeError as error:
+                self._capture_failed(batch, groups, error)
+                return None
+        seconds = time.perf_counter() - started
+        for counts in (self.total, self.wake):
+            counts.captures += 1
+            counts.capture_s += seconds
+        return self.graphs[shape]
 
     def _capture_failed(self, batch: int, groups: tuple[Group, ...], error: RuntimeError) -> None:
         """Leave the shape eager after running out of memory, else turn capturing off; count it and warn."""
@@ -233,12 +314,11 @@ class StaticDecode:
             inputs[0].zero_()
             inputs[1].zero_()
             inputs[2].fill_(self.max_len)
-            side = torch.cuda.Stream(device=inputs.device)
-            side.wait_stream(torch.cuda.current_stream(inputs.device))
-            with torch.cuda.stream(side):
+            self._stream.wait_stream(torch.cuda.current_stream(inputs.device))
+            with torch.cuda.stream(self._stream):
                 for _ in range(WARMUP_RUNS):
                     logits = self.decode(inputs, groups)
-            torch.cuda.current_stream(inputs.device).wait_stream(side)
+            torch.cuda.current_stream(inputs.device).wait_stream(self._stream)
             if self.logits is None:
                 self.logits = logits.new_empty(self.inputs.shape[1], logits.shape[1])
             graph = torch.cuda.CUDAGraph()

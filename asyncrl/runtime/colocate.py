@@ -77,10 +77,18 @@ ENGINE_STATS = {
     "engine_num_sleeps": "num_sleeps",
     "engine_num_wakes": "num_wakes",
     "engine_host_weight_bytes": "host_weight_bytes",
+    "decode_graph_captures": "decode_wake_graph_captures",
+    "decode_capture_s": "decode_wake_capture_s",
+    "decode_eager_steps": "decode_wake_eager_steps",
+    "decode_eager_step_shapes": "decode_wake_eager_step_shapes",
+    "decode_graph_replays": "decode_wake_graph_replays",
 }
-"""Metric (``colocate/<key>``) ← engine stat, read from every engine once it sleeps; the counts are each
-engine's own since it started (a replaced engine's start again; one started asleep counts that as a
-sleep)."""
+"""Metric (``colocate/<key>``) ← engine stat, read from every engine once it sleeps. The sleep and wake counts
+are each engine's own since it started (a replaced engine's start again; one started asleep counts that as a
+sleep); the ``decode_*`` ones are the rollout the engine just served (its last wake: the sleep dropped its
+CUDA graphs, so every rollout captures again): graphs captured and their seconds, decode steps run eagerly
+before their shape was captured and at how many shapes, steps replayed (``engine.static_decode``; absent,
+so 0, for an engine without static decode shapes)."""
 
 
 ENGINE_GONE = (EngineStoppedError, ActorCallError, ActorCallTimeout)

@@ -36,7 +36,7 @@ from asyncrl.config.base import from_dict
 from asyncrl.config.loader import apply_overrides, read_yaml_file
 from asyncrl.config.run import load_run_config
 from asyncrl.config.sim import SimConfig
-from asyncrl.sim import trained
+from asyncrl.sim import decode_captures, trained
 from asyncrl.sim.hardware import HardwareProfile, resolve_profile
 from asyncrl.sim.model_shape import ModelShape, resolve_shape
 from asyncrl.sim.run_engine import with_run_engine
@@ -60,7 +60,12 @@ def load_sim_config(path: str | None, overrides: Sequence[str] = ()) -> SimConfi
         run = load_run_config(config.memory.train_config)
         data = with_run_engine(data, run.engine, f"memory.train_config {config.memory.train_config}")
         config = from_dict(SimConfig, data)
-    derived = derived_keys(config, resolve_shape(config.model), resolve_profile(config.hardware))
+    shape, profile = resolve_shape(config.model), resolve_profile(config.hardware)
+    engine = engine_keys(config, shape, profile)
+    # the trainer's keys read the engine as it will run (the colocated switch's recapture: its slots), so
+    # from the engine keys merged under the explicit ones
+    serving = from_dict(SimConfig, _merge_under({"engine": engine}, data))
+    derived = {"engine": engine, "trainer": trainer_keys(serving, shape, profile)}
     return from_dict(SimConfig, _merge_under(derived, data))
 
 
@@ -240,6 +245,8 @@ def colocated_switch_parts(
     - ``sync``: the weights by CUDA IPC: the trainer packs a served-dtype copy (one write), the engine reads
       it and writes its own (one read, one write): three passes of the published weights (LoRA: the
       adapters) at HBM bandwidth;
+    - ``recapture``: the built-in engine (``cost.kv: reserved``) only: a sleep drops its CUDA graphs, so
+      each rollout captures its decode shapes again (``recapture_s``); vLLM keeps its graphs asleep;
     - ``fixed``: ``cost.switch_fixed_s``.
     """
     cost, engine_gpus = config.cost, config.engine.gpus_per_engine
@@ -253,8 +260,40 @@ def colocated_switch_parts(
         "engine_weights": 2 * served / host if cost.switch_sleep_level == 2 else 0.0,
         "kv": max(kv_pool, 0.0) / hbm,
         "sync": 3 * (published_bytes(config, shape, parts.lora_rank) / engine_gpus) / hbm,
+        "recapture": recapture_s(config, shape, profile) if cost.kv == "reserved" else 0.0,
         "fixed": cost.switch_fixed_s,
     }
+
+
+def recapture_s(config: SimConfig, shape: ModelShape, profile: HardwareProfile) -> float:
+    """What one rollout of a woken built-in engine pays for capturing its decode shapes again, beyond the
+    replayed steps the simulated engine costs (``asyncrl.sim.decode_captures``): the rollout's requests on
+    one engine (the step's responses over ``rollout.num_engines``, prompts of ``prompt_tokens``, lengths
+    from the length model) run through the real scheduler at the engine's slots, KV budget and context cap;
+    the shapes it runs at least ``cost.decode_graph_min_uses`` steps are captured, at three eager steps each,
+    and the steps before their capture, or at shapes never captured, run eagerly. An eager step is the
+    derived decode step (a replay: the static-loop bound at an empty cache) over
+    ``cost.decode_replay_ratio``. Modelled only: no GPU has measured a capture."""
+    engine, cost = config.engine, config.cost
+    rollout = config.rollout
+    group = max(1, rollout.num_return_sequences)
+    per_engine = -(-rollout.rollout_batch_size * group // rollout.num_engines)
+    lengths = LengthModel(config.lengths, rollout.max_new_tokens, config.seed)
+    outputs = tuple(lengths(f"q{i // group}@0#{i % group}") for i in range(per_engine))
+    max_model_len = engine.max_model_len or config.prompt_tokens + rollout.max_new_tokens
+    _, eager_steps = decode_captures.rollout_overhead(
+        (config.prompt_tokens,) * per_engine,
+        outputs,
+        num_slots=engine.max_running_requests,
+        max_model_len=min(max_model_len, engine.max_kv_tokens),
+        max_kv_tokens=engine.max_kv_tokens,
+        min_uses=cost.decode_graph_min_uses,
+        replay_ratio=cost.decode_replay_ratio,
+    )
+    eff = profile.efficiency
+    replay_s = decode_read_bytes(config, shape) / (profile.hbm_bandwidth * eff.decode_weights)
+    replay_s = replay_s / engine.gpus_per_engine + shape.num_layers * eff.decode_overhead_per_layer_s
+    return eager_steps * replay_s / cost.decode_replay_ratio
 
 
 def trainer_keys(config: SimConfig, shape: ModelShape, profile: HardwareProfile) -> dict[str, Any]:

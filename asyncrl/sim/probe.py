@@ -547,6 +547,7 @@ def engine_steps(model: torch.nn.Module, plan: ProbePlan) -> list[dict[str, Any]
             max_prefill_tokens_per_step=batch * prompt,
             max_model_len=prompt + new,
             decode_graphs=plan.engine_decode_graphs,
+            decode_graph_min_uses=1,  # captured at the first decode step, which ``warmup`` leaves untimed
         )
         engine = LLMEngine(model, config=config)
         sampling = SamplingParams(max_new_tokens=new, ignore_eos=True)
@@ -571,8 +572,10 @@ def engine_steps(model: torch.nn.Module, plan: ProbePlan) -> list[dict[str, Any]
 
 def decode_path(static: Any) -> dict[str, Any]:
     """How an engine's decode steps ran (``ModelRunner.static``, a ``StaticDecode`` or None): at their own shapes,
-    at static shapes eagerly, or replayed from CUDA graphs, then with how many captures, their seconds and the
-    error that turned capturing off, if one did, and how many shapes ran out of memory capturing (eager since).
+    at static shapes eagerly, or replayed from CUDA graphs, then with how many captures, their seconds, the
+    steps run eagerly before their shape was captured (``engine.decode_graph_min_uses``) or after its capture
+    failed, the error that turned capturing off, if one did, and how many shapes ran out of memory capturing
+    (eager since).
     Recorded beside step times, which mean little without it."""
     if static is None:
         return {"path": "dynamic", "captures": 0}
@@ -581,8 +584,9 @@ def decode_path(static: Any) -> dict[str, Any]:
     failed = static.capture_error is not None
     return {
         "path": "static shapes, eager after a failed capture" if failed else "static shapes, CUDA graphs",
-        "captures": static.captures,
-        "capture_s": round(static.capture_s, 4),
+        "captures": static.total.captures,
+        "capture_s": round(static.total.capture_s, 4),
+        "steps_eager": static.total.eager_steps,
         "live_graphs": len(static.graphs),
         "capture_error": static.capture_error,
         "shapes_eager_after_oom": len(static.eager_shapes),

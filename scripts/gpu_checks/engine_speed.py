@@ -17,12 +17,18 @@ Usage: ``python scripts/gpu_checks/engine_speed.py --device {cpu,cuda} --out DIR
   and the graphs captured for it; and the SDPA kernels one prefill chunk as long as the longest row dispatched
   to (``model_runner.grouped_attention``: the memory-efficient kernel expected, read from torch's kernel
   selection before any GPU ran it).
+- Captures per wake (the 0.6B shape): the shipped capture policy (``engine.decode_graph_min_uses``) over a
+  rollout of more requests than slots with long-tailed lengths, twice, with a sleep and a wake between (what
+  ``runtime.switch`` does every step, dropping the graphs): per wake, the graphs captured and their seconds,
+  the steps run eagerly before their shape's capture (and at how many shapes), the steps replayed, and the
+  rollout's wall seconds. What the simulator's ``recapture`` term of the switch models, measured.
 - ``--device cpu``: the same sections at the probe's tiny shape (the mix at 8 rows, 200 and ~20 positions, its
   static shapes eager), a twin that runs in well under a minute.
 
-Exactness (both devices, fp32): greedy tokens of the engine at static shapes equal HF ``generate`` for the two
-tiny test families (and a 2-layer Qwen3-0.6B-shaped model on CUDA), their log-probs within 1e-3 of a full HF
-forward, and a seeded sampled batch gives the same tokens run to run. These are PASS/FAIL lines and set the
+Exactness (both devices, fp32; on CUDA each static shape's first step eager and the later ones captured,
+``engine.decode_graph_min_uses: 2``, so the checks cross that transition): greedy tokens of the engine at static
+shapes equal HF ``generate`` for the two tiny test families (and a 2-layer Qwen3-0.6B-shaped model on CUDA),
+their log-probs within 1e-3 of a full HF forward, and a seeded sampled batch gives the same tokens run to run. These are PASS/FAIL lines and set the
 exit status. The issue's speed targets (engine step ≤ 1.3× the static loop at batch ≥ 16 and ≤ 2× at batch 1
 for 0.6B and 1.7B; ≥ 3× HF generate's tokens/s at batch 64) are TARGET lines: met or missed, recorded in the
 result JSON, not a failure of the kit (a missed target is a measurement to act on, not a broken check).
@@ -97,6 +103,7 @@ def settings(device: str) -> dict[str, Any]:
             "repeats": 10,
             "exact_new_tokens": 24,
             "mix": {"shapes": TARGET_SHAPES, "rows": 64, "long": 2000, "short": 100, "max_len": 2048},
+            "wakes": {"shapes": CUDA_SHAPES[:1], "slots": 16, "requests": 32, "prompt": 128, "new": 64},
         }
     return {
         "shapes": [TINY_SHAPE],
@@ -109,6 +116,7 @@ def settings(device: str) -> dict[str, Any]:
         "repeats": 4,
         "exact_new_tokens": 12,
         "mix": {"shapes": (TINY_SHAPE.name,), "rows": 8, "long": 200, "short": 20, "max_len": 256},
+        "wakes": {"shapes": (TINY_SHAPE.name,), "slots": 4, "requests": 10, "prompt": 16, "new": 12},
     }
 
 
@@ -198,6 +206,11 @@ def measure_shape(shape: ModelShape, s: dict[str, Any], device: torch.device) ->
             record["long_tail_mix"] = long_tail_mix(model, s)
         except Exception:
             record["long_tail_mix"] = {"error": traceback.format_exc()}
+    if shape.name in s["wakes"]["shapes"]:
+        try:
+            record["captures_per_wake"] = captures_per_wake(model, s)
+        except Exception:
+            record["captures_per_wake"] = [{"error": traceback.format_exc()}]
     del model
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -225,6 +238,46 @@ def long_tail_mix(model: torch.nn.Module, s: dict[str, Any]) -> dict[str, Any]:
     record["decode_path"] = decode_path(runner.static)
     record["prefill_sdpa_ops"] = prefill_sdpa_ops(runner, m["long"])
     return record  # the runner's KV pool goes with it, freed with the model by measure_shape
+
+
+@torch.inference_mode()
+def captures_per_wake(model: torch.nn.Module, s: dict[str, Any]) -> list[dict[str, Any]]:
+    """Two rollouts of ``requests`` greedy requests on ``slots`` slots (finished rows refilled at once), output
+    lengths from 1/49 of ``new`` to all of it, with a sleep (level 1) and a wake after each: per wake, the
+    engine's ``decode_wake_*`` stats read while it sleeps, and the rollout's wall seconds."""
+    w = s["wakes"]
+    device = next(model.parameters()).device
+    config = EngineConfig(
+        max_running_requests=w["slots"],
+        max_kv_tokens=w["slots"] * (w["prompt"] + w["new"]),
+        max_model_len=w["prompt"] + w["new"],
+        decode_graphs="on",
+    )
+    engine = LLMEngine(model, config=config)
+    ids = torch.randint(
+        1, model.config.vocab_size, (w["prompt"],), generator=torch.Generator().manual_seed(1)
+    )
+    wakes = []
+    for wake in range(2):
+        started = time.perf_counter()
+        for index in range(w["requests"]):
+            new = max(1, w["new"] * (index % 7 + 1) ** 2 // 49)
+            sampling = SamplingParams(temperature=0, max_new_tokens=new, ignore_eos=True)
+            engine.add_request(
+                Request(request_id=f"{wake}-{index}", prompt_token_ids=ids.tolist(), sampling=sampling)
+            )
+        while engine.has_work():
+            engine.step()
+        _sync(device)
+        seconds = time.perf_counter() - started
+        engine.sleep(1)
+        stats = engine.stats()
+        wakes.append(
+            {key.removeprefix("decode_wake_"): stats[key] for key in stats if key.startswith("decode_wake_")}
+            | {"rollout_s": seconds, "min_uses": config.decode_graph_min_uses}
+        )
+        engine.wake()
+    return wakes
 
 
 def prefill_sdpa_ops(runner: ModelRunner, tokens: int) -> dict[str, int]:
@@ -280,8 +333,13 @@ def exactness(device: torch.device, new: int) -> list[tuple[str, bool, str]]:
     results = []
     for name, model in models:
         model = model.to(device)
-        config = EngineConfig(
-            max_running_requests=8, max_kv_tokens=4096, max_model_len=128, dtype="float32", decode_graphs="on"
+        config = EngineConfig(  # each shape's first step eager, then captured: both sides of the transition
+            max_running_requests=8,
+            max_kv_tokens=4096,
+            max_model_len=128,
+            dtype="float32",
+            decode_graphs="on",
+            decode_graph_min_uses=2,
         )
         engine = LLMEngine(model, config=config)
         greedy = SamplingParams(temperature=0, max_new_tokens=new, ignore_eos=True)
@@ -392,6 +450,7 @@ def main(argv: list[str] | None = None) -> int:
         if "error" in record.get("long_tail_mix", {}):
             failed = True
             print(f"FAIL {shape.name} long-tailed mix: crashed\n{record['long_tail_mix']['error']}")
+        failed |= any("error" in wake for wake in record.get("captures_per_wake", []))
     result["targets"] = [{"target": t, "met": m} for t, m in targets(result["shapes"])]
     for entry in result["targets"]:
         print(f"TARGET {'met' if entry['met'] else 'MISSED'}: {entry['target']}")
@@ -445,6 +504,15 @@ def _print_shape(record: dict[str, Any]) -> None:
         print(f"    longest / bucketed step time: {mix['longest_over_bucketed']:.2f}x")
         ops = ", ".join(f"{name} x{count}" for name, count in mix["prefill_sdpa_ops"].items()) or "none seen"
         print(f"    prefill of {mix['long']} tokens: SDPA ops: {ops}")
+    for index, wake in enumerate(record.get("captures_per_wake", [])):
+        if "error" in wake:
+            print(f"  {record['shape']} captures per wake: crashed\n{wake['error']}")
+            continue
+        print(
+            f"  {record['shape']} wake {index} (min_uses {wake['min_uses']}): {wake['graph_captures']} graphs "
+            f"captured in {wake['capture_s']:.2f} s, {wake['eager_steps']} steps eager at "
+            f"{wake['eager_step_shapes']} shapes, {wake['graph_replays']} replayed; rollout {wake['rollout_s']:.2f} s"
+        )
 
 
 def _path_line(path: dict[str, Any]) -> str:

@@ -114,6 +114,8 @@ def test_the_switched_run_sleeps_each_step_and_ends_bit_equal_to_the_plain_one(t
         assert line["train/colocate/released_bytes"] == line["train/colocate/sync_bytes"], line
         for phase in ("sleep", "reload", "sync", "offload", "wake"):
             assert line[f"train/colocate/{phase}_s"] >= 0
+        # CPU: no static decode (``decode_graphs: auto``), so nothing captured, and the key is still logged
+        assert line["train/colocate/decode_graph_captures"] == 0, line
     assert all(
         line["train/colocate/reload_bytes"] > 0 for line in steps[1:]
     )  # what the step before offloaded

@@ -3,12 +3,15 @@
 
 With powers of two for both ladders the simulated rollouts below read 1.84-1.98x their rows' needs (the
 padded rows joined the top group at its level, and each row read up to twice its context) in 10-20 shapes;
-the half-octave ladders read 1.36-1.42x in 19 (sync) to ~100 (async, 20k steps) shapes."""
+the half-octave ladders read 1.36-1.42x in 19 (sync) to ~100 (async, 20k steps) shapes. A real step refills
+its slots as rows end, and the shipped recipe's step meets 46 shapes (``RecipeRollout``, through the engine's
+own scheduler), whose capture cost chose ``engine.decode_graph_min_uses``."""
 
 from __future__ import annotations
 
 import pytest
 
+from asyncrl.config.engine import EngineConfig
 from asyncrl.engine.decode_plan import (
     attention_positions,
     batch_buckets,
@@ -16,7 +19,8 @@ from asyncrl.engine.decode_plan import (
     length_levels,
     static_shape,
 )
-from asyncrl.testing.decode_rollouts import Rollout, static_reads
+from asyncrl.sim.decode_captures import uses_per_shape, wake_cost
+from asyncrl.testing.decode_rollouts import RECIPES, Rollout, static_reads
 
 MAX_READ_RATIO = 1.5
 """Static reads over needed reads a simulated rollout may reach (1.36-1.42 measured; 1.84-1.98 before)."""
@@ -77,3 +81,15 @@ def test_a_rollout_reads_within_half_again_of_its_needs_in_a_bounded_number_of_s
     assert reads.ratio <= MAX_READ_RATIO, reads
     assert reads.shapes <= max_shapes, reads
     assert reads.max_groups <= MAX_GROUPS, reads
+
+
+def test_a_recipe_step_with_refill_meets_its_shapes_and_the_default_captures_them_at_first_use():
+    """gsm8k_1gpu's training step (256 requests on 44 slots, a slot refilled as its row ends): 46 shapes, where
+    the sync rollout without refill meets 19 (docs/backends.md's figures); ten of them run a single step, most
+    tens to hundreds. At the probe's replay ratio and three eager steps a capture, capturing at first use is the
+    cheapest ``min_uses`` for it, the engine's default."""
+    uses = uses_per_shape(RECIPES["gsm8k_1gpu"].shapes())
+    assert (len(uses), sum(uses)) == (46, 3710)
+    assert sum(1 for count in uses if count == 1) == 10 and sum(1 for count in uses if count >= 10) == 33
+    best = min(range(1, 9), key=lambda min_uses: wake_cost(uses, min_uses))
+    assert best == EngineConfig().decode_graph_min_uses == 1

@@ -92,13 +92,13 @@ def test_adapter_updates_reach_captured_decode_graphs_in_place():
     served.update_weights(publish(first, 1), 1)
     assert served.adapters.fingerprint() != unadapted
     assert generate(served) == generate(peft_engine(first, dtype="bfloat16", decode_graphs="on"))
-    layout, captures = served.adapters.fingerprint(), served.runner.static.captures
+    layout, captures = served.adapters.fingerprint(), served.runner.static.total.captures
 
     second = adapted(base, seed=2)
     served.update_weights(publish(second, 2), 2)
     assert served.adapters.fingerprint() == layout
     assert generate(served) == generate(peft_engine(second, dtype="bfloat16", decode_graphs="on"))
-    assert served.runner.static.captures == captures
+    assert served.runner.static.total.captures == captures
 
     third = adapted(base, seed=3, targets=["q_proj", "v_proj"])
     served.update_weights(publish(third, 3), 3)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import types
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -178,10 +179,10 @@ def test_captures_are_counted_once_per_shape_and_again_after_the_addresses_move(
     static.run([7], [3], [3])
     static.run([7], [4], [4])  # the same key: a replay
     static.run([7, 9, 11], [3, 4, 5], [3, 4, 5])
-    assert static.captures == 2 == len(static.graphs) and static.capture_s > 0
+    assert static.total.captures == 2 == len(static.graphs) and static.total.capture_s > 0
     addresses[0] = (2,)
     static.run([7], [5], [5])
-    assert static.captures == 3 and len(static.graphs) == 1
+    assert static.total.captures == 3 and len(static.graphs) == 1
     assert captured[0] == captured[2] == (1, ((0, 1, MIN_LENGTH_BUCKET),))
 
 
@@ -203,11 +204,15 @@ def test_sleep_drops_the_captured_graphs_and_decode_goes_on_after_wake(qwen2):
 class FakeCuda:
     """The stream bookkeeping of ``torch.cuda`` on CPU: a current stream that ``stream(s)`` sets and restores
     as torch's ``StreamContext`` does, and a ``CUDAGraph`` whose ``capture_end`` fails (recording the stream
-    its capture began on), so that torch's own ``torch.cuda.graph`` context runs over them unchanged."""
+    its capture began on), so that torch's own ``torch.cuda.graph`` context runs over them unchanged. A graph
+    replays what ``replaying`` recorded while it was captured (nothing otherwise)."""
 
     def __init__(self, *, capture_end_fails: bool = True) -> None:
         self.current = types.SimpleNamespace(name="caller", wait_stream=lambda other: None)
         self.capture_streams: list[object] = []
+        self.streams_made = 0
+        self.capturing = None
+        """The graph between its ``capture_begin`` and ``capture_end``, else None."""
         self.pools = 0
         self.capture_end_fails = capture_end_fails
         self.recording: set[tuple[int, int]] = set()
@@ -222,17 +227,25 @@ class FakeCuda:
             def capture_begin(self, *pool, **modes):
                 fake.capture_streams.append(fake.current)
                 fake.graphs.append(self)
+                fake.capturing = self
                 self.pool = pool[0]
+                self.body = None
                 fake.recording.add(self.pool)
 
             def capture_end(self):
                 # as CUDAGraph.cpp: the stream's capture ends (and may fail) before the allocator's does
+                fake.capturing = None
                 if fake.capture_end_fails:
                     raise RuntimeError("operation failed due to a previous error during capture")
                 fake.recording.remove(self.pool)
 
             def replay(self):
-                pass
+                if self.body is not None:
+                    self.body()
+
+        def make_stream(device=None):
+            self.streams_made += 1
+            return types.SimpleNamespace(name="made", wait_stream=lambda other: None)
 
         def end_allocate_to_pool(device, pool):
             if pool not in fake.recording:
@@ -242,7 +255,7 @@ class FakeCuda:
         for name, value in {
             "current_stream": lambda device=None: self.current,
             "stream": self.stream,
-            "Stream": lambda device=None: types.SimpleNamespace(name="side", wait_stream=lambda other: None),
+            "Stream": make_stream,
             "CUDAGraph": Graph,
             "graph_pool_handle": self.graph_pool_handle,
             "synchronize": lambda device=None: None,
@@ -260,6 +273,19 @@ class FakeCuda:
     def stream(self, stream) -> FakeStreamContext:
         return FakeStreamContext(self, stream)
 
+    def replaying(self, decode, static: Callable[[], StaticDecode]):
+        """``decode``, recording into the graph being captured what a CUDA graph of it would replay: the same
+        decode over the same input buffer (rewritten before each replay), its logits into ``static()``'s
+        output buffer, as ``StaticDecode._capture`` copies them there."""
+
+        def recorded(inputs, groups):
+            if self.capturing is not None:
+                batch = inputs.shape[1]
+                self.capturing.body = lambda: static().logits[:batch].copy_(decode(inputs, groups))
+            return decode(inputs, groups)
+
+        return recorded
+
 
 class FakeStreamContext:
     """torch's ``StreamContext`` over ``FakeCuda``: the previous stream comes back only if ``__exit__`` runs
@@ -275,14 +301,22 @@ class FakeStreamContext:
         self.cuda.current = self.previous
 
 
-def capturing_over(cuda: FakeCuda, decode) -> StaticDecode:
+def capturing_over(
+    cuda: FakeCuda, decode, *, num_slots: int = 4, max_len: int = 100, min_uses: int = 1
+) -> StaticDecode:
     """A static decode that captures, as on CUDA, over ``cuda``'s fake streams: its own capture stream and a
     graph pool from the fake."""
     static = StaticDecode(
-        decode, num_slots=4, max_len=100, device=torch.device("cpu"), capture=False, fingerprint=tuple
+        decode,
+        num_slots=num_slots,
+        max_len=max_len,
+        device=torch.device("cpu"),
+        capture=False,
+        fingerprint=tuple,
+        min_uses=min_uses,
     )
     static.capture = True
-    static._stream = types.SimpleNamespace(name="engine capture")
+    static._stream = types.SimpleNamespace(name="engine capture", wait_stream=lambda other: None)
     static._pool = cuda.graph_pool_handle()
     return static
 
@@ -304,7 +338,7 @@ def test_graphs_over_moved_addresses_are_captured_again_into_a_fresh_pool(monkey
     static.run([7], [3], [3])
     first, second, third = (graph.pool for graph in cuda.graphs)
     assert first == second != third and static._pool == third
-    assert static.captures == 3 and len(static.graphs) == 1 and static.capture_error is None
+    assert static.total.captures == 3 and len(static.graphs) == 1 and static.capture_error is None
 
 
 def test_a_failed_capture_leaves_the_callers_stream_current_and_decodes_eagerly(monkeypatch):
@@ -325,7 +359,8 @@ def test_a_failed_capture_leaves_the_callers_stream_current_and_decodes_eagerly(
     assert cuda.recording == set() and cuda.released == [first_pool] != [static._pool]  # allocator left clean
     assert [stream.name for stream in cuda.capture_streams] == ["engine capture"]  # its own, not torch's
     assert cuda.current.name == "caller"
-    assert ran_on == ["side", "side", "engine capture", "caller"]  # warm-ups, capture, eager fallback
+    assert ran_on == ["engine capture"] * 3 + ["caller"]  # warm-ups and capture on one stream, eager fallback
+    assert cuda.streams_made == 0  # no side stream per capture
     assert logits[:, 0].tolist() == [7, 9]
 
 
@@ -408,13 +443,18 @@ def test_a_capture_out_of_memory_leaves_only_its_shape_eager(monkeypatch):
     static.run([7, 9], [3, 4], [3, 4])
     static.run([7, 9, 11, 13], [3, 4, 5, 6], [3, 4, 5, 6])
     assert captured == [1, 2] and seen == [4, 4] and static.capture_error is None
-    assert static.stats() == {
-        "decode_graph_captures": 2,
+    stats = static.stats()
+    assert {key: stats[key] for key in stats if "failures" in key or "eager" in key} == {
+        "decode_eager_steps": 2,  # the batch-4 shape, twice
+        "decode_eager_step_shapes": 1,
+        "decode_wake_eager_steps": 0,  # no wake ended yet
+        "decode_wake_eager_step_shapes": 0,
         "decode_capture_failures_out_of_memory": 1,
         "decode_capture_failures_other": 0,
         "decode_shapes_eager": 1,
-        "decode_captures_deferred": 0,
     }
+    assert stats["decode_captures_deferred"] == 0
+    assert (stats["decode_graph_captures"], stats["decode_graph_replays"]) == (2, 2)
 
 
 def test_an_out_of_memory_inside_a_capture_keeps_the_pool_and_the_stream(monkeypatch):
@@ -426,7 +466,7 @@ def test_an_out_of_memory_inside_a_capture_keeps_the_pool_and_the_stream(monkeyp
     capturing = []
 
     def decode(inputs, groups):
-        if cuda.current.name == "engine capture":
+        if cuda.capturing is not None:
             capturing.append(inputs.shape[1])
             if inputs.shape[1] == 2:
                 raise torch.OutOfMemoryError("CUDA out of memory")
@@ -450,7 +490,7 @@ def test_an_out_of_memory_that_also_breaks_capture_end_still_counts_as_out_of_me
     cuda.install(monkeypatch)
 
     def decode(inputs, groups):
-        if cuda.current.name == "engine capture" and inputs.shape[1] == 2:
+        if cuda.capturing is not None and inputs.shape[1] == 2:
             raise torch.OutOfMemoryError("CUDA out of memory")
         return inputs[0, :, None].float().expand(-1, 5).clone()
 
@@ -462,7 +502,7 @@ def test_an_out_of_memory_that_also_breaks_capture_end_still_counts_as_out_of_me
     assert static_decode.UNENDED_GRAPHS[-1] is cuda.graphs[0]  # the host allocator's filter points at it
     cuda.capture_end_fails = False
     static.run([7], [3], [3])
-    assert static.captures == 1 and cuda.capture_streams[-1].name == "engine capture"
+    assert static.total.captures == 1 and cuda.capture_streams[-1].name == "engine capture"
 
 
 def test_engine_stats_report_decode_captures(qwen2):
@@ -496,4 +536,4 @@ def test_an_invalidated_cuda_capture_leaves_the_allocator_usable():
     torch.cuda.empty_cache()
     healthy = make(plain)
     assert healthy.run([7, 9], [3, 4], [3, 4])[:, 0].tolist() == [7, 9]
-    assert healthy.captures == 1 and healthy.capture_error is None
+    assert healthy.total.captures == 1 and healthy.capture_error is None

@@ -25,4 +25,8 @@ def test_a_rank_reports_the_steps_split_beside_its_metrics() -> None:
     config = load_run_config(None, ["runtime.type=local", "trainer.num_workers=2"])
     rank = tg.TrainerRankActor(config, rank=0, world_size=2, num_threads=torch.get_num_threads())
     rank.trainer = FakeTrainer()  # type: ignore[assignment]
-    assert rank.train_step([], policy_version=3) == {"loss": 0.5, "version": 3.0, "rank_token_imbalance": 1.25}
+    assert rank.train_step([], policy_version=3) == {
+        "loss": 0.5,
+        "version": 3.0,
+        "rank_token_imbalance": 1.25,
+    }

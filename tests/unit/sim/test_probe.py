@@ -9,6 +9,7 @@ import torch
 
 from asyncrl.cli.main import main
 from asyncrl.engine.static_decode import StaticDecode as EngineStaticDecode
+from asyncrl.engine.static_decode import WakeCounts
 from asyncrl.sim.model_shape import NAMED_SHAPES
 from asyncrl.sim.probe import (
     TINY_SHAPE,
@@ -91,10 +92,12 @@ def test_decode_path_says_how_steps_ran_and_what_their_captures_cost():
     )
     assert decode_path(None) == {"path": "dynamic", "captures": 0}
     assert decode_path(static) == {"path": "static shapes, eager", "captures": 0}
-    static.capture, static.captures, static.capture_s = True, 3, 0.25  # as a CUDA run leaves it
+    static.capture = True  # as a CUDA run leaves it
+    static.total = WakeCounts(captures=3, capture_s=0.25, eager_steps=7)
     captured = decode_path(static)
     assert captured["path"] == "static shapes, CUDA graphs"
     assert (captured["captures"], captured["capture_s"], captured["capture_error"]) == (3, 0.25, None)
+    assert captured["steps_eager"] == 7
     static.eager_shapes.add((4, ((0, 4, 64),)))  # its capture ran out of memory
     assert decode_path(static)["shapes_eager_after_oom"] == 1
     static.capture_error = "RuntimeError: not permitted"
