@@ -245,6 +245,7 @@ def load_sharded_checkpoint(path: str | os.PathLike[str], trainer: Trainer) -> d
         raise ValueError(
             f"{path}: checkpoint and run disagree on the critic (one has a critic section, one not)"
         )
+    trainer.saved_in = None  # until the load is done, no checkpoint holds its state
     state = _dcp_state(trainer)
     dcp.load(state, checkpoint_id=path / SHARDED_DIR, no_dist=trainer.parallel.world_size == 1)
     set_state_dict(
