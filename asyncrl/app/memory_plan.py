@@ -875,7 +875,12 @@ SWITCH_PHASES = ("trainer trains", "trainer publishes", "engine applies the upda
 """The turns of a GPU under ``runtime.switch``, in the order ``runtime.colocate.ColocatedTrainer`` runs them
 each step (the same wrapper inline and on Ray): the engines sleep, then the trainer reloads and trains; it
 publishes (the packed copy made while it is whole, the engines still asleep); it offloads, the engines wake and
-apply the copy; the copy is let go (``weights_applied``) and the engines generate."""
+apply the copy; the copy is let go (``weights_applied``) and the engines generate.
+
+A resume (``resume=``, a restart after a lost trainer) needs no phase of its own: the engines sleep before the
+load (``ColocatedTrainer.load_checkpoint``), whose peak is the optimizer step's terms (torch builds the
+optimizer's state with zero gradients and an AdamW step at learning rate 0, then fills it), so "trainer trains";
+the resumed version's first publication is "trainer publishes", then the engines wake as after any step."""
 
 
 def switch_devices(

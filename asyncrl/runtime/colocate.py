@@ -11,8 +11,10 @@
     asleep and joins its peers' phase, woken as it joins or with them; one replaced while the trainer
     trains catches up to the step's publication: ``runtime.switch_phase``)
     save_checkpoint: engines sleep ─► trainer reloads ─► save ─► trainer offloads ─► engines wake
-    (a run saves after a step's publication, its engines awake: ``save_checkpoint``; that reload, and a catch-up
-    pack's, leave an offloaded reference model where it is: neither reads it, ``trainer.offload``)
+    (a run saves after a step's publication, its engines awake: ``save_checkpoint``)
+    resume:          engines sleep ─► trainer reloads ─► load ─► (the resumed version's first state_for_sync)
+                     publish ─► offload ─► engines wake
+    (the load's peak, the optimizer's state built and filled, is the step's optimizer phase: ``load_checkpoint``)
 
 An engine that dies (or wedges) while the trainer trains fails its ``sleep``, ``stats`` or ``wake``
 (``ENGINE_GONE``, or past ``runtime.control_timeout_s``): the switch logs it, counts it
@@ -215,7 +217,7 @@ class ColocatedTrainer:
         update = self._timed(phases, "sync", self.inner.state_for_sync, nbytes=_shipped)
         self.republisher.published()
         self._offloaded = self._timed(phases, "offload", self.state.offload_state) > 0
-        if self.phase.asleep:  # not on a resume's first publish: the engines never slept
+        if self.phase.asleep:  # not when a failed wake or a joining replacement left them awake
             engines = self.phase.enter(asleep=False)
             self._timed(phases, "wake", lambda: self._on_engines(engines, "wake"))
         self._metrics.update(phases)
@@ -314,11 +316,37 @@ class ColocatedTrainer:
                     self._timed(timed, "checkpoint_offload", self.state.offload_state)
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
-        """Reload first, the reference too (the next step reads it; the checkpoint holds none): a loaded
-        optimizer state lands on the device the parameters are on."""
-        self.state.reload_state()
-        self._offloaded = False
-        return self.inner.load_checkpoint(path)
+        """Sleep the engines, reload, load: the trainer's whole state then lands on the device beside sleeping
+        engines, as in a step's training phase (``resume`` in the module docstring). A load builds the
+        optimizer's state before it fills it (a sharded load's ``get_state_dict`` makes zero gradients, 1× the
+        master shard, and both AdamW moments), which beside awake engines' KV pools would not fit where the
+        switch is needed: out of memory, ``TrainerDied``, and the restart failing the same way. The engines stay
+        asleep until the first publication (``state_for_sync``: publish, offload, wake), which ``app.train``
+        makes at once for a resumed version > 0; a checkpoint of version 0 has nothing to publish, so they wake
+        again here. Reloaded before the load, the reference too (the next step reads it; the checkpoint holds
+        none): a loaded optimizer state lands on the parameters' device."""
+        with self._resident:
+            if not self.phase.asleep:  # asleep already: an earlier candidate of ``load_resume`` was torn
+                self._sleep_for_load()
+            self.state.reload_state()
+            self._offloaded = False
+            extra = self.inner.load_checkpoint(path)
+            if self.phase.asleep and self.inner.version == 0:
+                self._on_engines(self.phase.enter(asleep=False), "wake")
+            return extra
+
+    def _sleep_for_load(self) -> None:
+        """The engines to sleep for a load (``load_checkpoint``); a failed engine is logged and counted, as in
+        a step. Should a replacement be joining its awake peers this instant (none is before the run's proxy
+        exists), the load runs beside the awake engines instead (logged)."""
+        engines = self._enter(asleep=True)
+        if engines is None:
+            logger.warning(
+                "resume (runtime.switch): a replaced engine is waking to join its peers, so the engines stay "
+                "awake and the checkpoint loads beside their KV pools"
+            )
+            return
+        self._on_engines(engines, "sleep", self.switch.engine_sleep_level)
 
     def check_alive(self) -> None:
         self.inner.check_alive()

@@ -413,13 +413,17 @@ class TrainerGroupClient:
         keep_last: int | None = None,
     ) -> Path:
         """Every rank writes its part of a checkpoint under ``root``, within ``checkpoint_timeout_s``; the step
-        directory. A rank that dies, fails (a full disk) or passes the deadline is ``TrainerDied``, as in a step."""
-        refs = [handle.save_checkpoint.remote(str(root), extra, keep_last) for handle in self.handles]
+        directory. A rank that dies, fails (a full disk) or passes the deadline is ``TrainerDied``, as in a step.
+        Only rank 0 writes ``extra`` (hundreds of MB with the buffered groups): only it is sent it."""
+        refs = [
+            handle.save_checkpoint.remote(str(root), extra if rank == 0 else None, keep_last)
+            for rank, handle in enumerate(self.handles)
+        ]
         return Path(call_ranks(self.handles, refs, "trainer: save_checkpoint", self.checkpoint_timeout_s)[0])
 
     def load_checkpoint(self, path: str | os.PathLike[str]) -> dict[str, Any]:
         """Restore every rank from a checkpoint directory, within ``checkpoint_timeout_s``; returns the
-        checkpoint's ``extra``. A rank that dies or passes the deadline is ``TrainerDied``: ``app.train``
+        checkpoint's ``extra`` (rank 0's: the others return none). A rank that dies or passes the deadline is ``TrainerDied``: ``app.train``
         restarts the run from its newest verified checkpoint (``runtime.trainer_restarts`` times, then fails
         with this error), as for a trainer lost mid-step. A file whose hash a rank refuses is the ranks'
         ``TornCheckpointError`` (every rank raises it, before any changed its state: the group stays usable),

@@ -13,12 +13,24 @@ and directory listings to choose its directory, and lets the load verify (the dr
 checkpoint alone first, and the ranks then again: ~88 s for Qwen3-8B's ~115 GB at ~1.3 GB/s, on every restart
 too). ``asyncrl export`` and ``eval`` read the weights themselves, so they verify with ``resolve_resume_path``.
 
+A save of the step a trainer's state was last saved or loaded as (``Trainer.saved_in``: no train step since, so
+the same weights, optimizer, step and RNG states) rewrites only ``extra.json``: the staging directory gets hard
+links to the saved files and the fresh ``extra``, and their hashes are the marker's (``relink_saved``). So a
+run's final checkpoint after a periodic one of the same step costs a listing and the ``extra``, not the whole
+state again (~115 GB for Qwen3-8B sharded).
+
+What a killed save leaves is removed by the next save (``sweep_orphans``, run by the saver before it stages):
+its staging directory (``.tmp-step_*``), and a retired copy (``.old-step_*``, ``_move_into_place``) once its
+step is in place again. A retired copy whose step is not in place (a save killed between ``_move_into_place``'s
+two renames) is that step's only copy: it is kept, and loaders take it for that step (``_step_dirs``).
+
     <root>/step_00000012/
         model/               save_pretrained: config.json + model.safetensors
         adapter/             instead of model/ with LoRA (trainer.lora): peft's adapter format, the base untouched
         critic/              a critic's weights (runs with one): model.safetensors of its value model or head
-        trainer_state.pt     optimizer, scheduler, step, version, RNG states (torch.load weights_only)
-        extra.json           the caller's dict, as JSON (data position, buffered groups, consumed prompts)
+        trainer_state.pt     optimizer, scheduler, step, version, skipped-update count, RNG states (torch.load
+                             weights_only)
+        extra.json           the caller's dict, as compact JSON (data position, buffered groups, consumed prompts)
         COMPLETE.json        {relative path: sha256} of every file above, written last
 """
 
@@ -46,6 +58,10 @@ from asyncrl.trainer.lora import load_adapter, merge_adapter, save_adapter
 from asyncrl.trainer.trainer import Trainer
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
+_STAGING, _RETIRED = ".tmp-", ".old-"
+"""Name prefixes of a save's staging directory and of a step directory it replaces (``_move_into_place``)."""
+_ORPHAN = re.compile(r"^(\.tmp-|\.old-)step_(\d+)-")
+_RETIRED_DIR = re.compile(r"^\.old-step_(\d+)-")
 MODEL_DIR = "model"
 ADAPTER_DIR = "adapter"
 """A LoRA trainer's adapters (peft's format) in place of ``MODEL_DIR``: the base weights are the model's own."""
@@ -85,39 +101,116 @@ def save_checkpoint(
     """Write ``trainer``'s full state to ``root/step_<step>`` atomically; return that directory.
 
     ``extra`` must be JSON-serialisable. With ``keep_last``, older step directories beyond that many are
-    deleted afterwards.
+    deleted afterwards. A trainer whose state ``root/step_<step>`` holds already gets only ``extra`` rewritten
+    there (module docstring).
     """
     staging, final = new_staging(root, trainer.step)
     try:
-        if trainer.peft_model is not None:
-            save_adapter(trainer.peft_model, staging / ADAPTER_DIR)
-        else:
-            trainer.model.save_pretrained(staging / MODEL_DIR)
-        if trainer.critic is not None:
-            (staging / CRITIC_FILE).parent.mkdir()
-            save_file(
-                {n: t.contiguous() for n, t in trainer.critic.module.state_dict().items()},
-                staging / CRITIC_FILE,
-            )
-        write_state(staging, {**trainer.state_dict(), "rng": rng_state()}, extra)
-        commit(staging, final, keep_last)
+        relinked = relink_saved(trainer, final, staging)
+        if relinked is None:
+            _write_trainer_files(staging, trainer)
+        write_extra(staging, extra)
+        commit(staging, final, keep_last, relinked)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    trainer.saved_in = final
     return final
 
 
+def _write_trainer_files(staging: Path, trainer: Trainer) -> None:
+    """Everything of a one-process checkpoint but ``extra``: the weights (or adapters), a critic's, the state."""
+    if trainer.peft_model is not None:
+        save_adapter(trainer.peft_model, staging / ADAPTER_DIR)
+    else:
+        trainer.model.save_pretrained(staging / MODEL_DIR)
+    if trainer.critic is not None:
+        (staging / CRITIC_FILE).parent.mkdir()
+        save_file(
+            {n: t.contiguous() for n, t in trainer.critic.module.state_dict().items()},
+            staging / CRITIC_FILE,
+        )
+    torch.save({**trainer.state_dict(), "rng": rng_state(trainer.device)}, staging / STATE_FILE)
+
+
+def relink_saved(trainer: Trainer, final: Path, staging: Path) -> dict[str, str] | None:
+    """When ``final`` is the complete checkpoint ``trainer``'s state was last saved or loaded as
+    (``Trainer.saved_in``): every file of it but ``extra.json`` hard-linked into the empty ``staging``, and
+    their hashes as its marker holds them (``commit``'s ``hashed``: not read again). None (``staging`` left
+    empty) when the state is not saved there, the checkpoint is torn, or the filesystem refuses hard links:
+    the caller writes the whole state. A link shares the file, so nothing may write into a linked file; nothing
+    does, as a checkpoint's files are only written in staging and then read."""
+    if trainer.saved_in is None or trainer.saved_in.resolve() != final.resolve():
+        return None
+    try:
+        hashes = marker_hashes(final)
+        for name in hashes:
+            if name != EXTRA_FILE:
+                (staging / name).parent.mkdir(parents=True, exist_ok=True)
+                os.link(final / name, staging / name)
+    except (TornCheckpointError, OSError) as error:
+        logger.warning("checkpoint %s: writing the whole state again (%s)", final, error)
+        shutil.rmtree(staging)
+        staging.mkdir()
+        return None
+    return {name: digest for name, digest in hashes.items() if name != EXTRA_FILE}
+
+
 def new_staging(root: str | os.PathLike[str], step: int) -> tuple[Path, Path]:
-    """(a fresh hidden staging directory under ``root``, the step directory it will become)."""
+    """(a fresh hidden staging directory under ``root``, the step directory it will become). Called by the
+    process that saves (rank 0 of a sharded save), whose saves never overlap: what a killed save left under
+    ``root`` goes first (``sweep_orphans``), so no more than the kept checkpoints and this one take disk."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
+    sweep_orphans(root)
     final = root / f"step_{step:08d}"
-    return Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=root)), final
+    return Path(tempfile.mkdtemp(prefix=f"{_STAGING}{final.name}-", dir=root)), final
+
+
+def sweep_orphans(root: Path) -> list[Path]:
+    """Delete what saves killed midway left under ``root``; return what was deleted. Every staging directory
+    (``.tmp-step_*``: a save that never reached its rename, which is a checkpoint's commit), and every retired
+    copy (``.old-step_*``) whose step is in place and complete. A retired copy whose step is not (the save was
+    killed between ``_move_into_place``'s two renames) is that step's only complete copy: it is kept (logged),
+    and loaders take it for its step until a later save of that step retires it for good."""
+    deleted = []
+    for path in sorted(root.iterdir()):
+        match = _ORPHAN.match(path.name)
+        if match is None or not path.is_dir():
+            continue
+        if match.group(1) == _STAGING or _is_complete(root / f"step_{match.group(2)}"):
+            shutil.rmtree(path)
+            deleted.append(path)
+        else:
+            logger.warning(
+                "checkpoint: keeping %s: step_%s is not in place, so it may be its only copy",
+                path,
+                match.group(2),
+            )
+    if deleted:
+        logger.warning("checkpoint: deleted what interrupted saves left: %s", [p.name for p in deleted])
+    return deleted
+
+
+def _is_complete(path: Path) -> bool:
+    """Whether ``path`` is a checkpoint whose marker names exactly its files (``marker_hashes``)."""
+    try:
+        marker_hashes(path)
+    except TornCheckpointError:
+        return False
+    return True
 
 
 def write_state(staging: Path, state: dict[str, Any], extra: dict[str, Any] | None) -> None:
-    """The trainer state file (``torch.save``) and the caller's ``extra`` as JSON."""
+    """The trainer state file (``torch.save``) and the caller's ``extra`` (``write_extra``)."""
     torch.save(state, staging / STATE_FILE)
-    (staging / EXTRA_FILE).write_text(json.dumps(extra or {}, indent=1))
+    write_extra(staging, extra)
+
+
+def write_extra(staging: Path, extra: dict[str, Any] | None) -> None:
+    """The caller's ``extra`` as compact JSON: it holds every buffered group's tokens (hundreds of MB at
+    real shapes), which an indented dump makes larger and encodes in pure Python (``json`` uses its C encoder
+    only without ``indent``). Older, indented files load the same."""
+    (staging / EXTRA_FILE).write_text(json.dumps(extra or {}, separators=(",", ":")))
 
 
 def commit(
@@ -132,10 +225,14 @@ def commit(
         prune_checkpoints(final.parent, keep_last)
 
 
-def read_state(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(trainer state, extra) of a verified checkpoint directory."""
-    state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
-    return state, json.loads((path / EXTRA_FILE).read_text())
+def read_state(path: Path) -> dict[str, Any]:
+    """The trainer state of a verified checkpoint directory."""
+    return torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+
+
+def read_extra(path: Path) -> dict[str, Any]:
+    """The caller's ``extra`` of a verified checkpoint directory."""
+    return json.loads((path / EXTRA_FILE).read_text())
 
 
 def load_checkpoint(
@@ -154,12 +251,13 @@ def load_checkpoint(
         )
     verify_checkpoint(path, timeout_for)
     load_trained_weights(trainer, path)
-    state, extra = read_state(path)
+    state = read_state(path)
     trainer.load_state_dict(state)  # first: it refuses a checkpoint whose critic does not match the run
     if trainer.critic is not None:
         trainer.critic.module.load_state_dict(load_file(path / CRITIC_FILE))
-    set_rng_state(state["rng"])
-    return extra
+    set_rng_state(state["rng"], trainer.device)
+    trainer.saved_in = path
+    return read_extra(path)
 
 
 def latest_checkpoint(root: str | os.PathLike[str]) -> Path | None:
@@ -369,21 +467,24 @@ def load_model_weights(model: nn.Module, model_dir: Path) -> None:
 
 def _step_dirs(root: Path) -> list[tuple[int, Path]]:
     """(step, path) of the step directories under ``root``, oldest first (complete or not: see
-    ``verify_checkpoint``)."""
+    ``verify_checkpoint``). A retired copy (``.old-step_*``) stands for its step when no step directory
+    does (``sweep_orphans``): a save killed between ``_move_into_place``'s renames leaves it the only copy."""
     if not root.is_dir():
         return []
-    found = []
-    for path in root.iterdir():
-        match = _STEP_DIR.match(path.name)
-        if match and path.is_dir():
-            found.append((int(match.group(1)), path))
-    return sorted(found)
+    found, retired = {}, {}
+    for path in sorted(root.iterdir()):
+        step_dir, old = _STEP_DIR.match(path.name), _RETIRED_DIR.match(path.name)
+        if step_dir and path.is_dir():
+            found[int(step_dir.group(1))] = path
+        elif old and path.is_dir():
+            retired.setdefault(int(old.group(1)), path)
+    return sorted({**retired, **found}.items())
 
 
 def _move_into_place(staging: Path, final: Path) -> None:
     """Rename ``staging`` to ``final``; an existing ``final`` (same step saved again) is replaced."""
     if final.exists():
-        retired = final.with_name(f".old-{final.name}-{os.getpid()}")
+        retired = final.with_name(f"{_RETIRED}{final.name}-{os.getpid()}")
         final.rename(retired)
         staging.rename(final)
         shutil.rmtree(retired)
@@ -414,20 +515,35 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def rng_state() -> dict[str, Any]:
+def rng_state(device: torch.device | None = None) -> dict[str, Any]:
+    """The RNG states a resume restores: Python's, NumPy's, torch's CPU one, and the CUDA state of ``device``
+    (the trainer's; not CUDA: the current device) as a list of one. One device only: a process seeing eight
+    GPUs saved eight, and a resume seeing fewer failed on them (``IndexError``)."""
     kind, keys, pos, has_gauss, cached = np.random.get_state()
+    cuda = [torch.cuda.get_rng_state(_cuda_index(device))] if torch.cuda.is_available() else []
     return {
         "python": random.getstate(),
         "numpy": (kind, torch.from_numpy(keys.copy()), pos, has_gauss, cached),
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "cuda": cuda,
     }
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
+def set_rng_state(state: dict[str, Any], device: torch.device | None = None) -> None:
+    """Restore ``rng_state``'s states; the CUDA one onto ``device`` (as ``rng_state``). An older checkpoint's
+    list holds every visible device's state: ``device``'s own is taken, the first when it saw fewer."""
     random.setstate(state["python"])
     kind, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((kind, keys.numpy(), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    saved = state["cuda"]
+    if saved and torch.cuda.is_available():
+        index = _cuda_index(device)
+        torch.cuda.set_rng_state(saved[index] if index < len(saved) else saved[0], index)
+
+
+def _cuda_index(device: torch.device | None) -> int:
+    """The CUDA device index ``device`` names; the current device's when it names none or is not CUDA."""
+    if device is not None and device.type == "cuda" and device.index is not None:
+        return device.index
+    return torch.cuda.current_device()

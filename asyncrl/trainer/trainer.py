@@ -170,12 +170,17 @@ class Trainer:
         self.step = 0
         self.version = version
         self.skipped_in_a_row = 0
-        """Optimizer updates skipped in a row for a non-finite gradient norm (``_skip_update``)."""
+        """Optimizer updates skipped in a row for a non-finite gradient norm (``_skip_update``); checkpointed,
+        so a resumed run fails at the same update as the uninterrupted one."""
         self._skipped_this_step = 0
         self.split_metrics: dict[str, float] = {}
         """How evenly the last step's mini-batches were dealt over ranks (``_split_metrics``); empty in one
         process. Kept apart from ``train_step``'s metrics, which are the step's numbers and the same for any
         split of its rows (the sharded tests hold them to the single process's); the rank actor reports both."""
+        self.saved_in: Path | None = None
+        """The checkpoint directory that holds this trainer's state as it is now: set by a save or a load
+        (``trainer.checkpoint``), cleared by a train step. A save of that step again rewrites only its
+        ``extra`` (``checkpoint.relink_saved``)."""
 
     def _reference_module(self, loss_config: LossConfig) -> TokenLogProbModule | None:
         """π_ref's log-prob module: the separate reference model, or with LoRA the policy's own module (run with
@@ -254,6 +259,7 @@ class Trainer:
                 f"train_step got policy_version {policy_version}, but the trainer is at {self.version}"
             )
         started = time.perf_counter()
+        self.saved_in = None  # from here on the state differs from any checkpoint's
         lr = self.scheduler.get_last_lr()[0] if self.trains_policy else 0.0  # the rate this step trains at
         critic_lr = self.critic.scheduler.get_last_lr()[0] if self.critic is not None else None
         batch = self.make_batch(groups)
@@ -391,6 +397,7 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(),
             "step": self.step,
             "version": self.version,
+            "skipped_in_a_row": self.skipped_in_a_row,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -400,12 +407,14 @@ class Trainer:
                 f"{'has' if 'critic' in state else 'has no'} critic state, the run "
                 f"{'has a critic section' if self.critic is not None else 'has none'}"
             )
+        self.saved_in = None  # the caller (``checkpoint.load_checkpoint``) names where it loaded from
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if self.critic is not None:
             self.critic.load_state_dict(state["critic"])
         self.step = int(state["step"])
         self.version = int(state["version"])
+        self.skipped_in_a_row = int(state.get("skipped_in_a_row", 0))  # absent from older checkpoints
 
     def _shuffle(self, epoch: int) -> torch.Generator | None:
         """Mini-batch shuffling seeded by (seed, step, epoch): resumes reproduce it without saved RNG state."""

@@ -19,11 +19,13 @@ tensors its own sharding needs.
                              tokenizer, in the serving dtype unless the caller names another
         adapter/             instead of model/ with LoRA: the gathered adapters in peft's format (sharded/
                              then holds only the adapters and their optimizer state)
-        trainer_state.pt     scheduler, step, version, RNG states (rank 0's)
-        extra.json           the caller's dict
+        trainer_state.pt     scheduler, step, version, skipped-update count, RNG states (rank 0's)
+        extra.json           the caller's dict (rank 0 writes it, and only rank 0 reads it back)
         COMPLETE.json        {relative path: sha256}, written last
 
-Every rank must see the same directory (one machine, or a shared filesystem across nodes).
+Every rank must see the same directory (one machine, or a shared filesystem across nodes). A save of the step
+the ranks last saved or loaded (no train step since) has rank 0 rewrite only ``extra.json``, hard-linking the
+rest (``checkpoint.relink_saved``); the other ranks only meet it at the gathers.
 """
 
 from __future__ import annotations
@@ -77,39 +79,67 @@ def save_sharded_checkpoint(
     tokenizer: PreTrainedTokenizerBase | None = None,
     model_dtype: torch.dtype | None = None,
 ) -> Path:
-    """Every rank calls this; each returns the step directory once it is in place. ``tokenizer`` and
-    ``model_dtype`` (None: the trainer's own dtype) are those of the ``model/`` export (``export_model``)."""
+    """Every rank calls this; each returns the step directory once it is in place. ``extra`` is rank 0's (the
+    others' is not read: the caller need not send it to them). ``tokenizer`` and ``model_dtype`` (None: the
+    trainer's own dtype) are those of the ``model/`` export (``export_model``)."""
     parallel = trainer.parallel
     staged = checkpoint.new_staging(root, trainer.step) if parallel.rank == 0 else None
     staging, final = parallel.gather(staged)[0]  # rank 0's choice, for everyone
     try:
-        dcp.save(
-            _dcp_state(trainer),
-            checkpoint_id=staging / SHARDED_DIR,
-            no_dist=parallel.world_size == 1,  # one process: no group to coordinate with
-        )
-        if trainer.peft_model is not None:
-            save_adapter(trainer.peft_model, staging / ADAPTER_DIR, is_main_process=parallel.rank == 0)
+        # rank 0's answer, for everyone: whether the shards are written again
+        relinked = checkpoint.relink_saved(trainer, final, staging) if parallel.rank == 0 else None
+        relinked = parallel.gather(relinked)[0]
+        if relinked is None:
+            hashed = _write_state_files(trainer, staging, tokenizer, model_dtype)
         else:
-            export_model(trainer, staging / MODEL_DIR, tokenizer=tokenizer, dtype=model_dtype)
-        parallel.gather(None)  # every rank's shards are written
-        hashed = _hash_dealt_out(parallel, staging)
+            hashed = relinked
         if parallel.rank == 0:
-            state = {
-                "scheduler": trainer.scheduler.state_dict(),
-                "step": trainer.step,
-                "version": trainer.version,
-                "rng": checkpoint.rng_state(),
-            }
-            if trainer.critic is not None:
-                state["critic_scheduler"] = trainer.critic.scheduler.state_dict()
-            checkpoint.write_state(staging, state, extra)
+            if relinked is None:
+                checkpoint.write_state(staging, _trainer_state(trainer), extra)
+            else:
+                checkpoint.write_extra(staging, extra)
             checkpoint.commit(staging, final, keep_last, hashed)  # hashes the state files it just wrote
     finally:
         if parallel.rank == 0:
             shutil.rmtree(staging, ignore_errors=True)
     parallel.gather(None)  # nobody returns before the checkpoint is in place
+    trainer.saved_in = final
     return final
+
+
+def _write_state_files(
+    trainer: Trainer,
+    staging: Path,
+    tokenizer: PreTrainedTokenizerBase | None,
+    model_dtype: torch.dtype | None,
+) -> dict[str, str]:
+    """Every rank: its shards, the export (or adapters), then its share of the hashing; every file's hash."""
+    parallel = trainer.parallel
+    dcp.save(
+        _dcp_state(trainer),
+        checkpoint_id=staging / SHARDED_DIR,
+        no_dist=parallel.world_size == 1,  # one process: no group to coordinate with
+    )
+    if trainer.peft_model is not None:
+        save_adapter(trainer.peft_model, staging / ADAPTER_DIR, is_main_process=parallel.rank == 0)
+    else:
+        export_model(trainer, staging / MODEL_DIR, tokenizer=tokenizer, dtype=model_dtype)
+    parallel.gather(None)  # every rank's shards are written
+    return _hash_dealt_out(parallel, staging)
+
+
+def _trainer_state(trainer: Trainer) -> dict[str, Any]:
+    """What ``trainer_state.pt`` holds beside the shards (rank 0's)."""
+    state = {
+        "scheduler": trainer.scheduler.state_dict(),
+        "step": trainer.step,
+        "version": trainer.version,
+        "skipped_in_a_row": trainer.skipped_in_a_row,
+        "rng": checkpoint.rng_state(trainer.device),
+    }
+    if trainer.critic is not None:
+        state["critic_scheduler"] = trainer.critic.scheduler.state_dict()
+    return state
 
 
 def deal_by_size(directory: Path, names: list[str], ranks: int) -> list[list[str]]:
@@ -200,7 +230,8 @@ def export_model(
 
 def load_sharded_checkpoint(path: str | os.PathLike[str], trainer: Trainer) -> dict[str, Any]:
     """Every rank calls this: restore weights and optimizer (resharded to this world), scheduler, step and
-    version from a verified sharded checkpoint; returns its ``extra``."""
+    version from a verified sharded checkpoint; returns its ``extra`` on rank 0 and ``{}`` on the others (it
+    holds every buffered group: hundreds of MB that only the caller, through rank 0, reads)."""
     path = Path(path)
     _verify_dealt_out(trainer.parallel, path)  # nobody reads a checkpoint before every file is verified
     if not is_sharded_checkpoint(path):
@@ -209,11 +240,12 @@ def load_sharded_checkpoint(path: str | os.PathLike[str], trainer: Trainer) -> d
     if lora != (path / ADAPTER_DIR).is_dir():
         held = "LoRA adapters" if not lora else "full weights"
         raise ValueError(f"{path} holds {held}: resume it with the trainer.lora settings that wrote it")
-    trainer_state, extra = checkpoint.read_state(path)
+    trainer_state = checkpoint.read_state(path)
     if ("critic_scheduler" in trainer_state) != (trainer.critic is not None):
         raise ValueError(
             f"{path}: checkpoint and run disagree on the critic (one has a critic section, one not)"
         )
+    trainer.saved_in = None  # until the load is done, no checkpoint holds its state
     state = _dcp_state(trainer)
     dcp.load(state, checkpoint_id=path / SHARDED_DIR, no_dist=trainer.parallel.world_size == 1)
     set_state_dict(
@@ -235,5 +267,7 @@ def load_sharded_checkpoint(path: str | os.PathLike[str], trainer: Trainer) -> d
         critic.scheduler.load_state_dict(trainer_state["critic_scheduler"])
     trainer.step = int(trainer_state["step"])
     trainer.version = int(trainer_state["version"])
-    checkpoint.set_rng_state(trainer_state["rng"])
-    return extra
+    trainer.skipped_in_a_row = int(trainer_state.get("skipped_in_a_row", 0))  # absent from older checkpoints
+    checkpoint.set_rng_state(trainer_state["rng"], trainer.device)
+    trainer.saved_in = path
+    return checkpoint.read_extra(path) if trainer.parallel.rank == 0 else {}

@@ -45,8 +45,11 @@ class FakeRef:
 class FakeCall:
     def __init__(self, seconds: float, value: Any) -> None:
         self.seconds, self.value = seconds, value
+        self.args: list[tuple] = []
+        """The arguments of every call, in order."""
 
     def remote(self, *args: Any, **kwargs: Any) -> FakeRef:
+        self.args.append(args)
         return FakeRef(self.seconds, self.value)
 
 
@@ -135,6 +138,19 @@ def test_a_large_checkpoint_is_waited_for_past_the_control_timeout(fake_ray: Fak
     assert group.load_checkpoint("/ckpt/step_00000001") == {"data": 1}
     assert fake_ray.timeouts[0] == pytest.approx(deadline, abs=1.0)
     assert group.config.control_timeout_s < 300.0  # the call the old deadline cut off
+
+
+def test_only_rank_0_is_sent_the_checkpoints_extra(fake_ray: FakeRay) -> None:
+    """``extra`` holds every buffered group (hundreds of MB at real shapes), and only rank 0 writes it: sent
+    to every rank, it was serialized once per rank."""
+    group = client(seconds=1.0, checkpoint_bytes=10**9, num_ranks=3)
+    extra = {"buffered_groups": [1, 2, 3]}
+    group.save_checkpoint("/ckpt", extra=extra, keep_last=2)
+    assert [rank.save_checkpoint.args for rank in group.handles] == [
+        [("/ckpt", extra, 2)],
+        [("/ckpt", None, 2)],
+        [("/ckpt", None, 2)],
+    ]
 
 
 @pytest.mark.parametrize("call", ["save", "load"])
