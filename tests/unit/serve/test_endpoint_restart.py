@@ -20,6 +20,7 @@ from asyncrl.app.wiring import make_buffer
 from asyncrl.config.buffer import BufferConfig
 from asyncrl.config.rollout import RolloutConfig
 from asyncrl.config.serve import ServeConfig
+from asyncrl.examples.agents import frozen_lake_harness
 from asyncrl.models.loading import load_tokenizer
 from asyncrl.proxy.llm_proxy import LLMProxy
 from asyncrl.rollout import endpoint_record
@@ -115,6 +116,34 @@ def test_a_restarted_attempt_keeps_the_url_and_refuses_what_the_first_admitted(
 
     asyncio.run(run())
     assert urls[0] == urls[1]
+
+
+def test_the_example_harness_meets_the_409_and_plays_its_group_over_under_a_new_name(
+    tokenizer: Any, tmp_path: Path
+) -> None:
+    """Its group ``s-g0`` began in the first attempt: the second refuses it, and the harness plays the group
+    again as ``s-g0-r1``, which the run takes in as one whole group."""
+    out = tmp_path / "run"
+    serve = ServeConfig(port=0, chat_format="plain")
+
+    async def first(producer: ExternalProducer) -> None:
+        ask = {"messages": [{"role": "user", "content": "F..."}], **ASK}
+        await on(producer, "s-g0", "s-g0-0").chat.completions.create(**ask)
+
+    async def second(producer: ExternalProducer) -> None:
+        endpoint = frozen_lake_harness.Endpoint(out)
+        await endpoint.connect(START_TIMEOUT_S)
+        returns = await frozen_lake_harness.play_group(endpoint, "s", 0, 2, 4, 2, START_TIMEOUT_S)
+        assert len(returns) == 2
+        assert sorted(t.trajectory_id for t in producer.service.store.all()) == ["s-g0-r1-0", "s-g0-r1-1"]
+        assert producer.buffer.accounting().num_buffered == 1  # the replayed group, whole
+
+    async def run() -> None:
+        endpoint_record.start_run(out, resuming=False)
+        await attempt(out, serve, tokenizer, first)
+        await attempt(out, endpoint_record.keep_port(serve, out), tokenizer, second)
+
+    asyncio.run(run())
 
 
 def test_a_fresh_run_forgets_the_earlier_trajectories_and_a_resume_keeps_them(tmp_path: Path) -> None:
