@@ -29,6 +29,7 @@ from asyncrl.metrics.spans import SpanRecorder
 from asyncrl.metrics.tracker import MetricsTracker
 from asyncrl.proxy.errors import EnginesLost
 from asyncrl.proxy.llm_proxy import LLMProxy
+from asyncrl.rollout import endpoint_record
 from asyncrl.runtime.errors import TrainerDied
 from asyncrl.trainer.checkpoint import checkpoint_due, complete_checkpoints, load_resume
 
@@ -61,7 +62,8 @@ async def train(
     """Run ``config`` to completion (or until ``stop`` is set: then after a final checkpoint) and return its
     summary. A trainer that dies restarts the run from its last verified checkpoint (``runtime.trainer_restarts``
     times): all its parts are built anew and it resumes exactly as ``resume=`` would; the engines too, since
-    they serve weights newer than the checkpoint's and refuse older ones."""
+    they serve weights newer than the checkpoint's and refuse older ones. An external producer's endpoint
+    comes back on the same port (``rollout.endpoint_record``)."""
     started = time.perf_counter()
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -70,17 +72,26 @@ async def train(
         _say(console, f"engine.max_model_len unset: {context.tokens} ({context.why})")
     (out / "config.json").write_text(json.dumps(to_dict(config), indent=1))
     stop = stop or asyncio.Event()
-    for num_restarts in itertools.count():
-        try:
-            with runtime_parts(config) as parts:
-                try:
-                    return await _train(parts, out, started, console, stop)
-                except EnginesLost:
-                    parts.trainer.check_alive()  # TrainerDied if its death is why (the engines' weights died too)
-                    raise
-        except TrainerDied as error:
-            config = _restart_from_checkpoint(config, out, error, num_restarts, stop, console)
-    raise AssertionError("unreachable: the loop returns or raises")
+    external = config.producer == "external"
+    if external:
+        endpoint_record.start_run(out, resuming=bool(config.resume))
+    try:
+        for num_restarts in itertools.count():
+            try:
+                with runtime_parts(config) as parts:
+                    try:
+                        return await _train(parts, out, started, console, stop)
+                    except EnginesLost:
+                        parts.trainer.check_alive()  # TrainerDied if its death is why (engines' weights died too)
+                        raise
+            except TrainerDied as error:
+                config = _restart_from_checkpoint(config, out, error, num_restarts, stop, console)
+                if external:  # harnesses hold the endpoint's URL: the next attempt serves on the same port
+                    config = replace(config, serve=endpoint_record.keep_port(config.serve, out))
+        raise AssertionError("unreachable: the loop returns or raises")
+    finally:
+        if external:
+            endpoint_record.withdraw(out)
 
 
 def _restart_from_checkpoint(

@@ -19,7 +19,11 @@ class ServeConfig:
     host: str = "127.0.0.1"
     """Address to bind. The loopback default keeps the endpoint off the network; anything else is a choice."""
     port: int = 8000
-    """TCP port; 0 picks a free one (the bound port is printed and written to ``endpoint.json``)."""
+    """TCP port; 0 picks a free one (the bound port is printed and written to ``endpoint.json``). A training run
+    that restarts from its checkpoint (``TrainerDied``) binds the port its first attempt bound again."""
+    bind_timeout_s: float = 30.0
+    """``producer: external``: how long the endpoint retries a port still in use (a restarted run binding its
+    first attempt's port again) before failing with ``EndpointPortBusy``. ``asyncrl serve`` does not retry."""
     api_key: str = ""
     """When set, every call must send ``Authorization: Bearer <api_key>`` (optionally ``<api_key>#<trajectory>``
     to name its trajectory); empty accepts any key."""
@@ -103,6 +107,8 @@ class ServeConfig:
             )
         if self.retry_after_s <= 0:
             raise ValueError(f"serve.retry_after_s must be > 0, got {self.retry_after_s}")
+        if not self.bind_timeout_s > 0:
+            raise ValueError(f"serve.bind_timeout_s must be > 0, got {self.bind_timeout_s}")
         if self.trajectory_timeout_s <= 0:
             raise ValueError(f"serve.trajectory_timeout_s must be > 0, got {self.trajectory_timeout_s}")
         if self.reward_fn and ":" not in self.reward_fn:

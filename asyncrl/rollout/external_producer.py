@@ -12,6 +12,10 @@ in once ``rollout.num_return_sequences`` of its trajectories have ended.
     harness ─► /trajectories/T/finish {reward}    ─► ended ─► group complete? ─► buffer.put | release
     controller ─► abort_stale: stale groups released now; their trajectories are still served, then dropped
 
+Restarts: a run restarted from its checkpoint (``TrainerDied``) builds a new producer, which binds the same
+port (``endpoint_record.keep_port``) and refuses, with 409 ``run_restarted``, the trajectories and groups an
+earlier attempt admitted (``endpoint_record.TrajectoryLedger``): it holds none of their tokens.
+
 Conservation: every trajectory that took a place in a group ends exactly once, in a group handed to
 ``buffer.put`` or counted dropped with a reason; every ticket ends with one ``put`` or ``release``.
 """
@@ -19,7 +23,6 @@ Conservation: every trajectory that took a place in a group ends exactly once, i
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +31,7 @@ from typing import Any
 from asyncrl.buffer.records import Admission, DropKind
 from asyncrl.buffer.sample_buffer import BufferClosedError, SampleBuffer
 from asyncrl.config.serve import ServeConfig
+from asyncrl.rollout import endpoint_record
 from asyncrl.rollout.admission import admit
 from asyncrl.rollout.prompt_source import Prompt, PromptSource
 from asyncrl.serve.schemas import ServeError
@@ -84,7 +88,8 @@ class ExternalProducer:
             seed=seed,
             chat_template_kwargs=chat_template_kwargs,
         )
-        self.server = EndpointServer(self.service)
+        self.server = EndpointServer(self.service, bind_timeout_s=config.bind_timeout_s)
+        self.ledger = endpoint_record.TrajectoryLedger(self.output_dir)
         self.counts = {status.value: 0 for status in TrajectoryStatus} | {"trajectories": 0, "groups": 0}
         self._named: dict[str, _Group] = {}
         self._open: _Group | None = None
@@ -94,8 +99,7 @@ class ExternalProducer:
     async def run(self) -> None:
         """Serve until the buffer is closed; then release the groups still open and stop the server."""
         await self.server.start()
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        (self.output_dir / "endpoint.json").write_text(json.dumps({"url": self.server.url + "/v1"}))
+        endpoint_record.publish(self.output_dir, self.server.url + "/v1")
         try:
             while not self.buffer.closed:
                 await asyncio.sleep(CLOSE_POLL_S)
@@ -118,6 +122,9 @@ class ExternalProducer:
 
     # ---- the endpoint's sink --------------------------------------------------------------------------------
 
+    def check(self, trajectory_id: str, group_id: str | None) -> None:
+        self.ledger.check(trajectory_id, group_id)
+
     async def admit(self, trajectory: ServedTrajectory) -> None:
         """Place a new trajectory in its group (opening it, and waiting for a ticket, if needed)."""
         async with self._admitting:  # one group opens at a time, so two first calls never open two
@@ -135,6 +142,7 @@ class ExternalProducer:
             group.members.append(trajectory.trajectory_id)
             self._group_of[trajectory.trajectory_id] = group
             self.counts["trajectories"] += 1
+            self.ledger.record(trajectory.trajectory_id, trajectory.group_id)
 
     def ended(self, trajectory: ServedTrajectory) -> None:
         group = self._group_of.get(trajectory.trajectory_id)
@@ -159,7 +167,12 @@ class ExternalProducer:
         try:
             admission, prompt = await admit(self.source, self.buffer, self.name)
         except BufferClosedError as err:
-            raise ServeError(503, "the training run has finished", None, "server_error") from err
+            raise ServeError(
+                503,
+                "the training run stopped taking trajectories (it finished, or restarts from its checkpoint)",
+                None,
+                "server_error",
+            ) from err
         group = _Group(name=name, admission=admission, prompt=prompt)
         if name is None:
             self._open = group

@@ -19,16 +19,23 @@ class ServeError(Exception):
     """A request the server refuses: the HTTP status, the message and the offending field (OpenAI error shape)."""
 
     def __init__(
-        self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        kind: str = "invalid_request_error",
+        code: str | None = None,
     ):
+        """``code``: a machine-readable reason a client may act on (``run_restarted``), else None."""
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.kind = kind
+        self.code = code
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": None}}
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
 class _Strict(BaseModel):

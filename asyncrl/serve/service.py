@@ -161,6 +161,7 @@ class CompletionService:
 
     async def finish(self, trajectory_id: str, reward: float | None) -> ServedTrajectory:
         """The harness ends an episode: with its reward, or scored by ``serve.reward_fn``."""
+        self.store.sink.check(trajectory_id, None)
         trajectory = self.store.get(trajectory_id)
         async with trajectory.lock:  # a call still running on it lands first
             if reward is None:
@@ -169,6 +170,7 @@ class CompletionService:
         return trajectory
 
     async def abort(self, trajectory_id: str, reason: str) -> ServedTrajectory:
+        self.store.sink.check(trajectory_id, None)
         trajectory = self.store.get(trajectory_id)
         async with trajectory.lock:
             self.store.end(trajectory, TrajectoryState.ABORTED, reason=reason or "aborted by the harness")
@@ -211,6 +213,7 @@ class CompletionService:
             return CallResult(
                 choices=list(choices), num_prompt_tokens=num_prompt, trajectory_id=None, branch=None
             )
+        self.store.sink.check(trajectory_id, group_id)
         trajectory = self.store.open(trajectory_id, group_id, kind)
         async with trajectory.lock:
             if not trajectory.admitted:

@@ -104,8 +104,14 @@ class ServedTrajectory:
 
 
 class TrajectorySink(Protocol):
-    """Where trajectories go: ``admit`` before a trajectory's first generation (may wait: back-pressure),
-    ``ended`` once when it ends. A training run's external producer; ``NullSink`` when serving alone."""
+    """Where trajectories go: ``check`` before any call names a trajectory, ``admit`` before a trajectory's
+    first generation (may wait: back-pressure), ``ended`` once when it ends. A training run's external
+    producer; ``NullSink`` when serving alone."""
+
+    def check(self, trajectory_id: str, group_id: str | None) -> None:
+        """Raise ``ServeError`` for a trajectory the sink will never take (one an earlier attempt of a
+        restarted run served), before the store holds anything of it."""
+        ...
 
     async def admit(self, trajectory: ServedTrajectory) -> None: ...
 
@@ -113,6 +119,9 @@ class TrajectorySink(Protocol):
 
 
 class NullSink:
+    def check(self, trajectory_id: str, group_id: str | None) -> None:
+        return None
+
     async def admit(self, trajectory: ServedTrajectory) -> None:
         return None
 
