@@ -307,7 +307,9 @@ def test_a_weight_update_landing_mid_stream_is_invisible_to_the_streaming_client
 
     chunks = iter(client(served, "mid-stream").chat.completions.create(**asked, stream=True))
     pieces: list[str | None] = []
-    while not any(pieces):  # streamed text of the tokens sampled before the hold
+    # streamed text of the tokens sampled before the hold; the first text can stream before the hold (a token
+    # per step), so read on until the engine holds: the chunk of the step that held comes after it held
+    while not held or not any(pieces):
         chunk = next(chunks)
         pieces.append(chunk.choices[0].delta.content if chunk.choices else None)
     assert held and served.proxy.versions() == [old_version]  # held, not finished, before the update
