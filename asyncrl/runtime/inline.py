@@ -109,7 +109,13 @@ class LocalTrainer:
         return self._sync.publish(trainer.version, trainer.serving_tensors(), adapter=trainer.adapter)
 
     def save_checkpoint(self, root: str | Path, *, extra: dict[str, Any], keep_last: int | None) -> Path:
-        return save_checkpoint(root, self.trainer, extra=extra, keep_last=keep_last)
+        """Save on the training thread (the run calls this from a worker thread, off the event loop): the thread
+        the trainer's steps and publications run on, so none runs during the save, and with the trainer's torch
+        threads, whose OpenMP team exists already (another thread's own would oversubscribe the cores beside the
+        engines', which keep generating meanwhile)."""
+        return self.on_training_thread(
+            lambda: save_checkpoint(root, self.trainer, extra=extra, keep_last=keep_last)
+        )
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         """Restore the trainer from ``path``, its files hashed first in this process within
