@@ -110,12 +110,13 @@ class LocalTrainer:
 
     def save_checkpoint(self, root: str | Path, *, extra: dict[str, Any], keep_last: int | None) -> Path:
         """Save on the training thread (the run calls this from a worker thread, off the event loop): the thread
-        the trainer's steps and publications run on, so none runs during the save, and with the trainer's torch
-        threads, whose OpenMP team exists already (another thread's own would oversubscribe the cores beside the
-        engines', which keep generating meanwhile)."""
-        return self.on_training_thread(
-            lambda: save_checkpoint(root, self.trainer, extra=extra, keep_last=keep_last)
-        )
+        the trainer's steps and publications run on, so none runs during the save. Without claiming the trainer's
+        torch threads (``on_training_thread`` would): a claim sets MKL's process-wide GEMM count, and the engines
+        keep generating during the save, with their own count (``sync``'s differs from the trainer's), so a
+        claim there changed their numerics and a run resumed from a checkpoint ended with other weights
+        (``tests/integration/test_kill_resume.py``, sync)."""
+        saving = self._thread.submit(save_checkpoint, root, self.trainer, extra=extra, keep_last=keep_last)
+        return saving.result()
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         """Restore the trainer from ``path``, its files hashed first in this process within

@@ -25,11 +25,7 @@ def test_a_resumed_sync_run_trains_the_same_batches_as_an_uninterrupted_one(tmp_
 def test_every_mode_resumes_and_its_engines_serve_the_resumed_weights(tmp_path, mode):
     """A resume hands the trainer's weights to engines that start from the base model, through the update
     protocol of the mode's policy (``in_flight`` refused an update without ``suspend``: every resumed
-    partial_rollout run died at once). Every group generated after the resume starts at the resumed version.
-
-    The first run saves only its final checkpoint, taken as its one step ends: a periodic save just before
-    it would let the rollout (which goes on during a save) finish the next groups at v1, which the final
-    checkpoint would then keep as buffered, leaving none for the resumed engines to generate at v1."""
+    partial_rollout run died at once). Every group generated after the resume starts at the resumed version."""
     out = tmp_path / "run"
     overrides = (
         f"controller.mode={mode}",
@@ -37,7 +33,7 @@ def test_every_mode_resumes_and_its_engines_serve_the_resumed_weights(tmp_path, 
         "rollout.max_new_tokens=4",
         "rollout.max_additional_running_prompts=0",
     )
-    train(out, 1, *overrides, "trainer.checkpoint_every=0")
+    train(out, 1, *overrides)
     extra = json.loads((out / "checkpoints" / "step_00000001" / "extra.json").read_text())
     restored = {entry["group"]["prompt_uid"] for entry in extra["buffered_groups"]}
     train(out, 3, *overrides, resume=True)
