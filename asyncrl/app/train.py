@@ -197,7 +197,11 @@ async def _train_steps(
         tracker.log(
             parts.trainer.step, metrics | {f"resume/{k}": float(v) for k, v in state.restored.items()}
         )
-        if checkpoint_due(parts.trainer.step, config.trainer.checkpoint_every):
+        # The run's last step saves only the final checkpoint, taken at once after this (``_end_run``): a
+        # periodic save first would let the rollout, which goes on during a save, finish groups the final one
+        # then keeps, and a resume trains those before the earlier-admitted ones it regenerates.
+        last = parts.trainer.step >= config.controller.num_steps or stop.is_set()
+        if checkpoint_due(parts.trainer.step, config.trainer.checkpoint_every) and not last:
             extra = state.checkpoint_extra(controller.buffer, pending())  # no await since the step's lines
             await _save(parts, out, extra)
 

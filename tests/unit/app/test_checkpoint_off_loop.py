@@ -217,7 +217,7 @@ async def run(
 def check_saves(trainer: GatedTrainer, out: Path) -> None:
     lines = [json.loads(line) for line in (out / "ledger.jsonl").read_text().splitlines()]
     steps = [save.step for save in trainer.saves]
-    assert steps == [*range(1, NUM_STEPS + 1), NUM_STEPS], steps  # one a step, and the final one
+    assert steps == list(range(1, NUM_STEPS + 1)), steps  # one a step, the last step's the final one
     for save in trainer.saves:
         extra, counted = save.extra, save.extra["ledger_lines"]
         assert all(line["step"] <= save.step for line in lines[:counted]), (save.step, lines[:counted])
