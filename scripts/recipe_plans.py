@@ -113,7 +113,8 @@ PLANS: dict[str, RecipePlan | str] = {
 
 
 def engine_keys(recipe: str) -> tuple[str, ...]:
-    """Simulator keys for the recipe's engine as the runtime admits requests to it, read from the recipe.
+    """Simulator keys for the recipe's engine as the runtime admits requests to it, read from the recipe by
+    ``asyncrl.sim.run_engine`` (what ``memory.train_config`` carries into ``asyncrl plan``'s simulation too).
 
     The built-in engine (``cost.kv=reserved``) admits while a slot is free and the request's reservation fits
     ``max_kv_tokens`` (``asyncrl.engine.admission``, which the simulated engine shares), so its slots, budget and
@@ -122,24 +123,10 @@ def engine_keys(recipe: str) -> tuple[str, ...]:
     ``gpu_memory_utilization`` leaves beside the weights, which ``asyncrl.sim.derive`` sizes from those two.
     """
     from asyncrl.config.run import load_run_config
+    from asyncrl.sim.run_engine import simulated_engine_keys
 
-    engine = load_run_config(RECIPES / recipe).engine
-    cap = () if engine.max_model_len is None else (f"engine.max_model_len={engine.max_model_len}",)
-    if engine.backend == "builtin":
-        return (
-            "cost.kv=reserved",
-            f"engine.max_running_requests={engine.max_running_requests}",
-            f"engine.max_kv_tokens={engine.max_kv_tokens}",
-            *cap,
-        )
-    if engine.backend == "vllm":
-        return (
-            "cost.kv=paged",
-            f"cost.max_num_seqs={engine.vllm.max_num_seqs}",
-            f"cost.memory_utilization={engine.vllm.gpu_memory_utilization}",
-            *cap,
-        )
-    raise ValueError(f"{recipe}: engine.backend={engine.backend!r} has no simulated engine to plan it with")
+    keys = simulated_engine_keys(load_run_config(RECIPES / recipe).engine)
+    return tuple(f"{key}={value}" for key, value in keys.items())
 
 
 def simulate_recipe(plan: RecipePlan, recipe: str) -> dict[str, Any]:

@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from asyncrl.app import cluster_probe, memory_plan
-from asyncrl.app.memory_plan import DTYPE_BYTES, Hardware, kv_slots_that_fit
+from asyncrl.app import cluster_probe, kv_slots, memory_plan
+from asyncrl.app.memory_plan import DTYPE_BYTES, KV_POOL_SHARE, Hardware, kv_slots_that_fit
 from asyncrl.config.run import RunConfig
 from asyncrl.sim.model_shape import ModelShape, shape_from_hf_config
 
@@ -325,7 +325,8 @@ def check_memory(config: RunConfig, machine: Machine, shape: ModelShape, max_len
 def check_plan(
     config: RunConfig, plan: memory_plan.Plan, hardware: Hardware, shape: ModelShape, max_len: int
 ) -> list[Finding]:
-    """One line per role with its terms, one verdict per device its roles share, the GPU count, vLLM's share."""
+    """One line per role with its terms, one verdict per device its roles share, the GPU count, vLLM's share or
+    the built-in engine's slots."""
     findings = []
     needed = gpus_needed(config)
     if needed > hardware.num_gpus:
@@ -349,7 +350,8 @@ def check_plan(
                 f"{role.peak_phase}) = {terms}",
                 role.total,
                 hardware.usable_bytes,
-                f"largest term: {role.name}'s {role.largest.name} {_gb(role.largest.bytes)}; {_memory_fix(config)}",
+                f"largest term: {role.name}'s {role.largest.name} {_gb(role.largest.bytes)}; "
+                f"{_memory_fix(config, role.largest)}",
                 unit=_gb,
             )
         )
@@ -364,12 +366,14 @@ def check_plan(
                 f"{device.name}: {_gb(device.total)} on {hardware.name} (= {parts}{binds})",
                 device.total,
                 hardware.usable_bytes,
-                f"largest term: {role.name}'s {term.name} {_gb(term.bytes)}; {_memory_fix(config)}",
+                f"largest term: {role.name}'s {term.name} {_gb(term.bytes)}; {_memory_fix(config, term)}",
                 unit=_gb,
             )
         )
     if config.engine.backend == "vllm":
         findings.append(_vllm_share(config, hardware, shape, max_len))
+    else:
+        findings.append(check_kv_slots(kv_slots.slot_use(config, plan.roles[1], hardware, max_len)))
     return findings
 
 
@@ -471,7 +475,44 @@ def _host_memory(config: RunConfig, machine: Machine, shape: ModelShape, max_len
     return _fits("ram", detail, trainers + engines, machine.ram_available_bytes, _memory_fix(config))
 
 
-def _memory_fix(config: RunConfig) -> str:
+def check_kv_slots(use: kv_slots.SlotUse) -> Finding:
+    """The built-in engine's pool (``app.kv_slots``): FAIL where the engine would refuse to allocate it, WARN
+    where it holds slots admission can never fill, each naming the engine keys and what they would save."""
+    detail = (
+        f"built-in engine's KV pool {use.slots} slots × {use.positions} positions = {_gb(use.pool)} "
+        f"({_gb(use.slot_bytes)} a slot); the engine allocates at most {_gb(use.allowed)} "
+        f"({KV_POOL_SHARE:.0%} of a GPU's usable memory free beside its weights)"
+    )
+    if use.admitted is not None:
+        detail += (
+            f"; engine.max_kv_tokens admits at most {use.admitted} at once (each request reserves at least "
+            f"{use.reservation} tokens: a 1-token prompt and the shortest max_new_tokens, within a slot)"
+        )
+    keys = "engine.max_running_requests, engine.max_model_len or engine.max_kv_tokens"
+    fix = (
+        f"a smaller pool: lower {keys} (the pool is max_running_requests × min(max_model_len, max_kv_tokens))"
+    )
+    if use.idle:
+        fix = (
+            f"set engine.max_running_requests={use.admitted}: the {use.idle} slots above it never run a request "
+            f"and hold {_gb(use.idle_bytes)} (or raise engine.max_kv_tokens to fill them, if memory allows)"
+        )
+    if use.pool > use.allowed:
+        return Finding(Status.FAIL, "gpu memory", f"{detail}: the engine refuses this pool", fix)
+    if use.idle:
+        return Finding(Status.WARN, "gpu memory", f"{detail}: {use.idle} slots are never used", fix)
+    return Finding(Status.OK, "gpu memory", detail)
+
+
+def _memory_fix(config: RunConfig, term: memory_plan.Term | None = None) -> str:
+    """What shrinks a plan whose largest term is ``term``: the built-in engine's KV pool names its own keys
+    (no trainer setting touches an engine's GPU), anything else the model and trainer settings."""
+    if term is not None and term.name == "KV pool":
+        return (
+            "lower engine.max_running_requests (slots beyond engine.max_kv_tokens // a request's reservation are "
+            "never admitted), engine.max_model_len or engine.max_kv_tokens: the engine preallocates "
+            "max_running_requests × min(max_model_len, max_kv_tokens) positions"
+        )
     fixes = ["a smaller model", "more trainer.num_workers (FSDP2 shards)", "model.dtype=bfloat16"]
     if config.model.dtype != "float32":
         fixes.pop()

@@ -17,7 +17,8 @@ on a laptop before it loads tens of GB on a rented GPU. The terms follow the cod
   publishes;
 - built-in engine: weights in the serving dtype (``engine.dtype``) plus its preallocated KV pool
   (``engine.max_running_requests`` slots of ``min(max_model_len, max_kv_tokens) + 1`` positions, as
-  ``engine.kv_cache.pool_bytes``), and one update bucket being received (a staged broadcast keeps the
+  ``engine.kv_cache.pool_bytes``), a step's scratch (its padded prefill through one layer, the decode logits and
+  the sampler's blocks: ``engine_step_terms``), and one update bucket being received (a staged broadcast keeps the
   whole update in host memory: counted when the plan is of host memory, ``device="cpu"``; a streamed one
   holds one bucket; the colocated transport none: its engine maps the trainer's packed blocks);
 - vLLM engine: the ``gpu_memory_utilization`` share of each of its ``tensor_parallel_size`` GPUs, which must hold
@@ -36,8 +37,10 @@ peaks when both stay resident; under ``runtime.switch`` they take turns, and the
 counting what is alive then: the device needs the heaviest phase, not the two peaks added.
 
 Left out, and why the verdict keeps a margin: the CUDA context and NCCL buffers (``DEVICE_RESERVE``), the
-allocator's fragmentation, and the engine's per-step scratch beyond one prefill chunk: its attention mask
-(query group × prefill tokens × context bytes, and the kernel's additive copy of it). No attention scores: the
+allocator's fragmentation, and the built-in engine's per-step scratch beyond its prefill layer, decode logits and
+sampling (``engine_step_terms``): its prefill attention mask (query group × prefill tokens × context bytes, and
+the kernel's additive copy of it), the keys and values a prefill gathers per layer, and the decode graphs'
+per-layer intermediates. No attention scores: the
 engine's attention is laid out as plain multi-head attention so that CUDA's memory-efficient kernel takes it
 (``engine.model_runner.grouped_attention``; read from torch's kernel selection, not measured).
 
@@ -92,6 +95,19 @@ than what the projection no longer makes under autocast (the bf16 logits block, 
 gradient before its float32 cast: 1.2 GB at 8B). Measured on CPU under bf16 autocast (vocab 30,000, hidden 1,024,
 chunk 1,024): the chunk's peak, the weight's gradient (one block at that shape) included, fell from 5.5 to 5.0
 blocks when the bf16 logits went; unchanged without autocast. Not measured on CUDA (no GPU here)."""
+
+
+PREFILL_PADDING = 2
+"""A built-in engine step's prefill is padded to at most this many times its real tokens
+(``engine.model_runner.padding_groups``' ``max_padding``), which ``max_prefill_tokens_per_step`` bounds."""
+SAMPLING_BYTES = 16
+"""Bytes per ``[rows, vocab]`` element at the sampler's peak (``engine.sampler._sample``): float32 blocks of the
+logits the runner stacks, their log-probs, and the inverse-CDF draw's probabilities and cumulative sum."""
+TRUNCATION_BYTES = 37
+"""Bytes per sorted element a truncating draw adds while the logits and log-probs stay (``sampler._truncate``):
+the sorted log-probs (4) and their int64 order (8), the mass before each (4), the drop mask (1), the kept and
+the renormalised log-probs (4 + 4), and the sort's own temporary, taken as one more copy of values and order
+(12: torch's CUDA sort is not read here, so an assumption)."""
 
 
 HELD = "held"
@@ -280,6 +296,18 @@ def layer_activation_bytes_per_token(shape: ModelShape, element: int) -> int:
     q, kv = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
     width = shape.intermediate if not shape.is_moe else shape.expert_intermediate * shape.num_active_experts
     return element * (6 * shape.hidden + 6 * (q + 2 * kv) + 4 * width)
+
+
+def prefill_layer_bytes_per_token(shape: ModelShape, element: int) -> int:
+    """What one decoder layer of the built-in engine's prefill holds at once per token, under inference mode
+    (``engine.model_runner._forward``, nothing kept for backward): at the MLP, the heavier half of a Llama/Qwen
+    layer at every shape here, the residual stream, its normed copy and the sum the residual add makes (3 ×
+    hidden), and the activated gate, the up projection and their product (3 × intermediate); the attention
+    half holds less (its projections, rotary's and the grouped query's copies: about 2 × hidden + 5 × q +
+    4 × kv). Read from the code; the engine's total is checked against the CPU allocator
+    (``tests/unit/app/test_memory_measured.py``)."""
+    width = shape.intermediate if not shape.is_moe else shape.expert_intermediate * shape.num_active_experts
+    return element * (3 * shape.hidden + 3 * width)
 
 
 def activation_bytes(
@@ -670,11 +698,7 @@ def engine_role(
     ]
     if lora is not None:
         terms.append(Term("LoRA adapter", shape.lora_params(lora.rank) * serve, f"rank {lora.rank}"))
-    prefill = config.engine.max_prefill_tokens_per_step
-    scratch = prefill * layer_activation_bytes_per_token(shape, serve) + slots * shape.vocab * 4
-    terms.append(
-        Term("step scratch", scratch, f"one {prefill}-token prefill layer + {slots} rows of logits", "train")
-    )
+    terms += engine_step_terms(config, shape, serve, device)
     if config.runtime.type != "inline" and _transport(config) != "colocated":  # colocated: mapped, no bucket
         whole = shape.num_params * serve
         staging = Term(
@@ -695,6 +719,52 @@ def engine_role(
             )
         terms.append(staging)
     return Role("engine", engines, 1, tuple(terms))
+
+
+def engine_step_terms(config: RunConfig, shape: ModelShape, serve: int, device: str) -> list[Term]:
+    """What one built-in engine step allocates beside its weights and pool, from the engine's settings (read
+    from its code, not measured on a GPU; ``tests/unit/app/test_memory_measured.py`` checks the sum on CPU):
+
+    - prefill scratch: one decoder layer's tensors (``prefill_layer_bytes_per_token``) over the step's padded
+      prefill, up to ``PREFILL_PADDING`` × ``max_prefill_tokens_per_step`` tokens (``padding_groups``);
+    - decode logits: float32 ``[slots, vocab]``, the decode step's output, alive through the step's prefill;
+      with CUDA graphs (``engine.decode_graphs``, on by default on CUDA) the shared static buffer
+      (``StaticDecode.logits``) and the graphs' memory pool, which keeps the captured step's own output: two;
+    - sampling (``engine.sampler._sample``): float32 ``[rows, vocab]`` blocks for every running request at once,
+      ``SAMPLING_BYTES`` per element, more where the run truncates (``rollout.top_p`` < 1 or ``top_k``):
+      ``TRUNCATION_BYTES`` per sorted element (the whole vocabulary under top-p alone, ``top_k`` columns with
+      a top-k)."""
+    engine, vocab = config.engine, shape.vocab
+    slots, prefill = engine.max_running_requests, engine.max_prefill_tokens_per_step
+    padded = PREFILL_PADDING * prefill
+    graphs = device == "cuda" and engine.decode_graphs != "off"
+    blocks = 2 if graphs else 1
+    rollout = config.rollout
+    truncates = rollout.top_p < 1 or rollout.top_k > 0
+    width = (min(rollout.top_k, vocab) if rollout.top_k > 0 else vocab) if truncates else 0
+    held = SAMPLING_BYTES // 2 * vocab  # the stacked logits and the log-probs, through the whole call
+    per_row = held + max(SAMPLING_BYTES // 2 * vocab, TRUNCATION_BYTES * width)
+    sampled = f"{SAMPLING_BYTES} B an element of {vocab:,}"
+    if truncates:
+        sampled = (
+            f"{SAMPLING_BYTES // 2} B an element of {vocab:,} + {TRUNCATION_BYTES} B of {width:,} sorted"
+        )
+    where = "the static buffer and the graphs' pool" if graphs else "eager decode"
+    return [
+        Term(
+            "prefill scratch",
+            padded * prefill_layer_bytes_per_token(shape, serve),
+            f"one layer over {padded} padded prefill tokens ({PREFILL_PADDING} × max_prefill_tokens_per_step)",
+            "train",
+        ),
+        Term(
+            "decode logits",
+            blocks * slots * vocab * 4,
+            f"{blocks} × {slots} × {vocab:,} × 4 B ({where})",
+            "train",
+        ),
+        Term("sampling", slots * per_row, f"{slots} rows × {per_row:,} B ({sampled})", "train"),
+    ]
 
 
 def _transport(config: RunConfig, switch: SwitchConfig | None = None) -> str:
@@ -786,9 +856,12 @@ OFFLOADABLE = {
     "master weights": "offload_master_weights",
     "critic optimizer state": "offload_optimizer",
     "critic weights": "offload_master_weights",
+    "reference copy": "offload_reference",
 }
 """The trainer's held terms ``runtime.switch`` can move to host memory while the engines generate, each with
-its switch key: the policy's and a separate critic's alike (``StateOffloader.for_trainer`` moves both). A value
+its switch key: the policy's and a separate critic's alike (``StateOffloader.for_trainer`` moves both), and
+the frozen reference copy (a KL loss without LoRA; its whole weights in the master dtype, on by default: the
+step reloads it before it reads the reference log-probs, so the trainer's phases still count it). A value
 head's (``shared_trunk``: tens of KB) stays one term, counted on the device. Gradients are no held term (the
 trainer frees them after every optimizer step), so there is nothing of theirs to offload."""
 

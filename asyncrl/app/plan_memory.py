@@ -3,10 +3,14 @@ doctor --hardware`` prints), and dropped when a GPU it occupies, or a node's hos
 
 Key decisions:
 - A candidate stands for a ``RunConfig``: the training config ``memory.train_config`` names (its model dtype,
-  trainer, loss, critic, LoRA, engine and switch), else ``memory``'s documented defaults with the engine the
-  simulation's ``cost`` keys describe (``kv: paged``: vLLM at ``memory_utilization``; ``reserved``: the built-in
-  engine with the workload's slots). The candidate sets the layout: trainer ranks (FSDP2 shards), engines and
-  their tensor parallelism. The longest context is the workload's, ``prompt_tokens + rollout.max_new_tokens``.
+  trainer, loss, critic, LoRA, engine and switch; the simulation runs its engine too, ``sim.run_engine``), else
+  ``memory``'s documented defaults with the engine the simulation runs (``kv: paged``: vLLM at
+  ``memory_utilization`` with ``max_num_seqs``; ``reserved``: the built-in engine with the simulated engine's
+  slots, min(``max_num_seqs``, the KV that fits // one longest context): ``sim.derive.reserved_slots``, so the
+  pool planned is the one that engine would preallocate, and every slot of it is one admission can fill). The
+  candidate sets the layout: trainer ranks (FSDP2 shards), engines and their tensor parallelism. The longest
+  context is the workload's, ``prompt_tokens + rollout.max_new_tokens``. ``engine_keys`` says that engine as
+  ``asyncrl train`` keys (``asyncrl plan`` prints them).
 - A separate critic is planned at the shape the simulator costs its time at (``sim.trained.trained_parts``:
   the training config's ``critic.model_path``, else ``memory.critic_model``, else the policy's), resolved once.
 - A split candidate's GPUs are the doctor's: each trainer GPU, each engine GPU. A colocated one shares each GPU
@@ -20,7 +24,8 @@ Key decisions:
   for a colocated candidate): offloaded trainer state, weights asleep, staged updates, vLLM's bucket files and
   Ray's object store, against the profile's ``host_memory_bytes`` (2 TB for the named ones) or ``--host-gb``.
 - A candidate is dropped on the doctor's FAIL (a GPU's plan over what ``DEVICE_RESERVE`` leaves, vLLM's share
-  short of its weights and one longest request's KV, or a node's host plan over its RAM), never on a WARN: the
+  short of its weights and one longest request's KV, a built-in engine's pool above what the engine itself
+  allocates, ``app.kv_slots``, or a node's host plan over its RAM), never on a WARN: the
   plan leaves out fragmentation, so a plan within 10 % of full is kept and the margin is the user's to judge
   with ``asyncrl doctor``.
 """
@@ -29,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from asyncrl.app import memory_plan
+from asyncrl.app import kv_slots, memory_plan
 from asyncrl.app.memory_plan import GB, Device, Hardware
 from asyncrl.config.run import RunConfig, load_run_config
 from asyncrl.config.runtime import SwitchConfig
@@ -44,7 +49,8 @@ SWITCH_OFFLOAD_BYTES = {"offload_optimizer": 8, "offload_master_weights": 12}
 docstring: 8 is AdamW's two fp32 moments, 12 adds the master weights; the 16 of a system that offloads
 gradients too has no switch key here: asyncrl's trainer frees them after every step). Memory really freed: each
 rank's offload frees its own shards of them in place, FSDP2's all-gather buffers included (``trainer.offload``;
-checked over gloo ranks, not on a GPU)."""
+checked over gloo ranks, not on a GPU). ``offload_reference`` keeps its default (on): a candidate planned from
+``memory``'s keys has no KL loss, so no reference copy; a training config's own switch is planned as written."""
 
 
 @dataclass(frozen=True)
@@ -129,6 +135,7 @@ class MemoryCheck:
             f"engine.backend={'vllm' if sim.cost.kv == 'paged' else 'builtin'}",
             f"engine.dtype={served}",
             f"engine.vllm.gpu_memory_utilization={sim.cost.memory_utilization}",
+            f"engine.vllm.max_num_seqs={sim.cost.max_num_seqs}",
             f"engine.max_running_requests={sim.engine.max_running_requests}",
             f"engine.max_model_len={sim.engine.max_model_len or self.longest}",
             f"engine.max_kv_tokens={max(sim.engine.max_kv_tokens, self.longest)}",
@@ -140,6 +147,18 @@ class MemoryCheck:
         if memory.critic != "none":
             keys += [f"critic.type={memory.critic}", "advantage.name=gae"]
         return keys
+
+    def engine_slot_limit(self) -> int | None:
+        """The most slots the built-in engine planned from the simulation's keys (no training config) allocates
+        at all: its pool within the engine's own limit (``app.kv_slots``: 90 % of its GPU free beside its
+        weights, which the simulated budget, ``cost.memory_utilization`` of the GPU less the weights, exceeds
+        for small models). None for vLLM, or a training config's engine (planned as written)."""
+        if self.train_config is not None or self.sim.cost.kv != "reserved":
+            return None
+        config = self.run_config(Layout(1, 1, colocated=False))
+        engine = memory_plan.engine_role(config, self.shape, self.longest, self.hardware)
+        use = kv_slots.slot_use(config, engine, self.hardware, self.longest)
+        return use.allowed // use.slot_bytes
 
     def drop(self, layout: Layout) -> Drop | None:
         """Why ``layout`` does not fit (the GPU, or the node's host RAM, that overflows most), or None when
@@ -161,7 +180,12 @@ class MemoryCheck:
         drops = [_overflow(device, hardware.usable_bytes) for device in devices]
         node = memory_plan.host_plan(config, plan, shape, hardware, switch)
         drops.append(_overflow(node, hardware.host_bytes))
-        if config.engine.backend == "vllm":
+        if config.engine.backend == "builtin":  # the pool the engine itself refuses (doctor's FAIL)
+            use = kv_slots.slot_use(config, engine, hardware, self.longest)
+            if use.pool > use.allowed:
+                where = "the built-in engine's KV pool (90 % of its GPU free beside its weights)"
+                drops.append(Drop(where, use.pool, max(use.allowed, 1), engine.name, "KV pool", use.pool))
+        else:
             share = int(config.engine.vllm.gpu_memory_utilization * hardware.device_bytes)
             need = memory_plan.vllm_needs(config, shape, self.longest)
             if need > share:
@@ -169,6 +193,28 @@ class MemoryCheck:
                 drops.append(Drop("vLLM's share of each engine GPU", need, share, "vLLM engine", how, need))
         failed = [d for d in drops if d is not None]
         return max(failed, key=lambda d: d.need / d.usable) if failed else None
+
+
+def engine_keys(config: RunConfig) -> list[str]:
+    """``config``'s engine as the ``asyncrl train`` keys that size it: backend, slots, KV budget and context cap
+    (the built-in engine), or the memory share, sequences and tensor parallelism (vLLM)."""
+    engine = config.engine
+    keys = [f"engine.backend={engine.backend}"]
+    if engine.backend == "builtin":
+        keys += [
+            f"engine.max_running_requests={engine.max_running_requests}",
+            f"engine.max_kv_tokens={engine.max_kv_tokens}",
+        ]
+    else:
+        vllm = engine.vllm
+        keys += [
+            f"engine.vllm.gpu_memory_utilization={vllm.gpu_memory_utilization}",
+            f"engine.vllm.max_num_seqs={vllm.max_num_seqs}",
+            f"engine.vllm.tensor_parallel_size={vllm.tensor_parallel_size}",
+        ]
+    if engine.max_model_len is not None:
+        keys.append(f"engine.max_model_len={engine.max_model_len}")
+    return keys
 
 
 def simulated_switch(cost: SimCostConfig) -> SwitchConfig:

@@ -31,8 +31,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from asyncrl.app.plan_memory import Drop, Layout, MemoryCheck
+from asyncrl.app.plan_memory import Drop, Layout, MemoryCheck, engine_keys
 from asyncrl.app.simulate import simulate
+from asyncrl.config.loader import apply_overrides, read_yaml_file
 from asyncrl.config.sim import SimConfig
 from asyncrl.modes import async_ratio_for
 from asyncrl.runtime.placement_check import (
@@ -106,6 +107,10 @@ class PlanResult:
     """The candidates whose memory plan does not fit the hardware, each with why (never recommended)."""
     hardware: str = ""
     """The hardware profile memory was planned for."""
+    engine: tuple[str, ...] = ()
+    """The recommended layout's engine as ``asyncrl train`` keys (``plan_memory.engine_keys``): the engine
+    simulated and planned, so a run set up from the plan is the one it checked (the built-in engine's slots
+    are those its KV budget admits: ``sim.derive.reserved_slots``)."""
 
     def placement_text(self, candidate: Candidate) -> str:
         """The layout the runtime builds for ``candidate``, or why it refuses it (never recommended then)."""
@@ -134,6 +139,7 @@ class PlanResult:
                 o.candidate.label(self.gpus): self.placement_text(o.candidate) for o in self.outcomes
             },
             "multi_version": self.mode_verdict("multi_version"),
+            "engine": list(self.engine),
             "dropped_for_memory": {
                 candidate.label(self.gpus): drop.text(self.hardware) for candidate, drop in self.dropped
             },
@@ -191,6 +197,21 @@ class Planner:
                 "turns off: drop one"
             )
         self.memory = MemoryCheck(self.base, gpus, host_gb) if self.base.memory.check else None
+        if self.memory is not None and not sets_slots(path, overrides):
+            self._fit_engine_slots(host_gb)
+
+    def _fit_engine_slots(self, host_gb: float | None) -> None:
+        """The built-in engine's slots derived from the simulation's keys (``sim.derive.reserved_slots``, in a
+        budget of ``cost.memory_utilization`` of the GPU less the weights) lowered, where they are more, to what
+        the engine itself allocates (``MemoryCheck.engine_slot_limit``: for small models its own limit is the
+        tighter), so that the engine simulated and planned is one that starts. Slots the config sets are kept,
+        and a layout whose pool the engine refuses is dropped."""
+        limit = self.memory.engine_slot_limit()
+        if limit is None or limit >= self.base.engine.max_running_requests:
+            return
+        self.overrides.append(f"engine.max_running_requests={max(1, limit)}")
+        self.base = load_sim_config(self.path, self.overrides)
+        self.memory = MemoryCheck(self.base, self.gpus, host_gb)
 
     def config(self, candidate: Candidate) -> SimConfig:
         keys = candidate_overrides(candidate, self.gpus, self.gpus_per_engine)
@@ -306,11 +327,18 @@ class Planner:
         if not eligible:
             hardware = self.memory.hardware.name if self.memory else self.base.hardware
             why = "; ".join(f"{c.label(self.gpus)}: {d.text(hardware)}" for c, d in dropped)
-            raise ValueError(
-                f"no candidate on {self.gpus} GPU(s) fits memory ({why}); more GPUs, a smaller model, or lighter "
-                "trainer settings (memory.*, or memory.train_config) would"
+            fixes = (
+                "more GPUs, a smaller model, or lighter trainer settings (memory.*, or memory.train_config)"
             )
+            if any(d.term == "KV pool" for _, d in dropped):  # the built-in engine's slots are what overflow
+                fixes += (
+                    ", or a smaller built-in engine pool (fewer engine.max_running_requests, a shorter "
+                    "engine.max_model_len or engine.max_kv_tokens: the simulation's keys, or memory.train_config's)"
+                )
+            raise ValueError(f"no candidate on {self.gpus} GPU(s) fits memory ({why}); {fixes} would")
         recommended, runner_up = choose(eligible, tolerance)
+        runs = self.memory or MemoryCheck(self.base, self.gpus)  # the run a layout stands for, checked or not
+        engine = engine_keys(runs.run_config(self.layout(recommended.candidate)))
         return PlanResult(
             gpus=self.gpus,
             gpus_per_engine=self.gpus_per_engine,
@@ -321,7 +349,14 @@ class Planner:
             proposition=proposition,
             dropped=tuple(dropped),
             hardware=self.memory.hardware.name if self.memory else "",
+            engine=tuple(engine),
         )
+
+
+def sets_slots(path: str | None, overrides: Sequence[str]) -> bool:
+    """Whether the config file or the overrides set ``engine.max_running_requests`` (kept as given then)."""
+    data = apply_overrides(SimConfig, read_yaml_file(path) if path is not None else {}, overrides)
+    return "max_running_requests" in (data.get("engine") or {})
 
 
 COLOCATED_SYNC = Candidate(mode="sync", alpha=0.0, train_gpus=None)

@@ -20,7 +20,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "plan (asyncrl doctor's, per role and shared GPU, and each node's host RAM; trainer settings from memory.* or "
         "memory.train_config) does not fit the hardware is dropped and listed with its largest term. Prints the "
         "recommendation (the least stale schedule within --tolerance of the best steady-state throughput) "
-        "with its step time, speedup over colocated sync and staleness, the runner-up and why it lost, and "
+        "with its step time, speedup over colocated sync and staleness, the runner-up and why it lost, the "
+        "engine it simulated and planned as asyncrl train keys, and "
         "writes OUT/plan.json (OUT: the output_dir key). The workload (lengths, batch, prompt tokens) is the "
         "config's, or a real run's with --from-run. Example: asyncrl plan model=qwen3-8b hardware=h800 "
         "lengths.mean=11000 rollout.max_new_tokens=30720 rollout.rollout_batch_size=256 "
@@ -95,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
         )
     print(f"multi_version: {result.mode_verdict('multi_version')}")
     print(f"placement: {result.placement_text(best.candidate)}")
+    print(f"engine: {' '.join(result.engine)}")
     if not all(o.converged for o in result.outcomes):
         print("note: some candidates hit the step cap before their step time settled (controller.num_steps)")
     out = Path(planner.base.output_dir) / "plan.json"

@@ -299,9 +299,12 @@ class SimCostConfig:
     ``engine.max_kv_tokens`` the KV that fits and ``cost.max_num_seqs`` slots, so an engine runs as many
     requests as their contexts leave room for and preempts when they outgrow it. reserved: each request
     reserves its longest context up front (the built-in engine), so ``engine.max_kv_tokens`` is the KV that
-    fits."""
+    fits and ``engine.max_running_requests`` is ``max_num_seqs`` capped at the reservations that KV holds at
+    once (the built-in engine preallocates every slot at the longest context: a slot no reservation can fill
+    would be memory spent for nothing, so ``asyncrl plan`` plans, and would run, that many slots)."""
     max_num_seqs: int = 256
-    """Most requests an engine runs at once whatever the KV (vLLM's ``max_num_seqs``)."""
+    """Most requests an engine runs at once whatever the KV (vLLM's ``max_num_seqs``; with ``kv: reserved`` the
+    built-in engine's ``max_running_requests`` when the KV holds that many longest contexts)."""
     memory_utilization: float = 0.9
     """Share of device memory an engine takes for weights and KV (vLLM's ``gpu_memory_utilization``)."""
     bytes_per_param: int = 2
@@ -316,7 +319,9 @@ class SimCostConfig:
     """Colocated (``trainer.colocated``): trainer state per parameter that leaves the devices while the engines
     generate and comes back before training, over the host link (8: Adam's two float32 moments, what
     ``runtime.switch`` offloads by default; 12 with its master weights; 16 with gradients too, for a system
-    that keeps them between steps: asyncrl's trainer frees them after every step)."""
+    that keeps them between steps: asyncrl's trainer frees them after every step). A frozen reference model
+    (a KL loss, ``logprob_passes`` 2), which ``runtime.switch.offload_reference`` also moves by default, is
+    not in these figures: the simulator does not cost its round trip (its master bytes per parameter)."""
     switch_sleep_level: int = 1
     """Colocated: what a sleeping engine gives up (``runtime.switch.engine_sleep_level``): 1 its KV pool
     (re-zeroed on wake), 2 also its weights (out to host memory and back over the host link)."""
@@ -365,7 +370,10 @@ class SimMemoryConfig:
     """A training config (``asyncrl train``'s YAML): its model dtype, trainer (micro-batch, checkpointing,
     mixed precision, gradient accumulation, LoRA), loss (a KL reference), critic, engine (backend, dtype,
     ``max_model_len``, vLLM's share) and ``runtime.switch`` are planned, and the keys below are ignored
-    (``critic_model``, which would be, is refused). Empty: the keys below, with the engine read from ``cost``
+    (``critic_model``, which would be, is refused). Its engine is also the one simulated (``sim.run_engine``:
+    the built-in engine's slots, ``max_kv_tokens`` and ``max_model_len`` with ``cost.kv: reserved``; vLLM's
+    ``max_num_seqs`` and share with ``paged``), and a ``cost`` or ``engine`` key set otherwise is refused.
+    Empty: the keys below, with the engine read from ``cost``
     (``kv: paged`` is vLLM at ``memory_utilization``, ``reserved`` the built-in engine; ``bytes_per_param`` its
     dtype)."""
     master_dtype: Literal["float32", "bfloat16"] = "float32"

@@ -10,6 +10,7 @@ if TYPE_CHECKING:
     from asyncrl.config.engine import EngineConfig
     from asyncrl.config.model import ModelConfig
     from asyncrl.engine.async_engine import AsyncEngine
+    from asyncrl.engine.capture_turns import CaptureTurns
 
 
 def make_engine(
@@ -20,16 +21,18 @@ def make_engine(
     *,
     asleep: int = 0,
     device: torch.device | None = None,
+    capture_turns: CaptureTurns | None = None,
 ) -> AsyncEngine:
     """An ``AsyncEngine`` serving ``model`` on its own device and thread (``num_threads`` torch threads there;
     default: the caller's count), in ``config.dtype`` (``LLMEngine`` casts ``model`` in place when it differs:
     pass a model of the engine's own); call ``shutdown()`` when done. ``asleep``: start asleep at that level,
     the KV pool not allocated until ``wake`` (``LLMEngine``; a replacement under ``runtime.switch``);
-    ``device``: where it serves, for a model still in host memory that starts asleep at level 2 (``LLMEngine``)."""
+    ``device``: where it serves, for a model still in host memory that starts asleep at level 2 (``LLMEngine``);
+    ``capture_turns``: shared with a trainer on its device in this process (``engine.capture_turns``)."""
     from asyncrl.engine.async_engine import AsyncEngine
     from asyncrl.engine.llm_engine import LLMEngine
 
-    core = LLMEngine(model, tokenizer, config, asleep=asleep, device=device)
+    core = LLMEngine(model, tokenizer, config, asleep=asleep, device=device, capture_turns=capture_turns)
     return AsyncEngine(core, num_threads=num_threads)
 
 

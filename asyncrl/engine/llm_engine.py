@@ -15,6 +15,8 @@ import torch
 from asyncrl.config.engine import EngineConfig, serving_dtype
 from asyncrl.engine import migration
 from asyncrl.engine.adapters import adapters_for
+from asyncrl.engine.capture_turns import CaptureTurns
+from asyncrl.engine.host_weights import HostWeights
 from asyncrl.engine.kv_cache import available_bytes, pool_bytes
 from asyncrl.engine.model_runner import ModelRunner, kv_dimensions
 from asyncrl.engine.requests import check_request
@@ -23,7 +25,6 @@ from asyncrl.engine.scheduler import Scheduler
 from asyncrl.engine.sequence import Sequence
 from asyncrl.engine.stop_strings import stop_string_hit
 from asyncrl.engine.weights import NamedTensors, copy_into, resolve_update
-from asyncrl.models.loading import host_copy, host_copy_for
 from asyncrl.types import FinishReason, Generation, Request, checked_request
 from asyncrl.weight_sync.receiver import InPlaceReceiver, expected_shapes, tensors_of
 
@@ -39,6 +40,7 @@ class LLMEngine:
         *,
         asleep: int = 0,
         device: torch.device | str | None = None,
+        capture_turns: CaptureTurns | None = None,
     ) -> None:
         """``asleep``: start asleep at that level (``sleep``), the KV pool never allocated until ``wake``: a
         replacement under a colocated switch (``runtime.switch``) must not take the pool's memory beside the
@@ -47,9 +49,12 @@ class LLMEngine:
 
         ``device``: where the model serves (default: where its parameters are). A model whose parameters are
         still in host memory (``models.loading.load_configured_model(on_host=True)``) serves on another
-        device only when it starts asleep at level 2: its weights stay where they were loaded, as ``sleep(2)``
-        would have put them (pinned for CUDA), and reach ``device`` at the first ``wake``, so a replacement
-        never holds the whole model on the device beside a colocated trainer's step."""
+        device only when it starts asleep at level 2: its weights stay in host memory, copied into the buffer
+        ``sleep(2)`` would have put them in (pinned for CUDA), and reach ``device`` at the first ``wake``, so a replacement
+        never holds the whole model on the device beside a colocated trainer's step.
+
+        ``capture_turns``: shared with a trainer on the same device in this process (the inline runtime), so
+        that no CUDA graph capture of the decode step overlaps its calls (``engine.capture_turns``)."""
         _check_level(asleep, allowed=(0, 1, 2))
         loaded_on = next(model.parameters()).device
         device = _serving_device(loaded_on, device, asleep)
@@ -78,6 +83,7 @@ class LLMEngine:
             allocate_kv=not asleep,
             device=device,
             adapters_fingerprint=self.adapters.fingerprint,
+            capture_turns=capture_turns,
         )
         self.eos_token_ids = eos_token_ids(model, tokenizer)
         self.version = 0
@@ -89,6 +95,12 @@ class LLMEngine:
         self.num_sleeps = 0
         self.num_wakes = 0
         """Times this engine slept and woke (``runtime.switch``: once each per step)."""
+        pin = torch.device(device).type == "cuda"
+        self._host_parameters = HostWeights(pin)
+        """Where a level-2 sleep keeps the parameters: allocated (pinned on CUDA) at the first such sleep, reused
+        by every later one (``engine.host_weights``)."""
+        self._host_adapters = HostWeights(pin)
+        """The same for the adapter state, apart: its layout changes with the adapter, the parameters' never."""
         self.num_generated_tokens = 0
         self.busy_seconds = 0.0
         self._sequences: dict[str, Sequence] = {}
@@ -150,8 +162,9 @@ class LLMEngine:
 
     def sleep(self, level: int = 1) -> int:
         """Give the device back while a colocated trainer trains (``runtime.switch``); the bytes freed.
-        Level 1 frees the KV pool; level 2 also moves the weights to host memory (pinned from CUDA). Requests
-        in flight stay queued and are prefilled again after ``wake`` (their KV is gone). No step runs asleep."""
+        Level 1 frees the KV pool; level 2 also moves the weights to host memory, into buffers allocated at the
+        first such sleep and kept for the engine's life (pinned on CUDA: ``engine.host_weights``). Requests in
+        flight stay queued and are prefilled again after ``wake`` (their KV is gone). No step runs asleep."""
         _check_level(level, allowed=(1, 2))
         if self.asleep:
             raise RuntimeError(f"engine is already asleep (level {self.asleep}); wake it first")
@@ -160,13 +173,7 @@ class LLMEngine:
         if self.runner.static is not None:
             self.runner.static.release()  # the graphs' pool would outlive the KV pool it points into
         if level == 2:
-            device = self.runner.device
-            for weight in self._weights():
-                if weight.device == device:
-                    freed += weight.nbytes
-                    weight.data = host_copy(weight.data)
-                else:  # loaded in host memory, never on the device (started asleep: ``__init__``'s device)
-                    weight.data = host_copy_for(weight.data, device)
+            freed += self._weights_to_host()
         if self.runner.device.type == "cuda":
             torch.cuda.empty_cache()  # return the blocks to the device, for a trainer in another process too
         self.asleep = level
@@ -174,19 +181,33 @@ class LLMEngine:
         return freed
 
     def wake(self) -> int:
-        """Undo ``sleep``: the weights back on their device (level 2), a fresh zeroed KV pool; the bytes
-        allocated (0 when awake already)."""
+        """Undo ``sleep``: the weights back on their device (level 2; their host buffers stay, for the next
+        sleep), a fresh zeroed KV pool; the bytes allocated (0 when awake already)."""
         if not self.asleep:
             return 0
         allocated = 0
         if self.asleep == 2:  # adapters an update brought while asleep too (made on the host)
-            for weight in self._weights():
-                weight.data = weight.data.to(self.runner.device)
+            for weight in self._weights():  # a copy even on CPU: the host buffer stays the sleep's alone
+                weight.data = weight.data.to(self.runner.device, copy=True)
                 allocated += weight.nbytes
         allocated += self.runner.cache.restore()
         self.asleep = 0
         self.num_wakes += 1
         return allocated
+
+    def _weights_to_host(self) -> int:
+        """Copy every weight into its host buffer (``HostWeights``) and serve it from there until ``wake``; the
+        device bytes freed (none for weights loaded in host memory, never on the device: an engine started
+        asleep, ``__init__``'s ``device``)."""
+        freed = 0
+        parameters, adapters = list(self.model.parameters()), self.adapters.tensors()
+        for weights, host in ((parameters, self._host_parameters), (adapters, self._host_adapters)):
+            copies = host.hold([weight.data for weight in weights])
+            for weight, copy in zip(weights, copies, strict=True):
+                if weight.device == self.runner.device:
+                    freed += weight.nbytes
+                weight.data = copy
+        return freed
 
     def _weights(self) -> list[torch.Tensor]:
         """What a level-2 sleep moves to the host: the parameters and the adapter state beside them (the
@@ -267,6 +288,7 @@ class LLMEngine:
             "num_sleeps": self.num_sleeps,
             "num_wakes": self.num_wakes,
             "kv_pool_bytes": self.runner.cache.resident_bytes(),
+            "host_weight_bytes": self._host_parameters.nbytes + self._host_adapters.nbytes,
             **(self.runner.static.stats() if self.runner.static is not None else {}),
         }
 

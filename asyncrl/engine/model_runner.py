@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from asyncrl.engine.architectures import architecture_of
+from asyncrl.engine.capture_turns import CaptureTurns
 from asyncrl.engine.decode_plan import Group, attention_groups, attention_positions
 from asyncrl.engine.kv_cache import KVCache
 from asyncrl.engine.scheduler import Chunk, SlotMove, SlotSwap
@@ -48,12 +49,14 @@ class ModelRunner:
         allocate_kv: bool = True,
         device: torch.device | None = None,
         adapters_fingerprint: Callable[[], tuple[int, ...]] = tuple,
+        capture_turns: CaptureTurns | None = None,
     ) -> None:
         """``allocate_kv``: False leaves the KV pool unallocated until ``cache.restore`` (an engine started
         asleep). ``device``: where the model runs (default: where its parameters are; an engine started
         asleep at level 2 may hold them in host memory until its wake). ``adapters_fingerprint``: what the
         decode step reads of the served LoRA adapters besides the weights (``engine.adapters``), part of what
-        a captured decode graph depends on."""
+        a captured decode graph depends on. ``capture_turns``: what keeps its decode graphs' captures apart from
+        a trainer on the same device in this process (``engine.capture_turns``; None: no such trainer)."""
         self.architecture = architecture_of(model, max_len)
         self.rotary = self.architecture.rotary
         self.model = model
@@ -83,6 +86,7 @@ class ModelRunner:
                 device=self.device,
                 capture=self.device.type == "cuda",
                 fingerprint=self._addresses,
+                turns=capture_turns,
             )
 
     @torch.inference_mode()

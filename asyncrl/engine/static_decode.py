@@ -18,7 +18,8 @@ The inputs of a step (token ids, rope positions, KV write positions) are written
 ``[3, num_slots]`` buffer with a single host-to-device copy; a captured graph reads them from there and leaves
 its logits in one static output buffer, valid until the next step. Graphs read the weights and the KV pool
 through the addresses they were captured with: weight updates copy into those tensors in place, and a change
-of address (the pool or the weights reallocated) drops every graph, to be captured again at next use.
+of address (the pool or the weights reallocated, a LoRA adapter's layout changed) drops every graph, to be
+captured again at next use into a fresh graph pool (``release``).
 
 On CPU the same shapes run eagerly (``engine.decode_graphs: on``), which is what the CPU tests compare with
 the dynamic path token for token.
@@ -32,6 +33,7 @@ from collections.abc import Callable
 
 import torch
 
+from asyncrl.engine.capture_turns import CaptureTurns
 from asyncrl.engine.decode_plan import Group, batch_buckets, static_shape
 
 logger = logging.getLogger(__name__)
@@ -60,7 +62,10 @@ class StaticDecode:
         device: torch.device,
         capture: bool,
         fingerprint: Callable[[], tuple[int, ...]],
+        turns: CaptureTurns | None = None,
     ) -> None:
+        """``turns``: shared with a trainer on the same device in this process (the inline runtime), whose
+        calls no capture may overlap (``engine.capture_turns``); None: this engine's own, always free."""
         if capture and device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device, the engine serves on {device}")
         self.decode = decode
@@ -69,6 +74,10 @@ class StaticDecode:
         self.capture = capture
         self.fingerprint = fingerprint
         """Addresses the graphs depend on (KV pool, weights); when they change the graphs are dropped."""
+        self.turns = turns if turns is not None else CaptureTurns(timeout_s=0.0)
+        self.captures_deferred = 0
+        """Steps that decoded eagerly because the trainer held the device's turn when their shape was due a
+        capture (tried again at the shape's next step)."""
         self.inputs = torch.zeros(3, num_slots, dtype=torch.long, device=device)
         self.graphs: dict[tuple[int, tuple[Group, ...]], torch.cuda.CUDAGraph] = {}
         self.logits: torch.Tensor | None = None
@@ -96,9 +105,12 @@ class StaticDecode:
 
     def release(self) -> None:
         """Drop every captured graph and the shared logits buffer, so that ``torch.cuda.empty_cache`` can
-        return their memory pool to the device (an engine going to sleep); the next step captures again, into
-        a fresh pool: one whose blocks survived the release (a graph still referenced elsewhere) must not be
-        reused by captures over the woken engine's new KV pool."""
+        return their memory pool to the device (an engine going to sleep, or the addresses the graphs read
+        moving: ``_graph``); the next step captures again, into a fresh pool. Never the old one: blocks of it
+        may outlive every graph (a graph still referenced elsewhere, or the capture stream's cuBLAS workspace,
+        allocated inside the first capture on that stream and kept by cuBLAS for the process's life), and
+        PyTorch refuses a capture into a pool that no graph holds but whose blocks live on
+        (``create_or_incref_pool``'s ``use_count > 0`` assert), which would turn capturing off for good."""
         self.graphs.clear()
         self.logits = None
         self._captured_for = None
@@ -106,13 +118,14 @@ class StaticDecode:
             self._pool = torch.cuda.graph_pool_handle()
 
     def stats(self) -> dict[str, int]:
-        """Capture counts for the engine's ``stats``: graphs captured, failed captures by reason, and shapes
-        left eager after running out of memory."""
+        """Capture counts for the engine's ``stats``: graphs captured, failed captures by reason, shapes left
+        eager after running out of memory, and steps whose capture waited for the trainer's turn."""
         return {
             "decode_graph_captures": self.captures,
             "decode_capture_failures_out_of_memory": self.capture_failures["out_of_memory"],
             "decode_capture_failures_other": self.capture_failures["other"],
             "decode_shapes_eager": len(self.eager_shapes),
+            "decode_captures_deferred": self.captures_deferred,
         }
 
     def shape_of(self, rope: list[int]) -> tuple[int, tuple[Group, ...]]:
@@ -160,15 +173,20 @@ class StaticDecode:
             return None
         fingerprint = self.fingerprint()
         if fingerprint != self._captured_for:
-            self.graphs.clear()
+            if self._captured_for is not None:  # graphs over the old addresses
+                self.release()  # into a fresh pool: never the old one (``release``)
             self._captured_for = fingerprint
         if (batch, groups) not in self.graphs:
             started = time.perf_counter()
-            try:
-                self.graphs[batch, groups] = self._capture(batch, groups)
-            except RuntimeError as error:
-                self._capture_failed(batch, groups, error)
-                return None
+            with self.turns.capture_turn() as free:
+                if not free:  # the trainer works on this device: eagerly now, capture at a later step
+                    self.captures_deferred += 1
+                    return None
+                try:
+                    self.graphs[batch, groups] = self._capture(batch, groups)
+                except RuntimeError as error:
+                    self._capture_failed(batch, groups, error)
+                    return None
             self.captures += 1
             self.capture_s += time.perf_counter() - started
         return self.graphs[batch, groups]

@@ -78,8 +78,8 @@ def resolve_device(device: str) -> torch.device:
 
 def host_copy(tensor: torch.Tensor, *, pin: bool | None = None) -> torch.Tensor:
     """A host copy of ``tensor``: pinned when it comes from an accelerator (so it moves back asynchronously and
-    at full link speed; ``pin`` overrides that choice), plain on CPU. What an engine asleep or an offloaded
-    trainer keeps.
+    at full link speed; ``pin`` overrides that choice), plain on CPU. What an offloaded trainer keeps (a
+    sleeping engine keeps its own buffers: ``engine.host_weights``).
 
     A DTensor (an FSDP2 shard, its optimizer state) is copied shard by shard: its local tensor is copied, and
     the copy is a DTensor of the same spec (mesh, placements, global shape) over that host tensor. Why:
@@ -94,14 +94,6 @@ def host_copy(tensor: torch.Tensor, *, pin: bool | None = None) -> torch.Tensor:
     if local is tensor:
         return host
     return type(tensor)(host, tensor._spec, requires_grad=False)  # type: ignore[attr-defined,call-arg]
-
-
-def host_copy_for(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``tensor``, already in host memory, as it waits there to move to ``device``: pinned (a copy) when that is
-    CUDA, as ``host_copy`` keeps what comes from it, else as it is."""
-    if device.type != "cuda" or tensor.is_pinned():
-        return tensor
-    return tensor.pin_memory()
 
 
 def save_tiny(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path) -> Path:

@@ -11,7 +11,9 @@
     asleep and joins its peers' phase, woken as it joins or with them; one replaced while the trainer
     trains catches up to the step's publication: ``runtime.switch_phase``)
     save_checkpoint: engines sleep ─► trainer reloads ─► save ─► trainer offloads ─► engines wake
-    (a run saves after a step's publication, its engines awake, from a worker thread: ``save_checkpoint``)
+    (a run saves after a step's publication, its engines awake, from a worker thread: ``save_checkpoint``; that
+    reload, and a catch-up pack's, leave an offloaded reference model where it is: neither reads it,
+    ``trainer.offload``)
 
 An engine that dies (or wedges) while the trainer trains fails its ``sleep``, ``stats`` or ``wake``
 (``ENGINE_GONE``, or past ``runtime.control_timeout_s``): the switch logs it, counts it
@@ -34,8 +36,10 @@ them as trainer spans (``app.train``); ``colocate/released_bytes`` is the packed
 applied it (the controller waits for that, ``controller.Controller._sync_weights``): on a GPU the whole model
 in the serving dtype, which would otherwise sit beside the engine's KV pool until the next publication. Read from the engines once they sleep, as each reports it
 (``ENGINE_STATS``): the bytes their KV pools hold (``colocate/kv_pool_bytes_while_training``, 0 when they
-slept) and how often each has slept and woken; on CUDA the allocators' bytes then, the trainer's
-(``colocate/device_allocated_bytes``) and the engines' own (``colocate/engine_device_allocated_bytes``).
+slept), the host buffers their level-2 sleeps keep (``colocate/engine_host_weight_bytes``) and how often each
+has slept and woken; on CUDA the allocators' readings then (``MEMORY_READINGS``: bytes in use and held, retries,
+fragmentation, pinned host memory), the trainer's process's (``colocate/device_allocated_bytes``, …) and the
+engines' own where they run in processes of their own (``colocate/engine_device_allocated_bytes``, …).
 """
 
 from __future__ import annotations
@@ -72,6 +76,7 @@ ENGINE_STATS = {
     "kv_pool_bytes_while_training": "kv_pool_bytes",
     "engine_num_sleeps": "num_sleeps",
     "engine_num_wakes": "num_wakes",
+    "engine_host_weight_bytes": "host_weight_bytes",
 }
 """Metric (``colocate/<key>``) ← engine stat, read from every engine once it sleeps; the counts are each
 engine's own since it started (a replaced engine's start again; one started asleep counts that as a
@@ -99,11 +104,14 @@ class TrainerState(Protocol):
 
     def offload_state(self) -> int: ...
 
-    def reload_state(self) -> int: ...
+    def reload_state(self, reference: bool = True) -> int:
+        """The offloaded state back on the device; the reference model's only with ``reference`` (a step reads
+        it, a checkpoint or a catch-up pack does not: ``StateOffloader.reload``)."""
+        ...
 
     def device_bytes(self) -> dict[str, float]:
-        """``colocate/device_allocated_bytes``: the trainer's CUDA allocator bytes now, every rank's summed (empty
-        on CPU)."""
+        """``colocate/<reading>`` (``MEMORY_READINGS``): the trainer's CUDA allocators now, every rank's summed
+        (empty on CPU)."""
         ...
 
 
@@ -117,11 +125,12 @@ class LocalState:
     def offload_state(self) -> int:
         return self.local.on_training_thread(self.offloader.offload)
 
-    def reload_state(self) -> int:
-        return self.local.on_training_thread(self.offloader.reload)
+    def reload_state(self, reference: bool = True) -> int:
+        return self.local.on_training_thread(self.offloader.reload, reference)
 
     def device_bytes(self) -> dict[str, float]:
-        return device_bytes(self.local.trainer.device)
+        """This process's allocators: inline, the engines' memory is in them too."""
+        return device_memory(self.local.trainer.device)
 
 
 class ColocatedTrainer:
@@ -278,10 +287,12 @@ class ColocatedTrainer:
     def _state_resident(self, phases: dict[str, float] | None = None) -> Iterator[None]:
         """The trainer's state on the device for a read that falls while it is offloaded, and offloaded again
         after (timed into ``phases`` when given). Why: the offload frees the state's storages in place
-        (``trainer.offload``), so until a reload nothing may read them."""
+        (``trainer.offload``), so until a reload nothing may read them. An offloaded reference model stays
+        offloaded: no read here uses it (a checkpoint holds none), so it costs no bytes beside awake engines and
+        no round trip."""
         timed = phases if phases is not None else {}
         with self._resident:
-            moved = self._timed(timed, "checkpoint_reload", self.state.reload_state)
+            moved = self._timed(timed, "checkpoint_reload", lambda: self.state.reload_state(reference=False))
             try:
                 yield
             finally:
@@ -289,7 +300,8 @@ class ColocatedTrainer:
                     self._timed(timed, "checkpoint_offload", self.state.offload_state)
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
-        """Reload first: a loaded optimizer state lands on the device the parameters are on."""
+        """Reload first, the reference too (the next step reads it; the checkpoint holds none): a loaded
+        optimizer state lands on the device the parameters are on."""
         self.state.reload_state()
         self._offloaded = False
         return self.inner.load_checkpoint(path)
@@ -302,8 +314,9 @@ class ColocatedTrainer:
 
     def _engines_while_training(self) -> dict[str, float]:
         """What the sleeping engines hold and how often they slept and woke, as each reports it (summed):
-        its KV pool's bytes, its counts (``ENGINE_STATS``) and, on CUDA, its process's allocator bytes. An
-        engine that fails to answer is left out and counted (``colocate/engine_failures``)."""
+        its KV pool's and host weight buffer's bytes, its counts (``ENGINE_STATS``) and, on CUDA in a process of
+        its own, its process's allocator readings (``MEMORY_READINGS``). An engine that fails to answer is left
+        out and counted (``colocate/engine_failures``)."""
         stats, failed = [], 0
         for index, engine in enumerate(self.engines):
             try:
@@ -314,9 +327,10 @@ class ColocatedTrainer:
         held = {
             f"colocate/{key}": float(sum(s.get(name, 0) for s in stats)) for key, name in ENGINE_STATS.items()
         }
-        allocated = [s["device_allocated_bytes"] for s in stats if "device_allocated_bytes" in s]
-        if allocated:
-            held["colocate/engine_device_allocated_bytes"] = float(sum(allocated))
+        for reading in MEMORY_READINGS:
+            values = [s[reading] for s in stats if reading in s]
+            if values:
+                held[f"colocate/engine_{reading}"] = float(sum(values))
         self._num_failures += failed
         return held
 
@@ -372,14 +386,42 @@ def offload_choice(switch: SwitchConfig) -> OffloadChoice:
     return OffloadChoice(
         optimizer=switch.offload_optimizer,
         master_weights=switch.offload_master_weights,
+        reference=switch.offload_reference,
     )
 
 
-def device_bytes(device: Any, key: str = "colocate/device_allocated_bytes") -> dict[str, float]:
-    """``{key: the CUDA allocator's bytes in use}`` of this process on ``device`` (empty on CPU)."""
+MEMORY_READINGS = (
+    "device_allocated_bytes",
+    "device_reserved_bytes",
+    "device_alloc_retries",
+    "device_inactive_split_bytes",
+    "host_pinned_bytes",
+    "host_pinned_allocs",
+)
+"""What ``device_memory`` reads, each step, so that a long run on a GPU shows creep: the caching allocator's bytes
+in use and held (``memory_allocated``, ``memory_reserved``), how often it freed its cache and retried an
+allocation (``num_alloc_retries``, counted since the process started) and the bytes stranded in free pieces of
+split blocks (``inactive_split_bytes``: fragmentation), and the pinned host allocator's bytes and the blocks it
+ever created (``torch.cuda.host_memory_stats``: ``allocated_bytes.current``, ``num_host_alloc``; a count that
+climbs every step means host memory is pinned anew every step)."""
+
+
+def device_memory(device: Any, prefix: str = "colocate/") -> dict[str, float]:
+    """``{prefix + reading: value}`` of this process's CUDA allocators for ``device`` (``MEMORY_READINGS``); empty
+    on CPU: the metrics are absent there, not zero."""
     if torch.device(device).type != "cuda":
         return {}
-    return {key: float(torch.cuda.memory_allocated(device))}
+    stats = torch.cuda.memory_stats(device)  # empty before the device's first allocation
+    host = torch.cuda.host_memory_stats()
+    readings = (
+        torch.cuda.memory_allocated(device),
+        torch.cuda.memory_reserved(device),
+        stats.get("num_alloc_retries", 0),
+        stats.get("inactive_split_bytes.all.current", 0),
+        host.get("allocated_bytes.current", 0),
+        host.get("num_host_alloc", 0),
+    )
+    return {prefix + name: float(value) for name, value in zip(MEMORY_READINGS, readings, strict=True)}
 
 
 def _on_event_loop() -> bool:

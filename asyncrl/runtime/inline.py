@@ -13,6 +13,7 @@ import copy
 import logging
 import os
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -23,6 +24,7 @@ from asyncrl.config.run import RunConfig
 from asyncrl.data.base import Task
 from asyncrl.data.registry import make_task
 from asyncrl.engine import load_engine_model, make_engine
+from asyncrl.engine.capture_turns import CaptureTurns
 from asyncrl.models.loading import load_configured_model
 from asyncrl.rewards.service import RewardService
 from asyncrl.runtime.placement import Placement, plan_placement
@@ -50,6 +52,10 @@ class LocalTrainer:
     Training steps run on one dedicated thread with ``num_threads`` torch threads, never on whichever
     thread of a shared pool is free: every thread that runs a multi-thread OpenMP region keeps its own team,
     and libgomp throttles all teams once their threads outnumber the cores (see ``AsyncEngine``).
+
+    Each call there, and a checkpoint's save or load, holds the trainer's turn of ``capture_turns`` (shared with
+    the built-in engines of this process): no engine captures a CUDA graph while the trainer allocates, where
+    the allocator would not free its cache to make room (``engine.capture_turns``).
     """
 
     def __init__(
@@ -58,8 +64,10 @@ class LocalTrainer:
         num_threads: int | None = None,
         sync: WeightSync | None = None,
         checkpoint_timeout_s: Callable[[int], float] | None = None,
+        capture_turns: CaptureTurns | None = None,
     ) -> None:
         self.trainer = trainer
+        self.capture_turns = capture_turns
         self._checkpoint_timeout_s = checkpoint_timeout_s
         self._sync = sync or make_weight_sync("in_process")
         self._num_threads = num_threads or torch.get_num_threads()
@@ -90,7 +98,12 @@ class LocalTrainer:
 
     def _claimed(self, fn: Callable[..., T], *args: Any) -> T:
         claim_torch_threads(self._num_threads)
-        return fn(*args)
+        with self._device_turn():
+            return fn(*args)
+
+    def _device_turn(self) -> AbstractContextManager[None]:
+        """The trainer's turn on the device against the engines' captures (none without ``capture_turns``)."""
+        return self.capture_turns.trainer_turn() if self.capture_turns is not None else nullcontext()
 
     def release_published(self) -> int:
         """``runtime.switch``: let go of the copy the colocated transport packed for the engines, which have
@@ -110,18 +123,24 @@ class LocalTrainer:
 
     def save_checkpoint(self, root: str | Path, *, extra: dict[str, Any], keep_last: int | None) -> Path:
         """Save on the training thread (the run calls this from a worker thread, off the event loop): the thread
-        the trainer's steps and publications run on, so none runs during the save. Without claiming the trainer's
-        torch threads (``on_training_thread`` would): a claim sets MKL's process-wide GEMM count, and the engines
-        keep generating during the save, with their own count (``sync``'s differs from the trainer's), so a
-        claim there changed their numerics and a run resumed from a checkpoint ended with other weights
+        the trainer's steps and publications run on, so none runs during the save; in the trainer's device turn
+        (``capture_turns``), as its other calls. Without claiming the trainer's torch threads
+        (``on_training_thread`` would): a claim sets MKL's process-wide GEMM count, and the engines keep
+        generating during the save, with their own count (``sync``'s differs from the trainer's), so a claim
+        there changed their numerics and a run resumed from a checkpoint ended with other weights
         (``tests/integration/test_kill_resume.py``, sync)."""
-        saving = self._thread.submit(save_checkpoint, root, self.trainer, extra=extra, keep_last=keep_last)
-        return saving.result()
+
+        def save() -> Path:
+            with self._device_turn():
+                return save_checkpoint(root, self.trainer, extra=extra, keep_last=keep_last)
+
+        return self._thread.submit(save).result()
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         """Restore the trainer from ``path``, its files hashed first in this process within
         ``checkpoint_timeout_s`` of their bytes (``runtime.checkpoint_timeout_s``; past it ``CheckpointTimeout``)."""
-        return load_checkpoint(path, self.trainer, timeout_for=self._checkpoint_timeout_s)
+        with self._device_turn():
+            return load_checkpoint(path, self.trainer, timeout_for=self._checkpoint_timeout_s)
 
     def check_alive(self) -> None:
         """Nothing to check: the trainer lives and dies with this process."""
@@ -164,25 +183,39 @@ class InlineEngineFactory:
     A thread cannot be killed: a wedged engine's thread that does not stop within ``ENGINE_STOP_TIMEOUT_S``
     is left running, no longer reachable (a Ray actor, by contrast, is killed).
 
+    A new engine shares ``capture_turns`` with the trainer, as the run's first ones do (``build_parts``).
+
     Under ``runtime.switch`` (``phase``, the switch's ``SwitchPhase``) the new engine starts asleep at the
     switch's level whatever the phase (its KV pool not allocated beside the trainer's step; at level 2 its
     weights loaded into host memory, never onto the device) and ``install`` wakes it if its peers are awake.
     """
 
     def __init__(
-        self, config: RunConfig, engines: list[Any], num_threads: int, phase: SwitchPhase | None = None
+        self,
+        config: RunConfig,
+        engines: list[Any],
+        num_threads: int,
+        phase: SwitchPhase | None = None,
+        capture_turns: CaptureTurns | None = None,
     ) -> None:
         self.config = config
         self.engines = engines
         self.num_threads = num_threads
         self.phase = phase
+        self.capture_turns = capture_turns
 
     async def replace(self, index: int, failed: Any) -> Any:
         await asyncio.to_thread(_stop_engine, index, failed)
         level = self.phase.start_level() if self.phase is not None else 0
         model, tokenizer, device = await asyncio.to_thread(load_engine_model, self.config.model, level)
         engine = make_engine(
-            model, tokenizer, self.config.engine, self.num_threads, asleep=level, device=device
+            model,
+            tokenizer,
+            self.config.engine,
+            self.num_threads,
+            asleep=level,
+            device=device,
+            capture_turns=self.capture_turns,
         )
         if self.phase is None:
             self.engines[index] = engine
@@ -244,18 +277,22 @@ def build_parts(config: RunConfig) -> InlineParts:
     )
     torch.set_num_threads(1)
     model, tokenizer = load_configured_model(config.model, for_trainer=True)  # the engines share it
-    engines = make_engines(config, model, tokenizer, placement.engine_threads)
-    trainer = build_trainer(config, model, tokenizer)
     builtin = config.engine.backend == "builtin"
+    turns = CaptureTurns(config.runtime.control_timeout_s) if builtin else None  # on the trainer's device
+    engines = make_engines(config, model, tokenizer, placement.engine_threads, turns)
+    trainer = build_trainer(config, model, tokenizer)
     local = LocalTrainer(
         trainer,
         placement.trainer_threads,
         make_inline_weight_sync(config, trainer.device),
         checkpoint_timeout_s=config.runtime.checkpoint_timeout_s,
+        capture_turns=turns,
     )
     switched = with_switch(config, local, engines)
     phase = getattr(switched, "phase", None)  # runtime.switch: a replacement starts in its peers' phase
-    factory = InlineEngineFactory(config, engines, placement.engine_threads, phase) if builtin else None
+    factory = (
+        InlineEngineFactory(config, engines, placement.engine_threads, phase, turns) if builtin else None
+    )
     return InlineParts(
         config=config,
         task=make_task(config.task),
@@ -290,12 +327,21 @@ def with_switch(config: RunConfig, local: LocalTrainer, engines: list[Any]) -> A
     )
 
 
-def make_engines(config: RunConfig, model: Any, tokenizer: Any, num_threads: int | None = None) -> list[Any]:
-    """``rollout.num_engines`` replicas of ``engine.backend``: built-in engines on copies of ``model``, or vLLM
-    workers loading the model directory in vLLM's own environment."""
+def make_engines(
+    config: RunConfig,
+    model: Any,
+    tokenizer: Any,
+    num_threads: int | None = None,
+    capture_turns: CaptureTurns | None = None,
+) -> list[Any]:
+    """``rollout.num_engines`` replicas of ``engine.backend``: built-in engines on copies of ``model`` (sharing
+    ``capture_turns`` with the trainer on its device, ``LocalTrainer``), or vLLM workers loading the model
+    directory in vLLM's own environment."""
     if config.engine.backend == "builtin":
         return [
-            make_engine(copy.deepcopy(model), tokenizer, config.engine, num_threads)
+            make_engine(
+                copy.deepcopy(model), tokenizer, config.engine, num_threads, capture_turns=capture_turns
+            )
             for _ in range(config.rollout.num_engines)
         ]
     from asyncrl.engine.vllm import VLLMEngineClient

@@ -58,7 +58,7 @@ from asyncrl.models.loading import load_configured_tokenizer, resolve_device
 from asyncrl.rewards.service import RewardService
 from asyncrl.runtime.actor_calls import await_actor, get_actor
 from asyncrl.runtime.actor_env import ACTOR_ENV
-from asyncrl.runtime.colocate import ColocatedTrainer, device_bytes
+from asyncrl.runtime.colocate import ColocatedTrainer, device_memory
 from asyncrl.runtime.errors import ActorCallError, ActorCallTimeout
 from asyncrl.runtime.placement import Placement, pin, plan_placement
 from asyncrl.runtime.placement_check import SHARED_ROLE, PlacementError, RoleBundles, layout_of
@@ -351,9 +351,9 @@ class EngineActor:
         return await self.engine.wake()
 
     async def stats(self) -> dict[str, Any]:
-        """The engine's counters, with this process's CUDA allocator bytes on CUDA
-        (``device_allocated_bytes``: what a sleeping engine still holds, measured where it runs)."""
-        return self.engine.stats() | device_bytes(self._device(), "device_allocated_bytes")
+        """The engine's counters, with this process's CUDA allocator readings on CUDA (``colocate.
+        MEMORY_READINGS``, ``device_allocated_bytes``…: what a sleeping engine still holds, read where it runs)."""
+        return self.engine.stats() | device_memory(self._device(), prefix="")
 
 
 # ------------------------------------------------------------------------------------------------ clients

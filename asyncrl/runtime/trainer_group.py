@@ -49,7 +49,7 @@ from asyncrl.models.loading import (
     resolve_device,
 )
 from asyncrl.runtime.actor_calls import get_actor, get_trainer
-from asyncrl.runtime.colocate import device_bytes, offload_choice
+from asyncrl.runtime.colocate import device_memory, offload_choice
 from asyncrl.runtime.errors import ActorCallError, ActorCallTimeout
 from asyncrl.runtime.placement import pin
 from asyncrl.runtime.rank_calls import call_ranks
@@ -166,7 +166,11 @@ class TrainerRankActor:
         }
 
     def train_step(self, groups: list[Group], policy_version: int) -> dict[str, float]:
-        return self._trainer().train_step(groups, policy_version)
+        """The step's metrics, and with several ranks how evenly its rows were dealt over them
+        (``Trainer.split_metrics``: ``rank_token_imbalance``)."""
+        trainer = self._trainer()
+        metrics = trainer.train_step(groups, policy_version)
+        return {**metrics, **trainer.split_metrics}
 
     def open_weight_group(self) -> tuple[str, int]:
         """Rank 0: where the weight-broadcast group (this rank and the engines) meets."""
@@ -262,21 +266,23 @@ class TrainerRankActor:
         return checkpoint.load_checkpoint(path, trainer)
 
     def offload_state(self) -> int:
-        """``runtime.switch``: move this rank's chosen state (optimizer, master weights) to host memory
-        while its bundle's engine generates; the bytes moved. On CUDA the freed blocks go back to the device
-        (``empty_cache``): the engine is another process, which this process's allocator cache would starve."""
+        """``runtime.switch``: move this rank's chosen state (optimizer, master weights, reference) to host
+        memory while its bundle's engine generates; the bytes moved. On CUDA the freed blocks go back to the
+        device (``empty_cache``): the engine is another process, which this process's allocator cache would
+        starve."""
         moved = self._offloader().offload()
         if torch.device(self._device()).type == "cuda":
             torch.cuda.empty_cache()
         return moved
 
-    def reload_state(self) -> int:
-        """Undo ``offload_state`` before the next step; the bytes moved (0 when nothing was offloaded)."""
-        return self._offloader().reload()
+    def reload_state(self, reference: bool = True) -> int:
+        """Undo ``offload_state`` before the next step (the reference's only with ``reference``: a checkpoint
+        leaves it offloaded); the bytes moved (0 when nothing was offloaded)."""
+        return self._offloader().reload(reference)
 
     def device_bytes(self) -> dict[str, float]:
-        """This rank's CUDA allocator bytes now (``colocate/device_allocated_bytes``; empty on CPU)."""
-        return device_bytes(self._device())
+        """This rank's CUDA allocator readings now (``colocate.MEMORY_READINGS``; empty on CPU)."""
+        return device_memory(self._device())
 
     def _offloader(self) -> StateOffloader:
         if self.offloader is None:
@@ -474,13 +480,14 @@ class TrainerGroupClient:
         refs = [handle.offload_state.remote() for handle in self.handles]
         return sum(call_ranks(self.handles, refs, "trainer: offload_state", self.config.control_timeout_s))
 
-    def reload_state(self) -> int:
-        """Undo ``offload_state`` on every rank, within ``control_timeout_s``; the bytes moved, summed."""
-        refs = [handle.reload_state.remote() for handle in self.handles]
+    def reload_state(self, reference: bool = True) -> int:
+        """Undo ``offload_state`` on every rank (the reference's only with ``reference``), within
+        ``control_timeout_s``; the bytes moved, summed."""
+        refs = [handle.reload_state.remote(reference) for handle in self.handles]
         return sum(call_ranks(self.handles, refs, "trainer: reload_state", self.config.control_timeout_s))
 
     def device_bytes(self) -> dict[str, float]:
-        """Every rank's CUDA allocator bytes now, summed (as the engines' are; empty on CPU)."""
+        """Every rank's CUDA allocator readings now, each summed (as the engines' are; empty on CPU)."""
         refs = [handle.device_bytes.remote() for handle in self.handles]
         ranks = call_ranks(self.handles, refs, "trainer: device_bytes", self.config.control_timeout_s)
         return {key: sum(rank[key] for rank in ranks) for key in ranks[0]}

@@ -15,7 +15,8 @@ Key decision: every derived number is a roofline over quantities a spec sheet or
 - the KV that fits = memory · utilisation − weights / g, per GPU, over the KV bytes of a token
   (``shape.kv_bytes_per_token``: layers · 2 · KV heads · head dim · bytes); with paged KV it is the engine's
   budget that running contexts fill as they grow (preempting the newest when full), with reserved KV the pool
-  that longest-context reservations fill;
+  that longest-context reservations fill, in min(``cost.max_num_seqs``, that KV // one reservation) slots
+  (``reserved_slots``: the built-in engine preallocates each slot at the longest context);
 - a weight update moves the served weights (LoRA: the adapter pairs) over each GPU's network link, plus a
   fixed reload time (and, on the built-in engine, merging an adapter into the served weights).
 
@@ -33,10 +34,12 @@ from typing import Any
 
 from asyncrl.config.base import from_dict
 from asyncrl.config.loader import apply_overrides, read_yaml_file
+from asyncrl.config.run import load_run_config
 from asyncrl.config.sim import SimConfig
 from asyncrl.sim import trained
 from asyncrl.sim.hardware import HardwareProfile, resolve_profile
 from asyncrl.sim.model_shape import ModelShape, resolve_shape
+from asyncrl.sim.run_engine import with_run_engine
 from asyncrl.sim.trained import TrainedParts, trained_parts
 from asyncrl.sim.workload import LengthModel
 
@@ -45,13 +48,18 @@ LENGTH_SAMPLES = 4000
 
 
 def load_sim_config(path: str | None, overrides: Sequence[str] = ()) -> SimConfig:
-    """The YAML file plus overrides as a ``SimConfig``; with ``model`` and ``hardware`` set, every engine and
-    trainer cost key the file and overrides leave unset is derived (``derived_keys``)."""
+    """The YAML file plus overrides as a ``SimConfig``; with ``model`` and ``hardware`` set, the engine of the
+    training config ``memory.train_config`` names where it names one (``sim.run_engine``), and every engine and
+    trainer cost key the file and overrides leave unset derived (``derived_keys``)."""
     data = read_yaml_file(path) if path is not None else {}
     data = apply_overrides(SimConfig, data, overrides)
     config = from_dict(SimConfig, data)
     if not config.model:
         return config
+    if config.memory.train_config:
+        run = load_run_config(config.memory.train_config)
+        data = with_run_engine(data, run.engine, f"memory.train_config {config.memory.train_config}")
+        config = from_dict(SimConfig, data)
     derived = derived_keys(config, resolve_shape(config.model), resolve_profile(config.hardware))
     return from_dict(SimConfig, _merge_under(derived, data))
 
@@ -135,12 +143,13 @@ def engine_keys(config: SimConfig, shape: ModelShape, profile: HardwareProfile) 
                 f"engine ({kv_tokens} tokens)"
             )
     else:
-        running, max_kv = config.cost.max_num_seqs, kv_tokens
-        if longest > kv_tokens:
+        reservation = reserved_tokens(config)
+        if reservation > kv_tokens:
             raise ValueError(
-                f"cost.kv=reserved: one request's longest context ({longest} tokens) exceeds the KV that fits an "
-                f"engine ({kv_tokens} tokens)"
+                f"cost.kv=reserved: one request's longest context ({reservation} tokens) exceeds the KV that "
+                f"fits an engine ({kv_tokens} tokens)"
             )
+        running, max_kv = reserved_slots(config.cost.max_num_seqs, kv_tokens, reservation), kv_tokens
     return {
         "decode_step_s": decode_s,
         "knee_batch": max(1, round(decode_s / per_request_s)),
@@ -160,6 +169,23 @@ def engine_keys(config: SimConfig, shape: ModelShape, profile: HardwareProfile) 
         + adapter_merge_s(config, shape, profile, parts.lora_rank)
         + config.cost.weight_reload_s,
     }
+
+
+def reserved_tokens(config: SimConfig) -> int:
+    """What one request reserves on the built-in engine: its longest context, prompt + max_new_tokens, capped
+    by ``engine.max_model_len`` where set (``engine.admission``'s rule)."""
+    longest = config.prompt_tokens + config.rollout.max_new_tokens
+    cap = config.engine.max_model_len
+    return longest if cap is None else min(longest, cap)
+
+
+def reserved_slots(max_num_seqs: int, kv_tokens: int, reservation: int) -> int:
+    """The built-in engine's slots (``cost.kv: reserved``): ``cost.max_num_seqs``, but no more than the KV that
+    fits holds at once, ``kv_tokens // reservation``. Why not all ``max_num_seqs``: admission never runs more
+    than that many (every request reserves its longest context), while the engine preallocates every slot at
+    that length, so the slots beyond it would be memory the plan must find and no request uses: the memory
+    check plans, and the run config it stands for sets, exactly these slots."""
+    return max(1, min(max_num_seqs, kv_tokens // reservation))
 
 
 def decode_params_per_token(config: SimConfig, shape: ModelShape, parts: TrainedParts) -> int:

@@ -13,9 +13,10 @@ accumulated gradient equals the gradient of the whole mini-batch's loss. Dropout
 recomputed step-start log-probs equal the first forward's exactly and π_θ/π_prox starts at 1.
 
 Data parallelism is the same code (``distributed.parallel``): every rank builds the whole batch (so advantages
-see whole groups), takes its strided share of each mini-batch's rows, and weighs its micro-batches by their share
-of the *global* denominator, agreed before any backward (``distributed.normalisation``); ranks agree on the
-number of passes so FSDP2's collectives line up. One process is the world of size 1.
+see whole groups), takes its share of each mini-batch's rows, dealt so every rank computes about as many tokens
+(``distributed.row_split``), and weighs its micro-batches by their share of the *global* denominator, agreed
+before any backward (``distributed.normalisation``); ranks agree on the number of passes so FSDP2's collectives
+line up. One process is the world of size 1.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ from asyncrl.trainer.distributed.normalisation import (
     global_accumulation_weight,
     local_denominator,
 )
-from asyncrl.trainer.distributed.parallel import Parallelism, SingleProcess, agreed_count, local_rows
+from asyncrl.trainer.distributed.parallel import Parallelism, SingleProcess, agreed_count
+from asyncrl.trainer.distributed.row_split import RowSplit, balanced_split
 from asyncrl.trainer.distributed.sharded_load import has_meta_parameters
 from asyncrl.trainer.gae import gae_targets
 from asyncrl.trainer.logprobs import TokenLogProbModule, TokenLogProbs, autocast
@@ -93,6 +95,11 @@ _AGGREGATED_LOSSES = ("policy_loss", "critic/value_loss")
 """Metrics that are a micro-batch's aggregated loss: reported like ``loss``, each micro-batch's value times its
 accumulation weight, summed, so they are the mini-batch's loss whatever the split (a token-weighted mean of
 micro-batch aggregates is not, under the sequence-mean aggregations)."""
+_TRAINED_TOKEN_METRICS = ("entropy", "opsm/", "m2po/")
+"""Metrics that are a mean over a micro-batch's trained tokens (its loss mask): merged over micro-batches
+weighted by those. Every other loss metric is a mean over the tokens the loss counts (the aggregation mask:
+less what mismatch correction or K3 rejection drop), merged weighted by those, so that either merge is the
+mini-batch's own mean whichever rank and micro-batch each row lands in."""
 
 
 def needs_reference_copy(loss_config: LossConfig, config: TrainerConfig) -> bool:
@@ -165,6 +172,10 @@ class Trainer:
         self.skipped_in_a_row = 0
         """Optimizer updates skipped in a row for a non-finite gradient norm (``_skip_update``)."""
         self._skipped_this_step = 0
+        self.split_metrics: dict[str, float] = {}
+        """How evenly the last step's mini-batches were dealt over ranks (``_split_metrics``); empty in one
+        process. Kept apart from ``train_step``'s metrics, which are the step's numbers and the same for any
+        split of its rows (the sharded tests hold them to the single process's); the rank actor reports both."""
 
     def _reference_module(self, loss_config: LossConfig) -> TokenLogProbModule | None:
         """π_ref's log-prob module: the separate reference model, or with LoRA the policy's own module (run with
@@ -261,10 +272,11 @@ class Trainer:
             batch, start_metrics = self._with_gae(batch, fixed, start_metrics)
         metrics = MetricMerger()
         self._skipped_this_step = 0
+        splits = [self._split(batch, rows) for plan in plans for rows in plan]
         with self._dropout_rng():
-            for plan in plans:
-                for rows in plan:
-                    metrics.add(self._optimizer_step(batch, fixed, rows), weight=1.0)
+            for split in splits:
+                metrics.add(self._optimizer_step(batch, fixed, split), weight=1.0)
+        self.split_metrics = self._split_metrics(splits)
         if self.trains_policy:  # the policy's schedule counts its own steps: it starts after a critic warm-up
             self.scheduler.step()
         if self.critic is not None:
@@ -298,6 +310,25 @@ class Trainer:
         targets = gae_targets(batch.token_rewards, fixed[_OLD_VALUES], batch.loss_mask, self.advantage_config)
         fixed[_RETURNS] = targets.returns
         return replace(batch, advantages=targets.advantages), {**metrics, **targets.metrics}
+
+    def _split(self, batch: TrainBatch, rows: list[int]) -> RowSplit:
+        """``rows`` dealt over the ranks by the tokens their micro-batches will compute (``row_split``): the
+        same on every rank, from the lengths every rank holds."""
+        lengths = batch.attention_mask[rows].sum(dim=1).tolist()
+        return balanced_split(
+            rows,
+            lengths,
+            self.parallel.world_size,
+            self.config.max_tokens_per_microbatch,
+            packed=self.config.sequence_packing,
+        )
+
+    def _split_metrics(self, splits: list[RowSplit]) -> dict[str, float]:
+        """``rank_token_imbalance``: the largest rank's planned tokens over the ranks' mean, averaged over the
+        step's mini-batches (1.0 is even; every rank waits for the largest). Nothing in one process."""
+        if self.parallel.world_size == 1:
+            return {}
+        return {"rank_token_imbalance": sum(s.imbalance for s in splits) / len(splits)}
 
     def _step_metrics(
         self, batch: TrainBatch, lr: float, critic_lr: float | None, elapsed: float
@@ -455,8 +486,8 @@ class Trainer:
         self, module: nn.Module, batch: TrainBatch, names: tuple[str, ...]
     ) -> dict[str, torch.Tensor]:
         """``module``'s outputs ``names`` ([B, T] each: logprobs, values) for every row: this rank computes its
-        strided share, ranks exchange shares."""
-        rows = local_rows(self.parallel, list(range(batch.num_samples)))
+        share (``_split``), ranks exchange shares."""
+        rows = list(self._split(batch, list(range(batch.num_samples))).ranks[self.parallel.rank])
         shares = {name: torch.zeros_like(batch.loss_mask[rows]) for name in names}
         local = self._plan_micro_batches(select_rows(batch, rows)) if rows else []
         passes = agreed_count(self.parallel, len(local))  # before any pass: the count is a collective too
@@ -501,12 +532,13 @@ class Trainer:
             return module(micro.input_ids, micro.attention_mask, micro.loss_mask)
 
     def _optimizer_step(
-        self, batch: TrainBatch, fixed: dict[str, torch.Tensor], rows: list[int]
+        self, batch: TrainBatch, fixed: dict[str, torch.Tensor], split: RowSplit
     ) -> dict[str, float]:
         """Accumulate the gradient of one mini-batch over its micro-batches, clip it and step the optimizer.
 
-        Each rank trains its share of ``rows``; the loss and metrics returned are the whole mini-batch's."""
-        mine = local_rows(self.parallel, rows)
+        Each rank trains its share of ``split``'s rows; the loss and metrics returned are the whole
+        mini-batch's."""
+        rows, mine = list(split.rows), list(split.ranks[self.parallel.rank])
         mini, mini_fixed = _take(batch, fixed, mine) if mine else (None, {})
         local = local_denominator(mini_fixed[_AGGREGATION_MASK]) if mine else torch.zeros(3)
         total = combine(self.parallel.gather(local))
@@ -635,7 +667,8 @@ class Trainer:
     ) -> dict[str, float]:
         """Forward and backward one micro-batch with its loss scaled to its share of the mini-batch's loss
         (of every rank's rows); return that share of the policy loss (``loss``) and of each
-        ``_AGGREGATED_LOSSES`` metric. Other metrics are weighted by the micro-batch's trained tokens."""
+        ``_AGGREGATED_LOSSES`` metric. Other metrics are merged weighted by the tokens each is a mean over
+        (``_TRAINED_TOKEN_METRICS``)."""
         with self._gradient_mode():
             out = self._forward(self.policy, micro) if self._runs_policy else None
             num_tokens = float(micro.loss_mask.sum())
@@ -662,7 +695,10 @@ class Trainer:
                 ).backward()  # TokenLogProbModule), so every rank differentiates every pass
         shares = {key: step_metrics.pop(key) * weight for key in _AGGREGATED_LOSSES if key in step_metrics}
         step_metrics = {k: v for k, v in step_metrics.items() if not k.startswith(CORRECTION_METRICS)}
-        metrics.add(step_metrics, weight=num_tokens)
+        per_trained = {k: v for k, v in step_metrics.items() if k.startswith(_TRAINED_TOKEN_METRICS)}
+        metrics.add(per_trained, weight=num_tokens)
+        counted = float(fixed[_AGGREGATION_MASK].sum())
+        metrics.add({k: v for k, v in step_metrics.items() if k not in per_trained}, weight=counted)
         return {"loss": float(loss.detach()) * weight, **shares}
 
     def _value_loss(

@@ -221,6 +221,77 @@ def test_a_resumed_switched_run_lets_go_of_the_resumed_weights_once_the_engine_h
     assert_same_run(out, plain, STEPS, 8, "switched, stopped after step 1 and resumed, vs plain sync")
 
 
+KL = ("loss.kl.beta=0.1", "trainer.checkpoint_every=1")
+"""A KL term, so a frozen reference copy (offloaded by default under the switch), and a checkpoint every step."""
+
+
+def resident_reference(trainer) -> int:
+    """Bytes of the storages of ``trainer``'s reference model on its device now (0 while offloaded)."""
+    storages = {
+        p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in trainer.ref_model.parameters()
+    }
+    return sum(storages.values())
+
+
+def reference_at_each_turn(monkeypatch) -> dict[str, list[int]]:
+    """The reference model's resident bytes as each step trains (after the switch reloaded), once each
+    publication offloaded and woke the engines, and as each checkpoint saves: filled as the run goes."""
+    seen: dict[str, list[int]] = {"trains": [], "generates": [], "saves": []}
+    local_step, local_save = LocalTrainer.train_step, LocalTrainer.save_checkpoint
+    state_for_sync = ColocatedTrainer.state_for_sync
+
+    def trained(self, groups, policy_version):
+        seen["trains"].append(resident_reference(self.trainer))
+        return local_step(self, groups, policy_version)
+
+    def saved(self, root, **kwargs):
+        seen["saves"].append(resident_reference(self.trainer))
+        return local_save(self, root, **kwargs)
+
+    def published(self):
+        update = state_for_sync(self)
+        seen["generates"].append(resident_reference(self.inner.trainer))
+        return update
+
+    monkeypatch.setattr(LocalTrainer, "train_step", trained)
+    monkeypatch.setattr(LocalTrainer, "save_checkpoint", saved)
+    monkeypatch.setattr(ColocatedTrainer, "state_for_sync", published)
+    return seen
+
+
+def test_a_kl_run_that_offloads_its_reference_ends_bit_equal_to_one_that_keeps_it_and_never_saves_it(
+    tmp_path, monkeypatch
+):
+    """``runtime.switch.offload_reference`` (on by default): the reference is in host memory from each
+    publication until the next step's reload, and stays there through each checkpoint (whose reload is the
+    state's alone: the same bytes as the run that keeps its reference); the run ends bit-equal to one that
+    keeps the reference on the device all along, whose KL term reads the same reference log-probs."""
+    seen = reference_at_each_turn(monkeypatch)
+    kept = tmp_path / "kept"
+    train_in_process(kept, STEPS, *SMALL, *SWITCH, *KL, "runtime.switch.offload_reference=false")
+    resident = seen["trains"][0]
+    assert resident > 0 and {v for turn in seen.values() for v in turn} == {resident}, seen
+    for turn in seen.values():
+        turn.clear()
+    out = tmp_path / "offloaded"
+    train_in_process(out, STEPS, *SMALL, *SWITCH, *KL)
+
+    assert seen["trains"] == [resident] * STEPS and seen["generates"] == [0] * STEPS, seen
+    assert len(seen["saves"]) >= STEPS and set(seen["saves"]) == {0}, seen
+    offloaded_steps, kept_steps = step_metrics(out), step_metrics(kept)
+    assert len(offloaded_steps) == len(kept_steps) == STEPS
+    for step, (mine, theirs) in enumerate(zip(offloaded_steps, kept_steps, strict=True)):
+        moved = mine["train/colocate/offload_bytes"] - theirs["train/colocate/offload_bytes"]
+        assert moved == resident, (step, mine, theirs)
+        if step:  # what the step before offloaded comes back; a checkpoint's reload leaves the reference
+            reloaded = mine["train/colocate/reload_bytes"] - theirs["train/colocate/reload_bytes"]
+            assert reloaded == resident, (step, mine, theirs)
+            key = "train/colocate/checkpoint_reload_bytes"
+            assert mine[key] == theirs[key] > 0, (step, mine, theirs)
+        assert mine["train/kl"] != 0 or step == 0, mine
+    assert_same_run(out, kept, STEPS, 8, "switched with kl, reference offloaded vs kept")
+
+
 @pytest.mark.parametrize(
     ("override", "named"),
     [

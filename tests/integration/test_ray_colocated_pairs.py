@@ -139,3 +139,34 @@ def test_a_replaced_engine_is_packed_for_by_the_rank_in_its_bundle_alone(
     assert all(line["train/colocate/released_bytes"] == 2 * one_rank for line in steps), steps
     assert (steps[-1]["recovery/engine_restarts"], steps[-1]["recovery/failed_restarts"]) == (1, 0)
     assert_same_run(out, plain, STEPS, SAMPLES, "2 x 2 switched with engine 1 replaced vs plain sync on Ray")
+
+
+def test_each_rank_offloads_its_reference_shards_and_a_kl_run_ends_bit_equal_to_one_that_keeps_them(
+    two_gpu_cluster, tiny_path, tmp_path
+):
+    """With a KL term each rank actor holds its FSDP2 shards of the frozen reference: under the switch
+    (``offload_reference``, on by default) they leave with the optimizer state at each publication, come back
+    at the next step's reload, and stay in host memory through each checkpoint (whose reload moves the same
+    bytes as in the run that keeps them); the run ends bit-equal to that run."""
+    kl = ("loss.kl.beta=0.1",)
+    kept = tmp_path / "kept"
+    train_on_ray(
+        kept, two_gpu_cluster, tiny_path, *PAIRS, *SWITCH, *kl, "runtime.switch.offload_reference=false"
+    )
+    out = tmp_path / "offloaded"
+    train_on_ray(out, two_gpu_cluster, tiny_path, *PAIRS, *SWITCH, *kl)
+
+    mine, theirs = step_metrics(out), step_metrics(kept)
+    assert len(mine) == len(theirs) == STEPS
+
+    def more(key: str, first: int = 0) -> list[float]:
+        """How many more bytes the phase ``key`` moved in the offloading run, step by step from ``first``."""
+        key = f"train/colocate/{key}"
+        return [a[key] - b[key] for a, b in zip(mine[first:], theirs[first:], strict=True)]
+
+    reference = more("offload_bytes")[0]  # both ranks' shards, summed
+    assert reference > 0 and more("offload_bytes") == [reference] * STEPS, (mine, theirs)
+    # from the second step: what the step before offloaded, and the checkpoint saved after it
+    assert more("reload_bytes", 1) == [reference] * (STEPS - 1), (mine, theirs)
+    assert more("checkpoint_reload_bytes", 1) == [0] * (STEPS - 1), (mine, theirs)
+    assert_same_run(out, kept, STEPS, SAMPLES, "2 x 2 switched with kl, reference offloaded vs kept, on Ray")

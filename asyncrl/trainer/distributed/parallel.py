@@ -1,7 +1,8 @@
 """How the trainer spreads one train step over ranks: one process, or FSDP2 data parallelism over a process group.
 
 The trainer runs the same code whatever the world size; this is the only piece that differs. It asks these
-things of a ``Parallelism`` (``local_rows`` and ``agreed_count`` below are derived from them):
+things of a ``Parallelism`` (``agreed_count`` below is derived from them; which rows a rank trains is
+``row_split``'s, from ``rank`` and ``world_size``):
 
 - ``shard(module, weights=None)``: prepare a log-prob module (no-op in one process; ``fully_shard`` on every
   decoder layer and the root under FSDP2, then a module on the meta device reads its shards from the model
@@ -22,7 +23,6 @@ whose loss is zero (``Trainer`` does this through ``agreed_count``); a rank with
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -44,12 +44,6 @@ class Parallelism(Protocol):
     def sync_gradients(self, module: nn.Module, last: bool) -> None: ...
 
     def reshard(self, module: nn.Module) -> None: ...
-
-
-def local_rows(parallel: Parallelism, rows: Sequence[int]) -> list[int]:
-    """This rank's rows of ``rows``: every ``world_size``-th from position ``rank`` (strided, so the members of
-    a group spread over the ranks)."""
-    return list(rows[parallel.rank :: parallel.world_size])
 
 
 def agreed_count(parallel: Parallelism, count: int) -> int:

@@ -113,6 +113,11 @@ def test_the_trainer_plan_is_within_15_percent_of_the_allocator(checkpointing, t
     assert abs(role.total - measured) <= 0.15 * measured, (role.total, measured, role.terms)
 
 
+PADDED_PREFILL = (128, 43, 43, 42)
+"""Prompts whose step of prefill (256 tokens, ``max_prefill_tokens_per_step``) runs as one group padded to
+4 × 128 = 512 tokens (``padding_groups``: within twice its real tokens), the most the plan counts."""
+
+
 def test_the_engine_plan_is_within_15_percent_of_the_allocator(tmp_path) -> None:
     from asyncrl.engine.llm_engine import LLMEngine
     from asyncrl.types import Request, SamplingParams
@@ -135,8 +140,8 @@ def test_the_engine_plan_is_within_15_percent_of_the_allocator(tmp_path) -> None
 
     def serve() -> None:
         engine = LLMEngine(model, None, config.engine)
-        for i in range(8):
-            prompt = torch.randint(0, VOCAB, (64,), generator=gen).tolist()
+        for i, length in enumerate(PADDED_PREFILL * 2):
+            prompt = torch.randint(0, VOCAB, (length,), generator=gen).tolist()
             engine.add_request(
                 Request(
                     request_id=f"r{i}",

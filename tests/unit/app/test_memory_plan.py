@@ -81,6 +81,21 @@ def test_the_terms_are_the_arithmetic_they_state() -> None:
     engine = {t.name: t for t in mp.engine_role(config, shape, 50, H100).terms}
     assert engine["weights"].bytes == 2 * p
     assert engine["KV pool"].bytes == 4 * 100 * (2 * 28 * 8 * 128 * 2)  # max_model_len + scratch position
+    vocab = 151_936  # a step's scratch, from the engine's own settings (``engine_step_terms``)
+    prefill = 2 * (3 * 2048 + 3 * 6144)  # residual, normed, sum; gate, up, product: nothing kept for backward
+    assert engine["prefill scratch"].bytes == 2 * 2048 * prefill  # padded up to twice the prefill budget
+    assert engine["decode logits"].bytes == 2 * 4 * vocab * 4  # CUDA graphs: static buffer and the pool's
+    assert engine["sampling"].bytes == 4 * vocab * 16  # logits, log-probs, probabilities, their sum
+    step = ("prefill scratch", "decode logits", "sampling")
+    assert {engine[name].phase for name in step} == {"train"}  # while it generates, never while it sleeps
+
+    def step_terms(*keys: str) -> dict[str, int]:
+        keys = ("engine.max_running_requests=4", *keys)
+        return {t.name: t.bytes for t in mp.engine_role(load_run_config(None, keys), shape, 50, H100).terms}
+
+    assert step_terms("rollout.top_p=0.9")["sampling"] == 4 * vocab * (8 + 37)  # the whole vocabulary sorted
+    assert step_terms("rollout.top_k=50")["sampling"] == 4 * vocab * 16  # 50 columns sorted: under the draw's
+    assert step_terms("engine.decode_graphs=off")["decode logits"] == 4 * vocab * 4  # eager: one output
     sharded = mp.trainer_role(load_run_config(None, ["trainer.num_workers=4"]), shape)
     assert {t.name: t.bytes for t in sharded.terms}["gradients"] == -(-4 * p // 4)
     unsharded = load_run_config(None, ["trainer.num_workers=4", "trainer.fsdp_grad_accumulation=unsharded"])
@@ -207,7 +222,7 @@ def test_an_inline_switched_gpu_needs_its_heaviest_phase_not_the_trainers_peak_p
     trains = held + max(trainer.phase_bytes("train"), trainer.phase_bytes("step")) + e["weights"]
     publishes = held + copy + e["weights"]
     applies = t["master weights"] + copy + e["weights"] + e["KV pool"]  # the optimizer state offloaded
-    generates = t["master weights"] + e["weights"] + e["KV pool"] + e["step scratch"]
+    generates = t["master weights"] + e["weights"] + e["KV pool"] + engine.phase_bytes("train")
     assert [d.name.rsplit(" while the ", 1)[1] for d in plan.devices] == list(mp.SWITCH_PHASES)
     assert [d.total for d in plan.devices] == [trains, publishes, applies, generates]
     assert max(d.total for d in plan.devices) == trains < trainer.total + engine.total
@@ -224,6 +239,65 @@ def test_an_inline_switched_gpu_needs_its_heaviest_phase_not_the_trainers_peak_p
     resident = mp.plan(load_run_config(None, SWITCHED_INLINE[:-1]), QWEN3_1_7B, 512, H100)
     [both] = resident.devices  # without the switch both stay resident, at their peaks
     assert both.total == trainer.total + engine.total
+
+
+KL_SWITCHED_8B = [
+    "model.dtype=bfloat16",
+    "engine.dtype=bfloat16",
+    "controller.mode=sync",
+    "runtime.switch.enabled=true",
+    "loss.kl.beta=0.1",
+]
+"""Qwen3-8B in bf16 on one GPU under the colocated switch, with a KL term: a frozen reference copy of 16 GB,
+offloaded by default (``runtime.switch.offload_reference``)."""
+KL_SWITCHED_8B_KEPT = [*KL_SWITCHED_8B, "runtime.switch.offload_reference=false"]
+"""The same with the reference kept on the GPU."""
+
+
+def test_an_offloaded_reference_leaves_the_gpu_once_the_trainer_published_and_stays_counted_while_it_trains():
+    """The reference copy moves to host memory with the optimizer state, after the publication: the phases the
+    engine runs in (applying the update, generating) drop by exactly its bytes, the trainer's (training,
+    publishing) keep them, and the host holds them."""
+    offloaded, kept = load_run_config(None, KL_SWITCHED_8B), load_run_config(None, KL_SWITCHED_8B_KEPT)
+    assert offloaded.runtime.switch.offload_reference and not kept.runtime.switch.offload_reference
+    resident, moved = (mp.plan(config, QWEN3_8B, 512, H100) for config in (kept, offloaded))
+    reference = {t.name: t.bytes for t in resident.roles[0].terms}["reference copy"]
+    assert reference == QWEN3_8B.num_params * 2 and round(reference / mp.GB, 1) == 16.4
+    drops = [a.total - b.total for a, b in zip(resident.devices, moved.devices, strict=True)]
+    assert drops == [0, 0, reference, reference], (
+        drops
+    )  # SWITCH_PHASES: trains, publishes, applies, generates
+    *_, generating = moved.devices
+    assert all("reference copy" not in {t.name for t in role.terms} for role, _ in generating.roles)
+
+    def hosted(keys: list[str]) -> dict[str, int]:
+        return {t.name: t.bytes for role, _ in _host(keys, QWEN3_8B, H100).roles for t in role.terms}
+
+    assert hosted(KL_SWITCHED_8B)["offloaded reference copy"] == reference
+    assert "offloaded reference copy" not in hosted(KL_SWITCHED_8B_KEPT)
+
+
+def test_doctor_counts_an_offloaded_reference_on_the_host_and_not_beside_the_generating_engine() -> None:
+    """``asyncrl doctor --hardware``'s phase lines are the plan's: the one GPU while the engine generates needs
+    the reference's 16.4 GB less once it is offloaded, while the trainer trains the same; the host line names
+    it."""
+
+    def lines(keys: list[str]) -> dict[str, str]:
+        """Each phase's line by its phase (``engine generates``, ...), and the host line as ``host``."""
+        findings = diagnose(load_run_config(None, keys), hardware=H100, shape=QWEN3_8B)
+        by_phase = {f.detail.split(":")[0].rsplit(" while the ", 1)[-1]: f.detail for f in findings}
+        return by_phase | {"host": next(f.detail for f in findings if f.topic == "host memory")}
+
+    def needs(line: str) -> float:
+        return float(re.search(r": ([0-9.]+) GB on ", line).group(1))
+
+    offloaded, kept = lines(KL_SWITCHED_8B), lines(KL_SWITCHED_8B_KEPT)
+    reference = QWEN3_8B.num_params * 2 / mp.GB
+    generating = needs(kept["engine generates"]) - needs(offloaded["engine generates"])
+    assert generating == pytest.approx(reference, abs=0.11)  # each line rounds to 0.1 GB
+    assert needs(kept["trainer trains"]) == needs(offloaded["trainer trains"])
+    assert f"offloaded reference copy {reference:.2f}" in offloaded["host"], offloaded["host"]
+    assert "reference" not in kept["host"], kept["host"]
 
 
 def test_doctor_names_the_phase_that_binds_a_switched_gpu(tmp_path, monkeypatch, capsys) -> None:
@@ -528,3 +602,35 @@ def test_lora_adapters_are_planned_in_float32_as_peft_keeps_them_beside_a_bf16_m
     assert terms["master weights"] == 2 * shape.num_params  # the frozen base stays in bf16
     checkpoint = {t.name: t.bytes for t in mp.checkpoint_bytes(config, shape).parts}
     assert checkpoint == {"adapter/": held, "AdamW moments": moments}
+
+
+@pytest.mark.parametrize(
+    ("shape", "status", "idle_gb"),
+    [("qwen3-0.6b", Status.WARN, 60.3), ("qwen3-1.7b", Status.FAIL, 60.3), ("qwen3-8b", Status.FAIL, 77.5)],
+)
+def test_slots_the_kv_budget_never_admits_are_named_with_the_engine_keys(
+    shape, status, idle_gb, tmp_path, monkeypatch
+) -> None:
+    """The 8-GPU recipe on the built-in engine at its defaults: 64 slots of 9,217 positions, but
+    engine.max_kv_tokens 65,536 admits 7 requests of at least 8,193 tokens (a 1-token prompt and 8,192 new
+    ones), so 57 slots never run one. Doctor WARNs with the count and the bytes they hold, and FAILs where the
+    engine refuses the pool (above 90 % of the GPU free beside its weights: 67.65 GB against 67.45 at 1.7B,
+    86.98 against 55.81 at 8B); an engine GPU that overflows names the engine's keys, not the trainer's."""
+    use_offline_cache(monkeypatch, tmp_path)
+    config = load_run_config(RECIPES / "dapo_math_8gpu.yaml", ["engine.backend=builtin"])
+    findings = diagnose(config, hardware=mp.hardware_named("h100", 8), shape=NAMED_SHAPES[shape])
+    [slots] = [f for f in findings if "built-in engine's KV pool" in f.detail]
+    assert slots.status is status, slots.line()
+    assert "64 slots × 9217 positions" in slots.detail and "admits at most 7 at once" in slots.detail
+    idle = f"the 57 slots above it never run a request and hold {idle_gb} GB"
+    assert slots.fix.startswith(f"set engine.max_running_requests=7: {idle}")
+    engine = [f for f in findings if f.detail.startswith("engine ×4")]
+    assert engine and "more trainer.num_workers" not in engine[0].fix
+    if shape == "qwen3-8b":  # 16.4 GB of weights beside 87.0 GB of pool: the engine's own line fails too
+        assert engine[0].status is Status.FAIL and "lower engine.max_running_requests" in engine[0].fix
+    fixed = load_run_config(
+        RECIPES / "dapo_math_8gpu.yaml", ["engine.backend=builtin", "engine.max_running_requests=7"]
+    )
+    ok = diagnose(fixed, hardware=mp.hardware_named("h100", 8), shape=NAMED_SHAPES[shape])
+    [line] = [f for f in ok if "built-in engine's KV pool" in f.detail]
+    assert line.status is Status.OK and not [f for f in ok if f.status is Status.FAIL]

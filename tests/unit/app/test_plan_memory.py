@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from asyncrl.app import memory_plan
-from asyncrl.app.plan_memory import Layout, MemoryCheck
+from asyncrl.app.plan_memory import Layout, MemoryCheck, engine_keys
 from asyncrl.app.planner import COLOCATED_SYNC, Candidate, Planner
 from asyncrl.cli.main import main
 from asyncrl.config.run import load_run_config
@@ -146,6 +146,8 @@ def test_a_search_never_recommends_a_dropped_layout_and_lists_why() -> None:
     result = planner.search(alphas=(1,), modes=("one_step_off",))
     assert [c for c, _ in result.dropped] == [COLOCATED_SYNC] and result.baseline.candidate == COLOCATED_SYNC
     assert result.recommended.candidate.train_gpus == 1
+    assert result.engine[:2] == ("engine.backend=vllm", "engine.vllm.gpu_memory_utilization=0.9")
+    assert result.to_json()["engine"] == list(result.engine)
     assert result.runner_up is not None and result.runner_up.candidate.train_gpus == 1
     why = result.to_json()["dropped_for_memory"]["sync colocated on 2"]
     assert why.startswith("each shared GPU while the engine applies the update needs")
@@ -164,3 +166,75 @@ def test_plan_cli_prints_the_dropped_layouts(tmp_path, capsys) -> None:
     assert list(record["dropped_for_memory"]) == ["sync colocated on 2"]
     assert record["recommended"]["candidate"]["train_gpus"] == 1
     assert main(["plan", *WORKLOAD_8B, "--gpus", "2"]) == 2  # nothing fits: a named error, not a traceback
+
+
+LONG_RESERVED = [
+    "model=qwen3-8b",
+    "hardware=h100",
+    "cost.kv=reserved",
+    "prompt_tokens=200",
+    "rollout.max_new_tokens=8192",
+]
+
+
+def test_a_reserved_engine_is_planned_with_the_slots_its_kv_admits_as_the_simulation_runs_it() -> None:
+    """The built-in engine preallocates every slot at the longest context (8,392 tokens here). The simulated
+    engine runs 377,191 // 8,392 = 44 at once (what fits an H100 at cost.memory_utilization 0.9 beside 16.4
+    GB of weights), so the plan holds 44 slots (54.5 GB), not cost.max_num_seqs' 256 (316.8 GB, which once
+    dropped every layout), and the run config it stands for, whose keys plan prints, sets those 44."""
+    sim = load_sim_config(None, LONG_RESERVED)
+    assert sim.engine.max_kv_tokens == 377_191 and sim.engine.max_running_requests == 377_191 // 8392 == 44
+    check = MemoryCheck(sim, 8)
+    assert check.drop(Layout(4, 4, False)) is None
+    config = check.run_config(Layout(4, 4, False))
+    pool = {t.name: t.bytes for t in memory_plan.engine_role(config, check.shape, 8392, check.hardware).terms}
+    assert pool["KV pool"] == 44 * 8393 * 147_456
+    assert engine_keys(config) == [
+        "engine.backend=builtin",
+        "engine.max_running_requests=44",
+        "engine.max_kv_tokens=377191",
+        "engine.max_model_len=8392",
+    ]
+    assert engine_keys(MemoryCheck(load_sim_config(None, SMALL), 8).run_config(Layout(4, 4, False))) == [
+        "engine.backend=vllm",
+        "engine.vllm.gpu_memory_utilization=0.9",
+        "engine.vllm.max_num_seqs=256",
+        "engine.vllm.tensor_parallel_size=1",
+        "engine.max_model_len=2176",
+    ]
+
+
+def test_a_training_configs_oversized_engine_pool_is_named_with_its_keys(tmp_path) -> None:
+    """A training config's built-in engine is planned (and simulated) as written: 256 slots of 2,177
+    positions of Qwen3-8B's KV are 82.2 GB, more than an H100 holds, in every layout (its LoRA trainer in bf16
+    would fit); the error says which engine keys shrink it, not only the trainer's."""
+    run = tmp_path / "run.yaml"
+    engine = "engine:\n  backend: builtin\n  max_running_requests: 256\n  max_kv_tokens: 600000\n"
+    run.write_text(engine + "model:\n  dtype: bfloat16\ntrainer:\n  lora:\n    rank: 16\n")  # a light trainer
+    planner = Planner(None, [*WORKLOAD_8B, f"memory.train_config={run}"], 2)
+    assert planner.base.engine.max_running_requests == 256  # the training config's, simulated as it is
+    drop = planner.memory_drop(split(1))
+    assert drop is not None and (drop.role, drop.term) == ("engine", "KV pool")
+    with pytest.raises(ValueError, match=r"smaller built-in engine pool \(fewer engine.max_running_requests"):
+        planner.search(alphas=(1,), modes=("one_step_off",))
+
+
+def test_a_small_models_reserved_slots_stay_within_what_the_engine_allocates() -> None:
+    """Qwen3-0.6B's 1.2 GB of weights leave a simulated budget (0.9 of the H100 less the weights) that holds 73
+    contexts of 8,392 tokens, 70.3 GB of pool, above the 69.5 GB the engine itself allocates (90 % of the GPU
+    free beside its weights and the CUDA context): such a layout is dropped as doctor FAILs it, and the planner
+    simulates and plans the 72 slots the engine starts with; slots given explicitly are kept, and dropped."""
+    small = ["model=qwen3-0.6b", *LONG_RESERVED[1:]]
+    sim = load_sim_config(None, small)
+    assert sim.engine.max_running_requests == 73
+    drop = MemoryCheck(sim, 8).drop(Layout(4, 4, False))
+    assert drop is not None and (drop.role, drop.term) == ("engine", "KV pool")
+    assert drop.text("h100").startswith(
+        "the built-in engine's KV pool (90 % of its GPU free beside its weights)"
+    )
+    planner = Planner(None, small, 8)
+    assert planner.base.engine.max_running_requests == 72
+    assert planner.memory_drop(split(4)) is None
+    explicit = Planner(None, [*small, "engine.max_running_requests=73"], 8)
+    assert explicit.base.engine.max_running_requests == 73 and explicit.memory_drop(split(4)) is not None
+    assert Planner(None, LONG_RESERVED, 8).base.engine.max_running_requests == 44  # 8B: the budget is tighter

@@ -12,6 +12,7 @@ import torch
 from engine_testlib import drain, engine, request
 
 from asyncrl.config.engine import EngineConfig
+from asyncrl.engine import host_weights
 from asyncrl.engine.kv_cache import KVCache
 from asyncrl.engine.llm_engine import LLMEngine
 
@@ -55,6 +56,38 @@ def test_level_two_moves_the_weights_to_the_host_and_back_bit_equal(qwen2) -> No
     core.wake()
     for name, param in core.model.named_parameters():
         assert torch.equal(param, before[name]), name
+
+
+def test_level_two_sleeps_allocate_their_host_copies_once_and_every_wake_is_bit_equal(qwen2, monkeypatch):
+    """Each level-2 sleep used to take a fresh (on CUDA pinned) copy of the model, pinned anew at every step of a
+    colocated switch (the decode captures after each wake empty PyTorch's pinned cache): now the host buffer is
+    allocated at the first sleep and later sleeps copy into it, the weights an update brought in between
+    included, and every wake serves them bit for bit."""
+    allocations: list[int] = []
+    allocate = host_weights.allocate_host
+    monkeypatch.setattr(
+        host_weights, "allocate_host", lambda nbytes: allocations.append(nbytes) or allocate(nbytes)
+    )
+    core = engine(copy.deepcopy(qwen2))
+    params = dict(core.model.named_parameters())
+    weights = sum(p.nbytes for p in params.values())
+    expected = {name: p.detach().clone() for name, p in params.items()}
+    held = None
+    for sleep in range(3):
+        core.sleep(2)
+        if held is None:
+            held = {name: p.data_ptr() for name, p in params.items()}
+        assert {name: p.data_ptr() for name, p in params.items()} == held, f"sleep {sleep}: copied elsewhere"
+        core.wake()
+        for name, param in params.items():
+            assert torch.equal(param, expected[name]), (sleep, name)
+            assert param.data_ptr() != held[name], "awake weights alias the host buffer"
+        with torch.no_grad():  # an update while awake: the next sleep must hold it
+            for name, param in params.items():
+                param.add_(1.0)
+                expected[name] = param.detach().clone()
+    assert len(allocations) == 1 and weights <= allocations[0] < weights + 256 * len(params)
+    assert core.stats()["host_weight_bytes"] == allocations[0]
 
 
 def test_requests_in_flight_are_prefilled_again_after_wake(qwen2) -> None:

@@ -156,6 +156,7 @@ def test_a_failed_capture_falls_back_to_eager_static_shapes(monkeypatch):
 def test_captures_are_counted_once_per_shape_and_again_after_the_addresses_move(monkeypatch):
     """``captures`` and ``capture_s`` are what the GPU kit reports: one capture per new (batch, groups) key,
     none for a replay, one more for a key recaptured because the pool or the weights moved."""
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", FakeCuda().graph_pool_handle)  # the recapture's
     addresses = [(1,)]
     static = StaticDecode(
         lambda inputs, groups: None,
@@ -286,6 +287,26 @@ def capturing_over(cuda: FakeCuda, decode) -> StaticDecode:
     return static
 
 
+def test_graphs_over_moved_addresses_are_captured_again_into_a_fresh_pool(monkeypatch):
+    """A LoRA update that changes the adapters' layout (or anything else the graphs read moving) drops the
+    graphs, and the next capture takes a fresh graph pool, never the old one: that pool may keep a block for
+    good (the capture stream's cuBLAS workspace, allocated inside its first capture), and PyTorch asserts in
+    ``create_or_incref_pool`` on a capture into a pool that no graph holds any more but whose blocks live on;
+    with the old pool reused, the engine turned capturing off for its life at its first adapter update."""
+    cuda = FakeCuda(capture_end_fails=False)
+    cuda.install(monkeypatch)
+    static = capturing_over(cuda, lambda inputs, groups: inputs[0, :, None].float().expand(-1, 5).clone())
+    layout = [(1,)]
+    static.fingerprint = lambda: layout[0]
+    static.run([7], [3], [3])
+    static.run([7, 9], [3, 4], [3, 4])  # a second shape shares the first one's pool
+    layout[0] = (2,)
+    static.run([7], [3], [3])
+    first, second, third = (graph.pool for graph in cuda.graphs)
+    assert first == second != third and static._pool == third
+    assert static.captures == 3 and len(static.graphs) == 1 and static.capture_error is None
+
+
 def test_a_failed_capture_leaves_the_callers_stream_current_and_decodes_eagerly(monkeypatch):
     """torch's ``graph`` context leaves its capture stream only when ``capture_end`` succeeds: after a failed
     capture the eager fallback must still run on the engine thread's own stream, not the capture stream."""
@@ -392,6 +413,7 @@ def test_a_capture_out_of_memory_leaves_only_its_shape_eager(monkeypatch):
         "decode_capture_failures_out_of_memory": 1,
         "decode_capture_failures_other": 0,
         "decode_shapes_eager": 1,
+        "decode_captures_deferred": 0,
     }
 
 

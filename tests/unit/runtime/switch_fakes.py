@@ -21,7 +21,7 @@ class IdleTrainer:
     def offload_state(self) -> int:
         return 0
 
-    def reload_state(self) -> int:
+    def reload_state(self, reference: bool = True) -> int:
         return 0
 
     def device_bytes(self) -> dict[str, float]:

@@ -1,7 +1,8 @@
 """``runtime.colocate``: a read of the trainer's state that falls while it is offloaded runs with the state
 reloaded and offloads it again after (the offload freed its storages in place: nothing may read them until a
 reload). A checkpoint (saved after the step's publication, the engines awake) sleeps the engines around it, so
-the reload needs no room beside their KV pools; a replaced engine's catch-up pack does not sleep the others."""
+the reload needs no room beside their KV pools; a replaced engine's catch-up pack does not sleep the others.
+Neither read reloads an offloaded reference model (neither uses it); the next step does."""
 
 from __future__ import annotations
 
@@ -23,23 +24,26 @@ from asyncrl.runtime.colocate import ColocatedTrainer, SwitchOnTheLoop
 
 class Recording(IdleTrainer):
     """Records, in ``calls`` (shared with the engines), its state moves and reads; a read of offloaded state
-    is recorded as such. ``pause`` runs inside every call (a schedule's yield point)."""
+    is recorded as such, and a reload that brings the reference model back as ``reload with the reference``.
+    ``pause`` runs inside every call (a schedule's yield point)."""
 
     def __init__(self, calls: list[str], nbytes: int = 16, pause: Any = lambda: None) -> None:
         self.calls, self.nbytes, self.pause = calls, nbytes, pause
-        self.offloaded = False
+        self.offloaded = self.reference_offloaded = False
         self.fail_save = False
 
     def offload_state(self) -> int:
         self.pause()
         self.calls.append("offload")
-        self.offloaded = True
+        self.offloaded = self.reference_offloaded = True
         return self.nbytes
 
-    def reload_state(self) -> int:
+    def reload_state(self, reference: bool = True) -> int:
         self.pause()
-        self.calls.append("reload")
+        self.calls.append("reload with the reference" if reference else "reload")
         moved, self.offloaded = (self.nbytes if self.offloaded else 0), False
+        if reference:
+            self.reference_offloaded = False
         return moved
 
     def save_checkpoint(self, root: Any, *, extra: Any, keep_last: Any) -> Path:
@@ -169,6 +173,20 @@ def test_with_the_state_resident_a_checkpoint_moves_nothing():
     switch, trainer, engines = switched()
     save(switch)
     assert trainer.calls == ["save"] and not any(e.num_sleeps for e in engines), trainer.calls
+
+
+def test_a_checkpoint_and_a_catch_up_pack_leave_the_reference_offloaded_and_the_next_step_reloads_it():
+    """Neither read uses the reference (a checkpoint holds none): it stays in host memory through both, and
+    only the step, which reads it, brings it back."""
+    switch, trainer, engines = switched()
+    published(switch, trainer)
+    save(switch)
+    switch.pack_for(0)
+    assert trainer.calls == [*SLEPT_AROUND, "reload", "pack", "offload"], trainer.calls
+    assert trainer.reference_offloaded
+    trainer.calls.clear()
+    switch.train_step([], 1)
+    assert "reload with the reference" in trainer.calls and not trainer.reference_offloaded, trainer.calls
 
 
 def test_a_catch_up_pack_reloads_around_itself_and_leaves_the_engines_awake():

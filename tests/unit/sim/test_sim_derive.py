@@ -4,6 +4,7 @@ shapes (a dense Qwen3-8B and the Qwen3-30B-A3B mixture of experts), and the conf
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +20,7 @@ from asyncrl.sim.hardware import (
 )
 from asyncrl.sim.model_shape import NAMED_SHAPES, resolve_shape, shape_from_hf_config
 
+RECIPES = Path(__file__).resolve().parents[3] / "asyncrl" / "examples" / "recipes"
 ROUND = Efficiency(
     decode_weights=0.5,
     decode_kv=0.5,
@@ -126,11 +128,41 @@ def test_explicit_keys_win_and_model_needs_hardware(card):
         load_sim_config(None, ["cost.kv=virtual"])
 
 
-def test_reserved_kv_keeps_the_slots_and_bounds_the_reservations(card):
+def test_reserved_kv_runs_the_slots_its_reservations_fill(card):
+    """The built-in engine preallocates every slot at the longest context and admits as many as the KV holds,
+    so its slots are ``cost.max_num_seqs`` capped at that: 499,261 KV tokens hold 55 contexts of 9,000 tokens,
+    110 capped at 4,500 (``engine.max_model_len``); 32 slots stay 32."""
     config = _config("qwen3-8b", "cost.kv=reserved", "cost.max_num_seqs=128")
-    assert config.engine.max_running_requests == 128
-    assert config.engine.max_kv_tokens == (100e9 * 0.9 - 2 * 8_190_427_136) // 147_456
+    kv = (100e9 * 0.9 - 2 * 8_190_427_136) // 147_456
+    assert config.engine.max_kv_tokens == kv == 499_261
+    assert config.engine.max_running_requests == kv // 9000 == 55
     assert config.engine.kv_allocation == "reserved"
+    capped = _config("qwen3-8b", "cost.kv=reserved", "cost.max_num_seqs=128", "engine.max_model_len=4500")
+    assert capped.engine.max_running_requests == kv // 4500 == 110
+    assert _config("qwen3-8b", "cost.kv=reserved", "cost.max_num_seqs=32").engine.max_running_requests == 32
+    explicit = _config("qwen3-8b", "cost.kv=reserved", "engine.max_running_requests=200")
+    assert explicit.engine.max_running_requests == 200  # an explicit key still wins
+    assert _config("qwen3-8b").engine.max_running_requests == 256  # paged (vLLM): max_num_seqs, preempting
+
+
+def test_a_training_configs_engine_is_the_one_simulated(card):
+    """``memory.train_config`` plans a recipe's engine, so the simulation runs that engine too: the built-in
+    one's slots, KV budget and context cap as they are (its admission then runs 44 of 1,536-token contexts at
+    once), vLLM's sequences and memory share; a simulator key that says otherwise is refused by name."""
+    gsm8k, dapo = (
+        f"memory.train_config={RECIPES / name}" for name in ("gsm8k_1gpu.yaml", "dapo_math_8gpu.yaml")
+    )
+    builtin = _config("qwen3-8b", gsm8k).engine
+    assert (builtin.kv_allocation, builtin.max_running_requests) == ("reserved", 44)
+    assert (builtin.max_kv_tokens, builtin.max_model_len) == (65536, 1536)
+    vllm = _config("qwen3-8b", dapo)
+    assert (vllm.engine.kv_allocation, vllm.engine.max_running_requests) == ("paged", 256)
+    assert vllm.cost.memory_utilization == 0.85 and vllm.engine.max_model_len == 9216
+    assert _config("qwen3-8b", dapo, "cost.kv=paged").engine.kv_allocation == "paged"  # the same: kept
+    with pytest.raises(ValueError, match="cost.kv='paged' disagrees with memory.train_config .*gsm8k_1gpu"):
+        _config("qwen3-8b", gsm8k, "cost.kv=paged")
+    with pytest.raises(ValueError, match="engine.max_running_requests=256 disagrees"):
+        _config("qwen3-8b", gsm8k, "engine.max_running_requests=256")
 
 
 def test_shapes_from_a_hf_config_and_by_name(tmp_path):

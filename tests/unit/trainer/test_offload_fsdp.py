@@ -5,9 +5,10 @@ A parameter of a ``fully_shard``-ed module is a DTensor whose local tensor views
 storages holds no bytes (replacing ``param.data``, as the offload once did, freed none of them); the bytes
 counted are this rank's local ones (the shard buffers', padding included), never the global sizes; after
 ``reload`` two more steps equal a twin's that never offloaded, bit for bit. A trainer with a separate critic
-(``StateOffloader.for_trainer``) frees the critic's shards and moments as the policy's. The host copy of a
-DTensor (``host_copy``, the path it takes on an accelerator, without pinning here) is a DTensor of the rank's
-shard.
+(``StateOffloader.for_trainer``) frees the critic's shards and moments as the policy's, and one with a KL term
+its frozen reference's shards (sharded as the policy is), which come back bit for bit only for a step. The
+host copy of a DTensor (``host_copy``, the path it takes on an accelerator, without pinning here) is a DTensor
+of the rank's shard.
 
 The round trip runs on the device under test (``ASYNCRL_TEST_DEVICE``): the GPU kit's unit section runs it over
 NCCL on up to two GPUs (one rank on one GPU: no padding, local bytes equal global ones), where the host copies
@@ -169,3 +170,47 @@ def _critic_round_trip(path: str) -> bool:
 
 def test_a_separate_critic_is_freed_and_reloaded_with_the_policy(policy_dir: str) -> None:
     assert run_ranks(_critic_round_trip, 2, policy_dir) == [True, True]
+
+
+def _kl_trainer(path: str):
+    from asyncrl.trainer.distributed.parallel import FullyShardedParallel
+
+    overrides = [f"model.path={path}", "model.device=cpu", "model.dtype=float32", "loss.name=ppo"]
+    overrides += ["loss.kl.beta=0.1", "trainer.lr=1e-2"]
+    config = load_run_config(None, overrides)
+    model, tokenizer = load_configured_skeleton(config.model)
+    parallel = FullyShardedParallel("cpu", weights=model_dir(config.model))
+    return build_trainer(config, model.train(), tokenizer, parallel)
+
+
+def _shard_bytes(module: torch.nn.Module) -> int:
+    """This rank's bytes of FSDP2's shard buffers of ``module`` (the all-gather inputs, padding included)."""
+    return sum(p._sharded_param_data.untyped_storage().nbytes() for p in _fsdp_params(module))
+
+
+def _reference_round_trip(path: str) -> bool:
+    trainer, twin = _kl_trainer(path), _kl_trainer(path)
+    for t in (trainer, twin):
+        t.train_step(random_groups(num_groups=2, group_size=4, seed=2), policy_version=0)
+    reference = trainer.reference  # the log-prob module FSDP2 sharded: its root holds embeddings and head
+    held = _shard_bytes(reference)
+    moments = sum(_local(m).untyped_storage().nbytes() for m in _moments([trainer.optimizer]))
+    was = [_full(p).clone() for p in reference.parameters()]
+    offloader = StateOffloader.for_trainer(trainer, OffloadChoice(reference=True))
+    assert offloader.offload() == held + moments and held > 0
+    _assert_all_freed([reference], [trainer.optimizer])
+    assert offloader.reload(reference=False) == moments  # a checkpoint's read: the reference stays offloaded
+    assert _shard_bytes(reference) == 0
+    assert offloader.offload() == moments and offloader.reload() == held + moments
+    assert _shard_bytes(reference) == held
+    for got, want in zip(reference.parameters(), was, strict=True):
+        assert torch.equal(_full(got), want)
+    for t in (trainer, twin):
+        t.train_step(random_groups(num_groups=2, group_size=4, seed=3), policy_version=1)
+    for got, want in zip(trainer.model.parameters(), twin.model.parameters(), strict=True):
+        assert torch.equal(_full(got), _full(want))
+    return True
+
+
+def test_a_sharded_reference_is_freed_with_the_state_and_comes_back_bit_for_bit_for_the_step(policy_dir: str):
+    assert run_ranks(_reference_round_trip, 2, policy_dir) == [True, True]

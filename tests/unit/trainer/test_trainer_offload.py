@@ -1,17 +1,24 @@
-"""The trainer's state offload (colocated sync) in one process: optimizer state and master weights leave their
-storages empty (freed) and come back into the same tensors, bit for bit, so training after a round trip equals
-training without. On the device under test (``ASYNCRL_TEST_DEVICE``): the GPU kit's unit section runs these on
-CUDA, where the host copies must be pinned and the device allocator must give the bytes back."""
+"""The trainer's state offload (colocated sync) in one process: optimizer state, master weights and the frozen
+reference model leave their storages empty (freed) and come back into the same tensors, bit for bit, so training
+after a round trip equals training without; a read of the state between steps leaves the reference offloaded.
+On the device under test (``ASYNCRL_TEST_DEVICE``): the GPU kit's unit section runs these on CUDA, where the
+host copies must be pinned and the device allocator must give the bytes back."""
 
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 import pytest
 import torch
+from trainer_fixtures import random_groups, tiny_qwen2, with_model_logprobs
 
+from asyncrl.config.algorithm import AdvantageConfig, KLConfig, LossConfig
+from asyncrl.config.trainer import TrainerConfig
 from asyncrl.models.loading import host_copy
 from asyncrl.testing.models import device_under_test
 from asyncrl.trainer.offload import OffloadChoice, StateOffloader
+from asyncrl.trainer.trainer import Trainer
 
 DEVICE = device_under_test()
 
@@ -120,3 +127,60 @@ def test_offloading_twice_is_refused() -> None:
     offloader.offload()
     with pytest.raises(RuntimeError, match="already offloaded"):
         offloader.offload()
+
+
+def kl_trainer() -> Trainer:
+    """A tiny trainer with a KL term, so a frozen reference copy of its own (``Trainer.ref_model``)."""
+    model = tiny_qwen2().to(DEVICE)
+    loss = LossConfig(name="ppo", kl=KLConfig(beta=0.1, estimator="k3"))
+    return Trainer(model, TrainerConfig(lr=1e-2), loss, AdvantageConfig(name="grpo"), copy.deepcopy(model))
+
+
+def storage_bytes(tensors: list[torch.Tensor]) -> int:
+    """Bytes of the storages ``tensors`` view, each once (the tiny model's embedding and head are tied)."""
+    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
+
+
+def test_the_reference_model_is_freed_with_the_state_and_comes_back_bit_for_bit_only_for_a_step() -> None:
+    """``OffloadChoice.reference`` frees the reference's storages with the moments; a read between steps
+    (``reload(reference=False)``: a checkpoint, a catch-up pack) brings back the moments alone and the offload
+    after it moves only them; the step's reload brings the reference back bit for bit, and the next step (whose
+    KL term reads it) equals a twin's that never offloaded."""
+    groups = with_model_logprobs(random_groups(num_groups=2, group_size=4, seed=1), tiny_qwen2(), noise=0.5)
+    trainer, twin = kl_trainer(), kl_trainer()
+    for t in (trainer, twin):
+        t.train_step(groups, policy_version=0)
+    reference = list(trainer.ref_model.parameters())
+    was = [p.detach().clone() for p in reference]
+    moments = [v for s in trainer.optimizer.state.values() for v in s.values() if v.dim() > 0]
+    reference_bytes, moment_bytes = storage_bytes(reference), storage_bytes(moments)
+    assert reference_bytes > 0 and moment_bytes > 0
+
+    offloader = StateOffloader.for_trainer(trainer, OffloadChoice(reference=True))
+    allocated = torch.cuda.memory_allocated(DEVICE) if DEVICE.type == "cuda" else 0
+    assert offloader.offload() == moment_bytes + reference_bytes
+    assert storage_bytes(reference) == 0 and storage_bytes(moments) == 0, "a storage was not freed"
+    if DEVICE.type == "cuda":
+        assert torch.cuda.memory_allocated(DEVICE) <= allocated - moment_bytes - reference_bytes
+    assert offloader.reload(reference=False) == moment_bytes  # a checkpoint's read
+    assert storage_bytes(reference) == 0 and storage_bytes(moments) == moment_bytes
+    assert offloader.offload() == moment_bytes  # the reference is still in host memory: not moved twice
+    assert offloader.reload() == moment_bytes + reference_bytes and offloader.reload() == 0
+    for got, want in zip(reference, was, strict=True):
+        assert torch.equal(got, want)
+
+    later = with_model_logprobs(random_groups(num_groups=2, group_size=4, seed=2), tiny_qwen2(), noise=0.5)
+    got, want = (t.train_step(later, policy_version=1) for t in (trainer, twin))
+    assert got["kl"] != 0 and got["kl"] == want["kl"], (got, want)
+    for mine, theirs in zip(trainer.model.parameters(), twin.model.parameters(), strict=True):
+        assert torch.equal(mine, theirs)
+
+
+def test_the_reference_stays_on_the_device_unless_chosen() -> None:
+    trainer = kl_trainer()
+    offloader = StateOffloader.for_trainer(trainer, OffloadChoice(optimizer=False, master_weights=True))
+    reference = list(trainer.ref_model.parameters())
+    offloader.offload()
+    assert storage_bytes(reference) == sum(p.nbytes for p in reference)
+    assert storage_bytes(list(trainer.model.parameters())) == 0
+    offloader.reload()
