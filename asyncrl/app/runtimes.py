@@ -96,7 +96,7 @@ def assemble_controller(
     parts: Parts,
     proxy: Proxy,
     source: PromptSource,
-    on_step: Callable[[StepRecord], None] = lambda record: None,
+    on_step: Callable[[StepRecord], Awaitable[None] | None] = lambda record: None,
     after_sync: Callable[[int], Awaitable[None]] | None = None,
 ) -> Controller:
     """The buffer, producer and controller of one training run over already-built parts."""

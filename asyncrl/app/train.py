@@ -14,7 +14,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from asyncrl.app.context_length import with_max_model_len
 from asyncrl.app.runtimes import Parts, assemble_controller, make_proxy, make_source, runtime_parts
@@ -121,8 +121,9 @@ async def _train(
     config = parts.config
     (out / "placement.json").write_text(json.dumps(parts.locations(), indent=1))
     extra = None
-    if config.resume:  # the trainer's load hashes the files (the ranks, each a share): the driver chooses
-        checkpoint, extra = load_resume(config.resume, parts.trainer.load_checkpoint)
+    if config.resume:  # the trainer's load hashes the files (the ranks, each a share): the driver chooses;
+        # off the loop, as a save: under runtime.switch the load sleeps the engines (``SwitchOnTheLoop``)
+        checkpoint, extra = await asyncio.to_thread(load_resume, config.resume, parts.trainer.load_checkpoint)
         _say(console, f"resuming from {checkpoint} (step {parts.trainer.step})")
     state = RunState(
         make_source(config, parts.task), out, resumed_step=parts.trainer.step if extra else None, extra=extra
@@ -146,7 +147,9 @@ async def _train_with_proxy(
 ) -> TrainingSummary:
     config = parts.config
     if parts.trainer.version > 0:  # the engines start from the loaded model: give them the resumed weights
-        resumed = parts.trainer.state_for_sync()
+        resumed = await asyncio.to_thread(
+            parts.trainer.state_for_sync
+        )  # off the loop: the switch wakes engines
         await proxy.load_weights(resumed, parts.trainer.version)
         applied = getattr(parts.trainer, "weights_applied", None)
         if applied is not None:  # runtime.switch: the copy packed for the engines goes once they hold it
@@ -197,7 +200,7 @@ async def _train_steps(
     evaluation = periodic_evaluation(config, proxy, parts.tokenizer, parts.task, parts.rewards)
     pending = (lambda: evaluation.pending_steps()) if evaluation else list
 
-    def on_step(record: StepRecord) -> None:
+    async def on_step(record: StepRecord) -> None:
         totals.add(record)
         if timeline is not None:
             _record_step(timeline, record)
@@ -208,8 +211,13 @@ async def _train_steps(
         tracker.log(
             parts.trainer.step, metrics | {f"resume/{k}": float(v) for k, v in state.restored.items()}
         )
-        if checkpoint_due(parts.trainer.step, config.trainer.checkpoint_every):
-            _save(parts, state, out, controller.buffer, pending())
+        # The run's last step saves only the final checkpoint, taken at once after this (``_end_run``): a
+        # periodic save first would let the rollout, which goes on during a save, finish groups the final one
+        # then keeps, and a resume trains those before the earlier-admitted ones it regenerates.
+        last = parts.trainer.step >= config.controller.num_steps or stop.is_set()
+        if checkpoint_due(parts.trainer.step, config.trainer.checkpoint_every) and not last:
+            extra = state.checkpoint_extra(controller.buffer, pending())  # no await since the step's lines
+            await _save(parts, out, extra)
 
     controller = assemble_controller(
         parts, proxy, state.source, on_step, evaluation.after_sync if evaluation else None
@@ -387,7 +395,7 @@ async def _evaluate(parts: Parts, proxy: LLMProxy, tag: str) -> dict[str, float]
     return metrics | sets
 
 
-def _end_run(
+async def _end_run(
     parts: Parts,
     state: RunState,
     out: Path,
@@ -396,16 +404,36 @@ def _end_run(
     pending_evals: list[int],
 ) -> None:
     """The drops since the last step, the final checkpoint (which counts them), then the unfinished prompts
-    (which it does not: a run resumed from it trains or drops them itself)."""
+    (which it does not: a run resumed from it trains or drops them itself).
+
+    The checkpoint's state and the unfinished lines are taken in one instant, and the buffer is closed right
+    then, before the save (``_save``, off the event loop): the rollout stops at exactly the state the
+    checkpoint keeps, so no prompt is drawn, finished or dropped during the save that neither the checkpoint
+    nor the ledger accounts for. Closed, the producers only wind down (aborting what they had in flight)."""
     state.record_step(parts.trainer.step, [], buffer.take_dropped())
-    final.append(_save(parts, state, out, buffer, pending_evals))
+    extra = state.checkpoint_extra(buffer, pending_evals)
     state.record_unfinished(parts.trainer.step, buffer)
+    buffer.close("training finished")
+    final.append(await _save(parts, out, extra))
 
 
-def _save(parts: Parts, state: RunState, out: Path, buffer: SampleBuffer, pending_evals: list[int]) -> Path:
-    return parts.trainer.save_checkpoint(
+async def _save(parts: Parts, out: Path, extra: dict[str, Any]) -> Path:
+    """A checkpoint of the trainer, with ``extra`` (``RunState.checkpoint_extra``) beside it, saved off the
+    event loop.
+
+    Why off the loop: a save takes minutes at scale (Qwen3-8B on 8 ranks: about 115 GB written, fsynced and
+    hashed, docs/reliability.md), and a loop blocked that long routes no request, collects no generation or
+    reward and answers no engine control call; once it ran again, every ``wait_for`` whose deadline had passed
+    meanwhile would fail even with its result in (rewards lost as timed out, engines replaced as unhealthy).
+
+    Why the checkpoint still matches one step: the caller takes ``extra`` on the loop with no ``await`` between
+    it and the step's ledger lines, as plain data (nothing the rollout goes on changing), and the controller
+    awaits ``on_step`` and ``before_close`` before it trains or publishes again, so the trainer's state stays the
+    step's until the save is done. The inline trainer runs the save on its training thread."""
+    return await asyncio.to_thread(
+        parts.trainer.save_checkpoint,
         out / "checkpoints",
-        extra=state.checkpoint_extra(buffer, pending_evals),
+        extra=extra,
         keep_last=parts.config.trainer.keep_last_checkpoints,
     )
 

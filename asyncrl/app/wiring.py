@@ -118,7 +118,7 @@ def make_controller(
     producer: Producer,
     trainer: Any,
     proxy: Proxy,
-    on_step: Callable[[StepRecord], None] = lambda record: None,
+    on_step: Callable[[StepRecord], Awaitable[None] | None] = lambda record: None,
     after_sync: Callable[[int], Awaitable[None]] | None = None,
     start_version: int = 0,
 ) -> Controller:

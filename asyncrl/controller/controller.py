@@ -36,6 +36,7 @@ by the buffer and the producer), and one version per trajectory under the drain 
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -127,12 +128,17 @@ class Controller:
         source: PromptSource,
         trainer: TrainerClient,
         proxy: WeightReceiver,
-        on_step: Callable[[StepRecord], None] = lambda record: None,
+        on_step: Callable[[StepRecord], Awaitable[None] | None] = lambda record: None,
         after_sync: Callable[[int], Awaitable[None]] | None = None,
         start_version: int = 0,
     ) -> None:
         """``after_sync(version)`` runs once the engines have the new weights, before ``on_step``: evaluation
-        during training (``periodic_eval``), which waits there only where the mode has a barrier."""
+        during training (``periodic_eval``), which waits there only where the mode has a barrier.
+
+        ``on_step(record)`` may return an awaitable (a coroutine function): it is awaited before the next step
+        trains, so a checkpoint it saves (``app.train``) runs off the event loop, with rollout, rewards and engine
+        control going on, while the trainer's state stays the step's: no ``train_step`` or ``state_for_sync``
+        runs until it is done."""
         self.config = config
         self.buffer = buffer
         self.producer = producer
@@ -149,14 +155,15 @@ class Controller:
         num_steps: int,
         *,
         stop: asyncio.Event | None = None,
-        before_close: Callable[[], None] | None = None,
+        before_close: Callable[[], Awaitable[None]] | None = None,
     ) -> int:
         """Train up to ``num_steps`` steps and return how many ran; the producer runs alongside and is stopped
         (buffer closed) at the end.
 
         ``stop`` (e.g. set by SIGTERM) ends the loop after the step in progress, or at once while it waits for
-        a batch. ``before_close`` runs when the loop ended normally or was stopped, *before* the buffer is
-        closed, so a final checkpoint still sees the finished groups and the in-flight prompts.
+        a batch. ``before_close`` is awaited when the loop ended normally or was stopped, *before* the buffer is
+        closed, so a final checkpoint still sees the finished groups and the in-flight prompts (the hook may close
+        it itself once it has taken them: ``app.train``).
         """
         self._producer_task = asyncio.create_task(self.producer.run())
         done = 0
@@ -166,7 +173,7 @@ class Controller:
                     break
                 done += 1
             if before_close is not None:
-                before_close()
+                await before_close()
         finally:
             self.buffer.close("training finished")
             await self._producer_task
@@ -206,7 +213,9 @@ class Controller:
         )
         if self.after_sync is not None:
             await self.after_sync(self.version)
-        self.on_step(record)
+        reported = self.on_step(record)
+        if inspect.isawaitable(reported):
+            await reported
         return True
 
     async def _get_batch(self, stop: asyncio.Event | None = None) -> list[Group] | None:

@@ -74,7 +74,9 @@ class RunState:
         self, buffer: SampleBuffer | None, pending_evals: list[int] | None = None
     ) -> dict[str, Any]:
         """The JSON a checkpoint keeps beside the trainer (see the module docstring); ``pending_evals``: the
-        steps whose evaluation during training is still running."""
+        steps whose evaluation during training is still running. Plain data sharing nothing with the live
+        stream, buffer or ledger: the trainer's save runs off the event loop (``app.train._save``) while the
+        rollout goes on changing those."""
         return {
             "prompt_source": self.source.state_dict(),
             "buffered_groups": groups_to_data(buffer.snapshot()) if buffer is not None else [],

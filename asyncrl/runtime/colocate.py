@@ -11,7 +11,9 @@
     asleep and joins its peers' phase, woken as it joins or with them; one replaced while the trainer
     trains catches up to the step's publication: ``runtime.switch_phase``)
     save_checkpoint: engines sleep ─► trainer reloads ─► save ─► trainer offloads ─► engines wake
-    (a run saves after a step's publication, its engines awake: ``save_checkpoint``)
+    (a run saves after a step's publication, its engines awake, from a worker thread: ``save_checkpoint``; that
+    reload, and a catch-up pack's, leave an offloaded reference model where it is: neither reads it,
+    ``trainer.offload``)
     resume:          engines sleep ─► trainer reloads ─► load ─► (the resumed version's first state_for_sync)
                      publish ─► offload ─► engines wake
     (the load's peak, the optimizer's state built and filled, is the step's optimizer phase: ``load_checkpoint``)
@@ -46,7 +48,6 @@ engines' own where they run in processes of their own (``colocate/engine_device_
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import threading
 import time
@@ -101,6 +102,11 @@ such an engine to the proxy's recovery (module docstring); any other error is ra
 class SwitchTimeout(TimeoutError):
     """An engine did not finish sleeping or waking within ``runtime.control_timeout_s`` (logged and counted as
     that engine's failure: the proxy replaces it)."""
+
+
+class SwitchOnTheLoop(RuntimeError):
+    """A switch phase (a step, a publication, a checkpoint) was called on the event loop's thread: it would block
+    that loop for the engines' sleep or wake and the trainer's moves."""
 
 
 class TrainerState(Protocol):
@@ -242,7 +248,10 @@ class ColocatedTrainer:
         it) and the engines awake, their KV pools sized from the room the offload made. So the engines sleep
         for the save as for a step, the state comes back, is saved and goes again, and they wake
         (``_save_asleep``). With the engines asleep already the state is only reloaded around the save; with
-        it resident (before the first publication) nothing moves."""
+        it resident (before the first publication) nothing moves.
+
+        Called off the event loop (``app.train`` saves in a worker thread, as the controller trains), so the
+        phase change waits for a replaced engine still joining its peers, on that loop, as a step's does."""
 
         def save() -> Path:
             return self.inner.save_checkpoint(root, extra=extra, keep_last=keep_last)
@@ -267,18 +276,11 @@ class ColocatedTrainer:
     def _save_asleep(self, save: Callable[[], Path]) -> Path:
         """``save()`` with the engines asleep: sleep ─► reload ─► save ─► offload ─► wake, each phase timed
         (``colocate/checkpoint_*``, in the next step's metrics, and logged). An engine that fails to sleep or
-        wake is logged and counted, and left to the proxy's recovery, as in a step. Should a replacement be
-        joining its awake peers this instant, the save runs beside the awake engines instead (logged)."""
+        wake is logged and counted, and left to the proxy's recovery, as in a step; a replacement joining its
+        awake peers this instant is waited for (``SwitchPhase.enter``) and slept with them."""
         phases: dict[str, float] = {}
         failures = self._num_failures
-        engines = self._enter(asleep=True)
-        if engines is None:
-            logger.warning(
-                "checkpoint (runtime.switch): a replaced engine is waking to join its peers, so the engines "
-                "stay awake and the trainer's state is reloaded beside their KV pools for the save"
-            )
-            with self._state_resident():
-                return save()
+        engines = self.phase.enter(asleep=True)
         level = self.switch.engine_sleep_level
         try:
             self._timed(phases, "checkpoint_sleep", lambda: self._on_engines(engines, "sleep", level))
@@ -291,13 +293,6 @@ class ColocatedTrainer:
             self._checkpointed = phases
             logger.info("checkpoint (runtime.switch) with the engines asleep: %s", phases)
         return path
-
-    def _enter(self, asleep: bool) -> list[Any] | None:
-        """``phase.enter``; on the event loop's thread (a checkpoint, from the controller's ``on_step``) it
-        does not wait for a joining install, which ends only once that loop runs: None then."""
-        if _on_event_loop():
-            return self.phase.enter_unless_joining(asleep)
-        return self.phase.enter(asleep)
 
     @contextmanager
     def _state_resident(self, phases: dict[str, float] | None = None) -> Iterator[None]:
@@ -337,16 +332,9 @@ class ColocatedTrainer:
 
     def _sleep_for_load(self) -> None:
         """The engines to sleep for a load (``load_checkpoint``); a failed engine is logged and counted, as in
-        a step. Should a replacement be joining its awake peers this instant (none is before the run's proxy
-        exists), the load runs beside the awake engines instead (logged)."""
-        engines = self._enter(asleep=True)
-        if engines is None:
-            logger.warning(
-                "resume (runtime.switch): a replaced engine is waking to join its peers, so the engines stay "
-                "awake and the checkpoint loads beside their KV pools"
-            )
-            return
-        self._on_engines(engines, "sleep", self.switch.engine_sleep_level)
+        a step; a replacement joining its awake peers this instant is waited for (``SwitchPhase.enter``) and
+        slept with them."""
+        self._on_engines(self.phase.enter(asleep=True), "sleep", self.switch.engine_sleep_level)
 
     def check_alive(self) -> None:
         self.inner.check_alive()
@@ -390,10 +378,12 @@ class ColocatedTrainer:
         return result
 
     def _on_engines(self, engines: list[Any], call: str, *args: Any) -> int:
-        """``engine.<call>(*args)`` on every engine of ``engines`` (those the phase change listed) at once, from
-        this (non-loop) thread, each within ``timeout_s``: the bytes they report, summed; the ones that fail
+        """``engine.<call>(*args)`` on every engine of ``engines`` (those the phase change listed) at once, on
+        a loop of this thread's own, each within ``timeout_s``: the bytes they report, summed; the ones that fail
         are logged and counted (the proxy replaces a dead or wedged engine at its next control call, module
-        docstring)."""
+        docstring). Refused on the event loop's thread (``SwitchOnTheLoop``): the switch blocks for seconds to
+        minutes, and the run's loop must keep running meanwhile (the controller and ``app.train`` call it from
+        worker threads)."""
 
         async def bounded(index: int, engine: Any) -> int | None:
             try:
@@ -411,11 +401,12 @@ class ColocatedTrainer:
         async def every() -> list[int | None]:
             return await asyncio.gather(*(bounded(i, engine) for i, engine in enumerate(engines)))
 
-        if _on_event_loop():  # a checkpoint, from the controller's on_step: on a loop of their own
-            with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="asyncrl-switch") as pool:
-                moved = pool.submit(lambda: asyncio.run(every())).result()
-        else:
-            moved = asyncio.run(every())
+        if _on_event_loop():
+            raise SwitchOnTheLoop(
+                f"colocated switch: engine {call} called on the event loop's thread, which it would block "
+                "until every engine answered; call the switch from a worker thread (asyncio.to_thread)"
+            )
+        moved = asyncio.run(every())
         self._num_failures += sum(n is None for n in moved)
         return sum(n for n in moved if n is not None)
 
@@ -464,8 +455,8 @@ def device_memory(device: Any, prefix: str = "colocate/") -> dict[str, float]:
 
 
 def _on_event_loop() -> bool:
-    """Whether this thread runs an event loop now (where ``asyncio.run`` is refused and a blocking wait
-    stalls whatever that loop would run)."""
+    """Whether this thread runs an event loop now (where a blocking wait stalls whatever that loop would
+    run)."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:

@@ -122,14 +122,33 @@ class LocalTrainer:
         return self._sync.publish(trainer.version, trainer.serving_tensors(), adapter=trainer.adapter)
 
     def save_checkpoint(self, root: str | Path, *, extra: dict[str, Any], keep_last: int | None) -> Path:
-        with self._device_turn():
-            return save_checkpoint(root, self.trainer, extra=extra, keep_last=keep_last)
+        """Save on the training thread (the run calls this from a worker thread, off the event loop): the thread
+        the trainer's steps and publications run on, so none runs during the save; in the trainer's device turn
+        (``capture_turns``), as its other calls. Without claiming the trainer's torch threads
+        (``on_training_thread`` would): a claim sets MKL's process-wide GEMM count, and the engines keep
+        generating during the save, with their own count (``sync``'s differs from the trainer's), so a claim
+        there changed their numerics and a run resumed from a checkpoint ended with other weights
+        (``tests/integration/test_kill_resume.py``, sync)."""
+
+        def save() -> Path:
+            with self._device_turn():
+                return save_checkpoint(root, self.trainer, extra=extra, keep_last=keep_last)
+
+        return self._thread.submit(save).result()
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         """Restore the trainer from ``path``, its files hashed first in this process within
-        ``checkpoint_timeout_s`` of their bytes (``runtime.checkpoint_timeout_s``; past it ``CheckpointTimeout``)."""
-        with self._device_turn():
-            return load_checkpoint(path, self.trainer, timeout_for=self._checkpoint_timeout_s)
+        ``checkpoint_timeout_s`` of their bytes (``runtime.checkpoint_timeout_s``; past it ``CheckpointTimeout``).
+        On the training thread, as a save (the run resumes from a worker thread, off the event loop): a load on a
+        thread of its own left the run resumed from a checkpoint with other weights than the uninterrupted one
+        (``tests/integration/test_final_checkpoint.py``; torch's thread count is per thread, see
+        ``asyncrl.torch_threads``)."""
+
+        def load() -> dict[str, Any]:
+            with self._device_turn():
+                return load_checkpoint(path, self.trainer, timeout_for=self._checkpoint_timeout_s)
+
+        return self._thread.submit(load).result()
 
     def check_alive(self) -> None:
         """Nothing to check: the trainer lives and dies with this process."""

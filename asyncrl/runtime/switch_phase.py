@@ -27,8 +27,8 @@ install are atomic with respect to each other, so an engine is either in the lis
 moves it) or joins after the change (``install`` moves it), never both (which would sleep it twice) or neither;
 the switch waits (within its deadline) for an install still moving its engine before it changes phase, so no
 engine is woken while the trainer trains. A checkpoint (``colocate.ColocatedTrainer.save_checkpoint``) changes
-phase too, from the event loop the installs run on: it cannot wait for one, so ``enter_unless_joining`` leaves
-the phase as it is while an install moves its engine.
+phase too, and like a step from a worker thread, off the event loop the installs run on, so it waits for them
+the same way.
 """
 
 from __future__ import annotations
@@ -65,16 +65,6 @@ class SwitchPhase:
                     f"the colocated switch waited runtime.control_timeout_s={self.timeout_s} s for a replaced "
                     "engine to join its peers' phase"
                 )
-            self.asleep = asleep
-            return list(self.engines)
-
-    def enter_unless_joining(self, asleep: bool) -> list[Any] | None:
-        """``enter`` without waiting: None (and the phase unchanged) while an install is moving its engine.
-        For a caller on the event loop the installs run on (a checkpoint, from the controller's ``on_step``):
-        the install it would wait for ends only once that loop runs again, so waiting could only time out."""
-        with self._changed:
-            if self._joining:
-                return None
             self.asleep = asleep
             return list(self.engines)
 

@@ -19,7 +19,7 @@ from switch_fakes import IdleTrainer
 
 from asyncrl.config.runtime import SwitchConfig
 from asyncrl.engine.async_engine import EngineStoppedError
-from asyncrl.runtime.colocate import ColocatedTrainer
+from asyncrl.runtime.colocate import ColocatedTrainer, SwitchOnTheLoop
 
 
 class Recording(IdleTrainer):
@@ -109,19 +109,19 @@ def save(switch: ColocatedTrainer) -> Path:
     return switch.save_checkpoint("/ckpt", extra={}, keep_last=None)
 
 
-async def save_on_the_event_loop(switch: ColocatedTrainer) -> Path:
-    """As the controller's ``on_step`` does: a blocking call on the loop's own thread."""
-    return save(switch)
+async def save_beside_the_event_loop(switch: ColocatedTrainer) -> Path:
+    """As ``app.train`` saves: in a worker thread while the run's event loop goes on."""
+    return await asyncio.to_thread(save, switch)
 
 
 SLEPT_AROUND = ["sleep 0", "sleep 1", "reload", "save", "offload", "wake 0", "wake 1"]
 
 
-@pytest.mark.parametrize("on_loop", [False, True], ids=["off the loop", "on the event loop"])
-def test_a_checkpoint_after_a_publication_sleeps_the_engines_around_reload_save_offload(on_loop):
+@pytest.mark.parametrize("beside_loop", [False, True], ids=["no loop", "worker thread beside the loop"])
+def test_a_checkpoint_after_a_publication_sleeps_the_engines_around_reload_save_offload(beside_loop):
     switch, trainer, engines = switched()
     published(switch, trainer)
-    path = asyncio.run(save_on_the_event_loop(switch)) if on_loop else save(switch)
+    path = asyncio.run(save_beside_the_event_loop(switch)) if beside_loop else save(switch)
 
     assert path == Path("/ckpt") and trainer.calls == SLEPT_AROUND, trainer.calls
     assert trainer.offloaded and not switch.phase.asleep
@@ -210,10 +210,10 @@ class Joining(Engine):
         return await super().wake()
 
 
-def test_a_checkpoint_on_the_loop_while_a_replacement_joins_saves_beside_the_awake_engines():
-    """The install's wake ends only once the loop runs again, which the checkpoint (on that loop) blocks:
-    waiting for it could only time out, so the save runs with the engines awake (logged) and the replacement
-    joins after."""
+def test_a_checkpoint_while_a_replacement_joins_waits_for_it_then_sleeps_every_engine():
+    """Saved in a worker thread (as ``app.train`` does), the checkpoint's phase change waits for the install
+    still waking its engine on the event loop, which runs on meanwhile, then sleeps every engine, the
+    replacement too: the state is never reloaded beside an awake engine's KV pool."""
     switch, trainer, engines = switched()
     published(switch, trainer)
 
@@ -221,18 +221,35 @@ def test_a_checkpoint_on_the_loop_while_a_replacement_joins_saves_beside_the_awa
         replacement = Joining(1, trainer.calls)
         joining = asyncio.ensure_future(switch.phase.install(1, replacement))
         await replacement.waking.wait()
-        save(switch)
+        saving = asyncio.ensure_future(asyncio.to_thread(save, switch))
+        await asyncio.sleep(0)  # the save's thread starts; it cannot change phase before the install ends
         replacement.woken.set()
         await joining
+        await saving
 
     asyncio.run(run())
-    assert trainer.calls == ["reload", "save", "offload", "wake 1"], trainer.calls
-    assert not switch.phase.asleep and engines[0].num_sleeps == 1
+    assert trainer.calls == ["wake 1", *SLEPT_AROUND], trainer.calls
+    assert engines[0].num_sleeps == 2 and not switch.phase.asleep
+    assert not any(engine.asleep for engine in switch.engines)
+
+
+def test_a_checkpoint_on_the_event_loops_thread_is_refused_with_nothing_slept_or_saved():
+    """It would block the run's loop for the engines' sleep, the save and their wake."""
+    switch, trainer, engines = switched()
+    published(switch, trainer)
+
+    async def on_the_loop() -> Path:
+        return save(switch)
+
+    with pytest.raises(SwitchOnTheLoop, match="worker thread"):
+        asyncio.run(on_the_loop())
+    assert trainer.calls == [], trainer.calls
+    assert not switch.phase.asleep and not any(engine.asleep for engine in engines)
 
 
 @pytest.mark.parametrize("seed", range(10))
 def test_a_checkpoint_and_a_catch_up_pack_on_two_threads_never_read_offloaded_state(seed):
-    """Under random schedules of a checkpoint (the controller's thread) racing a replaced engine's catch-up
+    """Under random schedules of a checkpoint (the run's save thread) racing a replaced engine's catch-up
     pack (a worker thread): each read finds the state resident, and it is offloaded once both are done."""
     rng = random.Random(seed)
     lock = threading.Lock()

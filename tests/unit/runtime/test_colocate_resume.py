@@ -14,7 +14,7 @@ import pytest
 from switch_fakes import IdleTrainer
 
 from asyncrl.config.runtime import SwitchConfig
-from asyncrl.runtime.colocate import ColocatedTrainer
+from asyncrl.runtime.colocate import ColocatedTrainer, SwitchOnTheLoop
 from asyncrl.trainer.checkpoint import TornCheckpointError
 
 
@@ -73,17 +73,20 @@ def switched(loaded_version: int = 3) -> tuple[ColocatedTrainer, Loading, list[E
 
 
 async def load_on_the_event_loop(switch: ColocatedTrainer, path: str) -> dict[str, Any]:
-    """As ``app.train`` resumes: a blocking call on the loop's own thread."""
+    """A blocking load on the loop's own thread, which ``app.train`` never makes (it loads from a worker)."""
     return switch.load_checkpoint(path)
 
 
-@pytest.mark.parametrize("on_loop", [False, True], ids=["off the loop", "on the event loop"])
-def test_a_resume_loads_with_the_engines_asleep_and_its_first_publication_wakes_them(on_loop):
+def test_a_load_on_the_event_loops_thread_is_refused_by_name():
+    """The load sleeps the engines, which blocks until each answered: never on the run's loop."""
+    switch, _, _ = switched()
+    with pytest.raises(SwitchOnTheLoop):
+        asyncio.run(load_on_the_event_loop(switch, "/ckpt/step_3"))
+
+
+def test_a_resume_loads_with_the_engines_asleep_and_its_first_publication_wakes_them():
     switch, trainer, engines = switched()
-    if on_loop:
-        extra = asyncio.run(load_on_the_event_loop(switch, "/ckpt/step_3"))
-    else:
-        extra = switch.load_checkpoint("/ckpt/step_3")
+    extra = switch.load_checkpoint("/ckpt/step_3")
     assert extra == {"at": "/ckpt/step_3"}
     assert switch.phase.asleep and all(e.asleep for e in engines)
     switch.state_for_sync()  # app.train publishes a resumed version > 0 at once
