@@ -35,7 +35,8 @@ class SlotUse:
     reservation: int
     """The least KV a request reserves (module docstring)."""
     admitted: int | None
-    """The most requests ``max_kv_tokens`` admits at once; None where request lengths are not known ahead."""
+    """The most requests ``max_kv_tokens`` admits at once; None where request lengths are not known ahead
+    (external producers) or the plan has no context length."""
     allowed: int
     """The largest pool the engine allocates on a GPU of its own (module docstring)."""
 
@@ -61,7 +62,9 @@ def slot_use(config: RunConfig, engine: Role, hardware: Hardware, max_len: int) 
     pool = next(t.bytes for t in engine.terms if t.name == "KV pool")
     beside = engine.phase_bytes(HELD) - pool
     reservation = min(1 + shortest_new_tokens(config), positions)
-    admitted = None if config.producer == "external" else config.engine.max_kv_tokens // reservation
+    # no positions (a plan without the run's context length): nothing to count admissions against
+    unknown = config.producer == "external" or reservation < 1
+    admitted = None if unknown else config.engine.max_kv_tokens // reservation
     allowed = max(0, int(KV_POOL_SHARE * (hardware.usable_bytes - beside)))
     return SlotUse(slots, positions + 1, pool // slots, reservation, admitted, allowed)
 
