@@ -38,7 +38,9 @@ in the serving dtype, which would otherwise sit beside the engine's KV pool unti
 slept), the host buffers their level-2 sleeps keep (``colocate/engine_host_weight_bytes``) and how often each
 has slept and woken; on CUDA the allocators' readings then (``MEMORY_READINGS``: bytes in use and held, retries,
 fragmentation, pinned host memory), the trainer's process's (``colocate/device_allocated_bytes``, …) and the
-engines' own where they run in processes of their own (``colocate/engine_device_allocated_bytes``, …).
+engines' own where they run in processes of their own (``colocate/engine_device_allocated_bytes``, …); and, on
+CPU too, the host buffers the trainer's offload keeps across steps (``colocate/trainer_host_bytes``, …:
+``offload_memory``).
 """
 
 from __future__ import annotations
