@@ -216,7 +216,7 @@ def _reference_round_trip(path: str) -> bool:
     assert _shard_bytes(reference) == 0
     assert offloader.offload() == moments and offloader.reload() == held + moments
     assert _shard_bytes(reference) == held
-    assert offloader.host_memory()["host_allocations"] == 2  # the state's buffer and the reference's, once each
+    assert offloader.host_memory()["host_allocations"] == 2  # the state's buffer, the reference's: once each
     for got, want in zip(reference.parameters(), was, strict=True):
         assert torch.equal(_full(got), want)
     for t in (trainer, twin):
