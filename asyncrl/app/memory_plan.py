@@ -955,13 +955,13 @@ def whole_update_bytes(config: RunConfig, shape: ModelShape, device: str) -> int
 def trainer_host_role(trainer: Role, switch: SwitchConfig) -> Role:
     """What one trainer rank of a GPU run (``trainer``: its GPU role) keeps in pinned host memory: under
     ``switch`` (``runtime.switch``) the held terms its settings offload (``OFFLOADABLE``: a separate critic's
-    with the policy's) while the engine generates. They are still there when the engines fall asleep (the
-    trainer reloads after), so they are held."""
+    with the policy's) while the engine generates. Their host buffers are kept across steps (``trainer.offload``:
+    pinned once, at their exact size), so they are held throughout."""
     if not switch.enabled:
         return replace(trainer, terms=())
     offloaded = offloaded_terms(switch)
     terms = tuple(
-        replace(t, name=f"offloaded {t.name}", how=f"{t.how}, pinned while the engine generates")
+        replace(t, name=f"offloaded {t.name}", how=f"{t.how}, pinned and kept across steps")
         for t in trainer.terms
         if t.phase == HELD and t.name in offloaded
     )

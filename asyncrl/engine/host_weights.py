@@ -36,12 +36,17 @@ Layout = tuple[tuple[torch.Size, torch.dtype], ...]
 
 class HostWeights:
     """Host copies of a list of tensors, as views into one flat buffer, reused while the list's shapes and
-    dtypes stay the same (``hold``); pinned in place when ``pin`` (the engine serves on CUDA)."""
+    dtypes stay the same (``hold``); pinned in place when ``pin`` (the engine serves on CUDA). ``what`` the
+    copies are, for errors and warnings (the trainer's offloaded state keeps its copies here too,
+    ``trainer.offload``)."""
 
-    def __init__(self, pin: bool) -> None:
+    def __init__(self, pin: bool, what: str = "a sleeping engine's weights") -> None:
         self.pin = pin
+        self.what = what
         self.nbytes = 0
         """The buffer's size (0 before the first ``hold``)."""
+        self.allocations = 0
+        """How many buffers were allocated: one per layout change (1 while the layout never changes)."""
         self._layout: Layout | None = None
         self._views: list[torch.Tensor] = []
         self._unpin: Callable[[], object] = _nothing
@@ -67,13 +72,14 @@ class HostWeights:
             offsets.append(end)
             end += -(-shape.numel() * dtype.itemsize // ALIGNMENT) * ALIGNMENT
         buffer = allocate_host(end)
-        self._unpin = pin_in_place(self, buffer) if self.pin and end else _nothing
+        self._unpin = pin_in_place(self, buffer, self.what) if self.pin and end else _nothing
         self._views = [
             buffer[offset : offset + shape.numel() * dtype.itemsize].view(dtype).view(shape)
             for offset, (shape, dtype) in zip(offsets, layout, strict=True)
         ]
         self._layout = layout
         self.nbytes = end
+        self.allocations += 1
 
 
 def allocate_host(nbytes: int) -> torch.Tensor:
@@ -81,7 +87,7 @@ def allocate_host(nbytes: int) -> torch.Tensor:
     return torch.empty(nbytes, dtype=torch.uint8)
 
 
-def pin_in_place(owner: object, buffer: torch.Tensor) -> Callable[[], object]:
+def pin_in_place(owner: object, buffer: torch.Tensor, what: str) -> Callable[[], object]:
     """Page-lock ``buffer`` where it lies (``cudaHostRegister``), so copies to and from the device run at full
     link speed; the returned call, or ``owner`` being collected, unpins it. That call holds ``buffer`` until it
     runs, so its memory is never freed while registered (CUDA's requirement). Not run at exit: the process's
@@ -91,18 +97,18 @@ def pin_in_place(owner: object, buffer: torch.Tensor) -> Callable[[], object]:
     )
     if error:
         raise RuntimeError(
-            f"pinning {buffer.nbytes} bytes of host memory for a sleeping engine's weights failed "
+            f"pinning {buffer.nbytes} bytes of host memory for {what} failed "
             f"(cudaHostRegister: cudaError {error})"
         )
-    unpin = weakref.finalize(owner, _unregister, buffer)
+    unpin = weakref.finalize(owner, _unregister, buffer, what)
     unpin.atexit = False
     return unpin
 
 
-def _unregister(buffer: torch.Tensor) -> None:
+def _unregister(buffer: torch.Tensor, what: str) -> None:
     error = int(torch.cuda.cudart().cudaHostUnregister(buffer.data_ptr()))
     if error:  # a finalizer cannot raise to anyone: the memory stays pinned until the process ends
-        logger.warning("unpinning a sleeping engine's host weights failed (cudaError %d)", error)
+        logger.warning("unpinning the host memory of %s failed (cudaError %d)", what, error)
 
 
 def _nothing() -> None:

@@ -76,26 +76,6 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def host_copy(tensor: torch.Tensor, *, pin: bool | None = None) -> torch.Tensor:
-    """A host copy of ``tensor``: pinned when it comes from an accelerator (so it moves back asynchronously and
-    at full link speed; ``pin`` overrides that choice), plain on CPU. What an offloaded trainer keeps (a
-    sleeping engine keeps its own buffers: ``engine.host_weights``).
-
-    A DTensor (an FSDP2 shard, its optimizer state) is copied shard by shard: its local tensor is copied, and
-    the copy is a DTensor of the same spec (mesh, placements, global shape) over that host tensor. Why:
-    ``tensor.shape`` is the global shape, and ``copy_`` of a DTensor into a plain tensor raises (mixed
-    torch.Tensor and DTensor). It is built as FSDP2 builds its own (``_from_local_no_grad``), not by
-    ``DTensor.from_local``, which moves the local tensor to the mesh's device: back onto the GPU.
-    """
-    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
-    pin = tensor.device.type != "cpu" if pin is None else pin
-    host = torch.empty(local.shape, dtype=local.dtype, pin_memory=pin)
-    host.copy_(local.detach())
-    if local is tensor:
-        return host
-    return type(tensor)(host, tensor._spec, requires_grad=False)  # type: ignore[attr-defined,call-arg]
-
-
 def save_tiny(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path) -> Path:
     """Write model (safetensors), generation config and tokenizer into ``out_dir`` with ``save_pretrained``."""
     out = Path(out_dir)

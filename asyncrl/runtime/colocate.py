@@ -42,7 +42,9 @@ in the serving dtype, which would otherwise sit beside the engine's KV pool unti
 slept), the host buffers their level-2 sleeps keep (``colocate/engine_host_weight_bytes``) and how often each
 has slept and woken; on CUDA the allocators' readings then (``MEMORY_READINGS``: bytes in use and held, retries,
 fragmentation, pinned host memory), the trainer's process's (``colocate/device_allocated_bytes``, …) and the
-engines' own where they run in processes of their own (``colocate/engine_device_allocated_bytes``, …).
+engines' own where they run in processes of their own (``colocate/engine_device_allocated_bytes``, …); and, on
+CPU too, the host buffers the trainer's offload keeps across steps (``colocate/trainer_host_bytes``, …:
+``offload_memory``).
 """
 
 from __future__ import annotations
@@ -121,8 +123,9 @@ class TrainerState(Protocol):
         ...
 
     def device_bytes(self) -> dict[str, float]:
-        """``colocate/<reading>`` (``MEMORY_READINGS``): the trainer's CUDA allocators now, every rank's summed
-        (empty on CPU)."""
+        """The trainer's memory readings now, every rank's summed: ``colocate/<reading>`` of its CUDA
+        allocators (``MEMORY_READINGS``, absent on CPU) and ``colocate/trainer_<reading>`` of the host buffers
+        its offload keeps (``offload_memory``)."""
         ...
 
 
@@ -140,8 +143,8 @@ class LocalState:
         return self.local.on_training_thread(self.offloader.reload, reference)
 
     def device_bytes(self) -> dict[str, float]:
-        """This process's allocators: inline, the engines' memory is in them too."""
-        return device_memory(self.local.trainer.device)
+        """This process's allocators (inline, the engines' memory is in them too) and the offload's buffers."""
+        return device_memory(self.local.trainer.device) | offload_memory(self.offloader)
 
 
 class ColocatedTrainer:
@@ -452,6 +455,14 @@ def device_memory(device: Any, prefix: str = "colocate/") -> dict[str, float]:
         host.get("num_host_alloc", 0),
     )
     return {prefix + name: float(value) for name, value in zip(MEMORY_READINGS, readings, strict=True)}
+
+
+def offload_memory(offloader: StateOffloader, prefix: str = "colocate/trainer_") -> dict[str, float]:
+    """``{prefix + reading: value}`` of the host buffers ``offloader`` keeps across steps
+    (``StateOffloader.host_memory``: bytes, pinned bytes, allocations), on CPU too. Beside ``MEMORY_READINGS``'
+    ``host_pinned_bytes`` (PyTorch's pinned allocator, which these buffers bypass) it shows where the trainer's
+    pinned host memory is; a ``host_allocations`` that climbs every step means its buffers are made anew."""
+    return {prefix + name: float(value) for name, value in offloader.host_memory().items()}
 
 
 def _on_event_loop() -> bool:

@@ -49,7 +49,7 @@ from asyncrl.models.loading import (
     resolve_device,
 )
 from asyncrl.runtime.actor_calls import get_actor, get_trainer
-from asyncrl.runtime.colocate import device_memory, offload_choice
+from asyncrl.runtime.colocate import device_memory, offload_choice, offload_memory
 from asyncrl.runtime.errors import ActorCallError, ActorCallTimeout
 from asyncrl.runtime.placement import pin
 from asyncrl.runtime.rank_calls import call_ranks
@@ -281,8 +281,9 @@ class TrainerRankActor:
         return self._offloader().reload(reference)
 
     def device_bytes(self) -> dict[str, float]:
-        """This rank's CUDA allocator readings now (``colocate.MEMORY_READINGS``; empty on CPU)."""
-        return device_memory(self._device())
+        """This rank's CUDA allocator readings now (``colocate.MEMORY_READINGS``; absent on CPU) and its
+        offload's host buffers (``colocate.offload_memory``)."""
+        return device_memory(self._device()) | offload_memory(self._offloader())
 
     def _offloader(self) -> StateOffloader:
         if self.offloader is None:
@@ -491,7 +492,8 @@ class TrainerGroupClient:
         return sum(call_ranks(self.handles, refs, "trainer: reload_state", self.config.control_timeout_s))
 
     def device_bytes(self) -> dict[str, float]:
-        """Every rank's CUDA allocator readings now, each summed (as the engines' are; empty on CPU)."""
+        """Every rank's memory readings now (CUDA allocators, absent on CPU; the offload's host buffers), each
+        summed (as the engines' are)."""
         refs = [handle.device_bytes.remote() for handle in self.handles]
         ranks = call_ranks(self.handles, refs, "trainer: device_bytes", self.config.control_timeout_s)
         return {key: sum(rank[key] for rank in ranks) for key in ranks[0]}

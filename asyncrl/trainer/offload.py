@@ -2,9 +2,9 @@
 
 Why: in colocated sync (``runtime.switch``) the trainer and the engine take turns on one device. While the
 engine generates, the trainer needs none of its optimizer state (Adam's two moments: twice the weights in
-fp32), optionally its master weights, nor its frozen reference model (a whole copy of the policy, read only for
-the reference log-probs at a step's start); moving them to host memory gives the engine that room for its KV
-pool. Before the next step they come back, bit for bit. Gradients never need moving: the trainer frees them
+fp32), optionally its master weights, nor its frozen reference model (a whole copy of the policy, read only
+for the reference log-probs at a step's start); moving them to host memory gives the engine that room for its
+KV pool. Before the next step they come back, bit for bit. Gradients never need moving: the trainer frees them
 after every optimizer step (``Trainer._free_gradients``), so none exist between steps.
 
 Key decision: state moves by *storage*, in place. Each chosen tensor's storage (a DTensor's: its local shard's)
@@ -19,16 +19,31 @@ replacing ``param.data`` leaves that buffer, and so every byte, on the device. R
 frees it, padding included, and the same code frees a plain tensor's storage in one process.
 
 The reference is parked apart from the rest: a read of the trainer's state between steps (a checkpoint, a
-catch-up pack) reloads the state without it (``reload(reference=False)``), since neither reads it (a checkpoint
-holds no reference: a resumed run copies it from the model's files again). So a checkpoint neither saves nor
-moves an offloaded reference, and the offload after such a read moves only what the read brought back.
+catch-up pack) reloads the state without it (``reload(reference=False)``), since neither reads it (a
+checkpoint holds no reference: a resumed run copies it from the model's files again). So a checkpoint neither
+saves nor moves an offloaded reference, and the offload after such a read moves only what the read brought
+back.
+
+The host buffers are kept across steps (``engine.host_weights.HostWeights``, which also keeps a sleeping
+engine's weights): one flat buffer for the state and one for the reference, allocated at the first offload at
+their exact sizes (each storage at a 256-byte aligned offset), pinned in place on a GPU (``cudaHostRegister``)
+and copied into by every later offload; a buffer is allocated again only when its storages' sizes change (a
+LoRA layout change). Why: a fresh pinned copy per offload, dropped at reload, went to PyTorch's pinned host
+allocator, which rounds each block up to a power of two (Adam's moments of Qwen3-8B over 8 ranks: 7.63 GiB per
+rank pinned as 10.16 GiB) and whose cache every CUDA graph capture empties (``torch.cuda.graph`` calls
+``torch._C._host_emptyCache`` on entry, torch 2.13), and the engine captures after every wake: so each offload
+pinned the whole state again (``cudaHostAlloc``, seconds for tens of GB, and a failure under host memory
+pressure), read from the code, not measured (nothing here has a GPU). The cost: the host memory stays held
+while the state is on the device too, where the copies were held only while it was offloaded. The state and
+the reference have buffers of their own because they come back apart (above): the one the offload fills never
+holds the other's parked bytes.
 
 A storage is moved once however many chosen tensors view it (tied weights). Bytes counted are this rank's own:
 the storages' sizes (an FSDP2 shard's, with its padding), never a DTensor's global size. Nothing may read the
 moved state until ``reload``: its storages hold no bytes then (``runtime.colocate.ColocatedTrainer`` reloads
 around a checkpoint or a catch-up pack that falls in that window). A storage that cannot be resized is host
-memory the tensor does not own (a CPU model's weights mapped from its safetensors file, or CPU state ``torch.load``
-read from a checkpoint): it is left where it is, already in host memory, and not counted.
+memory the tensor does not own (a CPU model's weights mapped from its safetensors file, or CPU state
+``torch.load`` read from a checkpoint): it is left where it is, already in host memory, and not counted.
 """
 
 from __future__ import annotations
@@ -38,7 +53,7 @@ from dataclasses import dataclass
 
 import torch
 
-from asyncrl.models.loading import host_copy
+from asyncrl.engine.host_weights import HostWeights
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,7 +70,7 @@ class OffloadChoice:
 
 @dataclass(frozen=True)
 class _Parked:
-    """One freed storage and its bytes in host memory."""
+    """One freed storage and its bytes in host memory (a view of its group's buffer)."""
 
     storage: torch.UntypedStorage
     host: torch.Tensor
@@ -81,6 +96,9 @@ class StateOffloader:
         self.references = references or []
         self._parked: list[_Parked] = []
         """Every storage ``offload`` freed, with its host copy, until a ``reload`` gives it back."""
+        self._host: dict[bool, HostWeights] = {}
+        """The host buffer of the state (False) and of the reference (True), made at the group's first offload
+        (pinned when its storages are on a GPU) and kept (module docstring)."""
         self.offloaded = False
         """Whether the trainer's state is offloaded (from ``offload`` until a ``reload``, with the reference
         or without)."""
@@ -104,16 +122,21 @@ class StateOffloader:
         it). ``RuntimeError`` if already offloaded."""
         if self.offloaded:
             raise RuntimeError("trainer state is already offloaded (offload called twice without reload)")
-        parked = len(self._parked)
-        try:
-            for storage, reference in self._storages():
-                self._parked.append(_Parked(storage, host_copy(_bytes_of(storage)), reference))
-                storage.resize_(0)
-        except BaseException:  # e.g. no pinned host memory left: what was freed comes back before raising
-            self._restore(self._parked[parked:])
-            raise
+        storages = list(self._storages())
+        parked = []
+        # all of a group's storages move, or none (the reference's stay parked after a read's reload)
+        for reference in (False, True):
+            group = [storage for storage, of_reference in storages if of_reference == reference]
+            if not group:  # none chosen, none held (no reference model), or all still parked
+                continue
+            copies = self._buffer(reference, group).hold([_bytes_of(storage) for storage in group])
+            parked += [_Parked(storage, host, reference) for storage, host in zip(group, copies, strict=True)]
+        # freed only once every copy was made: a failed one (no host memory left) has freed nothing
+        for each in parked:
+            each.storage.resize_(0)
+        self._parked += parked
         self.offloaded = True
-        return sum(p.host.nbytes for p in self._parked[parked:])
+        return sum(each.host.nbytes for each in parked)
 
     def reload(self, reference: bool = True) -> int:
         """Give every storage ``offload`` freed its bytes back, on the device it is on, the reference's only
@@ -124,7 +147,8 @@ class StateOffloader:
         return self._restore(back)
 
     def _restore(self, parked: list[_Parked]) -> int:
-        """Each of ``parked`` resized back, refilled from its host copy, and parked no more; the bytes moved."""
+        """Each of ``parked`` resized back, refilled from its host copy (kept: the buffer is reused), and parked
+        no more; the bytes moved."""
         moved = 0
         for each in parked:
             each.storage.resize_(each.host.nbytes)
@@ -137,6 +161,26 @@ class StateOffloader:
     def resident_bytes(self) -> int:
         """Bytes of the chosen state's storages on an accelerator now (0 on CPU, and after ``offload``)."""
         return sum(storage.nbytes() for storage, _ in self._storages() if storage.device.type != "cpu")
+
+    def _buffer(self, reference: bool, storages: list[torch.UntypedStorage]) -> HostWeights:
+        """The host buffer of the state (``reference``: of the reference), made at the group's first offload,
+        pinned when its storages are on a GPU (``on_gpu``)."""
+        if reference not in self._host:
+            pin = on_gpu(storages)
+            what = "an offloaded reference model" if reference else "a trainer's offloaded state"
+            self._host[reference] = HostWeights(pin, what)
+        return self._host[reference]
+
+    def host_memory(self) -> dict[str, int]:
+        """The host memory the offload keeps across steps: its buffers' bytes (``host_bytes``), those pinned
+        (``host_pinned_bytes``), and how often a buffer was allocated (``host_allocations``: once per group in
+        a run whose layout never changes; a count that climbs every step means it is allocated anew)."""
+        buffers = self._host.values()
+        return {
+            "host_bytes": sum(buffer.nbytes for buffer in buffers),
+            "host_pinned_bytes": sum(buffer.nbytes for buffer in buffers if buffer.pin),
+            "host_allocations": sum(buffer.allocations for buffer in buffers),
+        }
 
     def _storages(self) -> Iterator[tuple[torch.UntypedStorage, bool]]:
         """The storage of every tensor the choice moves, each once, and whether it is the reference's: a
@@ -175,6 +219,11 @@ class StateOffloader:
                     for value in state.values():
                         if isinstance(value, torch.Tensor) and value.dim() > 0:  # Adam's scalar step stays
                             yield value
+
+
+def on_gpu(storages: list[torch.UntypedStorage]) -> bool:
+    """Whether host copies of ``storages`` are pinned: when they are on a GPU (``cudaHostRegister`` is CUDA's)."""
+    return any(storage.device.type == "cuda" for storage in storages)
 
 
 def _bytes_of(storage: torch.UntypedStorage) -> torch.Tensor:

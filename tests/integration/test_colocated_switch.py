@@ -119,6 +119,11 @@ def test_the_switched_run_sleeps_each_step_and_ends_bit_equal_to_the_plain_one(t
     assert all(
         line["train/colocate/reload_bytes"] > 0 for line in steps[1:]
     )  # what the step before offloaded
+    # into one host buffer, allocated at the first offload and reused (plain host memory on CPU)
+    assert [line["train/colocate/trainer_host_allocations"] for line in steps[1:]] == [1] * (STEPS - 1), steps
+    for line in steps[1:]:
+        assert line["train/colocate/trainer_host_bytes"] >= line["train/colocate/offload_bytes"], line
+        assert line["train/colocate/trainer_host_pinned_bytes"] == 0, line
     spans = [json.loads(line) for line in (out / "timeline.jsonl").read_text().splitlines()]
     kinds = {span["kind"] for span in spans if span["worker"] == "colocate"}
     assert kinds <= {"sleep", "reload", "sync", "offload", "wake"} and "sync" in kinds

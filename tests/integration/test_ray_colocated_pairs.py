@@ -81,6 +81,8 @@ def test_each_engine_sleeps_each_step_and_takes_its_own_ranks_blocks_bit_equal(
         assert line["train/colocate/offload_bytes"] > 0 and line["train/colocate/sync_bytes"] > 0, line
         # every rank let go of its packed copy once the engines applied it (summed over the ranks)
         assert line["train/colocate/released_bytes"] == 2 * line["train/colocate/sync_bytes"], line
+    # each rank's offload allocated its host buffer once and reused it, checkpoints' round trips included
+    assert [line["train/colocate/trainer_host_allocations"] for line in steps[1:]] == [2] * (STEPS - 1), steps
     # every rank unlinked its last blocks before it was killed
     assert blocks and not [name for name in blocks if (Path(SHM_DIR) / name).exists()], blocks
 

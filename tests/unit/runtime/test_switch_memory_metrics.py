@@ -1,9 +1,11 @@
 """``runtime.colocate``'s per-step memory readings: on CUDA the caching allocator's bytes in use and held, its
 retries and fragmentation, and the pinned host allocator's bytes and blocks, for the trainer's process and
-summed over the engines that report theirs; on CPU absent, not zero. CUDA's allocators are fakes here."""
+summed over the engines that report theirs; on CPU absent, not zero. CUDA's allocators are fakes here. The host
+buffers the trainer's offload keeps are read on CPU too."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -11,7 +13,7 @@ import torch
 from switch_fakes import IdleTrainer
 
 from asyncrl.config.runtime import SwitchConfig
-from asyncrl.runtime.colocate import MEMORY_READINGS, ColocatedTrainer, device_memory
+from asyncrl.runtime.colocate import MEMORY_READINGS, ColocatedTrainer, LocalState, device_memory
 
 CUDA = {
     "memory_allocated": lambda device=None: 100,
@@ -79,3 +81,26 @@ def test_a_step_reports_the_trainers_readings_and_the_engines_summed(monkeypatch
         }
     else:
         assert not engine_keys & metrics.keys()
+
+
+def test_the_inline_trainer_reports_its_offload_buffers_on_cpu_too():
+    """``colocate/trainer_host_*``: the host buffers the trainer's offload keeps (``offload_memory``), 0 before
+    its first offload, then the buffer's bytes and one allocation however many steps follow; none pinned on
+    CPU."""
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.ones(1, 4)).sum().backward()
+    optimizer.step()
+    trainer = SimpleNamespace(model=model, optimizer=optimizer, device=torch.device("cpu"))
+    state = LocalState(
+        SimpleNamespace(trainer=trainer, on_training_thread=lambda fn, *a: fn(*a)), SwitchConfig()
+    )
+    keys = ("trainer_host_bytes", "trainer_host_pinned_bytes", "trainer_host_allocations")
+    assert state.device_bytes() == {f"colocate/{key}": 0.0 for key in keys}
+    for _ in range(2):
+        moved = state.offload_state()
+        state.reload_state()
+    readings = state.device_bytes()
+    assert readings["colocate/trainer_host_bytes"] >= moved > 0
+    assert readings["colocate/trainer_host_pinned_bytes"] == 0.0
+    assert readings["colocate/trainer_host_allocations"] == 1.0

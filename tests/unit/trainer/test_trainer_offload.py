@@ -1,12 +1,16 @@
 """The trainer's state offload (colocated sync) in one process: optimizer state, master weights and the frozen
 reference model leave their storages empty (freed) and come back into the same tensors, bit for bit, so training
 after a round trip equals training without; a read of the state between steps leaves the reference offloaded.
-On the device under test (``ASYNCRL_TEST_DEVICE``): the GPU kit's unit section runs these on CUDA, where the
-host copies must be pinned and the device allocator must give the bytes back."""
+The host copies live in buffers made at the first offload and reused by every later one (pinned in place once,
+at their exact size, on a GPU: a fake CUDA runtime here). On the device under test (``ASYNCRL_TEST_DEVICE``):
+the GPU kit's unit section runs these on CUDA, where the host copies must be pinned and the device allocator
+must give the bytes back."""
 
 from __future__ import annotations
 
 import copy
+import gc
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -15,8 +19,10 @@ from trainer_fixtures import random_groups, tiny_qwen2, with_model_logprobs
 
 from asyncrl.config.algorithm import AdvantageConfig, KLConfig, LossConfig
 from asyncrl.config.trainer import TrainerConfig
-from asyncrl.models.loading import host_copy
+from asyncrl.engine import host_weights
+from asyncrl.engine.host_weights import ALIGNMENT
 from asyncrl.testing.models import device_under_test
+from asyncrl.trainer import offload
 from asyncrl.trainer.offload import OffloadChoice, StateOffloader
 from asyncrl.trainer.trainer import Trainer
 
@@ -98,27 +104,115 @@ def test_host_weights_mapped_from_a_file_stay_where_they_are() -> None:
     offloader.reload()
 
 
-def test_an_offload_that_fails_midway_gives_back_what_it_freed(monkeypatch) -> None:
-    """A host copy that fails (no pinned memory left) leaves the state resident and whole, not half freed."""
-    import asyncrl.trainer.offload as offload
+@pytest.fixture
+def allocations(monkeypatch) -> list[int]:
+    """The size of every host buffer allocated (``engine.host_weights.allocate_host``), in order."""
+    sizes: list[int] = []
+    allocate = host_weights.allocate_host
 
+    def counted(nbytes: int) -> torch.Tensor:
+        sizes.append(nbytes)
+        return allocate(nbytes)
+
+    monkeypatch.setattr(host_weights, "allocate_host", counted)
+    return sizes
+
+
+@pytest.fixture
+def cudart(monkeypatch) -> SimpleNamespace:
+    """A fake CUDA runtime (``torch.cuda.cudart()``) with its register and unregister calls in ``calls``, a
+    register returning ``error`` (0: success); and the offloader told its storages are on a GPU (``on_gpu``),
+    so its host buffers are pinned as they would be there."""
+    fake = SimpleNamespace(calls=[], error=0)
+    fake.cudaHostRegister = lambda ptr, size, flags: fake.calls.append(("register", ptr, size)) or fake.error
+    fake.cudaHostUnregister = lambda ptr: fake.calls.append(("unregister", ptr)) or 0
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: fake)
+    monkeypatch.setattr(offload, "on_gpu", lambda storages: True)
+    return fake
+
+
+def aligned(tensors: list[torch.Tensor]) -> int:
+    """The host buffer's exact size for ``tensors``' storages: each at a 256-byte aligned offset."""
+    return sum(-(-t.untyped_storage().nbytes() // ALIGNMENT) * ALIGNMENT for t in tensors)
+
+
+def test_host_buffers_are_allocated_at_the_first_offload_only_and_every_reload_is_bit_exact(allocations):
+    """Three round trips with a step between each (new values, the same layout): one allocation, at the exact
+    size, the same host memory every time, and the state after each reload equal to it before the offload."""
+    model, optimizer = trained()
+    offloader = StateOffloader([model], [optimizer], OffloadChoice(master_weights=True))
+    tensors = state_tensors(model, optimizer)
+    addresses = None
+    for _ in range(3):
+        want = [t.detach().clone() for t in tensors]
+        moved = offloader.offload()
+        held = [parked.host.data_ptr() for parked in offloader._parked]
+        assert addresses in (None, held), "the host copies moved to new memory"
+        addresses = held
+        assert offloader.reload() == moved == sum(t.nbytes for t in tensors)
+        for got, expected in zip(state_tensors(model, optimizer), want, strict=True):
+            assert torch.equal(got, expected)
+        step(model, optimizer)
+    assert allocations == [aligned(tensors)]
+    assert offloader.host_memory() == {
+        "host_bytes": aligned(tensors),
+        "host_pinned_bytes": 0,  # on CPU: plain host memory
+        "host_allocations": 1,
+    }
+
+
+def test_a_changed_layout_allocates_a_new_buffer(allocations):
+    """A storage of another size (a LoRA layout change, here a grown moment) makes the next offload allocate
+    anew, at the new exact size; the round trip is still bit-exact."""
+    model, optimizer = trained()
+    offloader = StateOffloader([model], [optimizer], OffloadChoice())
+    offloader.offload()
+    offloader.reload()
+    first = model[0].weight
+    optimizer.state[first]["exp_avg"] = torch.arange(400.0, device=DEVICE)
+    moments = [v for s in optimizer.state.values() for v in s.values() if v.dim() > 0]
+    offloader.offload()
+    offloader.reload()
+    assert torch.equal(optimizer.state[first]["exp_avg"], torch.arange(400.0, device=DEVICE))
+    assert len(allocations) == 2 and allocations[1] == aligned(moments) != allocations[0]
+    assert offloader.host_memory()["host_allocations"] == 2
+
+
+def test_on_a_gpu_the_buffer_is_pinned_once_at_its_exact_size(cudart):
+    """Pinned in place (``cudaHostRegister``) at the buffer's exact size, not a power of two, at the first
+    offload only; the pinned bytes reported; dropping the offloader unpins it."""
+    model, optimizer = trained()
+    moments = [v for s in optimizer.state.values() for v in s.values() if v.dim() > 0]
+    offloader = StateOffloader([model], [optimizer], OffloadChoice())
+    for _ in range(3):
+        offloader.offload()
+        offloader.reload()
+    assert [(call, size) for call, _, size in cudart.calls] == [("register", aligned(moments))]
+    assert aligned(moments) & (aligned(moments) - 1), "the test's size is a power of two already"
+    assert offloader.host_memory()["host_pinned_bytes"] == aligned(moments)
+    pinned = cudart.calls[0][1]
+    del offloader
+    gc.collect()
+    assert cudart.calls[1:] == [("unregister", pinned)]
+
+
+def test_an_offload_whose_pinning_fails_frees_nothing(cudart) -> None:
+    """No pinned host memory left (``cudaHostRegister`` fails): the error names it, the state stays resident
+    and whole, and a later offload tries again."""
     model, optimizer = trained()
     want = [t.detach().clone() for t in state_tensors(model, optimizer)]
-    copies = []
-
-    def second_fails(tensor: torch.Tensor) -> torch.Tensor:
-        if copies:
-            raise RuntimeError("out of pinned memory")
-        copies.append(tensor)
-        return host_copy(tensor)
-
-    monkeypatch.setattr(offload, "host_copy", second_fails)
     offloader = StateOffloader([model], [optimizer], OffloadChoice(master_weights=True))
-    with pytest.raises(RuntimeError, match="out of pinned memory"):
+    cudart.error = 2
+    with pytest.raises(
+        RuntimeError, match=r"a trainer's offloaded state failed \(cudaHostRegister: cudaError 2"
+    ):
         offloader.offload()
-    assert copies and not offloader.offloaded and offloader.reload() == 0
+    assert not offloader.offloaded and offloader.reload() == 0
     for got, expected in zip(state_tensors(model, optimizer), want, strict=True):
         assert torch.equal(got, expected)
+    cudart.error = 0
+    assert offloader.offload() == sum(t.nbytes for t in want)
+    offloader.reload()
 
 
 def test_offloading_twice_is_refused() -> None:
@@ -168,6 +262,10 @@ def test_the_reference_model_is_freed_with_the_state_and_comes_back_bit_for_bit_
     assert offloader.reload() == moment_bytes + reference_bytes and offloader.reload() == 0
     for got, want in zip(reference, was, strict=True):
         assert torch.equal(got, want)
+    assert offloader.offload() == moment_bytes + reference_bytes and offloader.reload() > 0
+    assert (
+        offloader.host_memory()["host_allocations"] == 2
+    )  # the state's buffer and the reference's, once each
 
     later = with_model_logprobs(random_groups(num_groups=2, group_size=4, seed=2), tiny_qwen2(), noise=0.5)
     got, want = (t.train_step(later, policy_version=1) for t in (trainer, twin))
