@@ -25,7 +25,6 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from asyncrl.config.serve import ServeConfig
-from asyncrl.serve.schemas import ServeError
 
 ENDPOINT_FILE = "endpoint.json"
 LEDGER_FILE = "endpoint_trajectories.jsonl"
@@ -90,6 +89,10 @@ class TrajectoryLedger:
 
     def check(self, trajectory_id: str, group_id: str | None) -> None:
         """409 ``run_restarted`` for a trajectory or group an earlier attempt admitted."""
+        # here, not at the top: app.train imports this module, and a run without the endpoint needs no server
+        # libraries (pydantic; tests/unit/test_architecture.py)
+        from asyncrl.serve.schemas import ServeError
+
         if trajectory_id in self.trajectories:
             raise ServeError(
                 409,
