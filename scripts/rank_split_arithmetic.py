@@ -13,11 +13,24 @@ planned tokens. What this does to a GPU's step time is not measured.
 
 from __future__ import annotations
 
-import random
-import statistics
+import sys
+from pathlib import Path
 
-from asyncrl.trainer.batching import plan_micro_batches
-from asyncrl.trainer.distributed.row_split import RowSplit, balanced_split, planned_tokens, strided_split
+# `python scripts/rank_split_arithmetic.py` puts scripts/ first on sys.path: make the checkout the import root
+if __name__ == "__main__" and not __package__:
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+import argparse  # noqa: E402
+import random  # noqa: E402
+import statistics  # noqa: E402
+
+from asyncrl.trainer.batching import plan_micro_batches  # noqa: E402
+from asyncrl.trainer.distributed.row_split import (  # noqa: E402
+    RowSplit,
+    balanced_split,
+    planned_tokens,
+    strided_split,
+)
 
 SCENARIOS = [
     # (name, rows per mini-batch, ranks, token budget, response cap)
@@ -92,6 +105,7 @@ def scenario(name: str, num_rows: int, ranks: int, budget: int, cap: int, packed
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
     print(f"{TRIALS} mini-batches per line, seeded")
     for name, num_rows, ranks, budget, cap in SCENARIOS:
         for packed in (True, False):
