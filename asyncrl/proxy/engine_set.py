@@ -77,6 +77,27 @@ class EngineSet:
         self.on_failure: Callable[[EngineWorker], None] | None = None
         """Called when a call on an engine fails or times out, or a control call fails (``proxy.recovery``)."""
         self.num_reclaimed = 0
+        self._held_since: float | None = None
+        """Loop time the proxy was last suspended at, while it is (``hold_timeouts``); None otherwise."""
+        self._held_total = 0.0
+        """Loop seconds spent suspended before ``_held_since``: subtracted from every call's timeout clock."""
+
+    def hold_timeouts(self, held: bool) -> None:
+        """Stop (``held``) or restart the clock ``request_timeout_s`` reads: the proxy is suspended while its
+        engines may not serve (asleep under ``runtime.switch``, paused under ``in_flight``), so time a call spends
+        on an engine then is not the engine's fault and must not expire into a failure (and, three in a row, a
+        reload of a healthy engine)."""
+        now = asyncio.get_running_loop().time()
+        if held and self._held_since is None:
+            self._held_since = now
+        elif not held and self._held_since is not None:
+            self._held_total += now - self._held_since
+            self._held_since = None
+
+    def _serving_time(self, now: float) -> float:
+        """Loop time less every suspension so far: the clock a call's ``request_timeout_s`` runs on."""
+        held = self._held_total + (0.0 if self._held_since is None else now - self._held_since)
+        return now - held
 
     def record_busy_spans(self, sink: Callable[[int, float, float], None]) -> None:
         """Call ``sink(index, start, end)`` for every busy stretch of every engine from now on."""
@@ -175,7 +196,22 @@ class EngineSet:
         task.add_done_callback(wake)
         self._call_waiters[waiter] = task
         timeout = self.config.request_timeout_s
-        timer = None if timeout is None else loop.call_later(timeout, wake)
+        started = self._serving_time(loop.time())
+        timer: asyncio.TimerHandle | None = None
+
+        def expire() -> None:
+            """Past ``timeout`` of serving time: wake; else (time passed suspended) wait for the rest, or, while
+            still suspended, check again a whole timeout later (the clock is stopped until the resume)."""
+            nonlocal timer
+            assert timeout is not None
+            left = timeout - (self._serving_time(loop.time()) - started)
+            if left <= 0:
+                wake()
+            else:
+                timer = loop.call_later(timeout if self._held_since is not None else left, expire)
+
+        if timeout is not None:
+            timer = loop.call_later(timeout, expire)
         if self.closed:
             wake()
         try:

@@ -280,9 +280,12 @@ class LLMProxy(ProxyShell):
     # ------------------------------------------------------------------------------------------ weight update
 
     async def suspend(self) -> None:
-        """Hold new generate calls at the proxy; ``in_flight`` policy: also pause the engines."""
+        """Hold new generate calls at the proxy; ``in_flight`` policy: also pause the engines. Until ``resume``
+        the calls already on engines do not run down ``request_timeout_s`` (``EngineSet.hold_timeouts``): the
+        controller suspends while the engines may not serve (paused, or asleep under ``runtime.switch``)."""
         self._check_open()
         self._suspended = True
+        self._engines.hold_timeouts(True)
         self._notify()
         if self.update_policy == "in_flight":
             await self._on_reachable_engines(lambda worker: self._engines.control(worker, "pause"))
@@ -337,6 +340,7 @@ class LLMProxy(ProxyShell):
                 await self._on_reachable_engines(lambda worker: self._engines.control(worker, "resume"))
         finally:
             self._suspended = False
+            self._engines.hold_timeouts(False)
             self._notify()
 
     async def update_applied(self, version: int, timeout_s: float | None = None) -> None:
