@@ -108,12 +108,17 @@ class LLMProxy(ProxyShell):
         config: ProxyConfig | None = None,
         *,
         initial_version: int = 0,
+        slots_per_engine: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(
             engines, config, initial_version=initial_version, clock=clock, on_call_end=self._on_call_end
         )
         self.update_policy = self.config.update_policy or "drain"
+        if self.update_policy == "drain":
+            # a call sent beyond the engine's slots only queues there, and a drain would wait for that queue
+            for worker in self._workers:
+                worker.max_in_flight = slots_per_engine
         self._held = HeldCalls()
         self._updating = False
         self._counts = {"num_continuations": 0, "num_retries": 0, "num_timeouts": 0}
