@@ -83,7 +83,10 @@ class RolloutProducer(Protocol):
 
 
 class WeightReceiver(Protocol):
-    async def suspend(self) -> None: ...
+    async def suspend(self, *, engines_asleep: bool = False) -> None:
+        """Hold new calls until ``resume``; ``engines_asleep`` (only asked of a proxy whose trainer
+        ``sleeps_engines``): calls already on engines do not time out meanwhile."""
+        ...
 
     async def model_update(self, named_tensors: Any, version: int) -> None: ...
 
@@ -189,7 +192,7 @@ class Controller:
         surplus = asyncio.ensure_future(self.producer.abort_stale())
         if getattr(self.trainer, "sleeps_engines", False):
             # calls held here until the update, as in _sync_weights; its resume releases them
-            await self.proxy.suspend()
+            await self.proxy.suspend(engines_asleep=True)
         try:
             metrics = await self.trainer.train_step(groups, trained_version)
         finally:

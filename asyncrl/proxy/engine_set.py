@@ -78,15 +78,14 @@ class EngineSet:
         """Called when a call on an engine fails or times out, or a control call fails (``proxy.recovery``)."""
         self.num_reclaimed = 0
         self._held_since: float | None = None
-        """Loop time the proxy was last suspended at, while it is (``hold_timeouts``); None otherwise."""
+        """Loop time timeouts were last held at, while they are (``hold_timeouts``); None otherwise."""
         self._held_total = 0.0
-        """Loop seconds spent suspended before ``_held_since``: subtracted from every call's timeout clock."""
+        """Loop seconds timeouts were held before ``_held_since``: subtracted from every call's timeout clock."""
 
     def hold_timeouts(self, held: bool) -> None:
-        """Stop (``held``) or restart the clock ``request_timeout_s`` reads: the proxy is suspended while its
-        engines may not serve (asleep under ``runtime.switch``, paused under ``in_flight``), so time a call spends
-        on an engine then is not the engine's fault and must not expire into a failure (and, three in a row, a
-        reload of a healthy engine)."""
+        """Stop (``held``) or restart the clock ``request_timeout_s`` reads: the engines sleep (``runtime.switch``,
+        ``LLMProxy.suspend(engines_asleep=True)``), so time a call spends on one then is not the engine's fault
+        and must not expire into a failure (and, three in a row, a reload of a healthy engine)."""
         now = asyncio.get_running_loop().time()
         if held and self._held_since is None:
             self._held_since = now

@@ -284,13 +284,18 @@ class LLMProxy(ProxyShell):
 
     # ------------------------------------------------------------------------------------------ weight update
 
-    async def suspend(self) -> None:
-        """Hold new generate calls at the proxy; ``in_flight`` policy: also pause the engines. Until ``resume``
-        the calls already on engines do not run down ``request_timeout_s`` (``EngineSet.hold_timeouts``): the
-        controller suspends while the engines may not serve (paused, or asleep under ``runtime.switch``)."""
+    async def suspend(self, *, engines_asleep: bool = False) -> None:
+        """Hold new generate calls at the proxy; ``in_flight`` policy: also pause the engines.
+
+        ``engines_asleep``: the engines are about to sleep (``runtime.switch``, the controller before such a
+        step): until ``resume`` the calls already on them do not run down ``request_timeout_s``
+        (``EngineSet.hold_timeouts``), since they cannot progress and it is no engine's fault. Not for every
+        suspension: under ``drain`` the engines go on serving, and a drain awaited while suspended must still
+        see a hung engine's calls time out."""
         self._check_open()
         self._suspended = True
-        self._engines.hold_timeouts(True)
+        if engines_asleep:
+            self._engines.hold_timeouts(True)
         self._notify()
         if self.update_policy == "in_flight":
             await self._on_reachable_engines(lambda worker: self._engines.control(worker, "pause"))

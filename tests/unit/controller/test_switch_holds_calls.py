@@ -154,7 +154,7 @@ def test_a_call_on_an_engine_while_it_sleeps_does_not_time_out_for_the_time_it_s
         while not engine.running:
             await asyncio.sleep(0)
         await asyncio.sleep(0.25)
-        await proxy.suspend()
+        await proxy.suspend(engines_asleep=True)
         engine.sleep()
         await asyncio.sleep(50.0)
         assert not call.done()
