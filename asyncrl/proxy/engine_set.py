@@ -94,7 +94,7 @@ class EngineSet:
             self._held_since = None
 
     def _serving_time(self, now: float) -> float:
-        """Loop time less every suspension so far: the clock a call's ``request_timeout_s`` runs on."""
+        """Loop time less every hold so far (``hold_timeouts``): the clock a call's ``request_timeout_s`` runs on."""
         held = self._held_total + (0.0 if self._held_since is None else now - self._held_since)
         return now - held
 
@@ -199,8 +199,8 @@ class EngineSet:
         timer: asyncio.TimerHandle | None = None
 
         def expire() -> None:
-            """Past ``timeout`` of serving time: wake; else (time passed suspended) wait for the rest, or, while
-            still suspended, check again a whole timeout later (the clock is stopped until the resume)."""
+            """Past ``timeout`` of serving time: wake; else (time passed held) wait for the rest, or, while
+            still held, check again a whole timeout later (the clock is stopped until the resume)."""
             nonlocal timer
             assert timeout is not None
             left = timeout - (self._serving_time(loop.time()) - started)
