@@ -40,6 +40,9 @@ from asyncrl.weight_sync.protocol import payload_nbytes
 
 logger = logging.getLogger(__name__)
 
+_DEADLINE_SLACK_S = 1e-6
+"""A request timeout this close to its deadline has expired (float rounding of loop time less held time)."""
+
 
 class EngineSet:
     """Workers ``0..n-1`` over ``engines``, all starting at ``initial_version`` (see the module docstring)."""
@@ -93,10 +96,9 @@ class EngineSet:
             self._held_total += now - self._held_since
             self._held_since = None
 
-    def _serving_time(self, now: float) -> float:
-        """Loop time less every hold so far (``hold_timeouts``): the clock a call's ``request_timeout_s`` runs on."""
-        held = self._held_total + (0.0 if self._held_since is None else now - self._held_since)
-        return now - held
+    def _held_time(self, now: float) -> float:
+        """Loop seconds timeouts were held so far (``hold_timeouts``), up to ``now``."""
+        return self._held_total + (0.0 if self._held_since is None else now - self._held_since)
 
     def record_busy_spans(self, sink: Callable[[int, float, float], None]) -> None:
         """Call ``sink(index, start, end)`` for every busy stretch of every engine from now on."""
@@ -195,19 +197,25 @@ class EngineSet:
         task.add_done_callback(wake)
         self._call_waiters[waiter] = task
         timeout = self.config.request_timeout_s
-        started = self._serving_time(loop.time())
+        # when the call expires, in loop time less the time timeouts were held (``hold_timeouts``)
+        deadline = None if timeout is None else loop.time() - self._held_time(loop.time()) + timeout
         timer: asyncio.TimerHandle | None = None
 
         def expire() -> None:
-            """Past ``timeout`` of serving time: wake; else (time passed held) wait for the rest, or, while
-            still held, check again a whole timeout later (the clock is stopped until the resume)."""
+            """Wake at ``deadline``; before it (time passed held) wait for the rest, or, while still held, check
+            again a whole timeout later (the clock is stopped until the resume). Rounding (``_DEADLINE_SLACK_S``)
+            must not re-arm the timer at the instant it fired: a virtual clock would spin there."""
             nonlocal timer
-            assert timeout is not None
-            left = timeout - (self._serving_time(loop.time()) - started)
-            if left <= 0:
+            assert timeout is not None and deadline is not None
+            now = loop.time()
+            if self._held_since is not None:
+                timer = loop.call_later(timeout, expire)
+                return
+            left = deadline - (now - self._held_time(now))
+            if left <= _DEADLINE_SLACK_S:
                 wake()
             else:
-                timer = loop.call_later(timeout if self._held_since is not None else left, expire)
+                timer = loop.call_later(left, expire)
 
         if timeout is not None:
             timer = loop.call_later(timeout, expire)
