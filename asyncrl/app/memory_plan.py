@@ -396,6 +396,7 @@ def trainer_role(
         *_activation_terms(config, shape, tokens, compute, residual, max_len),
         *_critic_terms(config, shape, critic, master, ranks, tokens, compute, residual, max_len),
         _publish_term(config, shape, device),
+        *_retained_update_terms(config, shape, device),
     ]
     return Role("trainer rank", ranks, 1, tuple(terms))
 
@@ -626,6 +627,23 @@ def _publish_term(config: RunConfig, shape: ModelShape, device: str) -> Term:
         return Term("publish copy", params * serve, how, "sync")
     bucket = largest_bucket(config, shape, serve)
     return Term("staging copy", min(bucket, params * serve), "one gathered bucket (the largest)", "sync")
+
+
+def _retained_update_terms(config: RunConfig, shape: ModelShape, device: str) -> list[Term]:
+    """Inline with the ``in_process`` transport and recovery on (``proxy.max_engine_restarts``), no switch:
+    the proxy keeps the last update (its cloned serving tensors, on the device) for a replaced engine to catch
+    up from (``LLMProxy._latest_update``), from the first publication on and beside the next one's publish
+    copy. Under the switch a replacement catches up from a copy packed again (``runtime.republish``); on Ray
+    the kept update is an object-store reference, not device memory."""
+    inline = config.runtime.type == "inline"
+    if not inline or config.runtime.switch.enabled or config.proxy.max_engine_restarts == 0:
+        return []
+    if config.weight_sync.transport_for("inline") != "in_process":
+        return []
+    serve = engine_serve_bytes(config, device)
+    params = _published_params(config, shape)
+    how = f"{params:,} × {serve} B: the last update, kept by the proxy for a replaced engine's catch-up"
+    return [Term("retained update", params * serve, how)]
 
 
 def largest_bucket(config: RunConfig, shape: ModelShape, serve: int) -> int:

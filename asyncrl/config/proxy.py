@@ -25,7 +25,8 @@ class ProxyConfig:
     this many more in-flight requests than the least-loaded one; 0 keeps affinity only on ties."""
     request_timeout_s: float | None = None
     """Longest one engine call of a request may take; on expiry the request is aborted on the engine and
-    ``RequestTimeout`` is raised. Time held at the proxy does not count; time the engine spends paused for an
+    ``RequestTimeout`` is raised. Time held at the proxy does not count, nor time the engines sleep under
+    ``runtime.switch`` (``LLMProxy.suspend(engines_asleep=True)``); time the engine spends paused for an
     in-flight update does, so keep it well above an update's duration. None: no timeout."""
     control_timeout_s: float = 300.0
     """Longest an engine may take to answer pause, resume or abort before it is declared failed (and

@@ -55,7 +55,9 @@ class TrainerClient(Protocol):
 
     Optional: ``holds_published`` (true when the trainer keeps memory for a published update until every engine
     applied it, ``runtime.switch``) with ``async weights_applied(update)``, which the controller then calls
-    once the update has landed (``runtime.inline.AwaitableTrainer``)."""
+    once the update has landed (``runtime.inline.AwaitableTrainer``); ``sleeps_engines`` (true when
+    ``train_step`` puts the engines to sleep, ``runtime.switch``): the controller then suspends the proxy before
+    the step, so no call is sent to a sleeping engine (``_sync_weights``'s resume releases them)."""
 
     async def train_step(self, groups: Sequence[Group], policy_version: int) -> dict[str, float]: ...
 
@@ -82,7 +84,10 @@ class RolloutProducer(Protocol):
 
 
 class WeightReceiver(Protocol):
-    async def suspend(self) -> None: ...
+    async def suspend(self, *, engines_asleep: bool = False) -> None:
+        """Hold new calls until ``resume``; ``engines_asleep`` (only asked of a proxy whose trainer
+        ``sleeps_engines``): calls already on engines do not time out meanwhile."""
+        ...
 
     async def model_update(self, named_tensors: Any, version: int) -> None: ...
 
@@ -192,6 +197,9 @@ class Controller:
         trained_version = self.version
         # The batch is full: redundant work that no later batch can train stops now, not after training.
         surplus = asyncio.ensure_future(self.producer.abort_stale())
+        if getattr(self.trainer, "sleeps_engines", False):
+            # calls held here until the update, as in _sync_weights; its resume releases them
+            await self.proxy.suspend(engines_asleep=True)
         try:
             metrics = await self.trainer.train_step(groups, trained_version)
         finally:

@@ -40,6 +40,9 @@ from asyncrl.weight_sync.protocol import payload_nbytes
 
 logger = logging.getLogger(__name__)
 
+_DEADLINE_SLACK_S = 1e-6
+"""A request timeout this close to its deadline has expired (float rounding of loop time less held time)."""
+
 
 class EngineSet:
     """Workers ``0..n-1`` over ``engines``, all starting at ``initial_version`` (see the module docstring)."""
@@ -77,6 +80,25 @@ class EngineSet:
         self.on_failure: Callable[[EngineWorker], None] | None = None
         """Called when a call on an engine fails or times out, or a control call fails (``proxy.recovery``)."""
         self.num_reclaimed = 0
+        self._held_since: float | None = None
+        """Loop time timeouts were last held at, while they are (``hold_timeouts``); None otherwise."""
+        self._held_total = 0.0
+        """Loop seconds timeouts were held before ``_held_since``: subtracted from every call's timeout clock."""
+
+    def hold_timeouts(self, held: bool) -> None:
+        """Stop (``held``) or restart the clock ``request_timeout_s`` reads: the engines sleep (``runtime.switch``,
+        ``LLMProxy.suspend(engines_asleep=True)``), so time a call spends on one then is not the engine's fault
+        and must not expire into a failure (and, three in a row, a reload of a healthy engine)."""
+        now = asyncio.get_running_loop().time()
+        if held and self._held_since is None:
+            self._held_since = now
+        elif not held and self._held_since is not None:
+            self._held_total += now - self._held_since
+            self._held_since = None
+
+    def _held_time(self, now: float) -> float:
+        """Loop seconds timeouts were held so far (``hold_timeouts``), up to ``now``."""
+        return self._held_total + (0.0 if self._held_since is None else now - self._held_since)
 
     def record_busy_spans(self, sink: Callable[[int, float, float], None]) -> None:
         """Call ``sink(index, start, end)`` for every busy stretch of every engine from now on."""
@@ -175,7 +197,28 @@ class EngineSet:
         task.add_done_callback(wake)
         self._call_waiters[waiter] = task
         timeout = self.config.request_timeout_s
-        timer = None if timeout is None else loop.call_later(timeout, wake)
+        # when the call expires, in loop time less the time timeouts were held (``hold_timeouts``)
+        deadline = None if timeout is None else loop.time() - self._held_time(loop.time()) + timeout
+        timer: asyncio.TimerHandle | None = None
+
+        def expire() -> None:
+            """Wake at ``deadline``; before it (time passed held) wait for the rest, or, while still held, check
+            again a whole timeout later (the clock is stopped until the resume). Rounding (``_DEADLINE_SLACK_S``)
+            must not re-arm the timer at the instant it fired: a virtual clock would spin there."""
+            nonlocal timer
+            assert timeout is not None and deadline is not None
+            now = loop.time()
+            if self._held_since is not None:
+                timer = loop.call_later(timeout, expire)
+                return
+            left = deadline - (now - self._held_time(now))
+            if left <= _DEADLINE_SLACK_S:
+                wake()
+            else:
+                timer = loop.call_later(left, expire)
+
+        if timeout is not None:
+            timer = loop.call_later(timeout, expire)
         if self.closed:
             wake()
         try:

@@ -31,7 +31,7 @@ def proxy_for_mode(
     """The proxy over ``engines`` for controller ``mode``; engines start at version 0.
 
     ``async_ratio`` bounds the orchestrator's version window; ``slots_per_engine`` (the engines' running
-    requests) bounds how many calls it sends to one engine.
+    requests) bounds how many calls either proxy sends to one engine (``LLMProxy``: under ``drain``).
     """
     spec = mode_spec(mode)
     if spec.multi_version:
@@ -43,4 +43,4 @@ def proxy_for_mode(
             clock=clock,
         )
     policy_config = replace(config, update_policy=config.update_policy or spec.update_policy)
-    return LLMProxy(engines, policy_config, initial_version=0, clock=clock)
+    return LLMProxy(engines, policy_config, initial_version=0, slots_per_engine=slots_per_engine, clock=clock)

@@ -108,12 +108,17 @@ class LLMProxy(ProxyShell):
         config: ProxyConfig | None = None,
         *,
         initial_version: int = 0,
+        slots_per_engine: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(
             engines, config, initial_version=initial_version, clock=clock, on_call_end=self._on_call_end
         )
         self.update_policy = self.config.update_policy or "drain"
+        if self.update_policy == "drain":
+            # a call sent beyond the engine's slots only queues there, and a drain would wait for that queue
+            for worker in self._workers:
+                worker.max_in_flight = slots_per_engine
         self._held = HeldCalls()
         self._updating = False
         self._counts = {"num_continuations": 0, "num_retries": 0, "num_timeouts": 0}
@@ -279,10 +284,18 @@ class LLMProxy(ProxyShell):
 
     # ------------------------------------------------------------------------------------------ weight update
 
-    async def suspend(self) -> None:
-        """Hold new generate calls at the proxy; ``in_flight`` policy: also pause the engines."""
+    async def suspend(self, *, engines_asleep: bool = False) -> None:
+        """Hold new generate calls at the proxy; ``in_flight`` policy: also pause the engines.
+
+        ``engines_asleep``: the engines are about to sleep (``runtime.switch``, the controller before such a
+        step): until ``resume`` the calls already on them do not run down ``request_timeout_s``
+        (``EngineSet.hold_timeouts``), since they cannot progress and it is no engine's fault. Not for every
+        suspension: under ``drain`` the engines go on serving, and a drain awaited while suspended must still
+        see a hung engine's calls time out."""
         self._check_open()
         self._suspended = True
+        if engines_asleep:
+            self._engines.hold_timeouts(True)
         self._notify()
         if self.update_policy == "in_flight":
             await self._on_reachable_engines(lambda worker: self._engines.control(worker, "pause"))
@@ -337,6 +350,7 @@ class LLMProxy(ProxyShell):
                 await self._on_reachable_engines(lambda worker: self._engines.control(worker, "resume"))
         finally:
             self._suspended = False
+            self._engines.hold_timeouts(False)
             self._notify()
 
     async def update_applied(self, version: int, timeout_s: float | None = None) -> None:

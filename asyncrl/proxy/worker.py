@@ -121,6 +121,9 @@ class EngineWorker:
     """Weight updates ever started on this engine: a probe that overlapped one proves nothing."""
     num_restarts: int = 0
     """Times this engine was replaced by a fresh one."""
+    max_in_flight: int | None = None
+    """Most calls sent to this engine at once (its slots: ``LLMProxy``'s ``slots_per_engine`` under ``drain``);
+    more wait at the proxy, so an update drains only what the engine runs, not a queue behind it. None: no cap."""
     busy_seconds: float = 0.0
     busy_since: float | None = None
     request_seconds: float = 0.0
@@ -143,8 +146,13 @@ class EngineWorker:
 
     @property
     def ready(self) -> bool:
-        """No update is pending or being applied and no recovery is under way: a request sent now starts at
-        once, on ``version``."""
+        """``settled`` and below ``max_in_flight``: a request sent now starts at once, on ``version``."""
+        under_cap = self.max_in_flight is None or len(self.in_flight) < self.max_in_flight
+        return self.settled and under_cap
+
+    @property
+    def settled(self) -> bool:
+        """No update is pending or being applied and no recovery is under way."""
         return self.pending is None and self.applying is None and not self.recovering
 
     @property
@@ -229,7 +237,7 @@ class EngineWorker:
             "index": self.index,
             "healthy": self.healthy,
             "version": self.version,
-            "pending_version": None if self.ready else self.effective_version,
+            "pending_version": None if self.settled else self.effective_version,
             "in_flight": len(self.in_flight),
             "in_flight_tokens": self.num_in_flight_tokens,
             "busy_seconds": self.busy_time(now),

@@ -188,6 +188,9 @@ class ColocatedTrainer:
         """The phases of a checkpoint saved since the last step (``colocate/checkpoint_*``), for the next step's
         metrics: a run saves after it logged the step."""
 
+    sleeps_engines = True
+    """``train_step`` sleeps the engines: the controller suspends the proxy before it (``controller.Controller``)."""
+
     def __getattr__(self, name: str) -> Any:
         if name == "inner":  # not set yet (unpickling, a failed __init__): no recursion
             raise AttributeError(name)

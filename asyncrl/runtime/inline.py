@@ -177,6 +177,12 @@ class AwaitableTrainer:
         switch``: ``ColocatedTrainer.weights_applied``), so the controller waits for that and says so."""
         return hasattr(self.trainer, "weights_applied")
 
+    @property
+    def sleeps_engines(self) -> bool:
+        """Whether ``train_step`` puts the engines to sleep (``ColocatedTrainer``), so the controller holds new
+        calls at the proxy from before it."""
+        return bool(getattr(self.trainer, "sleeps_engines", False))
+
     async def weights_applied(self, update: Any) -> None:
         """Every engine holds ``update``: what the trainer kept for them goes (nothing without the switch)."""
         if self.holds_published:

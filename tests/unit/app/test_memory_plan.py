@@ -69,7 +69,10 @@ def test_the_terms_are_the_arithmetic_they_state() -> None:
     assert trainer["recompute"].bytes == max(1000 * per_token, 4 * 1000 * 151_936 * 4)  # a layer or logits
     assert trainer["publish copy"].bytes == 2 * p
     role = mp.trainer_role(config, shape)
-    held = 12 * p  # master weights and AdamW's moments: the gradients are freed after every step
+    # master weights and AdamW's moments (the gradients are freed after every step), and the last update the
+    # proxy keeps for a replaced engine's catch-up (inline, in_process, recovery on)
+    assert trainer["retained update"].bytes == 2 * p and trainer["retained update"].phase == mp.HELD
+    held = 12 * p + 2 * p
     assert trainer["gradients"].phase == mp.STEPPING and role.phase_bytes(mp.HELD) == held
     grads = trainer["gradients"].bytes  # alive through backward and the optimizer step, never in a sync
     train = sum(t.bytes for t in trainer.values() if t.phase == "train") + grads
@@ -237,8 +240,8 @@ def test_an_inline_switched_gpu_needs_its_heaviest_phase_not_the_trainers_peak_p
         engine.total,
     ]
     resident = mp.plan(load_run_config(None, SWITCHED_INLINE[:-1]), QWEN3_1_7B, 512, H100)
-    [both] = resident.devices  # without the switch both stay resident, at their peaks
-    assert both.total == trainer.total + engine.total
+    [both] = resident.devices  # without the switch both stay resident, at their peaks, and the proxy keeps
+    assert both.total == trainer.total + engine.total + copy  # the last update for a catch-up, in_process
 
 
 KL_SWITCHED_8B = [

@@ -307,3 +307,52 @@ def test_in_flight_requests_arriving_during_suspend_start_on_the_new_weights():
         assert (await task).versions == [1, 1]
 
     run(main)
+
+
+class SlottedEngine(FakeEngine):
+    """A ``FakeEngine`` that runs at most ``slots`` requests at once and queues the rest, as a real engine
+    does; ``queued_at_update`` records how many it held beyond its slots when each update came."""
+
+    def __init__(self, slots: int) -> None:
+        super().__init__(lengths=4, step_s=1.0)
+        self._slots = asyncio.Semaphore(slots)
+        self.waiting = 0
+        self.queued_at_update: list[int] = []
+
+    async def generate(self, request):  # type: ignore[no-untyped-def]
+        self.waiting += 1
+        async with self._slots:
+            self.waiting -= 1
+            return await super().generate(request)
+
+    async def update_weights(self, named_tensors, version):  # type: ignore[no-untyped-def]
+        self.queued_at_update.append(self.waiting)
+        await super().update_weights(named_tensors, version)
+
+
+def test_a_drain_waits_only_for_the_calls_the_engine_runs_and_the_held_ones_run_on_the_new_version():
+    """Ten calls on an engine of two slots: the proxy sends two and holds eight; an update pending meanwhile
+    lands once those two finish, and the eight run on it (none queued on the engine behind the drain)."""
+
+    async def main() -> None:
+        engine = SlottedEngine(slots=2)
+        proxy = LLMProxy(
+            [engine],
+            ProxyConfig(update_policy="drain"),
+            slots_per_engine=2,
+            clock=asyncio.get_running_loop().time,
+        )
+        calls = [asyncio.ensure_future(proxy.generate(make_request(f"r{i}"))) for i in range(10)]
+        while len(engine.running) < 2:
+            await asyncio.sleep(0)
+        assert (len(engine.received), engine.waiting, proxy.stats()["num_held"]) == (2, 0, 8)
+        await proxy.model_update({"w": 1}, version=1)
+        await proxy.update_applied(1)
+        generations = await asyncio.gather(*calls)
+        assert engine.running_at_update == [0] and engine.queued_at_update == [0]
+        versions = sorted(g.versions[0] for g in generations)
+        assert versions == [0, 0] + [1] * 8 and all(len(set(g.versions)) == 1 for g in generations), versions
+        proxy.close()
+
+    for seed in range(4):
+        run_shuffled(main, seed)
