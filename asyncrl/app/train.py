@@ -217,7 +217,7 @@ async def _train_steps(
         last = parts.trainer.step >= config.controller.num_steps or stop.is_set()
         if checkpoint_due(parts.trainer.step, config.trainer.checkpoint_every) and not last:
             extra = state.checkpoint_extra(controller.buffer, pending())  # no await since the step's lines
-            await _save(parts, out, extra)
+            await _save(parts, proxy, out, extra)
 
     controller = assemble_controller(
         parts, proxy, state.source, on_step, evaluation.after_sync if evaluation else None
@@ -229,7 +229,7 @@ async def _train_steps(
         await controller.run(
             config.controller.num_steps - parts.trainer.step,
             stop=stop,
-            before_close=lambda: _end_run(parts, state, out, controller.buffer, final, pending()),
+            before_close=lambda: _end_run(parts, proxy, state, out, controller.buffer, final, pending()),
         )
     finally:
         if evaluation:
@@ -397,6 +397,7 @@ async def _evaluate(parts: Parts, proxy: LLMProxy, tag: str) -> dict[str, float]
 
 async def _end_run(
     parts: Parts,
+    proxy: LLMProxy,
     state: RunState,
     out: Path,
     buffer: SampleBuffer,
@@ -414,10 +415,10 @@ async def _end_run(
     extra = state.checkpoint_extra(buffer, pending_evals)
     state.record_unfinished(parts.trainer.step, buffer)
     buffer.close("training finished")
-    final.append(await _save(parts, out, extra))
+    final.append(await _save(parts, proxy, out, extra))
 
 
-async def _save(parts: Parts, out: Path, extra: dict[str, Any]) -> Path:
+async def _save(parts: Parts, proxy: LLMProxy, out: Path, extra: dict[str, Any]) -> Path:
     """A checkpoint of the trainer, with ``extra`` (``RunState.checkpoint_extra``) beside it, saved off the
     event loop.
 
@@ -429,13 +430,25 @@ async def _save(parts: Parts, out: Path, extra: dict[str, Any]) -> Path:
     Why the checkpoint still matches one step: the caller takes ``extra`` on the loop with no ``await`` between
     it and the step's ledger lines, as plain data (nothing the rollout goes on changing), and the controller
     awaits ``on_step`` and ``before_close`` before it trains or publishes again, so the trainer's state stays the
-    step's until the save is done. The inline trainer runs the save on its training thread."""
-    return await asyncio.to_thread(
-        parts.trainer.save_checkpoint,
-        out / "checkpoints",
-        extra=extra,
-        keep_last=parts.config.trainer.keep_last_checkpoints,
-    )
+    step's until the save is done. The inline trainer runs the save on its training thread.
+
+    Under ``runtime.switch`` the save sleeps the engines (``ColocatedTrainer.save_checkpoint``), as a step does:
+    the proxy then holds new calls and stops the timeout clocks of those on the engines, as the controller does
+    around a step (``sleeps_engines``), so a call's ``proxy.request_timeout_s`` never reads the save as an engine
+    failure."""
+    hold = bool(getattr(parts.trainer, "sleeps_engines", False))
+    if hold:
+        await proxy.suspend(engines_asleep=True)
+    try:
+        return await asyncio.to_thread(
+            parts.trainer.save_checkpoint,
+            out / "checkpoints",
+            extra=extra,
+            keep_last=parts.config.trainer.keep_last_checkpoints,
+        )
+    finally:
+        if hold:
+            await proxy.resume()
 
 
 def _say(console: TextIO | None, text: str) -> None:
