@@ -110,7 +110,9 @@ def test_the_trainer_plan_is_within_15_percent_of_the_allocator(checkpointing, t
         lambda: trainer.train_step(groups(1), policy_version=1), tmp_path / "t.json"
     )
     assert role.peak_phase == "train"
-    assert abs(role.total - measured) <= 0.15 * measured, (role.total, measured, role.terms)
+    # the proxy's kept update is planned on the trainer's device (inline, in_process): no proxy runs here
+    planned = role.total - sum(t.bytes for t in role.terms if t.name == "retained update")
+    assert abs(planned - measured) <= 0.15 * measured, (planned, measured, role.terms)
 
 
 PADDED_PREFILL = (128, 43, 43, 42)
