@@ -8,7 +8,7 @@ KV pool. Before the next step they come back, bit for bit. Gradients never need 
 after every optimizer step (``Trainer._free_gradients``), so none exist between steps.
 
 Key decision: state moves by *storage*, in place. Each chosen tensor's storage (a DTensor's: its local shard's)
-is copied whole into a host buffer (``models.loading.host_copy``: pinned when it comes from an accelerator),
+is copied whole into a host buffer (a slice of one flat buffer kept across steps, below),
 then resized to 0 bytes, which frees it; ``reload`` resizes it back and copies the bytes in. Every tensor that
 views the storage stays valid across the round trip without being found or rebuilt: the ``Parameter`` objects
 the model and the optimizer share, the optimizer's state entries, a DTensor's wrapper, and FSDP2's own view of
