@@ -30,6 +30,10 @@ SYNC_EVERY_GROUP = (
     # finish first, so no two sync runs train the same trajectories, stopped or not.
     "rollout.filter=none",
     "rollout.max_additional_running_prompts=0",
+    # Bit-equal weights across a stop (or kill) and resume are deterministic mode's contract: without it the
+    # engine's log-probs depend on which requests share its decode steps, which timing decides (docs/modes.md;
+    # CI failed on a kill -9 run's last bits once).
+    "deterministic=true",
 )
 
 

@@ -115,12 +115,12 @@ def test_sync_run_killed_five_times_trains_exactly_what_an_uninterrupted_run_tra
     """Slow: two 32-step runs and seven process starts, ~2 min of CPU. The default suite checks the same
     equality for an in-process stop and resume (test_resume.py).
 
-    ``deterministic=true``: bit-equal weights are its contract (docs/modes.md). Without it the engine's
-    log-probs depend on which requests share its decode steps, which a kill changes (a resumed life admits its
-    requests at other moments): the ledger still matches, the weights differ in the last bits (measured here:
-    up to 4e-7 after 32 steps; CI once failed on exactly that)."""
-    run_to_completion(tmp_path / "reference", *SYNC_EVERY_GROUP, "deterministic=true")
-    hits = run_with_kills(tmp_path / "killed", *SYNC_EVERY_GROUP, "deterministic=true", num_kills=5, seed=1)
+    ``deterministic=true`` (in ``SYNC_EVERY_GROUP``): bit-equal weights are its contract (docs/modes.md).
+    Without it the engine's log-probs depend on which requests share its decode steps, which a kill changes (a
+    resumed life admits its requests at other moments): the ledger still matches, the weights differ in the
+    last bits (measured here: up to 4e-7 after 32 steps; CI once failed on exactly that)."""
+    run_to_completion(tmp_path / "reference", *SYNC_EVERY_GROUP)
+    hits = run_with_kills(tmp_path / "killed", *SYNC_EVERY_GROUP, num_kills=5, seed=1)
     assert hits >= 3, "too few kills landed in a live, resumed run"
     trained = ledger(tmp_path / "killed", "trained")
     assert trained == ledger(tmp_path / "reference", "trained")

@@ -23,10 +23,7 @@ LORA_RUN = (
     "trainer.lr=1e-3",
     "trainer.lora.rank=8",
     "trainer.lora.dropout=0.1",  # its random state must come back on resume too
-    *SYNC_EVERY_GROUP,
-    # bit-equal adapters across a resume are deterministic mode's contract: otherwise the engine's log-probs
-    # depend on which requests share its decode steps, which timing decides (docs/modes.md)
-    "deterministic=true",
+    *SYNC_EVERY_GROUP,  # deterministic: bit-equal adapters across a resume are its contract
 )
 
 
