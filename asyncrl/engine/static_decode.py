@@ -122,9 +122,6 @@ class StaticDecode:
         self.fingerprint = fingerprint
         """Addresses the graphs depend on (KV pool, weights); when they change the graphs are dropped."""
         self.turns = turns if turns is not None else CaptureTurns(timeout_s=0.0)
-        self.captures_deferred = 0
-        """Steps that decoded eagerly because the trainer held the device's turn when their shape was due a
-        capture (tried again at the shape's next step)."""
         self.inputs = torch.zeros(3, num_slots, dtype=torch.long, device=device)
         self.graphs: dict[Shape, torch.cuda.CUDAGraph] = {}
         self.uses: dict[Shape, int] = {}
@@ -138,6 +135,14 @@ class StaticDecode:
         """Shapes whose capture ran out of device memory: they decode eagerly for this engine's life, while
         other shapes go on capturing (the largest buckets fail first when the KV pool holds most of the
         device). Not retried after a wake: under ``runtime.switch`` that would pay a failing capture per step."""
+        self._init_counts()
+        self._init_capture_stream(device)
+
+    def _init_counts(self) -> None:
+        """What ``stats`` reports: failed captures, deferred captures and the per-wake capture counts."""
+        self.captures_deferred = 0
+        """Steps that decoded eagerly because the trainer held the device's turn when their shape was due a
+        capture (tried again at the shape's next step)."""
         self.capture_failures = {"out_of_memory": 0, "other": 0}
         """Failed captures by reason, for ``stats``."""
         self.total = WakeCounts()
@@ -151,8 +156,11 @@ class StaticDecode:
         self.last_wake = WakeCounts()
         """The same for the wake that ended at the last ``release`` (a sleep): what an engine that sleeps every
         step (``runtime.switch``) paid in the rollout it just served, read while it sleeps."""
-        self._pool = torch.cuda.graph_pool_handle() if capture else None
-        self._stream = torch.cuda.Stream(device) if capture else None
+
+    def _init_capture_stream(self, device: torch.device) -> None:
+        """The graph memory pool and the stream captures run on (None without ``capture``)."""
+        self._pool = torch.cuda.graph_pool_handle() if self.capture else None
+        self._stream = torch.cuda.Stream(device) if self.capture else None
         """This engine's own stream for captures and their warm-up runs, not ``torch.cuda.graph``'s
         process-wide default one: the graphs of an engine left wedged in another thread could otherwise free
         the cuBLAS workspace that a new engine's graphs captured on the same stream embed (PyTorch keeps a
