@@ -21,7 +21,7 @@ from asyncrl.app.runtimes import Parts, assemble_controller, make_proxy, make_so
 from asyncrl.buffer.sample_buffer import SampleBuffer
 from asyncrl.config.base import to_dict
 from asyncrl.config.run import RunConfig
-from asyncrl.controller.controller import StepRecord, rollout_metrics
+from asyncrl.controller.controller import StepRecord, held_while_engines_sleep, rollout_metrics
 from asyncrl.controller.evaluation import evaluate_run
 from asyncrl.controller.periodic_eval import (
     PeriodicEvaluation,
@@ -460,19 +460,13 @@ async def _save(parts: Parts, proxy: LLMProxy, out: Path, extra: dict[str, Any])
     the proxy then holds new calls and stops the timeout clocks of those on the engines, as the controller does
     around a step (``sleeps_engines``), so a call's ``proxy.request_timeout_s`` never reads the save as an engine
     failure."""
-    hold = bool(getattr(parts.trainer, "sleeps_engines", False))
-    if hold:
-        await proxy.suspend(engines_asleep=True)
-    try:
+    async with held_while_engines_sleep(parts.trainer, proxy):
         return await asyncio.to_thread(
             parts.trainer.save_checkpoint,
             out / "checkpoints",
             extra=extra,
             keep_last=parts.config.trainer.keep_last_checkpoints,
         )
-    finally:
-        if hold:
-            await proxy.resume()
 
 
 def _say(console: TextIO | None, text: str) -> None:
