@@ -298,44 +298,17 @@ class Planner:
         baseline = self.evaluate(COLOCATED_SYNC)
         dropped = [(COLOCATED_SYNC, d) for d in [self.memory_drop(COLOCATED_SYNC)] if d is not None]
         outcomes, proposition = [baseline], None
-        if (
-            self.gpus >= 2 * self.gpus_per_engine
-        ):  # else one device per engine: colocated sync is the only layout
+        # with one device per engine colocated sync is the only layout
+        if self.gpus >= 2 * self.gpus_per_engine:
             proposition = self.proposition(2.0)
-            splits = []
-            for train in self.split_candidates(proposition.beta):
-                candidate = Candidate(mode="partial_rollout", alpha=2.0, train_gpus=train)
-                drop = self.memory_drop(candidate)
-                if drop is None:
-                    splits.append(self.evaluate(candidate))
-                else:
-                    dropped.append((candidate, drop))
-            schedules = []
-            if splits:  # the schedules share the best split's layout, so its memory verdict too
-                best_split = max(splits, key=lambda o: o.samples_per_s).candidate.train_gpus
-                schedules = [Candidate(mode="one_step_off", alpha=1.0, train_gpus=best_split)]
-                schedules += [
-                    Candidate(mode=mode, alpha=float(a), train_gpus=best_split)
-                    for mode in ("async", "partial_rollout", "multi_version")
-                    for a in alphas
-                ]
-            schedules = [c for c in schedules if c.mode in modes]
-            outcomes += [*splits, *(self.evaluate(c) for c in schedules)]
+            split_outcomes, split_drops = self._split_outcomes(proposition.beta, alphas, modes)
+            dropped += split_drops
+            outcomes += split_outcomes
             outcomes = list({o.candidate: o for o in outcomes}.values())
         refused = {candidate for candidate, _ in dropped}
         eligible = [o for o in outcomes if o.candidate not in refused and self.placeable(o.candidate)]
         if not eligible:
-            hardware = self.memory.hardware.name if self.memory else self.base.hardware
-            why = "; ".join(f"{c.label(self.gpus)}: {d.text(hardware)}" for c, d in dropped)
-            fixes = (
-                "more GPUs, a smaller model, or lighter trainer settings (memory.*, or memory.train_config)"
-            )
-            if any(d.term == "KV pool" for _, d in dropped):  # the built-in engine's slots are what overflow
-                fixes += (
-                    ", or a smaller built-in engine pool (fewer engine.max_running_requests, a shorter "
-                    "engine.max_model_len or engine.max_kv_tokens: the simulation's keys, or memory.train_config's)"
-                )
-            raise ValueError(f"no candidate on {self.gpus} GPU(s) fits memory ({why}); {fixes} would")
+            raise self._nothing_fits(dropped)
         recommended, runner_up = choose(eligible, tolerance)
         runs = self.memory or MemoryCheck(self.base, self.gpus)  # the run a layout stands for, checked or not
         engine = engine_keys(runs.run_config(self.layout(recommended.candidate)))
@@ -351,6 +324,45 @@ class Planner:
             hardware=self.memory.hardware.name if self.memory else "",
             engine=tuple(engine),
         )
+
+    def _split_outcomes(
+        self, beta: float, alphas: Sequence[float], modes: Sequence[str]
+    ) -> tuple[list[Outcome], list[tuple[Candidate, Drop]]]:
+        """Steps 2 and 3 of the module docstring: partial rollout at α = 2 on each train share (eighths and
+        ``beta``, Proposition 2's β*) whose memory plan fits, then every schedule of ``modes`` at the fastest of
+        those splits; (their outcomes, splits first, and the splits dropped for memory)."""
+        splits, dropped = [], []
+        for train in self.split_candidates(beta):
+            candidate = Candidate(mode="partial_rollout", alpha=2.0, train_gpus=train)
+            drop = self.memory_drop(candidate)
+            if drop is None:
+                splits.append(self.evaluate(candidate))
+            else:
+                dropped.append((candidate, drop))
+        schedules = []
+        if splits:  # the schedules share the best split's layout, so its memory verdict too
+            best_split = max(splits, key=lambda o: o.samples_per_s).candidate.train_gpus
+            schedules = [Candidate(mode="one_step_off", alpha=1.0, train_gpus=best_split)]
+            schedules += [
+                Candidate(mode=mode, alpha=float(a), train_gpus=best_split)
+                for mode in ("async", "partial_rollout", "multi_version")
+                for a in alphas
+            ]
+        schedules = [c for c in schedules if c.mode in modes]
+        return [*splits, *(self.evaluate(c) for c in schedules)], dropped
+
+    def _nothing_fits(self, dropped: list[tuple[Candidate, Drop]]) -> ValueError:
+        """The error when no candidate is left to recommend: each dropped layout with what overflows, and the
+        settings that would make one fit."""
+        hardware = self.memory.hardware.name if self.memory else self.base.hardware
+        why = "; ".join(f"{c.label(self.gpus)}: {d.text(hardware)}" for c, d in dropped)
+        fixes = "more GPUs, a smaller model, or lighter trainer settings (memory.*, or memory.train_config)"
+        if any(d.term == "KV pool" for _, d in dropped):  # the built-in engine's slots are what overflow
+            fixes += (
+                ", or a smaller built-in engine pool (fewer engine.max_running_requests, a shorter "
+                "engine.max_model_len or engine.max_kv_tokens: the simulation's keys, or memory.train_config's)"
+            )
+        return ValueError(f"no candidate on {self.gpus} GPU(s) fits memory ({why}); {fixes} would")
 
 
 def sets_slots(path: str | None, overrides: Sequence[str]) -> bool:

@@ -21,9 +21,14 @@ from asyncrl.app.runtimes import Parts, assemble_controller, make_proxy, make_so
 from asyncrl.buffer.sample_buffer import SampleBuffer
 from asyncrl.config.base import to_dict
 from asyncrl.config.run import RunConfig
-from asyncrl.controller.controller import StepRecord, rollout_metrics
+from asyncrl.controller.controller import StepRecord, held_while_engines_sleep, rollout_metrics
 from asyncrl.controller.evaluation import evaluate_run
-from asyncrl.controller.periodic_eval import evaluate_sets, is_set_metric, periodic_evaluation
+from asyncrl.controller.periodic_eval import (
+    PeriodicEvaluation,
+    evaluate_sets,
+    is_set_metric,
+    periodic_evaluation,
+)
 from asyncrl.controller.run_state import RunState
 from asyncrl.metrics.spans import SpanRecorder
 from asyncrl.metrics.tracker import MetricsTracker
@@ -205,17 +210,9 @@ async def _train_steps(
         if timeline is not None:
             _record_step(timeline, record)
         state.record_step(parts.trainer.step, record.groups, controller.buffer.take_dropped())
-        metrics = step_metrics(record, proxy.stats(), train_started) | buffer_metrics(controller.buffer)
-        metrics |= {f"rewards/{k}": float(v) for k, v in getattr(parts.rewards, "counts", {}).items()}
-        metrics |= evaluation.take_finished() if evaluation else {}
-        tracker.log(
-            parts.trainer.step, metrics | {f"resume/{k}": float(v) for k, v in state.restored.items()}
-        )
-        # The run's last step saves only the final checkpoint, taken at once after this (``_end_run``): a
-        # periodic save first would let the rollout, which goes on during a save, finish groups the final one
-        # then keeps, and a resume trains those before the earlier-admitted ones it regenerates.
-        last = parts.trainer.step >= config.controller.num_steps or stop.is_set()
-        if checkpoint_due(parts.trainer.step, config.trainer.checkpoint_every) and not last:
+        line = _step_line(record, parts, proxy, controller.buffer, state, train_started, evaluation)
+        tracker.log(parts.trainer.step, line)
+        if _periodic_save_due(parts.trainer.step, config, stop):
             extra = state.checkpoint_extra(controller.buffer, pending())  # no await since the step's lines
             await _save(parts, proxy, out, extra)
 
@@ -241,6 +238,33 @@ async def _train_steps(
     after = {} if stop.is_set() else await _evaluate(parts, proxy, "after")
     checkpoint = str(final[0]) if final else ""
     return totals.summary(config, parts.trainer.step, train_wall, generation_busy, after, checkpoint, out)
+
+
+def _step_line(
+    record: StepRecord,
+    parts: Parts,
+    proxy: LLMProxy,
+    buffer: SampleBuffer,
+    state: RunState,
+    train_started: float,
+    evaluation: PeriodicEvaluation | None,
+) -> dict[str, float]:
+    """One step's ``metrics.jsonl`` line: the step's own numbers (``step_metrics``), the buffer's, the rewards'
+    counters, the evaluations finished since the last line and what a resume restored."""
+    metrics = step_metrics(record, proxy.stats(), train_started) | buffer_metrics(buffer)
+    metrics |= {f"rewards/{k}": float(v) for k, v in getattr(parts.rewards, "counts", {}).items()}
+    metrics |= evaluation.take_finished() if evaluation else {}
+    return metrics | {f"resume/{k}": float(v) for k, v in state.restored.items()}
+
+
+def _periodic_save_due(step: int, config: RunConfig, stop: asyncio.Event) -> bool:
+    """Whether the step just trained saves a periodic checkpoint (``trainer.checkpoint_every``).
+
+    The run's last step saves only the final checkpoint, taken at once after it (``_end_run``): a periodic save
+    first would let the rollout, which goes on during a save, finish groups the final one then keeps, and a
+    resume trains those before the earlier-admitted ones it regenerates."""
+    last = step >= config.controller.num_steps or stop.is_set()
+    return checkpoint_due(step, config.trainer.checkpoint_every) and not last
 
 
 @dataclass
@@ -436,19 +460,13 @@ async def _save(parts: Parts, proxy: LLMProxy, out: Path, extra: dict[str, Any])
     the proxy then holds new calls and stops the timeout clocks of those on the engines, as the controller does
     around a step (``sleeps_engines``), so a call's ``proxy.request_timeout_s`` never reads the save as an engine
     failure."""
-    hold = bool(getattr(parts.trainer, "sleeps_engines", False))
-    if hold:
-        await proxy.suspend(engines_asleep=True)
-    try:
+    async with held_while_engines_sleep(parts.trainer, proxy):
         return await asyncio.to_thread(
             parts.trainer.save_checkpoint,
             out / "checkpoints",
             extra=extra,
             keep_last=parts.config.trainer.keep_last_checkpoints,
         )
-    finally:
-        if hold:
-            await proxy.resume()
 
 
 def _say(console: TextIO | None, text: str) -> None:

@@ -36,8 +36,9 @@ by the buffer and the producer), and one version per trajectory under the drain 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -100,6 +101,30 @@ class WeightReceiver(Protocol):
         ...
 
     def stats(self) -> dict[str, Any]: ...
+
+
+async def hold_for_sleeping_engines(trainer: object, proxy: WeightReceiver) -> bool:
+    """Suspend ``proxy`` with ``engines_asleep`` when ``trainer`` ``sleeps_engines`` (``runtime.switch``), before
+    the engines go to sleep: no call is sent to a sleeping engine, and those already on one do not run down their
+    timeouts meanwhile. Whether it did. The caller releases them with ``resume`` once the engines are awake: after
+    a step the weight sync's resume does (the engines wake only as its update is published), so that hold outlasts
+    ``train_step``; a phase that wakes the engines itself holds them with ``held_while_engines_sleep``."""
+    if not getattr(trainer, "sleeps_engines", False):
+        return False
+    await proxy.suspend(engines_asleep=True)
+    return True
+
+
+@contextlib.asynccontextmanager
+async def held_while_engines_sleep(trainer: object, proxy: WeightReceiver) -> AsyncIterator[None]:
+    """``hold_for_sleeping_engines`` around a phase that sleeps and wakes the engines itself (a checkpoint's
+    save), the calls released when it ends, however it ends."""
+    held = await hold_for_sleeping_engines(trainer, proxy)
+    try:
+        yield
+    finally:
+        if held:
+            await proxy.resume()
 
 
 @dataclass
@@ -197,9 +222,8 @@ class Controller:
         trained_version = self.version
         # The batch is full: redundant work that no later batch can train stops now, not after training.
         surplus = asyncio.ensure_future(self.producer.abort_stale())
-        if getattr(self.trainer, "sleeps_engines", False):
-            # calls held here until the update, as in _sync_weights; its resume releases them
-            await self.proxy.suspend(engines_asleep=True)
+        # calls held here until the update, as in _sync_weights; its resume releases them
+        await hold_for_sleeping_engines(self.trainer, self.proxy)
         try:
             metrics = await self.trainer.train_step(groups, trained_version)
         finally:

@@ -75,18 +75,32 @@ class LLMEngine:
         if not asleep:
             check_kv_pool_fits(model, self.config, self.max_model_len)
         self.adapters = adapters_for(model, self.dtype)
-        self.runner = ModelRunner(
-            model,
+        self.runner = self._make_runner(device, allocate_kv=not asleep, capture_turns=capture_turns)
+        self.eos_token_ids = eos_token_ids(model, tokenizer)
+        self._init_serving_state(device)
+        if asleep:  # counted as a sleep, so that sleeps and wakes pair up; frees nothing at level 1
+            self.sleep(asleep)
+
+    def _make_runner(
+        self, device: torch.device, *, allocate_kv: bool, capture_turns: CaptureTurns | None
+    ) -> ModelRunner:
+        """The model runner over ``engine.*``'s slots and decode settings; its KV pool allocated only with
+        ``allocate_kv`` (an engine started asleep allocates it at its first ``wake``)."""
+        return ModelRunner(
+            self.model,
             num_slots=self.config.max_running_requests,
             max_len=self.max_model_len,
             decode_graphs=self.config.decode_graphs,
             decode_graph_min_uses=self.config.decode_graph_min_uses,
-            allocate_kv=not asleep,
+            allocate_kv=allocate_kv,
             device=device,
             adapters_fingerprint=self.adapters.fingerprint,
             capture_turns=capture_turns,
         )
-        self.eos_token_ids = eos_token_ids(model, tokenizer)
+
+    def _init_serving_state(self, device: torch.device) -> None:
+        """What changes as the engine serves: its weights' version, pause and sleep state, the host buffers a
+        level-2 sleep reuses, its counters and the requests in flight."""
         self.version = 0
         self.in_place = InPlaceReceiver()
         """Weight updates patched in place (delta transport), with the chain fetched before a pause."""
@@ -105,8 +119,6 @@ class LLMEngine:
         self.num_generated_tokens = 0
         self.busy_seconds = 0.0
         self._sequences: dict[str, Sequence] = {}
-        if asleep:  # counted as a sleep, so that sleeps and wakes pair up; frees nothing at level 1
-            self.sleep(asleep)
 
     def add_request(self, request: Request) -> None:
         """Queue a request; ``ValueError`` naming it if it is malformed or its id is already in flight."""

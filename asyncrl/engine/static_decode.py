@@ -66,11 +66,14 @@ class WakeCounts:
     """Wall seconds of those captures, warm-up runs included."""
     eager_steps: int = 0
     """Steps run eagerly at their static shape while capturing is on: before their shape's ``min_uses``-th
-    step, or at a shape whose capture failed."""
+    step, at a shape whose capture failed, or whose capture was deferred (``captures_deferred``)."""
     eager_shapes: set[Shape] = field(default_factory=set)
     """The distinct shapes those steps ran at."""
     replays: int = 0
     """Steps replayed from a captured graph."""
+    captures_deferred: int = 0
+    """Of ``eager_steps``, those that decoded eagerly because the trainer held the device's turn when their shape
+    was due a capture (tried again at the shape's next step)."""
 
     def stats(self, prefix: str) -> dict[str, float]:
         """The counts as engine stats named ``{prefix}graph_captures``, ``{prefix}capture_s``, …"""
@@ -80,6 +83,7 @@ class WakeCounts:
             f"{prefix}eager_steps": self.eager_steps,
             f"{prefix}eager_step_shapes": len(self.eager_shapes),
             f"{prefix}graph_replays": self.replays,
+            f"{prefix}captures_deferred": self.captures_deferred,
         }
 
 
@@ -122,9 +126,6 @@ class StaticDecode:
         self.fingerprint = fingerprint
         """Addresses the graphs depend on (KV pool, weights); when they change the graphs are dropped."""
         self.turns = turns if turns is not None else CaptureTurns(timeout_s=0.0)
-        self.captures_deferred = 0
-        """Steps that decoded eagerly because the trainer held the device's turn when their shape was due a
-        capture (tried again at the shape's next step)."""
         self.inputs = torch.zeros(3, num_slots, dtype=torch.long, device=device)
         self.graphs: dict[Shape, torch.cuda.CUDAGraph] = {}
         self.uses: dict[Shape, int] = {}
@@ -138,10 +139,15 @@ class StaticDecode:
         """Shapes whose capture ran out of device memory: they decode eagerly for this engine's life, while
         other shapes go on capturing (the largest buckets fail first when the KV pool holds most of the
         device). Not retried after a wake: under ``runtime.switch`` that would pay a failing capture per step."""
+        self._init_counts()
+        self._init_capture_stream(device)
+
+    def _init_counts(self) -> None:
+        """What ``stats`` reports: failed captures and the capture counts, over the engine's life and per wake."""
         self.capture_failures = {"out_of_memory": 0, "other": 0}
         """Failed captures by reason, for ``stats``."""
         self.total = WakeCounts()
-        """Captures, their seconds, eager and replayed steps over the engine's life, a recapture (the addresses
+        """Captures, their seconds, eager, replayed and deferred steps over the engine's life, a recapture (the addresses
         moved, a wake after sleep) counted again: how many shapes a run paid a capture for, which ``graphs``
         (only the live ones) does not say. ``capture_s`` is wall time, warm-up runs included
         (``torch.cuda.graph`` synchronises the device on entry, so the time is the capture's own, not work
@@ -151,8 +157,11 @@ class StaticDecode:
         self.last_wake = WakeCounts()
         """The same for the wake that ended at the last ``release`` (a sleep): what an engine that sleeps every
         step (``runtime.switch``) paid in the rollout it just served, read while it sleeps."""
-        self._pool = torch.cuda.graph_pool_handle() if capture else None
-        self._stream = torch.cuda.Stream(device) if capture else None
+
+    def _init_capture_stream(self, device: torch.device) -> None:
+        """The graph memory pool and the stream captures run on (None without ``capture``)."""
+        self._pool = torch.cuda.graph_pool_handle() if self.capture else None
+        self._stream = torch.cuda.Stream(device) if self.capture else None
         """This engine's own stream for captures and their warm-up runs, not ``torch.cuda.graph``'s
         process-wide default one: the graphs of an engine left wedged in another thread could otherwise free
         the cuBLAS workspace that a new engine's graphs captured on the same stream embed (PyTorch keeps a
@@ -183,16 +192,15 @@ class StaticDecode:
 
     def stats(self) -> dict[str, float]:
         """Capture counts for the engine's ``stats``: over its life (``decode_*``: graphs captured, their
-        seconds, steps run eagerly and at how many shapes, steps replayed), the same for the last finished wake
-        (``decode_wake_*``), failed captures by reason, shapes left eager after running out of memory, and
-        steps whose capture waited for the trainer's turn."""
+        seconds, steps run eagerly and at how many shapes, steps replayed, steps whose capture waited for the
+        trainer's turn), the same for the last finished wake (``decode_wake_*``), failed captures by reason and
+        shapes left eager after running out of memory."""
         return {
             **self.total.stats("decode_"),
             **self.last_wake.stats("decode_wake_"),
             "decode_capture_failures_out_of_memory": self.capture_failures["out_of_memory"],
             "decode_capture_failures_other": self.capture_failures["other"],
             "decode_shapes_eager": len(self.eager_shapes),
-            "decode_captures_deferred": self.captures_deferred,
         }
 
     def shape_of(self, rope: list[int]) -> Shape:
@@ -259,7 +267,8 @@ class StaticDecode:
         started = time.perf_counter()
         with self.turns.capture_turn() as free:
             if not free:  # the trainer works on this device: eagerly now, capture at a later step
-                self.captures_deferred += 1
+                for counts in (self.total, self.wake):
+                    counts.captures_deferred += 1
                 return None
             try:
                 self.graphs[shape] = self._capture(batch, groups)

@@ -167,6 +167,12 @@ class Trainer:
             if critic is not None
             else None
         )
+        self._init_progress(version)
+
+    def _init_progress(self, version: int) -> None:
+        """Where training stands, moved on by each train step: the step (the schedule's clock), the policy
+        version, the updates skipped for a non-finite gradient, the last step's split over ranks and the
+        checkpoint that holds this state."""
         self.step = 0
         self.version = version
         self.skipped_in_a_row = 0
