@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from asyncrl.config.engine import EngineConfig
 from asyncrl.engine import make_engine
 from asyncrl.engine.async_engine import AsyncEngine, EngineStoppedError
+from asyncrl.testing.pause_at import PauseAt
 from asyncrl.types import FinishReason
 
 PROMPTS = [[5, 6, 7], [8, 9], [10, 11, 12, 13, 14], [15]]
@@ -54,11 +55,12 @@ def test_idle_engine_sleeps(async_engine):
 
 def test_abort_resolves_both_the_caller_and_the_generate_call(async_engine):
     async def main():
+        # paused on the engine's thread: in flight when the abort lands, however late this thread runs
+        hold = PauseAt([async_engine], "a", 3)
         task = asyncio.create_task(
             async_engine.generate(request("a", PROMPTS[0], max_new_tokens=100, ignore_eos=True))
         )
-        while async_engine.stats()["num_generated_tokens"] < 3:
-            await asyncio.sleep(0.005)
+        await hold.reached()
         partial = await async_engine.abort("a")
         return partial, await task
 
@@ -71,11 +73,11 @@ def test_pause_update_resume_tags_new_versions(async_engine):
     weights = {k: v.clone() for k, v in tiny_qwen2(seed=1).state_dict().items() if k != "lm_head.weight"}
 
     async def main():
+        hold = PauseAt([async_engine], "a", 2)  # so the update lands before the request's last token
         task = asyncio.create_task(
             async_engine.generate(request("a", PROMPTS[0], max_new_tokens=30, ignore_eos=True))
         )
-        while async_engine.stats()["num_generated_tokens"] < 2:
-            await asyncio.sleep(0.005)
+        await hold.reached()
         await async_engine.pause()
         before = async_engine.stats()["num_generated_tokens"]
         await asyncio.sleep(0.05)
