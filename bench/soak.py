@@ -61,6 +61,11 @@ MAX_STEPS = 1_000_000
 """The controller's step budget: the injector (or the deadline) ends the run instead."""
 GENERATION_WAIT_S = 30.0
 """An engine fault strikes mid-generation: at the engine's next request, or after this long regardless."""
+TIMEOUT_S = 10.0
+"""The health probe's and the reward's timeout: a live engine or reward waiting for the CPU on a loaded box
+answers within it (2 s can pass while it waits, and a spurious replacement breaks the quick test's exact restart
+count). A wedged engine is found, and a hanging reward given up, this long after the fault: part of its
+recovery time."""
 
 
 @dataclass(frozen=True)
@@ -97,9 +102,9 @@ def run_config(work: Workload, out: Path) -> RunConfig:
             "model.path=tiny-count",
             "task.type=count",
             "model.device=cpu",
-            "reward.timeout_s=2",
+            f"reward.timeout_s={TIMEOUT_S}",
             "proxy.health_check_interval_s=1",
-            "proxy.health_check_timeout_s=2",
+            f"proxy.health_check_timeout_s={TIMEOUT_S}",
             "runtime.type=inline",
         ],
     )

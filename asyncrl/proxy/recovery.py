@@ -151,24 +151,47 @@ class EngineRecovery:
                 if worker.healthy and not worker.recovering and not worker.updates_in_flight
             ]
             started = [worker.num_updates_started for worker in workers]
-            answers = await asyncio.gather(*(self._probe(worker) for worker in workers))
-            for worker, before, answered in zip(workers, started, answers, strict=True):
-                if not answered and worker.num_updates_started == before:
-                    self.suspect(worker, probed=True)
+            errors = await asyncio.gather(*(self._probe(worker) for worker in workers))
+            for worker, before, error in zip(workers, started, errors, strict=True):
+                if error is None:
+                    continue
+                if worker.num_updates_started != before:
+                    logger.info(
+                        "engine %d missed a health probe during a weight update: %r", worker.index, error
+                    )
+                    continue
+                self._failed_probe(worker, error)
+                self.suspect(worker, probed=True)
 
-    async def _probe(self, worker: EngineWorker) -> bool:
-        """Whether the engine answers an abort of ``PROBE_REQUEST_ID`` within ``health_check_timeout_s``."""
+    async def _probe(self, worker: EngineWorker) -> Exception | None:
+        """Why the engine did not answer an abort of ``PROBE_REQUEST_ID`` within ``health_check_timeout_s``;
+        None if it did. Not counted here: the caller decides whether the failure is held against the engine."""
         try:
             await asyncio.wait_for(worker.client.abort(PROBE_REQUEST_ID), self.config.health_check_timeout_s)
         except Exception as error:  # deliberate: any failure to answer is what the probe looks for
-            self.counts["num_failed_probes"] += 1
-            logger.warning("engine %d failed its health probe: %r", worker.index, error)
-            return False
-        return True
+            return error
+        return None
+
+    def _failed_probe(self, worker: EngineWorker, error: Exception) -> None:
+        """Count a probe failure held against ``worker`` (``recovery/failed_probes``: forgiven ones are not)."""
+        self.counts["num_failed_probes"] += 1
+        logger.warning("engine %d failed its health probe: %r", worker.index, error)
+
+    async def _answers(self, worker: EngineWorker) -> bool:
+        """Whether a suspect engine answers its probe; a failure counts (it gets the engine replaced)."""
+        error = await self._probe(worker)
+        if error is not None:
+            self._failed_probe(worker, error)
+        return error is None
 
     async def _recover(self, worker: EngineWorker, probed: bool) -> None:
         try:
-            if not probed and self._may_keep(worker) and await self._probe(worker) and self._may_keep(worker):
+            if (
+                not probed
+                and self._may_keep(worker)
+                and await self._answers(worker)
+                and self._may_keep(worker)
+            ):
                 return  # a one-off failure: the engine answers, its version is known
             await self._replace(worker)
         finally:

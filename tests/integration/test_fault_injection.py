@@ -30,6 +30,13 @@ NUM_STEPS = 3
 BATCH, GROUP = 2, 3
 RUN_DEADLINE_S = 300.0
 """A run that has not finished by then is hung: the test fails instead of waiting forever."""
+PATROL_S = 1.0
+"""``proxy.health_check_interval_s``."""
+HEALTH_TIMEOUT_S = 10.0
+"""``proxy.health_check_timeout_s``: a live engine waiting for the CPU on a loaded 2-core box answers within it
+(2 s can pass while it waits, and its replacement breaks the exact restart counts); a wedge is found this late."""
+REWARD_TIMEOUT_S = 10.0
+"""``reward.timeout_s``, for the same reason: only a reward made to hang may time out."""
 COMMON = (
     f"controller.num_steps={NUM_STEPS}",
     "controller.mode=async",
@@ -44,9 +51,9 @@ COMMON = (
     "task.num_eval=8",
     "trainer.lr=1e-3",
     "reward.name=test_fault_injection:length_reward",
-    "reward.timeout_s=2",
-    "proxy.health_check_interval_s=1",
-    "proxy.health_check_timeout_s=2",
+    f"reward.timeout_s={REWARD_TIMEOUT_S}",
+    f"proxy.health_check_interval_s={PATROL_S}",
+    f"proxy.health_check_timeout_s={HEALTH_TIMEOUT_S}",
     "model.device=cpu",
 )
 
@@ -160,19 +167,16 @@ def test_inline_engine_killed_or_wedged_mid_generation_is_replaced(monkeypatch, 
         assert last["recovery/failed_probes"] >= 1
 
 
-PATROL_S = 1.0
-"""``proxy.health_check_interval_s`` in ``COMMON``."""
-
-
 def test_inline_update_slowed_past_three_patrols_completes_with_no_engine_replaced(
     monkeypatch, tiny_path, tmp_path
 ):
-    """The first weight update takes 3.5 patrol intervals longer, the engine answering no probe meanwhile: the
-    patrol leaves an updating engine alone, so the run trains every step on the one engine it started with."""
+    """The first weight update takes a probe's timeout and 3.5 patrol intervals longer, the engine answering no
+    probe meanwhile (a probe of it would fail): the patrol leaves an updating engine alone, so the run trains
+    every step on the one engine it started with."""
 
     def prepare(parts: Any) -> None:
         wrap_engines(parts)
-        parts.engines[0].slow_next_update(3.5 * PATROL_S)
+        parts.engines[0].slow_next_update(HEALTH_TIMEOUT_S + 3.5 * PATROL_S)
 
     async def inject(parts: Any) -> None:
         await parts.engines[0].updated.wait()
@@ -232,7 +236,7 @@ def test_rewards_raising_and_hanging_fail_only_their_samples(monkeypatch, tiny_p
 
     def prepare(parts: Any) -> None:
         parts.rewards.close()
-        parts.rewards = RewardService(faulty, timeout_s=2.0)
+        parts.rewards = RewardService(faulty, timeout_s=REWARD_TIMEOUT_S)
 
     async def inject(parts: Any) -> None:
         return None

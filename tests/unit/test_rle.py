@@ -5,7 +5,7 @@ from __future__ import annotations
 import pickle
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asyncrl.rle import RleSequence, kept, starts_with
@@ -35,6 +35,7 @@ def build(spec: list[tuple]) -> tuple[RleSequence[int], list[int]]:
     return runs, expected
 
 
+@settings(deadline=None)  # a pause of the loaded CI box is not a slow example
 @given(parts, st.lists(st.integers(-2, 2), max_size=4))
 def test_runs_equals_the_list_it_stands_for(spec: list[tuple], head: list[int]) -> None:
     runs, expected = build(spec)
@@ -47,6 +48,7 @@ def test_runs_equals_the_list_it_stands_for(spec: list[tuple], head: list[int]) 
         assert runs[index] == expected[index]
 
 
+@settings(deadline=None)
 @given(parts, st.integers(-8, 8), st.integers(-8, 8), st.sampled_from([None, 1, 2, -1]))
 def test_slices_are_lists_equal_to_the_list_slices(
     spec: list[tuple], start: int, stop: int, step: int | None

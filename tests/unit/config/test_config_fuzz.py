@@ -16,7 +16,7 @@ from asyncrl.config.loader import apply_overrides, load_config, parse_override
 from asyncrl.config.run import RunConfig
 from asyncrl.testing.fuzz import values
 
-FUZZ = settings(max_examples=200, deadline=1000, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 DEFAULTS = to_dict(RunConfig())
 
 

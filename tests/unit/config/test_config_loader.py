@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asyncrl.config.base import ConfigError, from_dict
@@ -121,6 +121,7 @@ def test_load_config_file_errors(tmp_path):
 _TEXT = st.text(st.characters(exclude_categories=("Cc", "Cs"), include_characters="\n\t"), max_size=20)
 
 
+@settings(deadline=None)  # a pause of the loaded CI box is not a slow example
 @given(
     name=_TEXT,
     steps=st.integers(),

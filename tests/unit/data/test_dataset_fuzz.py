@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from asyncrl.data.loader import FieldSpec, load_samples, row_to_sample
 from asyncrl.testing.fuzz import values
 
-FUZZ = settings(max_examples=120, deadline=1000, suppress_health_check=[HealthCheck.function_scoped_fixture])
+FUZZ = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 CHAT = FieldSpec(messages_field="messages")
 
 messages = st.one_of(

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from asyncrl.config.engine import EngineConfig
 from asyncrl.engine import make_engine
 from asyncrl.engine.async_engine import AsyncEngine, EngineStoppedError
+from asyncrl.testing.pause_at import PauseAt
 from asyncrl.types import FinishReason
 
 PROMPTS = [[5, 6, 7], [8, 9], [10, 11, 12, 13, 14], [15]]
@@ -48,17 +49,26 @@ def test_concurrent_generates_match_hf_and_stats_add_up(async_engine, qwen2):
 
 
 def test_idle_engine_sleeps(async_engine):
+    """Idle seconds grow with the wall clock while there is nothing to do. Measured across the sleep, not since
+    construction: the engine thread's start counts as busy, and on a loaded box it can take a share of 0.3 s."""
+    deadline = time.monotonic() + TIMEOUT
+    while async_engine.stats()["idle_seconds"] == 0:  # the thread has not reached its first wait yet
+        assert time.monotonic() < deadline, "the engine thread never went idle"
+        time.sleep(0.001)
+    before, started = async_engine.stats()["idle_seconds"], time.perf_counter()
     time.sleep(0.3)
-    assert async_engine.stats()["idle_fraction"] > 0.9
+    idle, wall = async_engine.stats()["idle_seconds"] - before, time.perf_counter() - started
+    assert idle > 0.9 * wall
 
 
 def test_abort_resolves_both_the_caller_and_the_generate_call(async_engine):
     async def main():
+        # paused on the engine's thread: in flight when the abort lands, however late this thread runs
+        hold = PauseAt([async_engine], "a", 3)
         task = asyncio.create_task(
             async_engine.generate(request("a", PROMPTS[0], max_new_tokens=100, ignore_eos=True))
         )
-        while async_engine.stats()["num_generated_tokens"] < 3:
-            await asyncio.sleep(0.005)
+        await hold.reached()
         partial = await async_engine.abort("a")
         return partial, await task
 
@@ -71,11 +81,11 @@ def test_pause_update_resume_tags_new_versions(async_engine):
     weights = {k: v.clone() for k, v in tiny_qwen2(seed=1).state_dict().items() if k != "lm_head.weight"}
 
     async def main():
+        hold = PauseAt([async_engine], "a", 2)  # so the update lands before the request's last token
         task = asyncio.create_task(
             async_engine.generate(request("a", PROMPTS[0], max_new_tokens=30, ignore_eos=True))
         )
-        while async_engine.stats()["num_generated_tokens"] < 2:
-            await asyncio.sleep(0.005)
+        await hold.reached()
         await async_engine.pause()
         before = async_engine.stats()["num_generated_tokens"]
         await asyncio.sleep(0.05)

@@ -9,6 +9,7 @@ import pytest
 from engine_testlib import drain, engine, request
 
 from asyncrl.engine.async_engine import AsyncEngine
+from asyncrl.testing.pause_at import PauseAt
 from asyncrl.types import FinishReason
 
 
@@ -108,10 +109,9 @@ def test_async_engine_export_returns_the_partial_and_import_finishes_it(qwen2) -
         source = AsyncEngine(engine(qwen2))
         target = AsyncEngine(engine(qwen2))
         try:
+            hold = PauseAt([source], "r", 3)  # paused on its own step thread: the export lands mid-generation
             call = asyncio.ensure_future(source.generate(sampled("r", max_new_tokens=100)))
-            while source.core.num_generated_tokens < 3:
-                await asyncio.sleep(0.001)
-            await source.pause()  # the step loop is idle now, so the export lands mid-generation
+            await hold.reached()
             state = await source.export_request("r")
             partial = await call
             finished = await target.import_request(state)

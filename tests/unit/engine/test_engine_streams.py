@@ -20,6 +20,7 @@ from asyncrl.config.engine import EngineConfig
 from asyncrl.engine.async_engine import AsyncEngine
 from asyncrl.engine.llm_engine import LLMEngine
 from asyncrl.engine.streams import EngineStream
+from asyncrl.testing.pause_at import PauseAt
 from asyncrl.weight_sync import InProcessSync
 from asyncrl.weight_sync.colocated import ColocatedSync
 from asyncrl.weight_sync.delta import DeltaSync
@@ -250,12 +251,11 @@ def test_streamed_buckets_sleep_and_wake_are_ordered_hand_offs(qwen2, recorder) 
 
 def test_a_migrated_request_leaves_one_stream_drained_before_the_other_reads_it(qwen2, recorder) -> None:
     async def scenario(source: AsyncEngine, target: AsyncEngine):
+        hold = PauseAt([source], "r", 3)  # paused mid-generation on its own thread, so the export finds it
         call = asyncio.ensure_future(
             source.generate(request("r", [5, 6, 7], max_new_tokens=50, ignore_eos=True))
         )
-        while source.core.num_generated_tokens < 3:
-            await asyncio.sleep(0.001)
-        await source.pause()
+        await hold.reached()
         state = await source.export_request("r")
         await call
         return await target.import_request(state)

@@ -22,6 +22,7 @@ from asyncrl.engine import make_engine  # noqa: E402
 from asyncrl.engine.async_engine import AsyncEngine  # noqa: E402
 from asyncrl.proxy import LLMProxy  # noqa: E402
 from asyncrl.testing.models import tiny_qwen2  # noqa: E402
+from asyncrl.testing.pause_at import PauseAt  # noqa: E402
 from asyncrl.types import Request, SamplingParams  # noqa: E402
 
 
@@ -67,9 +68,11 @@ def test_unasked_abort_is_continued_to_the_uninterrupted_output(engines: list[As
     async def main() -> None:
         proxy = LLMProxy(engines, ProxyConfig(update_policy="in_flight"))
         reference = await proxy.generate(request("r", max_new_tokens=40, temperature=0.0))
+        hold = PauseAt(engines, "r", 5)  # in flight when the abort lands, however late this thread runs
         task = asyncio.create_task(proxy.generate(request("r", max_new_tokens=40, temperature=0.0)))
-        await wait_for_tokens(engines, 45)
+        paused = await hold.reached()
         partials = [await engine.abort("r") for engine in engines]  # the engine drops it (e.g. a migration)
+        await paused.resume()
         generation = await task
         assert sum(p is not None for p in partials) == 1
         assert generation.token_ids == reference.token_ids
@@ -86,12 +89,14 @@ def test_an_observed_call_hears_one_growing_output_across_an_unasked_abort(engin
     async def main() -> None:
         proxy = LLMProxy(engines, ProxyConfig(update_policy="in_flight"))
         heard: list[list[int]] = []
+        hold = PauseAt(engines, "r", 5)  # in flight when the abort lands, however late this thread runs
         task = asyncio.create_task(
             proxy.generate(request("r", max_new_tokens=40, temperature=0.0), heard.append)
         )
-        await wait_for_tokens(engines, 5)
+        paused = await hold.reached()
         for engine in engines:
             await engine.abort("r")
+        await paused.resume()
         generation = await task
         assert proxy.stats()["num_continuations"] == 1
         assert len(heard) > 1 and all(len(b) > len(a) for a, b in zip(heard, heard[1:], strict=False))

@@ -135,6 +135,40 @@ def test_an_update_slower_than_three_patrols_completes_with_no_engine_replaced(p
         run(main, seed)
 
 
+class SlowProbes(BusyWhileUpdating):
+    """Takes ``probe_s`` before it looks at a probe, so an update can start while one is in flight."""
+
+    def __init__(self, *, probe_s: float, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.probe_s = probe_s
+
+    async def abort(self, request_id: str) -> Generation | None:
+        if request_id.startswith("asyncrl-health-probe"):
+            await asyncio.sleep(self.probe_s)
+        return await super().abort(request_id)
+
+
+@pytest.mark.parametrize("policy", ["in_flight", "drain"])
+def test_a_probe_overlapped_by_an_update_is_not_counted_as_failed(policy):
+    """The patrol forgives a probe that an update overlapped (the engine may answer nothing while it loads
+    weights), so ``failed_probes``, which users read as probes held against an engine, must not count it."""
+
+    async def main() -> None:
+        engine = SlowProbes(probe_s=2.0, lengths=6, step_s=2.0, update_s=3 * PATROL_S)
+        factory = Factory()
+        proxy = make_proxy([engine], factory, policy)
+        await asyncio.sleep(PATROL_S + 1.0)  # the first probe is in flight, answered at the earliest in 1 s
+        await update(proxy, 1)  # it waits behind this update, past health_check_timeout_s
+        assert factory.started == [] and engine.probes == 0
+        assert proxy.stats()["num_failed_probes"] == 0
+        await asyncio.sleep(2 * PATROL_S)
+        assert engine.probes >= 1 and proxy.healthy_engines() == [0]
+        await proxy.aclose()
+
+    for seed in range(10):
+        run(main, seed)
+
+
 @pytest.mark.parametrize("policy", ["in_flight", "drain"])
 @pytest.mark.parametrize("fault", ["killed", "wedged"])
 def test_an_engine_killed_or_wedged_during_an_update_is_replaced_and_the_run_goes_on(policy, fault):
