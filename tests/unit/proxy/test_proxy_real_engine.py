@@ -42,16 +42,16 @@ def request(request_id: str, *, max_new_tokens: int = 100, temperature: float = 
     return Request(request_id=request_id, prompt_token_ids=[5, 6, 7], sampling=sampling)
 
 
-async def wait_for_tokens(engines: list[AsyncEngine], count: int) -> None:
-    while sum(engine.stats()["num_generated_tokens"] for engine in engines) < count:
-        await asyncio.sleep(0.001)
-
-
 def test_in_flight_update_switches_versions_mid_generation(engines: list[AsyncEngine]):
     async def main() -> None:
         proxy = LLMProxy(engines, ProxyConfig(update_policy="in_flight"))
+        # one request per engine (the proxy counts a routed call before it awaits), each engine paused with its
+        # request in flight, so the update lands mid-generation however late this thread runs
+        holds = [PauseAt(engines, f"r{i}", 8) for i in range(2)]
         tasks = [asyncio.create_task(proxy.generate(request(f"r{i}"))) for i in range(2)]
-        await wait_for_tokens(engines, 8)
+        assert {id(engine) for engine in await asyncio.gather(*(h.reached() for h in holds))} == {
+            id(engine) for engine in engines
+        }
         await proxy.suspend()
         await proxy.model_update(tiny_qwen2(1).state_dict(), 1)
         await proxy.resume()
