@@ -41,9 +41,9 @@ from bench.harness import git_commit  # noqa: E402
 from bench.provenance import TRACES, load_traces  # noqa: E402
 from bench.registry import BENCHMARKS, Benchmark  # noqa: E402
 
-STDERR_LINES = 60
-"""How much of a failed run's stderr the trace shows: enough for a child process's traceback and the lines
-its parent printed after it."""
+STDERR_LINES = 120
+"""How much of a failed run's stderr the trace shows: enough for a child process's traceback (a Ray error alone
+runs to ~50 lines: its memory report) and the lines its parent printed after it."""
 PREFIXES = ("asyncrl", "bench")
 """Top-level packages whose imported modules are the project's code."""
 HOOK = '''"""Written by scripts/import_trace.py: records the project's modules this process imports."""
