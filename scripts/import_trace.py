@@ -32,6 +32,7 @@ import json  # noqa: E402
 import os  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
+import textwrap  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Iterable  # noqa: E402
 from typing import Any  # noqa: E402
@@ -40,6 +41,9 @@ from bench.harness import git_commit  # noqa: E402
 from bench.provenance import TRACES, load_traces  # noqa: E402
 from bench.registry import BENCHMARKS, Benchmark  # noqa: E402
 
+STDERR_LINES = 120
+"""How much of a failed run's stderr the trace shows: enough for a child process's traceback (a Ray error alone
+runs to ~50 lines: its memory report) and the lines its parent printed after it."""
 PREFIXES = ("asyncrl", "bench")
 """Top-level packages whose imported modules are the project's code."""
 HOOK = '''"""Written by scripts/import_trace.py: records the project's modules this process imports."""
@@ -81,6 +85,14 @@ def data_files(root: Path = ROOT) -> list[str]:
     return sorted(path for path in listed.stdout.split() if not path.endswith(".py"))
 
 
+def stderr_tail(stderr: str | bytes | None, lines: int = STDERR_LINES) -> str:
+    """The last ``lines`` lines of a failed run's stderr: its traceback, which a benchmark's own last line (a
+    child process's "failed ...: see above") does not carry."""
+    if isinstance(stderr, bytes):  # what a timed-out run had written (``TimeoutExpired`` keeps bytes)
+        stderr = stderr.decode(errors="replace")
+    return "\n".join((stderr or "").rstrip().splitlines()[-lines:])
+
+
 def trace(benchmark: Benchmark, timeout_s: float) -> dict[str, Any]:
     """Run the benchmark's ``--quick`` mode under the hook; its measured paths, or why there are none."""
     with tempfile.TemporaryDirectory(prefix="import-trace-") as tmp:
@@ -98,10 +110,10 @@ def trace(benchmark: Benchmark, timeout_s: float) -> dict[str, Any]:
             done = subprocess.run(
                 command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s
             )
-        except subprocess.TimeoutExpired:
-            return {"error": f"--quick ran past {timeout_s:g} s"}
+        except subprocess.TimeoutExpired as expired:
+            return {"error": f"--quick ran past {timeout_s:g} s", "stderr": stderr_tail(expired.stderr)}
         if done.returncode != 0:
-            return {"error": f"--quick exited {done.returncode}: {done.stderr.strip().splitlines()[-1:]}"}
+            return {"error": f"--quick exited {done.returncode}", "stderr": stderr_tail(done.stderr)}
         names = {line for record in records.iterdir() for line in record.read_text().split()}
         processes = len(list(records.iterdir()))
     modules = module_files(names)
@@ -126,9 +138,11 @@ def main() -> None:
             continue
         print(f"tracing {benchmark.result}: python {' '.join(benchmark.args)} --quick", flush=True)
         record = trace(benchmark, args.timeout)
-        print(f"  {record.get('error') or str(record['modules']) + ' modules'}", flush=True)
         if "error" in record:  # keep an earlier trace: a failed run says nothing about what it imports
+            print(f"  {record['error']}; its stderr ends:", flush=True)
+            print(textwrap.indent(record["stderr"] or "(empty)", "  | "), flush=True)
             continue
+        print(f"  {record['modules']} modules", flush=True)
         traces[benchmark.result] = {
             "commit": commit,
             "command": " ".join(benchmark.args) + " --quick",

@@ -58,6 +58,28 @@ def test_a_failed_run_gives_no_trace(tmp_path: Path) -> None:
     assert "exited 3" in import_trace.trace(Benchmark("broken", (str(script),), 1), timeout_s=60)["error"]
 
 
+FAILING_CHILD = """
+import subprocess
+import sys
+
+if __name__ == "__main__":
+    child = subprocess.run([sys.executable, "-c", "raise RuntimeError('the real cause, in a child')"])
+    for line in range(5):  # the parent's own lines after the child's traceback, as a benchmark logs them
+        print(f"tidying up {line}", file=sys.stderr)
+    raise SystemExit(f"the child failed (exit {child.returncode}): see above")
+"""
+
+
+def test_a_failed_run_shows_the_traceback_of_the_child_that_failed(tmp_path: Path) -> None:
+    # weight_sync's --quick fails in a per-size child process and its own last line says only "see above"
+    script = tmp_path / "child_fails.py"
+    script.write_text(FAILING_CHILD)
+    record = import_trace.trace(Benchmark("child_fails", (str(script),), 1), timeout_s=60)
+    assert "exited 1" in record["error"]
+    assert "RuntimeError: the real cause, in a child" in record["stderr"]
+    assert record["stderr"].splitlines()[-1] == "the child failed (exit 1): see above"
+
+
 def test_module_names_map_to_their_files() -> None:
     files = import_trace.module_files(["asyncrl", "asyncrl.rle", "asyncrl.no_such_module", "json"])
     assert files == {"asyncrl/__init__.py", "asyncrl/rle.py"}
