@@ -248,7 +248,13 @@ def test_harness_calls_through_a_switched_run_never_time_out_for_the_engines_sle
     assert len(run.saves) == NUM_STEPS and all(save["asleep"] == [1] for save in run.saves), run.saves
     assert run.saves[0]["queued"] != [0], run.saves
     assert Path(summary.checkpoint).is_dir()
-    # the engine slept and woke for each step and each checkpoint (the last step's is the final one)
+    assert_the_engine_switched_each_step_and_save(run, out)
+    assert_every_group_accounted_for(run, out)
+
+
+def assert_the_engine_switched_each_step_and_save(run: Run, out: Path) -> None:
+    """The engine slept and woke for each step and each checkpoint (the last step's is the final one), as each
+    step's colocate metrics say too."""
     (engine,) = run.engines
     assert (engine.core.num_sleeps, engine.core.num_wakes) == (2 * NUM_STEPS, 2 * NUM_STEPS)
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -260,8 +266,6 @@ def test_harness_calls_through_a_switched_run_never_time_out_for_the_engines_sle
     for line in steps[1:]:  # the checkpoint after the step before
         assert line["train/colocate/checkpoint_sleep_bytes"] > 0, line
         assert line["train/colocate/checkpoint_engine_failures"] == 0, line
-
-    assert_every_group_accounted_for(run, out)
 
 
 def assert_every_group_accounted_for(run: Run, out: Path) -> None:
