@@ -84,17 +84,24 @@ class EngineSet:
         """Loop time timeouts were last held at, while they are (``hold_timeouts``); None otherwise."""
         self._held_total = 0.0
         """Loop seconds timeouts were held before ``_held_since``: subtracted from every call's timeout clock."""
+        self._parked: set[Callable[[], None]] = set()
+        """The timeout checks of calls whose timer fired while timeouts were held: run again at the resume."""
 
     def hold_timeouts(self, held: bool) -> None:
         """Stop (``held``) or restart the clock ``request_timeout_s`` reads: the engines sleep (``runtime.switch``,
         ``LLMProxy.suspend(engines_asleep=True)``), so time a call spends on one then is not the engine's fault
-        and must not expire into a failure (and, three in a row, a reload of a healthy engine)."""
+        and must not expire into a failure (and, three in a row, a reload of a healthy engine). Restarted, each call
+        whose timer fired meanwhile is timed again at once for what it has left, so it expires when its awake time
+        reaches ``request_timeout_s``, not up to a timeout later."""
         now = asyncio.get_running_loop().time()
         if held and self._held_since is None:
             self._held_since = now
         elif not held and self._held_since is not None:
             self._held_total += now - self._held_since
             self._held_since = None
+            parked, self._parked = self._parked, set()
+            for expire in parked:
+                expire()
 
     def _held_time(self, now: float) -> float:
         """Loop seconds timeouts were held so far (``hold_timeouts``), up to ``now``."""
@@ -202,14 +209,15 @@ class EngineSet:
         timer: asyncio.TimerHandle | None = None
 
         def expire() -> None:
-            """Wake at ``deadline``; before it (time passed held) wait for the rest, or, while still held, check
-            again a whole timeout later (the clock is stopped until the resume). Rounding (``_DEADLINE_SLACK_S``)
-            must not re-arm the timer at the instant it fired: a virtual clock would spin there."""
+            """Wake at ``deadline``; before it (time passed held) wait for the rest, or, while still held, park
+            until ``hold_timeouts`` restarts the clock and runs this again. Rounding (``_DEADLINE_SLACK_S``) must
+            not re-arm the timer at the instant it fired: a virtual clock would spin there."""
             nonlocal timer
             assert timeout is not None and deadline is not None
             now = loop.time()
             if self._held_since is not None:
-                timer = loop.call_later(timeout, expire)
+                timer = None
+                self._parked.add(expire)
                 return
             left = deadline - (now - self._held_time(now))
             if left <= _DEADLINE_SLACK_S:
@@ -226,6 +234,7 @@ class EngineSet:
         finally:
             self._call_waiters.pop(waiter, None)
             task.remove_done_callback(wake)
+            self._parked.discard(expire)
             if timer is not None:
                 timer.cancel()
 

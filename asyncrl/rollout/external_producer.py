@@ -126,23 +126,19 @@ class ExternalProducer:
         self.ledger.check(trajectory_id, group_id)
 
     async def admit(self, trajectory: ServedTrajectory) -> None:
-        """Place a new trajectory in its group (opening it, and waiting for a ticket, if needed)."""
-        async with self._admitting:  # one group opens at a time, so two first calls never open two
-            group = self._named.get(trajectory.group_id) if trajectory.group_id else self._open
-            if group is None or group.released is not None or len(group.members) >= self.buffer.group_size:
-                if trajectory.group_id and group is not None:
-                    raise ServeError(
-                        409,
-                        f"group {trajectory.group_id!r} already has "
-                        f"{len(group.members)} trajectories (rollout.num_return_sequences)",
-                        "group_id",
-                        "conflict_error",
-                    )
-                group = await self._new_group(trajectory.group_id)
-            group.members.append(trajectory.trajectory_id)
-            self._group_of[trajectory.trajectory_id] = group
-            self.counts["trajectories"] += 1
-            self.ledger.record(trajectory.trajectory_id, trajectory.group_id)
+        """Place a new trajectory in its group (opening it, and waiting for a ticket, if needed).
+
+        Joining a group that is open already never waits: only opening one takes the lock, which a first call
+        holds while it waits for capacity. Behind that lock, a member of an admitted group would wait for
+        capacity that only its own group's completion (a trained batch) can free: the run would hang."""
+        group = self._joinable(trajectory.group_id)
+        if group is None:
+            async with self._admitting:  # one group opens at a time, so two first calls never open two
+                group = self._joinable(trajectory.group_id) or await self._new_group(trajectory.group_id)
+        group.members.append(trajectory.trajectory_id)
+        self._group_of[trajectory.trajectory_id] = group
+        self.counts["trajectories"] += 1
+        self.ledger.record(trajectory.trajectory_id, trajectory.group_id)
 
     def ended(self, trajectory: ServedTrajectory) -> None:
         group = self._group_of.get(trajectory.trajectory_id)
@@ -160,6 +156,22 @@ class ExternalProducer:
         group.ended.append(sample)
         if len(group.ended) == self.buffer.group_size:
             self._hand_in(group)
+
+    def _joinable(self, name: str | None) -> _Group | None:
+        """The open group a new trajectory naming group ``name`` (None: anonymous) joins; None when a group must
+        be opened (an anonymous one is full or released, or no group has that name yet); a 409 when the named
+        group can take no one (all its members came, or it was released)."""
+        group = self._named.get(name) if name else self._open
+        if group is not None and group.released is None and len(group.members) < self.buffer.group_size:
+            return group
+        if name and group is not None:
+            raise ServeError(
+                409,
+                f"group {name!r} already has {len(group.members)} trajectories (rollout.num_return_sequences)",
+                "group_id",
+                "conflict_error",
+            )
+        return None
 
     # ---- groups ---------------------------------------------------------------------------------------------
 

@@ -61,10 +61,11 @@ class ShuffledEventLoop(asyncio.SelectorEventLoop):
                 self._virtual_now = max(self._virtual_now, self._scheduled[0]._when)
         if self._rng is not None:
             self._move_due_timers()
-            ready = list(self._ready)
+            # popped one by one, never copied and cleared: a thread's call_soon_threadsafe may append meanwhile,
+            # and what it appends stays queued (after the shuffled ones) instead of being cleared away
+            ready = [self._ready.popleft() for _ in range(len(self._ready))]
             self._rng.shuffle(ready)
-            self._ready.clear()
-            self._ready.extend(ready)
+            self._ready.extendleft(reversed(ready))
         if self._virtual_time and self._ready and not self._debug:
             self._run_ready()
         else:

@@ -8,6 +8,7 @@ import asyncio
 import random
 from collections.abc import Sequence
 
+import pytest
 from controller_harness import FakeRewards, FakeTokenizer
 
 from asyncrl.buffer.sample_buffer import SampleBuffer
@@ -17,6 +18,7 @@ from asyncrl.config.proxy import ProxyConfig
 from asyncrl.config.rollout import RolloutConfig
 from asyncrl.controller.controller import Controller
 from asyncrl.data.base import TaskSample
+from asyncrl.proxy.errors import RequestTimeout
 from asyncrl.proxy.llm_proxy import LLMProxy
 from asyncrl.proxy.worker import EngineClient
 from asyncrl.rollout.prompt_source import PromptSource
@@ -32,8 +34,8 @@ class SleepingEngine(FakeEngine):
     """A ``FakeEngine`` that can sleep as the switch sleeps a built-in engine: its requests stay queued and
     make no progress until ``wake``, and what it received while asleep is recorded."""
 
-    def __init__(self) -> None:
-        super().__init__(lengths=4, step_s=0.1)
+    def __init__(self, lengths: int = 4) -> None:
+        super().__init__(lengths=lengths, step_s=0.1)
         self.asleep = False
         self.received_asleep: list[str] = []
 
@@ -164,6 +166,38 @@ def test_a_call_on_an_engine_while_it_sleeps_does_not_time_out_for_the_time_it_s
         assert len(generation.token_ids) == 4
         stats = proxy.stats()
         assert (stats["num_timeouts"], stats["engines"][0]["num_failures"]) == (0, 0), stats
+        proxy.close()
+
+    for seed in SEEDS:
+        run_shuffled(main, seed)
+
+
+def test_a_call_s_clock_goes_on_at_the_resume_from_where_it_stopped():
+    """Served 0.45 s of its 1 s, held from 0.45 to 10.2 while the engine sleeps, then served again: it times out
+    at 10.75, when its awake time reaches its timeout, not at the proxy's next look at the held clocks (before:
+    a whole timeout after the last one, at 11.0, up to a timeout late)."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        engine = SleepingEngine(lengths=1000)  # 100 s of tokens: it outlasts its timeout
+        proxy = LLMProxy([engine], ProxyConfig(update_policy="drain", request_timeout_s=1.0), clock=loop.time)
+        ended: list[float] = []
+
+        async def outlasting() -> None:
+            try:
+                await proxy.generate(make_request("r0", max_new_tokens=1000))
+            except RequestTimeout:
+                ended.append(loop.time())
+
+        call = asyncio.ensure_future(outlasting())
+        await asyncio.sleep(0.45)
+        await proxy.suspend(engines_asleep=True)
+        engine.sleep()
+        await asyncio.sleep(10.2 - 0.45)
+        engine.wake()
+        await proxy.resume()
+        await call
+        assert ended == [pytest.approx(10.75, abs=1e-6)], ended
         proxy.close()
 
     for seed in SEEDS:

@@ -1,6 +1,8 @@
 """The test loop: seeded shuffling finds order-dependent bugs, virtual time is instant, deadlocks are caught."""
 
 import asyncio
+import sys
+import threading
 import time
 
 import pytest
@@ -137,3 +139,51 @@ def test_loop_is_a_selector_loop_and_starts_at_time_zero():
         assert loop.time() == 0.0
     finally:
         loop.close()
+
+
+def test_no_callback_a_thread_schedules_is_lost_while_the_loop_shuffles():
+    """``call_soon_threadsafe`` appends to the ready queue from another thread at any instant, also while the
+    loop shuffles that queue; before, the shuffle copied the queue and cleared it, so a callback appended in
+    between was dropped (a thread's wake-up lost for good: the loop then waited on it forever)."""
+    calls, total = [0], 20_000
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+
+        def count() -> None:
+            calls[0] += 1
+            if calls[0] == total:
+                done.set_result(None)
+
+        def schedule() -> None:
+            for _ in range(total):
+                loop.call_soon_threadsafe(count)
+
+        async def spin() -> None:  # keeps the ready queue busy, so the loop shuffles it every iteration
+            while not stopped:
+                await asyncio.sleep(0)
+
+        stopped = False
+
+        spinners = [asyncio.ensure_future(spin()) for _ in range(4)]
+        thread = threading.Thread(target=schedule)
+        thread.start()
+        try:
+            await asyncio.wait_for(asyncio.shield(done), 30.0)
+        finally:
+            stopped = True
+            thread.join()
+            await asyncio.gather(*spinners)
+
+    switching = sys.getswitchinterval()
+    sys.setswitchinterval(
+        1e-6
+    )  # the threads take turns as often as they can: in the window too, if there is one
+    try:
+        for seed in range(3):
+            calls[0] = 0
+            run_shuffled(main, seed, virtual_time=False)
+            assert calls[0] == total, (seed, calls[0])
+    finally:
+        sys.setswitchinterval(switching)
