@@ -84,8 +84,9 @@ class EngineSet:
         """Loop time timeouts were last held at, while they are (``hold_timeouts``); None otherwise."""
         self._held_total = 0.0
         """Loop seconds timeouts were held before ``_held_since``: subtracted from every call's timeout clock."""
-        self._parked: set[Callable[[], None]] = set()
-        """The timeout checks of calls whose timer fired while timeouts were held: run again at the resume."""
+        self._parked: dict[Callable[[], None], None] = {}
+        """The timeout checks of calls whose timer fired while timeouts were held: run again at the resume, in
+        the order they parked (a dict, not a set: a seeded schedule replays the same order in any process)."""
 
     def hold_timeouts(self, held: bool) -> None:
         """Stop (``held``) or restart the clock ``request_timeout_s`` reads: the engines sleep (``runtime.switch``,
@@ -99,7 +100,7 @@ class EngineSet:
         elif not held and self._held_since is not None:
             self._held_total += now - self._held_since
             self._held_since = None
-            parked, self._parked = self._parked, set()
+            parked, self._parked = self._parked, {}
             for expire in parked:
                 expire()
 
@@ -217,7 +218,7 @@ class EngineSet:
             now = loop.time()
             if self._held_since is not None:
                 timer = None
-                self._parked.add(expire)
+                self._parked[expire] = None
                 return
             left = deadline - (now - self._held_time(now))
             if left <= _DEADLINE_SLACK_S:
@@ -234,7 +235,7 @@ class EngineSet:
         finally:
             self._call_waiters.pop(waiter, None)
             task.remove_done_callback(wake)
-            self._parked.discard(expire)
+            self._parked.pop(expire, None)
             if timer is not None:
                 timer.cancel()
 
