@@ -482,6 +482,7 @@ class LLMProxy(ProxyShell):
             "num_held": sum(1 for call in self._calls.values() if call.task is None),
             **self._counts,
             "num_reclaimed": self._engines.num_reclaimed,
+            "num_gate_wakeups": self._held.num_wakeups,
             **recovery,
         }
 
