@@ -4,7 +4,9 @@ Key decision: the proxy owns every wait. A request is *held* at the proxy (suspe
 use is draining) or *on an engine* (one engine call in flight); nothing else. Both states end on a named event.
 Every routing decision and wake-up costs O(log engines), not O(engines) or O(held calls): engine loads live
 in an index updated as they change (``routing.LoadIndex``) and a state change wakes only the held calls it
-may release (``wakeup.HeldCalls``), which keeps a simulated cluster of thousands of accelerators linear.
+may release (``wakeup.HeldCalls``): under ``drain``'s slot cap, at most the free slots on ready engines
+(``engine_tally``), so each held call is woken about once, which keeps a simulated cluster of thousands of
+accelerators linear (tests/unit/proxy/test_proxy_drain_gate.py).
 
 ```
  callers ── generate(req) ──► [admission gate]──► routing ──► engine call ──► Generation ──► caller
@@ -60,6 +62,7 @@ from typing import Any
 
 from asyncrl.config.proxy import ProxyConfig
 from asyncrl.proxy.continuation import check_continued, continuation_request, empty_abort, needs_continuation
+from asyncrl.proxy.engine_tally import EngineTally
 from asyncrl.proxy.errors import EngineFailure, NoHealthyEngine, RequestTimeout
 from asyncrl.proxy.recovery import EngineFactory, EngineRecovery, Readable, as_published
 from asyncrl.proxy.shell import ProxyShell
@@ -115,10 +118,13 @@ class LLMProxy(ProxyShell):
             engines, config, initial_version=initial_version, clock=clock, on_call_end=self._on_call_end
         )
         self.update_policy = self.config.update_policy or "drain"
-        if self.update_policy == "drain":
-            # a call sent beyond the engine's slots only queues there, and a drain would wait for that queue
-            for worker in self._workers:
-                worker.max_in_flight = slots_per_engine
+        slots = slots_per_engine if self.update_policy == "drain" else None
+        # a call sent beyond the engine's slots only queues there, and a drain would wait for that queue
+        for worker in self._workers:
+            worker.max_in_flight = slots
+        self._tally = EngineTally(len(self._workers), slots)
+        """Free slots on ready engines of any version: a change wakes at most that many held calls."""
+        self._tally.rebuild(self._workers, {}, None)
         self._held = HeldCalls()
         self._updating = False
         self._counts = {"num_continuations": 0, "num_retries": 0, "num_timeouts": 0}
@@ -466,11 +472,14 @@ class LLMProxy(ProxyShell):
 
     def _on_load_change(self, worker: EngineWorker) -> None:
         self._loads.update(worker.load())
+        self._tally.update(worker, 0, None)
 
     def _notify(self) -> None:
-        """Proxy state changed: re-check the waits it may have ended."""
+        """Proxy state changed: re-check the waits it may have ended, waking only as many held calls as can
+        take a slot now (each takes one on its routed engine, a ready one: ``_shared_submittable``)."""
         self._wakeup.notify()
-        self._held.notify(self._shared_submittable())
+        capacity = None if self._closed else self._tally.gate_capacity(not self._suspended)
+        self._held.notify(self._shared_submittable(), limit=capacity)
 
     # ------------------------------------------------------------------------------------------ inspection
 
@@ -482,6 +491,7 @@ class LLMProxy(ProxyShell):
             "num_held": sum(1 for call in self._calls.values() if call.task is None),
             **self._counts,
             "num_reclaimed": self._engines.num_reclaimed,
+            "num_gate_wakeups": self._held.num_wakeups,
             **recovery,
         }
 

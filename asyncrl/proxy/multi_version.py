@@ -536,13 +536,9 @@ class MultiVersionProxy(ProxyShell):
         newest version, so this is never 0 when one could go (no wake-up is lost). O(1): the free slots are
         tallied as engines change (``EngineTally``).
         """
-        if self._closed or not self._tally.num_healthy:
-            return None  # each call goes on, to ProxyClosed or NoHealthyEngine
-        if self._suspended or self._incoming is not None:
-            return 0
-        if self.slots_per_engine is None:
-            return None if self._tally.num_gate_engines else 0
-        return self._tally.gate_slots
+        if self._closed:
+            return None  # each call goes on, to ProxyClosed
+        return self._tally.gate_capacity(not self._suspended and self._incoming is None)
 
     def _window_open(self) -> bool:
         """The incoming version may become the newest: no request older than the window it opens runs."""
