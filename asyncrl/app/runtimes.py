@@ -77,7 +77,7 @@ def make_proxy(parts: Parts) -> Proxy:
         cfg.proxy,
         cfg.controller.mode,
         async_ratio=cfg.buffer.async_ratio,
-        slots_per_engine=cfg.engine.max_running_requests,
+        slots_per_engine=cfg.engine.slots(),
     )
     if isinstance(proxy, LLMProxy) and parts.engine_factory is not None:
         # runtime.switch: the trainer lets go of each update once applied; a replacement gets it packed again

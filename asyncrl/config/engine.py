@@ -38,7 +38,9 @@ class VLLMConfig:
     gpu_memory_utilization: float = 0.2
     """Share of device memory vLLM may take (on CPU it sees one NUMA node's memory: keep it low)."""
     max_num_seqs: int = 64
-    """Most sequences vLLM batches at once."""
+    """Most sequences one vLLM engine runs at once (vLLM's ``max_num_seqs``, the same with tensor parallelism:
+    one scheduler per engine). The backend's ``engine.max_running_requests``: the proxy sends an engine at
+    most this many calls and evaluation's share is of this many per engine (``EngineConfig.slots``)."""
     tensor_parallel_size: int = 1
     """GPUs one vLLM engine shards its model over (vLLM's ``tensor_parallel_size``); the Ray placement reserves
     them together in one bundle, on one node."""
@@ -55,7 +57,8 @@ class VLLMConfig:
     (``enforce_eager`` and ``enable_prefix_caching``: False and True on CUDA, True and False on CPU;
     ``enable_chunked_prefill``: False on CPU; ``seed``, ``skip_tokenizer_init``, ``logprobs_mode`` ...: see
     ``worker_main.engine_kwargs``). The worker refuses an unknown name, naming the closest valid one. Not
-    ``model`` (``model.path``) nor ``dtype`` (``engine.dtype``, the dtype the trainer casts updates to)."""
+    ``model`` (``model.path``), ``dtype`` (``engine.dtype``, the dtype the trainer casts updates to) nor
+    ``max_num_seqs`` (``engine.vllm.max_num_seqs``, which the proxy caps each engine at too)."""
     request_seeds: bool | None = None
     """Send each rollout request's own seed to vLLM, so its samples do not depend on its batch mates; vLLM
     then samples it through a per-request generator, which is slower. None: on exactly when the run is
@@ -74,6 +77,11 @@ class VLLMConfig:
             raise ValueError("engine.vllm.max_num_seqs must be >= 1 and startup_timeout_s > 0")
         if "model" in self.engine_args:
             raise ValueError("engine.vllm.engine_args.model cannot be set: vLLM serves model.path")
+        if "max_num_seqs" in self.engine_args:
+            raise ValueError(
+                "engine.vllm.engine_args.max_num_seqs cannot be set: the proxy sends each engine at most "
+                "engine.vllm.max_num_seqs calls; set engine.vllm.max_num_seqs instead"
+            )
         if "dtype" in self.engine_args:
             raise ValueError(
                 "engine.vllm.engine_args.dtype cannot be set: vLLM serves engine.dtype, the dtype the trainer "
@@ -94,7 +102,8 @@ class EngineConfig:
     vLLM's own environment (``engine.vllm``); the fields below that name the built-in scheduler do not apply
     to it. Modes, α, partial rollouts and routing are the same for both."""
     max_running_requests: int = 64
-    """Most requests decoding at once; further requests wait in the queue."""
+    """The built-in engine's slots: most requests decoding at once; further requests wait in the queue (vLLM's
+    is ``engine.vllm.max_num_seqs``). The proxy sends an engine at most its slots (``EngineConfig.slots``)."""
     max_kv_tokens: int = 65536
     """KV tokens reserved across running requests: a request is admitted only when its worst-case length,
     min(prompt + max_new_tokens, max_model_len), fits in what is left (no preemption is ever needed)."""
@@ -135,6 +144,13 @@ class EngineConfig:
     """Base seed; a request without its own seed is seeded from this and its request id."""
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
     """The vLLM backend's settings (``backend: vllm`` only)."""
+
+    def slots(self) -> int:
+        """Most requests one engine of this backend runs at once: ``max_running_requests`` for the built-in
+        engine, ``vllm.max_num_seqs`` for vLLM. The one number the proxy caps each engine at and evaluation
+        takes its share of, so neither is sized by a setting the engine ignores (a vLLM engine of 256 sequences
+        capped at the built-in default of 64 runs a quarter full)."""
+        return self.max_running_requests if self.backend == "builtin" else self.vllm.max_num_seqs
 
     def __post_init__(self) -> None:
         for name in ("max_running_requests", "max_kv_tokens", "max_prefill_tokens_per_step"):

@@ -227,11 +227,7 @@ def periodic_evaluation(
     controller = config.controller
     if controller.eval_every == 0:
         return None
-    engine = config.engine
-    slots_per_engine = (
-        engine.max_running_requests if engine.backend == "builtin" else engine.vllm.max_num_seqs
-    )
-    slots = config.rollout.num_engines * slots_per_engine
+    slots = config.rollout.num_engines * config.engine.slots()
     barrier = not mode_spec(controller.mode).rollout_overlaps_training
     return PeriodicEvaluation(
         sets=[_eval_set(config, set_config, task) for set_config in controller.periodic_eval_sets()],

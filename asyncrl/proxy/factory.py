@@ -30,8 +30,8 @@ def proxy_for_mode(
 ) -> LLMProxy | MultiVersionProxy:
     """The proxy over ``engines`` for controller ``mode``; engines start at version 0.
 
-    ``async_ratio`` bounds the orchestrator's version window; ``slots_per_engine`` (the engines' running
-    requests) bounds how many calls either proxy sends to one engine (``LLMProxy``: under ``drain``).
+    ``async_ratio`` bounds the orchestrator's version window; ``slots_per_engine`` (the requests an
+    engine runs at once, ``EngineConfig.slots``) bounds how many calls either proxy sends to one engine (``LLMProxy``: under ``drain``).
     """
     spec = mode_spec(mode)
     if spec.multi_version:

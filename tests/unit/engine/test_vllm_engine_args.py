@@ -46,15 +46,15 @@ def test_every_default_the_worker_sets_yields_to_engine_args(on_cpu):
         "enable_chunked_prefill": True,
         "seed": 99,
         "skip_tokenizer_init": True,
-        "max_num_seqs": 3,
         "gpu_memory_utilization": 0.5,
         "disable_log_stats": False,
         "logprobs_mode": "raw_logprobs",
         "max_model_len": 64,
     }
     defaults = kwargs_for([], on_cpu=on_cpu)
-    # none left out of this test; dtype is engine.dtype's alone (test_vllm_serves_one_dtype_the_trainer_...)
-    assert set(overrides) >= set(defaults) - {"model", "tensor_parallel_size", "dtype"}
+    # none left out of this test; dtype is engine.dtype's alone (test_vllm_serves_one_dtype_the_trainer_...),
+    # max_num_seqs engine.vllm.max_num_seqs' alone, the proxy's cap too (app/test_engine_slots.py)
+    assert set(overrides) >= set(defaults) - {"model", "tensor_parallel_size", "dtype", "max_num_seqs"}
     flat = [f"engine.vllm.engine_args.{name}={str(value).lower()}" for name, value in overrides.items()]
     built = kwargs_for(flat, on_cpu=on_cpu)
     assert {name: built[name] for name in overrides} == overrides
