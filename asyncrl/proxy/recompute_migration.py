@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from asyncrl.proxy.continuation import continuation_request
+from asyncrl.proxy.continuation import check_continued, continuation_request
 from asyncrl.proxy.worker import EngineClient, NamedTensors
 from asyncrl.types import Generation, Request
 
@@ -55,13 +55,16 @@ class RecomputeMigration:
 
     async def export_request(self, request_id: str) -> PrefixState | None:
         """Abort the request here; its ``generate`` returns the partial output with ``finish_reason="abort"``.
-        None if it is not running here (it already ended)."""
+        None if it is not running here (it already ended). ``ValueError`` naming the request where the abort's
+        output does not start with the prefix the request ran with: its continuation would train on a
+        truncated trajectory (the request stays aborted, as its ``generate`` returned)."""
         request = self._running.get(request_id)
         if request is None:
             return None
         partial = await self.engine.abort(request_id)
         if partial is None:
             return None
+        check_continued(partial, request)
         return PrefixState(continuation_request(request, partial))
 
     async def import_request(self, state: PrefixState) -> Generation:

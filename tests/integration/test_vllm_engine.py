@@ -18,7 +18,7 @@ from asyncrl.config.engine import EngineConfig, VLLMConfig
 from asyncrl.engine import make_engine
 from asyncrl.engine.vllm import VLLMEngineClient, vllm_python
 from asyncrl.models.loading import DEFAULT_MODEL_DIR, state_dict_for_sync
-from asyncrl.types import FinishReason, Request, SamplingParams
+from asyncrl.types import FinishReason, Generation, Request, SamplingParams
 from asyncrl.weight_sync.delta import DeltaSync
 from asyncrl.weight_sync.protocol import WeightSyncError
 
@@ -88,30 +88,60 @@ def test_greedy_tokens_equal_hf_and_the_builtin_engine_and_logprobs_are_within_1
         assert list(served.versions) == [0] * 12 and served.finish_reason is FinishReason.LENGTH
 
 
-def test_abort_returns_the_prefix_generated_so_far(engine, hf):
-    _, tokenizer = hf
-
-    async def abort_once_started(rid: str):
-        """Abort ``rid`` as soon as it has a token (on a fast engine it may finish first: then try again)."""
-        prompt = tokenizer.encode(PROMPTS[1])
-        task = asyncio.ensure_future(
-            engine.generate(request(rid, prompt, max_new_tokens=200, ignore_eos=True))
-        )
+async def aborted_once_started(engine, long_request) -> tuple[Generation | None, Generation]:
+    """``abort``'s and ``generate``'s results for a request aborted as soon as it has a new token; on a fast
+    engine a request may finish first, so ``long_request(attempt)`` is sent again, up to 10 times."""
+    for attempt in range(10):
+        rid = (request := long_request(attempt)).request_id
+        task = asyncio.ensure_future(engine.generate(request))
         while (await engine.worker_stats())["running_tokens"].get(rid, 0) < 1 and not task.done():
             await asyncio.sleep(0.001)
         aborted = await engine.abort(rid)
-        return aborted, await task
+        finished = await task
+        if finished.finish_reason is FinishReason.ABORT:
+            return aborted, finished
+    pytest.fail("every request finished before it could be aborted")
 
-    async def scenario():
-        for attempt in range(10):
-            aborted, finished = await abort_once_started(f"long{attempt}")
-            if finished.finish_reason is FinishReason.ABORT:
-                return aborted, finished
-        pytest.fail("every request finished before it could be aborted")
 
-    aborted, finished = asyncio.run(scenario())
+def test_abort_returns_the_prefix_generated_so_far(engine, hf):
+    _, tokenizer = hf
+    prompt = tokenizer.encode(PROMPTS[1])
+
+    def long_request(attempt: int) -> Request:
+        return request(f"long{attempt}", prompt, max_new_tokens=200, ignore_eos=True)
+
+    aborted, finished = asyncio.run(aborted_once_started(engine, long_request))
     assert 0 < len(finished.token_ids) < 200 and len(finished.logprobs) == len(finished.token_ids)
     assert aborted is None or list(aborted.token_ids) == list(finished.token_ids)
+
+
+def test_an_aborted_continuation_returns_its_prefix_then_the_tokens_generated_after_it(engine, hf):
+    """A continued request (a partial rollout, or one migrated by recompute) aborted here: ``abort`` returns
+    what its ``generate`` returns, the prompt ids and the whole output (the prefix it was sent with, then the
+    new tokens) with a log-prob and a version per token. The worker holds only the new tokens; an abort that
+    passed them on alone made a request migrated twice lose all it generated before its first move."""
+    _, tokenizer = hf
+    prompt = tokenizer.encode(PROMPTS[1])
+    first = asyncio.run(engine.generate(greedy("before-move", prompt, n=4)))
+    prefix = (list(first.token_ids), list(first.logprobs), list(first.versions))
+
+    def continued(attempt: int) -> Request:
+        return Request(
+            request_id=f"continued{attempt}",
+            prompt_token_ids=prompt,
+            sampling=SamplingParams(max_new_tokens=200, ignore_eos=True),
+            prefix_token_ids=prefix[0],
+            prefix_logprobs=prefix[1],
+            prefix_versions=prefix[2],
+        )
+
+    aborted, finished = asyncio.run(aborted_once_started(engine, continued))
+    assert aborted is not None, "the request ended as aborted, so the abort found it running"
+    assert list(aborted.prompt_token_ids) == prompt
+    assert 4 < len(aborted.token_ids) < 200 and list(aborted.token_ids[:4]) == prefix[0]
+    assert list(aborted.logprobs[:4]) == prefix[1] and list(aborted.versions[:4]) == prefix[2]
+    assert len(aborted.logprobs) == len(aborted.versions) == len(aborted.token_ids)
+    assert aborted == finished
 
 
 def test_a_weight_update_mid_generation_switches_the_following_tokens_and_their_version(engine, hf):

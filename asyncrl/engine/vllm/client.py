@@ -5,11 +5,12 @@ environment behind a process boundary (``worker_main.py``, started with that env
 only builtins cross its socket: a weight update travels bucket by bucket through shared-memory files
 (``bucket_stream``), an adapter update (small) as safetensors bytes. The proxy cannot tell this client from
 the built-in engine: ``generate`` returns token ids, per-token log-probs and per-token policy versions;
-``abort`` returns the prefix generated so far; ``pause`` / ``update_weights`` / ``resume`` keep running
-requests and their KV ("keep": tokens after the update are the new policy's and tagged with its version). A
-weight update is checked against the served model's names and shapes (read from its safetensors headers)
-before a byte is sent, so a mismatched update is a ``WeightSyncError`` and the engine keeps serving its old
-version; the worker checks each bucket against the manifest again and refuses a partial update by name.
+``abort`` returns the generation so far (a continued request's prefix included); ``pause`` /
+``update_weights`` / ``resume`` keep running requests and their KV ("keep": tokens after the update are the
+new policy's and tagged with its version). A weight update is checked against the served model's names and
+shapes (read from its safetensors headers) before a byte is sent, so a mismatched update is a
+``WeightSyncError`` and the engine keeps serving its old version; the worker checks each bucket against the
+manifest again and refuses a partial update by name.
 """
 
 from __future__ import annotations
@@ -216,8 +217,18 @@ class VLLMEngineClient:
             raise
 
     async def abort(self, request_id: str) -> Generation | None:
+        """The aborted request's whole generation, as its ``generate`` returns it (the built-in engine's
+        contract): the request's prompt ids, then its prefix and the tokens generated here, with their
+        log-probs and versions; None if it is not running here. The worker knows only the tokens it generated
+        (it got prompt and prefix as one context), so the prefix comes from the request as it was sent."""
+        with self._lock:
+            running = self._generations.get(request_id)
         result = await self._call("abort", request_id=request_id)
-        return None if result is None else self._generation(result)
+        if result is None:
+            return None
+        if running is None:  # never: a request leaves the worker before its end reaches this side
+            raise VLLMWorkerError(f"vLLM worker aborted request {request_id!r}, which this client never sent")
+        return self._generation(result, running[2])
 
     async def pause(self) -> None:
         await self._call("pause")
@@ -469,14 +480,16 @@ class VLLMEngineClient:
         else:
             resolve_threadsafe(loop, future, result=message["result"])
 
-    def _generation(self, data: dict[str, Any], request: Request | None = None) -> Generation:
-        prefix = request.prefix_token_ids if request else []
+    @staticmethod
+    def _generation(data: dict[str, Any], request: Request) -> Generation:
+        """``request``'s Generation from the worker's (which holds only the tokens generated on this engine):
+        its prompt ids, and its prefix before the new tokens, log-probs and versions."""
         return Generation(
             request_id=data["request_id"],
-            prompt_token_ids=list(request.prompt_token_ids) if request else [],
-            token_ids=list(prefix) + list(data["token_ids"]),
-            logprobs=(list(request.prefix_logprobs) if request else []) + list(data["logprobs"]),
-            versions=(list(request.prefix_versions) if request else []) + list(data["versions"]),
+            prompt_token_ids=list(request.prompt_token_ids),
+            token_ids=list(request.prefix_token_ids) + list(data["token_ids"]),
+            logprobs=list(request.prefix_logprobs) + list(data["logprobs"]),
+            versions=list(request.prefix_versions) + list(data["versions"]),
             finish_reason=FinishReason(data["finish_reason"]),
         )
 
