@@ -34,7 +34,7 @@ class SharedMemoryFull(OSError):
     """The bucket files of a weight update do not fit the shared memory they are written to (ENOSPC)."""
 
     def __init__(self, directory: str, needed: int, free: int, what: str) -> None:
-        self.directory, self.needed, self.free = directory, needed, free
+        self.directory, self.needed, self.free, self.what = directory, needed, free, what
         message = (
             f"shared memory is full: {what} needs {size(needed)} in {directory}, which has {size(free)} free; "
             f"fix: {FIX}"
@@ -43,6 +43,11 @@ class SharedMemoryFull(OSError):
 
     def __str__(self) -> str:
         return self.strerror
+
+    def __reduce__(self) -> tuple:
+        """Rebuilt from its own fields: an engine actor's error crosses Ray pickled, and ``OSError``'s own
+        reduce would call this class with ``OSError``'s arguments."""
+        return type(self), (self.directory, self.needed, self.free, self.what)
 
 
 def shm_dir() -> str:

@@ -11,6 +11,7 @@ import asyncio
 import errno
 import gc
 import os
+import pickle
 import threading
 import types
 import weakref
@@ -327,6 +328,8 @@ def test_a_full_shared_memory_is_a_named_error_that_leaves_no_file(shm, monkeypa
     assert str(shm) in str(raised.value) and "--shm-size" in str(raised.value)
     assert "weight_sync.bucket_mb" in str(raised.value) and raised.value.needed == 64
     assert raised.value.errno == errno.ENOSPC and os.listdir(shm) == []
+    again = pickle.loads(pickle.dumps(raised.value))  # an engine actor's error crosses Ray pickled
+    assert type(again) is SharedMemoryFull and str(again) == str(raised.value)
 
 
 def test_shared_memory_filling_mid_update_fails_the_update_by_name_and_leaves_no_file(shm, monkeypatch):
