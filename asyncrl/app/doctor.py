@@ -102,6 +102,7 @@ def diagnose(
         findings += [*task_findings, *check_memory(config, machine, model.shape, max_len)]
         device = "cuda" if _wants_cuda(config, machine) else "cpu"
         findings.append(check_disk(config, model.shape, device))
+        findings += [f for f in (check_shared_memory(config, model.shape, device),) if f is not None]
     findings += [f for f in (check_output_dir(config, machine_hardware(machine)),) if f is not None]
     findings.append(check_attention_here(config, machine))
     findings += [*check_ray(config), check_vllm(config), check_sandbox(config)]
@@ -553,6 +554,29 @@ def check_disk(config: RunConfig, shape: ModelShape, device: str = "cuda") -> Fi
         "free space, set output_dir elsewhere, or lower trainer.keep_last_checkpoints",
         margin=TIGHT,
     )
+
+
+def check_shared_memory(config: RunConfig, shape: ModelShape, device: str = "cuda") -> Finding | None:
+    """Room in ``/dev/shm`` (``engine.vllm.shm_room``) for the bucket files vLLM engines on this machine hold
+    at once while a weight update streams to them (``memory_plan.bucket_file_bytes``); None where no update
+    travels that way. A container's default ``/dev/shm`` (Docker: 64 MB) holds less than one 256 MB bucket.
+    On a cluster the engines' nodes are not this machine: the line is per engine, for each node to compare."""
+    from asyncrl.engine.vllm.shm_room import FIX, free_bytes, shm_dir, size
+
+    each = memory_plan.bucket_file_bytes(config, shape, device=device)
+    if not each:
+        return None
+    cluster = config.runtime.type == "cluster"
+    engines = 1 if cluster else config.rollout.num_engines
+    where = (
+        "one vLLM engine (a node needs this per engine it runs)" if cluster else f"{engines} vLLM engine(s)"
+    )
+    directory = shm_dir()
+    detail = (
+        f"weight-update bucket files in {directory} for {where}: {size(each)} per engine at once (2 buckets "
+        f"of weight_sync.bucket_mb, a larger tensor alone), {size(engines * each)} in all"
+    )
+    return _fits("shared memory", detail, engines * each, free_bytes(directory), FIX, unit=size)
 
 
 # ---- services ----------------------------------------------------------------------------------------------

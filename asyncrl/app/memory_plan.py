@@ -986,6 +986,21 @@ def trainer_host_role(trainer: Role, switch: SwitchConfig) -> Role:
     return replace(trainer, terms=terms)
 
 
+def bucket_file_bytes(
+    config: RunConfig, shape: ModelShape, switch: SwitchConfig | None = None, device: str = "cuda"
+) -> int:
+    """What one vLLM engine on ``device`` holds at once in bucket files in ``/dev/shm`` while an update streams
+    to its worker (``engine.vllm.bucket_stream``): ``VLLM_BUCKET_FILES`` of the largest bucket, never more than
+    the whole update; 0 where no update travels that way (the built-in engine, a broadcast, a LoRA adapter).
+    ``switch``: as ``host_plan``'s."""
+    switch = config.runtime.switch if switch is None else switch
+    broadcast = _transport(config, switch) == "broadcast" and config.runtime.type != "inline"
+    if config.engine.backend != "vllm" or broadcast or config.trainer.lora is not None:
+        return 0
+    largest = largest_bucket(config, shape, engine_serve_bytes(config, device))
+    return min(VLLM_BUCKET_FILES * largest, whole_update_bytes(config, shape, device))
+
+
 def engine_host_role(config: RunConfig, shape: ModelShape, engine: Role, switch: SwitchConfig) -> Role:
     """What one engine of a GPU run (``engine``: its GPU role) keeps in host memory: a staged broadcast's whole
     update (pinned, until applied: the GPU role holds only the buffers in flight), vLLM's bucket files in
@@ -998,9 +1013,7 @@ def engine_host_role(config: RunConfig, shape: ModelShape, engine: Role, switch:
     if broadcast and config.broadcast_apply() == "staged":
         how = "the whole update in the serving dtype, pinned until applied (broadcast_apply staged)"
         terms.append(Term("staged update", whole, how, "sync"))
-    elif config.engine.backend == "vllm" and not broadcast and config.trainer.lora is None:
-        serve = engine_serve_bytes(config, "cuda")
-        files = min(VLLM_BUCKET_FILES * largest_bucket(config, shape, serve), whole)
+    elif files := bucket_file_bytes(config, shape, switch):
         how = f"{VLLM_BUCKET_FILES} bucket files in /dev/shm streamed to the worker"
         terms.append(Term("bucket files", files, how, "sync"))
     if switch.enabled and switch.engine_sleep_level == 2:

@@ -168,7 +168,7 @@ class ProxyShell(abc.ABC):
         )
         self._check_open()
         failures = "; ".join(
-            f"engine {worker.index}: {worker.control_error or 'failed'}" for worker in self._workers
+            f"engine {worker.index}: {_why(worker.control_error)}" for worker in self._workers
         )
         raise EnginesLost(f"every engine is out for good ({failures})")
 
@@ -204,3 +204,12 @@ class ProxyShell(abc.ABC):
         no stray tracebacks appear when the runtime shuts down right after."""
         self.close()
         await self._engines.aclose()
+
+
+def _why(failure: BaseException | None) -> str:
+    """``failure`` with its cause: an ``EngineFailure`` names only the call that failed (``restart``), and the
+    reason a replacement could not serve (a full ``/dev/shm``, no capacity) is its cause."""
+    if failure is None:
+        return "failed"
+    cause = failure.__cause__
+    return str(failure) if cause is None else f"{failure}: {type(cause).__name__}: {cause}"

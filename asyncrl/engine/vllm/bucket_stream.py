@@ -22,14 +22,14 @@ import contextlib
 import mmap
 import os
 import secrets
-import tempfile
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
 
-from asyncrl.weight_sync.buckets import group_into_buckets, layout, pack_into
+from asyncrl.engine.vllm.shm_room import check_room, reserve, shm_dir
+from asyncrl.weight_sync.buckets import ALIGN, group_into_buckets, layout, pack_into
 from asyncrl.weight_sync.protocol import ManifestEntry
 
 DEFAULT_BUCKET_BYTES = 256 * 2**20
@@ -41,23 +41,17 @@ Call = Callable[..., Awaitable[Any]]
 """The client's ``_call(op, timeout_s, **fields)``."""
 
 
-def shm_dir() -> str:
-    """Where bucket files live: ``/dev/shm`` (memory, never disk) where the host has it, else the temp dir."""
-    return (
-        "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
-    )
-
-
 def write_bucket(directory: str, named: list[tuple[str, torch.Tensor]]) -> tuple[str, int, list[list[Any]]]:
     """Pack ``named`` into a new file under ``directory`` (a unique name, owner-only); its path, size in bytes
-    and entries as builtins."""
+    and entries as builtins. Its memory is reserved before it is written (``shm_room.reserve``): a full
+    ``/dev/shm`` is ``SharedMemoryFull``, and the file is removed."""
     _, nbytes = layout(named)
     path = os.path.join(directory, f"asyncrl-weights-{os.getpid()}-{secrets.token_hex(8)}")
     fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     try:
-        os.ftruncate(fd, nbytes)
         if nbytes == 0:  # only empty tensors: nothing to map
             return path, 0, [entry.as_list() for entry in layout(named)[0]]
+        reserve(fd, path, nbytes)
         with mmap.mmap(fd, nbytes) as mapped:
             buffer = torch.frombuffer(mapped, dtype=torch.uint8)
             entries = pack_into(buffer, named)
@@ -88,6 +82,7 @@ async def stream_update(
     ``version``; the version the worker serves afterwards. Packing and reading the tensors (which may fetch
     lazily, e.g. object-store buckets) run in a thread, off the caller's event loop."""
     directory = directory or shm_dir()
+    check_room(directory, held_at_once(manifest, bucket_bytes), f"weight update v{version}'s bucket files")
     await call(
         "update_begin",
         timeout_s,
@@ -111,6 +106,21 @@ async def stream_update(
         for future, path in in_flight:  # a failed stream: stop waiting, and leave no file behind
             future.cancel()
             remove(path)
+
+
+def held_at_once(manifest: Sequence[ManifestEntry], bucket_bytes: int) -> int:
+    """The most bytes of bucket files an update of ``manifest`` holds at once: ``IN_FLIGHT`` buckets, each of at
+    most ``bucket_bytes`` or one larger tensor alone, and never more than the whole update."""
+    sizes = [_aligned_bytes(entry) for entry in manifest]
+    return min(IN_FLIGHT * max([bucket_bytes, *sizes]), sum(sizes))
+
+
+def _aligned_bytes(entry: ManifestEntry) -> int:
+    """``entry``'s bytes in a bucket (``buckets.layout``: each tensor starts on an ``ALIGN`` boundary)."""
+    numel = 1
+    for dim in entry.shape:
+        numel *= dim
+    return -(-numel * getattr(torch, entry.dtype).itemsize // ALIGN) * ALIGN
 
 
 def _collect(groups: Iterator[list[tuple[str, torch.Tensor]]], collected: list) -> bool:

@@ -4,8 +4,10 @@ describes (no GPU here: a ``Machine`` stands in for one), through the CLI's exit
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
+import types
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,7 @@ from asyncrl.app.doctor import (
     Status,
     check_attention_here,
     check_ray,
+    check_shared_memory,
     check_vllm,
     diagnose,
     gpus_needed,
@@ -25,7 +28,9 @@ from asyncrl.app.doctor import (
 from asyncrl.app.memory_plan import kv_slots_that_fit
 from asyncrl.cli import main as cli
 from asyncrl.config.run import load_run_config
+from asyncrl.engine.vllm import shm_room
 from asyncrl.models.loading import DEFAULT_MODEL_DIR
+from asyncrl.sim.model_shape import shape_from_hf_config
 from asyncrl.testing.hub_cache import use_offline_cache
 
 GIB = 2**30
@@ -238,3 +243,31 @@ def test_a_hub_model_not_cached_online_says_who_downloads_it(tmp_path, monkeypat
     warn, ok = findings
     assert warn.status is Status.WARN and says in warn.detail and "someone/uncached" in warn.detail
     assert ok.status is Status.OK and facts is not None and not facts.cached
+
+
+def shm_free(monkeypatch, free: int) -> None:
+    """The bucket files' directory reports ``free`` bytes; every other path its own."""
+    real, directory = os.statvfs, shm_room.shm_dir()
+    fake = types.SimpleNamespace(f_bavail=free // 4096, f_frsize=4096)
+    monkeypatch.setattr(os, "statvfs", lambda path: fake if str(path) == directory else real(path))
+
+
+def test_shared_memory_is_checked_against_the_bucket_files_of_every_vllm_engine_here(tmp_path, monkeypatch):
+    """Docker's default /dev/shm (64 MB) against a vLLM run of an 8B model: each engine holds two bucket files
+    at once, the larger the bf16 embedding alone (151936 × 4096 × 2 B = 1.16 GiB), so 2 engines need 4.6 GiB."""
+    model = model_like(tmp_path, QWEN3_8B)
+    common = (*SMALL, f"model.path={model}", "model.device=cuda", "model.dtype=bfloat16")
+    config = load_run_config(None, [*common, "engine.backend=vllm", "rollout.num_engines=2"])
+    shape = shape_from_hf_config(QWEN3_8B)
+    shm_free(monkeypatch, 64 * 2**20)
+    full = check_shared_memory(config, shape)
+    embedding = 151936 * 4096 * 2
+    assert full.status is Status.FAIL and full.topic == "shared memory" and "does not fit" in full.detail
+    assert f"{2 * embedding / 2**20:.1f} MiB per engine" in full.detail and "2 vLLM engine(s)" in full.detail
+    assert f"{4 * embedding / 2**20:.1f} MiB in all" in full.detail and "64.0 MiB free" in full.detail
+    assert "--shm-size" in full.fix and "weight_sync.bucket_mb" in full.fix
+    assert "shared memory" in verdicts(diagnose(config, h100s(2)))  # on doctor's list for this machine
+    shm_free(monkeypatch, 16 * GIB)
+    assert check_shared_memory(config, shape).status is Status.OK  # 16 GiB free
+    builtin = load_run_config(None, list(common))
+    assert check_shared_memory(builtin, shape) is None  # no bucket files: no line

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import gc
 import os
+import pickle
 import threading
 import types
 import weakref
@@ -20,6 +22,7 @@ import torch
 
 from asyncrl.engine.vllm import bucket_stream, worker_main
 from asyncrl.engine.vllm.client import VLLMEngineClient
+from asyncrl.engine.vllm.shm_room import SharedMemoryFull
 from asyncrl.weight_sync.delta import DeltaSync
 from asyncrl.weight_sync.protocol import ManifestEntry, WeightSyncError, WeightUpdate
 from asyncrl.weight_sync.transports import TRANSPORTS
@@ -302,3 +305,57 @@ def test_the_stream_holds_the_bucket_it_collects_not_the_one_it_wrote(shm, monke
     assert harness.engine.calls.count("_load_bucket") == 4
     assert all(torch.equal(harness.engine.loaded[n], t) for n, t in weights.items())
     assert transport.most <= 3, transport.most
+
+
+def no_room(monkeypatch, fails_after: int = 0) -> None:
+    """A full tmpfs: ``posix_fallocate`` answers ENOSPC after ``fails_after`` files (a plain ``ftruncate`` and a
+    write through the mapping would have killed the process with SIGBUS instead)."""
+    calls = []
+
+    def fallocate(fd, offset, length):
+        calls.append(length)
+        if len(calls) > fails_after:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        os.ftruncate(fd, offset + length)
+
+    monkeypatch.setattr(os, "posix_fallocate", fallocate)
+
+
+def test_a_full_shared_memory_is_a_named_error_that_leaves_no_file(shm, monkeypatch):
+    no_room(monkeypatch)
+    with pytest.raises(SharedMemoryFull, match="shared memory is full: a bucket file needs") as raised:
+        bucket_stream.write_bucket(str(shm), [("a", torch.ones(16))])
+    assert str(shm) in str(raised.value) and "--shm-size" in str(raised.value)
+    assert "weight_sync.bucket_mb" in str(raised.value) and raised.value.needed == 64
+    assert raised.value.errno == errno.ENOSPC and os.listdir(shm) == []
+    again = pickle.loads(pickle.dumps(raised.value))  # an engine actor's error crosses Ray pickled
+    assert type(again) is SharedMemoryFull and str(again) == str(raised.value)
+
+
+def test_shared_memory_filling_mid_update_fails_the_update_by_name_and_leaves_no_file(shm, monkeypatch):
+    weights = model_weights()
+    harness = Harness(shm, bucket_bytes=512, shapes={n: tuple(t.shape) for n, t in weights.items()})
+    no_room(monkeypatch, fails_after=1)
+    try:
+        with pytest.raises(SharedMemoryFull, match="shared memory is full"):
+            asyncio.run(harness.client.update_weights(weights, version=1))
+    finally:
+        harness.close()
+    assert harness.client.version == 0 and "_load_commit" not in harness.engine.calls
+    assert os.listdir(shm) == []
+
+
+def test_an_update_that_cannot_fit_is_refused_before_the_worker_is_sent_anything(shm, monkeypatch):
+    """Two buckets of 512 B are in flight at once, but the embedding travels alone in 2 KiB: 4 KiB at once
+    (the whole update, 4.9 KiB, is more). Half a page free refuses it, naming the need and the room."""
+    weights = model_weights()
+    harness = Harness(shm, bucket_bytes=512, shapes={n: tuple(t.shape) for n, t in weights.items()})
+    monkeypatch.setattr(os, "statvfs", lambda path: types.SimpleNamespace(f_bavail=1, f_frsize=2048))
+    try:
+        with pytest.raises(
+            SharedMemoryFull, match=r"v1's bucket files needs 4096 bytes in .*, which has 2048 bytes free"
+        ):
+            asyncio.run(harness.client.update_weights(weights, version=1))
+    finally:
+        harness.close()
+    assert harness.engine.calls == [] and harness.client.version == 0 and os.listdir(shm) == []
