@@ -125,6 +125,10 @@ class ExternalProducer:
     def check(self, trajectory_id: str, group_id: str | None) -> None:
         self.ledger.check(trajectory_id, group_id)
 
+    def may_wait(self, trajectory: ServedTrajectory) -> bool:
+        """Whether ``admit`` may wait: the trajectory opens a new group (it can join none open now)."""
+        return self._joinable(trajectory.group_id) is None
+
     async def admit(self, trajectory: ServedTrajectory) -> None:
         """Place a new trajectory in its group (opening it, and waiting for a ticket, if needed).
 

@@ -110,13 +110,16 @@ def _add_error_handlers(app: FastAPI, config: ServeConfig) -> None:
 
 
 class CallLimit:
-    """ASGI middleware: at most ``serve.max_concurrent_calls`` chat/completion calls in the app at once (each
-    counted until its response, streamed or not, has been sent); one more is answered 429 with
+    """ASGI middleware: at most ``serve.max_concurrent_calls`` chat/completion calls served at once (each
+    counted until its response, streamed or not, has been sent, except while it waits for its trajectory's
+    admission: ``calls["admitting"]``, bounded by the service); one more is answered 429 with
     ``Retry-After`` before its body is read. A call therefore never waits behind an unbounded queue: the
-    caller backs off, and the server recovers the moment load drops."""
+    caller backs off, and the server recovers the moment load drops. A call admitted after waiting is served
+    even if the others fill the bound meanwhile: the calls in the app stay within twice the bound."""
 
     def __init__(self, app: Any, config: ServeConfig, calls: dict[str, int]) -> None:
-        """``calls``: the service's counters (``in_flight``, ``refused``), which ``/health`` reports."""
+        """``calls``: the service's counters (``in_flight``, ``admitting``, ``refused``), which ``/health``
+        reports."""
         self.app = app
         self.config = config
         self.calls = calls
@@ -125,7 +128,7 @@ class CallLimit:
         if scope["type"] != "http" or not scope["path"].endswith(GENERATING_ROUTES):
             await self.app(scope, receive, send)
             return
-        if self.calls["in_flight"] >= self.config.max_concurrent_calls:
+        if self.calls["in_flight"] - self.calls["admitting"] >= self.config.max_concurrent_calls:
             self.calls["refused"] += 1
             await self._refuse(send)
             return

@@ -9,10 +9,11 @@ slower answer, never an error for it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import importlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -93,8 +94,9 @@ class CompletionService:
         self.stop_token_ids = end_of_turn_ids(tokenizer) if config.chat_format == "template" else ()
         self.reward_fn = load_reward_fn(config.reward_fn) if config.reward_fn else None
         self._num_calls = 0
-        self.calls = {"in_flight": 0, "refused": 0}
-        """Chat/completion calls in the app now, and refused for load so far (``app.CallLimit`` keeps them)."""
+        self.calls = {"in_flight": 0, "admitting": 0, "refused": 0}
+        """Chat/completion calls in the app now, those of them waiting for their trajectory's admission, and
+        calls refused for load so far (``app.CallLimit`` and ``_waiting_for_admission`` keep them)."""
 
     # ---- routes -----------------------------------------------------------------------------------------
 
@@ -215,10 +217,7 @@ class CompletionService:
             )
         self.store.sink.check(trajectory_id, group_id)
         trajectory = self.store.open(trajectory_id, group_id, kind)
-        async with trajectory.lock:
-            if not trajectory.admitted:
-                await self.store.sink.admit(trajectory)
-                trajectory.admitted = True
+        async with self._admitted(trajectory):
             branch = prompt(trajectory.tokens)
             num_prompt = len(branch.token_ids)
             try:
@@ -239,6 +238,54 @@ class CompletionService:
             trajectory_id=trajectory_id,
             branch=branch.branch_id,
         )
+
+    @contextlib.asynccontextmanager
+    async def _admitted(self, trajectory: ServedTrajectory) -> AsyncIterator[None]:
+        """Hold ``trajectory``'s lock, the trajectory admitted by the sink (on its first call: a group's
+        admission ticket, which may wait for buffer capacity)."""
+        if trajectory.admitted:
+            async with trajectory.lock:
+                yield
+            return
+        with self._waiting_for_admission(trajectory):
+            await trajectory.lock.acquire()
+            try:
+                if not trajectory.admitted:  # another call of it may have been admitted meanwhile
+                    await self.store.sink.admit(trajectory)
+                    trajectory.admitted = True
+            except BaseException:
+                trajectory.lock.release()
+                raise
+        try:
+            yield
+        finally:
+            trajectory.lock.release()
+
+    @contextlib.contextmanager
+    def _waiting_for_admission(self, trajectory: ServedTrajectory) -> Iterator[None]:
+        """Count the call in ``calls["admitting"]`` until its trajectory is admitted: ``app.CallLimit`` leaves
+        those out of ``serve.max_concurrent_calls``, so calls waiting for capacity never take the places that
+        the admitted trajectories, whose completion (a trained batch) frees it, need. They have a bound of
+        their own, the same number: a call that may wait (behind a call of its trajectory waiting already, or
+        in the sink) is refused with 429 while ``max_concurrent_calls`` calls wait."""
+        limit = self.config.max_concurrent_calls
+        may_wait = trajectory.admitting > 0 or self.store.sink.may_wait(trajectory)
+        if may_wait and self.calls["admitting"] >= limit:
+            self.calls["refused"] += 1
+            raise ServeError(
+                429,
+                f"serve.max_concurrent_calls={limit} calls already wait for admission (a new group waits for "
+                "buffer capacity, which a trained batch frees); retry after the Retry-After delay",
+                None,
+                "rate_limit_error",
+            )
+        self.calls["admitting"] += 1
+        trajectory.admitting += 1
+        try:
+            yield
+        finally:
+            self.calls["admitting"] -= 1
+            trajectory.admitting -= 1
 
     def _tokens(self, kind: str) -> TrajectoryTokens:
         return self.store.new_tokens(kind)

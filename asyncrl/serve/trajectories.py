@@ -51,6 +51,8 @@ class ServedTrajectory:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     admitted: bool = False
     """Whether the sink has taken it into a group (its first call waits for that)."""
+    admitting: int = 0
+    """Its calls waiting for it to be admitted (the first, and any sent meanwhile, e.g. a client's retry)."""
     info: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -105,12 +107,17 @@ class ServedTrajectory:
 
 class TrajectorySink(Protocol):
     """Where trajectories go: ``check`` before any call names a trajectory, ``admit`` before a trajectory's
-    first generation (may wait: back-pressure), ``ended`` once when it ends. A training run's external
-    producer; ``NullSink`` when serving alone."""
+    first generation (may wait: back-pressure; ``may_wait`` says beforehand whether it might), ``ended`` once
+    when it ends. A training run's external producer; ``NullSink`` when serving alone."""
 
     def check(self, trajectory_id: str, group_id: str | None) -> None:
         """Raise ``ServeError`` for a trajectory the sink will never take (one an earlier attempt of a
         restarted run served), before the store holds anything of it."""
+        ...
+
+    def may_wait(self, trajectory: ServedTrajectory) -> bool:
+        """Whether ``admit`` may wait for ``trajectory`` (False: it returns without suspending); raises the
+        ``ServeError`` ``admit`` would."""
         ...
 
     async def admit(self, trajectory: ServedTrajectory) -> None: ...
@@ -121,6 +128,9 @@ class TrajectorySink(Protocol):
 class NullSink:
     def check(self, trajectory_id: str, group_id: str | None) -> None:
         return None
+
+    def may_wait(self, trajectory: ServedTrajectory) -> bool:
+        return False
 
     async def admit(self, trajectory: ServedTrajectory) -> None:
         return None

@@ -81,13 +81,14 @@ def test_over_the_bound_is_429_with_retry_after_and_load_dropping_recovers(gated
         refused.value.body["type"] == "rate_limit_error" and "max_concurrent_calls=2" in refused.value.message
     )
     health = httpx.get(served.url + "/health").json()
-    assert health["calls"] == {"in_flight": 2, "refused": 1}  # other routes are never refused for load
+    # other routes are never refused for load
+    assert health["calls"] == {"in_flight": 2, "admitting": 0, "refused": 1}
     engine.gate.set()
     for thread in threads:
         thread.join(30)
     assert results == ["a", "a"]  # the calls admitted were served, not failed by the overload
     assert client(served).chat.completions.create(**ASK).choices[0].message.content == "a"  # recovered
-    assert httpx.get(served.url + "/health").json()["calls"] == {"in_flight": 0, "refused": 1}
+    assert httpx.get(served.url + "/health").json()["calls"] == {"in_flight": 0, "admitting": 0, "refused": 1}
 
 
 def test_the_openai_client_backs_off_on_retry_after_and_gets_through(gated) -> None:
