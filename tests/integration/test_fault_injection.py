@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import ray
+from ray_actors import until_dead
 
 from asyncrl.app import train as training
 from asyncrl.config.run import load_run_config
@@ -373,15 +374,6 @@ def assert_trained_once(out: Path) -> None:
     assert len(trained) == len(set(trained)) == NUM_STEPS * BATCH * GROUP
 
 
-def _until_dead(handle: Any) -> None:
-    """Return once the actor behind ``handle`` is known dead (``ray.kill`` returns before it is gone)."""
-    while True:
-        try:
-            ray.get(handle.ready.remote(), timeout=30)
-        except ray.exceptions.RayError:
-            return
-
-
 @pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.parametrize(
@@ -406,7 +398,7 @@ def test_ray_engine_dying_mid_broadcast_is_replaced_and_catches_up(monkeypatch, 
             if sends[0] == 2:
                 handle = parts.engines[0].handle
                 ray.kill(handle, no_restart=True)
-                _until_dead(handle)
+                until_dead(handle.ready.remote)
                 killed.append(handle)
 
         group.before_send = kill_on_the_second_send
