@@ -47,7 +47,8 @@ def _numel(shape: tuple[int, ...]) -> int:
     return count
 
 
-def _aligned(num_bytes: int) -> int:
+def aligned(num_bytes: int) -> int:
+    """``num_bytes`` rounded up to ``ALIGN``: the room a tensor takes in a bucket."""
     return -(-num_bytes // ALIGN) * ALIGN
 
 
@@ -57,7 +58,7 @@ def layout(named: list[tuple[str, torch.Tensor]]) -> tuple[list[BucketEntry], in
     for name, tensor in named:
         dtype = str(tensor.dtype).removeprefix("torch.")
         entries.append(BucketEntry(name, dtype, tuple(tensor.shape), offset))
-        offset = _aligned(offset + tensor.numel() * tensor.element_size())
+        offset = aligned(offset + tensor.numel() * tensor.element_size())
     return entries, offset
 
 
@@ -71,7 +72,7 @@ def group_into_buckets(
     yielded before the next tensor is taken, so a generator that gathers shards gathers one group at a time."""
     if bucket_bytes < 1:
         raise ValueError(f"bucket size must be >= 1 byte, got {bucket_bytes}")
-    size_of = size_of or (lambda tensor: _aligned(tensor.numel() * tensor.element_size()))
+    size_of = size_of or (lambda tensor: aligned(tensor.numel() * tensor.element_size()))
     items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
     group: list[tuple[str, torch.Tensor]] = []
     size = 0

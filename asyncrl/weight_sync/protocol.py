@@ -66,6 +66,13 @@ class ManifestEntry:
     dtype: str
     shape: tuple[int, ...]
 
+    @property
+    def nbytes(self) -> int:
+        """The tensor's bytes."""
+        import torch  # lazy: this module stays importable without torch
+
+        return math.prod(self.shape) * getattr(torch, self.dtype).itemsize
+
 
 @dataclass(frozen=True, kw_only=True, eq=False)
 class WeightUpdate:
@@ -101,9 +108,7 @@ class WeightUpdate:
         transport shipped, else the bytes of the tensors the manifest lists."""
         if self.shipped_bytes is not None:
             return self.shipped_bytes
-        import torch  # lazy: this module stays importable without torch
-
-        return sum(math.prod(e.shape) * getattr(torch, e.dtype).itemsize for e in self.manifest)
+        return sum(entry.nbytes for entry in self.manifest)
 
 
 class WeightSync(Protocol):

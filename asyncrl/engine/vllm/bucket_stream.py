@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from asyncrl.engine.vllm.shm_room import check_room, reserve, shm_dir
-from asyncrl.weight_sync.buckets import ALIGN, group_into_buckets, layout, pack_into
+from asyncrl.weight_sync.buckets import aligned, group_into_buckets, layout, pack_into
 from asyncrl.weight_sync.protocol import ManifestEntry
 
 DEFAULT_BUCKET_BYTES = 256 * 2**20
@@ -111,16 +111,8 @@ async def stream_update(
 def held_at_once(manifest: Sequence[ManifestEntry], bucket_bytes: int) -> int:
     """The most bytes of bucket files an update of ``manifest`` holds at once: ``IN_FLIGHT`` buckets, each of at
     most ``bucket_bytes`` or one larger tensor alone, and never more than the whole update."""
-    sizes = [_aligned_bytes(entry) for entry in manifest]
+    sizes = [aligned(entry.nbytes) for entry in manifest]  # as ``buckets.layout`` places them
     return min(IN_FLIGHT * max([bucket_bytes, *sizes]), sum(sizes))
-
-
-def _aligned_bytes(entry: ManifestEntry) -> int:
-    """``entry``'s bytes in a bucket (``buckets.layout``: each tensor starts on an ``ALIGN`` boundary)."""
-    numel = 1
-    for dim in entry.shape:
-        numel *= dim
-    return -(-numel * getattr(torch, entry.dtype).itemsize // ALIGN) * ALIGN
 
 
 def _collect(groups: Iterator[list[tuple[str, torch.Tensor]]], collected: list) -> bool:
