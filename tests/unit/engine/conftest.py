@@ -1,6 +1,9 @@
-"""Fixtures for the engine tests: tiny random models built by engine_testlib."""
+"""Fixtures for the engine tests: tiny random models built by engine_testlib, and vLLM's modules faked."""
 
 from __future__ import annotations
+
+import sys
+from types import ModuleType, SimpleNamespace
 
 import pytest
 import transformers
@@ -15,3 +18,14 @@ def qwen2() -> transformers.Qwen2ForCausalLM:
 @pytest.fixture(scope="module")
 def llama() -> transformers.LlamaForCausalLM:
     return tiny_llama()
+
+
+@pytest.fixture
+def fake_vllm_modules(monkeypatch):
+    """``vllm.SamplingParams`` and ``RequestOutputKind``, as the worker's ``op_add`` imports them."""
+    vllm = ModuleType("vllm")
+    vllm.SamplingParams = lambda **kwargs: kwargs
+    sampling_params = ModuleType("vllm.sampling_params")
+    sampling_params.RequestOutputKind = SimpleNamespace(DELTA="delta")
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setitem(sys.modules, "vllm.sampling_params", sampling_params)

@@ -10,17 +10,12 @@ moved twice lost everything generated before its first move, silently.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import sys
-import threading
-from multiprocessing import Pipe
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 
 import pytest
+from vllm_pipe import PipedWorker
 
-from asyncrl.engine.vllm import worker_main
-from asyncrl.engine.vllm.client import VLLMEngineClient
 from asyncrl.types import FinishReason, Request, SamplingParams
 
 DEADLINE_S = 20.0
@@ -81,24 +76,6 @@ class RunUntilAborted:
         self.outputs[request_id].queue.put_nowait(output(NEW[1:], finished=True))
 
 
-@pytest.fixture
-def fake_vllm_modules(monkeypatch):
-    """``vllm.SamplingParams`` and ``RequestOutputKind``, as ``op_add`` imports them."""
-    vllm = ModuleType("vllm")
-    vllm.SamplingParams = lambda **kwargs: kwargs
-    sampling_params = ModuleType("vllm.sampling_params")
-    sampling_params.RequestOutputKind = SimpleNamespace(DELTA="delta")
-    monkeypatch.setitem(sys.modules, "vllm", vllm)
-    monkeypatch.setitem(sys.modules, "vllm.sampling_params", sampling_params)
-
-
-class Process:
-    pid = 0
-
-    def poll(self) -> None:
-        return None
-
-
 def continued(request_id: str) -> Request:
     """A request continued after a prefix another engine generated (versions 0 and 1)."""
     return Request(
@@ -112,13 +89,8 @@ def continued(request_id: str) -> Request:
 
 
 def test_an_aborted_continuation_returns_its_prefix_then_the_new_tokens(fake_vllm_modules):
-    ours, theirs = Pipe()
-    worker = worker_main.Worker(theirs, argparse.Namespace())
-    worker.engine = fake = RunUntilAborted()
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_until_complete, args=(worker.command_loop(),))
-    thread.start()
-    client = VLLMEngineClient(Process(), ours, {})
+    piped = PipedWorker(fake := RunUntilAborted())
+    client = piped.client
 
     async def scenario():
         generating = asyncio.ensure_future(client.generate(continued("moved")))
@@ -131,9 +103,7 @@ def test_an_aborted_continuation_returns_its_prefix_then_the_new_tokens(fake_vll
     try:
         aborted, finished = asyncio.run(scenario())
     finally:
-        client._send({"op": "shutdown"})
-        thread.join(10)
-        loop.close()
+        piped.close()
     assert fake.prompts["moved"] == [1, 2, *PREFIX], "the engine continues after prompt and prefix"
     assert aborted is not None and aborted.finish_reason is FinishReason.ABORT
     assert list(aborted.prompt_token_ids) == [1, 2]

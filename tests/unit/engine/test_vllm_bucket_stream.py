@@ -12,16 +12,15 @@ import errno
 import gc
 import os
 import pickle
-import threading
 import types
 import weakref
 from multiprocessing import Pipe
 
 import pytest
 import torch
+from vllm_pipe import PipedWorker
 
 from asyncrl.engine.vllm import bucket_stream, worker_main
-from asyncrl.engine.vllm.client import VLLMEngineClient
 from asyncrl.engine.vllm.shm_room import SharedMemoryFull
 from asyncrl.weight_sync.delta import DeltaSync
 from asyncrl.weight_sync.protocol import ManifestEntry, WeightSyncError, WeightUpdate
@@ -55,33 +54,13 @@ class FakeEngine:
         self.weight_version = version
 
 
-class Harness:
-    """A client and a worker joined by a pipe; the worker's command loop runs on a thread of its own."""
+class Harness(PipedWorker):
+    """A client and a worker joined by a pipe, the worker's engine loading buckets from ``directory``."""
 
     def __init__(self, directory, bucket_bytes: int, shapes: dict[str, tuple[int, ...]]) -> None:
-        ours, theirs = Pipe()
-        self.worker = worker_main.Worker(theirs, argparse.Namespace())
-        self.engine = self.worker.engine = FakeEngine(str(directory))
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(
-            target=self.loop.run_until_complete, args=(self.worker.command_loop(),)
-        )
-        self.thread.start()
-        self.client = VLLMEngineClient(Process(), ours, shapes)
+        super().__init__(FakeEngine(str(directory)), shapes)
         self.client.bucket_bytes = bucket_bytes
         self.client.weight_sync_timeout_s = 30.0
-
-    def close(self) -> None:
-        self.client._send({"op": "shutdown"})
-        self.thread.join(10)
-        self.loop.close()
-
-
-class Process:
-    pid = 0
-
-    def poll(self) -> None:
-        return None
 
 
 @pytest.fixture

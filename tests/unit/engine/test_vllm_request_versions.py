@@ -8,17 +8,13 @@ error handling, the collector task died silently and the caller waited until ``g
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import sys
-import threading
-from multiprocessing import Pipe
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 
 import pytest
+from vllm_pipe import PipedWorker
 
-from asyncrl.engine.vllm import worker_main
-from asyncrl.engine.vllm.client import VLLMEngineClient, VLLMWorkerError
+from asyncrl.engine.vllm.client import VLLMWorkerError
 from asyncrl.types import Request, SamplingParams
 
 TOKENS = [5, 6, 7]
@@ -67,24 +63,6 @@ class FakeVLLM:
         return Outputs(SimpleNamespace(outputs=[self.completions[request_id]], finished=True))
 
 
-@pytest.fixture
-def fake_vllm_modules(monkeypatch):
-    """``vllm.SamplingParams`` and ``RequestOutputKind``, as ``op_add`` imports them."""
-    vllm = ModuleType("vllm")
-    vllm.SamplingParams = lambda **kwargs: kwargs
-    sampling_params = ModuleType("vllm.sampling_params")
-    sampling_params.RequestOutputKind = SimpleNamespace(DELTA="delta")
-    monkeypatch.setitem(sys.modules, "vllm", vllm)
-    monkeypatch.setitem(sys.modules, "vllm.sampling_params", sampling_params)
-
-
-class Process:
-    pid = 0
-
-    def poll(self) -> None:
-        return None
-
-
 def request(request_id: str) -> Request:
     return Request(request_id=request_id, prompt_token_ids=[1, 2], sampling=SamplingParams(max_new_tokens=3))
 
@@ -101,15 +79,10 @@ def request(request_id: str) -> Request:
 def test_a_request_without_versions_for_every_token_fails_by_name_and_the_worker_serves_on(
     fake_vllm_modules, versions, reason
 ):
-    ours, theirs = Pipe()
-    worker = worker_main.Worker(theirs, argparse.Namespace())
-    worker.engine = FakeVLLM(
-        {"broken": completion(versions), "whole": completion([span(0, 0, 1), span(4, 1, 3)])}
+    piped = PipedWorker(
+        FakeVLLM({"broken": completion(versions), "whole": completion([span(0, 0, 1), span(4, 1, 3)])})
     )
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_until_complete, args=(worker.command_loop(),))
-    thread.start()
-    client = VLLMEngineClient(Process(), ours, {})
+    worker, client = piped.worker, piped.client
 
     async def answered(request_id: str) -> asyncio.Future:
         generation = asyncio.ensure_future(client.generate(request(request_id)))
@@ -125,9 +98,7 @@ def test_a_request_without_versions_for_every_token_fails_by_name_and_the_worker
     try:
         error, served = asyncio.run(scenario())
     finally:
-        client._send({"op": "shutdown"})
-        thread.join(10)
-        loop.close()
+        piped.close()
     assert "request broken" in error and "VersionSpanError" in error and reason in error
     assert list(served.token_ids) == TOKENS and list(served.versions) == [0, 4, 4]
     assert worker.running == {}  # the failed request left nothing behind

@@ -19,6 +19,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from vllm_pipe import FakeProcess, PipedWorker
 
 from asyncrl.engine.vllm import worker_main
 from asyncrl.engine.vllm.client import VLLMEngineClient, VLLMWorkerError
@@ -80,13 +81,6 @@ class FakeVLLM:
         self.weight_version = version
 
 
-class Process:
-    pid = 0
-
-    def poll(self) -> None:
-        return None
-
-
 def weights(more_layers: int = 0) -> dict[str, torch.Tensor]:
     """A small model's weights; ``more_layers`` further MLP layers for an update of many buckets."""
     torch.manual_seed(0)
@@ -102,23 +96,15 @@ def weights(more_layers: int = 0) -> dict[str, torch.Tensor]:
     return named
 
 
-class Group:
+class Group(PipedWorker):
     """Trainer rank 0, the streamed vLLM engine (rank 1, through its client) and a built-in receiver (rank 2)."""
 
     def __init__(self, monkeypatch, apply: str = "streamed", served: dict | None = None) -> None:
         self.begun: list[str] = []
         monkeypatch.setattr(worker_main, "_load_begin", lambda worker: self.begun.append("begin"))
         monkeypatch.setattr(worker_main, "_load_commit", lambda worker: self.begun.append("commit"))
-        ours, theirs = Pipe()
-        self.worker = worker_main.Worker(theirs, argparse.Namespace())
-        self.engine = self.worker.engine = FakeVLLM()
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(
-            target=self.loop.run_until_complete, args=(self.worker.command_loop(),)
-        )
-        self.thread.start()
         served = weights() if served is None else served
-        self.client = VLLMEngineClient(Process(), ours, {n: tuple(t.shape) for n, t in served.items()})
+        super().__init__(FakeVLLM(), {n: tuple(t.shape) for n, t in served.items()})
         self.client.broadcast_apply = apply
         self.client.weight_sync_timeout_s = 30.0
 
@@ -145,11 +131,6 @@ class Group:
         except WeightSyncError as error:
             return await received, error
         return await received, None
-
-    def close(self) -> None:
-        self.client._send({"op": "shutdown"})
-        self.thread.join(10)
-        self.loop.close()
 
 
 def sent_by_other(received) -> dict[str, torch.Tensor]:
@@ -266,7 +247,7 @@ def test_the_engine_actor_hands_the_runs_broadcast_apply_to_its_vllm_client(monk
     from asyncrl.runtime.ray_runtime import EngineActor
 
     def for_model(model, engine, *, seed=0):
-        return VLLMEngineClient(Process(), None, {})
+        return VLLMEngineClient(FakeProcess(), None, {})
 
     monkeypatch.setattr(VLLMEngineClient, "for_model", staticmethod(for_model))
     monkeypatch.setattr(VLLMEngineClient, "_read_loop", lambda self: None)
@@ -393,7 +374,7 @@ def test_the_client_asks_vllms_worker_to_pin_its_staging_where_the_engine_is_on_
     client sends its answer with the join."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     ours, theirs = Pipe()
-    client = VLLMEngineClient(Process(), ours, {})
+    client = VLLMEngineClient(FakeProcess(), ours, {})
     joined: list[dict] = []
 
     def worker() -> None:
